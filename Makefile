@@ -1,0 +1,25 @@
+# `make train`: create .venv when missing, install, run the Quick-start training job.
+# `make test`:  create .venv when missing, install with test extras, run the test suite.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+export LM_ZOO_DATA ?= $(abspath ../shared/data)
+
+.PHONY: train test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+train: $(VENV)/.installed
+	$(VENV)/bin/python launch/train.py --config=experiments/default.py --workdir=runs/default
+
+test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python benchmarks/lstm_lm_speed.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,34 @@
+"""Trains a language model: `python launch/train.py --config=experiments/default.py --workdir=runs/x`.
+
+Re-running the same command resumes from the work directory's latest checkpoint.
+"""
+
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from lm_zoo.cli import show_progress
+from lm_zoo.errors import LMZooError
+from lm_zoo.training import train_and_evaluate
+
+config_flags.DEFINE_config_file(
+    'config', 'experiments/default.py', 'An experiments/*.py config file; '
+    'override fields with --config.section.field=value.', lock_config=True)
+flags.DEFINE_string('workdir', 'runs/default', 'Where checkpoints, metrics.jsonl, '
+                    'config.json and summary.json are written.')
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  show_progress()
+  try:
+    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except LMZooError as err:
+    sys.exit(f'error: {err}')
+
+
+if __name__ == '__main__':
+  app.run(main)

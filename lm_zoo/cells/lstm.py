@@ -1,0 +1,95 @@
+"""The LSTM cell (MODELS.md section 1), the base cell of every model in the zoo."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Initializer = Callable[..., jax.Array]
+
+
+class LSTMCell(nn.RNNCellBase):
+  """LSTM with the carry `(c, h)` and output h:
+
+      [i, f, j, o] = W x + U h + b
+      c' = σ(f) ⊙ c + σ(i) ⊙ tanh(j),   h' = σ(o) ⊙ tanh(c')
+
+  Gate order in the fused (…, 4n) parameters is i, f, j, o. The forget-gate
+  bias starts at `forget_bias` (+1 as in alstm and lamb). W x can be computed
+  for all time steps at once (`project_inputs`) and fed to `step_projected`,
+  which is what our stacks do; `__call__` does both for one step, so the cell
+  also runs in `nn.RNN`.
+
+  Attributes:
+    features: the hidden size n.
+    forget_bias: added to the forget gate's initial bias.
+    kernel_init: initialiser of W (m, 4n), applied per gate.
+    recurrent_kernel_init: initialiser of U (n, 4n), applied per gate.
+    dtype: computation dtype (None: from the inputs).
+    param_dtype: parameter dtype.
+    carry_init: initialiser of the initial carry.
+  """
+
+  features: int
+  forget_bias: float = 1.0
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  recurrent_kernel_init: Initializer = nn.initializers.orthogonal()
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  carry_init: Initializer = nn.initializers.zeros_init()
+
+  def setup(self):
+    n = self.features
+    self.recurrent_kernel = self.param(
+        'recurrent_kernel', self._per_gate(self.recurrent_kernel_init), (n, 4 * n),
+        self.param_dtype)
+    # W and b live in a Dense so that the input size is inferred on first use.
+    self.input = nn.Dense(4 * n, kernel_init=self._per_gate(self.kernel_init),
+                          bias_init=self._bias_init, dtype=self.dtype,
+                          param_dtype=self.param_dtype)
+
+  def _per_gate(self, init):
+    """Initialises each gate's (rows, n) block on its own (orthogonal per gate)."""
+    def init_fn(key, shape, dtype):
+      keys = jax.random.split(key, 4)
+      blocks = [init(k, (shape[0], self.features), dtype) for k in keys]
+      return jnp.concatenate(blocks, axis=-1)
+    return init_fn
+
+  def _bias_init(self, key, shape, dtype):
+    del key
+    n = self.features
+    return jnp.zeros(shape, dtype).at[n:2 * n].set(self.forget_bias)
+
+  def project_inputs(self, inputs: jax.Array) -> jax.Array:
+    """W x + b for any leading shape (all time steps at once)."""
+    return self.input(inputs)
+
+  def step_projected(self, carry, projected: jax.Array):
+    """One step given W x + b; returns ((c', h'), h')."""
+    c, h = carry
+    h_in, recurrent_kernel = nn.dtypes.promote_dtype(
+        h, self.recurrent_kernel, dtype=self.dtype)
+    gates = projected + h_in @ recurrent_kernel
+    i, f, j, o = jnp.split(gates, 4, axis=-1)
+    new_c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(j)
+    new_h = nn.sigmoid(o) * jnp.tanh(new_c)
+    return (new_c, new_h), new_h
+
+  def __call__(self, carry, inputs: jax.Array):
+    return self.step_projected(carry, self.project_inputs(inputs))
+
+  @nn.nowrap
+  def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
+    batch_dims = input_shape[:-1]
+    key_c, key_h = jax.random.split(rng)
+    shape = (*batch_dims, self.features)
+    return (self.carry_init(key_c, shape, self.param_dtype),
+            self.carry_init(key_h, shape, self.param_dtype))
+
+  @property
+  def num_feature_axes(self) -> int:
+    return 1

@@ -1,0 +1,74 @@
+"""The base `ml_collections` config; every experiment file starts from it.
+
+Each field is overridable from the command line:
+`launch/train.py --config=experiments/ptb_lstm_small.py --config.model.hidden_size=650`.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every field the trainer reads, with its default."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = 'ptb'  # ptb | wikitext2 | ptb_char | enwik8
+  c.data.data_dir = ''  # '' -> $LM_ZOO_DATA
+  c.data.batch_size = 20
+  c.data.bptt = 35
+  c.data.variable_bptt = False  # AWD-LSTM window lengths, lr scaled by length / bptt
+  c.data.eval_batch_size = 10  # validation during training
+  c.data.test_batch_size = 1  # the final test evaluation
+  # > 0: keep only the first N tokens of a split (smoke tests, debugging).
+  c.data.train_tokens = 0
+  c.data.valid_tokens = 0
+  c.data.test_tokens = 0
+
+  c.model = ml_collections.ConfigDict()
+  c.model.cell = 'lstm'  # a name in lm_zoo.models.CELLS
+  c.model.num_layers = 2
+  c.model.embed_size = 200
+  c.model.hidden_size = 200
+  c.model.tie_embeddings = False
+  c.model.forget_bias = 1.0  # lstm cell only
+  c.model.dropout_input = 0.0  # on the embedding output, shared over time
+  c.model.dropout_hidden = 0.0  # between layers, shared over time
+  c.model.dropout_state = 0.0  # on the fed-back h, shared over time
+  c.model.dropout_output = 0.0  # on the last layer's output, shared over time
+  c.model.init_scale = 0.0  # > 0: every parameter U(±init_scale) (Zaremba)
+  c.model.unroll = 1  # lax.scan unroll
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = 'sgd'  # sgd | adam
+  c.optimizer.learning_rate = 1.0
+  c.optimizer.momentum = 0.0  # sgd
+  c.optimizer.beta1 = 0.0  # adam; 0 is the Mogrifier paper's RMSProp-like choice
+  c.optimizer.beta2 = 0.999
+  c.optimizer.eps = 1e-8
+  c.optimizer.clip_norm = 5.0  # global norm; <= 0 disables
+  c.optimizer.l2 = 0.0  # L2 penalty coefficient (added to the gradient)
+  # mean: NLL per token. sum_over_time: summed over the window, averaged over
+  # the batch (Zaremba et al.'s objective, for which lr 1 / clip 5 were tuned).
+  c.optimizer.loss_reduction = 'mean'
+
+  c.schedule = ml_collections.ConfigDict()
+  c.schedule.kind = 'constant'  # constant | exponential | milestones | plateau
+  c.schedule.factor = 0.5
+  c.schedule.decay_after = 4  # exponential: epochs at the base rate
+  c.schedule.milestones = (100, 160)  # milestones: epochs after which lr *= factor
+  c.schedule.min_lr = 0.0
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_epochs = 1
+  c.train.max_steps = 0  # > 0: stop after this many updates in total
+  c.train.log_every = 100
+  c.train.checkpoint_every = 1000  # steps; the epoch end and the stop also save
+
+  c.generate = ml_collections.ConfigDict()
+  c.generate.num_lines = 3  # text samples printed at the end
+  c.generate.num_tokens = 30
+  c.generate.temperature = 1.0
+  return c

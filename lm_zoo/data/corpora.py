@@ -1,0 +1,166 @@
+"""Loading the real corpora (PTB word and char, WikiText-2, enwik8) as id streams.
+
+Token counting follows the AWD-LSTM / pytorch `word_language_model` convention:
+each line read as Python iterates a text file gives `line.split() + ['<eos>']`,
+and the vocabulary lists tokens in order of first appearance over train, valid
+and test. With it the counts equal the published statistics (PTB 929,589 /
+73,760 / 82,430 tokens, vocabulary 10,000; WikiText-2 2,088,628 / 217,646 /
+245,569, vocabulary 33,278; PTB-char vocabulary 50).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+import numpy as np
+
+from lm_zoo.data.vocab import EOS, Vocab
+from lm_zoo.errors import DataError
+
+DATA_DIR_ENV = 'LM_ZOO_DATA'
+SPLITS = ('train', 'valid', 'test')
+# Standard enwik8 split (Mahoney's Hutter-prize data): first 90M / next 5M / last 5M bytes.
+ENWIK8_BYTES = 100_000_000
+ENWIK8_VALID_BYTES = 5_000_000
+ENWIK8_TEST_BYTES = 5_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """A corpus as three int32 id streams sharing one vocabulary.
+
+  Attributes:
+    name: the name it was loaded by.
+    vocab: the shared vocabulary.
+    train, valid, test: 1-D int32 arrays of token ids.
+    unit: 'word' (report perplexity) or 'char' (report bits per character).
+  """
+
+  name: str
+  vocab: Vocab
+  train: np.ndarray
+  valid: np.ndarray
+  test: np.ndarray
+  unit: str
+
+  def split(self, name: str) -> np.ndarray:
+    if name not in SPLITS:
+      raise DataError(f'unknown split {name!r}: choose one of {", ".join(SPLITS)}')
+    return getattr(self, name)
+
+
+def _read_lines(path: pathlib.Path) -> list[list[str]]:
+  """Reads one tokenised text file as lists of tokens, each line ending in <eos>."""
+  if not path.is_file():
+    raise DataError(
+        f'missing data file {path}: the corpus folder must hold train.txt, '
+        'valid.txt and test.txt (see ../shared/data/README.md)')
+  raw = path.read_bytes()
+  if not raw.strip():
+    raise DataError(f'data file {path} is empty: restore it from the '
+                    'checksummed copy in ../shared/data')
+  try:
+    text = raw.decode('utf-8')
+  except UnicodeDecodeError as err:
+    raise DataError(
+        f'data file {path} is not UTF-8 text (undecodable byte at offset '
+        f'{err.start}): is it the right file, or was it corrupted?') from None
+  # splitlines(keepends) would also split on \x1c, \u2028 ...; file iteration
+  # splits on newlines only, which is what the published counts assume.
+  lines = text.replace('\r\n', '\n').replace('\r', '\n').split('\n')
+  if lines[-1] == '':
+    lines.pop()
+  return [line.split() + [EOS] for line in lines]
+
+
+def _load_text_corpus(name: str, folder: pathlib.Path, kind: str) -> Corpus:
+  splits = {s: _read_lines(folder / f'{s}.txt') for s in SPLITS}
+  index: dict[str, int] = {}
+  for s in SPLITS:
+    for line in splits[s]:
+      for token in line:
+        index.setdefault(token, len(index))
+  vocab = Vocab(tuple(index), kind=kind)
+  streams = {
+      s: np.fromiter((index[t] for line in splits[s] for t in line),
+                     dtype=np.int32)
+      for s in SPLITS
+  }
+  return Corpus(name=name, vocab=vocab, unit='word' if kind == 'word' else 'char',
+                **streams)
+
+
+def split_enwik8(raw: bytes, name: str = 'enwik8') -> Corpus:
+  """Splits the 100M bytes of enwik8 into 90M / 5M / 5M byte-level streams."""
+  if len(raw) != ENWIK8_BYTES:
+    raise DataError(f'enwik8 must be exactly {ENWIK8_BYTES:,} bytes, got '
+                    f'{len(raw):,}: download it again (mattmahoney.net/dc/enwik8.zip)')
+  data = np.frombuffer(raw, dtype=np.uint8)
+  symbols = np.flatnonzero(np.bincount(data, minlength=256))
+  to_id = np.zeros(256, dtype=np.int32)
+  to_id[symbols] = np.arange(len(symbols), dtype=np.int32)
+  ids = to_id[data]
+  n_train = ENWIK8_BYTES - ENWIK8_VALID_BYTES - ENWIK8_TEST_BYTES
+  vocab = Vocab(tuple(chr(b) for b in symbols), kind='byte')
+  return Corpus(name=name, vocab=vocab, train=ids[:n_train],
+                valid=ids[n_train:n_train + ENWIK8_VALID_BYTES],
+                test=ids[n_train + ENWIK8_VALID_BYTES:], unit='char')
+
+
+def _load_enwik8(name: str, folder: pathlib.Path) -> Corpus:
+  path = folder / 'enwik8'
+  if not path.is_file():
+    raise DataError(f'missing data file {path}: unzip enwik8.zip '
+                    '(mattmahoney.net/dc/enwik8.zip) into that folder')
+  return split_enwik8(path.read_bytes(), name)
+
+
+# name -> (folder under the data directory, vocabulary kind)
+CORPORA = {
+    'ptb': ('ptb', 'word'),
+    'wikitext2': ('wikitext-2', 'word'),
+    'ptb_char': ('ptb-char', 'char'),
+    'enwik8': ('enwik8', 'byte'),
+}
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
+  """The data folder: `data_dir`, else $LM_ZOO_DATA."""
+  chosen = data_dir or os.environ.get(DATA_DIR_ENV)
+  if not chosen:
+    raise DataError(
+        f'no data folder given: pass data_dir (--config.data.data_dir) or set '
+        f'{DATA_DIR_ENV} to the folder holding ptb/, wikitext-2/, ptb-char/ '
+        '(the Makefile points it at ../shared/data)')
+  path = pathlib.Path(chosen).expanduser()
+  if not path.is_dir():
+    raise DataError(f'data folder {path} does not exist: set {DATA_DIR_ENV} or '
+                    'data_dir to the folder holding ptb/, wikitext-2/, ptb-char/')
+  return path
+
+
+def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
+  """Loads a corpus by name ('ptb', 'wikitext2', 'ptb_char', 'enwik8').
+
+  Args:
+    name: the corpus name.
+    data_dir: the folder holding the corpora's folders; defaults to $LM_ZOO_DATA.
+
+  Returns:
+    A `Corpus` whose splits are 1-D int32 arrays.
+
+  Raises:
+    DataError: unknown name, missing folder or file, empty or undecodable file.
+  """
+  if name not in CORPORA:
+    raise DataError(f'unknown corpus {name!r}: choose one of {", ".join(CORPORA)}')
+  subdir, kind = CORPORA[name]
+  folder = resolve_data_dir(data_dir) / subdir
+  if not folder.is_dir():
+    raise DataError(f'corpus folder {folder} is missing: corpus {name!r} '
+                    f'expects it under the data folder ({DATA_DIR_ENV})')
+  if kind == 'byte':
+    return _load_enwik8(name, folder)
+  return _load_text_corpus(name, folder, kind)

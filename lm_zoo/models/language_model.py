@@ -1,0 +1,96 @@
+"""The recurrent language model: embedding -> recurrent stack -> softmax."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lm_zoo.cells import LSTMCell
+from lm_zoo.models.recurrent import RecurrentStack
+
+
+def symmetric_uniform(scale: float) -> Callable[..., jax.Array]:
+  """Initialiser drawing from U(-scale, scale)."""
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -scale, scale)
+  return init
+
+
+class RecurrentLM(nn.Module):
+  """Embedding -> stacked recurrent layers -> (projection) -> softmax logits.
+
+  Any `nn.RNNCellBase` can be a layer: `cell_factory(features=n)` builds the
+  cell of each layer. Dropout masks are shared over time (variational): on the
+  embedding output (`dropout_input`), between layers (`dropout_hidden`), on
+  each layer's fed-back state (`dropout_state`) and on the final output
+  (`dropout_output`); none at evaluation. With tied embeddings the softmax
+  weights are the embedding matrix, and a linear projection maps the last
+  layer to the embedding size when the two differ.
+
+  Attributes:
+    vocab_size: number of token types.
+    embed_size: embedding size.
+    hidden_sizes: each recurrent layer's size.
+    cell_factory: builds one layer's cell from `features=`.
+    tie_embeddings: share the embedding with the softmax.
+    dropout_input, dropout_hidden, dropout_state, dropout_output: rates.
+    embed_init: initialiser of the embedding.
+    unroll: scan unroll of the recurrent layers.
+  """
+
+  vocab_size: int
+  embed_size: int
+  hidden_sizes: Sequence[int]
+  cell_factory: Callable[..., nn.RNNCellBase] = LSTMCell
+  tie_embeddings: bool = False
+  dropout_input: float = 0.0
+  dropout_hidden: float = 0.0
+  dropout_state: float = 0.0
+  dropout_output: float = 0.0
+  embed_init: Callable[..., jax.Array] = symmetric_uniform(0.1)
+  unroll: int = 1
+
+  @nn.nowrap
+  def initialize_carry(self, batch_size: int, rng: jax.Array | None = None) -> list[Any]:
+    """The zero state of every layer for `batch_size` parallel streams."""
+    rng = jax.random.key(0) if rng is None else rng
+    sizes = [self.embed_size, *self.hidden_sizes[:-1]]
+    return [
+        self.cell_factory(features=n, parent=None).initialize_carry(
+            key, (batch_size, m))
+        for key, m, n in zip(jax.random.split(rng, len(sizes)), sizes,
+                             self.hidden_sizes)
+    ]
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, carries: Sequence[Any], *,
+               train: bool = False) -> tuple[jax.Array, list[Any]]:
+    """tokens (B, T) int; returns logits (B, T, V) and the new carries."""
+    if tokens.ndim != 2:
+      raise ValueError(f'tokens must be (batch, time), got shape {tokens.shape}')
+    embed = nn.Embed(self.vocab_size, self.embed_size,
+                     embedding_init=self.embed_init, name='embed')
+    x = embed(tokens.T)  # time-major (T, B, m) for the scans
+    x = nn.Dropout(self.dropout_input, broadcast_dims=(0,),
+                   deterministic=not train)(x)
+    cells = [self.cell_factory(features=n, name=f'cell_{i}')
+             for i, n in enumerate(self.hidden_sizes)]
+    new_carries, h = RecurrentStack(
+        cells, dropout_hidden=self.dropout_hidden,
+        dropout_state=self.dropout_state, unroll=self.unroll,
+        name='stack')(carries, x, train=train)
+    h = nn.Dropout(self.dropout_output, broadcast_dims=(0,),
+                   deterministic=not train)(h)
+    h = h.transpose(1, 0, 2)
+    if self.tie_embeddings:
+      if self.hidden_sizes[-1] != self.embed_size:
+        h = nn.Dense(self.embed_size, use_bias=False, name='projection')(h)
+      bias = self.param('softmax_bias', nn.initializers.zeros_init(),
+                        (self.vocab_size,))
+      logits = embed.attend(h) + bias
+    else:
+      logits = nn.Dense(self.vocab_size, name='softmax')(h)
+    return logits.astype(jnp.float32), new_carries

@@ -1,0 +1,90 @@
+"""Unrolling any `nn.RNNCellBase` over time, and stacks of such layers."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lm_zoo.cells.base import carry_output, replace_carry_output, supports_hoisting
+
+
+def _step(cell, carry, x, state_mask):
+  if state_mask is not None:
+    carry = replace_carry_output(carry, carry_output(carry) * state_mask)
+  return cell(carry, x)
+
+
+def _step_projected(cell, carry, projected_x, state_mask):
+  if state_mask is not None:
+    carry = replace_carry_output(carry, carry_output(carry) * state_mask)
+  return cell.step_projected(carry, projected_x)
+
+
+class RecurrentLayer(nn.Module):
+  """Runs `cell` over time-major inputs (T, B, m) with `lax.scan`.
+
+  When the cell offers `project_inputs` / `step_projected`, W x for all steps
+  is one matrix product before the scan and only the recurrent part is scanned.
+  `state_mask`, if given, multiplies the previous output h fed back into the
+  cell at every step (variational dropout on the state: one mask per window).
+
+  Attributes:
+    cell: any `nn.RNNCellBase`.
+    unroll: scan steps unrolled per loop iteration.
+  """
+
+  cell: nn.RNNCellBase
+  unroll: int = 1
+
+  @nn.compact
+  def __call__(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None):
+    if supports_hoisting(self.cell):
+      step, xs = _step_projected, self.cell.project_inputs(inputs)
+    else:
+      step, xs = _step, inputs
+    scan = nn.scan(step, variable_broadcast='params',
+                   split_rngs={'params': False, 'dropout': False},
+                   in_axes=(0, nn.broadcast), out_axes=0, unroll=self.unroll)
+    return scan(self.cell, carry, xs, state_mask)
+
+
+class RecurrentStack(nn.Module):
+  """Layers of cells with variational (time-shared) dropout between them.
+
+  Dropout masks are drawn once per call and shared over time (Gal & Ghahramani
+  2016): `dropout_hidden` on each layer's output that feeds the next layer,
+  `dropout_state` on the h each layer feeds back to itself. The last layer's
+  output is returned undropped.
+
+  Attributes:
+    cells: one `nn.RNNCellBase` per layer.
+    dropout_hidden: rate between layers.
+    dropout_state: rate on the recurrent h.
+    unroll: scan unroll.
+  """
+
+  cells: Sequence[nn.RNNCellBase]
+  dropout_hidden: float = 0.0
+  dropout_state: float = 0.0
+  unroll: int = 1
+
+  @nn.compact
+  def __call__(self, carries: Sequence[Any], inputs: jax.Array, *, train: bool):
+    """inputs (T, B, m) time-major; returns (new carries, outputs (T, B, n))."""
+    new_carries, x = [], inputs
+    for layer, (cell, carry) in enumerate(zip(self.cells, carries)):
+      if layer > 0:
+        x = nn.Dropout(self.dropout_hidden, broadcast_dims=(0,),
+                       deterministic=not train)(x)
+      state_mask = None
+      if train and self.dropout_state > 0:
+        h = carry_output(carry)
+        state_mask = nn.Dropout(self.dropout_state, deterministic=False)(
+            jnp.ones(h.shape, h.dtype))
+      carry, x = RecurrentLayer(cell, unroll=self.unroll, name=f'layer_{layer}')(
+          carry, x, state_mask)
+      new_carries.append(carry)
+    return new_carries, x

@@ -1,0 +1,70 @@
+"""Checkpoints with orbax: the latest train state, and the best parameters.
+
+Orbax writes each checkpoint into a temporary folder and renames it when it is
+complete, so a kill at any moment leaves the previous checkpoint loadable.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+def _manager(directory: pathlib.Path, max_to_keep: int) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(
+      directory.absolute(),
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=False),
+      item_names=('state', 'meta'))
+
+
+class Checkpoints:
+  """`workdir/checkpoints` (latest train states) and `workdir/best` (params).
+
+  `meta` is a JSON-able dict that travels with each state: the data position,
+  the epoch, the validation history.
+  """
+
+  def __init__(self, workdir: str | pathlib.Path, max_to_keep: int = 2):
+    workdir = pathlib.Path(workdir)
+    self._latest = _manager(workdir / 'checkpoints', max_to_keep)
+    self._best = _manager(workdir / 'best', 1)
+
+  @staticmethod
+  def _save(manager, step: int, tree: Any, meta: dict) -> None:
+    if step in manager.all_steps():  # same step, newer meta (e.g. epoch end)
+      manager.delete(step)
+    manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)), force=True)
+    manager.wait_until_finished()
+
+  @staticmethod
+  def _restore(manager, like: Any, step: int | None = None):
+    step = manager.latest_step() if step is None else step
+    if step is None:
+      return None
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    return restored.state, restored.meta
+
+  def save_latest(self, step: int, state: Any, meta: dict) -> None:
+    self._save(self._latest, step, state, meta)
+
+  def save_best(self, step: int, params: Any, meta: dict) -> None:
+    self._save(self._best, step, params, meta)
+
+  def restore_latest(self, like: Any):
+    """(state, meta) of the newest checkpoint shaped like `like`, or None."""
+    return self._restore(self._latest, like)
+
+  def restore_best(self, like: Any):
+    """(params, meta) of the best checkpoint shaped like `like`, or None."""
+    return self._restore(self._best, like)
+
+  def close(self) -> None:
+    self._latest.close()
+    self._best.close()

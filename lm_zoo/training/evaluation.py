@@ -1,0 +1,56 @@
+"""Perplexity and bits per character of a token stream."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from lm_zoo.data import BatchedStream
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+  """Mean NLL in nats per token over `num_tokens` scored tokens."""
+
+  loss: float
+  num_tokens: int
+  unit: str = 'word'
+
+  @property
+  def perplexity(self) -> float:
+    return math.exp(self.loss)
+
+  @property
+  def bits_per_token(self) -> float:
+    return self.loss / math.log(2)
+
+  def summary(self) -> str:
+    if self.unit == 'word':
+      return f'perplexity {self.perplexity:.2f}'
+    return f'bits per character {self.bits_per_token:.4f}'
+
+  def as_dict(self) -> dict[str, float]:
+    return {'loss': self.loss, 'perplexity': self.perplexity,
+            'bits_per_token': self.bits_per_token, 'num_tokens': self.num_tokens}
+
+
+def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
+                    stream: np.ndarray, batch_size: int, bptt: int,
+                    unit: str = 'word') -> EvalResult:
+  """Scores every token of `stream` once, the state carried across windows.
+
+  `initial_carries` must be for `batch_size` rows (`model.initialize_carry`).
+  Any batch size, 1 included, scores exactly the same len(stream) - 1 tokens.
+  """
+  batched = BatchedStream(stream, batch_size)
+  carries, sums = initial_carries, []
+  for window in batched.windows(bptt):
+    nll, n, carries = eval_step(params, carries, window.inputs, window.targets,
+                                window.weights)
+    sums.append((nll, n))  # fetched once at the end, so dispatch stays async
+  total, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
+  return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit)

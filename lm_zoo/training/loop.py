@@ -1,0 +1,245 @@
+"""`train_and_evaluate(config, workdir)`: training with resumable checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import pathlib
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from lm_zoo import generation
+from lm_zoo.data import BatchedStream, Corpus, load_corpus
+from lm_zoo.errors import ConfigError, TrainingError
+from lm_zoo.models import RecurrentLM, build_model, init_params
+from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.training.evaluation import EvalResult, evaluate_stream
+from lm_zoo.training.metrics import MetricsWriter
+from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
+from lm_zoo.training.steps import TrainState, make_eval_step, make_train_step
+
+CONFIG_FILE = 'config.json'
+# Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Progress:
+  """Where training stands, saved as JSON beside each checkpoint."""
+
+  epoch: int = 1
+  position: int = 0  # time index within the epoch's rows of the next window
+  valid_losses: list[float] = dataclasses.field(default_factory=list)
+  best_valid: float = math.inf
+
+
+def load_data(config: ml_collections.ConfigDict) -> Corpus:
+  """The corpus of `config.data`, cut to the `*_tokens` limits when they are > 0."""
+  corpus = load_corpus(config.data.name, config.data.data_dir or None)
+  limits = {s: config.data.get(f'{s}_tokens', 0) for s in ('train', 'valid', 'test')}
+  return dataclasses.replace(corpus, **{
+      s: getattr(corpus, s)[:n] for s, n in limits.items() if n > 0})
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+  (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+
+
+def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
+  path = pathlib.Path(workdir) / CONFIG_FILE
+  if not path.is_file():
+    raise ConfigError(f'{path} not found: is {workdir} a work directory written '
+                      'by launch/train.py?')
+  return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
+  key = jax.random.key(config.seed)
+  params = init_params(model, key, config.model.init_scale)
+  return TrainState(
+      step=jax.numpy.zeros((), jax.numpy.int32), params=params,
+      opt_state=optimizer.init(params),
+      carries=model.initialize_carry(config.data.batch_size),
+      rng=jax.random.key_data(jax.random.fold_in(key, 1)))
+
+
+def evaluate_split(model: RecurrentLM, params: Any, corpus: Corpus, split: str,
+                   batch_size: int, bptt: int, eval_step=None) -> EvalResult:
+  """Perplexity / bits per character of one split, state carried throughout."""
+  eval_step = eval_step or make_eval_step(model)
+  return evaluate_stream(eval_step, params, model.initialize_carry(batch_size),
+                         corpus.split(split), batch_size, bptt, corpus.unit)
+
+
+def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
+                num_tokens: int, seed: int, temperature: float) -> list[str]:
+  """`num_lines` samples, each started after an end of sentence."""
+  prompt = np.full((num_lines, 1), corpus.vocab.id('<eos>') if '<eos>' in corpus.vocab
+                   else 0, np.int32)
+  ids = generation.sample(model, params, prompt, num_tokens, jax.random.key(seed),
+                          temperature)
+  return [corpus.vocab.decode(row).strip().replace('\n', ' | ') for row in ids]
+
+
+class _Throughput:
+  """Tokens per second between log lines."""
+
+  def __init__(self):
+    self.reset()
+
+  def reset(self):
+    self.start, self.tokens = time.perf_counter(), 0
+
+  def rate(self) -> float:
+    return self.tokens / max(time.perf_counter() - self.start, 1e-9)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict,
+                       workdir: str | pathlib.Path) -> dict[str, Any]:
+  """Trains, evaluates the best checkpoint on valid and test, samples text.
+
+  Re-running with the same workdir resumes from the latest checkpoint: the
+  parameters, optimizer state, recurrent state, RNG, step and data position
+  are restored, so the run continues as if it had not stopped.
+
+  Returns:
+    The run summary that is also written to `workdir/summary.json`.
+  """
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  save_config(config, workdir)
+  corpus = load_data(config)
+  model = build_model(config.model, len(corpus.vocab))
+  optimizer = make_optimizer(config.optimizer)
+  train_step = make_train_step(model, optimizer,
+                               config.optimizer.loss_reduction == 'sum_over_time')
+  eval_step = make_eval_step(model)
+  data_cfg, train_cfg = config.data, config.train
+  batched = BatchedStream(corpus.train, data_cfg.batch_size)
+  checkpoints = Checkpoints(workdir)
+  metrics = MetricsWriter(workdir)
+
+  state = create_train_state(model, optimizer, config)
+  progress = Progress()
+  restored = checkpoints.restore_latest(state)
+  if restored is not None:
+    state, meta = restored
+    progress = Progress(**meta)
+    log.info('Resumed from step %d (epoch %d, position %d) in %s',
+                 int(state.step), progress.epoch, progress.position, workdir)
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  log.info('Model: %s, %s parameters; train %s tokens, vocab %d', config.model.cell,
+               f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
+
+  def save(step: int):
+    checkpoints.save_latest(step, state, dataclasses.asdict(progress))
+
+  def valid_result() -> EvalResult:
+    return evaluate_split(model, state.params, corpus, 'valid',
+                          data_cfg.eval_batch_size, data_cfg.bptt, eval_step)
+
+  max_steps = train_cfg.max_steps if train_cfg.max_steps > 0 else math.inf
+  step, throughput, pending = int(state.step), _Throughput(), []
+  train_start = time.perf_counter()
+  while progress.epoch <= train_cfg.num_epochs and step < max_steps:
+    lr = epoch_learning_rate(config.schedule, config.optimizer.learning_rate,
+                             progress.epoch, progress.valid_losses)
+    if progress.position == 0:
+      state = state.replace(carries=model.initialize_carry(data_cfg.batch_size))
+    windows = batched.windows(data_cfg.bptt, progress.position, data_cfg.variable_bptt,
+                              seed=(config.seed, progress.epoch))
+    for window in windows:
+      # AWD-LSTM: a window's learning rate is scaled by its length / bptt.
+      scale = window.length / data_cfg.bptt if data_cfg.variable_bptt else 1.0
+      state = state.replace(opt_state=set_learning_rate(state.opt_state, lr * scale))
+      state, step_metrics = train_step(state, window.inputs, window.targets,
+                                       window.weights)
+      pending.append(step_metrics['loss'])
+      progress.position = window.start + window.length
+      step += 1
+      throughput.tokens += window.inputs.size
+      if step % train_cfg.log_every == 0:
+        losses = np.asarray(jax.device_get(pending))
+        pending = []
+        if not np.all(np.isfinite(losses)):
+          save(step)
+          raise TrainingError(
+              f'the training loss is not finite at step {step} (epoch '
+              f'{progress.epoch}); the checkpoint of this step is in {workdir}. '
+              'Lower the learning rate or clip gradients harder.')
+        rate = throughput.rate()
+        log.info('epoch %d step %d  loss %.4f  ppl %.2f  lr %.4g  %.0f tokens/s',
+                     progress.epoch, step, losses.mean(),
+                     math.exp(min(losses.mean(), 700.0)), lr, rate)
+        metrics.write('train', step=step, epoch=progress.epoch, loss=float(losses.mean()),
+                      learning_rate=lr, tokens_per_second=rate)
+        throughput.reset()
+      if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
+        save(step)
+      if step >= max_steps:
+        break
+    else:  # the epoch ran to its end
+      result = valid_result()
+      log.info('epoch %d done: valid %s', progress.epoch, result.summary())
+      metrics.write('valid', step=step, epoch=progress.epoch, **result.as_dict())
+      progress.valid_losses.append(result.loss)
+      if result.loss < progress.best_valid:
+        progress.best_valid = result.loss
+        checkpoints.save_best(step, state.params, {'epoch': progress.epoch,
+                                                   'valid_loss': result.loss})
+      progress.epoch += 1
+      progress.position = 0
+      throughput.reset()
+    save(step)
+  train_seconds = time.perf_counter() - train_start
+
+  best = checkpoints.restore_best(state.params)
+  if best is None:  # stopped before the first epoch ended: use the last params
+    params, best_meta = state.params, {'epoch': progress.epoch}
+  else:
+    params, best_meta = best
+  summary: dict[str, Any] = {'step': step, 'best_epoch': best_meta['epoch'],
+                             'train_seconds': round(train_seconds, 1),
+                             'num_params': int(num_params), 'unit': corpus.unit}
+  for split, batch_size in (('valid', data_cfg.eval_batch_size),
+                            ('test', data_cfg.test_batch_size)):
+    result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt)
+    log.info('%s %s (%d tokens, batch %d)', split, result.summary(),
+                 result.num_tokens, batch_size)
+    metrics.write(split, step=step, final=True, **result.as_dict())
+    summary[split] = result.as_dict()
+  gen = config.generate
+  if gen.num_lines > 0:
+    summary['samples'] = sample_text(model, params, corpus, gen.num_lines,
+                                     gen.num_tokens, config.seed, gen.temperature)
+    for line in summary['samples']:
+      log.info('sample: %s', line)
+  (workdir / 'summary.json').write_text(json.dumps(summary, indent=2))
+  checkpoints.close()
+  return summary
+
+
+def evaluate_workdir(workdir: str | pathlib.Path, splits=('valid', 'test'),
+                     batch_size: int = 0, data_dir: str | None = None
+                     ) -> dict[str, EvalResult]:
+  """Evaluates the best checkpoint of a work directory on `splits`."""
+  config = load_config(workdir)
+  if data_dir:
+    config.data.data_dir = data_dir
+  corpus = load_data(config)
+  model = build_model(config.model, len(corpus.vocab))
+  like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+  best = Checkpoints(workdir).restore_best(like)
+  if best is None:
+    raise ConfigError(f'no best checkpoint in {workdir}/best: training has not '
+                      'finished an epoch yet')
+  params, _ = best
+  batch_size = batch_size or config.data.test_batch_size
+  return {split: evaluate_split(model, params, corpus, split, batch_size,
+                                config.data.bptt) for split in splits}

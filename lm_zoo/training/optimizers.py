@@ -1,0 +1,80 @@
+"""Optimizers and learning-rate schedules from the config."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from lm_zoo.errors import ConfigError
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """clip by global norm -> L2 penalty -> SGD or Adam, from `config.optimizer`.
+
+  The learning rate is an injected hyper-parameter (`set_learning_rate`) so
+  that epoch schedules and plateau drops change it without recompiling.
+  Adam with beta1 = 0 is the Mogrifier paper's RMSProp-like setting.
+  """
+  if cfg.name not in ('sgd', 'adam'):
+    raise ConfigError(f'unknown optimizer {cfg.name!r} (optimizer.name): '
+                      'choose sgd or adam')
+
+  def build(learning_rate):
+    parts = []
+    if cfg.clip_norm > 0:
+      parts.append(optax.clip_by_global_norm(cfg.clip_norm))
+    if cfg.l2 > 0:
+      parts.append(optax.add_decayed_weights(cfg.l2))
+    if cfg.name == 'sgd':
+      parts.append(optax.sgd(learning_rate, momentum=cfg.momentum or None))
+    else:
+      parts.append(optax.adam(learning_rate, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps))
+    return optax.chain(*parts)
+
+  return optax.inject_hyperparams(build)(learning_rate=cfg.learning_rate)
+
+
+def set_learning_rate(opt_state, learning_rate: float):
+  """Returns `opt_state` (from `make_optimizer`) with a new learning rate."""
+  hyperparams = dict(opt_state.hyperparams)
+  hyperparams['learning_rate'] = jnp.asarray(
+      learning_rate, hyperparams['learning_rate'].dtype)
+  return opt_state._replace(hyperparams=hyperparams)
+
+
+def epoch_learning_rate(cfg: ml_collections.ConfigDict, base_lr: float, epoch: int,
+                        valid_losses: Sequence[float]) -> float:
+  """The learning rate for `epoch` (1-based) from `config.schedule`.
+
+  kinds:
+    constant: base_lr.
+    exponential: base_lr * factor ** max(0, epoch - decay_after) (Zaremba et al.:
+      lr 1 for 4 epochs, then halved every epoch).
+    milestones: base_lr * factor ** (number of milestones < epoch) (aLSTM:
+      lr / 10 at epochs 100 and 160).
+    plateau: base_lr * factor ** (number of finished epochs whose validation
+      loss did not improve on the best before it).
+  The rate never goes below `min_lr`. It is a function of the epoch and the
+  validation history alone, so a resumed run recomputes the same value.
+  """
+  if cfg.kind == 'constant':
+    drops = 0
+  elif cfg.kind == 'exponential':
+    drops = max(0, epoch - cfg.decay_after)
+  elif cfg.kind == 'milestones':
+    drops = sum(1 for m in cfg.milestones if m < epoch)
+  elif cfg.kind == 'plateau':
+    drops, best = 0, math.inf
+    for loss in valid_losses:
+      if loss < best:
+        best = loss
+      else:
+        drops += 1
+  else:
+    raise ConfigError(f'unknown schedule {cfg.kind!r} (schedule.kind): choose '
+                      'constant, exponential, milestones or plateau')
+  return max(base_lr * cfg.factor ** drops, cfg.min_lr)

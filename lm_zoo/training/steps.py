@@ -1,0 +1,80 @@
+"""The jitted train and evaluation steps."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a train step changes; checkpointed whole.
+
+  Attributes:
+    step: number of updates taken.
+    params: model parameters.
+    opt_state: optimizer state (the learning rate included).
+    carries: each layer's recurrent state, carried across BPTT windows.
+    rng: base key data; step t's dropout key is fold_in(rng, t), so a resumed
+      run draws the same masks.
+  """
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  carries: Any
+  rng: jax.Array
+
+
+def token_nll(logits: jax.Array, targets: jax.Array, weights: jax.Array):
+  """Summed negative log-likelihood of weighted targets, and the weight sum."""
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  return jnp.sum(nll * weights), jnp.sum(weights)
+
+
+def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
+                    sum_over_time: bool = False) -> Callable:
+  """Returns jitted `train_step(state, inputs, targets, weights) -> (state, metrics)`.
+
+  The objective is the mean NLL per token, or with `sum_over_time` the NLL
+  summed over the window's time steps and averaged over the batch (Zaremba et
+  al.'s convention, under which their lr 1 and clip 5 were tuned). The new
+  carries are returned with gradients stopped; the state is donated.
+  """
+
+  def train_step(state: TrainState, inputs, targets, weights):
+    dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+
+    def objective(params):
+      logits, carries = model.apply({'params': params}, inputs, state.carries,
+                                    train=True, rngs={'dropout': dropout_key})
+      total, count = token_nll(logits, targets, weights)
+      mean = total / jnp.maximum(count, 1.0)
+      scale = inputs.shape[1] if sum_over_time else 1
+      return mean * scale, (mean, carries)
+
+    grads, (loss, carries) = jax.grad(objective, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              carries=jax.lax.stop_gradient(carries))
+    return new_state, {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
+
+  return jax.jit(train_step, donate_argnums=0)
+
+
+def make_eval_step(model: nn.Module) -> Callable:
+  """Returns jitted `eval_step(params, carries, inputs, targets, weights)`
+  -> (nll sum, token count, new carries), with dropout off."""
+
+  def eval_step(params, carries, inputs, targets, weights):
+    logits, carries = model.apply({'params': params}, inputs, carries, train=False)
+    total, count = token_nll(logits, targets, weights)
+    return total, count, carries
+
+  return jax.jit(eval_step)

@@ -1,0 +1,46 @@
+"""Shared fixtures: the real data folder and tiny configs."""
+
+import os
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='session')
+def data_dir() -> pathlib.Path:
+  """$LM_ZOO_DATA, else ../shared/data beside the checkout."""
+  path = pathlib.Path(os.environ.get('LM_ZOO_DATA') or REPO.parent / 'shared' / 'data')
+  if not (path / 'ptb' / 'train.txt').is_file():
+    pytest.fail(f'the real datasets are not at {path}: set LM_ZOO_DATA to the '
+                'folder holding ptb/, wikitext-2/ and ptb-char/')
+  return path
+
+
+@pytest.fixture
+def tiny_config(data_dir):
+  """A config that trains in seconds: a few hundred PTB tokens, 2 x 16 LSTM."""
+  from lm_zoo.configs import base_config
+  c = base_config()
+  c.data.data_dir = str(data_dir)
+  c.data.batch_size = 4
+  c.data.bptt = 10
+  c.data.eval_batch_size = 3
+  c.data.test_batch_size = 2
+  c.data.train_tokens = 401  # 100 steps of 4 rows -> 10 windows an epoch
+  c.data.valid_tokens = 120
+  c.data.test_tokens = 90
+  c.model.embed_size = 16
+  c.model.hidden_size = 16
+  c.model.dropout_input = 0.2
+  c.model.dropout_hidden = 0.2
+  c.model.dropout_state = 0.1
+  c.model.dropout_output = 0.2
+  c.optimizer.learning_rate = 0.5
+  c.train.num_epochs = 3
+  c.train.log_every = 5
+  c.train.checkpoint_every = 7
+  c.generate.num_lines = 1
+  c.generate.num_tokens = 5
+  return c

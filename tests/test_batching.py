@@ -1,0 +1,69 @@
+"""Batching loses and duplicates no token; variable BPTT stays in its bounds."""
+
+import numpy as np
+import pytest
+
+from lm_zoo.data import BatchedStream, variable_bptt_lengths
+from lm_zoo.errors import DataError
+
+
+def _pairs_by_row(batched, windows):
+  """(input, target) pairs with weight 1, row by row in time order."""
+  rows = [[] for _ in range(batched.batch_size)]
+  for w in windows:
+    for b in range(batched.batch_size):
+      keep = w.weights[b] > 0
+      rows[b] += list(zip(w.inputs[b][keep], w.targets[b][keep]))
+  return [p for row in rows for p in row]
+
+
+@pytest.mark.parametrize('n, batch_size, bptt, variable', [
+    (1001, 7, 9, False), (1001, 1, 35, False), (64, 8, 70, False),
+    (5000, 20, 35, True), (997, 3, 12, True)])
+def test_every_pair_exactly_once_in_order(n, batch_size, bptt, variable):
+  stream = np.arange(n, dtype=np.int32) * 3 + 1
+  batched = BatchedStream(stream, batch_size)
+  pairs = _pairs_by_row(batched, batched.windows(bptt, variable=variable, seed=3))
+  expected = list(zip(stream[:-1], stream[1:]))
+  assert pairs == expected  # nothing lost, nothing repeated, rows contiguous
+
+
+def test_rows_continue_across_windows():
+  stream = np.arange(200, dtype=np.int32)
+  batched = BatchedStream(stream, 4)
+  windows = list(batched.windows(7))
+  for prev, nxt in zip(windows, windows[1:]):
+    real = nxt.weights[:, 0] > 0  # the last row ends in padding
+    np.testing.assert_array_equal(prev.targets[real, -1], nxt.inputs[real, 0])
+
+
+def test_resume_from_a_window_start_gives_the_rest():
+  batched = BatchedStream(np.arange(3000, dtype=np.int32), 5)
+  full = list(batched.windows(35, variable=True, seed=(0, 2)))
+  rest = list(batched.windows(35, start=full[4].start, variable=True, seed=(0, 2)))
+  assert [w.start for w in rest] == [w.start for w in full[4:]]
+  np.testing.assert_array_equal(rest[0].inputs, full[4].inputs)
+  with pytest.raises(DataError, match='not a window boundary'):
+    next(batched.windows(35, start=full[4].start + 1, variable=True, seed=(0, 2)))
+
+
+def test_variable_lengths_within_bounds_and_cover_the_rows():
+  bptt = 70
+  lengths = variable_bptt_lengths(1_000_000, bptt, seed=0)
+  assert sum(lengths) == 1_000_000
+  assert min(lengths[:-1]) >= 5 and max(lengths) <= bptt + 20
+  lengths = np.array(lengths[:-1])
+  # ~5% of windows are drawn around bptt / 2, the rest around bptt
+  half = np.mean(lengths < (bptt * 3 / 4))
+  assert 0.03 < half < 0.07
+  assert abs(np.mean(lengths[lengths >= bptt * 3 / 4]) - bptt) < 0.5
+  assert variable_bptt_lengths(500, bptt, seed=1) == variable_bptt_lengths(500, bptt, seed=1)
+
+
+def test_bad_batching_arguments():
+  with pytest.raises(DataError, match='too short'):
+    BatchedStream(np.arange(3), 4)
+  with pytest.raises(DataError, match='1-D'):
+    BatchedStream(np.zeros((2, 3)), 1)
+  with pytest.raises(DataError, match='bptt must be at least 1'):
+    BatchedStream(np.arange(30), 2).window_lengths(0)

@@ -1,0 +1,137 @@
+"""The language model: its stack against nn.RNN, dropout masks, tying, any cell."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lm_zoo.cells import LSTMCell
+from lm_zoo.configs import base_config
+from lm_zoo.errors import ConfigError
+from lm_zoo.models import RecurrentLM, RecurrentStack, build_model, init_params
+
+
+class EchoCell(nn.RNNCellBase):
+  """Outputs its input and its incoming h; the new h is all ones.
+
+  It makes the dropout masks that reach a cell visible.
+  """
+  features: int
+
+  @nn.compact
+  def __call__(self, carry, x):
+    return jnp.ones_like(carry), jnp.concatenate([x, carry], axis=-1)
+
+  @nn.nowrap
+  def initialize_carry(self, rng, input_shape):
+    return jnp.ones((*input_shape[:-1], self.features))
+
+  @property
+  def num_feature_axes(self):
+    return 1
+
+
+def _lm(**kw):
+  defaults = dict(vocab_size=31, embed_size=6, hidden_sizes=(5, 4))
+  return RecurrentLM(**{**defaults, **kw})
+
+
+def test_stack_equals_nn_rnn_layers():
+  model = _lm()
+  tokens = np.random.default_rng(0).integers(0, 31, (3, 9)).astype(np.int32)
+  carries = model.initialize_carry(3)
+  params = init_params(model, jax.random.key(0))
+  logits, _ = model.apply({'params': params}, tokens, carries)
+
+  x = params['embed']['embedding'][tokens]
+  for i, n in enumerate((5, 4)):
+    x = nn.RNN(LSTMCell(n)).apply({'params': {'cell': params[f'cell_{i}']}}, x)
+  expected = x @ params['softmax']['kernel'] + params['softmax']['bias']
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_carry_continues_across_calls():
+  model = _lm()
+  tokens = np.random.default_rng(1).integers(0, 31, (2, 10)).astype(np.int32)
+  params = init_params(model, jax.random.key(0))
+  whole, _ = model.apply({'params': params}, tokens, model.initialize_carry(2))
+  first, carries = model.apply({'params': params}, tokens[:, :4], model.initialize_carry(2))
+  second, _ = model.apply({'params': params}, tokens[:, 4:], carries)
+  np.testing.assert_allclose(np.concatenate([first, second], 1), whole, atol=1e-5)
+
+
+def test_dropout_masks_are_shared_over_time():
+  stack = RecurrentStack([EchoCell(3), EchoCell(6)], dropout_hidden=0.5,
+                         dropout_state=0.5)
+  xs = jnp.ones((12, 8, 2))  # (T, B, m)
+  carries = [jnp.ones((8, 3)), jnp.ones((8, 6))]
+  variables = stack.init(jax.random.key(0), carries, xs, train=False)
+  _, ys = stack.apply(variables, carries, xs, train=True,
+                      rngs={'dropout': jax.random.key(3)})
+  ys = np.asarray(ys)
+  # every feature is zero at all steps or at none: one mask per call
+  zero = ys == 0
+  assert np.all(zero == zero[:1])
+  assert 0.2 < zero.mean() < 0.8
+  assert set(np.unique(ys)) <= {0.0, 2.0, 4.0}  # 1/(1-p) scaling, twice at most
+  _, again = stack.apply(variables, carries, xs, train=False)
+  np.testing.assert_array_equal(np.asarray(again)[:, :, :2], 1.0)  # none at eval
+
+
+def test_dropout_off_at_evaluation_and_on_in_training():
+  model = _lm(dropout_input=0.5, dropout_hidden=0.5, dropout_state=0.5,
+              dropout_output=0.5)
+  tokens = jnp.zeros((2, 5), jnp.int32)
+  params = init_params(model, jax.random.key(0))
+  carries = model.initialize_carry(2)
+  a, _ = model.apply({'params': params}, tokens, carries)
+  b, _ = model.apply({'params': params}, tokens, carries)
+  np.testing.assert_array_equal(a, b)
+  c, _ = model.apply({'params': params}, tokens, carries, train=True,
+                     rngs={'dropout': jax.random.key(1)})
+  assert not np.allclose(a, c)
+
+
+def test_tied_softmax_with_projection():
+  model = _lm(tie_embeddings=True)
+  params = init_params(model, jax.random.key(0))
+  assert params['projection']['kernel'].shape == (4, 6)
+  assert 'softmax' not in params
+  tokens = jnp.arange(6, dtype=jnp.int32).reshape(2, 3)
+  logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(2))
+  assert logits.shape == (2, 3, 31)
+  same_size = _lm(tie_embeddings=True, hidden_sizes=(5, 6))
+  assert 'projection' not in init_params(same_size, jax.random.key(0))
+
+
+@pytest.mark.parametrize('cell', ['gru', 'flax_lstm'])
+def test_any_flax_cell_is_a_layer(cell):
+  cfg = base_config().model
+  cfg.cell, cfg.embed_size, cfg.hidden_size, cfg.dropout_state = cell, 8, 8, 0.3
+  model = build_model(cfg, 20)
+  tokens = jnp.ones((2, 4), jnp.int32)
+  params = init_params(model, jax.random.key(0))
+  logits, carries = jax.jit(lambda p, t, c: model.apply(
+      {'params': p}, t, c, train=True, rngs={'dropout': jax.random.key(0)}))(
+          params, tokens, model.initialize_carry(2))
+  assert logits.shape == (2, 4, 20) and np.all(np.isfinite(logits))
+
+
+def test_uniform_init_scale():
+  params = init_params(_lm(), jax.random.key(0), init_scale=0.1)
+  leaves = np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)])
+  assert np.abs(leaves).max() <= 0.1 and leaves.std() > 0.05
+
+
+def test_bad_model_configs():
+  cfg = base_config().model
+  cfg.cell = 'transformer'
+  with pytest.raises(ConfigError, match="unknown cell 'transformer'"):
+    build_model(cfg, 10)
+  cfg = base_config().model
+  cfg.dropout_hidden = 1.0
+  with pytest.raises(ConfigError, match='dropout_hidden must be in'):
+    build_model(cfg, 10)
+  with pytest.raises(ValueError, match='tokens must be'):
+    _lm().init(jax.random.key(0), jnp.zeros((3,), jnp.int32), _lm().initialize_carry(3))

@@ -1,0 +1,50 @@
+"""The launch scripts as a user runs them: train a tiny config, then evaluate."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def _run(args, env_extra=None):
+  env = {**os.environ, 'PYTHONUNBUFFERED': '1', **(env_extra or {})}
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_train_then_evaluate(data_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  overrides = ['--config.data.train_tokens=2001', '--config.data.valid_tokens=300',
+               '--config.data.test_tokens=200', '--config.model.hidden_size=16',
+               '--config.model.embed_size=16', '--config.data.bptt=10',
+               '--config.train.log_every=4', '--config.generate.num_tokens=5']
+  train = _run(['launch/train.py', '--config=experiments/default.py',
+                f'--workdir={workdir}', *overrides], {'LM_ZOO_DATA': str(data_dir)})
+  assert train.returncode == 0, train.stderr
+  log = train.stderr
+  assert 'tokens/s' in log and 'valid perplexity' in log and 'test perplexity' in log
+  assert 'sample:' in log
+  assert 'orbax' not in log  # library chatter stays below WARNING
+  for name in ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoints', 'best'):
+    assert (workdir / name).exists(), name
+  summary = json.loads((workdir / 'summary.json').read_text())
+
+  evaluate = _run(['launch/evaluate.py', f'--workdir={workdir}'],
+                  {'LM_ZOO_DATA': str(data_dir)})
+  assert evaluate.returncode == 0, evaluate.stderr
+  assert f"test: perplexity {summary['test']['perplexity']:.2f}" in evaluate.stdout
+
+
+def test_clear_errors_instead_of_tracebacks(tmp_path):
+  no_data = _run(['launch/train.py', '--config=experiments/default.py',
+                  f'--workdir={tmp_path}', f'--config.data.data_dir={tmp_path / "nope"}'])
+  assert no_data.returncode != 0
+  assert 'error: data folder' in no_data.stderr and 'Traceback' not in no_data.stderr
+  bad_field = _run(['launch/train.py', '--config=experiments/default.py',
+                    f'--workdir={tmp_path}', '--config.model.hiden_size=3'])
+  assert bad_field.returncode != 0 and 'hiden_size' in bad_field.stderr
+  not_a_run = _run(['launch/evaluate.py', f'--workdir={tmp_path / "empty"}'])
+  assert not_a_run.returncode != 0 and 'error:' in not_a_run.stderr
+  assert 'Traceback' not in not_a_run.stderr

@@ -1,0 +1,66 @@
+"""Training end to end on real PTB tokens: resume equivalence, metrics, errors."""
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from lm_zoo.errors import TrainingError
+from lm_zoo.training import (create_train_state, evaluate_workdir, make_optimizer,
+                             read_metrics, train_and_evaluate)
+from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.models import build_model
+
+
+def _final_params(config, workdir):
+  model = build_model(config.model, 10_000)
+  like = create_train_state(model, make_optimizer(config.optimizer), config)
+  state, meta = Checkpoints(workdir).restore_latest(like)
+  return state, meta
+
+
+def test_interrupted_and_resumed_run_equals_uninterrupted(tiny_config, tmp_path):
+  # 10 windows an epoch, 3 epochs: 25 steps cross an epoch end (validation,
+  # carry reset, plateau schedule) and stop mid-epoch; the resumed run finishes.
+  # (Resuming variable-length windows is covered in test_batching.py.)
+  tiny_config.schedule.kind = 'plateau'
+  full = tiny_config.copy_and_resolve_references()
+  full.train.max_steps = 25
+  train_and_evaluate(full, tmp_path / 'full')
+
+  half = tiny_config.copy_and_resolve_references()
+  half.train.max_steps = 12
+  train_and_evaluate(half, tmp_path / 'split')
+  half.train.max_steps = 25
+  train_and_evaluate(half, tmp_path / 'split')
+
+  (a, meta_a), (b, meta_b) = (_final_params(full, tmp_path / 'full'),
+                              _final_params(full, tmp_path / 'split'))
+  assert int(a.step) == int(b.step) == 25
+  assert meta_a == meta_b
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_run_writes_metrics_checkpoints_and_evaluates(tiny_config, tmp_path):
+  summary = train_and_evaluate(tiny_config, tmp_path)
+  records = read_metrics(tmp_path / 'metrics.jsonl')
+  kinds = [r['kind'] for r in records]
+  assert kinds.count('valid') == 3 + 1 and kinds[-2:] == ['valid', 'test']
+  train = [r for r in records if r['kind'] == 'train']
+  assert train[-1]['loss'] < train[0]['loss']
+  assert all(r['tokens_per_second'] > 0 for r in train)
+  assert summary['step'] == 30 and len(summary['samples']) == 1
+  assert math.isclose(summary['test']['perplexity'], math.exp(summary['test']['loss']))
+  # evaluate.py's path gives the same numbers from the best checkpoint
+  results = evaluate_workdir(tmp_path, batch_size=tiny_config.data.test_batch_size)
+  assert results['test'].loss == pytest.approx(summary['test']['loss'], rel=1e-6)
+  assert json.loads((tmp_path / 'summary.json').read_text())['step'] == 30
+
+
+def test_non_finite_loss_stops_with_a_clear_error(tiny_config, tmp_path):
+  tiny_config.optimizer.learning_rate = float('inf')
+  with pytest.raises(TrainingError, match='not finite at step'):
+    train_and_evaluate(tiny_config, tmp_path)

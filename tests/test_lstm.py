@@ -1,0 +1,107 @@
+"""The LSTM cell against its equations in NumPy, finite differences and nn.RNN."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from lm_zoo.cells import LSTMCell, carry_output, replace_carry_output, supports_hoisting
+
+
+def sigmoid(x):
+  return 1 / (1 + np.exp(-x))
+
+
+def numpy_lstm_step(params, c, h, x):
+  """MODELS.md section 1 written out gate by gate."""
+  W = np.asarray(params['input']['kernel'])
+  b = np.asarray(params['input']['bias'])
+  U = np.asarray(params['recurrent_kernel'])
+  n = h.shape[-1]
+  gate = lambda k: x @ W[:, k * n:(k + 1) * n] + h @ U[:, k * n:(k + 1) * n] + b[k * n:(k + 1) * n]
+  i, f, j, o = sigmoid(gate(0)), sigmoid(gate(1)), np.tanh(gate(2)), sigmoid(gate(3))
+  c_new = f * c + i * j
+  return c_new, o * np.tanh(c_new)
+
+
+def _random_params(cell, m, key=0):
+  carry = cell.initialize_carry(jax.random.key(0), (1, m))
+  params = cell.init(jax.random.key(key), carry, jnp.zeros((1, m)))['params']
+  # non-trivial biases so that every term of the equations is exercised
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(key + 1), len(leaves))
+  return jax.tree.unflatten(tree, [l + 0.3 * jax.random.normal(k, l.shape)
+                                   for k, l in zip(keys, leaves)])
+
+
+def test_step_matches_numpy_equations():
+  m, n, batch = 5, 7, 3
+  cell = LSTMCell(n)
+  params = _random_params(cell, m)
+  rng = np.random.default_rng(0)
+  c, h, x = (rng.normal(size=(batch, d)).astype(np.float32) for d in (n, n, m))
+  (c_new, h_new), out = cell.apply({'params': params}, (c, h), x)
+  c_ref, h_ref = numpy_lstm_step(params, c, h, x)
+  np.testing.assert_allclose(c_new, c_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(h_new, h_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(out, h_new)
+
+
+def test_forget_bias_and_zero_carry():
+  cell = LSTMCell(4, forget_bias=1.0)
+  carry = cell.initialize_carry(jax.random.key(0), (2, 3))
+  assert all(np.all(np.asarray(t) == 0) and t.shape == (2, 4) for t in carry)
+  params = cell.init(jax.random.key(0), carry, jnp.zeros((2, 3)))['params']
+  np.testing.assert_array_equal(params['input']['bias'], [0] * 4 + [1] * 4 + [0] * 8)
+  assert cell.num_feature_axes == 1 and supports_hoisting(cell)
+
+
+def test_gradients_match_finite_differences():
+  m, n = 3, 4
+  cell = LSTMCell(n)
+  rng = np.random.default_rng(1)
+  xs = rng.normal(size=(2, 5, m))
+  params = _random_params(cell, m)
+  with jax.enable_x64(True):
+    params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
+
+    def loss(params, xs):
+      carry = (jnp.zeros((2, n), jnp.float64), jnp.zeros((2, n), jnp.float64))
+      for t in range(xs.shape[1]):
+        carry, h = cell.apply({'params': params}, carry, xs[:, t])
+      return jnp.sum(h ** 2) + jnp.sum(carry[0])
+
+    check_grads(loss, (params, jnp.asarray(xs)), order=1,
+                modes=('rev',), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_runs_inside_nn_rnn_like_the_equations():
+  m, n, batch, steps = 3, 6, 2, 8
+  rnn = nn.RNN(LSTMCell(n), return_carry=True)
+  xs = np.random.default_rng(2).normal(size=(batch, steps, m)).astype(np.float32)
+  variables = rnn.init(jax.random.key(0), xs)
+  (c_last, h_last), ys = jax.jit(rnn.apply)(variables, xs)
+  params = variables['params']['cell']
+  c, h = np.zeros((batch, n)), np.zeros((batch, n))
+  for t in range(steps):
+    c, h = numpy_lstm_step(params, c, h, xs[:, t])
+    np.testing.assert_allclose(ys[:, t], h, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(c_last, c, rtol=1e-5, atol=1e-5)
+
+
+def test_bidirectional():
+  bi = nn.Bidirectional(nn.RNN(LSTMCell(4)), nn.RNN(LSTMCell(4)))
+  xs = jnp.ones((2, 5, 3))
+  ys = bi.apply(bi.init(jax.random.key(0), xs), xs)
+  assert ys.shape == (2, 5, 8)
+
+
+@pytest.mark.parametrize('carry', [(1.0, 2.0), 3.0])
+def test_carry_output_helpers(carry):
+  assert carry_output(carry) == (2.0 if isinstance(carry, tuple) else 3.0)
+  replaced = replace_carry_output(carry, 9.0)
+  assert carry_output(replaced) == 9.0
+  if isinstance(carry, tuple):
+    assert replaced[0] == 1.0
