@@ -3,12 +3,9 @@
 `python launch/evaluate.py --workdir=runs/x [--batch_size=1] [--splits=valid,test]`
 """
 
-import sys
-
 from absl import app, flags
 
-from lm_zoo.cli import show_progress
-from lm_zoo.errors import LMZooError
+from lm_zoo import cli
 from lm_zoo.training import evaluate_workdir
 
 flags.DEFINE_string('workdir', None, 'A work directory written by launch/train.py.',
@@ -24,12 +21,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  show_progress()
-  try:
-    results = evaluate_workdir(FLAGS.workdir, FLAGS.splits, FLAGS.batch_size,
-                               FLAGS.data_dir)
-  except LMZooError as err:
-    sys.exit(f'error: {err}')
+  results = cli.run(lambda: evaluate_workdir(FLAGS.workdir, FLAGS.splits,
+                                             FLAGS.batch_size, FLAGS.data_dir))
   for split, result in results.items():
     print(f'{split}: {result.summary()}  (loss {result.loss:.4f} nats/token, '
           f'{result.num_tokens:,} tokens)')

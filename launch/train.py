@@ -3,13 +3,10 @@
 Re-running the same command resumes from the work directory's latest checkpoint.
 """
 
-import sys
-
 from absl import app, flags
 from ml_collections import config_flags
 
-from lm_zoo.cli import show_progress
-from lm_zoo.errors import LMZooError
+from lm_zoo import cli
 from lm_zoo.training import train_and_evaluate
 
 config_flags.DEFINE_config_file(
@@ -23,11 +20,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  show_progress()
-  try:
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except LMZooError as err:
-    sys.exit(f'error: {err}')
+  cli.run(lambda: train_and_evaluate(FLAGS.config, FLAGS.workdir))
 
 
 if __name__ == '__main__':

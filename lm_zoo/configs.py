@@ -72,3 +72,34 @@ def base_config() -> ml_collections.ConfigDict:
   c.generate.num_tokens = 30
   c.generate.temperature = 1.0
   return c
+
+
+def zaremba_config(size: str) -> ml_collections.ConfigDict:
+  """Zaremba, Sutskever & Vinyals (2014) PTB recipes, 'small' or 'medium'.
+
+  small: 2 x 200, no dropout, every parameter U(±0.1), SGD lr 1 for 4 epochs
+    then halved each epoch, 13 epochs, BPTT 20 (paper: valid 120.7, test 114.5).
+  medium: 2 x 650, dropout 0.5 on the non-recurrent connections, U(±0.05),
+    lr 1 for 6 epochs then divided by 1.2 each epoch, 39 epochs, BPTT 35
+    (paper: valid 86.2, test 82.7).
+  Both: batch 20, gradient norm clipped at 5 on the loss summed over the
+  window and averaged over the batch, recurrent state carried across windows.
+  """
+  if size not in ('small', 'medium'):
+    raise ValueError(f"size must be 'small' or 'medium', got {size!r}")
+  small = size == 'small'
+  c = base_config()
+  c.data.name = 'ptb'
+  c.data.batch_size = 20
+  c.data.bptt = 20 if small else 35
+  hidden = 200 if small else 650
+  c.model.update(num_layers=2, embed_size=hidden, hidden_size=hidden,
+                 init_scale=0.1 if small else 0.05)
+  if not small:
+    c.model.update(dropout_input=0.5, dropout_hidden=0.5, dropout_output=0.5)
+  c.optimizer.update(name='sgd', learning_rate=1.0, clip_norm=5.0,
+                     loss_reduction='sum_over_time')
+  c.schedule.update(kind='exponential', factor=0.5 if small else 1 / 1.2,
+                    decay_after=4 if small else 6)
+  c.train.update(num_epochs=13 if small else 39, log_every=500, checkpoint_every=2000)
+  return c
