@@ -28,10 +28,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.test_tokens = 0
 
   c.model = ml_collections.ConfigDict()
-  c.model.cell = 'lstm'  # a name in lm_zoo.models.CELLS
+  c.model.cell = 'lstm'  # a name in lm_zoo.models.CELLS: lstm, mlstm, flax_lstm, gru, simple
   c.model.num_layers = 2
-  c.model.embed_size = 200
+  c.model.embed_size = 200  # 0: the hidden size
   c.model.hidden_size = 200
+  c.model.param_budget = 0  # > 0: solve hidden_size for this many parameters
   c.model.tie_embeddings = False
   c.model.forget_bias = 1.0  # lstm cell only
   c.model.dropout_input = 0.0  # on the embedding output, shared over time
@@ -40,6 +41,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dropout_output = 0.0  # on the last layer's output, shared over time
   c.model.init_scale = 0.0  # > 0: every parameter U(±init_scale) (Zaremba)
   c.model.unroll = 1  # lax.scan unroll
+  # Mogrifier rounds before every layer's cell (Melis et al. 2020); 0: none.
+  c.model.mogrifier = ml_collections.ConfigDict()
+  c.model.mogrifier.rounds = 0
+  c.model.mogrifier.rank = 0  # k of the low-rank Q^i, R^i; <= 0: full rank
+  c.model.mogrifier.zigzag = True  # False: the no-zigzag ablation
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = 'sgd'  # sgd | adam

@@ -44,3 +44,12 @@ def tiny_config(data_dir):
   c.generate.num_lines = 1
   c.generate.num_tokens = 5
   return c
+
+
+def perturb(params, seed: int = 1, scale: float = 0.3):
+  """params plus N(0, scale²) noise, so that zero-initialised biases count too."""
+  import jax
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
+                                   for k, x in zip(keys, leaves)])

@@ -8,32 +8,14 @@ import pytest
 from jax.test_util import check_grads
 
 from lm_zoo.cells import LSTMCell, carry_output, replace_carry_output, supports_hoisting
-
-
-def sigmoid(x):
-  return 1 / (1 + np.exp(-x))
-
-
-def numpy_lstm_step(params, c, h, x):
-  """MODELS.md section 1 written out gate by gate."""
-  W = np.asarray(params['input']['kernel'])
-  b = np.asarray(params['input']['bias'])
-  U = np.asarray(params['recurrent_kernel'])
-  n = h.shape[-1]
-  gate = lambda k: x @ W[:, k * n:(k + 1) * n] + h @ U[:, k * n:(k + 1) * n] + b[k * n:(k + 1) * n]
-  i, f, j, o = sigmoid(gate(0)), sigmoid(gate(1)), np.tanh(gate(2)), sigmoid(gate(3))
-  c_new = f * c + i * j
-  return c_new, o * np.tanh(c_new)
+from conftest import perturb
+from numpy_reference import lstm_step as numpy_lstm_step
 
 
 def _random_params(cell, m, key=0):
   carry = cell.initialize_carry(jax.random.key(0), (1, m))
   params = cell.init(jax.random.key(key), carry, jnp.zeros((1, m)))['params']
-  # non-trivial biases so that every term of the equations is exercised
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(key + 1), len(leaves))
-  return jax.tree.unflatten(tree, [l + 0.3 * jax.random.normal(k, l.shape)
-                                   for k, l in zip(keys, leaves)])
+  return perturb(params, key + 1)  # non-zero biases: every term is exercised
 
 
 def test_step_matches_numpy_equations():

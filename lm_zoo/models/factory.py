@@ -3,45 +3,54 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import flax.linen as nn
 import jax
 import ml_collections
 
-from lm_zoo.cells import LSTMCell
+from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.errors import ConfigError
 from lm_zoo.models.language_model import RecurrentLM
 
-# Cell name -> constructor taking `features=`. New cells register here.
+log = logging.getLogger(__name__)
+
+# Cell name -> (model config -> constructor taking `features=`). New cells register here.
 CELLS = {
-    'lstm': LSTMCell,
-    'flax_lstm': nn.OptimizedLSTMCell,
-    'gru': nn.GRUCell,
+    'lstm': lambda cfg: functools.partial(LSTMCell, forget_bias=cfg.forget_bias),
+    'mlstm': lambda cfg: functools.partial(MLSTMCell, forget_bias=cfg.forget_bias),
+    'flax_lstm': lambda cfg: nn.OptimizedLSTMCell,
+    'gru': lambda cfg: nn.GRUCell,
+    'simple': lambda cfg: nn.SimpleCell,
 }
 
 
-def _cell_factory(cfg: ml_collections.ConfigDict):
+def cell_factory(cfg: ml_collections.ConfigDict):
+  """The constructor of one layer's cell: `model.cell`, mogrified when
+  `model.mogrifier.rounds` > 0."""
   if cfg.cell not in CELLS:
     raise ConfigError(f'unknown cell {cfg.cell!r} (model.cell): choose one of '
                       f'{", ".join(CELLS)}')
-  if cfg.cell == 'lstm':
-    return functools.partial(LSTMCell, forget_bias=cfg.forget_bias)
-  return CELLS[cfg.cell]
+  make_cell = CELLS[cfg.cell](cfg)
+  mog = cfg.mogrifier
+  if mog.rounds < 0:
+    raise ConfigError(f'model.mogrifier.rounds must be >= 0, got {mog.rounds}')
+  if mog.rounds == 0:
+    return make_cell
+
+  def mogrified(features: int, **kwargs):
+    # parent=None: the inner cell becomes the child `cell` of Mogrify
+    return Mogrify(make_cell(features=features, parent=None), rounds=mog.rounds,
+                   rank=mog.rank, zigzag=mog.zigzag, **kwargs)
+  return mogrified
 
 
-def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
-  """A `RecurrentLM` from `config.model` (see experiments/default.py)."""
-  for field in ('num_layers', 'embed_size', 'hidden_size'):
-    if cfg[field] < 1:
-      raise ConfigError(f'model.{field} must be at least 1, got {cfg[field]}')
-  for field in ('dropout_input', 'dropout_hidden', 'dropout_state', 'dropout_output'):
-    if not 0 <= cfg[field] < 1:
-      raise ConfigError(f'model.{field} must be in [0, 1), got {cfg[field]}')
+def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
   return RecurrentLM(
       vocab_size=vocab_size,
-      embed_size=cfg.embed_size,
-      hidden_sizes=(cfg.hidden_size,) * cfg.num_layers,
-      cell_factory=_cell_factory(cfg),
+      embed_size=cfg.embed_size or hidden_size,
+      hidden_sizes=(hidden_size,) * cfg.num_layers,
+      cell_factory=cell_factory(cfg),
       tie_embeddings=cfg.tie_embeddings,
       dropout_input=cfg.dropout_input,
       dropout_hidden=cfg.dropout_hidden,
@@ -49,6 +58,55 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
       dropout_output=cfg.dropout_output,
       unroll=cfg.unroll,
   )
+
+
+def count_params(model: nn.Module) -> int:
+  """Number of parameters, computed from shapes only (nothing is allocated)."""
+  shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+  return sum(x.size for x in jax.tree.leaves(shapes))
+
+
+def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int,
+                      budget: int) -> int:
+  """The largest hidden size whose model has at most `budget` parameters.
+
+  Models are compared at equal parameter counts in the Mogrifier paper (lamb
+  fixes a budget and solves for the hidden size). `model.embed_size` = 0
+  ties the embedding size to the hidden size, as for tied softmaxes.
+  """
+  count = lambda n: count_params(_model(cfg, vocab_size, n))
+  low, high = 1, 2
+  if count(low) > budget:
+    raise ConfigError(f'model.param_budget {budget:,} is below the smallest model '
+                      f'({count(low):,} parameters)')
+  while count(high) <= budget:
+    low, high = high, high * 2
+  while high - low > 1:  # count(low) <= budget < count(high)
+    mid = (low + high) // 2
+    low, high = (mid, high) if count(mid) <= budget else (low, mid)
+  return low
+
+
+def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
+  """A `RecurrentLM` from `config.model` (fields in lm_zoo/configs.py).
+
+  With `model.param_budget` > 0 the hidden size is solved for that budget and
+  `model.hidden_size` is ignored.
+  """
+  for field in ('num_layers', 'hidden_size'):
+    if cfg[field] < 1:
+      raise ConfigError(f'model.{field} must be at least 1, got {cfg[field]}')
+  if cfg.embed_size < 0:
+    raise ConfigError(f'model.embed_size must be >= 0, got {cfg.embed_size}')
+  for field in ('dropout_input', 'dropout_hidden', 'dropout_state', 'dropout_output'):
+    if not 0 <= cfg[field] < 1:
+      raise ConfigError(f'model.{field} must be in [0, 1), got {cfg[field]}')
+  hidden_size = cfg.hidden_size
+  if cfg.param_budget > 0:
+    hidden_size = solve_hidden_size(cfg, vocab_size, cfg.param_budget)
+    log.info('hidden size %d fits the budget of %s parameters', hidden_size,
+             f'{cfg.param_budget:,}')
+  return _model(cfg, vocab_size, hidden_size)
 
 
 def init_params(model: RecurrentLM, rng: jax.Array, init_scale: float = 0.0):

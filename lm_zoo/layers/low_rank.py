@@ -1,0 +1,62 @@
+"""A linear map that is full rank, or factorised as a product of two thin ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def factor_init(num_inputs: int, rank: int):
+  """Truncated normal with stddev (1 / (num_inputs * rank)) ** (1/4) (lamb).
+
+  Each entry of the product of two such factors then has variance
+  rank * stddev^4 = 1 / num_inputs, as a fan-in initialised full matrix.
+  """
+  stddev = (1.0 / (num_inputs * rank)) ** 0.25
+  # truncated at ±2σ; divide by the truncated normal's std so stddev is exact
+  return nn.initializers.truncated_normal(stddev / 0.87962566103423978)
+
+
+class LowRankDense(nn.Module):
+  """y = x A B + b, with A (m, k) and B (k, n); `rank <= 0` gives y = x W + b.
+
+  The Mogrifier's Q^i = Q^i_left Q^i_right (MODELS.md section 2) in
+  row-vector form: A = Q_right^T, B = Q_left^T. The bias starts at zero.
+  Parameters: m k + k n (+ n), against m n (+ n) at full rank.
+
+  Attributes:
+    features: output size n.
+    rank: k; <= 0 means a full-rank kernel.
+    use_bias: add b.
+    dtype: computation dtype (None: from the inputs).
+    param_dtype: parameter dtype.
+  """
+
+  features: int
+  rank: int = 0
+  use_bias: bool = True
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    m = x.shape[-1]
+    if self.rank > 0:
+      a = self.param('kernel_in', factor_init(m, self.rank), (m, self.rank),
+                     self.param_dtype)
+      b = self.param('kernel_out', factor_init(m, self.rank),
+                     (self.rank, self.features), self.param_dtype)
+      x, a, b = nn.dtypes.promote_dtype(x, a, b, dtype=self.dtype)
+      y = (x @ a) @ b
+    else:
+      w = self.param('kernel', nn.initializers.lecun_normal(), (m, self.features),
+                     self.param_dtype)
+      x, w = nn.dtypes.promote_dtype(x, w, dtype=self.dtype)
+      y = x @ w
+    if self.use_bias:
+      y = y + self.param('bias', nn.initializers.zeros_init(), (self.features,),
+                         self.param_dtype).astype(y.dtype)
+    return y

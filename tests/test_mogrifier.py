@@ -1,0 +1,172 @@
+"""Mogrify, LowRankDense and MLSTMCell against their equations in NumPy."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import perturb
+from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify
+from lm_zoo.configs import base_config
+from lm_zoo.errors import ConfigError
+from lm_zoo.layers import LowRankDense
+from lm_zoo.models import build_model, count_params, init_params, solve_hidden_size
+from numpy_reference import linear, lstm_step, mogrify, sigmoid
+
+M, N, B = 5, 7, 3  # input size, hidden size, batch
+
+
+def _inputs(seed=0):
+  rng = np.random.default_rng(seed)
+  return tuple(rng.normal(size=(B, d)).astype(np.float32) for d in (N, N, M))
+
+
+def _init(cell, seed=0):
+  carry = cell.initialize_carry(jax.random.key(0), (B, M))
+  return perturb(cell.init(jax.random.key(seed), carry, jnp.zeros((B, M)))['params'],
+                 seed + 1)
+
+
+@pytest.mark.parametrize('rank', [0, 3])
+@pytest.mark.parametrize('rounds', [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize('zigzag', [True, False])
+def test_mogrified_lstm_matches_equations(rounds, rank, zigzag):
+  cell = Mogrify(LSTMCell(N), rounds=rounds, rank=rank, zigzag=zigzag)
+  params = _init(cell, seed=rounds)
+  c, h, x = _inputs(rounds)
+  (c_new, h_new), out = jax.jit(cell.apply)({'params': params}, (c, h), x)
+  x_up, h_up = mogrify(params, x, h, rounds, zigzag)
+  c_ref, h_ref = lstm_step(params['cell'], c, h_up, x_up)
+  np.testing.assert_allclose(c_new, c_ref, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(h_new, h_ref, rtol=2e-5, atol=2e-5)
+  np.testing.assert_array_equal(out, h_new)
+
+
+def test_zigzag_and_no_zigzag_differ_from_round_two():
+  c, h, x = _inputs()
+  outs = {}
+  for zigzag in (True, False):
+    cell = Mogrify(LSTMCell(N), rounds=3, zigzag=zigzag)
+    outs[zigzag] = cell.apply({'params': _init(cell)}, (c, h), x)[1]
+  assert not np.allclose(outs[True], outs[False])
+
+
+def test_zero_rounds_is_the_inner_cell():
+  c, h, x = _inputs()
+  inner = LSTMCell(N)
+  params = _init(inner)
+  wrapped = Mogrify(LSTMCell(N), rounds=0)
+  expected = inner.apply({'params': params}, (c, h), x)
+  got = wrapped.apply({'params': {'cell': params}}, (c, h), x)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('rank', [0, 2])
+def test_zero_mogrifier_weights_give_the_inner_cell(rank):
+  c, h, x = _inputs()
+  cell = Mogrify(LSTMCell(N), rounds=5, rank=rank)
+  params = _init(cell)
+  zeroed = {k: (v if k == 'cell' else jax.tree.map(jnp.zeros_like, v))
+            for k, v in params.items()}
+  got = cell.apply({'params': zeroed}, (c, h), x)[1]
+  expected = LSTMCell(N).apply({'params': params['cell']}, (c, h), x)[1]
+  np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)  # 2σ(0) = 1
+
+
+@pytest.mark.parametrize('rounds, rank', [(1, 0), (4, 0), (5, 3), (6, 2)])
+def test_parameter_count_formula(rounds, rank):
+  cell = Mogrify(LSTMCell(N), rounds=rounds, rank=rank)
+  params = _init(cell)
+  lstm = 4 * N * (M + N) + 4 * N
+  n_q, n_r = (rounds + 1) // 2, rounds // 2
+  if rank > 0:
+    q, r = N * rank + rank * M + M, M * rank + rank * N + N
+  else:
+    q, r = N * M + M, M * N + N
+  assert sum(p.size for p in jax.tree.leaves(params)) == lstm + n_q * q + n_r * r
+
+
+@pytest.mark.parametrize('inner', [nn.GRUCell(N), nn.SimpleCell(N)],
+                         ids=['gru', 'simple'])
+def test_other_cells_see_the_mogrified_inputs(inner):
+  _, h, x = _inputs()
+  cell = Mogrify(inner, rounds=4, rank=2)
+  params = _init(cell)
+  x_up, h_up = mogrify(params, x, h, 4)
+  got = cell.apply({'params': params}, h, x)[1]
+  expected = inner.apply({'params': params['cell']}, jnp.asarray(h_up),
+                         jnp.asarray(x_up))[1]
+  np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_mlstm_matches_equations():
+  c, h, x = _inputs()
+  cell = MLSTMCell(N)
+  params = _init(cell)
+  (c_new, h_new), _ = cell.apply({'params': params}, (c, h), x)
+  h_m = (x @ np.asarray(params['mx']['kernel'])) * (h @ np.asarray(params['mh']['kernel']))
+  c_ref, h_ref = lstm_step(params['lstm'], c, h_m, x)
+  np.testing.assert_allclose(c_new, c_ref, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(h_new, h_ref, rtol=2e-5, atol=2e-5)
+
+
+def test_low_rank_dense():
+  x = np.random.default_rng(0).normal(size=(4, 64)).astype(np.float32)
+  layer = LowRankDense(32, rank=8)
+  params = layer.init(jax.random.key(0), x)['params']
+  assert params['kernel_in'].shape == (64, 8) and params['kernel_out'].shape == (8, 32)
+  np.testing.assert_array_equal(params['bias'], 0)
+  np.testing.assert_allclose(layer.apply({'params': params}, x), linear(params, x),
+                             rtol=1e-5, atol=1e-5)
+  # the product of the factors has fan-in variance 1 / 64
+  big = LowRankDense(256, rank=16).init(jax.random.key(1), jnp.zeros((1, 512)))['params']
+  product = np.asarray(big['kernel_in'] @ big['kernel_out'])
+  assert abs(product.var() * 512 - 1) < 0.1
+  full = LowRankDense(32, rank=0).init(jax.random.key(0), x)['params']
+  assert set(full) == {'kernel', 'bias'}
+
+
+def _mogrifier_model_config(**kw):
+  cfg = base_config().model
+  cfg.update(embed_size=12, hidden_size=12, tie_embeddings=True, dropout_input=0.2,
+             dropout_state=0.2)
+  cfg.mogrifier.update(rounds=5, rank=3)
+  cfg.update(kw)
+  return cfg
+
+
+def test_mogrifier_language_model_under_jit_and_grad():
+  model = build_model(_mogrifier_model_config(), 40)
+  params = init_params(model, jax.random.key(0))
+  assert set(params['cell_0']) == {'cell', 'q1', 'r2', 'q3', 'r4', 'q5'}
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 6)), jnp.int32)
+
+  @jax.jit
+  def loss(p):
+    logits, _ = model.apply({'params': p}, tokens, model.initialize_carry(2), train=True,
+                            rngs={'dropout': jax.random.key(0)})
+    return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+  grads = jax.grad(loss)(params)
+  assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+  assert np.abs(grads['cell_0']['q1']['kernel_in']).sum() > 0
+
+
+def test_solve_hidden_size_fits_the_budget():
+  cfg = _mogrifier_model_config(embed_size=0)
+  budget = 120_000
+  n = solve_hidden_size(cfg, 1000, budget)
+  count = lambda size: count_params(build_model(_with(cfg, hidden_size=size), 1000))
+  assert count(n) <= budget < count(n + 1)
+  model = build_model(_with(cfg, param_budget=budget), 1000)
+  assert model.hidden_sizes == (n, n)
+  with pytest.raises(ConfigError, match='below the smallest model'):
+    solve_hidden_size(cfg, 1000, 10)
+
+
+def _with(cfg, **kw):
+  cfg = cfg.copy_and_resolve_references()
+  cfg.update(kw)
+  return cfg
