@@ -1,9 +1,10 @@
-"""Train and eval tokens/s of the LSTM LM (vocab 10k, batch 20, BPTT 35).
+"""Train and eval tokens/s of recurrent LMs (vocab 10k, batch 20, BPTT 35).
 
 Measures our `RecurrentLM` with `lm_zoo.cells.LSTMCell` (input projection
-hoisted out of the scan) and, as a baseline in the same run, the same stack
-with flax's `nn.OptimizedLSTMCell` (everything inside the scan), at hidden
-sizes 200 and 650. Prints a table with ratios and writes JSON.
+hoisted out of the scan), the Mogrifier LSTM (r = 5, k = 40) and, as the
+baseline in the same run, the same stack with flax's `nn.OptimizedLSTMCell`
+(everything inside the scan), at hidden sizes 200 and 650. Prints a table with
+ratios against the baseline and writes JSON.
 
   python benchmarks/lstm_lm_speed.py [--sizes=200,650] [--steps=20] [--output=bench.json]
 """
@@ -21,7 +22,14 @@ from lm_zoo.models import build_model
 from lm_zoo.training import create_train_state, make_eval_step, make_optimizer, make_train_step
 
 flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
-flags.DEFINE_list('cells', ['lstm', 'flax_lstm'], 'Cells; the last one is the baseline.')
+# name -> model config fields
+MODELS = {
+    'lstm': {},
+    'mogrifier_r5_k40': {'mogrifier': {'rounds': 5, 'rank': 40}},
+    'flax_lstm': {'cell': 'flax_lstm'},
+}
+flags.DEFINE_list('models', list(MODELS), f'Models from {list(MODELS)}; the last '
+                  'one is the baseline.')
 flags.DEFINE_integer('steps', 20, 'Timed steps after warm-up.')
 flags.DEFINE_integer('vocab', 10_000, 'Vocabulary size.')
 flags.DEFINE_integer('batch_size', 20, 'Batch size.')
@@ -40,9 +48,10 @@ def _timed(fn, steps):
   return (time.perf_counter() - start) / steps
 
 
-def measure(cell: str, hidden: int) -> dict:
+def measure(name: str, hidden: int) -> dict:
   config = base_config()
-  config.model.update(cell=cell, hidden_size=hidden, embed_size=hidden, num_layers=2)
+  config.model.update(hidden_size=hidden, embed_size=hidden, num_layers=2)
+  config.model.update(MODELS[name])
   config.data.update(batch_size=FLAGS.batch_size, bptt=FLAGS.bptt)
   model = build_model(config.model, FLAGS.vocab)
   optimizer = make_optimizer(config.optimizer)
@@ -64,29 +73,29 @@ def measure(cell: str, hidden: int) -> dict:
   eval_seconds = _timed(lambda: eval_step(params, carries, inputs, targets, weights)[0],
                         FLAGS.steps)
   tokens = FLAGS.batch_size * FLAGS.bptt
-  return {'cell': cell, 'hidden': hidden, 'train_tokens_per_s': tokens / train_seconds,
+  return {'model': name, 'hidden': hidden, 'train_tokens_per_s': tokens / train_seconds,
           'eval_tokens_per_s': tokens / eval_seconds}
 
 
 def main(argv):
   del argv
-  rows = [measure(cell, int(size)) for size in FLAGS.sizes for cell in FLAGS.cells]
-  baseline = {r['hidden']: r for r in rows if r['cell'] == FLAGS.cells[-1]}
+  rows = [measure(name, int(size)) for size in FLAGS.sizes for name in FLAGS.models]
+  baseline = {r['hidden']: r for r in rows if r['model'] == FLAGS.models[-1]}
   print(f'devices: {jax.devices()}; vocab {FLAGS.vocab}, batch {FLAGS.batch_size}, '
         f'BPTT {FLAGS.bptt}, 2 layers')
-  print(f'{"cell":>10} {"hidden":>6} {"train tok/s":>12} {"eval tok/s":>11} '
+  print(f'{"model":>16} {"hidden":>6} {"train tok/s":>12} {"eval tok/s":>11} '
         f'{"train ratio":>11} {"eval ratio":>10}')
   for r in rows:
     base = baseline[r['hidden']]
     r['train_ratio_vs_baseline'] = r['train_tokens_per_s'] / base['train_tokens_per_s']
     r['eval_ratio_vs_baseline'] = r['eval_tokens_per_s'] / base['eval_tokens_per_s']
-    print(f'{r["cell"]:>10} {r["hidden"]:>6} {r["train_tokens_per_s"]:>12,.0f} '
+    print(f'{r["model"]:>16} {r["hidden"]:>6} {r["train_tokens_per_s"]:>12,.0f} '
           f'{r["eval_tokens_per_s"]:>11,.0f} {r["train_ratio_vs_baseline"]:>11.2f} '
           f'{r["eval_ratio_vs_baseline"]:>10.2f}')
   if FLAGS.output:
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({'baseline': FLAGS.cells[-1], 'results': rows}, indent=2))
+    path.write_text(json.dumps({'baseline': FLAGS.models[-1], 'results': rows}, indent=2))
     print(f'wrote {path}')
 
 

@@ -2,20 +2,19 @@
 
 import importlib.util
 
-import jax
 import pytest
 
 from conftest import REPO
-from lm_zoo.models import build_model, init_params
+from lm_zoo.models import build_model, count_params
 
 CONFIGS = sorted((REPO / 'experiments').glob('*.py'))
 
 
-def load(path):
+def load(path, *args):
   spec = importlib.util.spec_from_file_location(path.stem, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(*args)
 
 
 def lstm_lm_params(vocab, embed, hidden, layers):
@@ -28,11 +27,20 @@ def lstm_lm_params(vocab, embed, hidden, layers):
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: p.stem)
 def test_config_builds_a_model(path):
   config = load(path)
-  model = build_model(config.model, 10_000)
-  shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  count = sum(x.size for x in jax.tree.leaves(shapes))
+  count = count_params(build_model(config.model, 10_000))
   m = config.model
-  assert count == lstm_lm_params(10_000, m.embed_size, m.hidden_size, m.num_layers)
+  if m.param_budget:
+    assert 0.97 * m.param_budget < count <= m.param_budget
+  else:
+    assert count == lstm_lm_params(10_000, m.embed_size, m.hidden_size, m.num_layers)
+
+
+def test_ablation_variants_share_the_budget():
+  path = REPO / 'experiments' / 'ptb_mogrifier_ablation.py'
+  for variant in ('lstm', 'r1', 'nozigzag', 'fullrank', 'mlstm'):
+    config = load(path, variant)
+    count = count_params(build_model(config.model, 10_000))
+    assert 0.97 * 3_000_000 < count <= 3_000_000, variant
 
 
 def test_zaremba_recipes():
