@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import flax.linen as nn
 import jax
 
@@ -60,3 +62,15 @@ class Mogrify(nn.RNNCellBase):
   @property
   def num_feature_axes(self) -> int:
     return self.cell.num_feature_axes
+
+
+def mogrified(make_cell: Callable[..., nn.RNNCellBase], rounds: int = 5, rank: int = 0,
+              zigzag: bool = True) -> Callable[..., Mogrify]:
+  """A cell factory: `mogrified(LSTMCell, 5, 40)(features=n)` is
+  `Mogrify(LSTMCell(n), 5, 40)`, for stacks and models that take factories."""
+
+  def factory(features: int, **kwargs) -> Mogrify:
+    # parent=None: the inner cell becomes Mogrify's child `cell`
+    return Mogrify(make_cell(features=features, parent=None), rounds=rounds, rank=rank,
+                   zigzag=zigzag, **kwargs)
+  return factory

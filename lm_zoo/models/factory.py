@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify
+from lm_zoo.cells import LSTMCell, MLSTMCell, mogrified
 from lm_zoo.errors import ConfigError
 from lm_zoo.models.language_model import RecurrentLM
 
@@ -37,12 +37,7 @@ def cell_factory(cfg: ml_collections.ConfigDict):
     raise ConfigError(f'model.mogrifier.rounds must be >= 0, got {mog.rounds}')
   if mog.rounds == 0:
     return make_cell
-
-  def mogrified(features: int, **kwargs):
-    # parent=None: the inner cell becomes the child `cell` of Mogrify
-    return Mogrify(make_cell(features=features, parent=None), rounds=mog.rounds,
-                   rank=mog.rank, zigzag=mog.zigzag, **kwargs)
-  return mogrified
+  return mogrified(make_cell, mog.rounds, mog.rank, mog.zigzag)
 
 
 def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
