@@ -1,13 +1,11 @@
 """The reverse copy task: data as specified, and an encoder-decoder that learns it."""
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from lm_zoo.cells import LSTMCell, mogrified
-from lm_zoo.tasks import EncoderDecoder, reverse_copy_data
+from lm_zoo.tasks import (EncoderDecoder, fit, reverse_copy_data, run_experiment,
+                          sequence_cross_entropy)
 
 
 def test_data_is_reversed_source_with_marker():
@@ -33,24 +31,21 @@ def test_encoder_decoder_learns_to_reverse(decoder):
   decoder_cell = LSTMCell if decoder == 'lstm' else mogrified(LSTMCell, rounds=3, rank=4)
   model = EncoderDecoder(vocab_size=6, embed_size=16, hidden_size=32,
                          decoder_cell=decoder_cell)
-  params = model.init(jax.random.key(0), data.encoder_inputs[:2], data.decoder_inputs[:2])
-  tx = optax.adam(1e-2)
-  opt_state = tx.init(params)
-
-  def loss_fn(params, enc, dec, tgt):
-    logits = model.apply(params, enc, dec)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tgt).mean()
-
-  @jax.jit
-  def step(params, opt_state, enc, dec, tgt):
-    loss, grads = jax.value_and_grad(loss_fn)(params, enc, dec, tgt)
-    updates, opt_state = tx.update(grads, opt_state)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  rng = np.random.default_rng(0)
-  for _ in range(6):
-    for batch in data.batches(64, rng):
-      params, opt_state, loss = step(params, opt_state, *batch)
+  params = fit(model, data, learning_rate=1e-2, batch_size=64, epochs=6, seed=0)
   test = reverse_copy_data(256, 4, 6, seed=2)
-  predicted = model.apply(params, test.encoder_inputs, test.decoder_inputs).argmax(-1)
-  assert np.mean(predicted == test.targets) > 0.95
+  cross_entropy, accuracy = sequence_cross_entropy(model, params, test)
+  assert accuracy > 0.95 and cross_entropy < 0.2
+
+
+def test_experiment_reports_every_length_and_model():
+  from conftest import REPO
+  import importlib.util
+  spec = importlib.util.spec_from_file_location('rc', REPO / 'experiments' / 'reverse_copy.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.update(lengths=(2, 3), num_train=128, num_test=32, hidden_size=8, epochs=1)
+  rows = run_experiment(config)
+  assert [(r['length'], r['model']) for r in rows] == [
+      (2, 'lstm'), (2, 'mogrifier'), (3, 'lstm'), (3, 'mogrifier')]
+  assert all(0 < r['cross_entropy'] < 10 and 0 <= r['accuracy'] <= 1 for r in rows)

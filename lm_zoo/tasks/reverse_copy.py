@@ -8,13 +8,15 @@ targets (teacher forcing), and must emit the sequence reversed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 
-from lm_zoo.cells import LSTMCell
+from lm_zoo.cells import LSTMCell, mogrified
 from lm_zoo.models.recurrent import RecurrentLayer
 
 
@@ -84,3 +86,71 @@ class EncoderDecoder(nn.Module):
         decoder_inputs.T)
     _, h = RecurrentLayer(decoder, name='decoder')(carry, y)
     return nn.Dense(self.vocab_size, name='softmax')(h.transpose(1, 0, 2))
+
+
+def sequence_cross_entropy(model: EncoderDecoder, params, data: ReverseCopyData,
+                           batch_size: int = 256) -> tuple[float, float]:
+  """Mean per-token cross-entropy (nats) and accuracy of `model` on `data`."""
+  apply = jax.jit(model.apply)
+  total = correct = 0.0
+  for start in range(0, len(data.targets), batch_size):
+    sl = slice(start, start + batch_size)
+    logits = apply(params, data.encoder_inputs[sl], data.decoder_inputs[sl])
+    targets = data.targets[sl]
+    total += float(optax.softmax_cross_entropy_with_integer_labels(logits, targets).sum())
+    correct += float((logits.argmax(-1) == targets).sum())
+  return total / data.targets.size, correct / data.targets.size
+
+
+def fit(model: EncoderDecoder, train: ReverseCopyData, *, learning_rate: float = 3e-3,
+        l2: float = 0.0, batch_size: int = 64, epochs: int = 1, clip_norm: float = 10.0,
+        seed: int = 0):
+  """Trains `model` with teacher forcing (Adam, beta1 = 0 as in the paper's setup).
+
+  Returns the trained parameters.
+  """
+  params = model.init(jax.random.key(seed), train.encoder_inputs[:1],
+                      train.decoder_inputs[:1])
+  tx = optax.chain(optax.clip_by_global_norm(clip_norm), optax.add_decayed_weights(l2),
+                   optax.adam(learning_rate, b1=0.0))
+  opt_state = tx.init(params)
+
+  def loss_fn(params, enc, dec, tgt):
+    logits = model.apply(params, enc, dec)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tgt).mean()
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(params, opt_state, enc, dec, tgt):
+    grads = jax.grad(loss_fn)(params, enc, dec, tgt)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  rng = np.random.default_rng(seed)
+  for _ in range(epochs):
+    for batch in train.batches(batch_size, rng):
+      params, opt_state = step(params, opt_state, *batch)
+  return params
+
+
+def run_experiment(config) -> list[dict]:
+  """Cross-entropy against sequence length for each model of `config.models`.
+
+  `config` (experiments/reverse_copy.py): lengths, models (name -> embed_size,
+  mogrifier rounds and rank), vocab_size, hidden_size, num_train, num_test,
+  learning_rate, l2, batch_size, epochs, seed.
+  """
+  rows = []
+  for length in config.lengths:
+    train = reverse_copy_data(config.num_train, length, config.vocab_size, config.seed)
+    test = reverse_copy_data(config.num_test, length, config.vocab_size, config.seed + 1)
+    for name, spec in config.models.items():
+      cell = (mogrified(LSTMCell, spec.rounds, spec.rank) if spec.rounds > 0
+              else LSTMCell)
+      model = EncoderDecoder(config.vocab_size, spec.embed_size, config.hidden_size,
+                             encoder_cell=cell, decoder_cell=cell)
+      params = fit(model, train, learning_rate=config.learning_rate, l2=config.l2,
+                   batch_size=config.batch_size, epochs=config.epochs, seed=config.seed)
+      cross_entropy, accuracy = sequence_cross_entropy(model, params, test)
+      rows.append({'length': length, 'model': name, 'cross_entropy': cross_entropy,
+                   'accuracy': accuracy})
+  return rows
