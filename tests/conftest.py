@@ -53,3 +53,13 @@ def perturb(params, seed: int = 1, scale: float = 0.3):
   keys = jax.random.split(jax.random.key(seed), len(leaves))
   return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
                                    for k, x in zip(keys, leaves)])
+
+
+def load_experiment(name: str, *args):
+  """`get_config(*args)` of experiments/NAME.py, loaded by path as config_flags does."""
+  import importlib.util
+  path = REPO / 'experiments' / f'{name}.py'
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(*args)

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from conftest import load_experiment
+
 from lm_zoo.cells import LSTMCell, mogrified
 from lm_zoo.tasks import (EncoderDecoder, fit, reverse_copy_data, run_experiment,
                           sequence_cross_entropy)
@@ -38,12 +40,7 @@ def test_encoder_decoder_learns_to_reverse(decoder):
 
 
 def test_experiment_reports_every_length_and_model():
-  from conftest import REPO
-  import importlib.util
-  spec = importlib.util.spec_from_file_location('rc', REPO / 'experiments' / 'reverse_copy.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_experiment('reverse_copy')
   config.update(lengths=(2, 3), num_train=128, num_test=32, hidden_size=8, epochs=1)
   rows = run_experiment(config)
   assert [(r['length'], r['model']) for r in rows] == [
