@@ -39,6 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dropout_hidden = 0.0  # between layers, shared over time
   c.model.dropout_state = 0.0  # on the fed-back h, shared over time
   c.model.dropout_output = 0.0  # on the last layer's output, shared over time
+  c.model.variational_dropout = True  # False: new masks every step (not the state's)
   c.model.init_scale = 0.0  # > 0: every parameter U(±init_scale) (Zaremba)
   c.model.unroll = 1  # lax.scan unroll
   # Mogrifier rounds before every layer's cell (Melis et al. 2020); 0: none.
@@ -85,7 +86,8 @@ def zaremba_config(size: str) -> ml_collections.ConfigDict:
 
   small: 2 x 200, no dropout, every parameter U(±0.1), SGD lr 1 for 4 epochs
     then halved each epoch, 13 epochs, BPTT 20 (paper: valid 120.7, test 114.5).
-  medium: 2 x 650, dropout 0.5 on the non-recurrent connections, U(±0.05),
+  medium: 2 x 650, dropout 0.5 on the non-recurrent connections (a new mask
+    at every step), U(±0.05),
     lr 1 for 6 epochs then divided by 1.2 each epoch, 39 epochs, BPTT 35
     (paper: valid 86.2, test 82.7).
   Both: batch 20, gradient norm clipped at 5 on the loss summed over the
@@ -101,8 +103,9 @@ def zaremba_config(size: str) -> ml_collections.ConfigDict:
   hidden = 200 if small else 650
   c.model.update(num_layers=2, embed_size=hidden, hidden_size=hidden,
                  init_scale=0.1 if small else 0.05)
-  if not small:
-    c.model.update(dropout_input=0.5, dropout_hidden=0.5, dropout_output=0.5)
+  if not small:  # Zaremba: a new mask at every step, non-recurrent connections only
+    c.model.update(dropout_input=0.5, dropout_hidden=0.5, dropout_output=0.5,
+                   variational_dropout=False)
   c.optimizer.update(name='sgd', learning_rate=1.0, clip_norm=5.0,
                      loss_reduction='sum_over_time')
   c.schedule.update(kind='exponential', factor=0.5 if small else 1 / 1.2,

@@ -4,6 +4,7 @@ import pytest
 
 from conftest import REPO, load_experiment
 from lm_zoo.models import build_model, count_params
+from lm_zoo.training import epoch_learning_rate
 
 # reverse_copy.py configures a task, not a language model
 CONFIGS = sorted(p.stem for p in (REPO / 'experiments').glob('*.py')
@@ -41,5 +42,10 @@ def test_zaremba_recipes():
           small.data.batch_size, small.optimizer.clip_norm,
           small.model.init_scale) == (200, 13, 20, 20, 5.0, 0.1)
   medium = load_experiment('ptb_lstm_medium')
-  assert (medium.model.hidden_size, medium.train.num_epochs,
-          medium.model.dropout_hidden) == (650, 39, 0.5)
+  assert (medium.model.hidden_size, medium.train.num_epochs, medium.model.dropout_hidden,
+          medium.model.variational_dropout) == (650, 39, 0.5, False)
+  lrs = [epoch_learning_rate(medium.schedule, 1.0, e, []) for e in (6, 7, 8)]
+  assert lrs == pytest.approx([1.0, 1 / 1.2, 1 / 1.44])
+  for c in (small, medium):
+    assert (c.optimizer.name, c.optimizer.learning_rate,
+            c.optimizer.loss_reduction) == ('sgd', 1.0, 'sum_over_time')

@@ -135,3 +135,15 @@ def test_bad_model_configs():
     build_model(cfg, 10)
   with pytest.raises(ValueError, match='tokens must be'):
     _lm().init(jax.random.key(0), jnp.zeros((3,), jnp.int32), _lm().initialize_carry(3))
+
+
+def test_per_step_dropout_when_not_variational():
+  stack = RecurrentStack([EchoCell(3), EchoCell(6)], dropout_hidden=0.5,
+                         variational_dropout=False)
+  xs = jnp.ones((12, 8, 2))
+  carries = [jnp.ones((8, 3)), jnp.ones((8, 6))]
+  variables = stack.init(jax.random.key(0), carries, xs, train=False)
+  _, ys = stack.apply(variables, carries, xs, train=True,
+                      rngs={'dropout': jax.random.key(3)})
+  zero = np.asarray(ys)[:, :, :2] == 0  # the dropped inputs of layer 2
+  assert not np.all(zero == zero[:1])  # masks differ between steps

@@ -2,12 +2,13 @@
 
 import json
 import math
+import shutil
 
 import jax
 import numpy as np
 import pytest
 
-from lm_zoo.errors import TrainingError
+from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.training import (create_train_state, evaluate_workdir, make_optimizer,
                              read_metrics, train_and_evaluate)
 from lm_zoo.training.checkpoints import Checkpoints
@@ -36,12 +37,42 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tiny_config, tmp_path)
   half.train.max_steps = 25
   train_and_evaluate(half, tmp_path / 'split')
 
-  (a, meta_a), (b, meta_b) = (_final_params(full, tmp_path / 'full'),
-                              _final_params(full, tmp_path / 'split'))
-  assert int(a.step) == int(b.step) == 25
-  assert meta_a == meta_b
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(x, y)
+  # a kill: the run got to step 14 but only its checkpoint of step 12 survived
+  killed = tiny_config.copy_and_resolve_references()
+  killed.train.update(max_steps=14, checkpoint_every=3)
+  train_and_evaluate(killed, tmp_path / 'killed')
+  shutil.rmtree(tmp_path / 'killed' / 'checkpoints' / '14')
+  killed.train.max_steps = 25
+  train_and_evaluate(killed, tmp_path / 'killed')
+
+  a, meta_a = _final_params(full, tmp_path / 'full')
+  for other in ('split', 'killed'):
+    b, meta_b = _final_params(full, tmp_path / other)
+    assert int(a.step) == int(b.step) == 25
+    assert meta_a == meta_b
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+      np.testing.assert_array_equal(x, y)
+    # the metrics read as one run: no step logged twice, one final evaluation
+    records = read_metrics(tmp_path / other / 'metrics.jsonl')
+    train_steps = [r['step'] for r in records if r['kind'] == 'train']
+    assert train_steps == sorted(set(train_steps)) == [5, 10, 15, 20, 25]
+    assert sum(1 for r in records if r.get('final')) == 2
+
+
+def test_stop_at_an_epoch_end_still_validates(tiny_config, tmp_path):
+  tiny_config.train.max_steps = 10  # exactly one epoch of 10 windows
+  summary = train_and_evaluate(tiny_config, tmp_path)
+  records = read_metrics(tmp_path / 'metrics.jsonl')
+  assert [r['epoch'] for r in records if r['kind'] == 'valid' and not r.get('final')] == [1]
+  assert summary['best_epoch'] == 1
+
+
+def test_resuming_with_other_shapes_is_refused(tiny_config, tmp_path):
+  tiny_config.train.max_steps = 3
+  train_and_evaluate(tiny_config, tmp_path)
+  tiny_config.model.hidden_size = 24
+  with pytest.raises(ConfigError, match='different model.hidden_size'):
+    train_and_evaluate(tiny_config, tmp_path)
 
 
 def test_run_writes_metrics_checkpoints_and_evaluates(tiny_config, tmp_path):
@@ -62,5 +93,6 @@ def test_run_writes_metrics_checkpoints_and_evaluates(tiny_config, tmp_path):
 
 def test_non_finite_loss_stops_with_a_clear_error(tiny_config, tmp_path):
   tiny_config.optimizer.learning_rate = float('inf')
-  with pytest.raises(TrainingError, match='not finite at step'):
+  with pytest.raises(TrainingError, match='not finite at or before step'):
     train_and_evaluate(tiny_config, tmp_path)
+  assert not list((tmp_path / 'checkpoints').glob('*'))  # no broken checkpoint

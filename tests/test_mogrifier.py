@@ -120,10 +120,15 @@ def test_low_rank_dense():
   np.testing.assert_array_equal(params['bias'], 0)
   np.testing.assert_allclose(layer.apply({'params': params}, x), linear(params, x),
                              rtol=1e-5, atol=1e-5)
-  # the product of the factors has fan-in variance 1 / 64
+  # lamb: factors ~ truncated_normal(s = (1/(m k))^(1/4)), cut at ±2s unrescaled
   big = LowRankDense(256, rank=16).init(jax.random.key(1), jnp.zeros((1, 512)))['params']
+  s = (1 / (512 * 16)) ** 0.25
+  factor = np.asarray(big['kernel_in'])
+  assert np.abs(factor).max() <= 2 * s
+  truncated_var = 0.7737413  # variance of N(0, 1) conditioned on |z| <= 2
+  assert abs(factor.var() / (s * s * truncated_var) - 1) < 0.05
   product = np.asarray(big['kernel_in'] @ big['kernel_out'])
-  assert abs(product.var() * 512 - 1) < 0.1
+  assert abs(product.var() * 512 / truncated_var ** 2 - 1) < 0.1
   full = LowRankDense(32, rank=0).init(jax.random.key(0), x)['params']
   assert set(full) == {'kernel', 'bias'}
 

@@ -56,10 +56,13 @@ def test_adam_beta1_zero_is_rmsprop_like():
   cfg.update(name='adam', learning_rate=1e-3, beta1=0.0, beta2=0.999, clip_norm=0.0)
   tx = make_optimizer(cfg)
   params = {'w': jnp.zeros(3)}
-  g = {'w': jnp.array([0.5, -1.0, 2.0])}
-  updates, _ = tx.update(g, tx.init(params), params)
-  # first step: m = g, v = (1 - b2) g^2, bias-corrected -> -lr * sign(g)
-  np.testing.assert_allclose(updates['w'], -1e-3 * np.sign(g['w']), rtol=1e-4)
+  g1, g2 = np.array([0.5, -1.0, 2.0]), np.array([-1.0, 3.0, 2.0])
+  state = tx.init(params)
+  _, state = tx.update({'w': jnp.asarray(g1)}, state, params)
+  updates, _ = tx.update({'w': jnp.asarray(g2)}, state, params)
+  # beta1 = 0: the step is the current gradient over the RMS of all gradients
+  v = (0.001 * 0.999 * g1 ** 2 + 0.001 * g2 ** 2) / (1 - 0.999 ** 2)
+  np.testing.assert_allclose(updates['w'], -1e-3 * g2 / (np.sqrt(v) + 1e-8), rtol=1e-4)
 
 
 def test_unknown_optimizer():

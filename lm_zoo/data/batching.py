@@ -1,9 +1,10 @@
 """Batching a token stream into parallel rows and BPTT windows.
 
 A stream of N tokens has N - 1 (input, target) pairs. They are laid out as
-`batch_size` contiguous rows of equal length; the last row is padded and the
-padding carries weight 0, so every pair is scored exactly once at any batch
-size (evaluation at batch size 20 and 1 sees the same tokens). Each row is a
+`batch_size` contiguous rows of ceil((N - 1) / batch_size) pairs; the slots
+past the last pair (fewer than batch_size, at the end of the last rows) are
+padding with weight 0, so every pair is scored exactly once at any batch size
+(evaluation at batch size 20 and 1 sees the same tokens). Each row is a
 continuous piece of text, so the recurrent state of row b carries from one
 window to the next.
 """

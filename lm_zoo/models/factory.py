@@ -51,6 +51,7 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
       dropout_hidden=cfg.dropout_hidden,
       dropout_state=cfg.dropout_state,
       dropout_output=cfg.dropout_output,
+      variational_dropout=cfg.variational_dropout,
       unroll=cfg.unroll,
   )
 

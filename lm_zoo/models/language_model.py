@@ -23,10 +23,12 @@ class RecurrentLM(nn.Module):
   """Embedding -> stacked recurrent layers -> (projection) -> softmax logits.
 
   Any `nn.RNNCellBase` can be a layer: `cell_factory(features=n)` builds the
-  cell of each layer. Dropout masks are shared over time (variational): on the
-  embedding output (`dropout_input`), between layers (`dropout_hidden`), on
-  each layer's fed-back state (`dropout_state`) and on the final output
-  (`dropout_output`); none at evaluation. With tied embeddings the softmax
+  cell of each layer. Dropout applies to the embedding output
+  (`dropout_input`), between layers (`dropout_hidden`), to each layer's
+  fed-back state (`dropout_state`) and to the final output (`dropout_output`);
+  none at evaluation. Its masks are shared over time (variational, Gal &
+  Ghahramani 2016); `variational_dropout=False` draws a new mask at every step
+  for the non-recurrent connections (Zaremba et al. 2014). With tied embeddings the softmax
   weights are the embedding matrix, and a linear projection maps the last
   layer to the embedding size when the two differ.
 
@@ -37,6 +39,8 @@ class RecurrentLM(nn.Module):
     cell_factory: builds one layer's cell from `features=`.
     tie_embeddings: share the embedding with the softmax.
     dropout_input, dropout_hidden, dropout_state, dropout_output: rates.
+    variational_dropout: one mask per window for every dropout (else per step,
+      except on the state).
     embed_init: initialiser of the embedding.
     unroll: scan unroll of the recurrent layers.
   """
@@ -50,6 +54,7 @@ class RecurrentLM(nn.Module):
   dropout_hidden: float = 0.0
   dropout_state: float = 0.0
   dropout_output: float = 0.0
+  variational_dropout: bool = True
   embed_init: Callable[..., jax.Array] = symmetric_uniform(0.1)
   unroll: int = 1
 
@@ -74,15 +79,17 @@ class RecurrentLM(nn.Module):
     embed = nn.Embed(self.vocab_size, self.embed_size,
                      embedding_init=self.embed_init, name='embed')
     x = embed(tokens.T)  # time-major (T, B, m) for the scans
-    x = nn.Dropout(self.dropout_input, broadcast_dims=(0,),
+    time_shared = (0,) if self.variational_dropout else ()
+    x = nn.Dropout(self.dropout_input, broadcast_dims=time_shared,
                    deterministic=not train)(x)
     cells = [self.cell_factory(features=n, name=f'cell_{i}')
              for i, n in enumerate(self.hidden_sizes)]
     new_carries, h = RecurrentStack(
         cells, dropout_hidden=self.dropout_hidden,
-        dropout_state=self.dropout_state, unroll=self.unroll,
+        dropout_state=self.dropout_state,
+        variational_dropout=self.variational_dropout, unroll=self.unroll,
         name='stack')(carries, x, train=train)
-    h = nn.Dropout(self.dropout_output, broadcast_dims=(0,),
+    h = nn.Dropout(self.dropout_output, broadcast_dims=time_shared,
                    deterministic=not train)(h)
     h = h.transpose(1, 0, 2)
     if self.tie_embeddings:

@@ -54,21 +54,24 @@ class RecurrentLayer(nn.Module):
 class RecurrentStack(nn.Module):
   """Layers of cells with variational (time-shared) dropout between them.
 
-  Dropout masks are drawn once per call and shared over time (Gal & Ghahramani
-  2016): `dropout_hidden` on each layer's output that feeds the next layer,
-  `dropout_state` on the h each layer feeds back to itself. The last layer's
-  output is returned undropped.
+  `dropout_hidden` drops each layer's output that feeds the next layer,
+  `dropout_state` the h each layer feeds back to itself, with masks drawn once
+  per call and shared over time (Gal & Ghahramani 2016); with
+  `variational_dropout=False` the between-layer mask is new at every step.
+  The last layer's output is returned undropped.
 
   Attributes:
     cells: one `nn.RNNCellBase` per layer.
     dropout_hidden: rate between layers.
     dropout_state: rate on the recurrent h.
+    variational_dropout: share the between-layer mask over time.
     unroll: scan unroll.
   """
 
   cells: Sequence[nn.RNNCellBase]
   dropout_hidden: float = 0.0
   dropout_state: float = 0.0
+  variational_dropout: bool = True
   unroll: int = 1
 
   @nn.compact
@@ -77,7 +80,8 @@ class RecurrentStack(nn.Module):
     new_carries, x = [], inputs
     for layer, (cell, carry) in enumerate(zip(self.cells, carries)):
       if layer > 0:
-        x = nn.Dropout(self.dropout_hidden, broadcast_dims=(0,),
+        x = nn.Dropout(self.dropout_hidden,
+                       broadcast_dims=(0,) if self.variational_dropout else (),
                        deterministic=not train)(x)
       state_mask = None
       if train and self.dropout_state > 0:

@@ -57,6 +57,9 @@ class Checkpoints:
   def save_best(self, step: int, params: Any, meta: dict) -> None:
     self._save(self._best, step, params, meta)
 
+  def has_latest(self) -> bool:
+    return self._latest.latest_step() is not None
+
   def restore_latest(self, like: Any):
     """(state, meta) of the newest checkpoint shaped like `like`, or None."""
     return self._restore(self._latest, like)

@@ -59,6 +59,27 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
+# Fields that fix the shapes of a checkpoint: a run cannot resume across them.
+SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size',
+                'model.hidden_size', 'model.param_budget', 'model.tie_embeddings',
+                'model.mogrifier', 'data.name', 'data.batch_size', 'optimizer.name')
+
+
+def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+  """Raises ConfigError when `workdir` holds a run whose shapes `config` changes."""
+  saved = json.loads(load_config(workdir).to_json_best_effort())
+  now = json.loads(config.to_json_best_effort())
+  for field in SHAPE_FIELDS:
+    old, new = saved, now
+    for part in field.split('.'):
+      old, new = old[part], new[part]
+    if old != new:
+      raise ConfigError(
+          f'{workdir} holds a run with a different {field} ({old} there, {new} '
+          'now): its checkpoints cannot be resumed with this config. Use a new '
+          '--workdir, or the same config to resume.')
+
+
 def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
   key = jax.random.key(config.seed)
   params = init_params(model, key, config.model.init_scale)
@@ -113,12 +134,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   """
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  save_config(config, workdir)
   corpus = load_data(config)
   model = build_model(config.model, len(corpus.vocab))
   optimizer = make_optimizer(config.optimizer)
-  train_step = make_train_step(model, optimizer,
-                               config.optimizer.loss_reduction == 'sum_over_time')
+  sum_over_time = config.optimizer.loss_reduction == 'sum_over_time'
+  train_step = make_train_step(model, optimizer, sum_over_time)
   eval_step = make_eval_step(model)
   data_cfg, train_cfg = config.data, config.train
   batched = BatchedStream(corpus.train, data_cfg.batch_size)
@@ -127,25 +147,50 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
   state = create_train_state(model, optimizer, config)
   progress = Progress()
-  restored = checkpoints.restore_latest(state)
-  if restored is not None:
-    state, meta = restored
+  if checkpoints.has_latest():
+    check_resumable(config, workdir)
+    state, meta = checkpoints.restore_latest(state)
     progress = Progress(**meta)
+    metrics.drop_after(int(state.step))  # what the stopped run logged past its checkpoint
     log.info('Resumed from step %d (epoch %d, position %d) in %s',
-                 int(state.step), progress.epoch, progress.position, workdir)
+             int(state.step), progress.epoch, progress.position, workdir)
+  save_config(config, workdir)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   log.info('Model: %s, %s parameters; train %s tokens, vocab %d', config.model.cell,
-               f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
+           f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
 
-  def save(step: int):
+  step, throughput, pending = int(state.step), _Throughput(), []
+
+  def fetch_losses() -> np.ndarray:
+    """The losses since the last fetch; raises if one is not finite."""
+    losses = np.asarray(jax.device_get(pending), np.float64)
+    pending.clear()
+    if not np.all(np.isfinite(losses)):
+      raise TrainingError(
+          f'the training loss is not finite at or before step {step} (epoch '
+          f'{progress.epoch}). The latest checkpoint in {workdir}/checkpoints '
+          'holds finite weights: lower the learning rate or clip gradients '
+          'harder, then run the same command again to resume from it.')
+    return losses
+
+  def save() -> None:
+    fetch_losses()  # never checkpoint non-finite weights
     checkpoints.save_latest(step, state, dataclasses.asdict(progress))
 
-  def valid_result() -> EvalResult:
-    return evaluate_split(model, state.params, corpus, 'valid',
-                          data_cfg.eval_batch_size, data_cfg.bptt, eval_step)
+  def end_epoch() -> None:
+    result = evaluate_split(model, state.params, corpus, 'valid',
+                            data_cfg.eval_batch_size, data_cfg.bptt, eval_step)
+    log.info('epoch %d done: valid %s', progress.epoch, result.summary())
+    metrics.write('valid', step=step, epoch=progress.epoch, **result.as_dict())
+    progress.valid_losses.append(result.loss)
+    if result.loss < progress.best_valid:
+      progress.best_valid = result.loss
+      checkpoints.save_best(step, state.params, {'epoch': progress.epoch,
+                                                 'valid_loss': result.loss})
+    progress.epoch += 1
+    progress.position = 0
 
   max_steps = train_cfg.max_steps if train_cfg.max_steps > 0 else math.inf
-  step, throughput, pending = int(state.step), _Throughput(), []
   train_start = time.perf_counter()
   while progress.epoch <= train_cfg.num_epochs and step < max_steps:
     lr = epoch_learning_rate(config.schedule, config.optimizer.learning_rate,
@@ -155,8 +200,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     windows = batched.windows(data_cfg.bptt, progress.position, data_cfg.variable_bptt,
                               seed=(config.seed, progress.epoch))
     for window in windows:
-      # AWD-LSTM: a window's learning rate is scaled by its length / bptt.
-      scale = window.length / data_cfg.bptt if data_cfg.variable_bptt else 1.0
+      # AWD-LSTM scales a window's learning rate by its length / bptt; a loss
+      # summed over time already grows with the length.
+      scale = (window.length / data_cfg.bptt
+               if data_cfg.variable_bptt and not sum_over_time else 1.0)
       state = state.replace(opt_state=set_learning_rate(state.opt_state, lr * scale))
       state, step_metrics = train_step(state, window.inputs, window.targets,
                                        window.weights)
@@ -165,38 +212,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       step += 1
       throughput.tokens += window.inputs.size
       if step % train_cfg.log_every == 0:
-        losses = np.asarray(jax.device_get(pending))
-        pending = []
-        if not np.all(np.isfinite(losses)):
-          save(step)
-          raise TrainingError(
-              f'the training loss is not finite at step {step} (epoch '
-              f'{progress.epoch}); the checkpoint of this step is in {workdir}. '
-              'Lower the learning rate or clip gradients harder.')
+        loss = float(fetch_losses().mean())
         rate = throughput.rate()
         log.info('epoch %d step %d  loss %.4f  ppl %.2f  lr %.4g  %.0f tokens/s',
-                     progress.epoch, step, losses.mean(),
-                     math.exp(min(losses.mean(), 700.0)), lr, rate)
-        metrics.write('train', step=step, epoch=progress.epoch, loss=float(losses.mean()),
+                 progress.epoch, step, loss, math.exp(min(loss, 700.0)), lr, rate)
+        metrics.write('train', step=step, epoch=progress.epoch, loss=loss,
                       learning_rate=lr, tokens_per_second=rate)
         throughput.reset()
       if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
-        save(step)
+        save()
       if step >= max_steps:
         break
-    else:  # the epoch ran to its end
-      result = valid_result()
-      log.info('epoch %d done: valid %s', progress.epoch, result.summary())
-      metrics.write('valid', step=step, epoch=progress.epoch, **result.as_dict())
-      progress.valid_losses.append(result.loss)
-      if result.loss < progress.best_valid:
-        progress.best_valid = result.loss
-        checkpoints.save_best(step, state.params, {'epoch': progress.epoch,
-                                                   'valid_loss': result.loss})
-      progress.epoch += 1
-      progress.position = 0
+    if progress.position >= batched.row_length:
+      end_epoch()
       throughput.reset()
-    save(step)
+    save()
   train_seconds = time.perf_counter() - train_start
 
   best = checkpoints.restore_best(state.params)

@@ -18,6 +18,16 @@ class MetricsWriter:
     with self.path.open('a') as f:
       f.write(json.dumps(record) + '\n')
 
+  def drop_after(self, step: int) -> None:
+    """Removes records past `step` and final evaluations (for a resumed run)."""
+    if not self.path.exists():
+      return
+    keep = [r for r in read_metrics(self.path)
+            if r.get('step', 0) <= step and not r.get('final')]
+    tmp = self.path.with_suffix('.tmp')
+    tmp.write_text(''.join(json.dumps(r) + '\n' for r in keep))
+    tmp.replace(self.path)  # atomic: a kill now leaves the old or the new file
+
 
 def read_metrics(path: str | pathlib.Path) -> list[dict]:
   """All records of a metrics file."""
