@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 
 from lm_zoo import generation
+from lm_zoo.configs import base_config
 from lm_zoo.data import BatchedStream, Corpus, load_corpus
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.models import RecurrentLM, build_model, init_params
@@ -52,11 +53,15 @@ def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Non
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
+  """The config a work directory was trained with, over today's defaults
+  (so work directories from before a field existed still load)."""
   path = pathlib.Path(workdir) / CONFIG_FILE
   if not path.is_file():
     raise ConfigError(f'{path} not found: is {workdir} a work directory written '
                       'by launch/train.py?')
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  config = base_config()
+  config.update(json.loads(path.read_text()))
+  return config
 
 
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
