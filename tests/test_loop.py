@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from lm_zoo.errors import ConfigError, TrainingError
-from lm_zoo.training import (create_train_state, evaluate_workdir, load_config, make_optimizer,
-                             read_metrics, train_and_evaluate)
+from lm_zoo.training import (create_train_state, evaluate_workdir, load_config,
+                             make_optimizer, read_metrics, train_and_evaluate)
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.models import build_model
 
