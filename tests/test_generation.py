@@ -1,7 +1,6 @@
 """Sampling: reproducible with a seed, and distributed as the model says."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

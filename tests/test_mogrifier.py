@@ -12,7 +12,7 @@ from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers import LowRankDense
 from lm_zoo.models import build_model, count_params, init_params, solve_hidden_size
-from numpy_reference import linear, lstm_step, mogrify, sigmoid
+from numpy_reference import linear, lstm_step, mogrify
 
 M, N, B = 5, 7, 3  # input size, hidden size, batch
 

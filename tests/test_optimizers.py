@@ -1,9 +1,7 @@
 """Optimizers from the config and the epoch learning-rate schedules."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from lm_zoo.configs import base_config
