@@ -165,6 +165,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
            f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
 
   step, throughput, pending = int(state.step), _Throughput(), []
+  step_lr = None  # the rate in opt_state, once this process has set it
 
   def fetch_losses() -> np.ndarray:
     """The losses since the last fetch; raises if one is not finite."""
@@ -209,7 +210,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       # summed over time already grows with the length.
       scale = (window.length / data_cfg.bptt
                if data_cfg.variable_bptt and not sum_over_time else 1.0)
-      state = state.replace(opt_state=set_learning_rate(state.opt_state, lr * scale))
+      if lr * scale != step_lr:  # no host-to-device copy while the rate holds
+        step_lr = lr * scale
+        state = state.replace(opt_state=set_learning_rate(state.opt_state, step_lr))
       state, step_metrics = train_step(state, window.inputs, window.targets,
                                        window.weights)
       pending.append(step_metrics['loss'])
