@@ -2,6 +2,8 @@
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -63,3 +65,10 @@ def load_experiment(name: str, *args):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(*args)
+
+
+def run_script(args, env_extra=None) -> subprocess.CompletedProcess:
+  """Runs a repository script as a user would, from the repository root."""
+  env = {**os.environ, 'PYTHONUNBUFFERED': '1', **(env_extra or {})}
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600)

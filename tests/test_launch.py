@@ -1,17 +1,8 @@
 """The launch scripts as a user runs them: train a tiny config, then evaluate."""
 
 import json
-import os
-import subprocess
-import sys
 
-from conftest import REPO
-
-
-def _run(args, env_extra=None):
-  env = {**os.environ, 'PYTHONUNBUFFERED': '1', **(env_extra or {})}
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=600)
+from conftest import run_script
 
 
 def test_train_then_evaluate(data_dir, tmp_path):
@@ -20,8 +11,9 @@ def test_train_then_evaluate(data_dir, tmp_path):
                '--config.data.test_tokens=200', '--config.model.hidden_size=16',
                '--config.model.embed_size=16', '--config.data.bptt=10',
                '--config.train.log_every=4', '--config.generate.num_tokens=5']
-  train = _run(['launch/train.py', '--config=experiments/default.py',
-                f'--workdir={workdir}', *overrides], {'LM_ZOO_DATA': str(data_dir)})
+  train = run_script(['launch/train.py', '--config=experiments/default.py',
+                      f'--workdir={workdir}', *overrides],
+                     {'LM_ZOO_DATA': str(data_dir)})
   assert train.returncode == 0, train.stderr
   log = train.stderr
   assert 'tokens/s' in log and 'valid perplexity' in log and 'test perplexity' in log
@@ -31,20 +23,21 @@ def test_train_then_evaluate(data_dir, tmp_path):
     assert (workdir / name).exists(), name
   summary = json.loads((workdir / 'summary.json').read_text())
 
-  evaluate = _run(['launch/evaluate.py', f'--workdir={workdir}'],
-                  {'LM_ZOO_DATA': str(data_dir)})
+  evaluate = run_script(['launch/evaluate.py', f'--workdir={workdir}'],
+                        {'LM_ZOO_DATA': str(data_dir)})
   assert evaluate.returncode == 0, evaluate.stderr
   assert f"test: perplexity {summary['test']['perplexity']:.2f}" in evaluate.stdout
 
 
 def test_clear_errors_instead_of_tracebacks(tmp_path):
-  no_data = _run(['launch/train.py', '--config=experiments/default.py',
-                  f'--workdir={tmp_path}', f'--config.data.data_dir={tmp_path / "nope"}'])
+  no_data = run_script(['launch/train.py', '--config=experiments/default.py',
+                        f'--workdir={tmp_path}',
+                        f'--config.data.data_dir={tmp_path / "nope"}'])
   assert no_data.returncode != 0
   assert 'error: data folder' in no_data.stderr and 'Traceback' not in no_data.stderr
-  bad_field = _run(['launch/train.py', '--config=experiments/default.py',
-                    f'--workdir={tmp_path}', '--config.model.hiden_size=3'])
+  bad_field = run_script(['launch/train.py', '--config=experiments/default.py',
+                          f'--workdir={tmp_path}', '--config.model.hiden_size=3'])
   assert bad_field.returncode != 0 and 'hiden_size' in bad_field.stderr
-  not_a_run = _run(['launch/evaluate.py', f'--workdir={tmp_path / "empty"}'])
+  not_a_run = run_script(['launch/evaluate.py', f'--workdir={tmp_path / "empty"}'])
   assert not_a_run.returncode != 0 and 'error:' in not_a_run.stderr
   assert 'Traceback' not in not_a_run.stderr

@@ -6,11 +6,13 @@ import json
 import pathlib
 import time
 
+METRICS_FILE = 'metrics.jsonl'
+
 
 class MetricsWriter:
   """Appends one JSON object per line to `workdir/metrics.jsonl`."""
 
-  def __init__(self, workdir: str | pathlib.Path, filename: str = 'metrics.jsonl'):
+  def __init__(self, workdir: str | pathlib.Path, filename: str = METRICS_FILE):
     self.path = pathlib.Path(workdir) / filename
 
   def write(self, kind: str, **values) -> None:

@@ -1,0 +1,70 @@
+"""Draws a results figure as PNG.
+
+  python launch/plot.py --figure=mogrifier_ablation --workdir_prefix=runs/abl_ \
+      --output=docs/figures/mogrifier_ablation.png
+  python launch/plot.py --figure=reverse_copy --results=runs/reverse_copy.json \
+      --output=docs/figures/reverse_copy.png
+  python launch/plot.py --figure=curves --workdirs=runs/abl_lstm,runs/abl_r5 \
+      --output=docs/figures/curves.png
+"""
+
+import json
+import pathlib
+
+from absl import app, flags
+
+from lm_zoo import cli, plots
+from lm_zoo.errors import ConfigError
+
+flags.DEFINE_enum('figure', None, ['mogrifier_ablation', 'reverse_copy', 'curves'],
+                  'mogrifier_ablation: validation perplexity against rounds from '
+                  'the ablation work directories; reverse_copy: cross-entropy against '
+                  'length from launch/reverse_copy.py output; curves: training and '
+                  'validation perplexity of work directories against step.')
+flags.DEFINE_string('output', None, 'PNG file to write.')
+flags.DEFINE_string('workdir_prefix', 'runs/abl_', 'mogrifier_ablation: work '
+                    'directories are PREFIX + variant (lstm, r1..r6, nozigzag, ...).')
+flags.DEFINE_string('results', 'runs/reverse_copy.json',
+                    'reverse_copy: the JSON written by launch/reverse_copy.py.')
+flags.DEFINE_list('workdirs', [], 'curves: work directories to draw.')
+flags.DEFINE_string('title', '', 'Figure title.')
+flags.mark_flags_as_required(['figure', 'output'])
+FLAGS = flags.FLAGS
+
+def ablation_perplexities(prefix: str) -> dict[str, float]:
+  """Validation perplexity of each finished ablation run `prefix + variant`."""
+  prefix_path = pathlib.Path(prefix)
+  found = {}
+  for summary in sorted(prefix_path.parent.glob(prefix_path.name + '*/summary.json')):
+    variant = summary.parent.name[len(prefix_path.name):]
+    found[variant] = json.loads(summary.read_text())['valid']['perplexity']
+  if not found:
+    raise ConfigError(f'no {prefix}VARIANT/summary.json found: train the ablation '
+                      'with launch/train.py first')
+  return found
+
+
+def draw() -> pathlib.Path:
+  if FLAGS.figure == 'mogrifier_ablation':
+    return plots.mogrifier_ablation_figure(ablation_perplexities(FLAGS.workdir_prefix),
+                                           FLAGS.output, FLAGS.title)
+  if FLAGS.figure == 'reverse_copy':
+    results = pathlib.Path(FLAGS.results)
+    if not results.is_file():
+      raise ConfigError(f'{results} not found: run launch/reverse_copy.py first')
+    return plots.reverse_copy_figure(json.loads(results.read_text()), FLAGS.output,
+                                     FLAGS.title)
+  if not FLAGS.workdirs:
+    raise ConfigError('--figure=curves needs --workdirs')
+  return plots.curves_figure({pathlib.Path(w).name: w for w in FLAGS.workdirs},
+                             FLAGS.output, FLAGS.title)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  print(f'wrote {cli.run(draw)}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,107 @@
+"""Figures of results, saved as PNG: perplexity against Mogrifier rounds (the
+Mogrifier paper's Fig. 3), cross-entropy against sequence length (its reverse
+copy task), and training curves of work directories.
+
+Needs matplotlib (`pip install 'lm_zoo[plot]'`). Figures are drawn on
+`matplotlib.figure.Figure` objects, never through pyplot, so calling these
+functions leaves a notebook's backend and open figures alone.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Mapping, Sequence
+
+from lm_zoo.errors import ConfigError
+from lm_zoo.training.metrics import METRICS_FILE, read_metrics
+
+Series = tuple[Sequence[float], Sequence[float]]
+
+
+def line_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
+                xlabel: str, ylabel: str, title: str = '',
+                points: Mapping[str, tuple[float, float]] | None = None,
+                hlines: Mapping[str, float] | None = None,
+                logy: bool = False) -> pathlib.Path:
+  """Draws labelled lines (xs, ys), single labelled points and horizontal
+  reference lines on one axis; saves a PNG at `path` and returns it."""
+  try:
+    from matplotlib import ticker
+    from matplotlib.figure import Figure
+  except ImportError as e:
+    raise ConfigError("plots need matplotlib: pip install 'lm_zoo[plot]'") from e
+  fig = Figure(figsize=(6, 4), dpi=120, layout='constrained')
+  ax = fig.add_subplot()
+  for label, (xs, ys) in series.items():
+    ax.plot(xs, ys, marker='o', markersize=4, label=label)
+  for marker, (label, (x, y)) in zip('s^vDP*X', (points or {}).items()):
+    ax.plot([x], [y], marker=marker, linestyle='none', markersize=7, label=label)
+  for style, (label, y) in zip(('--', ':', '-.'), (hlines or {}).items()):
+    ax.axhline(y, linestyle=style, color='gray', label=label)
+  if logy:
+    ax.set_yscale('log')
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+  ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path)
+  return path
+
+
+def mogrifier_ablation_figure(valid_perplexity: Mapping[str, float],
+                              path: str | pathlib.Path, title: str = '') -> pathlib.Path:
+  """Validation perplexity against rounds r (the paper's Fig. 3).
+
+  `valid_perplexity` maps the variants of `experiments/ptb_mogrifier_ablation.py`
+  to perplexities: 'lstm' is r = 0, 'r1'...'r6' the Mogrifier; 'nozigzag' and
+  'fullrank' (both r = 5) are drawn as points, 'mlstm' as a reference line.
+  """
+  rounds = {0 if v == 'lstm' else int(v[1:]): ppl for v, ppl in valid_perplexity.items()
+            if v == 'lstm' or (v[:1] == 'r' and v[1:].isdigit())}
+  if not rounds:
+    raise ConfigError('no LSTM or rN variant among '
+                      f'{sorted(valid_perplexity)}: nothing to draw against rounds')
+  xs = sorted(rounds)
+  labels = {'nozigzag': 'no zigzag (r = 5)', 'fullrank': 'full rank (r = 5)'}
+  points = {labels[v]: (5, valid_perplexity[v]) for v in labels if v in valid_perplexity}
+  hlines = {'mLSTM': valid_perplexity['mlstm']} if 'mlstm' in valid_perplexity else {}
+  return line_figure({'Mogrifier (r = 0: LSTM)': (xs, [rounds[x] for x in xs])}, path,
+                     xlabel='rounds r', ylabel='validation perplexity', title=title,
+                     points=points, hlines=hlines)
+
+
+def reverse_copy_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
+                        title: str = '') -> pathlib.Path:
+  """Cross-entropy against sequence length per model, from the rows that
+  `lm_zoo.tasks.run_experiment` returns (keys model, length, cross_entropy)."""
+  by_model: dict[str, list[tuple[float, float]]] = {}
+  for row in rows:
+    by_model.setdefault(row['model'], []).append((row['length'], row['cross_entropy']))
+  series = {model: tuple(zip(*sorted(pairs))) for model, pairs in by_model.items()}
+  return line_figure(series, path, xlabel='sequence length',
+                     ylabel='cross-entropy (nats per token)', title=title)
+
+
+def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathlib.Path,
+                  title: str = '') -> pathlib.Path:
+  """Training and end-of-epoch validation perplexity against step, one pair
+  of lines per work directory (read from its metrics.jsonl)."""
+  series: dict[str, Series] = {}
+  for label, workdir in workdirs.items():
+    metrics_path = pathlib.Path(workdir) / METRICS_FILE
+    if not metrics_path.is_file():
+      raise ConfigError(f'{metrics_path} not found: is {workdir} a work directory '
+                        'written by launch/train.py?')
+    records = read_metrics(metrics_path)
+    for kind in ('train', 'valid'):
+      rows = [r for r in records if r['kind'] == kind and not r.get('final')]
+      if rows:
+        series[f'{label} {kind}'] = ([r['step'] for r in rows],
+                                      [math.exp(min(r['loss'], 700.0)) for r in rows])
+  return line_figure(series, path, xlabel='step', ylabel='perplexity', title=title,
+                     logy=True)

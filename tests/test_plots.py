@@ -1,0 +1,84 @@
+"""Figures: what each one draws, and that it is a real PNG of the stated size."""
+
+import json
+import math
+import struct
+
+import pytest
+
+from conftest import run_script
+from lm_zoo import plots
+from lm_zoo.errors import ConfigError
+from lm_zoo.training.metrics import MetricsWriter
+
+
+def png_size(path):
+  data = path.read_bytes()
+  assert data[:8] == b'\x89PNG\r\n\x1a\n' and data[12:16] == b'IHDR'
+  return struct.unpack('>II', data[16:24])
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+  """Records the arguments of line_figure instead of drawing."""
+  calls = []
+  monkeypatch.setattr(plots, 'line_figure',
+                      lambda series, path, **kw: calls.append((series, kw)) or path)
+  return calls
+
+
+def test_line_figure_writes_png(tmp_path):
+  path = plots.line_figure({'a': ([1, 2, 3], [3.0, 2.0, 1.0])}, tmp_path / 'sub' / 'f.png',
+                           xlabel='x', ylabel='y', points={'p': (2, 2.5)},
+                           hlines={'h': 1.5}, logy=True)
+  assert png_size(path) == (6 * 120, 4 * 120)
+
+
+def test_ablation_figure_places_variants_by_rounds(drawn, tmp_path):
+  ppl = {'r2': 95.0, 'lstm': 100.0, 'r1': 97.0, 'nozigzag': 96.0, 'fullrank': 94.0,
+         'mlstm': 99.0}
+  plots.mogrifier_ablation_figure(ppl, tmp_path / 'f.png')
+  (series, kw), = drawn
+  assert list(series.values()) == [([0, 1, 2], [100.0, 97.0, 95.0])]
+  assert sorted(kw['points'].values()) == [(5, 94.0), (5, 96.0)]
+  assert list(kw['hlines'].values()) == [99.0]
+  with pytest.raises(ConfigError, match='nothing to draw'):
+    plots.mogrifier_ablation_figure({'mlstm': 1.0}, tmp_path / 'f.png')
+
+
+def test_reverse_copy_figure_groups_by_model_and_sorts_by_length(drawn, tmp_path):
+  rows = [{'model': m, 'length': n, 'cross_entropy': ce}
+          for m, n, ce in (('lstm', 20, 2.0), ('mog', 10, 0.5), ('lstm', 10, 1.0))]
+  plots.reverse_copy_figure(rows, tmp_path / 'f.png')
+  (series, _), = drawn
+  assert series == {'lstm': ((10, 20), (1.0, 2.0)), 'mog': ((10,), (0.5,))}
+
+
+def test_curves_figure_reads_metrics(drawn, tmp_path):
+  writer = MetricsWriter(tmp_path)
+  writer.write('train', step=10, loss=2.0)
+  writer.write('valid', step=10, epoch=1, loss=3.0)
+  writer.write('valid', step=10, final=True, loss=9.0)  # the final evaluation: left out
+  plots.curves_figure({'run': tmp_path}, tmp_path / 'f.png')
+  (series, kw), = drawn
+  assert series == {'run train': ([10], [math.exp(2.0)]),
+                    'run valid': ([10], [math.exp(3.0)])}
+  assert kw['logy']
+  with pytest.raises(ConfigError, match='not found'):
+    plots.curves_figure({'x': tmp_path / 'missing'}, tmp_path / 'f.png')
+
+
+def test_plot_script_draws_ablation_from_summaries(tmp_path):
+  for variant, ppl in (('lstm', 120.0), ('r5', 110.0), ('mlstm', 118.0)):
+    (tmp_path / f'abl_{variant}').mkdir()
+    (tmp_path / f'abl_{variant}' / 'summary.json').write_text(
+        json.dumps({'valid': {'perplexity': ppl}}))
+  out = tmp_path / 'ablation.png'
+  done = run_script(['launch/plot.py', '--figure=mogrifier_ablation',
+               f'--workdir_prefix={tmp_path}/abl_', f'--output={out}'])
+  assert done.returncode == 0, done.stderr
+  assert png_size(out) == (720, 480)
+  missing = run_script(['launch/plot.py', '--figure=reverse_copy',
+                  f'--results={tmp_path}/none.json', f'--output={out}'])
+  assert missing.returncode != 0 and 'error:' in missing.stderr
+  assert 'Traceback' not in missing.stderr
