@@ -43,3 +43,52 @@ def mogrify(params, x, h, rounds, zigzag=True):
       hs[i] = 2 * sigmoid(linear(params[f'r{i}'], src)) * hs[i - 2]
       xs[i] = xs[i - 1]
   return xs[max(xs)], hs[max(hs)]
+
+
+def adaptive_dense(kernels, bias, x, slot_policies, bias_policy=None):
+  """Eq. (2) of the aLSTM paper, one example at a time in column-vector form:
+  f(x) = D^(q) W^(q-1) ... W^(1) D^(1) x + D^(0) b, with D^(j) = diag(π^(j))
+  (the identity where `slot_policies[j]` is None); kernels are (in, out)."""
+  out = []
+  for b_ in range(x.shape[0]):
+    v = x[b_]
+    for j, pi in enumerate(slot_policies):
+      if j > 0:
+        v = np.asarray(kernels[j - 1]).T @ v
+      if pi is not None:
+        v = np.diag(pi[b_]) @ v
+    d0 = np.ones_like(bias) if bias_policy is None else bias_policy[b_]
+    out.append(v + np.diag(d0) @ np.asarray(bias))
+  return np.stack(out)
+
+
+def dense(params, x):
+  return x @ np.asarray(params['kernel']) + np.asarray(params.get('bias', 0.0))
+
+
+def alstm_step(params, carry, x, context=None, latent='lstm'):
+  """Eq. (8) gate by gate with tied input adaptations, π = tanh(U z), the
+  latent z from an LSTM (eq. 7) or ReLU layer (eq. 6) of v = [x; h; context]."""
+  latent_carry, c, h = carry
+  v = np.concatenate([x, h] + ([] if context is None else [context]), axis=-1)
+  if latent == 'lstm':
+    latent_carry = lstm_step(params['latent'], *latent_carry, v)
+    z = latent_carry[1]
+  else:
+    z = np.maximum(dense(params['latent']['Dense_0'], v), 0.0)
+  pi = np.tanh(z @ np.asarray(params['policy']['kernel']))
+  m, n = x.shape[-1], h.shape[-1]
+  d3, d1 = pi[:, :m], pi[:, m:m + n]
+  d4, d2, d0 = (pi[:, m + n + k * 4 * n:m + n + (k + 1) * 4 * n] for k in range(3))
+  W = np.asarray(params['input']['kernel_1'])
+  V = np.asarray(params['recurrent']['kernel_1'])
+  b = np.asarray(params['recurrent']['bias'])
+
+  def gate(k):
+    s = slice(k * n, (k + 1) * n)
+    return (d4[:, s] * ((d3 * x) @ W[:, s]) + d2[:, s] * ((d1 * h) @ V[:, s])
+            + d0[:, s] * b[s])
+
+  i, f, j, o = sigmoid(gate(0)), sigmoid(gate(1)), np.tanh(gate(2)), sigmoid(gate(3))
+  c_new = f * c + i * j
+  return (latent_carry, c_new, o * np.tanh(c_new))

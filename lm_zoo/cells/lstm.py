@@ -11,6 +11,30 @@ import jax.numpy as jnp
 Initializer = Callable[..., jax.Array]
 
 
+def per_gate_init(init: Initializer, features: int) -> Initializer:
+  """Initialises each gate's (rows, features) block of a fused (rows, 4 features)
+  kernel on its own (orthogonal per gate)."""
+  def init_fn(key, shape, dtype=jnp.float32):
+    keys = jax.random.split(key, 4)
+    return jnp.concatenate([init(k, (shape[0], features), dtype) for k in keys], axis=-1)
+  return init_fn
+
+
+def gate_bias_init(features: int, forget_bias: float) -> Initializer:
+  """Zero gate biases (order i, f, j, o) with `forget_bias` on the forget gate."""
+  def init_fn(key, shape, dtype=jnp.float32):
+    del key
+    return jnp.zeros(shape, dtype).at[features:2 * features].set(forget_bias)
+  return init_fn
+
+
+def lstm_update(gates: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(c', h') from the pre-activations [i, f, j, o] (..., 4n) and c."""
+  i, f, j, o = jnp.split(gates, 4, axis=-1)
+  new_c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(j)
+  return new_c, nn.sigmoid(o) * jnp.tanh(new_c)
+
+
 class LSTMCell(nn.RNNCellBase):
   """LSTM with the carry `(c, h)` and output h:
 
@@ -44,25 +68,12 @@ class LSTMCell(nn.RNNCellBase):
   def setup(self):
     n = self.features
     self.recurrent_kernel = self.param(
-        'recurrent_kernel', self._per_gate(self.recurrent_kernel_init), (n, 4 * n),
+        'recurrent_kernel', per_gate_init(self.recurrent_kernel_init, n), (n, 4 * n),
         self.param_dtype)
     # W and b live in a Dense so that the input size is inferred on first use.
-    self.input = nn.Dense(4 * n, kernel_init=self._per_gate(self.kernel_init),
-                          bias_init=self._bias_init, dtype=self.dtype,
+    self.input = nn.Dense(4 * n, kernel_init=per_gate_init(self.kernel_init, n),
+                          bias_init=gate_bias_init(n, self.forget_bias), dtype=self.dtype,
                           param_dtype=self.param_dtype)
-
-  def _per_gate(self, init):
-    """Initialises each gate's (rows, n) block on its own (orthogonal per gate)."""
-    def init_fn(key, shape, dtype):
-      keys = jax.random.split(key, 4)
-      blocks = [init(k, (shape[0], self.features), dtype) for k in keys]
-      return jnp.concatenate(blocks, axis=-1)
-    return init_fn
-
-  def _bias_init(self, key, shape, dtype):
-    del key
-    n = self.features
-    return jnp.zeros(shape, dtype).at[n:2 * n].set(self.forget_bias)
 
   def project_inputs(self, inputs: jax.Array) -> jax.Array:
     """W x + b for any leading shape (all time steps at once)."""
@@ -73,10 +84,7 @@ class LSTMCell(nn.RNNCellBase):
     c, h = carry
     h_in, recurrent_kernel = nn.dtypes.promote_dtype(
         h, self.recurrent_kernel, dtype=self.dtype)
-    gates = projected + h_in @ recurrent_kernel
-    i, f, j, o = jnp.split(gates, 4, axis=-1)
-    new_c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(j)
-    new_h = nn.sigmoid(o) * jnp.tanh(new_c)
+    new_c, new_h = lstm_update(projected + h_in @ recurrent_kernel, c)
     return (new_c, new_h), new_h
 
   def __call__(self, carry, inputs: jax.Array):

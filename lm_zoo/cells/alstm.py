@@ -1,0 +1,159 @@
+"""The adaptive LSTM (Flennerhag et al., NeurIPS 2018, eq. 8) and its
+adaptation models: static (eq. 6), recurrent (eq. 7) and the stacked
+LSTM-RHN wiring of eq. 9."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lm_zoo.cells.base import carry_output
+from lm_zoo.cells.lstm import LSTMCell, gate_bias_init, lstm_update, per_gate_init
+from lm_zoo.errors import ConfigError
+from lm_zoo.layers.adaptive import AdaptiveDense, split_sizes
+
+
+class StaticLatent(nn.RNNCellBase):
+  """The static adaptation model of eq. (6): z_t = ReLU(W v_t + b).
+
+  A cell with an empty carry, so that it stands where the recurrent model
+  (eq. 7, an `LSTMCell`) does.
+  """
+
+  features: int
+
+  @nn.compact
+  def __call__(self, carry, v: jax.Array):
+    return carry, nn.relu(nn.Dense(self.features)(v))
+
+  @nn.nowrap
+  def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
+    return ()
+
+  @property
+  def num_feature_axes(self) -> int:
+    return 1
+
+
+class ALSTMCell(nn.RNNCellBase):
+  """The aLSTM of eq. (8) with IO adaptation. For each gate s in (i, f, j, o):
+
+      u^s = D^(s,4) W^s D^(3) x + D^(s,2) V^s D^(1) h + D^(s,0) b^s
+
+  with the input adaptations D^(1), D^(3) tied across gates (so the four
+  gates stay one fused product) and the output and bias adaptations per gate.
+  The policies are π = tanh(U z) without bias, from the latent
+  z_t = latent(v_t) of the summary v_t = [x_t; h_{t-1}] (plus a `context`
+  from another layer in the LSTM-RHN stack), as in the authors' alstm code:
+  one vector of size m + 13n split as [x scale m | h scale n | 4n for W |
+  4n for V | 4n for the bias]. W, V orthogonal per gate, b zero with
+  `forget_bias` on the forget gate.
+
+  The carry is (latent carry, c, h): h last, so state dropout and `Mogrify`
+  (an adaptive Mogrifier) apply unchanged.
+
+  Attributes:
+    features: hidden size n.
+    latent: the adaptation model, any cell constructor taking `features=`:
+      `LSTMCell` (recurrent, eq. 7) or `StaticLatent` (eq. 6).
+    latent_size: the size of z (100 in the paper).
+    forget_bias: initial forget-gate bias.
+  """
+
+  features: int
+  latent: Callable[..., nn.RNNCellBase] = LSTMCell
+  latent_size: int = 100
+  forget_bias: float = 1.0
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def step(self, carry, x: jax.Array, context: jax.Array | None = None):
+    """One step with an extra summary input `context` (eq. 9); returns
+    (carry, h) like `__call__`."""
+    latent_carry, c, h = carry
+    n, m = self.features, x.shape[-1]
+    v = jnp.concatenate([x, h] if context is None else [x, h, context], axis=-1)
+    latent_carry, z = self.latent(features=self.latent_size, name='latent')(
+        latent_carry, v)
+    pi = jnp.tanh(nn.Dense(m + 13 * n, use_bias=False, dtype=self.dtype,
+                           param_dtype=self.param_dtype, name='policy')(z))
+    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(
+        pi, (m, n, 4 * n, 4 * n, 4 * n))
+    dense = lambda name, **kw: AdaptiveDense(
+        4 * n, 'io', kernel_init=per_gate_init(nn.initializers.orthogonal(), n),
+        dtype=self.dtype, param_dtype=self.param_dtype, name=name, **kw)
+    gates = (dense('input', use_bias=False)(x, policies=(x_scale, w_scale))
+             + dense('recurrent', bias_init=gate_bias_init(n, self.forget_bias))(
+                 h, policies=(h_scale, v_scale, b_scale)))
+    new_c, new_h = lstm_update(gates, c)
+    return (latent_carry, new_c, new_h), new_h
+
+  def __call__(self, carry, inputs: jax.Array):
+    return self.step(carry, inputs)
+
+  @nn.nowrap
+  def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
+    key_latent, key_state = jax.random.split(rng)
+    # The latent model sees v = [x; h] (and a context): its carry depends only
+    # on the batch shape, so any last dimension will do here.
+    latent = self.latent(features=self.latent_size, parent=None).initialize_carry(
+        key_latent, input_shape)
+    state = LSTMCell(self.features, param_dtype=self.param_dtype,
+                     parent=None).initialize_carry(key_state, input_shape)
+    return (jax.tree.map(lambda a: a.astype(self.param_dtype), latent), *state)
+
+  @property
+  def num_feature_axes(self) -> int:
+    return 1
+
+
+class LSTMRHNStack(nn.RNNCellBase):
+  """aLSTM layers wired as the LSTM-RHN of eq. (9), stepped together:
+
+      v^(l)_t = [h^(l-1)_t; h^(l)_{t-1}; z^(l-1)_t],
+      h^(0)_t = x_t,  z^(0)_t = z^(L)_{t-1}
+
+  so every layer's adaptation model sees the latent of the layer below, and
+  the first layer the top layer's latent of the previous step. The latents
+  must be recurrent (their carry ends in z). The carry is the tuple of layer
+  carries; the output is the top layer's h. Dropout between layers, if any,
+  is `dropout_hidden` with one mask per sequence (nn.scan passes the same
+  dropout key to every step) when `deterministic` is False.
+
+  Attributes:
+    cells: the aLSTM layers, bottom first.
+    dropout_hidden: rate on each layer's output that feeds the next layer.
+    deterministic: no dropout (evaluation).
+  """
+
+  cells: Sequence[ALSTMCell]
+  dropout_hidden: float = 0.0
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, carry, inputs: jax.Array):
+    if not jax.tree.leaves(carry[-1][0]):
+      raise ConfigError('the LSTM-RHN stack needs recurrent latents (for example '
+                        'LSTMCell), whose carry holds z; StaticLatent has none')
+    context, x, new_carry = carry_output(carry[-1][0]), inputs, []
+    for layer, (cell, layer_carry) in enumerate(zip(self.cells, carry)):
+      if layer > 0:
+        x = nn.Dropout(self.dropout_hidden, deterministic=self.deterministic)(x)
+      layer_carry, x = cell.step(layer_carry, x, context)
+      context = carry_output(layer_carry[0])
+      new_carry.append(layer_carry)
+    return tuple(new_carry), x
+
+  @nn.nowrap
+  def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
+    keys = jax.random.split(rng, len(self.cells))
+    return tuple(cell.clone(parent=None).initialize_carry(k, input_shape)
+                 for cell, k in zip(self.cells, keys))
+
+  @property
+  def num_feature_axes(self) -> int:
+    return 1

@@ -1,0 +1,136 @@
+"""The aLSTM (eq. 8), its adaptation models (eq. 6, 7) and the LSTM-RHN stack
+(eq. 9) against NumPy, finite differences and flax's nn.RNN."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from conftest import perturb
+from lm_zoo.cells import ALSTMCell, LSTMRHNStack, Mogrify, StaticLatent
+from lm_zoo.errors import ConfigError
+from numpy_reference import alstm_step, mogrify
+
+M, N, K, B, T = 4, 5, 3, 2, 6  # input, hidden, latent sizes, batch, time
+
+
+def _cell(latent='lstm', **kw):
+  kw = {'latent': StaticLatent, **kw} if latent == 'static' else kw
+  return ALSTMCell(N, latent_size=K, **kw)
+
+
+def _random_carry(cell, seed):
+  """A carry with random values (zeros would hide the h and c paths)."""
+  carry = cell.initialize_carry(jax.random.key(0), (B, M))
+  leaves, tree = jax.tree.flatten(carry)
+  rng = np.random.default_rng(seed)
+  return jax.tree.unflatten(tree, [rng.normal(size=x.shape).astype(np.float32) * 0.5
+                                   for x in leaves])
+
+
+def _init(cell, x, seed=0):
+  carry = cell.initialize_carry(jax.random.key(0), x.shape)
+  return perturb(cell.init(jax.random.key(seed), carry, x)['params'], seed + 1)
+
+
+def _np(tree):
+  return jax.tree.map(np.asarray, tree)
+
+
+@pytest.mark.parametrize('latent', ['lstm', 'static'])
+def test_step_matches_equation_8(latent):
+  cell = _cell(latent)
+  x = np.random.default_rng(0).normal(size=(B, M)).astype(np.float32)
+  params = _init(cell, x)
+  carry = _random_carry(cell, 1)
+  new_carry, out = jax.jit(cell.apply)({'params': params}, carry, x)
+  expected = alstm_step(_np(params), _np(carry), x, latent=latent)
+  for got, want in zip(jax.tree.leaves(new_carry), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+  np.testing.assert_array_equal(out, new_carry[-1])
+
+
+def test_params_are_those_of_the_paper():
+  """W (m, 4n), V (n, 4n), b (4n), U (k, m + 13n) without bias, and the latent."""
+  cell = _cell()
+  params = cell.init(jax.random.key(0), cell.initialize_carry(jax.random.key(0), (B, M)),
+                     jnp.zeros((B, M)))['params']
+  shapes = jax.tree.map(jnp.shape, params)
+  assert shapes['input'] == {'kernel_1': (M, 4 * N)}
+  assert shapes['recurrent'] == {'kernel_1': (N, 4 * N), 'bias': (4 * N,)}
+  assert shapes['policy'] == {'kernel': (K, M + 13 * N)}
+  assert shapes['latent']['recurrent_kernel'] == (K, 4 * K)
+  assert shapes['latent']['input']['kernel'] == (M + N, 4 * K)
+  bias = np.asarray(params['recurrent']['bias'])
+  np.testing.assert_array_equal(bias, np.r_[np.zeros(N), np.ones(N), np.zeros(2 * N)])
+  w = np.asarray(params['input']['kernel_1'])[:, :N]  # one gate's block: orthogonal
+  np.testing.assert_allclose(w @ w.T, np.eye(M), atol=1e-5)
+
+
+@pytest.mark.parametrize('latent', ['lstm', 'static'])
+def test_runs_in_nn_rnn_under_jit(latent):
+  cell = _cell(latent)
+  xs = np.random.default_rng(2).normal(size=(B, T, M)).astype(np.float32)
+  rnn = nn.RNN(cell, return_carry=True)
+  variables = {'params': {'cell': _init(cell, xs[:, 0])}}
+  carry, ys = jax.jit(rnn.apply)(variables, xs)
+  np_carry = _np(cell.initialize_carry(jax.random.key(0), (B, M)))
+  for t in range(T):
+    np_carry = alstm_step(_np(variables['params']['cell']), np_carry, xs[:, t],
+                          latent=latent)
+    np.testing.assert_allclose(ys[:, t], np_carry[-1], rtol=1e-4, atol=1e-5)
+  bidir = nn.Bidirectional(nn.RNN(_cell(latent)), nn.RNN(_cell(latent)))
+  out = jax.jit(bidir.apply)(bidir.init(jax.random.key(0), xs), xs)
+  assert out.shape == (B, T, 2 * N)
+
+
+def test_gradients_match_finite_differences():
+  cell = _cell()
+  xs = np.random.default_rng(3).normal(size=(B, 3, M))
+  params = _init(cell, jnp.asarray(xs[:, 0], jnp.float32))
+  with jax.enable_x64(True):
+    params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
+    rnn = nn.RNN(_cell(param_dtype=jnp.float64))
+    loss = lambda p, xs: jnp.sum(rnn.apply({'params': {'cell': p}}, xs) ** 2)
+    check_grads(loss, (params, jnp.asarray(xs)), order=1, modes=('rev',), eps=1e-6,
+                atol=1e-7, rtol=1e-6)
+
+
+def test_mogrified_alstm_mogrifies_x_and_h_then_adapts():
+  cell = Mogrify(_cell(parent=None), rounds=3, rank=2)
+  x = np.random.default_rng(4).normal(size=(B, M)).astype(np.float32)
+  params = _init(cell, x)
+  carry = _random_carry(cell, 5)
+  new_carry, _ = cell.apply({'params': params}, carry, x)
+  p = _np(params)
+  latent_carry, c, h = _np(carry)
+  x_up, h_up = mogrify(p, x, h, rounds=3)
+  expected = alstm_step(p['cell'], (latent_carry, c, h_up), x_up)
+  for got, want in zip(jax.tree.leaves(new_carry), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_rhn_stack_wires_latents_as_equation_9():
+  cells = [_cell(parent=None), ALSTMCell(N + 1, latent_size=K, parent=None)]
+  stack = LSTMRHNStack(cells)
+  xs = np.random.default_rng(6).normal(size=(B, T, M)).astype(np.float32)
+  rnn = nn.RNN(stack)
+  variables = rnn.init(jax.random.key(0), xs)
+  params = perturb(variables['params'])
+  ys = jax.jit(rnn.apply)({'params': params}, xs)
+  p = _np(params['cell'])
+  carries = _np(stack.initialize_carry(jax.random.key(0), (B, M)))
+  for t in range(T):
+    top_z = carries[1][0][1]  # z^(L)_{t-1}: the top latent LSTM's h
+    bottom = alstm_step(p['cells_0'], carries[0], xs[:, t], context=top_z)
+    top = alstm_step(p['cells_1'], carries[1], bottom[-1], context=bottom[0][1])
+    carries = (bottom, top)
+    np.testing.assert_allclose(ys[:, t], top[-1], rtol=1e-4, atol=1e-5)
+
+
+def test_rhn_stack_needs_recurrent_latents():
+  stack = LSTMRHNStack([_cell('static', parent=None), _cell('static', parent=None)])
+  with pytest.raises(ConfigError, match='recurrent latents'):
+    nn.RNN(stack).init(jax.random.key(0), jnp.zeros((B, T, M)))
