@@ -28,13 +28,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.test_tokens = 0
 
   c.model = ml_collections.ConfigDict()
-  c.model.cell = 'lstm'  # a name in lm_zoo.models.CELLS: lstm, mlstm, flax_lstm, gru, simple
+  c.model.cell = 'lstm'  # a name in lm_zoo.models.CELLS: lstm, mlstm, alstm, flax_lstm, gru, simple
   c.model.num_layers = 2
   c.model.embed_size = 200  # 0: the hidden size
   c.model.hidden_size = 200
   c.model.param_budget = 0  # > 0: solve hidden_size for this many parameters
   c.model.tie_embeddings = False
-  c.model.forget_bias = 1.0  # lstm cell only
+  c.model.forget_bias = 1.0  # lstm, mlstm and alstm cells
   c.model.dropout_input = 0.0  # on the embedding output, shared over time
   c.model.dropout_hidden = 0.0  # between layers, shared over time
   c.model.dropout_state = 0.0  # on the fed-back h, shared over time
@@ -47,6 +47,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.mogrifier.rounds = 0
   c.model.mogrifier.rank = 0  # k of the low-rank Q^i, R^i; <= 0: full rank
   c.model.mogrifier.zigzag = True  # False: the no-zigzag ablation
+
+  c.model.alstm = ml_collections.ConfigDict()  # cell = 'alstm' only
+  c.model.alstm.latent = 'lstm'  # adaptation model: lstm (eq. 7) or static (eq. 6)
+  c.model.alstm.latent_size = 100  # size of the latent z the policies are made from
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = 'sgd'  # sgd | adam

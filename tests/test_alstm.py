@@ -10,7 +10,9 @@ from jax.test_util import check_grads
 
 from conftest import perturb
 from lm_zoo.cells import ALSTMCell, LSTMRHNStack, Mogrify, StaticLatent
+from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
+from lm_zoo.models import build_model, init_params
 from numpy_reference import alstm_step, mogrify
 
 M, N, K, B, T = 4, 5, 3, 2, 6  # input, hidden, latent sizes, batch, time
@@ -134,3 +136,39 @@ def test_rhn_stack_needs_recurrent_latents():
   stack = LSTMRHNStack([_cell('static', parent=None), _cell('static', parent=None)])
   with pytest.raises(ConfigError, match='recurrent latents'):
     nn.RNN(stack).init(jax.random.key(0), jnp.zeros((B, T, M)))
+
+
+@pytest.mark.parametrize('latent', ['lstm', 'static'])
+def test_parameter_count_formula(latent):
+  cell = _cell(latent)
+  params = cell.init(jax.random.key(0), cell.initialize_carry(jax.random.key(0), (B, M)),
+                     jnp.zeros((B, M)))['params']
+  v = M + N  # the latent model's input [x; h]
+  latent_count = 4 * K * (v + K) + 4 * K if latent == 'lstm' else v * K + K
+  expected = 4 * N * (M + N) + 4 * N + K * (M + 13 * N) + latent_count
+  assert sum(x.size for x in jax.tree.leaves(params)) == expected
+
+
+@pytest.mark.parametrize('latent', ['lstm', 'static'])
+def test_alstm_language_model_from_config(latent):
+  cfg = base_config().model
+  cfg.update(cell='alstm', embed_size=6, hidden_size=7, dropout_state=0.2,
+             dropout_hidden=0.2)
+  cfg.alstm.update(latent=latent, latent_size=4)
+  model = build_model(cfg, 20)
+  params = init_params(model, jax.random.key(0))
+  assert params['cell_1']['policy']['kernel'].shape == (4, 7 + 13 * 7)
+  tokens = jnp.ones((2, 5), jnp.int32)
+
+  def loss(p):
+    logits, _ = model.apply({'params': p}, tokens, model.initialize_carry(2), train=True,
+                            rngs={'dropout': jax.random.key(1)})
+    return -jnp.mean(jax.nn.log_softmax(logits)[..., 1])
+
+  value, grads = jax.jit(jax.value_and_grad(loss))(params)
+  assert np.isfinite(value)
+  assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+  assert np.abs(grads['cell_0']['policy']['kernel']).sum() > 0  # the policies learn
+  cfg.alstm.latent = 'hyper'
+  with pytest.raises(ConfigError, match="unknown aLSTM adaptation model 'hyper'"):
+    build_model(cfg, 20)

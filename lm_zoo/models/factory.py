@@ -9,16 +9,29 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from lm_zoo.cells import LSTMCell, MLSTMCell, mogrified
+from lm_zoo.cells import ALSTMCell, LSTMCell, MLSTMCell, StaticLatent, mogrified
 from lm_zoo.errors import ConfigError
 from lm_zoo.models.language_model import RecurrentLM
 
 log = logging.getLogger(__name__)
 
+# aLSTM adaptation models (model.alstm.latent) -> cell constructor taking `features=`.
+LATENTS = {'lstm': LSTMCell, 'static': StaticLatent}
+
+
+def _alstm(cfg: ml_collections.ConfigDict):
+  if cfg.alstm.latent not in LATENTS:
+    raise ConfigError(f'unknown aLSTM adaptation model {cfg.alstm.latent!r} '
+                      f'(model.alstm.latent): choose one of {", ".join(LATENTS)}')
+  return functools.partial(ALSTMCell, latent=LATENTS[cfg.alstm.latent],
+                           latent_size=cfg.alstm.latent_size, forget_bias=cfg.forget_bias)
+
+
 # Cell name -> (model config -> constructor taking `features=`). New cells register here.
 CELLS = {
     'lstm': lambda cfg: functools.partial(LSTMCell, forget_bias=cfg.forget_bias),
     'mlstm': lambda cfg: functools.partial(MLSTMCell, forget_bias=cfg.forget_bias),
+    'alstm': _alstm,
     'flax_lstm': lambda cfg: nn.OptimizedLSTMCell,
     'gru': lambda cfg: nn.GRUCell,
     'simple': lambda cfg: nn.SimpleCell,
