@@ -5,6 +5,9 @@ parameter encoder-decoder, lengths 50..200, tuned learning rate / L2 /
 embedding size (LSTM 498/787 vs Mogrifier 41/1054 embedding/hidden at 150
 steps). Here: a 100-token vocabulary, hidden 128, lengths 10..40; the
 Mogrifier gets a small embedding as the paper's tuner chose.
+
+  python launch/run_task.py --config=experiments/reverse_copy.py \
+      --output=runs/reverse_copy.json
 """
 
 import ml_collections
@@ -12,6 +15,7 @@ import ml_collections
 
 def get_config():
   c = ml_collections.ConfigDict()
+  c.task = 'reverse_copy'
   c.lengths = (10, 20, 30, 40)
   c.vocab_size = 100
   c.hidden_size = 128

@@ -4,6 +4,8 @@
       --output=docs/figures/mogrifier_ablation.png
   python launch/plot.py --figure=reverse_copy --results=runs/reverse_copy.json \
       --output=docs/figures/reverse_copy.png
+  python launch/plot.py --figure=tail_regression --results=runs/tail_regression.json \
+      --output=docs/figures/tail_regression.png
   python launch/plot.py --figure=curves --workdirs=runs/abl_lstm,runs/abl_r5 \
       --output=docs/figures/curves.png
 """
@@ -16,16 +18,19 @@ from absl import app, flags
 from lm_zoo import cli, plots
 from lm_zoo.errors import ConfigError
 
-flags.DEFINE_enum('figure', None, ['mogrifier_ablation', 'reverse_copy', 'curves'],
+FIGURES = {'reverse_copy': plots.reverse_copy_figure,
+           'tail_regression': plots.tail_regression_figure}
+flags.DEFINE_enum('figure', None, ['mogrifier_ablation', *FIGURES, 'curves'],
                   'mogrifier_ablation: validation perplexity against rounds from '
                   'the ablation work directories; reverse_copy: cross-entropy against '
-                  'length from launch/reverse_copy.py output; curves: training and '
-                  'validation perplexity of work directories against step.')
+                  'length; tail_regression: predictions against truth (both from '
+                  '--results); curves: training and validation perplexity of work '
+                  'directories against step.')
 flags.DEFINE_string('output', None, 'PNG file to write.')
 flags.DEFINE_string('workdir_prefix', 'runs/abl_', 'mogrifier_ablation: work '
                     'directories are PREFIX + variant (lstm, r1..r6, nozigzag, ...).')
-flags.DEFINE_string('results', 'runs/reverse_copy.json',
-                    'reverse_copy: the JSON written by launch/reverse_copy.py.')
+flags.DEFINE_string('results', None, 'reverse_copy, tail_regression: the JSON '
+                    'written by launch/run_task.py.')
 flags.DEFINE_list('workdirs', [], 'curves: work directories to draw.')
 flags.DEFINE_string('title', '', 'Figure title.')
 flags.mark_flags_as_required(['figure', 'output'])
@@ -48,12 +53,13 @@ def draw() -> pathlib.Path:
   if FLAGS.figure == 'mogrifier_ablation':
     return plots.mogrifier_ablation_figure(ablation_perplexities(FLAGS.workdir_prefix),
                                            FLAGS.output, FLAGS.title)
-  if FLAGS.figure == 'reverse_copy':
-    results = pathlib.Path(FLAGS.results)
+  if FLAGS.figure in FIGURES:
+    results = pathlib.Path(FLAGS.results or f'runs/{FLAGS.figure}.json')
     if not results.is_file():
-      raise ConfigError(f'{results} not found: run launch/reverse_copy.py first')
-    return plots.reverse_copy_figure(json.loads(results.read_text()), FLAGS.output,
-                                     FLAGS.title)
+      raise ConfigError(f'{results} not found: run launch/run_task.py with '
+                        f'experiments/{FLAGS.figure}.py first')
+    return FIGURES[FLAGS.figure](json.loads(results.read_text()), FLAGS.output,
+                                 FLAGS.title)
   if not FLAGS.workdirs:
     raise ConfigError('--figure=curves needs --workdirs')
   return plots.curves_figure({pathlib.Path(w).name: w for w in FLAGS.workdirs},

@@ -1,6 +1,7 @@
 """Figures of results, saved as PNG: perplexity against Mogrifier rounds (the
 Mogrifier paper's Fig. 3), cross-entropy against sequence length (its reverse
-copy task), and training curves of work directories.
+copy task), predictions against truth (the aLSTM paper's tail regression),
+and training curves of work directories.
 
 Needs matplotlib (`pip install 'lm_zoo[plot]'`). Figures are drawn on
 `matplotlib.figure.Figure` objects, never through pyplot, so calling these
@@ -19,31 +20,18 @@ from lm_zoo.training.metrics import METRICS_FILE, read_metrics
 Series = tuple[Sequence[float], Sequence[float]]
 
 
-def line_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
-                xlabel: str, ylabel: str, title: str = '',
-                points: Mapping[str, tuple[float, float]] | None = None,
-                hlines: Mapping[str, float] | None = None,
-                logy: bool = False) -> pathlib.Path:
-  """Draws labelled lines (xs, ys), single labelled points and horizontal
-  reference lines on one axis; saves a PNG at `path` and returns it."""
+def _axes():
+  """A new figure and its axes; matplotlib imported here, as it is optional."""
   try:
-    from matplotlib import ticker
     from matplotlib.figure import Figure
   except ImportError as e:
     raise ConfigError("plots need matplotlib: pip install 'lm_zoo[plot]'") from e
   fig = Figure(figsize=(6, 4), dpi=120, layout='constrained')
-  ax = fig.add_subplot()
-  for label, (xs, ys) in series.items():
-    ax.plot(xs, ys, marker='o', markersize=4, label=label)
-  for marker, (label, (x, y)) in zip('s^vDP*X', (points or {}).items()):
-    ax.plot([x], [y], marker=marker, linestyle='none', markersize=7, label=label)
-  for style, (label, y) in zip(('--', ':', '-.'), (hlines or {}).items()):
-    ax.axhline(y, linestyle=style, color='gray', label=label)
-  if logy:
-    ax.set_yscale('log')
-    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+  return fig, fig.add_subplot()
+
+
+def _save(fig, ax, path: str | pathlib.Path, xlabel: str, ylabel: str,
+          title: str) -> pathlib.Path:
   ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
   ax.grid(alpha=0.3)
   ax.legend()
@@ -51,6 +39,43 @@ def line_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path)
   return path
+
+
+def line_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
+                xlabel: str, ylabel: str, title: str = '',
+                points: Mapping[str, tuple[float, float]] | None = None,
+                hlines: Mapping[str, float] | None = None,
+                logy: bool = False) -> pathlib.Path:
+  """Draws labelled lines (xs, ys), single labelled points and horizontal
+  reference lines on one axis; saves a PNG at `path` and returns it."""
+  fig, ax = _axes()
+  for label, (xs, ys) in series.items():
+    ax.plot(xs, ys, marker='o', markersize=4, label=label)
+  for marker, (label, (x, y)) in zip('s^vDP*X', (points or {}).items()):
+    ax.plot([x], [y], marker=marker, linestyle='none', markersize=7, label=label)
+  for style, (label, y) in zip(('--', ':', '-.'), (hlines or {}).items()):
+    ax.axhline(y, linestyle=style, color='gray', label=label)
+  if logy:
+    from matplotlib import ticker
+    ax.set_yscale('log')
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+  return _save(fig, ax, path, xlabel, ylabel, title)
+
+
+def scatter_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
+                   xlabel: str, ylabel: str, title: str = '',
+                   diagonal: bool = False) -> pathlib.Path:
+  """Labelled point clouds (xs, ys), with the line y = x when `diagonal`."""
+  fig, ax = _axes()
+  for label, (xs, ys) in series.items():
+    ax.scatter(xs, ys, s=4, alpha=0.5, label=label)
+  if diagonal:
+    low = min(min(min(xs), min(ys)) for xs, ys in series.values())
+    high = max(max(max(xs), max(ys)) for xs, ys in series.values())
+    ax.plot([low, high], [low, high], color='black', linewidth=1, label='y = x')
+  return _save(fig, ax, path, xlabel, ylabel, title)
 
 
 def mogrifier_ablation_figure(valid_perplexity: Mapping[str, float],
@@ -85,6 +110,16 @@ def reverse_copy_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
   series = {model: tuple(zip(*sorted(pairs))) for model, pairs in by_model.items()}
   return line_figure(series, path, xlabel='sequence length',
                      ylabel='cross-entropy (nats per token)', title=title)
+
+
+def tail_regression_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
+                           title: str = '') -> pathlib.Path:
+  """Predictions against the truth per model (the aLSTM paper's Fig. 2, left),
+  from the rows of `lm_zoo.tasks.run_tail_regression`."""
+  series = {f"{row['model']} ({row['num_params']} params)": (row['y_true'], row['y_pred'])
+            for row in rows}
+  return scatter_figure(series, path, xlabel='y (truth)', ylabel='prediction',
+                        title=title, diagonal=True)
 
 
 def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathlib.Path,

@@ -54,7 +54,8 @@ class LinearPolicy(nn.Module):
 
 
 class FeedForwardPolicy(nn.Module):
-  """π(v) = U φ(W v + b) + c, a one-hidden-layer network."""
+  """π(v) = U φ(W v + b) + c, a one-hidden-layer network. c starts at one, so
+  a fresh layer is near its static counterpart however many are stacked."""
 
   features: int
   hidden: int = 32
@@ -63,7 +64,8 @@ class FeedForwardPolicy(nn.Module):
   @nn.compact
   def __call__(self, v: jax.Array) -> jax.Array:
     hidden = self.activation(nn.Dense(self.hidden, name='hidden')(v))
-    return nn.Dense(self.features, name='out')(hidden)
+    return nn.Dense(self.features, bias_init=nn.initializers.ones_init(),
+                    name='out')(hidden)
 
 
 class GLUPolicy(nn.Module):
