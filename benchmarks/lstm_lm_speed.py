@@ -1,7 +1,8 @@
 """Train and eval tokens/s of recurrent LMs (vocab 10k, batch 20, BPTT 35).
 
 Measures our `RecurrentLM` with `lm_zoo.cells.LSTMCell` (input projection
-hoisted out of the scan), the Mogrifier LSTM (r = 5, k = 40) and, as the
+hoisted out of the scan), the Mogrifier LSTM (r = 5, k = 40), the aLSTM (IO
+adaptation; recurrent and static adaptation models of size 100) and, as the
 baseline in the same run, the same stack with flax's `nn.OptimizedLSTMCell`
 (everything inside the scan), at hidden sizes 200 and 650. Prints a table with
 ratios against the baseline and writes JSON.
@@ -26,6 +27,8 @@ flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
 MODELS = {
     'lstm': {},
     'mogrifier_r5_k40': {'mogrifier': {'rounds': 5, 'rank': 40}},
+    'alstm': {'cell': 'alstm'},
+    'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static'}},
     'flax_lstm': {'cell': 'flax_lstm'},
 }
 flags.DEFINE_list('models', list(MODELS), f'Models from {list(MODELS)}; the last '

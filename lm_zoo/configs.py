@@ -116,3 +116,25 @@ def zaremba_config(size: str) -> ml_collections.ConfigDict:
                     decay_after=4 if small else 6)
   c.train.update(num_epochs=13 if small else 39, log_every=500, checkpoint_every=2000)
   return c
+
+
+def small_ptb_config() -> ml_collections.ConfigDict:
+  """The short PTB recipe our small-scale ablations share (the Mogrifier and
+  aLSTM comparisons): a 3M parameter budget with the hidden size solved for
+  it, 2 layers, tied embeddings, variational dropout (input 0.4, between
+  layers 0.2, state 0.1, output 0.4), Adam lr 3e-3 with beta1 = 0 as both
+  papers use, gradient norm clipped at 10, batch 32, BPTT 35, 2 epochs, lr
+  halved on a validation plateau. Validation at batch 1, as for test: from a
+  zero state a briefly trained Mogrifier can lock a batch row into a runaway
+  cell state (WORKSPACE.md).
+  """
+  c = base_config()
+  c.data.update(name='ptb', batch_size=32, bptt=35, eval_batch_size=1)
+  c.model.update(num_layers=2, embed_size=0, tie_embeddings=True,
+                 param_budget=3_000_000, dropout_input=0.4, dropout_hidden=0.2,
+                 dropout_state=0.1, dropout_output=0.4)
+  c.optimizer.update(name='adam', learning_rate=3e-3, beta1=0.0, beta2=0.999,
+                     clip_norm=10.0, l2=0.0)
+  c.schedule.update(kind='plateau', factor=0.5)
+  c.train.update(num_epochs=2, log_every=200, checkpoint_every=2000)
+  return c
