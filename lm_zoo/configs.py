@@ -33,6 +33,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.embed_size = 200  # 0: the hidden size
   c.model.hidden_size = 200
   c.model.param_budget = 0  # > 0: solve hidden_size for this many parameters
+  c.model.output_size = 0  # > 0: the last layer's size (AWD-LSTM: the embedding size)
   c.model.tie_embeddings = False
   c.model.forget_bias = 1.0  # lstm, mlstm and alstm cells
   c.model.dropout_input = 0.0  # on the embedding output, shared over time

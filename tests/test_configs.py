@@ -26,6 +26,8 @@ def test_config_builds_a_model(name):
   m = config.model
   if m.param_budget:
     assert 0.97 * m.param_budget < count <= m.param_budget
+  elif m.cell == 'alstm':  # the paper's size: tested below
+    assert m.output_size == m.embed_size
   else:
     assert count == lstm_lm_params(10_000, m.embed_size, m.hidden_size, m.num_layers)
 
@@ -52,3 +54,12 @@ def test_zaremba_recipes():
   for c in (small, medium):
     assert (c.optimizer.name, c.optimizer.learning_rate,
             c.optimizer.loss_reduction) == ('sgd', 1.0, 'sum_over_time')
+
+
+def test_alstm_recipe():
+  config = load_experiment('alstm_paper', 'ptb')
+  count = count_params(build_model(config.model, 10_000))
+  assert abs(count - 17_000_000) < 0.02 * 17_000_000  # the paper: 17M on PTB
+  lr = lambda epoch: epoch_learning_rate(config.schedule, 3e-3, epoch, [])
+  assert lr(100) == 3e-3 and abs(lr(101) - 3e-4) < 1e-12 and abs(lr(161) - 3e-5) < 1e-12
+  assert config.data.variable_bptt and config.data.batch_size == 20

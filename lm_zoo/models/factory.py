@@ -57,7 +57,8 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
   return RecurrentLM(
       vocab_size=vocab_size,
       embed_size=cfg.embed_size or hidden_size,
-      hidden_sizes=(hidden_size,) * cfg.num_layers,
+      hidden_sizes=((hidden_size,) * (cfg.num_layers - 1)
+                    + (cfg.output_size or hidden_size,)),
       cell_factory=cell_factory(cfg),
       tie_embeddings=cfg.tie_embeddings,
       dropout_input=cfg.dropout_input,
