@@ -12,11 +12,12 @@ on the layer's input.
 
 import ml_collections
 
+from lm_zoo.tasks import feedforward_spec
+
 
 def _model(features, adaptive=(), **kw):
-  return {'features': features, 'adaptive': adaptive, 'policy': 'sva',
-          'inner_features': 0, 'policy_net': 'feedforward', 'policy_hidden': 32,
-          'activation': 'relu', **kw}
+  return feedforward_spec(features, adaptive, policy_net='feedforward', policy_hidden=32,
+                          **kw)
 
 
 def get_config():

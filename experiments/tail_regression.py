@@ -11,19 +11,15 @@ learning rate 0.003.
 
 import ml_collections
 
-
-def _model(features, adaptive=(), **kw):
-  return {'features': features, 'adaptive': adaptive, 'policy': 'sva',
-          'inner_features': 0, 'policy_net': 'glu', 'policy_hidden': 0,
-          'activation': 'relu', **kw}
+from lm_zoo.tasks import feedforward_spec
 
 
 def get_config():
   c = ml_collections.ConfigDict()
   c.task = 'tail_regression'
   c.models = ml_collections.ConfigDict({
-      'feedforward_3x10': _model((10, 10, 1)),
-      'adaptive_2x2': _model((2, 1), (True, False)),
+      'feedforward_3x10': feedforward_spec((10, 10, 1)),
+      'adaptive_2x2': feedforward_spec((2, 1), (True, False)),
   })
   c.steps = 10_000
   c.batch_size = 50

@@ -34,6 +34,15 @@ def tail_regression_data(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array
   return x, y[:, None]
 
 
+def feedforward_spec(features, adaptive=(), **overrides) -> dict:
+  """A model spec for `build_feedforward`, for configs: an MLP of widths
+  `features` (ReLU between layers), layer i adaptive when `adaptive[i]`, with
+  SVA adaptation and a GLU policy unless `overrides` say otherwise."""
+  return {'features': tuple(features), 'adaptive': tuple(adaptive), 'policy': 'sva',
+          'inner_features': 0, 'policy_net': 'glu', 'policy_hidden': 0,
+          'activation': 'relu', **overrides}
+
+
 def build_feedforward(spec: ml_collections.ConfigDict) -> FeedForward:
   """A `FeedForward` from a model spec: features, adaptive, policy,
   inner_features, policy_net (linear | feedforward | glu), policy_hidden
