@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 from lm_zoo.data import load_mnist
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.layers import FeedForwardPolicy, GLUPolicy, LinearPolicy
 from lm_zoo.models.feedforward import FeedForward
 
@@ -77,7 +77,7 @@ def fit(model: nn.Module, params, sample_batch: Callable, loss_fn: Callable,
     carry, losses = run(carry, keys[start:start + log_every])
     loss = float(losses.mean())
     if not np.isfinite(loss):
-      raise ConfigError(f'the training loss is not finite by step {start + log_every}: '
+      raise TrainingError(f'the training loss is not finite by step {start + log_every}: '
                         'lower the learning rate')
     log.info('step %d  loss %.4f', min(start + log_every, steps), loss)
   return carry[0]
