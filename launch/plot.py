@@ -1,13 +1,15 @@
 """Draws a results figure as PNG.
 
   python launch/plot.py --figure=mogrifier_ablation --workdir_prefix=runs/abl_ \
-      --output=docs/figures/mogrifier_ablation.png
+      --output=figures/mogrifier_ablation.png
   python launch/plot.py --figure=reverse_copy --results=runs/reverse_copy.json \
-      --output=docs/figures/reverse_copy.png
+      --output=figures/reverse_copy.png
   python launch/plot.py --figure=tail_regression --results=runs/tail_regression.json \
-      --output=docs/figures/tail_regression.png
+      --output=figures/tail_regression.png
+  python launch/plot.py --figure=robustness --results=runs/alstm_robustness.json \
+      --output=figures/robustness.png
   python launch/plot.py --figure=curves --workdirs=runs/abl_lstm,runs/abl_r5 \
-      --output=docs/figures/curves.png
+      --output=figures/curves.png
 """
 
 import json
@@ -19,17 +21,19 @@ from lm_zoo import cli, plots
 from lm_zoo.errors import ConfigError
 
 FIGURES = {'reverse_copy': plots.reverse_copy_figure,
-           'tail_regression': plots.tail_regression_figure}
+           'tail_regression': plots.tail_regression_figure,
+           'robustness': plots.robustness_figure}
 flags.DEFINE_enum('figure', None, ['mogrifier_ablation', *FIGURES, 'curves'],
                   'mogrifier_ablation: validation perplexity against rounds from '
                   'the ablation work directories; reverse_copy: cross-entropy against '
-                  'length; tail_regression: predictions against truth (both from '
-                  '--results); curves: training and validation perplexity of work '
+                  'length; tail_regression: predictions against truth; robustness: '
+                  'the spread of validation perplexity over sampled dropout rates '
+                  '(all three from --results); curves: training and validation perplexity of work '
                   'directories against step.')
 flags.DEFINE_string('output', None, 'PNG file to write.')
 flags.DEFINE_string('workdir_prefix', 'runs/abl_', 'mogrifier_ablation: work '
                     'directories are PREFIX + variant (lstm, r1..r6, nozigzag, ...).')
-flags.DEFINE_string('results', None, 'reverse_copy, tail_regression: the JSON '
+flags.DEFINE_string('results', None, 'reverse_copy, tail_regression, robustness: the JSON '
                     'written by launch/run_task.py.')
 flags.DEFINE_list('workdirs', [], 'curves: work directories to draw.')
 flags.DEFINE_string('title', '', 'Figure title.')
@@ -57,7 +61,7 @@ def draw() -> pathlib.Path:
     results = pathlib.Path(FLAGS.results or f'runs/{FLAGS.figure}.json')
     if not results.is_file():
       raise ConfigError(f'{results} not found: run launch/run_task.py with '
-                        f'experiments/{FLAGS.figure}.py first')
+                        f'the {FLAGS.figure} experiment first')
     return FIGURES[FLAGS.figure](json.loads(results.read_text()), FLAGS.output,
                                  FLAGS.title)
   if not FLAGS.workdirs:

@@ -1,7 +1,8 @@
 """Figures of results, saved as PNG: perplexity against Mogrifier rounds (the
 Mogrifier paper's Fig. 3), cross-entropy against sequence length (its reverse
 copy task), predictions against truth (the aLSTM paper's tail regression),
-and training curves of work directories.
+the spread of validation perplexity over sampled hyper-parameters (its
+robustness study) and training curves of work directories.
 
 Needs matplotlib (`pip install 'lm_zoo[plot]'`). Figures are drawn on
 `matplotlib.figure.Figure` objects, never through pyplot, so calling these
@@ -120,6 +121,25 @@ def tail_regression_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
             for row in rows}
   return scatter_figure(series, path, xlabel='y (truth)', ylabel='prediction',
                         title=title, diagonal=True)
+
+
+def robustness_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
+                      title: str = '') -> pathlib.Path:
+  """The spread of validation perplexity over sampled hyper-parameters per
+  model (the aLSTM paper's Fig. 4), from the rows of
+  `lm_zoo.tasks.run_robustness`, as empirical distribution functions: the
+  fraction of configurations at or below each perplexity. Diverged runs
+  (infinite perplexity) never count, so a curve ends below 1 by their share."""
+  by_model: dict[str, list[float]] = {}
+  for row in rows:
+    by_model.setdefault(row['model'], []).append(row['valid_perplexity'])
+  series = {}
+  for model, values in by_model.items():
+    finite = sorted(v for v in values if math.isfinite(v))
+    label = f'{model} ({len(values) - len(finite)} of {len(values)} diverged)'
+    series[label] = (finite, [(i + 1) / len(values) for i in range(len(finite))])
+  return line_figure(series, path, xlabel='validation perplexity',
+                     ylabel='fraction of sampled configurations', title=title)
 
 
 def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathlib.Path,

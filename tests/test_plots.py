@@ -54,6 +54,17 @@ def test_reverse_copy_figure_groups_by_model_and_sorts_by_length(drawn, tmp_path
   assert series == {'lstm': ((10, 20), (1.0, 2.0)), 'mog': ((10,), (0.5,))}
 
 
+def test_robustness_figure_draws_distribution_functions(drawn, tmp_path):
+  rows = [{'model': m, 'valid_perplexity': v}
+          for m, v in (('lstm', 120.0), ('lstm', math.inf), ('lstm', 110.0),
+                       ('alstm', 105.0))]
+  plots.robustness_figure(rows, tmp_path / 'f.png')
+  (series, _), = drawn
+  # Fractions of all runs: the diverged LSTM run keeps its curve below 1.
+  assert series == {'lstm (1 of 3 diverged)': ([110.0, 120.0], [1 / 3, 2 / 3]),
+                    'alstm (0 of 1 diverged)': ([105.0], [1.0])}
+
+
 def test_curves_figure_reads_metrics(drawn, tmp_path):
   writer = MetricsWriter(tmp_path)
   writer.write('train', step=10, loss=2.0)

@@ -1,7 +1,9 @@
-"""Experiments beyond language modelling: each a function config -> result rows."""
+"""Experiments beyond one training run (reverse copy, the adaptive feed-forward
+tasks, the robustness study): each a function config -> result rows."""
 
 from lm_zoo.tasks.adaptive_ff import (build_feedforward, feedforward_spec, run_mnist,
                                       run_tail_regression, tail_regression_data)
+from lm_zoo.tasks.robustness import offset_rates, run_robustness, sample_offsets
 from lm_zoo.tasks.reverse_copy import (EncoderDecoder, ReverseCopyData, fit,
                                        reverse_copy_data, run_experiment,
                                        sequence_cross_entropy)
@@ -11,8 +13,10 @@ TASKS = {
     'reverse_copy': run_experiment,
     'tail_regression': run_tail_regression,
     'mnist': run_mnist,
+    'robustness': run_robustness,
 }
 
 __all__ = ['TASKS', 'EncoderDecoder', 'ReverseCopyData', 'build_feedforward', 'feedforward_spec', 'fit',
-           'reverse_copy_data', 'run_experiment', 'run_mnist', 'run_tail_regression',
+           'offset_rates', 'reverse_copy_data', 'run_experiment', 'run_mnist',
+           'run_robustness', 'run_tail_regression', 'sample_offsets',
            'sequence_cross_entropy', 'tail_regression_data']
