@@ -12,6 +12,9 @@ valid 58.7, test 56.5.
 
   python launch/train.py --config=experiments/alstm_paper.py:ptb --workdir=runs/alstm_ptb
   python launch/train.py --config=experiments/alstm_paper.py:wikitext2 --workdir=runs/alstm_wt2
+
+The paper's Table 4 ablation also wires the adaptation models across layers
+(eq. 9, valid 58.5): add --config.model.alstm.latent=lstm_rhn.
 """
 
 from lm_zoo.configs import base_config

@@ -9,14 +9,18 @@ so the `lstm` row is the same run as that ablation's. Variants
   lstm          the plain LSTM
   static        aLSTM, IO adaptation, feed-forward adaptation model (eq. 6)
   recurrent     aLSTM, IO adaptation, LSTM adaptation model (eq. 7)
+  lstm_rhn      aLSTM, IO adaptation, LSTM adaptation models wired across
+                layers as the LSTM-RHN (eq. 9)
 
 The adaptation model has size 100 as in the paper. Paper (PTB, 17M, valid):
-LSTM 71.7, aLSTM IO feed-forward 61.6, IO LSTM 59.0.
+LSTM 71.7, aLSTM IO feed-forward 61.6, IO LSTM 59.0, IO LSTM-RHN 58.5.
 """
 
 from lm_zoo.configs import small_ptb_config
 
-VARIANTS = ('lstm', 'static', 'recurrent')
+# aLSTM variant -> its adaptation model (model.alstm.latent).
+LATENTS = {'static': 'static', 'recurrent': 'lstm', 'lstm_rhn': 'lstm_rhn'}
+VARIANTS = ('lstm', *LATENTS)
 
 
 def get_config(variant: str = 'recurrent'):
@@ -25,6 +29,5 @@ def get_config(variant: str = 'recurrent'):
   c = small_ptb_config()
   if variant != 'lstm':
     c.model.cell = 'alstm'
-    c.model.alstm.update(latent='lstm' if variant == 'recurrent' else 'static',
-                         latent_size=100)
+    c.model.alstm.update(latent=LATENTS[variant], latent_size=100)
   return c

@@ -50,7 +50,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.mogrifier.zigzag = True  # False: the no-zigzag ablation
 
   c.model.alstm = ml_collections.ConfigDict()  # cell = 'alstm' only
-  c.model.alstm.latent = 'lstm'  # adaptation model: lstm (eq. 7) or static (eq. 6)
+  # adaptation model: static (eq. 6), lstm (eq. 7) or lstm_rhn (eq. 7 wired
+  # across layers as eq. 9)
+  c.model.alstm.latent = 'lstm'
   c.model.alstm.latent_size = 100  # size of the latent z the policies are made from
 
   c.optimizer = ml_collections.ConfigDict()

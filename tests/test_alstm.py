@@ -149,7 +149,7 @@ def test_parameter_count_formula(latent):
   assert sum(x.size for x in jax.tree.leaves(params)) == expected
 
 
-@pytest.mark.parametrize('latent', ['lstm', 'static'])
+@pytest.mark.parametrize('latent', ['lstm', 'static', 'lstm_rhn'])
 def test_alstm_language_model_from_config(latent):
   cfg = base_config().model
   cfg.update(cell='alstm', embed_size=6, hidden_size=7, dropout_state=0.2,
@@ -171,4 +171,55 @@ def test_alstm_language_model_from_config(latent):
   assert np.abs(grads['cell_0']['policy']['kernel']).sum() > 0  # the policies learn
   cfg.alstm.latent = 'hyper'
   with pytest.raises(ConfigError, match="unknown aLSTM adaptation model 'hyper'"):
+    build_model(cfg, 20)
+
+
+def _rhn_lm_config():
+  cfg = base_config().model
+  cfg.update(cell='alstm', embed_size=6, hidden_size=7)
+  cfg.alstm.update(latent='lstm_rhn', latent_size=4)
+  return cfg
+
+
+def test_lstm_rhn_language_model_steps_the_rhn_stack():
+  model = build_model(_rhn_lm_config(), 20)
+  params = perturb(init_params(model, jax.random.key(0)))
+  # The bottom latent sees [x; h; z of the top layer]: 6 + 7 + 4 inputs.
+  assert params['cell_0']['latent']['input']['kernel'].shape[0] == 6 + 7 + 4
+  tokens = jnp.asarray(np.random.default_rng(7).integers(0, 20, (B, T)))
+  logits, carries = model.apply({'params': params}, tokens, model.initialize_carry(B))
+  stack = LSTMRHNStack([ALSTMCell(7, latent_size=4, parent=None) for _ in range(2)])
+  x = params['embed']['embedding'][tokens]
+  last, h = nn.RNN(stack, return_carry=True).apply(
+      {'params': {'cell': {'cells_0': params['cell_0'], 'cells_1': params['cell_1']}}}, x)
+  expected = h @ params['softmax']['kernel'] + params['softmax']['bias']
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+  for got, want in zip(jax.tree.leaves(carries), jax.tree.leaves(last)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_lstm_rhn_dropout_is_off_at_evaluation_and_on_in_training():
+  cfg = _rhn_lm_config()
+  cfg.update(dropout_hidden=0.3, dropout_state=0.3)
+  model = build_model(cfg, 20)
+  params = perturb(init_params(model, jax.random.key(0)), scale=1.0)
+  tokens = jnp.ones((B, T), jnp.int32)
+  run = lambda train, key=1: model.apply(
+      {'params': params}, tokens, model.initialize_carry(B), train=train,
+      rngs={'dropout': jax.random.key(key)})[0]
+  undropped = build_model(_rhn_lm_config(), 20).apply(
+      {'params': params}, tokens, model.initialize_carry(B), train=True)[0]
+  np.testing.assert_allclose(run(False), undropped, rtol=1e-6)
+  assert not np.allclose(run(True), undropped, atol=0.1)
+  np.testing.assert_array_equal(run(True), run(True))  # one mask per key
+
+
+@pytest.mark.parametrize('field, value, match', [
+    ('mogrifier.rounds', 2, 'Mogrifier rounds'),
+    ('variational_dropout', False, 'variational dropout only')])
+def test_lstm_rhn_rejects_what_it_cannot_wire(field, value, match):
+  cfg = _rhn_lm_config()
+  section, _, name = field.rpartition('.')
+  (cfg[section] if section else cfg)[name] = value
+  with pytest.raises(ConfigError, match=match):
     build_model(cfg, 20)

@@ -35,7 +35,8 @@ def test_config_builds_a_model(name):
 def test_ablation_variants_share_the_budget():
   variants = [('ptb_mogrifier_ablation', v) for v in ('lstm', 'r1', 'nozigzag',
                                                      'fullrank', 'mlstm')]
-  for name, variant in variants + [('ptb_alstm_small', 'static')]:
+  for name, variant in variants + [('ptb_alstm_small', 'static'),
+                                  ('ptb_alstm_small', 'lstm_rhn')]:
     config = load_experiment(name, variant)
     count = count_params(build_model(config.model, 10_000))
     assert 0.97 * 3_000_000 < count <= 3_000_000, variant

@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.base import carry_output
+from lm_zoo.cells.base import carry_output, replace_carry_output
 from lm_zoo.cells.lstm import LSTMCell, gate_bias_init, lstm_update, per_gate_init
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers.adaptive import AdaptiveDense, split_sizes
@@ -120,18 +120,22 @@ class LSTMRHNStack(nn.RNNCellBase):
   so every layer's adaptation model sees the latent of the layer below, and
   the first layer the top layer's latent of the previous step. The latents
   must be recurrent (their carry ends in z). The carry is the tuple of layer
-  carries; the output is the top layer's h. Dropout between layers, if any,
-  is `dropout_hidden` with one mask per sequence (nn.scan passes the same
-  dropout key to every step) when `deterministic` is False.
+  carries; the output is the top layer's h. When `deterministic` is False,
+  `dropout_hidden` drops each layer's output that feeds the next layer and
+  `dropout_state` each layer's fed-back h; under `nn.scan` with the dropout
+  key not split over steps (as `RecurrentLayer` runs cells) every step draws
+  the same masks, so both are variational.
 
   Attributes:
     cells: the aLSTM layers, bottom first.
     dropout_hidden: rate on each layer's output that feeds the next layer.
+    dropout_state: rate on each layer's fed-back h.
     deterministic: no dropout (evaluation).
   """
 
   cells: Sequence[ALSTMCell]
   dropout_hidden: float = 0.0
+  dropout_state: float = 0.0
   deterministic: bool = True
 
   @nn.compact
@@ -143,7 +147,9 @@ class LSTMRHNStack(nn.RNNCellBase):
     for layer, (cell, layer_carry) in enumerate(zip(self.cells, carry)):
       if layer > 0:
         x = nn.Dropout(self.dropout_hidden, deterministic=self.deterministic)(x)
-      layer_carry, x = cell.step(layer_carry, x, context)
+      h = nn.Dropout(self.dropout_state, deterministic=self.deterministic)(
+          carry_output(layer_carry))
+      layer_carry, x = cell.step(replace_carry_output(layer_carry, h), x, context)
       context = carry_output(layer_carry[0])
       new_carry.append(layer_carry)
     return tuple(new_carry), x

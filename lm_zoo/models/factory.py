@@ -15,8 +15,22 @@ from lm_zoo.models.language_model import RecurrentLM
 
 log = logging.getLogger(__name__)
 
-# aLSTM adaptation models (model.alstm.latent) -> cell constructor taking `features=`.
-LATENTS = {'lstm': LSTMCell, 'static': StaticLatent}
+# aLSTM adaptation models (model.alstm.latent) -> cell constructor taking
+# `features=`. lstm_rhn: LSTM adaptation models wired across layers (eq. 9).
+LATENTS = {'lstm': LSTMCell, 'static': StaticLatent, 'lstm_rhn': LSTMCell}
+
+
+def _lstm_rhn(cfg: ml_collections.ConfigDict) -> bool:
+  """Whether the layers are wired as the LSTM-RHN; checks that they can be."""
+  if cfg.cell != 'alstm' or cfg.alstm.latent != 'lstm_rhn':
+    return False
+  if cfg.mogrifier.rounds > 0:
+    raise ConfigError('model.alstm.latent=lstm_rhn steps the aLSTM cells together '
+                      'and does not take Mogrifier rounds: use latent=lstm with them')
+  if not cfg.variational_dropout:
+    raise ConfigError('model.alstm.latent=lstm_rhn has variational dropout only: '
+                      'set model.variational_dropout=True')
+  return True
 
 
 def _alstm(cfg: ml_collections.ConfigDict):
@@ -67,6 +81,7 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
       dropout_output=cfg.dropout_output,
       variational_dropout=cfg.variational_dropout,
       unroll=cfg.unroll,
+      lstm_rhn=_lstm_rhn(cfg),
   )
 
 

@@ -8,8 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells import LSTMCell
-from lm_zoo.models.recurrent import RecurrentStack
+from lm_zoo.cells import LSTMCell, LSTMRHNStack
+from lm_zoo.models.recurrent import RecurrentLayer, RecurrentStack
 
 
 def symmetric_uniform(scale: float) -> Callable[..., jax.Array]:
@@ -32,6 +32,10 @@ class RecurrentLM(nn.Module):
   weights are the embedding matrix, and a linear projection maps the last
   layer to the embedding size when the two differ.
 
+  With `lstm_rhn` the layers (aLSTM cells with recurrent adaptation models)
+  are stepped together as the LSTM-RHN of the aLSTM paper's eq. (9) instead
+  of one after another; its dropout is always variational.
+
   Attributes:
     vocab_size: number of token types.
     embed_size: embedding size.
@@ -43,6 +47,7 @@ class RecurrentLM(nn.Module):
       except on the state).
     embed_init: initialiser of the embedding.
     unroll: scan unroll of the recurrent layers.
+    lstm_rhn: wire the layers as `LSTMRHNStack` (aLSTM cells only).
   """
 
   vocab_size: int
@@ -57,6 +62,7 @@ class RecurrentLM(nn.Module):
   variational_dropout: bool = True
   embed_init: Callable[..., jax.Array] = symmetric_uniform(0.1)
   unroll: int = 1
+  lstm_rhn: bool = False
 
   @nn.nowrap
   def initialize_carry(self, batch_size: int, rng: jax.Array | None = None) -> list[Any]:
@@ -84,11 +90,18 @@ class RecurrentLM(nn.Module):
                    deterministic=not train)(x)
     cells = [self.cell_factory(features=n, name=f'cell_{i}')
              for i, n in enumerate(self.hidden_sizes)]
-    new_carries, h = RecurrentStack(
-        cells, dropout_hidden=self.dropout_hidden,
-        dropout_state=self.dropout_state,
-        variational_dropout=self.variational_dropout, unroll=self.unroll,
-        name='stack')(carries, x, train=train)
+    if self.lstm_rhn:
+      rhn = LSTMRHNStack(cells, self.dropout_hidden, self.dropout_state,
+                         deterministic=not train, name='lstm_rhn')
+      new_carries, h = RecurrentLayer(rhn, unroll=self.unroll, name='stack')(
+          tuple(carries), x)
+      new_carries = list(new_carries)
+    else:
+      new_carries, h = RecurrentStack(
+          cells, dropout_hidden=self.dropout_hidden,
+          dropout_state=self.dropout_state,
+          variational_dropout=self.variational_dropout, unroll=self.unroll,
+          name='stack')(carries, x, train=train)
     h = nn.Dropout(self.dropout_output, broadcast_dims=time_shared,
                    deterministic=not train)(h)
     h = h.transpose(1, 0, 2)
