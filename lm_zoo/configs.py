@@ -36,10 +36,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.output_size = 0  # > 0: the last layer's size (AWD-LSTM: the embedding size)
   c.model.tie_embeddings = False
   c.model.forget_bias = 1.0  # lstm, mlstm and alstm cells
+  c.model.dropout_embedding = 0.0  # whole words: rows of the embedding matrix
   c.model.dropout_input = 0.0  # on the embedding output, shared over time
   c.model.dropout_hidden = 0.0  # between layers, shared over time
   c.model.dropout_state = 0.0  # on the fed-back h, shared over time
   c.model.dropout_output = 0.0  # on the last layer's output, shared over time
+  c.model.weight_drop = 0.0  # DropConnect on the recurrent matrices, per window
   c.model.variational_dropout = True  # False: new masks every step (not the state's)
   c.model.init_scale = 0.0  # > 0: every parameter U(±init_scale) (Zaremba)
   c.model.unroll = 1  # lax.scan unroll
@@ -64,6 +66,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.eps = 1e-8
   c.optimizer.clip_norm = 5.0  # global norm; <= 0 disables
   c.optimizer.l2 = 0.0  # L2 penalty coefficient (added to the gradient)
+  c.optimizer.ar = 0.0  # AR: alpha * mean(dropped last-layer output²)
+  c.optimizer.tar = 0.0  # TAR: beta * mean((h_t - h_{t-1})²), undropped output
   # mean: NLL per token. sum_over_time: summed over the window, averaged over
   # the batch (Zaremba et al.'s objective, for which lr 1 / clip 5 were tuned).
   c.optimizer.loss_reduction = 'mean'

@@ -75,10 +75,12 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
                     + (cfg.output_size or hidden_size,)),
       cell_factory=cell_factory(cfg),
       tie_embeddings=cfg.tie_embeddings,
+      dropout_embedding=cfg.dropout_embedding,
       dropout_input=cfg.dropout_input,
       dropout_hidden=cfg.dropout_hidden,
       dropout_state=cfg.dropout_state,
       dropout_output=cfg.dropout_output,
+      weight_drop=cfg.weight_drop,
       variational_dropout=cfg.variational_dropout,
       unroll=cfg.unroll,
       lstm_rhn=_lstm_rhn(cfg),
@@ -123,7 +125,8 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
       raise ConfigError(f'model.{field} must be at least 1, got {cfg[field]}')
   if cfg.embed_size < 0:
     raise ConfigError(f'model.embed_size must be >= 0, got {cfg.embed_size}')
-  for field in ('dropout_input', 'dropout_hidden', 'dropout_state', 'dropout_output'):
+  for field in ('dropout_embedding', 'dropout_input', 'dropout_hidden', 'dropout_state',
+                'dropout_output', 'weight_drop'):
     if not 0 <= cfg[field] < 1:
       raise ConfigError(f'model.{field} must be in [0, 1), got {cfg[field]}')
   hidden_size = cfg.hidden_size

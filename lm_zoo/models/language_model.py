@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from lm_zoo.cells import LSTMCell, LSTMRHNStack
 from lm_zoo.models.recurrent import RecurrentLayer, RecurrentStack
+from lm_zoo.models.regularisation import drop_recurrent_weights
 
 
 def symmetric_uniform(scale: float) -> Callable[..., jax.Array]:
@@ -23,7 +24,9 @@ class RecurrentLM(nn.Module):
   """Embedding -> stacked recurrent layers -> (projection) -> softmax logits.
 
   Any `nn.RNNCellBase` can be a layer: `cell_factory(features=n)` builds the
-  cell of each layer. Dropout applies to the embedding output
+  cell of each layer. Embedding dropout (`dropout_embedding`) drops whole
+  words: rows of the embedding matrix, one mask per call. Dropout applies to
+  the embedding output
   (`dropout_input`), between layers (`dropout_hidden`), to each layer's
   fed-back state (`dropout_state`) and to the final output (`dropout_output`);
   none at evaluation. Its masks are shared over time (variational, Gal &
@@ -31,6 +34,13 @@ class RecurrentLM(nn.Module):
   for the non-recurrent connections (Zaremba et al. 2014). With tied embeddings the softmax
   weights are the embedding matrix, and a linear projection maps the last
   layer to the embedding size when the two differ.
+
+  Weight drop (`weight_drop`, DropConnect on every hidden-to-hidden matrix)
+  acts on the parameters, not inside the call: training applies the model to
+  `model.dropped_weights(params, rng)`, which draws one mask per forward pass.
+
+  The last layer's output is sown into the 'intermediates' collection as
+  `output` (undropped) and `dropped_output`, for AR and TAR.
 
   With `lstm_rhn` the layers (aLSTM cells with recurrent adaptation models)
   are stepped together as the LSTM-RHN of the aLSTM paper's eq. (9) instead
@@ -42,7 +52,9 @@ class RecurrentLM(nn.Module):
     hidden_sizes: each recurrent layer's size.
     cell_factory: builds one layer's cell from `features=`.
     tie_embeddings: share the embedding with the softmax.
+    dropout_embedding: rate of whole-word dropout on the embedding matrix.
     dropout_input, dropout_hidden, dropout_state, dropout_output: rates.
+    weight_drop: DropConnect rate on the recurrent matrices (see above).
     variational_dropout: one mask per window for every dropout (else per step,
       except on the state).
     embed_init: initialiser of the embedding.
@@ -55,10 +67,12 @@ class RecurrentLM(nn.Module):
   hidden_sizes: Sequence[int]
   cell_factory: Callable[..., nn.RNNCellBase] = LSTMCell
   tie_embeddings: bool = False
+  dropout_embedding: float = 0.0
   dropout_input: float = 0.0
   dropout_hidden: float = 0.0
   dropout_state: float = 0.0
   dropout_output: float = 0.0
+  weight_drop: float = 0.0
   variational_dropout: bool = True
   embed_init: Callable[..., jax.Array] = symmetric_uniform(0.1)
   unroll: int = 1
@@ -76,6 +90,11 @@ class RecurrentLM(nn.Module):
                              self.hidden_sizes)
     ]
 
+  @nn.nowrap
+  def dropped_weights(self, params: Any, rng: jax.Array) -> Any:
+    """`params` with weight drop applied (identity when `weight_drop` is 0)."""
+    return drop_recurrent_weights(params, self.weight_drop, rng)
+
   @nn.compact
   def __call__(self, tokens: jax.Array, carries: Sequence[Any], *,
                train: bool = False) -> tuple[jax.Array, list[Any]]:
@@ -84,7 +103,14 @@ class RecurrentLM(nn.Module):
       raise ValueError(f'tokens must be (batch, time), got shape {tokens.shape}')
     embed = nn.Embed(self.vocab_size, self.embed_size,
                      embedding_init=self.embed_init, name='embed')
-    x = embed(tokens.T)  # time-major (T, B, m) for the scans
+    ids = tokens.T  # time-major (T, B) for the scans
+    if train and self.dropout_embedding > 0:
+      # One mask entry per word type, shared by its every occurrence (V, 1).
+      table = nn.Dropout(self.dropout_embedding, broadcast_dims=(1,),
+                         deterministic=False)(embed.embedding)
+      x = jnp.take(table, ids, axis=0)
+    else:
+      x = embed(ids)
     time_shared = (0,) if self.variational_dropout else ()
     x = nn.Dropout(self.dropout_input, broadcast_dims=time_shared,
                    deterministic=not train)(x)
@@ -102,8 +128,10 @@ class RecurrentLM(nn.Module):
           dropout_state=self.dropout_state,
           variational_dropout=self.variational_dropout, unroll=self.unroll,
           name='stack')(carries, x, train=train)
+    self.sow('intermediates', 'output', h)
     h = nn.Dropout(self.dropout_output, broadcast_dims=time_shared,
                    deterministic=not train)(h)
+    self.sow('intermediates', 'dropped_output', h)
     h = h.transpose(1, 0, 2)
     if self.tie_embeddings:
       if self.hidden_sizes[-1] != self.embed_size:

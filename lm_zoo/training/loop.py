@@ -143,7 +143,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   model = build_model(config.model, len(corpus.vocab))
   optimizer = make_optimizer(config.optimizer)
   sum_over_time = config.optimizer.loss_reduction == 'sum_over_time'
-  train_step = make_train_step(model, optimizer, sum_over_time)
+  train_step = make_train_step(model, optimizer, sum_over_time, config.optimizer.ar,
+                               config.optimizer.tar)
   eval_step = make_eval_step(model)
   data_cfg, train_cfg = config.data, config.train
   batched = BatchedStream(corpus.train, data_cfg.batch_size)

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lm_zoo.models.regularisation import activation_penalty, temporal_activation_penalty
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -38,25 +40,39 @@ def token_nll(logits: jax.Array, targets: jax.Array, weights: jax.Array):
 
 
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
-                    sum_over_time: bool = False) -> Callable:
+                    sum_over_time: bool = False, ar: float = 0.0,
+                    tar: float = 0.0) -> Callable:
   """Returns jitted `train_step(state, inputs, targets, weights) -> (state, metrics)`.
 
   The objective is the mean NLL per token, or with `sum_over_time` the NLL
   summed over the window's time steps and averaged over the batch (Zaremba et
-  al.'s convention, under which their lr 1 and clip 5 were tuned). The new
-  carries are returned with gradients stopped; the state is donated.
+  al.'s convention, under which their lr 1 and clip 5 were tuned), plus
+  AWD-LSTM's AR (`ar` = alpha) and TAR (`tar` = beta) penalties on the last
+  layer's outputs that the model sows. The model sees its weights after
+  weight drop (`model.dropped_weights`, when it has one). The new carries are
+  returned with gradients stopped; the state is donated.
   """
+  penalised = ar > 0 or tar > 0
 
   def train_step(state: TrainState, inputs, targets, weights):
     dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    weight_key, dropout_key = jax.random.split(dropout_key)
 
     def objective(params):
-      logits, carries = model.apply({'params': params}, inputs, state.carries,
-                                    train=True, rngs={'dropout': dropout_key})
+      if hasattr(model, 'dropped_weights'):
+        params = model.dropped_weights(params, weight_key)
+      (logits, carries), sown = model.apply(
+          {'params': params}, inputs, state.carries, train=True,
+          rngs={'dropout': dropout_key}, mutable=['intermediates'] if penalised else [])
       total, count = token_nll(logits, targets, weights)
       mean = total / jnp.maximum(count, 1.0)
       scale = inputs.shape[1] if sum_over_time else 1
-      return mean * scale, (mean, carries)
+      objective = mean * scale
+      if penalised:
+        outputs = sown['intermediates']
+        objective += (activation_penalty(outputs['dropped_output'][0], ar)
+                      + temporal_activation_penalty(outputs['output'][0], tar))
+      return objective, (mean, carries)
 
     grads, (loss, carries) = jax.grad(objective, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
