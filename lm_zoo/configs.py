@@ -72,6 +72,13 @@ def base_config() -> ml_collections.ConfigDict:
   # the batch (Zaremba et al.'s objective, for which lr 1 / clip 5 were tuned).
   c.optimizer.loss_reduction = 'mean'
 
+  # Averaged SGD (lm_zoo.training.averaging): after the trigger, evaluation
+  # and checkpoints use the running mean of the parameters.
+  c.averaging = ml_collections.ConfigDict()
+  c.averaging.trigger = 'none'  # none | always | nonmonotone (NT-ASGD) | plateau | fraction
+  c.averaging.nonmono = 5  # nonmonotone: epochs the loss may fail to beat
+  c.averaging.start_fraction = 0.5  # fraction: of train.num_epochs
+
   c.schedule = ml_collections.ConfigDict()
   c.schedule.kind = 'constant'  # constant | exponential | milestones | plateau
   c.schedule.factor = 0.5

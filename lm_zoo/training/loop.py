@@ -19,6 +19,7 @@ from lm_zoo.configs import base_config
 from lm_zoo.data import BatchedStream, Corpus, load_corpus
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.models import RecurrentLM, build_model, init_params
+from lm_zoo.training.averaging import averaged_params, should_start_averaging, start_averaging
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.evaluation import EvalResult, evaluate_stream
 from lm_zoo.training.metrics import MetricsWriter
@@ -67,7 +68,8 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
 SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size',
                 'model.hidden_size', 'model.output_size', 'model.param_budget', 'model.tie_embeddings',
-                'model.mogrifier', 'model.alstm', 'data.name', 'data.batch_size', 'optimizer.name')
+                'model.mogrifier', 'model.alstm', 'data.name', 'data.batch_size', 'optimizer.name',
+                'averaging.trigger')
 
 
 def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
@@ -141,7 +143,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   workdir.mkdir(parents=True, exist_ok=True)
   corpus = load_data(config)
   model = build_model(config.model, len(corpus.vocab))
-  optimizer = make_optimizer(config.optimizer)
+  optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
   sum_over_time = config.optimizer.loss_reduction == 'sum_over_time'
   train_step = make_train_step(model, optimizer, sum_over_time, config.optimizer.ar,
                                config.optimizer.tar)
@@ -185,15 +187,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     checkpoints.save_latest(step, state, dataclasses.asdict(progress))
 
   def end_epoch() -> None:
-    result = evaluate_split(model, state.params, corpus, 'valid',
-                            data_cfg.eval_batch_size, data_cfg.bptt, eval_step)
-    log.info('epoch %d done: valid %s', progress.epoch, result.summary())
-    metrics.write('valid', step=step, epoch=progress.epoch, **result.as_dict())
+    nonlocal state
+    averaged = averaged_params(state.opt_state)
+    params = state.params if averaged is None else averaged
+    result = evaluate_split(model, params, corpus, 'valid', data_cfg.eval_batch_size,
+                            data_cfg.bptt, eval_step)
+    log.info('epoch %d done: valid %s%s', progress.epoch, result.summary(),
+             '' if averaged is None else ' (averaged weights)')
+    metrics.write('valid', step=step, epoch=progress.epoch, averaged=averaged is not None,
+                  **result.as_dict())
+    if averaged is None and should_start_averaging(
+        config.averaging, result.loss, progress.valid_losses, progress.epoch,
+        train_cfg.num_epochs):
+      state = state.replace(opt_state=start_averaging(state.opt_state))
+      log.info('epoch %d: averaging the weights from now on (%s trigger)',
+               progress.epoch, config.averaging.trigger)
     progress.valid_losses.append(result.loss)
     if result.loss < progress.best_valid:
       progress.best_valid = result.loss
-      checkpoints.save_best(step, state.params, {'epoch': progress.epoch,
-                                                 'valid_loss': result.loss})
+      checkpoints.save_best(step, params, {'epoch': progress.epoch,
+                                           'valid_loss': result.loss})
     progress.epoch += 1
     progress.position = 0
 

@@ -10,10 +10,15 @@ import ml_collections
 import optax
 
 from lm_zoo.errors import ConfigError
+from lm_zoo.training.averaging import TRIGGERS, parameter_averaging
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """clip by global norm -> L2 penalty -> SGD or Adam, from `config.optimizer`.
+def make_optimizer(cfg: ml_collections.ConfigDict,
+                   averaging: str = 'none') -> optax.GradientTransformation:
+  """clip by global norm -> L2 penalty -> SGD or Adam -> parameter averaging,
+  from `config.optimizer` and `config.averaging.trigger` (`averaging`):
+  'none' keeps no average, 'always' averages from the first step, any other
+  trigger keeps an average that `start_averaging` switches on.
 
   The learning rate is an injected hyper-parameter (`set_learning_rate`) so
   that epoch schedules and plateau drops change it without recompiling.
@@ -22,6 +27,9 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
   if cfg.name not in ('sgd', 'adam'):
     raise ConfigError(f'unknown optimizer {cfg.name!r} (optimizer.name): '
                       'choose sgd or adam')
+  if averaging not in TRIGGERS:
+    raise ConfigError(f'unknown averaging trigger {averaging!r} (averaging.trigger): '
+                      f'choose one of {", ".join(TRIGGERS)}')
 
   def build(learning_rate):
     parts = []
@@ -33,6 +41,8 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
       parts.append(optax.sgd(learning_rate, momentum=cfg.momentum or None))
     else:
       parts.append(optax.adam(learning_rate, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps))
+    if averaging != 'none':
+      parts.append(parameter_averaging(start=averaging == 'always'))
     return optax.chain(*parts)
 
   return optax.inject_hyperparams(build)(learning_rate=cfg.learning_rate)

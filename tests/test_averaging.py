@@ -1,0 +1,103 @@
+"""Parameter averaging (averaged SGD) and the triggers that start it."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from lm_zoo.configs import base_config
+from lm_zoo.errors import ConfigError
+from lm_zoo.training import read_metrics, train_and_evaluate
+from lm_zoo.training.averaging import (averaged_params, is_averaging, parameter_averaging,
+                                       should_start_averaging, start_averaging)
+
+
+def _descend(tx, params, steps):
+  """`steps` updates on sum(p²); returns the final state and every iterate."""
+  grad = jax.grad(lambda p: sum(jnp.sum(x ** 2) for x in jax.tree.leaves(p)))
+  state, iterates = tx.init(params), []
+  for _ in range(steps):
+    updates, state = tx.update(grad(params), state, params)
+    params = optax.apply_updates(params, updates)
+    iterates.append(jax.tree.map(np.asarray, params))
+  return state, iterates
+
+
+PARAMS = {'w': jnp.array([1.0, -2.0, 3.0]), 'b': jnp.array(0.5)}
+
+
+def test_average_of_the_iterates_since_the_start():
+  state, iterates = _descend(optax.chain(optax.sgd(0.1), parameter_averaging(start=True)),
+                             PARAMS, 6)
+  for name in PARAMS:
+    np.testing.assert_allclose(averaged_params(state)[name],
+                               np.mean([it[name] for it in iterates], axis=0), rtol=1e-6)
+
+
+def test_updates_pass_through_and_averaging_waits_for_its_start():
+  tx = optax.chain(optax.sgd(0.1), parameter_averaging())
+  state, iterates = _descend(tx, PARAMS, 3)
+  _, plain = _descend(optax.sgd(0.1), PARAMS, 3)
+  np.testing.assert_allclose(iterates[-1]['w'], plain[-1]['w'])
+  assert not is_averaging(state) and averaged_params(state) is None
+  state = start_averaging(state)
+  params = jax.tree.map(jnp.asarray, iterates[-1])
+  grad = jax.grad(lambda p: jnp.sum(p['w'] ** 2) + p['b'] ** 2)
+  after = []
+  for _ in range(4):
+    updates, state = tx.update(grad(params), state, params)
+    params = optax.apply_updates(params, updates)
+    after.append(np.asarray(params['w']))
+  # Only the iterates after the switch count.
+  np.testing.assert_allclose(averaged_params(state)['w'], np.mean(after, axis=0), rtol=1e-6)
+
+
+def test_start_needs_an_average_in_the_state():
+  with pytest.raises(ConfigError, match='averaging.trigger'):
+    start_averaging(optax.sgd(0.1).init(PARAMS))
+
+
+def _averaging(trigger, **kw):
+  return ml_collections.ConfigDict({'trigger': trigger, 'nonmono': 2,
+                                    'start_fraction': 0.5, **kw})
+
+
+def test_nonmonotone_trigger_is_awd_lstms():
+  cfg = _averaging('nonmonotone')
+  # More than nonmono = 2 earlier losses, and worse than the best before the last 2.
+  assert not should_start_averaging(cfg, 5.0, [4.0, 3.0], 3, 10)
+  assert not should_start_averaging(cfg, 3.5, [4.0, 3.0, 3.2], 4, 10)  # 3.5 < min([4.0])
+  assert should_start_averaging(cfg, 4.1, [4.0, 3.0, 3.2], 4, 10)
+  assert not should_start_averaging(cfg, 2.95, [4.0, 3.0, 3.2, 3.3], 5, 10)
+  assert should_start_averaging(cfg, 3.1, [4.0, 3.0, 3.2, 3.3], 5, 10)
+  assert should_start_averaging(cfg, 3.1, [4.0, 3.0, 3.2, 3.3, 3.4], 6, 10)
+
+
+def test_plateau_fraction_and_unknown_triggers():
+  assert should_start_averaging(_averaging('plateau'), 3.0, [4.0, 3.0], 3, 10)
+  assert not should_start_averaging(_averaging('plateau'), 2.9, [4.0, 3.0], 3, 10)
+  assert not should_start_averaging(_averaging('fraction'), 1.0, [], 4, 10)
+  assert should_start_averaging(_averaging('fraction'), 1.0, [], 5, 10)
+  for trigger in ('none', 'always'):
+    assert not should_start_averaging(_averaging(trigger), 9.0, [1.0] * 9, 10, 10)
+  with pytest.raises(ConfigError, match="unknown averaging trigger 'asgd'"):
+    should_start_averaging(_averaging('asgd'), 1.0, [], 1, 1)
+
+
+def test_training_switches_to_averaged_weights_after_the_trigger(tiny_config, tmp_path):
+  tiny_config.averaging.update(trigger='fraction', start_fraction=0.5)
+  tiny_config.train.num_epochs = 3
+  summary = train_and_evaluate(tiny_config, tmp_path / 'run')
+  valid = [r for r in read_metrics(tmp_path / 'run' / 'metrics.jsonl')
+           if r['kind'] == 'valid' and not r.get('final')]
+  # ceil(0.5 * 3) = 2: epochs 1 and 2 evaluate the weights, epoch 3 their average.
+  assert [r['averaged'] for r in valid] == [False, False, True]
+  assert np.isfinite(summary['valid']['perplexity'])
+
+
+def test_unknown_trigger_in_a_config_is_named():
+  from lm_zoo.training import make_optimizer
+  with pytest.raises(ConfigError, match='averaging.trigger'):
+    make_optimizer(base_config().optimizer, 'sometimes')
