@@ -91,6 +91,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.max_steps = 0  # > 0: stop after this many updates in total
   c.train.log_every = 100
   c.train.checkpoint_every = 1000  # steps; the epoch end and the stop also save
+  # A work directory whose best weights start this run (AWD-LSTM's fine-tuning
+  # stage: with averaging.trigger=always); '' starts from initialisation.
+  c.train.init_from = ''
 
   c.generate = ml_collections.ConfigDict()
   c.generate.num_lines = 3  # text samples printed at the end

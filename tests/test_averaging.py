@@ -101,3 +101,18 @@ def test_unknown_trigger_in_a_config_is_named():
   from lm_zoo.training import make_optimizer
   with pytest.raises(ConfigError, match='averaging.trigger'):
     make_optimizer(base_config().optimizer, 'sometimes')
+
+
+def test_fine_tuning_starts_from_the_best_weights_of_a_run(tiny_config, tmp_path):
+  tiny_config.train.num_epochs = 1
+  first = train_and_evaluate(tiny_config, tmp_path / 'first')
+  # AWD-LSTM's fine-tuning stage, with a zero learning rate so that the
+  # weights (and their average) stay those of the first run's best checkpoint.
+  tiny_config.train.init_from = str(tmp_path / 'first')
+  tiny_config.averaging.trigger = 'always'
+  tiny_config.optimizer.learning_rate = 0.0
+  tuned = train_and_evaluate(tiny_config, tmp_path / 'tuned')
+  assert tuned['valid']['perplexity'] == pytest.approx(first['valid']['perplexity'], rel=1e-6)
+  tiny_config.train.init_from = str(tmp_path / 'nowhere')
+  with pytest.raises(ConfigError, match='not a work directory'):
+    train_and_evaluate(tiny_config, tmp_path / 'again')

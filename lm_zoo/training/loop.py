@@ -97,6 +97,18 @@ def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
       rng=jax.random.key_data(jax.random.fold_in(key, 1)))
 
 
+def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
+  """The best weights of the run in `workdir`, shaped as `like` (a fine-tuning
+  stage starts from them)."""
+  if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
+    raise ConfigError(f'train.init_from={workdir} is not a work directory of launch/train.py')
+  best = Checkpoints(workdir).restore_best(like)
+  if best is None:
+    raise ConfigError(f'train.init_from={workdir} has no best checkpoint: its run has '
+                      'not finished an epoch')
+  return best[0]
+
+
 def evaluate_split(model: RecurrentLM, params: Any, corpus: Corpus, split: str,
                    batch_size: int, bptt: int, eval_step=None) -> EvalResult:
   """Perplexity / bits per character of one split, state carried throughout."""
@@ -162,6 +174,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     metrics.drop_after(int(state.step))  # what the stopped run logged past its checkpoint
     log.info('Resumed from step %d (epoch %d, position %d) in %s',
              int(state.step), progress.epoch, progress.position, workdir)
+  elif train_cfg.init_from:
+    params = initial_params(train_cfg.init_from, state.params)
+    state = state.replace(params=params, opt_state=optimizer.init(params))
+    log.info('Fine-tuning the best weights of %s', train_cfg.init_from)
   save_config(config, workdir)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   log.info('Model: %s, %s parameters; train %s tokens, vocab %d', config.model.cell,
