@@ -1,13 +1,30 @@
-"""Evaluation scores every token once at any batch size, as a direct sum would."""
+"""Evaluation scores every token once at any batch size, as a direct sum would;
+softmax temperature and Monte-Carlo dropout evaluation."""
 
 import math
 
 import jax
 import numpy as np
 import optax
+import pytest
 
+from conftest import perturb
 from lm_zoo.models import RecurrentLM, init_params
 from lm_zoo.training import EvalResult, evaluate_stream, make_eval_step
+from lm_zoo.training.steps import (make_mc_dropout_eval_step, mc_dropout_carries,
+                                   with_dropout_scaled)
+
+V = 13
+STREAM = np.random.default_rng(0).integers(0, V, 101).astype(np.int32)
+
+
+def _model(**dropout):
+  return RecurrentLM(vocab_size=V, embed_size=5, hidden_sizes=(6, 6), **dropout)
+
+
+def _log_softmax(z):
+  z = z - z.max(-1, keepdims=True)
+  return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
 def test_batch_sizes_agree_with_one_pass():
@@ -39,3 +56,64 @@ def test_units():
   assert math.isclose(r.bits_per_token, 1.5)
   assert 'bits per character 1.5000' in r.summary()
   assert EvalResult(loss=math.log(100.0), num_tokens=1).summary() == 'perplexity 100.00'
+
+
+def test_temperature_divides_the_logits():
+  model = _model()
+  params = perturb(init_params(model, jax.random.key(0)))
+  logits, _ = model.apply({'params': params}, STREAM[None, :-1], model.initialize_carry(1))
+  step = make_eval_step(model)
+  for temperature in (0.7, 1.3):
+    direct = -np.mean(np.take_along_axis(
+        _log_softmax(np.asarray(logits[0], np.float64) / temperature),
+        STREAM[1:, None], axis=1))
+    result = evaluate_stream(step, params, model.initialize_carry(1), STREAM, 1, 20,
+                             temperature=temperature)
+    np.testing.assert_allclose(result.loss, direct, rtol=1e-5)
+
+
+def test_mc_dropout_without_dropout_is_deterministic_evaluation():
+  model = _model()
+  params = perturb(init_params(model, jax.random.key(0)))
+  plain = evaluate_stream(make_eval_step(model), params, model.initialize_carry(2),
+                          STREAM, 2, 9)
+  mc = evaluate_stream(make_mc_dropout_eval_step(model, 4), params,
+                       mc_dropout_carries(model, 2, 4, jax.random.key(1)), STREAM, 2, 9)
+  np.testing.assert_allclose(mc.loss, plain.loss, rtol=1e-5)
+  assert mc.num_tokens == plain.num_tokens == 100
+
+
+def test_mc_dropout_averages_probabilities_over_masks():
+  model = _model(dropout_input=0.3, dropout_hidden=0.3, dropout_output=0.3, weight_drop=0.3)
+  params = perturb(init_params(model, jax.random.key(0)))
+  inputs, targets = STREAM[None, :-1], STREAM[None, 1:]
+  step = make_mc_dropout_eval_step(model, 3)
+  total, count, _ = step(params, mc_dropout_carries(model, 1, 3, jax.random.key(5)),
+                         inputs, targets, np.ones_like(targets, np.float32))
+  # The same three masks drawn by hand: the window key, then one key per sample.
+  _, window_key = jax.random.split(jax.random.key(5))
+  probs, nlls = [], []
+  for key in jax.random.split(window_key, 3):
+    weight_key, dropout_key = jax.random.split(key)
+    logits, _ = model.apply({'params': model.dropped_weights(params, weight_key)}, inputs,
+                            model.initialize_carry(1), train=True,
+                            rngs={'dropout': dropout_key})
+    log_p = _log_softmax(np.asarray(logits[0], np.float64))
+    picked = np.take_along_axis(log_p, targets[0, :, None], axis=1)[:, 0]
+    probs.append(np.exp(picked))
+    nlls.append(-picked.mean())
+  expected = -np.mean(np.log(np.mean(probs, axis=0)))
+  np.testing.assert_allclose(total / count, expected, rtol=1e-5)
+  assert len({round(n, 6) for n in nlls}) == 3  # the masks differ
+  assert total / count <= np.mean(nlls)  # Jensen: mixing never costs
+
+
+def test_dropout_multiplier_scales_every_rate():
+  model = _model(dropout_input=0.2, dropout_state=0.1, weight_drop=0.4)
+  scaled = with_dropout_scaled(model, 1.5)
+  assert (scaled.dropout_input, scaled.dropout_state, scaled.weight_drop,
+          scaled.dropout_output) == pytest.approx((0.3, 0.15, 0.6, 0.0))
+  with pytest.raises(ValueError, match='outside'):
+    with_dropout_scaled(model, 3.0)
+  with pytest.raises(ValueError, match='at least one'):
+    make_mc_dropout_eval_step(model, 0)

@@ -40,17 +40,19 @@ class EvalResult:
 
 def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
                     stream: np.ndarray, batch_size: int, bptt: int,
-                    unit: str = 'word') -> EvalResult:
+                    unit: str = 'word', temperature: float = 1.0) -> EvalResult:
   """Scores every token of `stream` once, the state carried across windows.
 
-  `initial_carries` must be for `batch_size` rows (`model.initialize_carry`).
-  Any batch size, 1 included, scores exactly the same len(stream) - 1 tokens.
+  `initial_carries` must be for `batch_size` rows (`model.initialize_carry`,
+  or `mc_dropout_carries` for an MC-dropout step). Any batch size, 1
+  included, scores exactly the same len(stream) - 1 tokens. `temperature`
+  divides the logits.
   """
   batched = BatchedStream(stream, batch_size)
   carries, sums = initial_carries, []
   for window in batched.windows(bptt):
     nll, n, carries = eval_step(params, carries, window.inputs, window.targets,
-                                window.weights)
+                                window.weights, temperature)
     sums.append((nll, n))  # fetched once at the end, so dispatch stays async
   total, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
   return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit)
