@@ -64,3 +64,19 @@ def test_alstm_recipe():
   lr = lambda epoch: epoch_learning_rate(config.schedule, 3e-3, epoch, [])
   assert lr(100) == 3e-3 and abs(lr(101) - 3e-4) < 1e-12 and abs(lr(161) - 3e-5) < 1e-12
   assert config.data.variable_bptt and config.data.batch_size == 20
+
+
+def test_awd_lstm_recipe():
+  config = load_experiment('awd_lstm', 'ptb')
+  m = config.model
+  # Tied: embedding, three LSTMs 400 -> 1150 -> 1150 -> 400, softmax bias only.
+  sizes = [(400, 1150), (1150, 1150), (1150, 400)]
+  expected = 10_000 * 400 + sum(4 * n * (i + n) + 4 * n for i, n in sizes) + 10_000
+  assert count_params(build_model(m, 10_000)) == expected  # the paper: 24M
+  assert (m.dropout_output, m.dropout_hidden, m.dropout_input, m.dropout_embedding,
+          m.weight_drop) == (0.4, 0.25, 0.4, 0.1, 0.5)
+  assert (config.optimizer.ar, config.optimizer.tar, config.averaging.trigger) == (
+      2.0, 1.0, 'nonmonotone')
+  small = load_experiment('awd_lstm', 'small')
+  plain = load_experiment('ptb_mogrifier_ablation', 'lstm')
+  assert small.model.param_budget == plain.model.param_budget
