@@ -2,7 +2,8 @@
 
 Measures our `RecurrentLM` with `lm_zoo.cells.LSTMCell` (input projection
 hoisted out of the scan), the Mogrifier LSTM (r = 5, k = 40), the aLSTM (IO
-adaptation; recurrent and static adaptation models of size 100) and, as the
+adaptation; recurrent, static and LSTM-RHN adaptation models of size 100),
+the LSTM with AWD-LSTM's dropouts and weight drop and, as the
 baseline in the same run, the same stack with flax's `nn.OptimizedLSTMCell`
 (everything inside the scan), at hidden sizes 200 and 650. Prints a table with
 ratios against the baseline and writes JSON.
@@ -29,6 +30,9 @@ MODELS = {
     'mogrifier_r5_k40': {'mogrifier': {'rounds': 5, 'rank': 40}},
     'alstm': {'cell': 'alstm'},
     'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static'}},
+    'alstm_rhn': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn'}},
+    'awd_lstm': {'dropout_embedding': 0.1, 'weight_drop': 0.5, 'dropout_input': 0.4,
+                 'dropout_hidden': 0.25, 'dropout_output': 0.4},
     'flax_lstm': {'cell': 'flax_lstm'},
 }
 flags.DEFINE_list('models', list(MODELS), f'Models from {list(MODELS)}; the last '
