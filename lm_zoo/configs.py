@@ -57,15 +57,26 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.alstm.latent = 'lstm'
   c.model.alstm.latent_size = 100  # size of the latent z the policies are made from
 
+  # The dual connection between the stack and the softmax (dual paper); size 0: ERS.
+  c.model.dual = ml_collections.ConfigDict()
+  c.model.dual.size = 0
+  c.model.dual.dropout_input = 0.0  # on [e_t; h_t]
+  c.model.dual.dropout_output = 0.0  # on d_t
+  # Mixture of softmaxes (Yang et al. 2018); 0 components: one softmax.
+  c.model.mos = ml_collections.ConfigDict()
+  c.model.mos.components = 0
+  c.model.mos.dropout_latent = 0.0
+
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = 'sgd'  # sgd | adam
+  c.optimizer.name = 'sgd'  # sgd | adam | nadam
   c.optimizer.learning_rate = 1.0
   c.optimizer.momentum = 0.0  # sgd
-  c.optimizer.beta1 = 0.0  # adam; 0 is the Mogrifier paper's RMSProp-like choice
+  c.optimizer.beta1 = 0.0  # adam, nadam; 0 is the Mogrifier paper's RMSProp-like choice
   c.optimizer.beta2 = 0.999
   c.optimizer.eps = 1e-8
   c.optimizer.clip_norm = 5.0  # global norm; <= 0 disables
   c.optimizer.l2 = 0.0  # L2 penalty coefficient (added to the gradient)
+  c.optimizer.dual_l2 = 0.0  # the dual layer's own L2, on top of l2
   c.optimizer.ar = 0.0  # AR: alpha * mean(dropped last-layer output²)
   c.optimizer.tar = 0.0  # TAR: beta * mean((h_t - h_{t-1})²), undropped output
   # mean: NLL per token. sum_over_time: summed over the window, averaged over

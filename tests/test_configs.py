@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import REPO, load_experiment
-from lm_zoo.models import build_model, count_params
+from lm_zoo.models import build_model, count_params, solve_hidden_size
 from lm_zoo.training import epoch_learning_rate
 
 # Language-model configs; task configs (a `task` field) are tested in
@@ -28,6 +28,8 @@ def test_config_builds_a_model(name):
     assert 0.97 * m.param_budget < count <= m.param_budget
   elif m.cell == 'alstm':  # the paper's size: tested below
     assert m.output_size == m.embed_size
+  elif m.dual.size:  # counted in test_dual_variants_are_their_ers_models_plus_the_dual_layer
+    assert m.tie_embeddings
   else:
     assert count == lstm_lm_params(10_000, m.embed_size, m.hidden_size, m.num_layers)
 
@@ -80,3 +82,27 @@ def test_awd_lstm_recipe():
   small = load_experiment('awd_lstm', 'small')
   plain = load_experiment('ptb_mogrifier_ablation', 'lstm')
   assert small.model.param_budget == plain.model.param_budget
+
+
+@pytest.mark.parametrize('variant, ers', [('lstm_dual', 'lstm'), ('mogrifier_dual', 'r2')])
+def test_dual_variants_are_their_ers_models_plus_the_dual_layer(variant, ers):
+  dual = load_experiment('dual', variant)
+  plain = load_experiment('ptb_mogrifier_ablation', ers)
+  hidden = solve_hidden_size(plain.model, 10_000, plain.model.param_budget)
+  assert dual.model.hidden_size == dual.model.dual.size == hidden
+  for config in (dual, plain):
+    config.model.update(param_budget=0, hidden_size=hidden)
+  dual_size = dual.model.dual.size
+  extra = (2 * hidden) * dual_size + dual_size  # W_d on [e; h] (embedding = hidden), b_d
+  assert (count_params(build_model(dual.model, 10_000))
+          == count_params(build_model(plain.model, 10_000)) + extra)
+  dual.model.dual.update(size=0, dropout_input=0.0, dropout_output=0.0)
+  assert dual.to_dict() == plain.to_dict()
+
+
+def test_dual_paper_recipe():
+  config = load_experiment('dual', 'paper')
+  count = count_params(build_model(config.model, 10_000))
+  assert abs(count - 23_000_000) < 0.03 * 23_000_000  # the paper: 23M
+  assert (config.model.mogrifier.rounds, config.model.mogrifier.rank) == (4, 100)
+  assert config.optimizer.name == 'nadam' and config.data.bptt == 25

@@ -147,3 +147,59 @@ def test_per_step_dropout_when_not_variational():
                       rngs={'dropout': jax.random.key(3)})
   zero = np.asarray(ys)[:, :, :2] == 0  # the dropped inputs of layer 2
   assert not np.all(zero == zero[:1])  # masks differ between steps
+
+
+def test_dual_connection_feeds_the_softmax():
+  """Dual: logits = W_o ReLU(W_d [e_t; h_t] + b_d) + b_o, with h_t the ERS
+  model's stack output and e_t the embedded word."""
+  model = _lm(dual_size=7)
+  tokens = np.random.default_rng(2).integers(0, 31, (3, 5)).astype(np.int32)
+  params = init_params(model, jax.random.key(0))
+  logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(3))
+  _, state = model.apply({'params': params}, tokens, model.initialize_carry(3),
+                         mutable=['intermediates'])
+  h = np.asarray(state['intermediates']['output'][0]).transpose(1, 0, 2)
+  e = np.asarray(params['embed']['embedding'])[tokens]
+  w, b = np.asarray(params['dual']['dense']['kernel']), np.asarray(params['dual']['dense']['bias'])
+  d = np.maximum(e @ w[:6] + h @ w[6:] + b, 0)
+  expected = d @ np.asarray(params['softmax']['kernel']) + np.asarray(params['softmax']['bias'])
+  np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
+  tied = init_params(_lm(dual_size=7, tie_embeddings=True), jax.random.key(0))
+  assert tied['projection']['kernel'].shape == (7, 6)  # dual size -> embedding
+
+
+@pytest.mark.parametrize('tie', [False, True])
+def test_mixture_of_softmaxes_head(tie):
+  model = _lm(mos_components=3, tie_embeddings=tie, hidden_sizes=(5, 6))
+  tokens = np.random.default_rng(3).integers(0, 31, (2, 4)).astype(np.int32)
+  params = init_params(model, jax.random.key(0))
+  assert params['mos']['latent']['kernel'].shape == (6, 3 * 6)
+  assert ('softmax' in params['mos']) != tie and 'softmax' not in params
+  log_p, _ = model.apply({'params': params}, tokens, model.initialize_carry(2))
+  assert log_p.shape == (2, 4, 31)
+  np.testing.assert_allclose(jax.nn.logsumexp(log_p, -1), 0.0, atol=1e-5)
+  if tie:  # the mixture's E is the embedding: it gets the softmax's gradient
+    grads = jax.grad(lambda p: model.apply({'params': p}, tokens,
+                                           model.initialize_carry(2))[0][0, 0, 1])(params)
+    assert np.abs(grads['embed']['embedding'][~np.isin(np.arange(31), tokens)]).max() > 0
+
+
+def test_dual_and_mos_from_the_config():
+  cfg = base_config().model
+  cfg.update(embed_size=8, hidden_size=8, tie_embeddings=True)
+  cfg.dual.update(size=8, dropout_input=0.3, dropout_output=0.2)
+  cfg.mos.update(components=2, dropout_latent=0.1)
+  model = build_model(cfg, 20)
+  assert (model.dual_size, model.dropout_dual_input, model.dropout_dual_output) == (8, 0.3, 0.2)
+  assert (model.mos_components, model.dropout_mos_latent) == (2, 0.1)
+  params = init_params(model, jax.random.key(0))
+  # 16 -> 8 dual layer; prior 8 x 2; latent 8 -> 2 x 8; tied, so one bias of 20.
+  assert sum(x.size for x in jax.tree.leaves(params['dual'])) == 16 * 8 + 8
+  assert sum(x.size for x in jax.tree.leaves(params['mos'])) == 8 * 2 + 8 * 16 + 16 + 20
+  logits, _ = model.apply({'params': params}, jnp.ones((2, 3), jnp.int32),
+                          model.initialize_carry(2), train=True,
+                          rngs={'dropout': jax.random.key(1)})
+  assert np.all(np.isfinite(logits))
+  cfg.dual.dropout_output = 1.0
+  with pytest.raises(ConfigError, match='dual.dropout_output must be in'):
+    build_model(cfg, 20)

@@ -68,3 +68,29 @@ def test_unknown_optimizer():
   cfg.name = 'lion'
   with pytest.raises(ConfigError, match="unknown optimizer 'lion'"):
     make_optimizer(cfg)
+
+
+def test_dual_l2_acts_on_the_dual_layer_only():
+  cfg = base_config().optimizer
+  cfg.update(name='sgd', learning_rate=1.0, clip_norm=0.0, l2=0.0, dual_l2=0.1)
+  tx = make_optimizer(cfg)
+  params = {'dual': {'dense': {'kernel': jnp.array([2.0, -1.0])}},
+            'cell_0': {'kernel': jnp.array([3.0])}}
+  zeros = {'dual': {'dense': {'kernel': jnp.zeros(2)}}, 'cell_0': {'kernel': jnp.zeros(1)}}
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  np.testing.assert_allclose(updates['dual']['dense']['kernel'], [-0.2, 0.1])
+  np.testing.assert_allclose(updates['cell_0']['kernel'], [0.0])
+
+
+def test_nadam_first_step_has_the_nesterov_lookahead():
+  """Dozat's Nadam: the first step is lr * (1 + b1 / (1 + b1)) * g / |g|,
+  where Adam's is lr * g / |g|."""
+  cfg = base_config().optimizer
+  cfg.update(name='nadam', learning_rate=1e-2, beta1=0.9, beta2=0.999, eps=0.0,
+             clip_norm=0.0)
+  tx = make_optimizer(cfg)
+  params = {'w': jnp.zeros(3)}
+  grads = {'w': jnp.array([0.5, -2.0, 4.0])}
+  updates, _ = tx.update(grads, tx.init(params), params)
+  np.testing.assert_allclose(updates['w'], -1e-2 * (1 + 0.9 / 1.9) * np.sign(grads['w']),
+                             rtol=1e-5)

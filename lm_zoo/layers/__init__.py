@@ -2,7 +2,10 @@
 
 from lm_zoo.layers.adaptive import (POLICIES, AdaptiveDense, FeedForwardPolicy, GLUPolicy,
                                     LinearPolicy, policy_slots, split_sizes)
+from lm_zoo.layers.dual import DualConnection
 from lm_zoo.layers.low_rank import LowRankDense, factor_init
+from lm_zoo.layers.mixture_of_softmaxes import MixtureOfSoftmaxes
 
-__all__ = ['POLICIES', 'AdaptiveDense', 'FeedForwardPolicy', 'GLUPolicy', 'LinearPolicy',
-           'LowRankDense', 'factor_init', 'policy_slots', 'split_sizes']
+__all__ = ['POLICIES', 'AdaptiveDense', 'DualConnection', 'FeedForwardPolicy', 'GLUPolicy',
+           'LinearPolicy', 'LowRankDense', 'MixtureOfSoftmaxes', 'factor_init', 'policy_slots',
+           'split_sizes']

@@ -84,6 +84,11 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
       variational_dropout=cfg.variational_dropout,
       unroll=cfg.unroll,
       lstm_rhn=_lstm_rhn(cfg),
+      dual_size=cfg.dual.size,
+      dropout_dual_input=cfg.dual.dropout_input,
+      dropout_dual_output=cfg.dual.dropout_output,
+      mos_components=cfg.mos.components,
+      dropout_mos_latent=cfg.mos.dropout_latent,
   )
 
 
@@ -123,10 +128,12 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
   for field in ('num_layers', 'hidden_size'):
     if cfg[field] < 1:
       raise ConfigError(f'model.{field} must be at least 1, got {cfg[field]}')
-  if cfg.embed_size < 0:
-    raise ConfigError(f'model.embed_size must be >= 0, got {cfg.embed_size}')
+  for field in ('embed_size', 'dual.size', 'mos.components'):
+    if cfg[field] < 0:
+      raise ConfigError(f'model.{field} must be >= 0, got {cfg[field]}')
   for field in ('dropout_embedding', 'dropout_input', 'dropout_hidden', 'dropout_state',
-                'dropout_output', 'weight_drop'):
+                'dropout_output', 'weight_drop', 'dual.dropout_input',
+                'dual.dropout_output', 'mos.dropout_latent'):
     if not 0 <= cfg[field] < 1:
       raise ConfigError(f'model.{field} must be in [0, 1), got {cfg[field]}')
   hidden_size = cfg.hidden_size

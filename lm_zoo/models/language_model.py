@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells import LSTMCell, LSTMRHNStack
+from lm_zoo.layers import DualConnection, MixtureOfSoftmaxes
 from lm_zoo.models.recurrent import RecurrentLayer, RecurrentStack
 from lm_zoo.models.regularisation import drop_recurrent_weights
 
@@ -39,6 +40,12 @@ class RecurrentLM(nn.Module):
   acts on the parameters, not inside the call: training applies the model to
   `model.dropped_weights(params, rng)`, which draws one mask per forward pass.
 
+  The dual connection (`dual_size`) feeds the softmax ReLU(W_d [e_t; h_t] + b_d)
+  of the embedded word e_t (after whole-word dropout) and the stack's dropped
+  output h_t. With a mixture of softmaxes (`mos_components`) the model
+  returns normalised log-probabilities in place of logits; every loss and
+  sampler reads them the same way.
+
   The last layer's output is sown into the 'intermediates' collection as
   `output` (undropped) and `dropped_output`, for AR and TAR.
 
@@ -60,6 +67,13 @@ class RecurrentLM(nn.Module):
     embed_init: initialiser of the embedding.
     unroll: scan unroll of the recurrent layers.
     lstm_rhn: wire the layers as `LSTMRHNStack` (aLSTM cells only).
+    dual_size: > 0 adds the dual connection of that size (`DualConnection`)
+      between the stack and the softmax; 0 is the ERS architecture.
+    dropout_dual_input, dropout_dual_output: the dual layer's dropout rates.
+    mos_components: > 0 replaces the softmax by a mixture of that many
+      softmaxes (`MixtureOfSoftmaxes`, latents of the embedding size, E tied
+      to the embedding when `tie_embeddings`); 0 is one softmax.
+    dropout_mos_latent: dropout rate on the mixture's latents.
   """
 
   vocab_size: int
@@ -77,6 +91,11 @@ class RecurrentLM(nn.Module):
   embed_init: Callable[..., jax.Array] = symmetric_uniform(0.1)
   unroll: int = 1
   lstm_rhn: bool = False
+  dual_size: int = 0
+  dropout_dual_input: float = 0.0
+  dropout_dual_output: float = 0.0
+  mos_components: int = 0
+  dropout_mos_latent: float = 0.0
 
   @nn.nowrap
   def initialize_carry(self, batch_size: int, rng: jax.Array | None = None) -> list[Any]:
@@ -111,6 +130,7 @@ class RecurrentLM(nn.Module):
       x = jnp.take(table, ids, axis=0)
     else:
       x = embed(ids)
+    embedded = x  # the dual connection's e_t, before the stack's input dropout
     time_shared = (0,) if self.variational_dropout else ()
     x = nn.Dropout(self.dropout_input, broadcast_dims=time_shared,
                    deterministic=not train)(x)
@@ -132,9 +152,21 @@ class RecurrentLM(nn.Module):
     h = nn.Dropout(self.dropout_output, broadcast_dims=time_shared,
                    deterministic=not train)(h)
     self.sow('intermediates', 'dropped_output', h)
-    h = h.transpose(1, 0, 2)
+    if self.dual_size:
+      h = DualConnection(self.dual_size, self.dropout_dual_input,
+                         self.dropout_dual_output, broadcast_dims=time_shared,
+                         name='dual')(embedded, h, deterministic=not train)
+    h = h.transpose(1, 0, 2)  # batch-major from here: time is axis 1
+    if self.mos_components:
+      log_probs = MixtureOfSoftmaxes(
+          self.vocab_size, self.mos_components, self.embed_size,
+          dropout_latent=self.dropout_mos_latent,
+          broadcast_dims=(1,) if self.variational_dropout else (),
+          name='mos')(h, embed.embedding if self.tie_embeddings else None,
+                      deterministic=not train)
+      return log_probs.astype(jnp.float32), new_carries
     if self.tie_embeddings:
-      if self.hidden_sizes[-1] != self.embed_size:
+      if h.shape[-1] != self.embed_size:
         h = nn.Dense(self.embed_size, use_bias=False, name='projection')(h)
       bias = self.param('softmax_bias', nn.initializers.zeros_init(),
                         (self.vocab_size,))

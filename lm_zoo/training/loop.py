@@ -68,7 +68,8 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
 SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size',
                 'model.hidden_size', 'model.output_size', 'model.param_budget', 'model.tie_embeddings',
-                'model.mogrifier', 'model.alstm', 'data.name', 'data.batch_size', 'optimizer.name',
+                'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.mos.components',
+                'data.name', 'data.batch_size', 'optimizer.name',
                 'averaging.trigger')
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
@@ -15,7 +16,8 @@ from lm_zoo.training.averaging import TRIGGERS, parameter_averaging
 
 def make_optimizer(cfg: ml_collections.ConfigDict,
                    averaging: str = 'none') -> optax.GradientTransformation:
-  """clip by global norm -> L2 penalty -> SGD or Adam -> parameter averaging,
+  """clip by global norm -> L2 penalties (all parameters; the dual layer's
+  own) -> SGD, Adam or Nadam -> parameter averaging,
   from `config.optimizer` and `config.averaging.trigger` (`averaging`):
   'none' keeps no average, 'always' averages from the first step, any other
   trigger keeps an average that `start_averaging` switches on.
@@ -24,9 +26,9 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
   that epoch schedules and plateau drops change it without recompiling.
   Adam with beta1 = 0 is the Mogrifier paper's RMSProp-like setting.
   """
-  if cfg.name not in ('sgd', 'adam'):
+  if cfg.name not in ('sgd', 'adam', 'nadam'):
     raise ConfigError(f'unknown optimizer {cfg.name!r} (optimizer.name): '
-                      'choose sgd or adam')
+                      'choose sgd, adam or nadam')
   if averaging not in TRIGGERS:
     raise ConfigError(f'unknown averaging trigger {averaging!r} (averaging.trigger): '
                       f'choose one of {", ".join(TRIGGERS)}')
@@ -37,15 +39,27 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
       parts.append(optax.clip_by_global_norm(cfg.clip_norm))
     if cfg.l2 > 0:
       parts.append(optax.add_decayed_weights(cfg.l2))
+    if cfg.dual_l2 > 0:
+      parts.append(optax.add_decayed_weights(cfg.dual_l2, mask=module_mask('dual')))
     if cfg.name == 'sgd':
       parts.append(optax.sgd(learning_rate, momentum=cfg.momentum or None))
-    else:
-      parts.append(optax.adam(learning_rate, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps))
+    else:  # Nadam: Adam with Nesterov momentum (the dual paper's optimizer)
+      adam = optax.nadam if cfg.name == 'nadam' else optax.adam
+      parts.append(adam(learning_rate, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps))
     if averaging != 'none':
       parts.append(parameter_averaging(start=averaging == 'always'))
     return optax.chain(*parts)
 
   return optax.inject_hyperparams(build)(learning_rate=cfg.learning_rate)
+
+
+def module_mask(name: str) -> Callable[[Any], Any]:
+  """A mask function for optax: True on the parameters of the top-level
+  module `name` (for example 'dual'), False elsewhere."""
+  def mask(params):
+    return {module: jax.tree.map(lambda _, m=module: m == name, subtree)
+            for module, subtree in params.items()}
+  return mask
 
 
 def set_learning_rate(opt_state, learning_rate: float):
