@@ -24,7 +24,7 @@ from lm_zoo.models import build_model
 from lm_zoo.training import create_train_state, make_eval_step, make_optimizer, make_train_step
 
 flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
-# name -> model config fields
+# name -> model config fields, or a function of the hidden size giving them
 MODELS = {
     'lstm': {},
     'mogrifier_r5_k40': {'mogrifier': {'rounds': 5, 'rank': 40}},
@@ -33,6 +33,8 @@ MODELS = {
     'alstm_rhn': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn'}},
     'awd_lstm': {'dropout_embedding': 0.1, 'weight_drop': 0.5, 'dropout_input': 0.4,
                  'dropout_hidden': 0.25, 'dropout_output': 0.4},
+    'dual_lstm': lambda hidden: {'tie_embeddings': True, 'dual': {'size': hidden}},
+    'mos_lstm': {'tie_embeddings': True, 'mos': {'components': 5}},
     'flax_lstm': {'cell': 'flax_lstm'},
 }
 flags.DEFINE_list('models', list(MODELS), f'Models from {list(MODELS)}; the last '
@@ -58,7 +60,8 @@ def _timed(fn, steps):
 def measure(name: str, hidden: int) -> dict:
   config = base_config()
   config.model.update(hidden_size=hidden, embed_size=hidden, num_layers=2)
-  config.model.update(MODELS[name])
+  fields = MODELS[name]
+  config.model.update(fields(hidden) if callable(fields) else fields)
   config.data.update(batch_size=FLAGS.batch_size, bptt=FLAGS.bptt)
   model = build_model(config.model, FLAGS.vocab)
   optimizer = make_optimizer(config.optimizer)
