@@ -9,8 +9,9 @@ import optax
 import pytest
 
 from conftest import perturb
+from lm_zoo.generation import sample
 from lm_zoo.models import RecurrentLM, init_params
-from lm_zoo.training import EvalResult, evaluate_stream, make_eval_step
+from lm_zoo.training import EvalResult, evaluate_stream, make_eval_step, tune_temperature
 from lm_zoo.training.steps import (make_mc_dropout_eval_step, mc_dropout_carries,
                                    with_dropout_scaled)
 
@@ -117,3 +118,29 @@ def test_dropout_multiplier_scales_every_rate():
     with_dropout_scaled(model, 3.0)
   with pytest.raises(ValueError, match='at least one'):
     make_mc_dropout_eval_step(model, 0)
+
+
+@pytest.mark.parametrize('true_temperature', [0.7, 1.4])
+def test_tuned_temperature_recovers_the_sampling_temperature(true_temperature):
+  """On text sampled from the model at temperature T*, the validation loss is
+  lowest near T*; the search lands where a grid of real evaluations does."""
+  model = _model()
+  params = perturb(init_params(model, jax.random.key(0)))
+  params['softmax']['kernel'] = params['softmax']['kernel'] * 3  # peaked predictions
+  sampled = sample(model, params, np.zeros((1, 1)), 1500, jax.random.key(1),
+                   temperature=true_temperature)[0]
+  stream = np.concatenate([[0], sampled]).astype(np.int32)
+  step = make_eval_step(model)
+  loss_at = lambda t: evaluate_stream(step, params, model.initialize_carry(1), stream, 1,
+                                      100, temperature=t).loss
+  grid = np.linspace(0.5, 2.0, 31)
+  losses = [loss_at(t) for t in grid]
+  tuned = tune_temperature(loss_at, 0.5, 2.0, tolerance=0.01)
+  assert abs(tuned - grid[int(np.argmin(losses))]) <= 0.05
+  assert loss_at(tuned) <= min(losses) + 1e-4
+  assert abs(tuned - true_temperature) < 0.15 * true_temperature
+
+
+def test_tune_temperature_bad_range():
+  with pytest.raises(ValueError, match='low < high'):
+    tune_temperature(lambda t: t, 2.0, 0.5)

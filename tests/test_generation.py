@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from lm_zoo.generation import sample
+from lm_zoo.data import Vocab
+from lm_zoo.generation import beam_search, encode_prompt, generate_text, greedy, sample
 from lm_zoo.models import RecurrentLM, init_params
 
 
@@ -42,3 +43,105 @@ def test_bad_arguments(lm):
     sample(model, params, np.ones((1, 1)), 3, jax.random.key(0), temperature=0)
   with pytest.raises(ValueError, match='prompt'):
     sample(model, params, np.ones((3,)), 3, jax.random.key(0))
+
+
+def _sequence_log_prob(model, params, prompt, continuations):
+  """log p(continuation | prompt) of each row of `continuations` (N, L) or
+  of one (L,), by running the model over prompt and continuation at once."""
+  rows = np.atleast_2d(continuations)
+  tokens = np.concatenate([np.tile(prompt, (len(rows), 1)), rows], 1).astype(np.int32)
+  logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(len(rows)))
+  logits = np.asarray(logits, np.float64)
+  log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  steps = np.arange(len(prompt) - 1, tokens.shape[1] - 1)
+  targets = tokens[:, steps + 1, None]
+  scores = np.take_along_axis(log_p[:, steps], targets, -1).sum((1, 2))
+  return scores if np.ndim(continuations) == 2 else scores[0]
+
+
+@pytest.fixture(scope='module')
+def peaked_lm():
+  """A bigger random model, with logits scaled so that decoders disagree."""
+  model = RecurrentLM(vocab_size=13, embed_size=6, hidden_sizes=(8,))
+  params = init_params(model, jax.random.key(3))
+  params['softmax']['kernel'] = params['softmax']['kernel'] * 8
+  return model, params
+
+
+def test_beam_width_one_is_greedy_and_temperature_near_zero_is_argmax(peaked_lm):
+  model, params = peaked_lm
+  prompt = np.array([1, 4, 2])
+  best = greedy(model, params, prompt[None], 10)[0]
+  beam, score = beam_search(model, params, prompt, 10, beam_width=1)
+  np.testing.assert_array_equal(beam, best)
+  np.testing.assert_allclose(score, _sequence_log_prob(model, params, prompt, best),
+                             rtol=1e-4)
+  cold = sample(model, params, np.tile(prompt, (4, 1)), 10, jax.random.key(0),
+                temperature=1e-4)
+  np.testing.assert_array_equal(cold, np.tile(best, (4, 1)))
+  top1 = sample(model, params, prompt[None], 10, jax.random.key(1), top_k=1)[0]
+  np.testing.assert_array_equal(top1, best)
+
+
+def test_wider_beams_find_likelier_sequences_and_score_them_right(peaked_lm):
+  model, params = peaked_lm
+  prompt = np.array([3])
+  scores = []
+  for width in (1, 3, 13):
+    tokens, score = beam_search(model, params, prompt, 6, beam_width=width)
+    np.testing.assert_allclose(score, _sequence_log_prob(model, params, prompt, tokens),
+                               rtol=1e-4)
+    scores.append(score)
+  assert scores[0] <= scores[1] + 1e-5 and scores[0] <= scores[2] + 1e-5
+  # Width = vocab size on 2 steps is exhaustive: the best of all 13 x 13 pairs.
+  tokens, score = beam_search(model, params, prompt, 2, beam_width=13)
+  pairs = np.stack(np.meshgrid(np.arange(13), np.arange(13)), -1).reshape(-1, 2)
+  every = _sequence_log_prob(model, params, prompt, pairs).max()
+  np.testing.assert_allclose(score, every, rtol=1e-5)
+
+
+def test_beam_search_stops_at_eos(peaked_lm):
+  model, params = peaked_lm
+  prompt = np.array([3])
+  free, _ = beam_search(model, params, prompt, 8, beam_width=3)
+  eos = int(free[2])  # a token the search emits: make it the end of sentence
+  tokens, score = beam_search(model, params, prompt, 8, beam_width=3, eos_id=eos)
+  end = list(tokens).index(eos)
+  assert (tokens[end:] == eos).all()
+  np.testing.assert_allclose(
+      score, _sequence_log_prob(model, params, prompt, tokens[:end + 1]), rtol=1e-4)
+
+
+def test_top_k_draws_from_the_renormalised_top_k(lm):
+  model, params = lm
+  prompt = np.full((4000, 1), 2)
+  logits, _ = model.apply({'params': params}, prompt[:1], model.initialize_carry(1))
+  logits = np.asarray(logits[0, -1], np.float64)
+  top = np.argsort(logits)[-3:]
+  probs = np.zeros(7)
+  probs[top] = np.exp(logits[top]) / np.exp(logits[top]).sum()
+  first = sample(model, params, prompt, 1, jax.random.key(0), top_k=3)[:, 0]
+  freq = np.bincount(first, minlength=7) / len(first)
+  np.testing.assert_allclose(freq, probs, atol=0.03)
+  assert set(first) <= set(top)
+
+
+def test_prompts_from_text():
+  vocab = Vocab(('<unk>', '<eos>', 'the', 'cat'))
+  np.testing.assert_array_equal(encode_prompt(vocab, 'the dog cat'), [1, 2, 0, 3])
+  np.testing.assert_array_equal(encode_prompt(vocab, ''), [1])  # from scratch
+  with pytest.raises(ValueError, match="'dog' is not in the vocabulary"):
+    encode_prompt(Vocab(('<eos>', 'the')), 'the dog')
+  chars = Vocab(('<eos>', '_', 'a', 'b'), kind='char')
+  np.testing.assert_array_equal(encode_prompt(chars, 'ab a'), [0, 2, 3, 1, 2])
+
+
+def test_generate_text_continues_the_prompt():
+  vocab = Vocab(('<unk>', '<eos>', 'a', 'b', 'c', 'd', 'e'))
+  model = RecurrentLM(vocab_size=7, embed_size=4, hidden_sizes=(5,))
+  params = init_params(model, jax.random.key(0))
+  texts = generate_text(model, params, vocab, 'a b', num_tokens=4, num_samples=2, seed=1)
+  assert len(texts) == 2 and all(t.startswith('a b') for t in texts)
+  assert texts == generate_text(model, params, vocab, 'a b', 4, 2, seed=1)
+  beam = generate_text(model, params, vocab, 'a b', 4, beam_width=3)
+  assert len(beam) == 1 and beam[0].startswith('a b')

@@ -28,6 +28,26 @@ def test_train_then_evaluate(data_dir, tmp_path):
   assert evaluate.returncode == 0, evaluate.stderr
   assert f"test: perplexity {summary['test']['perplexity']:.2f}" in evaluate.stdout
 
+  extras = run_script(['launch/evaluate.py', f'--workdir={workdir}', '--splits=valid',
+                       '--mc_samples=2', '--dropout_scale=0', '--temperature=tune'],
+                      {'LM_ZOO_DATA': str(data_dir)})
+  assert extras.returncode == 0, extras.stderr
+  assert 'MC dropout: 2 samples, rates x 0' in extras.stdout
+  # Zero dropout: every MC sample is the deterministic model; a tuned
+  # temperature can only lower the validation loss.
+  tuned_ppl = float(extras.stdout.split('perplexity ')[1].split()[0])
+  assert tuned_ppl <= summary['valid']['perplexity'] + 0.01
+
+  generate = run_script(['launch/generate.py', f'--workdir={workdir}',
+                         '--prompt=the company', '--num_tokens=6', '--num_samples=2',
+                         '--seed=3'], {'LM_ZOO_DATA': str(data_dir)})
+  assert generate.returncode == 0, generate.stderr
+  lines = generate.stdout.strip().splitlines()
+  assert len(lines) == 2 and all(line.startswith('the company') for line in lines)
+  beam = run_script(['launch/generate.py', f'--workdir={workdir}', '--beam_width=3',
+                     '--num_tokens=6'], {'LM_ZOO_DATA': str(data_dir)})
+  assert beam.returncode == 0 and len(beam.stdout.strip().splitlines()) == 1
+
 
 def test_clear_errors_instead_of_tracebacks(tmp_path):
   no_data = run_script(['launch/train.py', '--config=experiments/default.py',
@@ -41,3 +61,6 @@ def test_clear_errors_instead_of_tracebacks(tmp_path):
   not_a_run = run_script(['launch/evaluate.py', f'--workdir={tmp_path / "empty"}'])
   assert not_a_run.returncode != 0 and 'error:' in not_a_run.stderr
   assert 'Traceback' not in not_a_run.stderr
+  bad_temperature = run_script(['launch/evaluate.py', f'--workdir={tmp_path}',
+                                '--temperature=warm'])
+  assert bad_temperature.returncode != 0 and '--temperature' in bad_temperature.stderr

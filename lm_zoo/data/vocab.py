@@ -40,13 +40,17 @@ class Vocab:
     index = self._index
     return np.fromiter((index[t] for t in tokens), dtype=np.int32)
 
+  def tokenize(self, text: str) -> list[str]:
+    """Raw text as tokens, the way the corpus files are tokenised."""
+    if self.kind == 'word':
+      return text.split()
+    if self.kind == 'char':
+      return ['_' if ch == ' ' else ch for ch in text]
+    return [chr(b) for b in text.encode('utf-8')]
+
   def encode_text(self, text: str) -> np.ndarray:
     """Encodes raw text the way the corpus files are tokenised."""
-    if self.kind == 'word':
-      return self.encode(text.split())
-    if self.kind == 'char':
-      return self.encode('_' if ch == ' ' else ch for ch in text)
-    return self.encode(chr(b) for b in text.encode('utf-8'))
+    return self.encode(self.tokenize(text))
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     tokens = [self.tokens[int(i)] for i in np.asarray(ids).reshape(-1)]

@@ -1,9 +1,10 @@
 """Training, evaluation and checkpoints."""
 
 from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.evaluation import EvalResult, evaluate_stream
+from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
 from lm_zoo.training.loop import (Progress, create_train_state, evaluate_split,
-                                  evaluate_workdir, load_config, load_data, sample_text,
+                                  evaluate_workdir, load_config, load_data, load_trained,
+                                  sample_text,
                                   train_and_evaluate)
 from lm_zoo.training.metrics import MetricsWriter, read_metrics
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
@@ -13,6 +14,7 @@ __all__ = [
     'Checkpoints', 'EvalResult', 'MetricsWriter', 'Progress', 'TrainState',
     'create_train_state', 'epoch_learning_rate', 'evaluate_split', 'evaluate_stream',
     'evaluate_workdir',
-    'load_config', 'load_data', 'make_eval_step', 'make_optimizer', 'make_train_step',
+    'load_config', 'load_data', 'load_trained', 'make_eval_step', 'make_optimizer', 'make_train_step',
     'read_metrics', 'sample_text', 'set_learning_rate', 'token_nll', 'train_and_evaluate',
+    'tune_temperature',
 ]

@@ -14,11 +14,13 @@ from lm_zoo.data import BatchedStream
 
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
-  """Mean NLL in nats per token over `num_tokens` scored tokens."""
+  """Mean NLL in nats per token over `num_tokens` scored tokens, at a
+  softmax `temperature`."""
 
   loss: float
   num_tokens: int
   unit: str = 'word'
+  temperature: float = 1.0
 
   @property
   def perplexity(self) -> float:
@@ -35,7 +37,8 @@ class EvalResult:
 
   def as_dict(self) -> dict[str, float]:
     return {'loss': self.loss, 'perplexity': self.perplexity,
-            'bits_per_token': self.bits_per_token, 'num_tokens': self.num_tokens}
+            'bits_per_token': self.bits_per_token, 'num_tokens': self.num_tokens,
+            'temperature': self.temperature}
 
 
 def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
@@ -55,4 +58,32 @@ def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
                                 window.weights, temperature)
     sums.append((nll, n))  # fetched once at the end, so dispatch stays async
   total, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
-  return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit)
+  return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit,
+                    temperature=float(temperature))
+
+
+def tune_temperature(loss_at: Callable[[float], float], low: float = 0.5,
+                     high: float = 2.0, tolerance: float = 0.01) -> float:
+  """The softmax temperature in [low, high] that minimises `loss_at(T)`
+  (the validation loss), by golden-section search on 1/T.
+
+  The NLL of softmax(z / T) is convex in 1/T (a log-sum-exp minus a linear
+  term), so the search cannot stop at a false minimum. It costs about
+  log(range / tolerance) / log(1.618) evaluations: 11 for the defaults.
+  """
+  if not 0 < low < high:
+    raise ValueError(f'need 0 < low < high, got low={low}, high={high}')
+  ratio = (math.sqrt(5) - 1) / 2
+  a, b = 1 / high, 1 / low  # bounds on beta = 1 / T
+  c, d = b - ratio * (b - a), a + ratio * (b - a)
+  loss_c, loss_d = loss_at(1 / c), loss_at(1 / d)
+  while 1 / a - 1 / b > tolerance:
+    if loss_c < loss_d:
+      b, d, loss_d = d, c, loss_c
+      c = b - ratio * (b - a)
+      loss_c = loss_at(1 / c)
+    else:
+      a, c, loss_c = c, d, loss_d
+      d = a + ratio * (b - a)
+      loss_d = loss_at(1 / d)
+  return 1 / c if loss_c < loss_d else 1 / d

@@ -21,10 +21,11 @@ from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.training.averaging import averaged_params, should_start_averaging, start_averaging
 from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.evaluation import EvalResult, evaluate_stream
+from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
 from lm_zoo.training.metrics import MetricsWriter
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
-from lm_zoo.training.steps import TrainState, make_eval_step, make_train_step
+from lm_zoo.training.steps import (TrainState, make_eval_step, make_mc_dropout_eval_step,
+                                   make_train_step, mc_dropout_carries, with_dropout_scaled)
 
 CONFIG_FILE = 'config.json'
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
@@ -121,8 +122,7 @@ def evaluate_split(model: RecurrentLM, params: Any, corpus: Corpus, split: str,
 def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
                 num_tokens: int, seed: int, temperature: float) -> list[str]:
   """`num_lines` samples, each started after an end of sentence."""
-  prompt = np.full((num_lines, 1), corpus.vocab.id('<eos>') if '<eos>' in corpus.vocab
-                   else 0, np.int32)
+  prompt = np.full((num_lines, 1), generation.start_id(corpus.vocab), np.int32)
   ids = generation.sample(model, params, prompt, num_tokens, jax.random.key(seed),
                           temperature)
   return [corpus.vocab.decode(row).strip().replace('\n', ' | ') for row in ids]
@@ -294,10 +294,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   return summary
 
 
-def evaluate_workdir(workdir: str | pathlib.Path, splits=('valid', 'test'),
-                     batch_size: int = 0, data_dir: str | None = None
-                     ) -> dict[str, EvalResult]:
-  """Evaluates the best checkpoint of a work directory on `splits`."""
+def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
+                 ) -> tuple[ml_collections.ConfigDict, Corpus, RecurrentLM, Any]:
+  """(config, corpus, model, best parameters) of a work directory."""
   config = load_config(workdir)
   if data_dir:
     config.data.data_dir = data_dir
@@ -308,7 +307,47 @@ def evaluate_workdir(workdir: str | pathlib.Path, splits=('valid', 'test'),
   if best is None:
     raise ConfigError(f'no best checkpoint in {workdir}/best: training has not '
                       'finished an epoch yet')
-  params, _ = best
+  return config, corpus, model, best[0]
+
+
+def evaluate_workdir(workdir: str | pathlib.Path, splits=('valid', 'test'),
+                     batch_size: int = 0, data_dir: str | None = None,
+                     mc_samples: int = 0, dropout_scale: float = 1.0,
+                     temperature: float | str = 1.0, seed: int = 0
+                     ) -> dict[str, EvalResult]:
+  """Evaluates the best checkpoint of a work directory on `splits`.
+
+  Args:
+    batch_size: evaluation batch size; 0 takes the config's test_batch_size.
+    mc_samples: > 0 averages the predicted probabilities over that many
+      dropout masks (Monte-Carlo dropout), the model's dropout rates
+      multiplied by `dropout_scale`; 0 evaluates with dropout off.
+    temperature: the softmax temperature, or 'tune' for the one that
+      minimises the validation loss (`tune_temperature`), then used on every
+      split; each result records its temperature.
+    seed: the MC-dropout masks' seed.
+  """
+  config, corpus, model, params = load_trained(workdir, data_dir)
   batch_size = batch_size or config.data.test_batch_size
-  return {split: evaluate_split(model, params, corpus, split, batch_size,
-                                config.data.bptt) for split in splits}
+  if mc_samples > 0:
+    try:
+      model = with_dropout_scaled(model, dropout_scale)
+    except ValueError as err:
+      raise ConfigError(f'dropout_scale: {err}') from err
+    eval_step = make_mc_dropout_eval_step(model, mc_samples)
+    carries = lambda: mc_dropout_carries(model, batch_size, mc_samples,
+                                         jax.random.key(seed))
+  else:
+    eval_step = make_eval_step(model)
+    carries = lambda: model.initialize_carry(batch_size)
+
+  def evaluate(split: str, temperature: float) -> EvalResult:
+    return evaluate_stream(eval_step, params, carries(), corpus.split(split), batch_size,
+                           config.data.bptt, corpus.unit, temperature)
+
+  if temperature == 'tune':
+    temperature = tune_temperature(lambda t: evaluate('valid', t).loss)
+    log.info('softmax temperature %.3f minimises the validation loss', temperature)
+  elif isinstance(temperature, str) or temperature <= 0:
+    raise ConfigError(f"temperature must be a positive number or 'tune', got {temperature!r}")
+  return {split: evaluate(split, temperature) for split in splits}
