@@ -42,6 +42,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   temperature = _temperature(FLAGS.temperature)
+  if FLAGS.dropout_scale != 1.0 and not FLAGS.mc_samples:
+    raise app.UsageError('--dropout_scale applies to MC dropout only: set --mc_samples')
   results = cli.run(lambda: evaluate_workdir(
       FLAGS.workdir, FLAGS.splits, FLAGS.batch_size, FLAGS.data_dir,
       mc_samples=FLAGS.mc_samples, dropout_scale=FLAGS.dropout_scale,

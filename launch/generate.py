@@ -34,6 +34,9 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  if FLAGS.beam_width > 1 and (FLAGS.temperature != 1.0 or FLAGS.top_k):
+    raise app.UsageError('--temperature and --top_k apply to sampling, not to beam '
+                         'search (--beam_width > 1)')
 
   def generate():
     _, corpus, model, params = load_trained(FLAGS.workdir, FLAGS.data_dir)

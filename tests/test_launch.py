@@ -39,11 +39,11 @@ def test_train_then_evaluate(data_dir, tmp_path):
   assert tuned_ppl <= summary['valid']['perplexity'] + 0.01
 
   generate = run_script(['launch/generate.py', f'--workdir={workdir}',
-                         '--prompt=the company', '--num_tokens=6', '--num_samples=2',
-                         '--seed=3'], {'LM_ZOO_DATA': str(data_dir)})
+                         '--prompt=the company xyzzy', '--num_tokens=6', '--num_samples=2',
+                         '--top_k=5', '--seed=3'], {'LM_ZOO_DATA': str(data_dir)})
   assert generate.returncode == 0, generate.stderr
   lines = generate.stdout.strip().splitlines()
-  assert len(lines) == 2 and all(line.startswith('the company') for line in lines)
+  assert len(lines) == 2 and all(line.startswith('the company <unk>') for line in lines)
   beam = run_script(['launch/generate.py', f'--workdir={workdir}', '--beam_width=3',
                      '--num_tokens=6'], {'LM_ZOO_DATA': str(data_dir)})
   assert beam.returncode == 0 and len(beam.stdout.strip().splitlines()) == 1
@@ -61,6 +61,11 @@ def test_clear_errors_instead_of_tracebacks(tmp_path):
   not_a_run = run_script(['launch/evaluate.py', f'--workdir={tmp_path / "empty"}'])
   assert not_a_run.returncode != 0 and 'error:' in not_a_run.stderr
   assert 'Traceback' not in not_a_run.stderr
-  bad_temperature = run_script(['launch/evaluate.py', f'--workdir={tmp_path}',
-                                '--temperature=warm'])
-  assert bad_temperature.returncode != 0 and '--temperature' in bad_temperature.stderr
+  for script, bad_flags in (('evaluate', ['--temperature=warm']),
+                            ('evaluate', ['--dropout_scale=0.5']),
+                            ('generate', ['--beam_width=3', '--top_k=5'])):
+    refused = run_script([f'launch/{script}.py', f'--workdir={tmp_path}', *bad_flags])
+    assert refused.returncode != 0 and bad_flags[-1].split('=')[0] in refused.stderr
+    assert 'Traceback' not in refused.stderr
+  no_run = run_script(['launch/generate.py', f'--workdir={tmp_path / "empty"}'])
+  assert no_run.returncode != 0 and 'error:' in no_run.stderr
