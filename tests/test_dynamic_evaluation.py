@@ -1,0 +1,147 @@
+"""Dynamic evaluation: each transformation against a hand-written step, decay
+toward the trained weights, score-before-update in the scan, and the guards."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import perturb
+from lm_zoo.errors import TrainingError
+from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.optim import dynamic_evaluate, dynamic_rms, dynamic_sgd, rms_training_gradients
+from lm_zoo.training import evaluate_stream, make_eval_step
+from lm_zoo.training.steps import token_nll
+
+V = 11
+STREAM = np.random.default_rng(0).integers(0, V, 61).astype(np.int32)
+TRAINED = {'a': jnp.array([1.0, -2.0, 0.5]), 'b': jnp.array([[3.0]])}
+PARAMS = {'a': jnp.array([1.5, -1.0, 0.0]), 'b': jnp.array([[2.0]])}
+GRADS = {'a': jnp.array([0.2, -0.4, 1.0]), 'b': jnp.array([[-3.0]])}
+MS = {'a': jnp.array([0.1, 0.2, 0.6]), 'b': jnp.array([[1.1]])}  # mean 0.5
+
+
+def _flat(tree):
+  return np.concatenate([np.ravel(tree['a']), np.ravel(tree['b'])]).astype(np.float64)
+
+
+def test_sgd_step_by_hand():
+  tx = dynamic_sgd(learning_rate=0.1, decay=0.02)
+  updates, _ = tx.update(GRADS, tx.init(TRAINED), PARAMS)
+  expected = -0.1 * _flat(GRADS) + 0.02 * (_flat(TRAINED) - _flat(PARAMS))
+  np.testing.assert_allclose(_flat(updates), expected, rtol=1e-6)
+  plain = dynamic_sgd(0.1)
+  updates, _ = plain.update(GRADS, plain.init(TRAINED), PARAMS)
+  np.testing.assert_allclose(_flat(updates), -0.1 * _flat(GRADS), rtol=1e-6)
+
+
+@pytest.mark.parametrize('clip', ['lamb', 'krause'])
+def test_rms_step_by_hand(clip):
+  eta, lam, eps = 0.01, 0.5, 1e-3
+  tx = dynamic_rms(eta, lam, eps, MS, decay_clip=clip)
+  updates, _ = tx.update(GRADS, tx.init(TRAINED), PARAMS)
+  ms = _flat(MS)
+  ratio = ms / ms.mean()  # (0.2, 0.4, 1.2, 2.2)
+  rate = np.minimum(1.0 if clip == 'lamb' else 1 / lam, ratio)
+  expected = (-eta * _flat(GRADS) / (ms + eps)
+              + lam * rate * (_flat(TRAINED) - _flat(PARAMS)))
+  np.testing.assert_allclose(_flat(updates), expected, rtol=1e-5)
+  # The clips differ only where MS / mean(MS) > 1: the last two coordinates.
+  assert (rate[2:] != ratio[2:]).all() == (clip == 'lamb')
+
+
+@pytest.mark.parametrize('make', [lambda: dynamic_sgd(0.1, decay=0.3),
+                                  lambda: dynamic_rms(0.1, 0.3, 1e-8, MS)])
+def test_decay_with_zero_gradients_returns_to_the_trained_weights(make):
+  tx = make()
+  state, params = tx.init(TRAINED), PARAMS
+  zeros = jax.tree.map(jnp.zeros_like, GRADS)
+  for _ in range(400):
+    updates, state = tx.update(zeros, state, params)
+    params = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(_flat(params), _flat(TRAINED), atol=1e-6)
+
+
+@pytest.fixture(scope='module')
+def lm():
+  model = RecurrentLM(vocab_size=V, embed_size=5, hidden_sizes=(6,))
+  return model, perturb(init_params(model, jax.random.key(0)))
+
+
+def _python_loop(model, params, tx, stream, segment):
+  """Reference: score a segment with the current weights, then step on it."""
+  state, carries, scores = tx.init(params), model.initialize_carry(1), []
+  for start in range(0, len(stream) - 1, segment):
+    x = stream[None, start:start + segment]
+    y = stream[None, start + 1:start + segment + 1]
+    x = x[:, :y.shape[1]]
+
+    def loss(p, carries=carries, x=x, y=y):
+      logits, new = model.apply({'params': p}, x, carries)
+      total, count = token_nll(logits, y, np.ones(y.shape, np.float32))
+      return total / count, (total, new)
+
+    grads, (total, carries) = jax.grad(loss, has_aux=True)(params)
+    scores.append(float(total))
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return np.array(scores), params
+
+
+def test_scan_scores_each_segment_before_updating_on_it(lm):
+  model, params = lm
+  tx = dynamic_sgd(learning_rate=3.0)  # deliberately large: updates change scores a lot
+  out = dynamic_evaluate(model, params, tx, STREAM, segment_length=7)
+  static = evaluate_stream(make_eval_step(model), params, model.initialize_carry(1),
+                           STREAM[:8], 1, 7)
+  # The first segment is scored with the trained weights, before any update.
+  np.testing.assert_allclose(out.segment_nll[0], static.loss * 7, rtol=1e-5)
+  reference, final = _python_loop(model, params, tx, STREAM, 7)
+  np.testing.assert_allclose(out.segment_nll, reference, rtol=1e-4)
+  np.testing.assert_allclose(_flat_params(out.params), _flat_params(final), rtol=1e-4,
+                             atol=1e-5)
+  assert out.result.num_tokens == 60 and out.segment_tokens.sum() == 60
+  whole = evaluate_stream(make_eval_step(model), params, model.initialize_carry(1),
+                          STREAM, 1, 7)
+  assert abs(out.result.loss - whole.loss) > 1e-3  # the updates did change the scores
+
+
+def _flat_params(tree):
+  return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+
+
+def test_zero_learning_rate_is_static_evaluation(lm):
+  model, params = lm
+  out = dynamic_evaluate(model, params, dynamic_sgd(0.0), STREAM, segment_length=9,
+                         batch_size=2)
+  static = evaluate_stream(make_eval_step(model), params, model.initialize_carry(2),
+                           STREAM, 2, 9)
+  np.testing.assert_allclose(out.result.loss, static.loss, rtol=1e-5)
+
+
+def test_divergence_is_an_error_not_a_number(lm):
+  model, params = lm
+  with pytest.raises(TrainingError, match='dynamic evaluation diverged'):
+    dynamic_evaluate(model, params, dynamic_sgd(1e4), STREAM, segment_length=5)
+  with pytest.raises(TrainingError, match='above 1.000'):  # an exploding, finite loss
+    dynamic_evaluate(model, params, dynamic_sgd(0.0), STREAM, 5, max_loss=1.0)
+
+
+def test_rms_training_gradients_by_hand(lm):
+  model, params = lm
+  ms = rms_training_gradients(model, params, STREAM, batch_size=2, bptt=10, num_batches=2)
+  carries, squares = model.initialize_carry(2), []
+  inputs = STREAM[:60].reshape(2, 30)
+  targets = STREAM[1:61].reshape(2, 30)
+  for start in (0, 10):
+    x, y = inputs[:, start:start + 10], targets[:, start:start + 10]
+
+    def loss(p, carries=carries, x=x, y=y):
+      logits, new = model.apply({'params': p}, x, carries)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new
+
+    grads, carries = jax.grad(loss, has_aux=True)(params)
+    squares.append(_flat_params(grads) ** 2)
+  np.testing.assert_allclose(_flat_params(ms), np.sqrt(np.mean(squares, 0)), rtol=1e-4,
+                             atol=1e-7)
