@@ -3,12 +3,15 @@
   python launch/evaluate.py --workdir=runs/x [--batch_size=1] [--splits=valid,test]
   python launch/evaluate.py --workdir=runs/x --mc_samples=50 --dropout_scale=0.8
   python launch/evaluate.py --workdir=runs/x --temperature=tune
+  python launch/evaluate.py --workdir=runs/x --dyneval=rms \
+      --dyneval_lr=3e-5,1e-4,3e-4 --dyneval_decay=0,1e-3 --dyneval_eps=1e-3
 """
 
 from absl import app, flags
 
 from lm_zoo import cli
 from lm_zoo.training import evaluate_workdir
+from lm_zoo.training.dynamic_evaluation import dynamic_evaluate_workdir
 
 flags.DEFINE_string('workdir', None, 'A work directory written by launch/train.py.',
                     required=True)
@@ -26,6 +29,21 @@ flags.DEFINE_string('temperature', '1', "Softmax temperature (logits are divided
                     "it), or 'tune' to pick the one minimising the validation loss "
                     'by golden-section search in [0.5, 2] and use it on every split.')
 flags.DEFINE_integer('seed', 0, 'Seed of the MC-dropout masks.')
+flags.DEFINE_enum('dyneval', '', ['', 'sgd', 'rms'], 'Dynamic evaluation: score each '
+                  'segment, then take a gradient step on it (sgd), or an RMS-normalised '
+                  'step decaying toward the trained weights (rms); empty: static.')
+flags.DEFINE_list('dyneval_lr', ['1e-4'], 'Dynamic evaluation learning rates; with '
+                  'several values (in any --dyneval_* list) every combination is '
+                  'scored on valid and the best is used on every split.')
+flags.DEFINE_list('dyneval_decay', ['0'], 'Decay rates toward the trained weights.')
+flags.DEFINE_list('dyneval_eps', ['1e-3'], 'RMS epsilon values, added to the RMS of '
+                  'training gradients.')
+flags.DEFINE_list('dyneval_segment', ['5'], 'Segment lengths (tokens per update).')
+flags.DEFINE_enum('dyneval_clip', 'lamb', ['lamb', 'krause'], "RMS decay clip: the "
+                  "per-coordinate decay rate at most 1 (lamb) or 1/decay (Krause).")
+flags.DEFINE_integer('dyneval_ms_batches', 100, 'RMS: training windows the gradient '
+                     'statistics are estimated from.')
+flags.DEFINE_integer('dyneval_ms_batch_size', 64, 'RMS: rows of those windows.')
 FLAGS = flags.FLAGS
 
 
@@ -38,9 +56,34 @@ def _temperature(value: str) -> float | str:
     raise app.UsageError(f"--temperature must be a number or 'tune', got {value!r}")
 
 
+def _numbers(flag: str, kind=float) -> list:
+  try:
+    return [kind(v) for v in FLAGS[flag].value]
+  except ValueError:
+    raise app.UsageError(f'--{flag} must be a list of numbers, got '
+                         f'{",".join(FLAGS[flag].value)}')
+
+
+def dynamic_evaluation() -> None:
+  if FLAGS.mc_samples or FLAGS.temperature != '1':
+    raise app.UsageError('--dyneval does not combine with --mc_samples or --temperature')
+  report = cli.run(lambda: dynamic_evaluate_workdir(
+      FLAGS.workdir, FLAGS.dyneval, _numbers('dyneval_lr'), _numbers('dyneval_decay'),
+      _numbers('dyneval_eps'), _numbers('dyneval_segment', int), FLAGS.dyneval_clip,
+      FLAGS.splits, FLAGS.batch_size or 1, FLAGS.dyneval_ms_batches,
+      FLAGS.dyneval_ms_batch_size, FLAGS.data_dir))
+  for settings, loss in report.trials:
+    print(f'search: valid loss {loss:.4f} with {settings}')
+  for split, result in report.results.items():
+    print(f'{split}: {result.summary()}  (loss {result.loss:.4f} nats/token, '
+          f'{result.num_tokens:,} tokens; dynamic evaluation {report.settings})')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  if FLAGS.dyneval:
+    return dynamic_evaluation()
   temperature = _temperature(FLAGS.temperature)
   if FLAGS.dropout_scale != 1.0 and not FLAGS.mc_samples:
     raise app.UsageError('--dropout_scale applies to MC dropout only: set --mc_samples')

@@ -48,6 +48,17 @@ def test_train_then_evaluate(data_dir, tmp_path):
                      '--num_tokens=6'], {'LM_ZOO_DATA': str(data_dir)})
   assert beam.returncode == 0 and len(beam.stdout.strip().splitlines()) == 1
 
+  dyneval = run_script(['launch/evaluate.py', f'--workdir={workdir}', '--dyneval=rms',
+                        '--dyneval_lr=0,1e-3', '--dyneval_decay=0', '--dyneval_segment=5',
+                        '--dyneval_ms_batches=2', '--dyneval_ms_batch_size=2'],
+                       {'LM_ZOO_DATA': str(data_dir)})
+  assert dyneval.returncode == 0, dyneval.stderr
+  out = dyneval.stdout
+  assert out.count('search: valid loss') == 2 and 'test: perplexity' in out
+  # Learning rate 0 is static evaluation at batch 1; the search keeps the best.
+  valid_ppl = float(out.split('valid: perplexity ')[1].split()[0])
+  assert valid_ppl <= summary['valid']['perplexity'] + 0.01
+
 
 def test_clear_errors_instead_of_tracebacks(tmp_path):
   no_data = run_script(['launch/train.py', '--config=experiments/default.py',
