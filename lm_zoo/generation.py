@@ -178,7 +178,9 @@ def generate_text(model: RecurrentLM, params: Any, vocab: Vocab, prompt: str = '
   ids = encode_prompt(vocab, prompt)
   if beam_width > 1:
     eos_id = vocab.id(EOS) if EOS in vocab else None
-    rows = [beam_search(model, params, ids, num_tokens, beam_width, eos_id)[0]]
+    tokens, _ = beam_search(model, params, ids, num_tokens, beam_width, eos_id)
+    ended = np.flatnonzero(tokens == eos_id)
+    rows = [tokens[:ended[0]] if ended.size else tokens]  # the sentence, not its padding
   else:
     rows = sample(model, params, np.tile(ids, (num_samples, 1)), num_tokens,
                   jax.random.key(seed), temperature, top_k)

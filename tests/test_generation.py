@@ -144,4 +144,4 @@ def test_generate_text_continues_the_prompt():
   assert len(texts) == 2 and all(t.startswith('a b') for t in texts)
   assert texts == generate_text(model, params, vocab, 'a b', 4, 2, seed=1)
   beam = generate_text(model, params, vocab, 'a b', 4, beam_width=3)
-  assert len(beam) == 1 and beam[0].startswith('a b')
+  assert len(beam) == 1 and beam[0].startswith('a b') and '\n' not in beam[0]
