@@ -1,0 +1,116 @@
+"""The meta-learned weight-update rule of the dynamical language model
+(Wolf et al. 2018, eq. 3; MODELS.md section 8) as an optax transformation.
+
+A coordinate-wise meta-learner g_phi maps, for every weight, the tuple
+(theta_{t-1}, L_t, grad_t, theta_0) to three gates and the rule
+
+  theta_t = f_t * theta_{t-1} + i_t * grad_t + z_t * theta_0
+
+COPYs the current weight, UPDATEs it along the gradient and FLUSHes it toward
+the static long-term memory theta_0 (the trained weights, with their diagonal
+Fisher information as precision: elastic weight consolidation).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from lm_zoo.optim.dynamic_evaluation import rms_training_gradients
+
+# (meta-parameters, features (..., NUM_FEATURES)) -> gates (f, i, z), each (...).
+GateFn = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+NUM_FEATURES = 5
+
+
+class LearnedUpdateState(NamedTuple):
+  """The static long-term memory: its mean theta_0 (the trained weights) and
+  diagonal precision (the diagonal Fisher information)."""
+  theta0: optax.Params
+  precision: optax.Params
+
+
+class GateNetwork(nn.Module):
+  """g_phi: a feed-forward net applied to every coordinate alone, its
+  parameters shared by all coordinates (Andrychowicz et al. 2016).
+
+  It reads the features of `coordinate_features` and returns the COPY gate
+  f = sigmoid(.), the UPDATE step i (unconstrained; negative descends) and
+  the FLUSH gate z = sigmoid(.). The output layer starts at zero, so the
+  initial rule is f = sigmoid(copy_logit), i = -learning_rate,
+  z = sigmoid(flush_logit) everywhere: SGD with a slight pull to theta_0.
+
+  Attributes:
+    hidden: width of the hidden layer.
+    learning_rate: the initial UPDATE step size.
+    copy_logit, flush_logit: the initial gate logits.
+  """
+
+  hidden: int = 16
+  learning_rate: float = 1e-3
+  copy_logit: float = 5.0
+  flush_logit: float = -5.0
+
+  @nn.compact
+  def __call__(self, features: jax.Array):
+    h = jnp.tanh(nn.Dense(self.hidden, name='hidden')(features))
+    bias = jnp.array([self.copy_logit, -self.learning_rate, self.flush_logit])
+    out = nn.Dense(3, kernel_init=nn.initializers.zeros_init(),
+                   bias_init=lambda *_: bias, name='gates')(h)
+    return jax.nn.sigmoid(out[..., 0]), out[..., 1], jax.nn.sigmoid(out[..., 2])
+
+
+def coordinate_features(param, grad, theta0, precision, loss) -> jax.Array:
+  """Per coordinate: (theta - theta_0, grad, theta_0, log precision, L_t),
+  shape (..., NUM_FEATURES). The loss is broadcast to every coordinate."""
+  return jnp.stack([param - theta0, grad, theta0, jnp.log(precision + 1e-12),
+                    jnp.broadcast_to(loss, param.shape)], axis=-1)
+
+
+def learned_update_rule(gate_fn: GateFn, precision: optax.Params | None = None
+                        ) -> optax.GradientTransformationExtraArgs:
+  """The learned rule of eq. (3) as an optax transformation.
+
+  `init(params)` stores theta_0 = params (the trained weights) with
+  `precision`. `update(grads, state, params, meta_params=..., loss=...)`
+  returns theta_t - theta_{t-1}, so `optax.apply_updates` gives theta_t; the
+  meta-parameters and the loss L_t arrive as extra arguments, which
+  `optax.chain` passes through.
+
+  Args:
+    gate_fn: (meta_params, features) -> (f, i, z), for example
+      `GateNetwork().apply`.
+    precision: the diagonal precision of theta_0 (`diagonal_fisher`), a tree
+      like the parameters; None gives ones.
+  """
+
+  def init_fn(params):
+    return LearnedUpdateState(
+        theta0=params,
+        precision=jax.tree.map(jnp.ones_like, params) if precision is None else precision)
+
+  def update_fn(grads, state, params=None, *, meta_params=None, loss=0.0, **extra):
+    del extra
+    if params is None or meta_params is None:
+      raise ValueError('the learned rule needs params and meta_params')
+
+    def rule(p, g, p0, precision):
+      f, i, z = gate_fn(meta_params, coordinate_features(p, g, p0, precision, loss))
+      return f * p + i * g + z * p0 - p
+
+    return jax.tree.map(rule, params, grads, state.theta0, state.precision), state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def diagonal_fisher(model, params: Any, stream, batch_size: int, bptt: int,
+                    num_batches: int) -> Any:
+  """The diagonal of the (empirical) Fisher information of the trained
+  weights: the mean squared gradient of the LM loss over `num_batches`
+  training windows, the precision of the long-term memory theta_0 (EWC)."""
+  return jax.tree.map(jnp.square, rms_training_gradients(model, params, stream, batch_size,
+                                                          bptt, num_batches))

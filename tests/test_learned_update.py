@@ -1,0 +1,82 @@
+"""The meta-learned update rule (eq. 3) against SGD, its gate network against
+NumPy, and the Fisher precision against squared gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from lm_zoo.optim import GateNetwork, coordinate_features, diagonal_fisher, learned_update_rule
+from lm_zoo.optim import rms_training_gradients
+from lm_zoo.models import RecurrentLM, init_params
+
+PARAMS = {'w': jnp.array([[0.5, -1.0], [2.0, 0.1]]), 'b': jnp.array([0.3, -0.2])}
+THETA0 = {'w': jnp.array([[0.4, -0.9], [1.5, 0.0]]), 'b': jnp.array([0.0, 0.1])}
+GRADS = {'w': jnp.array([[1.0, -2.0], [0.5, 0.25]]), 'b': jnp.array([-0.7, 0.2])}
+PRECISION = {'w': jnp.array([[1.0, 2.0], [0.5, 4.0]]), 'b': jnp.array([3.0, 0.1])}
+
+
+def _flat(tree):
+  return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)]).astype(np.float64)
+
+
+def test_gates_one_minus_eta_zero_are_sgd():
+  eta = 0.05
+  fixed = lambda meta, features: (jnp.ones(features.shape[:-1]),
+                                  -meta * jnp.ones(features.shape[:-1]),
+                                  jnp.zeros(features.shape[:-1]))
+  rule = learned_update_rule(fixed)
+  updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=eta, loss=2.0)
+  sgd = optax.sgd(eta)
+  expected, _ = sgd.update(GRADS, sgd.init(PARAMS))
+  np.testing.assert_allclose(_flat(updates), _flat(expected), rtol=1e-6)
+  # Inside optax.chain the meta-parameters travel as an extra argument.
+  chained = optax.chain(optax.clip_by_global_norm(1.0), rule)
+  updates, _ = chained.update(GRADS, chained.init(THETA0), PARAMS, meta_params=eta, loss=2.0)
+  clipped = _flat(GRADS) / np.linalg.norm(_flat(GRADS))
+  np.testing.assert_allclose(_flat(updates), -eta * clipped, rtol=1e-5)
+
+
+def test_rule_with_the_gate_network_against_numpy():
+  net = GateNetwork(hidden=4)
+  meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
+  rng = np.random.default_rng(0)
+  meta = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, jnp.float32),
+                      meta)
+  rule = learned_update_rule(net.apply, precision=PRECISION)
+  loss = 3.2
+  updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta, loss=loss)
+
+  p = jax.tree.map(lambda x: np.asarray(x, np.float64), meta['params'])
+  expected = []
+  for name in ('b', 'w'):  # the tree's leaf order
+    theta, g, t0, prec = (np.ravel(np.asarray(t[name], np.float64))
+                          for t in (PARAMS, GRADS, THETA0, PRECISION))
+    features = np.stack([theta - t0, g, t0, np.log(prec + 1e-12),
+                         np.full_like(theta, loss)], -1)
+    h = np.tanh(features @ p['hidden']['kernel'] + p['hidden']['bias'])
+    out = h @ p['gates']['kernel'] + p['gates']['bias']
+    f, i, z = 1 / (1 + np.exp(-out[:, 0])), out[:, 1], 1 / (1 + np.exp(-out[:, 2]))
+    expected.append(f * theta + i * g + z * t0 - theta)  # eq. (3) minus theta
+  np.testing.assert_allclose(_flat(updates), np.concatenate(expected), rtol=1e-4, atol=1e-6)
+
+
+def test_fresh_gate_network_starts_as_sgd_with_a_slight_pull_to_theta0():
+  net = GateNetwork(learning_rate=0.01)
+  meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
+  rule = learned_update_rule(net.apply)
+  updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta, loss=1.0)
+  f, z = 1 / (1 + np.exp(-5.0)), 1 / (1 + np.exp(5.0))
+  expected = (f - 1) * _flat(PARAMS) - 0.01 * _flat(GRADS) + z * _flat(THETA0)
+  np.testing.assert_allclose(_flat(updates), expected, rtol=1e-5, atol=1e-7)
+  assert coordinate_features(PARAMS['w'], GRADS['w'], THETA0['w'], PRECISION['w'],
+                             1.0).shape == (2, 2, 5)
+
+
+def test_fisher_is_the_squared_rms_gradient():
+  model = RecurrentLM(vocab_size=9, embed_size=4, hidden_sizes=(5,))
+  params = init_params(model, jax.random.key(0))
+  stream = np.random.default_rng(1).integers(0, 9, 41).astype(np.int32)
+  fisher = diagonal_fisher(model, params, stream, 2, 5, 3)
+  rms = rms_training_gradients(model, params, stream, 2, 5, 3)
+  np.testing.assert_allclose(_flat(fisher), _flat(rms) ** 2, rtol=1e-6)
