@@ -5,8 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.test_util import check_grads
 
-from lm_zoo.optim import GateNetwork, coordinate_features, diagonal_fisher, learned_update_rule
+from lm_zoo.optim import (GateNetwork, coordinate_features, diagonal_fisher, learned_update_rule,
+                          meta_loss)
 from lm_zoo.optim import rms_training_gradients
 from lm_zoo.models import RecurrentLM, init_params
 
@@ -80,3 +82,43 @@ def test_fisher_is_the_squared_rms_gradient():
   fisher = diagonal_fisher(model, params, stream, 2, 5, 3)
   rms = rms_training_gradients(model, params, stream, 2, 5, 3)
   np.testing.assert_allclose(_flat(fisher), _flat(rms) ** 2, rtol=1e-6)
+
+
+def _tiny_meta_problem(dtype):
+  model = RecurrentLM(vocab_size=7, embed_size=3, hidden_sizes=(4,))
+  params = jax.tree.map(lambda x: x.astype(dtype), init_params(model, jax.random.key(0)))
+  stream = np.random.default_rng(2).integers(0, 7, 13)
+  segments = (stream[:12].reshape(4, 1, 3), stream[1:13].reshape(4, 1, 3),
+              np.ones((4, 1, 3), dtype))
+  net = GateNetwork(hidden=3, learning_rate=0.5)
+  meta = net.init(jax.random.key(1), jnp.zeros((1, 5)))
+  rng = np.random.default_rng(3)
+  meta = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.3, dtype), meta)
+  state = learned_update_rule(net.apply).init(params)
+  carries = jax.tree.map(lambda x: x.astype(dtype), model.initialize_carry(1))
+  return model, net, meta, params, state, carries, segments
+
+
+def test_meta_gradients_match_finite_differences():
+  with jax.enable_x64(True):
+    model, net, meta, params, state, carries, segments = _tiny_meta_problem(jnp.float64)
+    objective = lambda m: meta_loss(model, net.apply, m, params, state, carries,
+                                    segments)[0]
+    check_grads(objective, (meta,), order=1, modes=('rev',), eps=1e-6, atol=1e-6,
+                rtol=1e-5)
+    grads = jax.grad(objective)(meta)
+    assert _flat(grads['params']).any()  # phi reaches the loss through the updates
+
+
+def test_meta_loss_scores_before_updating():
+  model, net, meta, params, state, carries, segments = _tiny_meta_problem(jnp.float32)
+  total, (theta, _, losses) = meta_loss(model, net.apply, meta, params, state, carries,
+                                        segments)
+  logits, _ = model.apply({'params': params}, segments[0][0], carries)
+  first = optax.softmax_cross_entropy_with_integer_labels(logits, segments[1][0]).mean()
+  np.testing.assert_allclose(losses[0], first, rtol=1e-5)  # theta_0 scores segment 1
+  np.testing.assert_allclose(total, losses.sum(), rtol=1e-6)
+  assert not np.allclose(_flat(theta), _flat(params))
+  unchecked = meta_loss(model, net.apply, meta, params, state, carries, segments,
+                        checkpoint=False)[0]
+  np.testing.assert_allclose(unchecked, total, rtol=1e-6)

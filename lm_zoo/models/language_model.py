@@ -21,6 +21,11 @@ def symmetric_uniform(scale: float) -> Callable[..., jax.Array]:
   return init
 
 
+def _at_least_float32(x: jax.Array) -> jax.Array:
+  """Logits in float32 or wider (float64 stays, for finite-difference checks)."""
+  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
 class RecurrentLM(nn.Module):
   """Embedding -> stacked recurrent layers -> (projection) -> softmax logits.
 
@@ -164,7 +169,7 @@ class RecurrentLM(nn.Module):
           broadcast_dims=(1,) if self.variational_dropout else (),
           name='mos')(h, embed.embedding if self.tie_embeddings else None,
                       deterministic=not train)
-      return log_probs.astype(jnp.float32), new_carries
+      return _at_least_float32(log_probs), new_carries
     if self.tie_embeddings:
       if h.shape[-1] != self.embed_size:
         h = nn.Dense(self.embed_size, use_bias=False, name='projection')(h)
@@ -173,4 +178,4 @@ class RecurrentLM(nn.Module):
       logits = embed.attend(h) + bias
     else:
       logits = nn.Dense(self.vocab_size, name='softmax')(h)
-    return logits.astype(jnp.float32), new_carries
+    return _at_least_float32(logits), new_carries

@@ -6,9 +6,9 @@ from lm_zoo.optim.dynamic_evaluation import (DECAY_CLIPS, DynamicEvalResult,
                                              rms_training_gradients)
 from lm_zoo.optim.learned_update import (GateNetwork, LearnedUpdateState,
                                          coordinate_features, diagonal_fisher,
-                                         learned_update_rule)
+                                         learned_update_rule, meta_loss)
 
 __all__ = ['DECAY_CLIPS', 'DynamicEvalResult', 'DynamicEvalState', 'dynamic_evaluate',
            'dynamic_rms', 'dynamic_sgd', 'rms_training_gradients', 'GateNetwork',
            'LearnedUpdateState', 'coordinate_features', 'diagonal_fisher',
-           'learned_update_rule']
+           'learned_update_rule', 'meta_loss']

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from lm_zoo.optim.dynamic_evaluation import rms_training_gradients
+from lm_zoo.training.steps import token_nll
 
 # (meta-parameters, features (..., NUM_FEATURES)) -> gates (f, i, z), each (...).
 GateFn = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
@@ -114,3 +115,47 @@ def diagonal_fisher(model, params: Any, stream, batch_size: int, bptt: int,
   training windows, the precision of the long-term memory theta_0 (EWC)."""
   return jax.tree.map(jnp.square, rms_training_gradients(model, params, stream, batch_size,
                                                           bptt, num_batches))
+
+
+def meta_loss(model, gate_fn: GateFn, meta_params: Any, params: Any,
+              state: LearnedUpdateState, carries: Any, segments: tuple[jax.Array, ...],
+              checkpoint: bool = True, first_order: bool = False):
+  """The meta-training objective L_meta = sum_i L_i along a training stream.
+
+  `segments` = (inputs, targets, weights), each (K, B, T): K mini-batches of
+  the stream. Segment i is scored with theta_{i-1} (its loss L_i), then the
+  learned rule (meta-parameters `meta_params`) updates the weights on it, so
+  L_meta depends on phi through every update before it; the recurrent state
+  carries across segments. Its gradient with respect to `meta_params` is
+  truncated backpropagation through the K updates.
+
+  Args:
+    checkpoint: recompute each update's forward pass in the backward pass
+      (`jax.checkpoint`) instead of storing its activations.
+    first_order: treat the LM gradient and loss fed to the meta-learner as
+      constants (Andrychowicz et al.'s simplification: no second derivatives).
+  Returns:
+    (L_meta, (theta_K, final carries, the K losses)).
+  """
+  rule = learned_update_rule(gate_fn, state.precision)
+
+  def segment_loss(theta, carries, x, y, w):
+    logits, carries = model.apply({'params': theta}, x, carries)
+    total, count = token_nll(logits, y, w)
+    return total / jnp.maximum(count, 1.0), carries
+
+  def step(carry, segment):
+    theta, carries = carry
+    (loss, carries), grads = jax.value_and_grad(segment_loss, has_aux=True)(
+        theta, carries, *segment)
+    seen_grads, seen_loss = grads, loss
+    if first_order:
+      seen_grads, seen_loss = jax.lax.stop_gradient((grads, loss))
+    updates, _ = rule.update(seen_grads, state, theta, meta_params=meta_params,
+                             loss=seen_loss)
+    return (optax.apply_updates(theta, updates), carries), loss
+
+  if checkpoint:
+    step = jax.checkpoint(step)
+  (theta, carries), losses = jax.lax.scan(step, (params, carries), segments)
+  return losses.sum(), (theta, carries, losses)
