@@ -3,7 +3,8 @@
 Measures our `RecurrentLM` with `lm_zoo.cells.LSTMCell` (input projection
 hoisted out of the scan), the Mogrifier LSTM (r = 5, k = 40), the aLSTM (IO
 adaptation; recurrent, static and LSTM-RHN adaptation models of size 100),
-the LSTM with AWD-LSTM's dropouts and weight drop and, as the
+the LSTM with AWD-LSTM's dropouts and weight drop, the LSTM with a dual
+connection and with a 5-component mixture of softmaxes and, as the
 baseline in the same run, the same stack with flax's `nn.OptimizedLSTMCell`
 (everything inside the scan), at hidden sizes 200 and 650. Prints a table with
 ratios against the baseline and writes JSON.
