@@ -10,7 +10,8 @@ import pytest
 from conftest import perturb
 from lm_zoo.errors import TrainingError
 from lm_zoo.models import RecurrentLM, init_params
-from lm_zoo.optim import dynamic_evaluate, dynamic_rms, dynamic_sgd, rms_training_gradients
+from lm_zoo.optim import (dynamic_evaluate, dynamic_rms, dynamic_sgd, learned_update_rule,
+                          rms_training_gradients)
 from lm_zoo.training import evaluate_stream, make_eval_step
 from lm_zoo.training.steps import token_nll
 
@@ -69,8 +70,9 @@ def lm():
   return model, perturb(init_params(model, jax.random.key(0)))
 
 
-def _python_loop(model, params, tx, stream, segment):
-  """Reference: score a segment with the current weights, then step on it."""
+def _python_loop(model, params, tx, stream, segment, **extra_args):
+  """Reference: score a segment with the current weights, then step on it
+  (a transformation with extra arguments also gets the segment's mean NLL)."""
   state, carries, scores = tx.init(params), model.initialize_carry(1), []
   for start in range(0, len(stream) - 1, segment):
     x = stream[None, start:start + segment]
@@ -84,7 +86,9 @@ def _python_loop(model, params, tx, stream, segment):
 
     grads, (total, carries) = jax.grad(loss, has_aux=True)(params)
     scores.append(float(total))
-    updates, state = tx.update(grads, state, params)
+    if extra_args:
+      extra_args['loss'] = total / y.size
+    updates, state = tx.update(grads, state, params, **extra_args)
     params = optax.apply_updates(params, updates)
   return np.array(scores), params
 
@@ -105,6 +109,22 @@ def test_scan_scores_each_segment_before_updating_on_it(lm):
   whole = evaluate_stream(make_eval_step(model), params, model.initialize_carry(1),
                           STREAM, 1, 7)
   assert abs(out.result.loss - whole.loss) > 1e-3  # the updates did change the scores
+
+
+def test_the_scan_drives_a_learned_rule_with_its_meta_parameters_and_the_loss(lm):
+  model, params = lm
+  eta = 0.7
+  ones = lambda features: jnp.ones(features.shape[:-1])
+  as_sgd = learned_update_rule(lambda meta, f: (ones(f), -meta * ones(f), 0 * ones(f)))
+  out = dynamic_evaluate(model, params, as_sgd, STREAM, 7, extra_args={'meta_params': eta})
+  sgd = dynamic_evaluate(model, params, dynamic_sgd(eta), STREAM, 7)
+  np.testing.assert_allclose(out.segment_nll, sgd.segment_nll, rtol=1e-5)
+  # A step that scales with the loss feature L_t: the segment's mean NLL.
+  by_loss = learned_update_rule(lambda meta, f: (ones(f), -meta * f[..., 4], 0 * ones(f)))
+  out = dynamic_evaluate(model, params, by_loss, STREAM, 7, extra_args={'meta_params': 0.1})
+  reference, _ = _python_loop(model, params, by_loss, STREAM, 7, meta_params=0.1)
+  np.testing.assert_allclose(out.segment_nll, reference, rtol=1e-4)
+  assert abs(out.result.loss - sgd.result.loss) > 1e-3
 
 
 def _flat_params(tree):

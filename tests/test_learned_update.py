@@ -5,10 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.test_util import check_grads
 
 from lm_zoo.optim import (GateNetwork, coordinate_features, diagonal_fisher, learned_update_rule,
-                          meta_loss)
+                          meta_loss, meta_train, stream_windows)
 from lm_zoo.optim import rms_training_gradients
 from lm_zoo.models import RecurrentLM, init_params
 
@@ -146,3 +147,52 @@ def test_checkpointed_meta_training_stores_only_the_weights_per_update():
   checkpointed = temp_bytes(32, True)
   assert (checkpointed - temp_bytes(8, True)) / 24 < 1.5 * carried_bytes
   assert temp_bytes(32, False) > 10 * checkpointed  # activations of every update
+
+
+def test_stream_windows_read_consecutive_segments_from_each_offset():
+  stream = np.arange(100)
+  offsets = np.array([0, 37, 57])
+  inputs, targets, weights = stream_windows(stream, offsets, num_updates=6, segment_length=7)
+  assert inputs.shape == targets.shape == weights.shape == (6, 3, 7)
+  for b, offset in enumerate(offsets):
+    np.testing.assert_array_equal(inputs[:, b].ravel(), stream[offset:offset + 42])
+    np.testing.assert_array_equal(targets[:, b].ravel(), stream[offset + 1:offset + 43])
+  with pytest.raises(ValueError, match='do not fit'):
+    stream_windows(stream, np.array([58]), num_updates=6, segment_length=7)
+
+
+def test_meta_train_steps_adam_along_the_meta_gradient():
+  model, net, meta, params, state, _, _ = _tiny_meta_problem(jnp.float32)
+  stream = np.random.default_rng(4).integers(0, 7, 60)
+  adam = optax.adam(0.01)
+  out = meta_train(model, net.apply, meta, params, None, stream, meta_steps=1,
+                   num_updates=4, segment_length=3, batch_size=2, optimizer=adam, seed=5)
+  # The same draw of stream positions, the meta-gradient and one Adam step by hand.
+  offsets = np.random.default_rng(5).integers(0, len(stream) - 12, 2)
+  segments = stream_windows(stream, offsets, 4, 3)
+  objective = lambda m: meta_loss(model, net.apply, m, params, state,
+                                  model.initialize_carry(2), segments)[0]
+  loss, grads = jax.value_and_grad(objective)(meta)
+  updates, _ = adam.update(grads, adam.init(meta), meta)
+  np.testing.assert_allclose(_flat(out.meta_params), _flat(optax.apply_updates(meta, updates)),
+                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(out.losses, [loss / 4], rtol=1e-5)
+
+
+def test_meta_training_lowers_the_meta_loss_on_a_repeating_stream():
+  """An untrained LM on a stream with period 5 gains from adapting fast: the
+  rule must learn larger steps than its small initial one."""
+  model = RecurrentLM(vocab_size=5, embed_size=4, hidden_sizes=(8,))
+  params = init_params(model, jax.random.key(0))
+  net = GateNetwork(hidden=4, learning_rate=0.01)
+  meta = net.init(jax.random.key(1), jnp.zeros((1, 5)))
+  stream = np.tile(np.array([3, 1, 4, 0, 2]), 40)
+  state = learned_update_rule(net.apply).init(params)
+  segments = stream_windows(stream, np.array([0, 3]), 10, 5)
+  held_out = lambda m: float(meta_loss(model, net.apply, m, params, state,
+                                       model.initialize_carry(2), segments)[0])
+  out = meta_train(model, net.apply, meta, params, None, stream, meta_steps=40,
+                   num_updates=10, segment_length=5, batch_size=2,
+                   optimizer=optax.adam(0.05), seed=0)
+  assert held_out(out.meta_params) < 0.8 * held_out(meta)
+  assert out.losses[-5:].mean() < out.losses[:5].mean()

@@ -119,19 +119,24 @@ def _segments(stream: np.ndarray, batch_size: int, segment_length: int):
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'transformation'))
-def _scan_segments(model, transformation, params, carries, inputs, targets, weights):
+def _scan_segments(model, transformation, params, carries, inputs, targets, weights,
+                   extra_args):
+  transformation = optax.with_extra_args_support(transformation)
+
   def segment_loss(p, carries, x, y, w):
     logits, carries = model.apply({'params': p}, x, carries)
     total, count = token_nll(logits, y, w)
-    return total / jnp.maximum(count, 1.0), (total, count, carries)
+    mean = total / jnp.maximum(count, 1.0)
+    return mean, (mean, total, count, carries)
 
   def step(state, segment):
     params, opt_state, carries = state
     # One forward pass scores the segment with the current weights and gives
     # the gradient the weights then step along.
-    grads, (total, count, carries) = jax.grad(segment_loss, has_aux=True)(
+    grads, (loss, total, count, carries) = jax.grad(segment_loss, has_aux=True)(
         params, carries, *segment)
-    updates, opt_state = transformation.update(grads, opt_state, params)
+    updates, opt_state = transformation.update(grads, opt_state, params,
+                                               loss=jax.lax.stop_gradient(loss), **extra_args)
     params = optax.apply_updates(params, updates)
     return (params, opt_state, jax.lax.stop_gradient(carries)), (total, count)
 
@@ -151,8 +156,8 @@ class DynamicEvalResult(NamedTuple):
 
 def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransformation,
                      stream: np.ndarray, segment_length: int, batch_size: int = 1,
-                     unit: str = 'word', max_loss: float | None = None
-                     ) -> DynamicEvalResult:
+                     unit: str = 'word', max_loss: float | None = None,
+                     extra_args: dict[str, Any] | None = None) -> DynamicEvalResult:
   """Scores `stream` with dynamic evaluation, starting from `params`.
 
   The stream is laid out as `batch_size` rows (1 by default, as in the
@@ -161,6 +166,11 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
   `dynamic_sgd` or `dynamic_rms`, initialised here with `params` as the
   trained weights) updates them on that segment's mean NLL. The recurrent
   state carries across segments. One jitted `lax.scan` runs every segment.
+
+  A transformation with extra arguments (`optax.GradientTransformationExtraArgs`,
+  such as `learned_update_rule`) receives the segment's mean NLL as `loss`
+  and `extra_args` (for example `{'meta_params': phi}`) at every update;
+  `extra_args` are traced, so new values do not recompile.
 
   Raises:
     TrainingError: the scores diverged: a segment's loss is not finite, or the
@@ -173,7 +183,7 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
   inputs, targets, weights = _segments(stream, batch_size, segment_length)
   totals, counts, final = _scan_segments(model, transformation, params,
                                          model.initialize_carry(batch_size),
-                                         inputs, targets, weights)
+                                         inputs, targets, weights, extra_args or {})
   totals, counts = np.asarray(totals, np.float64), np.asarray(counts, np.float64)
   bad = np.flatnonzero(~np.isfinite(totals))
   if bad.size:

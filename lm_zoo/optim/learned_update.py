@@ -13,19 +13,25 @@ Fisher information as precision: elastic weight consolidation).
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from lm_zoo.errors import TrainingError
 from lm_zoo.optim.dynamic_evaluation import rms_training_gradients
 from lm_zoo.training.steps import token_nll
 
 # (meta-parameters, features (..., NUM_FEATURES)) -> gates (f, i, z), each (...).
 GateFn = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
 NUM_FEATURES = 5
+
+log = logging.getLogger(__name__)
 
 
 class LearnedUpdateState(NamedTuple):
@@ -159,3 +165,79 @@ def meta_loss(model, gate_fn: GateFn, meta_params: Any, params: Any,
     step = jax.checkpoint(step)
   (theta, carries), losses = jax.lax.scan(step, (params, carries), segments)
   return losses.sum(), (theta, carries, losses)
+
+
+def stream_windows(stream: np.ndarray, offsets: np.ndarray, num_updates: int,
+                   segment_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """K = `num_updates` consecutive mini-batches of M = `segment_length` tokens
+  of `stream`, one row per offset: (inputs, targets, weights), each (K, B, M),
+  row b reading stream[offsets[b] : offsets[b] + K M + 1]."""
+  span = num_updates * segment_length
+  if np.any(offsets < 0) or np.any(offsets + span + 1 > len(stream)):
+    raise ValueError(f'windows of {span + 1} tokens at offsets {offsets} do not fit a '
+                     f'stream of {len(stream)}')
+  index = offsets[None, :, None] + (np.arange(num_updates)[:, None, None] * segment_length
+                                    + np.arange(segment_length)[None, None, :])
+  stream = np.asarray(stream, np.int32)
+  return stream[index], stream[index + 1], np.ones(index.shape, np.float32)
+
+
+class MetaTrainResult(NamedTuple):
+  """The trained meta-parameters and, per meta-step, L_meta / K (nats)."""
+  meta_params: Any
+  losses: np.ndarray
+
+
+def meta_train(model, gate_fn: GateFn, meta_params: Any, params: Any, precision: Any,
+               stream: np.ndarray, meta_steps: int, num_updates: int = 40,
+               segment_length: int = 5, batch_size: int = 4,
+               optimizer: optax.GradientTransformation | None = None, seed: int = 0,
+               first_order: bool = False, checkpoint: bool = True,
+               log_every: int = 0) -> MetaTrainResult:
+  """Meta-trains the learned rule's `meta_params` along a training stream.
+
+  Each meta-step draws `batch_size` random positions of `stream`, runs the
+  rule from the trained weights `params` (theta_0, with `precision`) through
+  K = `num_updates` consecutive mini-batches of `segment_length` tokens from
+  each (recurrent state from zero), and steps `optimizer` (default: Adam 1e-3
+  after clipping the meta-gradient's global norm at 1) along the gradient of
+  L_meta (`meta_loss`: truncated backpropagation through the K updates, with
+  `jax.checkpoint` so memory holds one copy of the weights per update).
+
+  Raises:
+    TrainingError: L_meta is not finite.
+  """
+  if num_updates < 1 or segment_length < 1 or batch_size < 1 or meta_steps < 0:
+    raise ValueError('num_updates, segment_length and batch_size must be positive and '
+                     'meta_steps non-negative')
+  last = len(stream) - num_updates * segment_length - 1
+  if last < 0:
+    raise ValueError(f'a stream of {len(stream)} tokens is shorter than one window of '
+                     f'{num_updates} x {segment_length} tokens')
+  optimizer = optimizer or optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+  state = learned_update_rule(gate_fn, precision).init(params)
+  carries = model.initialize_carry(batch_size)
+
+  @jax.jit
+  def step(meta_params, opt_state, state, carries, segments):
+    def objective(m):
+      return meta_loss(model, gate_fn, m, state.theta0, state, carries, segments,
+                       checkpoint=checkpoint, first_order=first_order)[0]
+    loss, grads = jax.value_and_grad(objective)(meta_params)
+    updates, opt_state = optimizer.update(grads, opt_state, meta_params)
+    return optax.apply_updates(meta_params, updates), opt_state, loss / num_updates
+
+  rng = np.random.default_rng(seed)
+  opt_state, losses = optimizer.init(meta_params), []
+  for i in range(meta_steps):
+    offsets = rng.integers(0, last + 1, batch_size)
+    segments = stream_windows(stream, offsets, num_updates, segment_length)
+    meta_params, opt_state, loss = step(meta_params, opt_state, state, carries, segments)
+    losses.append(float(loss))
+    if not math.isfinite(losses[-1]):
+      raise TrainingError(f'meta-training diverged at step {i}: L_meta is not finite; '
+                          'lower the meta learning rate or the initial UPDATE step')
+    if log_every and (i + 1) % log_every == 0:
+      log.info('meta-step %d/%d: L_meta / K %.4f (mean of the last %d)', i + 1, meta_steps,
+               np.mean(losses[-log_every:]), log_every)
+  return MetaTrainResult(meta_params, np.asarray(losses))
