@@ -4,8 +4,14 @@
   python launch/evaluate.py --workdir=runs/x --mc_samples=50 --dropout_scale=0.8
   python launch/evaluate.py --workdir=runs/x --temperature=tune
   python launch/evaluate.py --workdir=runs/x --dyneval=rms \
-      --dyneval_lr=3e-5,1e-4,3e-4 --dyneval_decay=0,1e-3 --dyneval_eps=1e-3
+      --dyneval_lr=3e-5,1e-4,3e-4 --dyneval_decay=0,1e-3 --dyneval_eps=1e-3 \
+      --dyneval_output=runs/x/dyneval_rms.json
+  python launch/evaluate.py --workdir=runs/x --dyneval=learned  # after launch/meta_train.py
 """
+
+import dataclasses
+import json
+import pathlib
 
 from absl import app, flags
 
@@ -29,9 +35,11 @@ flags.DEFINE_string('temperature', '1', "Softmax temperature (logits are divided
                     "it), or 'tune' to pick the one minimising the validation loss "
                     'by golden-section search in [0.5, 2] and use it on every split.')
 flags.DEFINE_integer('seed', 0, 'Seed of the MC-dropout masks.')
-flags.DEFINE_enum('dyneval', '', ['', 'sgd', 'rms'], 'Dynamic evaluation: score each '
-                  'segment, then take a gradient step on it (sgd), or an RMS-normalised '
-                  'step decaying toward the trained weights (rms); empty: static.')
+flags.DEFINE_enum('dyneval', '', ['', 'sgd', 'rms', 'learned'], 'Dynamic evaluation: '
+                  'score each segment, then take a gradient step on it (sgd), or an '
+                  'RMS-normalised step decaying toward the trained weights (rms), or the '
+                  "step of the meta-learned rule in WORKDIR/meta_learner (learned, from "
+                  'launch/meta_train.py); empty: static.')
 flags.DEFINE_list('dyneval_lr', ['1e-4'], 'Dynamic evaluation learning rates; with '
                   'several values (in any --dyneval_* list) every combination is '
                   'scored on valid and the best is used on every split.')
@@ -44,6 +52,11 @@ flags.DEFINE_enum('dyneval_clip', 'lamb', ['lamb', 'krause'], "RMS decay clip: t
 flags.DEFINE_integer('dyneval_ms_batches', 100, 'RMS: training windows the gradient '
                      'statistics are estimated from.')
 flags.DEFINE_integer('dyneval_ms_batch_size', 64, 'RMS: rows of those windows.')
+flags.DEFINE_integer('dyneval_search_tokens', 0, 'Search on only the first this many '
+                     'validation tokens (0: all); the chosen setting scores whole splits.')
+flags.DEFINE_string('dyneval_output', None, 'JSON file for the chosen settings, the '
+                    'search and each segment\'s NLL and token count per split (the input '
+                    'of launch/plot.py --figure=dyneval_gain).')
 FLAGS = flags.FLAGS
 
 
@@ -71,12 +84,21 @@ def dynamic_evaluation() -> None:
       FLAGS.workdir, FLAGS.dyneval, _numbers('dyneval_lr'), _numbers('dyneval_decay'),
       _numbers('dyneval_eps'), _numbers('dyneval_segment', int), FLAGS.dyneval_clip,
       FLAGS.splits, FLAGS.batch_size or 1, FLAGS.dyneval_ms_batches,
-      FLAGS.dyneval_ms_batch_size, FLAGS.data_dir))
+      FLAGS.dyneval_ms_batch_size, FLAGS.dyneval_search_tokens, FLAGS.data_dir))
   for settings, loss in report.trials:
     print(f'search: valid loss {loss:.4f} with {settings}')
   for split, result in report.results.items():
     print(f'{split}: {result.summary()}  (loss {result.loss:.4f} nats/token, '
           f'{result.num_tokens:,} tokens; dynamic evaluation {report.settings})')
+  if FLAGS.dyneval_output:
+    output = pathlib.Path(FLAGS.dyneval_output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({
+        'workdir': FLAGS.workdir, 'settings': dataclasses.asdict(report.settings),
+        'search': [[dataclasses.asdict(s), loss] for s, loss in report.trials],
+        'results': {split: r.as_dict() for split, r in report.results.items()},
+        'segments': {split: {'nll': nll.tolist(), 'tokens': tokens.tolist()}
+                     for split, (nll, tokens) in report.segments.items()}}))
 
 
 def main(argv):

@@ -10,6 +10,8 @@
       --output=figures/robustness.png
   python launch/plot.py --figure=curves --workdirs=runs/abl_lstm,runs/abl_r5 \
       --output=figures/curves.png
+  python launch/plot.py --figure=dyneval_gain \
+      --results=runs/x/static.json,runs/x/sgd.json,runs/x/rms.json --output=figures/gain.png
 """
 
 import json
@@ -23,18 +25,23 @@ from lm_zoo.errors import ConfigError
 FIGURES = {'reverse_copy': plots.reverse_copy_figure,
            'tail_regression': plots.tail_regression_figure,
            'robustness': plots.robustness_figure}
-flags.DEFINE_enum('figure', None, ['mogrifier_ablation', *FIGURES, 'curves'],
+flags.DEFINE_enum('figure', None, ['mogrifier_ablation', *FIGURES, 'curves',
+                                    'dyneval_gain'],
                   'mogrifier_ablation: validation perplexity against rounds from '
                   'the ablation work directories; reverse_copy: cross-entropy against '
                   'length; tail_regression: predictions against truth; robustness: '
                   'the spread of validation perplexity over sampled dropout rates '
                   '(all three from --results); curves: training and validation perplexity of work '
-                  'directories against step.')
+                  'directories against step; dyneval_gain: the perplexity gain of '
+                  'dynamic evaluation along the test stream, from --results: the JSON '
+                  'files of launch/evaluate.py --dyneval_output, the static one (learning '
+                  'rate 0) first, each labelled by its file name.')
 flags.DEFINE_string('output', None, 'PNG file to write.')
 flags.DEFINE_string('workdir_prefix', 'runs/abl_', 'mogrifier_ablation: work '
                     'directories are PREFIX + variant (lstm, r1..r6, nozigzag, ...).')
 flags.DEFINE_string('results', None, 'reverse_copy, tail_regression, robustness: the JSON '
-                    'written by launch/run_task.py.')
+                    'written by launch/run_task.py; dyneval_gain: a comma-separated list '
+                    'of launch/evaluate.py --dyneval_output files.')
 flags.DEFINE_list('workdirs', [], 'curves: work directories to draw.')
 flags.DEFINE_string('title', '', 'Figure title.')
 flags.mark_flags_as_required(['figure', 'output'])
@@ -64,10 +71,24 @@ def draw() -> pathlib.Path:
                         f'the {FLAGS.figure} experiment first')
     return FIGURES[FLAGS.figure](json.loads(results.read_text()), FLAGS.output,
                                  FLAGS.title)
+  if FLAGS.figure == 'dyneval_gain':
+    return dyneval_gain()
   if not FLAGS.workdirs:
     raise ConfigError('--figure=curves needs --workdirs')
   return plots.curves_figure({pathlib.Path(w).name: w for w in FLAGS.workdirs},
                              FLAGS.output, FLAGS.title)
+
+
+def dyneval_gain() -> pathlib.Path:
+  files = [pathlib.Path(f) for f in (FLAGS.results or '').split(',') if f]
+  if len(files) < 2:
+    raise ConfigError('--figure=dyneval_gain needs --results=STATIC.json,RUN.json[,...]')
+  for f in files:
+    if not f.is_file():
+      raise ConfigError(f'{f} not found: write it with launch/evaluate.py --dyneval_output')
+  static, *runs = [json.loads(f.read_text()) for f in files]
+  return plots.dyneval_gain_figure({f.stem: run for f, run in zip(files[1:], runs)},
+                                   static, FLAGS.output, title=FLAGS.title)
 
 
 def main(argv):

@@ -160,3 +160,44 @@ def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathli
                                       [math.exp(min(r['loss'], 700.0)) for r in rows])
   return line_figure(series, path, xlabel='step', ylabel='perplexity', title=title,
                      logy=True)
+
+
+def binned_loss(segment_nll: Sequence[float], segment_tokens: Sequence[float],
+                bin_tokens: int) -> tuple[list[float], list[float]]:
+  """Mean NLL per token over consecutive bins of `bin_tokens` tokens of a
+  stream scored segment by segment (a segment falls in the bin of its first
+  token): (bin centres in tokens, losses)."""
+  import numpy as np
+  nll, tokens = np.asarray(segment_nll, float), np.asarray(segment_tokens, float)
+  starts = np.cumsum(tokens) - tokens
+  bins = (starts // bin_tokens).astype(int)
+  totals, counts = np.bincount(bins, nll), np.bincount(bins, tokens)
+  kept = counts > 0
+  centres = (np.arange(len(counts)) + 0.5) * bin_tokens
+  return centres[kept].tolist(), (totals[kept] / counts[kept]).tolist()
+
+
+def dyneval_gain_figure(runs: Mapping[str, Mapping], static: Mapping,
+                        path: str | pathlib.Path, split: str = 'test', num_bins: int = 40,
+                        title: str = '') -> pathlib.Path:
+  """Perplexity gain of dynamic evaluation along a stream (the meta-learning
+  paper's Fig. 2, left): per bin of tokens, static perplexity minus each
+  run's, from the JSON of `launch/evaluate.py --dyneval_output` (`static`:
+  a run with learning rate 0, or any baseline)."""
+  def curve(run):
+    if split not in run['segments']:
+      raise ConfigError(f'a dynamic evaluation result has no {split!r} split')
+    segments = run['segments'][split]
+    return binned_loss(segments['nll'], segments['tokens'], bin_tokens)
+
+  bin_tokens = max(1, math.ceil(sum(static['segments'][split]['tokens']) / num_bins))
+  centres, static_loss = curve(static)
+  series = {}
+  for label, run in runs.items():
+    xs, losses = curve(run)
+    if xs != centres:
+      raise ConfigError(f'{label}: scored a different stream than the static run')
+    series[label] = (xs, [math.exp(s) - math.exp(d) for s, d in zip(static_loss, losses)])
+  return line_figure(series, path, xlabel=f'position in the {split} stream (tokens)',
+                     ylabel=f'perplexity gain over static (bins of {bin_tokens:,} tokens)',
+                     title=title, hlines={'no gain': 0.0})

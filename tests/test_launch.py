@@ -59,6 +59,37 @@ def test_train_then_evaluate(data_dir, tmp_path):
   valid_ppl = float(out.split('valid: perplexity ')[1].split()[0])
   assert valid_ppl <= summary['valid']['perplexity'] + 0.01
 
+  # The meta-learned rule: a brief meta-training, then scores with it; the
+  # per-segment results of two runs draw the gain along the test stream.
+  env = {'LM_ZOO_DATA': str(data_dir)}
+  meta = run_script(['launch/meta_train.py', f'--workdir={workdir}', '--meta_steps=2',
+                     '--num_updates=3', '--segment_length=4', '--batch_size=2',
+                     '--fisher_batches=2', '--fisher_batch_size=2', '--splits=valid'], env)
+  assert meta.returncode == 0, meta.stderr
+  assert 'meta-training: L_meta / K' in meta.stdout and 'valid: perplexity' in meta.stdout
+  runs = {}
+  # The static run searches lr 0 against a huge one on the first 150 valid
+  # tokens only; lr 0 must win.
+  for name, flags in (('static', ['--dyneval=sgd', '--dyneval_lr=0,30', '--dyneval_segment=4',
+                                  '--dyneval_search_tokens=150']),
+                      ('learned', ['--dyneval=learned'])):
+    path = tmp_path / f'{name}.json'
+    scored = run_script(['launch/evaluate.py', f'--workdir={workdir}', '--splits=test',
+                         *flags, f'--dyneval_output={path}'], env)
+    assert scored.returncode == 0, scored.stderr
+    runs[name] = json.loads(path.read_text())
+  assert runs['learned']['settings']['segment_length'] == 4  # as meta-trained
+  assert runs['static']['settings']['learning_rate'] == 0 and len(runs['static']['search']) == 2
+  static = runs['static']['results']['test']
+  # Learning rate 0 at batch 1 is the static test score of the training run.
+  assert abs(static['perplexity'] - summary['test']['perplexity']) < 0.01
+  assert sum(runs['static']['segments']['test']['tokens']) == static['num_tokens']
+  plot = run_script(['launch/plot.py', '--figure=dyneval_gain',
+                     f'--results={tmp_path / "static.json"},{tmp_path / "learned.json"}',
+                     f'--output={tmp_path / "gain.png"}'])
+  assert plot.returncode == 0, plot.stderr
+  assert (tmp_path / 'gain.png').stat().st_size > 0
+
 
 def test_clear_errors_instead_of_tracebacks(tmp_path):
   no_data = run_script(['launch/train.py', '--config=experiments/default.py',

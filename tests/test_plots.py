@@ -65,6 +65,27 @@ def test_robustness_figure_draws_distribution_functions(drawn, tmp_path):
                     'alstm (0 of 1 diverged)': ([105.0], [1.0])}
 
 
+def test_binned_loss_sums_whole_segments_per_bin():
+  # Segments of 3, 3, 3, 1 tokens start at 0, 3, 6, 9; bins of 5 tokens.
+  centres, losses = plots.binned_loss([3.0, 6.0, 1.5, 2.0], [3, 3, 3, 1], 5)
+  assert centres == [2.5, 7.5]
+  assert losses == pytest.approx([(3.0 + 6.0) / 6, (1.5 + 2.0) / 4])
+
+
+def test_dyneval_gain_is_static_minus_dynamic_perplexity(drawn, tmp_path):
+  def run(nll, tokens=(2, 2, 2, 2)):
+    return {'segments': {'test': {'nll': nll, 'tokens': list(tokens)}}}
+  static, dynamic = run([2.0, 2.0, 4.0, 4.0]), run([2.0, 1.0, 2.0, 2.0])
+  plots.dyneval_gain_figure({'rms': dynamic}, static, tmp_path / 'f.png', num_bins=2)
+  (series, _), = drawn
+  xs, gains = series['rms']
+  assert xs == [2.0, 6.0]
+  assert gains == pytest.approx([math.e - math.exp(0.75), math.e ** 2 - math.e])
+  with pytest.raises(ConfigError, match='different stream'):
+    plots.dyneval_gain_figure({'x': run([1.0] * 4, [1] * 4)}, static, tmp_path / 'f.png',
+                              num_bins=2)
+
+
 def test_curves_figure_reads_metrics(drawn, tmp_path):
   writer = MetricsWriter(tmp_path)
   writer.write('train', step=10, loss=2.0)

@@ -71,3 +71,25 @@ class Checkpoints:
   def close(self) -> None:
     self._latest.close()
     self._best.close()
+
+
+def save_tree(directory: str | pathlib.Path, tree: Any, meta: dict) -> None:
+  """Writes one pytree of arrays with a JSON-able `meta` dict to `directory`
+  (replacing what was there, atomically): for example a meta-learner."""
+  manager = _manager(pathlib.Path(directory), 1)
+  Checkpoints._save(manager, 0, tree, meta)
+  manager.close()
+
+
+def restore_tree(directory: str | pathlib.Path) -> tuple[Any, dict] | None:
+  """(tree, meta) written by `save_tree`, with the tree's saved structure, or
+  None when `directory` holds none."""
+  directory = pathlib.Path(directory)
+  if not directory.is_dir():
+    return None
+  manager = _manager(directory, 1)
+  step = manager.latest_step()
+  restored = None if step is None else manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+  manager.close()
+  return None if restored is None else (restored.state, restored.meta)

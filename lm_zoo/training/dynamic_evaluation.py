@@ -1,5 +1,7 @@
 """Dynamic evaluation of a work directory, with a small search of its
-hyper-parameters on the validation split (`launch/evaluate.py --dyneval`)."""
+hyper-parameters on the validation split (`launch/evaluate.py --dyneval`),
+and meta-training of the learned update rule on its training split
+(`launch/meta_train.py`)."""
 
 from __future__ import annotations
 
@@ -8,24 +10,34 @@ import itertools
 import logging
 import math
 import pathlib
-from typing import Sequence
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
 from lm_zoo.errors import ConfigError, TrainingError
-from lm_zoo.optim import DECAY_CLIPS, dynamic_evaluate, dynamic_rms, dynamic_sgd
-from lm_zoo.optim import rms_training_gradients
+from lm_zoo.optim import (DECAY_CLIPS, GateNetwork, NUM_FEATURES, diagonal_fisher,
+                          dynamic_evaluate, dynamic_rms, dynamic_sgd, learned_update_rule,
+                          meta_train, rms_training_gradients)
+from lm_zoo.training.checkpoints import restore_tree, save_tree
 from lm_zoo.training.evaluation import EvalResult
 from lm_zoo.training.loop import load_trained
 
 log = logging.getLogger(__name__)
 
-METHODS = ('sgd', 'rms')
+METHODS = ('sgd', 'rms', 'learned')
+META_LEARNER_DIR = 'meta_learner'
 
 
 @dataclasses.dataclass(frozen=True)
 class DynamicEvalSettings:
-  """One dynamic-evaluation setting: `method` 'sgd' or 'rms', the learning
-  rate eta, the decay lambda toward the trained weights, RMS's epsilon, the
-  segment length and the decay clip ('lamb' or 'krause', RMS only)."""
+  """One dynamic-evaluation setting: `method` 'sgd', 'rms' or 'learned', the
+  learning rate eta, the decay lambda toward the trained weights, RMS's
+  epsilon, the segment length and the decay clip ('lamb' or 'krause', RMS
+  only). The learned rule uses only the segment length it was meta-trained
+  with."""
   method: str
   learning_rate: float
   decay: float
@@ -36,11 +48,13 @@ class DynamicEvalSettings:
 
 @dataclasses.dataclass
 class DynamicEvalReport:
-  """The chosen settings, each split's result with them, and every searched
-  setting's validation loss (inf where it diverged)."""
+  """The chosen settings, each split's result with them, every searched
+  setting's validation loss (inf where it diverged), and per split each
+  segment's NLL sum and token count along the stream."""
   settings: DynamicEvalSettings
   results: dict[str, EvalResult]
   trials: list[tuple[DynamicEvalSettings, float]]
+  segments: dict[str, tuple[np.ndarray, np.ndarray]]
 
 
 def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
@@ -50,36 +64,52 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
                              segment_lengths: Sequence[int] = (5,),
                              decay_clip: str = 'lamb', splits=('valid', 'test'),
                              batch_size: int = 1, ms_batches: int = 100,
-                             ms_batch_size: int = 64, data_dir: str | None = None
-                             ) -> DynamicEvalReport:
+                             ms_batch_size: int = 64, search_tokens: int = 0,
+                             data_dir: str | None = None) -> DynamicEvalReport:
   """Dynamic evaluation of a work directory's best weights.
 
   Every combination of the given learning rates, decays, epsilons (RMS only)
   and segment lengths is scored on the validation split; the best one
   (lowest loss; diverged settings lose) then scores every split in `splits`,
   each starting again from the trained weights. With one value each there is
-  no search. RMS normalises by the root mean square of training gradients,
+  no search. With `search_tokens` > 0 the search scores only the first that
+  many validation tokens (a cheaper search on a large corpus); the chosen
+  setting then scores the whole of each split. RMS normalises by the root
+  mean square of training gradients,
   estimated once from `ms_batches` windows of `ms_batch_size` rows.
+  'learned' runs the rule `meta_train_workdir` left in the work directory,
+  with its own segment length; the other arguments do not apply to it.
   """
   if method not in METHODS:
-    raise ConfigError(f'unknown dynamic evaluation {method!r}: choose sgd or rms')
+    raise ConfigError(f'unknown dynamic evaluation {method!r}: choose one of '
+                      f'{", ".join(METHODS)}')
   if decay_clip not in DECAY_CLIPS:
     raise ConfigError(f'decay clip must be one of {", ".join(DECAY_CLIPS)}, got '
                       f'{decay_clip!r}')
   config, corpus, model, params = load_trained(workdir, data_dir)
-  rms = None
+  rms, learned, extra_args = None, None, {}
   if method == 'rms':
     rms = rms_training_gradients(model, params, corpus.train, ms_batch_size,
                                  config.data.bptt, ms_batches)
+  elif method == 'learned':
+    learned, extra_args = load_meta_learner(workdir)
+    segment_lengths = (learned.segment_length,)
+    learning_rates, decays = (learned.initial_learning_rate,), (0.0,)
 
-  def run(settings: DynamicEvalSettings, split: str) -> EvalResult:
+  def transformation_for(settings: DynamicEvalSettings) -> optax.GradientTransformation:
     if settings.method == 'sgd':
-      transformation = dynamic_sgd(settings.learning_rate, settings.decay)
-    else:
-      transformation = dynamic_rms(settings.learning_rate, settings.decay, settings.eps,
-                                   rms, settings.decay_clip)
-    return dynamic_evaluate(model, params, transformation, corpus.split(split),
-                            settings.segment_length, batch_size, corpus.unit).result
+      return dynamic_sgd(settings.learning_rate, settings.decay)
+    if settings.method == 'rms':
+      return dynamic_rms(settings.learning_rate, settings.decay, settings.eps, rms,
+                         settings.decay_clip)
+    return learned.transformation
+
+  def run(settings: DynamicEvalSettings, split: str, num_tokens: int = 0):
+    stream = corpus.split(split)
+    return dynamic_evaluate(model, params, transformation_for(settings),
+                            stream[:num_tokens + 1] if num_tokens else stream,
+                            settings.segment_length, batch_size, corpus.unit,
+                            extra_args=extra_args)
 
   grid = [DynamicEvalSettings(method, lr, decay, eps, length, decay_clip)
           for lr, decay, eps, length in itertools.product(
@@ -91,8 +121,8 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
   else:
     for settings in grid:
       try:
-        valid[settings] = run(settings, 'valid')
-        loss = valid[settings].loss
+        valid[settings] = run(settings, 'valid', search_tokens)
+        loss = valid[settings].result.loss
       except TrainingError as err:
         log.warning('%s: %s', settings, err)
         loss = math.inf
@@ -103,6 +133,70 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
     if math.isinf(best_loss):
       raise TrainingError('dynamic evaluation diverged with every searched setting: '
                           'lower the learning rates')
-  results = {split: valid[best] if split == 'valid' and best in valid else run(best, split)
-             for split in splits}
-  return DynamicEvalReport(best, results, trials)
+  runs = {split: valid[best] if split == 'valid' and best in valid and not search_tokens
+          else run(best, split) for split in splits}
+  return DynamicEvalReport(best, {split: r.result for split, r in runs.items()}, trials,
+                           {split: (r.segment_nll, r.segment_tokens)
+                            for split, r in runs.items()})
+
+
+@dataclasses.dataclass
+class MetaLearner:
+  """A meta-trained update rule: its transformation (theta_0's precision
+  inside), meta-parameters and the segment length it was trained for."""
+  transformation: optax.GradientTransformationExtraArgs
+  meta_params: Any
+  segment_length: int
+  initial_learning_rate: float
+
+
+def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
+                       num_updates: int = 40, segment_length: int = 5,
+                       batch_size: int = 4, hidden: int = 16,
+                       initial_learning_rate: float = 0.03, meta_learning_rate: float = 1e-3,
+                       fisher_batches: int = 100, fisher_batch_size: int = 64,
+                       first_order: bool = False, seed: int = 0,
+                       data_dir: str | None = None, log_every: int = 50) -> np.ndarray:
+  """Meta-trains the learned update rule (Wolf et al. 2018) for a work
+  directory's best weights on its training split, and saves it to
+  `workdir/meta_learner` for `dynamic_evaluate_workdir(method='learned')`.
+
+  theta_0's precision is the diagonal Fisher from `fisher_batches` training
+  windows of `fisher_batch_size` rows. The gate network (`hidden` units)
+  starts as SGD with step `initial_learning_rate`; each of `meta_steps`
+  Adam steps (`meta_learning_rate`) backpropagates through `num_updates`
+  updates of `segment_length` tokens at `batch_size` random stream positions
+  (`meta_train`). Returns L_meta / K per meta-step.
+  """
+  config, corpus, model, params = load_trained(workdir, data_dir)
+  precision = diagonal_fisher(model, params, corpus.train, fisher_batch_size,
+                              config.data.bptt, fisher_batches)
+  net = GateNetwork(hidden=hidden, learning_rate=initial_learning_rate)
+  meta_params = net.init(jax.random.key(seed), jnp.zeros((1, NUM_FEATURES)))
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(meta_learning_rate))
+  result = meta_train(model, net.apply, meta_params, params, precision, corpus.train,
+                      meta_steps, num_updates, segment_length, batch_size, optimizer, seed,
+                      first_order=first_order, log_every=log_every)
+  save_tree(pathlib.Path(workdir) / META_LEARNER_DIR,
+            {'meta_params': result.meta_params, 'precision': precision},
+            {'hidden': hidden, 'segment_length': segment_length,
+             'initial_learning_rate': initial_learning_rate, 'num_updates': num_updates,
+             'batch_size': batch_size, 'meta_steps': meta_steps,
+             'meta_learning_rate': meta_learning_rate, 'first_order': first_order,
+             'seed': seed, 'losses': [float(x) for x in result.losses]})
+  return result.losses
+
+
+def load_meta_learner(workdir: str | pathlib.Path) -> tuple[MetaLearner, dict[str, Any]]:
+  """The learned rule `meta_train_workdir` saved, and the extra arguments
+  its updates take."""
+  saved = restore_tree(pathlib.Path(workdir) / META_LEARNER_DIR)
+  if saved is None:
+    raise ConfigError(f'no meta-learner in {workdir}/{META_LEARNER_DIR}: run '
+                      f'launch/meta_train.py --workdir={workdir} first')
+  tree, meta = saved
+  net = GateNetwork(hidden=meta['hidden'], learning_rate=meta['initial_learning_rate'])
+  learned = MetaLearner(learned_update_rule(net.apply, tree['precision']),
+                        tree['meta_params'], meta['segment_length'],
+                        meta['initial_learning_rate'])
+  return learned, {'meta_params': tree['meta_params']}
