@@ -57,8 +57,8 @@ def test_rule_with_the_gate_network_against_numpy():
                           for t in (PARAMS, GRADS, THETA0, PRECISION))
     features = np.stack([theta - t0, g, t0, np.log(prec + 1e-12),
                          np.full_like(theta, loss)], -1)
-    h = np.tanh(features @ p['hidden']['kernel'] + p['hidden']['bias'])
-    out = h @ p['gates']['kernel'] + p['gates']['bias']
+    h = np.tanh(features @ p['hidden'] + p['hidden_bias'])
+    out = h @ p['gates'] + p['gates_bias']
     f, i, z = 1 / (1 + np.exp(-out[:, 0])), out[:, 1], 1 / (1 + np.exp(-out[:, 2]))
     expected.append(f * theta + i * g + z * t0 - theta)  # eq. (3) minus theta
   np.testing.assert_allclose(_flat(updates), np.concatenate(expected), rtol=1e-4, atol=1e-6)

@@ -64,11 +64,22 @@ class GateNetwork(nn.Module):
 
   @nn.compact
   def __call__(self, features: jax.Array):
-    h = jnp.tanh(nn.Dense(self.hidden, name='hidden')(features))
-    bias = jnp.array([self.copy_logit, -self.learning_rate, self.flush_logit])
-    out = nn.Dense(3, kernel_init=nn.initializers.zeros_init(),
-                   bias_init=lambda *_: bias, name='gates')(h)
-    return jax.nn.sigmoid(out[..., 0]), out[..., 1], jax.nn.sigmoid(out[..., 2])
+    num_features = features.shape[-1]
+    hidden_kernel = self.param('hidden', nn.initializers.lecun_normal(),
+                               (num_features, self.hidden))
+    hidden_bias = self.param('hidden_bias', nn.initializers.zeros_init(), (self.hidden,))
+    gates_kernel = self.param('gates', nn.initializers.zeros_init(), (self.hidden, 3))
+    gates_bias = self.param('gates_bias', lambda *_: jnp.array(
+        [self.copy_logit, -self.learning_rate, self.flush_logit]))
+    # Written as sums of per-coordinate products rather than matrix products
+    # with an inner dimension of 5: XLA fuses the whole net into one pass over
+    # the coordinates instead of materialising (num_coordinates, hidden).
+    x = [features[..., k] for k in range(num_features)]
+    h = [jnp.tanh(sum(x[k] * hidden_kernel[k, j] for k in range(num_features))
+                  + hidden_bias[j]) for j in range(self.hidden)]
+    out = [sum(h[j] * gates_kernel[j, m] for j in range(self.hidden)) + gates_bias[m]
+           for m in range(3)]
+    return jax.nn.sigmoid(out[0]), out[1], jax.nn.sigmoid(out[2])
 
 
 def coordinate_features(param, grad, theta0, precision, loss) -> jax.Array:
