@@ -54,6 +54,8 @@ flags.DEFINE_integer('dyneval_ms_batches', 100, 'RMS: training windows the gradi
 flags.DEFINE_integer('dyneval_ms_batch_size', 64, 'RMS: rows of those windows.')
 flags.DEFINE_integer('dyneval_search_tokens', 0, 'Search on only the first this many '
                      'validation tokens (0: all); the chosen setting scores whole splits.')
+flags.DEFINE_integer('dyneval_max_tokens', 0, 'Score only the first this many tokens '
+                     'of each split (0: all).')
 flags.DEFINE_string('dyneval_output', None, 'JSON file for the chosen settings, the '
                     'search and each segment\'s NLL and token count per split (the input '
                     'of launch/plot.py --figure=dyneval_gain).')
@@ -84,7 +86,8 @@ def dynamic_evaluation() -> None:
       FLAGS.workdir, FLAGS.dyneval, _numbers('dyneval_lr'), _numbers('dyneval_decay'),
       _numbers('dyneval_eps'), _numbers('dyneval_segment', int), FLAGS.dyneval_clip,
       FLAGS.splits, FLAGS.batch_size or 1, FLAGS.dyneval_ms_batches,
-      FLAGS.dyneval_ms_batch_size, FLAGS.dyneval_search_tokens, FLAGS.data_dir))
+      FLAGS.dyneval_ms_batch_size, FLAGS.dyneval_search_tokens, FLAGS.dyneval_max_tokens,
+      FLAGS.data_dir))
   for settings, loss in report.trials:
     print(f'search: valid loss {loss:.4f} with {settings}')
   for split, result in report.results.items():

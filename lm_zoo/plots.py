@@ -183,20 +183,28 @@ def dyneval_gain_figure(runs: Mapping[str, Mapping], static: Mapping,
   """Perplexity gain of dynamic evaluation along a stream (the meta-learning
   paper's Fig. 2, left): per bin of tokens, static perplexity minus each
   run's, from the JSON of `launch/evaluate.py --dyneval_output` (`static`:
-  a run with learning rate 0, or any baseline)."""
-  def curve(run):
+  a run with learning rate 0, or any baseline). Runs that scored only a
+  prefix of the stream (`--dyneval_max_tokens`) are compared over the
+  shortest one."""
+  def segments(run):
     if split not in run['segments']:
       raise ConfigError(f'a dynamic evaluation result has no {split!r} split')
-    segments = run['segments'][split]
-    return binned_loss(segments['nll'], segments['tokens'], bin_tokens)
+    return run['segments'][split]
 
-  bin_tokens = max(1, math.ceil(sum(static['segments'][split]['tokens']) / num_bins))
+  length = min(sum(segments(run)['tokens']) for run in (static, *runs.values()))
+  # A bin holds at least one whole segment of every run.
+  longest = max(max(segments(run)['tokens']) for run in (static, *runs.values()))
+  bin_tokens = max(math.ceil(longest), math.ceil(length / num_bins))
+  kept = math.ceil(length / bin_tokens)
+
+  def curve(run):
+    xs, losses = binned_loss(segments(run)['nll'], segments(run)['tokens'], bin_tokens)
+    return xs[:kept], losses[:kept]
+
   centres, static_loss = curve(static)
   series = {}
   for label, run in runs.items():
     xs, losses = curve(run)
-    if xs != centres:
-      raise ConfigError(f'{label}: scored a different stream than the static run')
     series[label] = (xs, [math.exp(s) - math.exp(d) for s, d in zip(static_loss, losses)])
   return line_figure(series, path, xlabel=f'position in the {split} stream (tokens)',
                      ylabel=f'perplexity gain over static (bins of {bin_tokens:,} tokens)',

@@ -72,13 +72,14 @@ def test_train_then_evaluate(data_dir, tmp_path):
   # tokens only; lr 0 must win.
   for name, flags in (('static', ['--dyneval=sgd', '--dyneval_lr=0,30', '--dyneval_segment=4',
                                   '--dyneval_search_tokens=150']),
-                      ('learned', ['--dyneval=learned'])):
+                      ('learned', ['--dyneval=learned', '--dyneval_max_tokens=120'])):
     path = tmp_path / f'{name}.json'
     scored = run_script(['launch/evaluate.py', f'--workdir={workdir}', '--splits=test',
                          *flags, f'--dyneval_output={path}'], env)
     assert scored.returncode == 0, scored.stderr
     runs[name] = json.loads(path.read_text())
   assert runs['learned']['settings']['segment_length'] == 4  # as meta-trained
+  assert runs['learned']['results']['test']['num_tokens'] == 120
   assert runs['static']['settings']['learning_rate'] == 0 and len(runs['static']['search']) == 2
   static = runs['static']['results']['test']
   # Learning rate 0 at batch 1 is the static test score of the training run.

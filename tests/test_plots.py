@@ -81,9 +81,14 @@ def test_dyneval_gain_is_static_minus_dynamic_perplexity(drawn, tmp_path):
   xs, gains = series['rms']
   assert xs == [2.0, 6.0]
   assert gains == pytest.approx([math.e - math.exp(0.75), math.e ** 2 - math.e])
-  with pytest.raises(ConfigError, match='different stream'):
-    plots.dyneval_gain_figure({'x': run([1.0] * 4, [1] * 4)}, static, tmp_path / 'f.png',
-                              num_bins=2)
+  # A run of the first 4 tokens only: compared over those, in bins of 2.
+  plots.dyneval_gain_figure({'prefix': run([1.0, 1.0], [2, 2])}, static, tmp_path / 'f.png',
+                            num_bins=2)
+  assert drawn[-1][0]['prefix'] == ([1.0, 3.0], pytest.approx([math.e - math.e ** 0.5] * 2))
+  # Longer segments than the bins asked for: a bin grows to hold a whole one.
+  plots.dyneval_gain_figure({'long': run([4.0, 4.0], [4, 4])}, static, tmp_path / 'f.png',
+                            num_bins=4)
+  assert drawn[-1][0]['long'] == ([2.0, 6.0], pytest.approx([0.0, math.e ** 2 - math.e]))
 
 
 def test_curves_figure_reads_metrics(drawn, tmp_path):

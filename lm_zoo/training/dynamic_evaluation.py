@@ -65,7 +65,8 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
                              decay_clip: str = 'lamb', splits=('valid', 'test'),
                              batch_size: int = 1, ms_batches: int = 100,
                              ms_batch_size: int = 64, search_tokens: int = 0,
-                             data_dir: str | None = None) -> DynamicEvalReport:
+                             max_tokens: int = 0, data_dir: str | None = None
+                             ) -> DynamicEvalReport:
   """Dynamic evaluation of a work directory's best weights.
 
   Every combination of the given learning rates, decays, epsilons (RMS only)
@@ -74,7 +75,10 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
   each starting again from the trained weights. With one value each there is
   no search. With `search_tokens` > 0 the search scores only the first that
   many validation tokens (a cheaper search on a large corpus); the chosen
-  setting then scores the whole of each split. RMS normalises by the root
+  setting then scores the whole of each split, or its first `max_tokens`
+  tokens when that is > 0 (a shorter run on a slow machine: the learned
+  rule updates every weight through its gate network, at several times
+  the cost of an SGD step). RMS normalises by the root
   mean square of training gradients,
   estimated once from `ms_batches` windows of `ms_batch_size` rows.
   'learned' runs the rule `meta_train_workdir` left in the work directory,
@@ -104,7 +108,7 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
                          settings.decay_clip)
     return learned.transformation
 
-  def run(settings: DynamicEvalSettings, split: str, num_tokens: int = 0):
+  def run(settings: DynamicEvalSettings, split: str, num_tokens: int = max_tokens):
     stream = corpus.split(split)
     return dynamic_evaluate(model, params, transformation_for(settings),
                             stream[:num_tokens + 1] if num_tokens else stream,
@@ -121,7 +125,7 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
   else:
     for settings in grid:
       try:
-        valid[settings] = run(settings, 'valid', search_tokens)
+        valid[settings] = run(settings, 'valid', search_tokens or max_tokens)
         loss = valid[settings].result.loss
       except TrainingError as err:
         log.warning('%s: %s', settings, err)
@@ -133,7 +137,8 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
     if math.isinf(best_loss):
       raise TrainingError('dynamic evaluation diverged with every searched setting: '
                           'lower the learning rates')
-  runs = {split: valid[best] if split == 'valid' and best in valid and not search_tokens
+  searched_all = search_tokens in (0, max_tokens)
+  runs = {split: valid[best] if split == 'valid' and best in valid and searched_all
           else run(best, split) for split in splits}
   return DynamicEvalReport(best, {split: r.result for split, r in runs.items()}, trials,
                            {split: (r.segment_nll, r.segment_tokens)
