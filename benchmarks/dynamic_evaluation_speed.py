@@ -2,9 +2,10 @@
 
 A 2-layer LSTM LM (vocab 10k) scores a random stream at batch 1, as the
 papers evaluate: statically (`evaluate_stream`, windows of `--bptt`) and
-dynamically (`dynamic_evaluate` with the SGD and RMS rules, segments of
-`--segment` tokens, each scored and then trained on). Prints tokens/s and the
-ratio to static evaluation; writes JSON.
+dynamically (`dynamic_evaluate` with the SGD and RMS rules and the learned
+rule of `GateNetwork` (8 hidden units), segments of `--segment` tokens, each
+scored and then trained on). Prints tokens/s and the ratio to static
+evaluation; writes JSON.
 
   python benchmarks/dynamic_evaluation_speed.py [--sizes=200,650] [--tokens=2000]
 """
@@ -14,11 +15,13 @@ import pathlib
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
 from lm_zoo.models import RecurrentLM, init_params
-from lm_zoo.optim import dynamic_evaluate, dynamic_rms, dynamic_sgd
+from lm_zoo.optim import (NUM_FEATURES, GateNetwork, dynamic_evaluate, dynamic_rms, dynamic_sgd,
+                          learned_update_rule)
 from lm_zoo.training import evaluate_stream, make_eval_step
 
 flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
@@ -45,12 +48,17 @@ def measure(hidden: int) -> list[dict]:
   rms = jax.tree.map(lambda p: np.full(p.shape, 1e-2, np.float32), params)
   # Built once: the scan is compiled for each transformation object.
   sgd, rms_rule = dynamic_sgd(1e-3), dynamic_rms(1e-4, 1e-3, 1e-3, rms)
+  net = GateNetwork(hidden=8)
+  learned = learned_update_rule(net.apply, rms)
+  meta = {'meta_params': net.init(jax.random.key(1), jnp.zeros((1, NUM_FEATURES)))}
   runs = {
       'static': lambda: evaluate_stream(step, params, model.initialize_carry(1), stream, 1,
                                         FLAGS.bptt),
       'dynamic_sgd': lambda: dynamic_evaluate(model, params, sgd, stream, FLAGS.segment),
       'dynamic_rms': lambda: dynamic_evaluate(model, params, rms_rule, stream,
                                               FLAGS.segment),
+      'learned_rule': lambda: dynamic_evaluate(model, params, learned, stream,
+                                               FLAGS.segment, extra_args=meta),
   }
   rows = [{'mode': mode, 'hidden': hidden, 'tokens_per_s': _tokens_per_second(fn)}
           for mode, fn in runs.items()]
