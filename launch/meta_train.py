@@ -28,6 +28,7 @@ flags.DEFINE_integer('fisher_batches', 100, 'Training windows for the diagonal F
 flags.DEFINE_integer('fisher_batch_size', 64, 'Rows of those windows.')
 flags.DEFINE_bool('first_order', False, 'Treat the LM gradient fed to the rule as a '
                   'constant (no second derivatives).')
+flags.DEFINE_integer('log_every', 10, 'Log the mean L_meta / K every this many meta-steps.')
 flags.DEFINE_integer('seed', 0, 'Seed of the gate network and the stream positions.')
 flags.DEFINE_list('splits', ['valid', 'test'], 'Splits to score with the trained rule; '
                   'empty: none.')
@@ -43,7 +44,7 @@ def main(argv):
       FLAGS.workdir, FLAGS.meta_steps, FLAGS.num_updates, FLAGS.segment_length,
       FLAGS.batch_size, FLAGS.hidden, FLAGS.initial_lr, FLAGS.meta_lr,
       FLAGS.fisher_batches, FLAGS.fisher_batch_size, FLAGS.first_order, FLAGS.seed,
-      FLAGS.data_dir))
+      FLAGS.data_dir, FLAGS.log_every))
   if len(losses):
     tenth = max(1, len(losses) // 10)
     print(f'meta-training: L_meta / K {losses[:tenth].mean():.4f} over the first '
