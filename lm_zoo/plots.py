@@ -15,6 +15,8 @@ import math
 import pathlib
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from lm_zoo.errors import ConfigError
 from lm_zoo.training.metrics import METRICS_FILE, read_metrics
 
@@ -167,7 +169,6 @@ def binned_loss(segment_nll: Sequence[float], segment_tokens: Sequence[float],
   """Mean NLL per token over consecutive bins of `bin_tokens` tokens of a
   stream scored segment by segment (a segment falls in the bin of its first
   token): (bin centres in tokens, losses)."""
-  import numpy as np
   nll, tokens = np.asarray(segment_nll, float), np.asarray(segment_tokens, float)
   starts = np.cumsum(tokens) - tokens
   bins = (starts // bin_tokens).astype(int)
