@@ -8,6 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lm_zoo.cells.lstm_recurrence import lstm_recurrence
+
 Initializer = Callable[..., jax.Array]
 
 
@@ -45,7 +47,8 @@ class LSTMCell(nn.RNNCellBase):
   bias starts at `forget_bias` (+1 as in alstm and lamb). W x can be computed
   for all time steps at once (`project_inputs`) and fed to `step_projected`,
   which is what our stacks do; `__call__` does both for one step, so the cell
-  also runs in `nn.RNN`.
+  also runs in `nn.RNN`. `scan_projected` runs a whole window with a
+  hand-written backward pass (`lstm_recurrence`).
 
   Attributes:
     features: the hidden size n.
@@ -86,6 +89,14 @@ class LSTMCell(nn.RNNCellBase):
         h, self.recurrent_kernel, dtype=self.dtype)
     new_c, new_h = lstm_update(projected + h_in @ recurrent_kernel, c)
     return (new_c, new_h), new_h
+
+  def scan_projected(self, carry, projected: jax.Array, state_mask: jax.Array | None = None,
+                     unroll: int = 1):
+    """All steps of a window given W x + b (T, B, 4n), with the batched
+    recurrent weight gradient of `lstm_recurrence`; returns (carry, (T, B, n))."""
+    projected, recurrent_kernel = nn.dtypes.promote_dtype(
+        projected, self.recurrent_kernel, dtype=self.dtype)
+    return lstm_recurrence(projected, recurrent_kernel, carry, state_mask, unroll)
 
   def __call__(self, carry, inputs: jax.Array):
     return self.step_projected(carry, self.project_inputs(inputs))

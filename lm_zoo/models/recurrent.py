@@ -28,19 +28,26 @@ class RecurrentLayer(nn.Module):
 
   When the cell offers `project_inputs` / `step_projected`, W x for all steps
   is one matrix product before the scan and only the recurrent part is scanned.
+  When it also offers `scan_projected` (a whole window with its own backward
+  pass, like `LSTMCell`'s) and `fused` is on, that runs the window.
   `state_mask`, if given, multiplies the previous output h fed back into the
   cell at every step (variational dropout on the state: one mask per window).
 
   Attributes:
     cell: any `nn.RNNCellBase`.
     unroll: scan steps unrolled per loop iteration.
+    fused: use the cell's `scan_projected` when it has one.
   """
 
   cell: nn.RNNCellBase
   unroll: int = 1
+  fused: bool = True
 
   @nn.compact
   def __call__(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None):
+    if self.fused and supports_hoisting(self.cell) and hasattr(self.cell, 'scan_projected'):
+      return self.cell.scan_projected(carry, self.cell.project_inputs(inputs), state_mask,
+                                      self.unroll)
     if supports_hoisting(self.cell):
       step, xs = _step_projected, self.cell.project_inputs(inputs)
     else:
@@ -66,6 +73,8 @@ class RecurrentStack(nn.Module):
     dropout_state: rate on the recurrent h.
     variational_dropout: share the between-layer mask over time.
     unroll: scan unroll.
+    fused: run each window with the cell's `scan_projected` when it has one.
+    remat: recompute each layer's activations in the backward pass.
   """
 
   cells: Sequence[nn.RNNCellBase]
@@ -73,6 +82,8 @@ class RecurrentStack(nn.Module):
   dropout_state: float = 0.0
   variational_dropout: bool = True
   unroll: int = 1
+  fused: bool = True
+  remat: bool = False
 
   @nn.compact
   def __call__(self, carries: Sequence[Any], inputs: jax.Array, *, train: bool):
@@ -88,7 +99,9 @@ class RecurrentStack(nn.Module):
         h = carry_output(carry)
         state_mask = nn.Dropout(self.dropout_state, deterministic=False)(
             jnp.ones(h.shape, h.dtype))
-      carry, x = RecurrentLayer(cell, unroll=self.unroll, name=f'layer_{layer}')(
+      layer_type = nn.remat(RecurrentLayer) if self.remat else RecurrentLayer
+      carry, x = layer_type(cell, unroll=self.unroll, fused=self.fused,
+                            name=f'layer_{layer}')(
           carry, x, state_mask)
       new_carries.append(carry)
     return new_carries, x
