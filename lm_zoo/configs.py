@@ -45,6 +45,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.variational_dropout = True  # False: new masks every step (not the state's)
   c.model.init_scale = 0.0  # > 0: every parameter U(±init_scale) (Zaremba)
   c.model.unroll = 1  # lax.scan unroll
+  # LSTM layers: hand-written backward pass with one recurrent weight-gradient
+  # product per window (False: autodiff of the plain scan; same gradients).
+  c.model.fused_recurrence = True
+  c.model.remat = False  # recompute recurrent activations in the backward pass
+  # Computation dtype: float32, or bfloat16 (for GPU/TPU) with float32
+  # parameters, carries, logits and loss.
+  c.model.dtype = 'float32'
   # Mogrifier rounds before every layer's cell (Melis et al. 2020); 0: none.
   c.model.mogrifier = ml_collections.ConfigDict()
   c.model.mogrifier.rounds = 0
@@ -66,6 +73,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.mos = ml_collections.ConfigDict()
   c.model.mos.components = 0
   c.model.mos.dropout_latent = 0.0
+
+  # Data parallelism over a device mesh (lm_zoo.training.parallel): batch rows
+  # split over this many devices, parameters replicated; 0: all devices.
+  c.parallel = ml_collections.ConfigDict()
+  c.parallel.num_devices = 1
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = 'sgd'  # sgd | adam | nadam

@@ -203,3 +203,84 @@ def test_dual_and_mos_from_the_config():
   cfg.dual.dropout_output = 1.0
   with pytest.raises(ConfigError, match='dual.dropout_output must be in'):
     build_model(cfg, 20)
+
+
+def _loss_and_grads(model, params, tokens, train=False):
+  carries = model.initialize_carry(tokens.shape[0])
+
+  def loss(p):
+    logits, _ = model.apply({'params': p}, tokens[:, :-1], carries, train=train,
+                            rngs={'dropout': jax.random.key(5)})
+    log_probs = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(log_probs, tokens[:, 1:, None], -1))
+  return jax.value_and_grad(loss)(params)
+
+
+@pytest.mark.parametrize('variant', [{'fused_recurrence': False}, {'remat': True}])
+def test_fused_recurrence_and_remat_keep_the_gradients(variant):
+  """The hand-written LSTM backward pass and recomputation in the backward pass
+  change how the gradient is computed, not its value (dropout on the state
+  included)."""
+  tokens = np.random.default_rng(2).integers(0, 31, (4, 12)).astype(np.int32)
+  model = _lm(dropout_state=0.3, dropout_hidden=0.2)
+  params = init_params(model, jax.random.key(1))
+  loss, grads = _loss_and_grads(model, params, tokens, train=True)
+  other_loss, other_grads = _loss_and_grads(model.clone(**variant), params, tokens, train=True)
+  np.testing.assert_allclose(other_loss, loss, rtol=1e-6)
+  for got, want in zip(jax.tree.leaves(other_grads), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_remat_recomputes_the_forward_pass_in_the_backward_pass():
+  model = _lm(remat=True)
+  params = init_params(model, jax.random.key(1))
+  tokens = np.zeros((2, 6), np.int32)
+  jaxpr = str(jax.make_jaxpr(lambda p: _loss_and_grads(model, p, tokens))(params))
+  assert 'remat' in jaxpr or 'checkpoint' in jaxpr
+  assert 'remat' not in str(jax.make_jaxpr(
+      lambda p: _loss_and_grads(_lm(), p, tokens))(params))
+
+
+def _descend(model, params, tokens, steps=60, learning_rate=1.0):
+  """Gradient descent on one batch; returns the first and last loss."""
+  @jax.jit
+  def step(p):
+    loss, grads = _loss_and_grads(model, p, tokens)
+    return jax.tree.map(lambda w, g: w - learning_rate * g, p, grads), loss, grads
+
+  losses = []
+  for _ in range(steps):
+    params, loss, grads = step(params)
+    losses.append(float(loss))
+  assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
+  return losses[0], losses[-1]
+
+
+@pytest.mark.parametrize('rounds', [0, 2])
+def test_bfloat16_computes_in_bfloat16_and_trains_like_float32(rounds):
+  config = base_config()
+  config.model.update(embed_size=8, hidden_size=8)
+  config.model.mogrifier.update(rounds=rounds, rank=2)
+  config.model.dtype = 'bfloat16'
+  model = build_model(config.model, 31)
+  config.model.dtype = 'float32'
+  reference = build_model(config.model, 31)
+  params = init_params(model, jax.random.key(0))
+  tokens = np.random.default_rng(0).integers(0, 31, (4, 9)).astype(np.int32)
+  logits, carries = model.apply({'params': params}, tokens, model.initialize_carry(4))
+  assert logits.dtype == jnp.float32
+  assert all(c.dtype == jnp.float32 for c in jax.tree.leaves(carries))
+  jaxpr = str(jax.make_jaxpr(lambda p: model.apply({'params': p}, tokens,
+                                                   model.initialize_carry(4)))(params))
+  assert 'preferred_element_type=bfloat16' in jaxpr.replace(' ', '')
+  first, last = _descend(model, params, tokens)
+  _, last_float32 = _descend(reference, params, tokens)
+  assert last < 0.75 * first
+  assert last == pytest.approx(last_float32, rel=0.05)
+
+
+def test_unknown_dtype_is_named():
+  config = base_config()
+  config.model.dtype = 'float8'
+  with pytest.raises(ConfigError, match="unknown model.dtype 'float8'"):
+    build_model(config.model, 31)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -35,12 +35,14 @@ class Mogrify(nn.RNNCellBase):
     rounds: r; 0 gives the inner cell unchanged.
     rank: k of Q^i = Q_left Q_right; <= 0 for full-rank matrices.
     zigzag: False for the no-zigzag ablation.
+    dtype: computation dtype of Q^i and R^i (None: from the inputs).
   """
 
   cell: nn.RNNCellBase
   rounds: int = 5
   rank: int = 0
   zigzag: bool = True
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, carry, inputs: jax.Array):
@@ -49,10 +51,10 @@ class Mogrify(nn.RNNCellBase):
     for i in range(1, self.rounds + 1):
       if i % 2:
         source = h if self.zigzag else h0
-        x = _gate(LowRankDense(x.shape[-1], self.rank, name=f'q{i}')(source)) * x
+        x = _gate(LowRankDense(x.shape[-1], self.rank, dtype=self.dtype, name=f'q{i}')(source)) * x
       else:
         source = x if self.zigzag else x0
-        h = _gate(LowRankDense(h.shape[-1], self.rank, name=f'r{i}')(source)) * h
+        h = _gate(LowRankDense(h.shape[-1], self.rank, dtype=self.dtype, name=f'r{i}')(source)) * h
     return self.cell(replace_carry_output(carry, h), x)
 
   @nn.nowrap
@@ -65,12 +67,12 @@ class Mogrify(nn.RNNCellBase):
 
 
 def mogrified(make_cell: Callable[..., nn.RNNCellBase], rounds: int = 5, rank: int = 0,
-              zigzag: bool = True) -> Callable[..., Mogrify]:
+              zigzag: bool = True, dtype: Any = None) -> Callable[..., Mogrify]:
   """A cell factory: `mogrified(LSTMCell, 5, 40)(features=n)` is
   `Mogrify(LSTMCell(n), 5, 40)`, for stacks and models that take factories."""
 
   def factory(features: int, **kwargs) -> Mogrify:
     # parent=None: the inner cell becomes Mogrify's child `cell`
     return Mogrify(make_cell(features=features, parent=None), rounds=rounds, rank=rank,
-                   zigzag=zigzag, **kwargs)
+                   zigzag=zigzag, dtype=dtype, **kwargs)
   return factory

@@ -7,6 +7,7 @@ import logging
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from lm_zoo.cells import ALSTMCell, LSTMCell, MLSTMCell, StaticLatent, mogrified
@@ -52,19 +53,31 @@ CELLS = {
 }
 
 
+# model.dtype -> computation dtype (None: float32 from the float32 parameters).
+DTYPES = {'float32': None, 'bfloat16': jnp.bfloat16}
+
+
+def compute_dtype(cfg: ml_collections.ConfigDict):
+  """The computation dtype of `model.dtype`; parameters stay float32."""
+  if cfg.dtype not in DTYPES:
+    raise ConfigError(f'unknown model.dtype {cfg.dtype!r}: choose one of {", ".join(DTYPES)}')
+  return DTYPES[cfg.dtype]
+
+
 def cell_factory(cfg: ml_collections.ConfigDict):
-  """The constructor of one layer's cell: `model.cell`, mogrified when
-  `model.mogrifier.rounds` > 0."""
+  """The constructor of one layer's cell: `model.cell` computing in
+  `model.dtype`, mogrified when `model.mogrifier.rounds` > 0."""
   if cfg.cell not in CELLS:
     raise ConfigError(f'unknown cell {cfg.cell!r} (model.cell): choose one of '
                       f'{", ".join(CELLS)}')
-  make_cell = CELLS[cfg.cell](cfg)
+  dtype = compute_dtype(cfg)
+  make_cell = functools.partial(CELLS[cfg.cell](cfg), dtype=dtype)
   mog = cfg.mogrifier
   if mog.rounds < 0:
     raise ConfigError(f'model.mogrifier.rounds must be >= 0, got {mog.rounds}')
   if mog.rounds == 0:
     return make_cell
-  return mogrified(make_cell, mog.rounds, mog.rank, mog.zigzag)
+  return mogrified(make_cell, mog.rounds, mog.rank, mog.zigzag, dtype)
 
 
 def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
@@ -83,6 +96,9 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
       weight_drop=cfg.weight_drop,
       variational_dropout=cfg.variational_dropout,
       unroll=cfg.unroll,
+      fused_recurrence=cfg.fused_recurrence,
+      remat=cfg.remat,
+      dtype=compute_dtype(cfg),
       lstm_rhn=_lstm_rhn(cfg),
       dual_size=cfg.dual.size,
       dropout_dual_input=cfg.dual.dropout_input,

@@ -71,6 +71,15 @@ class RecurrentLM(nn.Module):
       except on the state).
     embed_init: initialiser of the embedding.
     unroll: scan unroll of the recurrent layers.
+    fused_recurrence: run cells that offer `scan_projected` (`LSTMCell`) over
+      a window with their hand-written backward pass (batched recurrent
+      weight gradient); False differentiates the plain scan.
+    remat: recompute each recurrent layer's activations in the backward pass
+      instead of storing them (memory for long BPTT windows, at the cost of
+      a second forward pass).
+    dtype: computation dtype of the embedding output, the softmax and the
+      projection (the cells take theirs from `cell_factory`); None computes
+      in the parameters' dtype. Logits are always float32 or wider.
     lstm_rhn: wire the layers as `LSTMRHNStack` (aLSTM cells only).
     dual_size: > 0 adds the dual connection of that size (`DualConnection`)
       between the stack and the softmax; 0 is the ERS architecture.
@@ -95,6 +104,9 @@ class RecurrentLM(nn.Module):
   variational_dropout: bool = True
   embed_init: Callable[..., jax.Array] = symmetric_uniform(0.1)
   unroll: int = 1
+  fused_recurrence: bool = True
+  remat: bool = False
+  dtype: Any = None
   lstm_rhn: bool = False
   dual_size: int = 0
   dropout_dual_input: float = 0.0
@@ -125,14 +137,14 @@ class RecurrentLM(nn.Module):
     """tokens (B, T) int; returns logits (B, T, V) and the new carries."""
     if tokens.ndim != 2:
       raise ValueError(f'tokens must be (batch, time), got shape {tokens.shape}')
-    embed = nn.Embed(self.vocab_size, self.embed_size,
-                     embedding_init=self.embed_init, name='embed')
+    embed = nn.Embed(self.vocab_size, self.embed_size, embedding_init=self.embed_init,
+                     dtype=self.dtype, name='embed')
     ids = tokens.T  # time-major (T, B) for the scans
     if train and self.dropout_embedding > 0:
       # One mask entry per word type, shared by its every occurrence (V, 1).
       table = nn.Dropout(self.dropout_embedding, broadcast_dims=(1,),
                          deterministic=False)(embed.embedding)
-      x = jnp.take(table, ids, axis=0)
+      x = jnp.take(table, ids, axis=0).astype(self.dtype or table.dtype)
     else:
       x = embed(ids)
     embedded = x  # the dual connection's e_t, before the stack's input dropout
@@ -152,6 +164,7 @@ class RecurrentLM(nn.Module):
           cells, dropout_hidden=self.dropout_hidden,
           dropout_state=self.dropout_state,
           variational_dropout=self.variational_dropout, unroll=self.unroll,
+          fused=self.fused_recurrence, remat=self.remat,
           name='stack')(carries, x, train=train)
     self.sow('intermediates', 'output', h)
     h = nn.Dropout(self.dropout_output, broadcast_dims=time_shared,
@@ -172,10 +185,10 @@ class RecurrentLM(nn.Module):
       return _at_least_float32(log_probs), new_carries
     if self.tie_embeddings:
       if h.shape[-1] != self.embed_size:
-        h = nn.Dense(self.embed_size, use_bias=False, name='projection')(h)
+        h = nn.Dense(self.embed_size, use_bias=False, dtype=self.dtype, name='projection')(h)
       bias = self.param('softmax_bias', nn.initializers.zeros_init(),
                         (self.vocab_size,))
       logits = embed.attend(h) + bias
     else:
-      logits = nn.Dense(self.vocab_size, name='softmax')(h)
+      logits = nn.Dense(self.vocab_size, dtype=self.dtype, name='softmax')(h)
     return _at_least_float32(logits), new_carries
