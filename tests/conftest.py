@@ -7,6 +7,11 @@ import sys
 
 import pytest
 
+# Eight simulated CPU devices for the data-parallel tests; XLA reads the flag
+# when jax initialises its backend, so it must be set before any test imports jax.
+os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
+    os.environ.get('XLA_FLAGS'), '--xla_force_host_platform_device_count=8']))
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -8,13 +8,16 @@ from lm_zoo.training.loop import (Progress, create_train_state, evaluate_split,
                                   train_and_evaluate)
 from lm_zoo.training.metrics import MetricsWriter, read_metrics
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
+from lm_zoo.training.parallel import (data_mesh, initialize_distributed, shard_batch,
+                                      state_shardings)
 from lm_zoo.training.steps import TrainState, make_eval_step, make_train_step, token_nll
 
 __all__ = [
     'Checkpoints', 'EvalResult', 'MetricsWriter', 'Progress', 'TrainState',
-    'create_train_state', 'epoch_learning_rate', 'evaluate_split', 'evaluate_stream',
-    'evaluate_workdir',
+    'create_train_state', 'data_mesh', 'epoch_learning_rate', 'evaluate_split', 'evaluate_stream',
+    'evaluate_workdir', 'initialize_distributed',
     'load_config', 'load_data', 'load_trained', 'make_eval_step', 'make_optimizer', 'make_train_step',
-    'read_metrics', 'sample_text', 'set_learning_rate', 'token_nll', 'train_and_evaluate',
+    'read_metrics', 'sample_text', 'set_learning_rate', 'shard_batch', 'state_shardings',
+    'token_nll', 'train_and_evaluate',
     'tune_temperature',
 ]

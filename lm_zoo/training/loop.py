@@ -24,6 +24,7 @@ from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
 from lm_zoo.training.metrics import MetricsWriter
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
+from lm_zoo.training.parallel import check_batch, data_mesh, shard_batch, state_shardings
 from lm_zoo.training.steps import (TrainState, make_eval_step, make_mc_dropout_eval_step,
                                    make_train_step, mc_dropout_carries, with_dropout_scaled)
 
@@ -158,8 +159,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   model = build_model(config.model, len(corpus.vocab))
   optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
   sum_over_time = config.optimizer.loss_reduction == 'sum_over_time'
+  mesh = data_mesh(config.parallel.num_devices)
+  check_batch(config.data.batch_size, mesh)
   train_step = make_train_step(model, optimizer, sum_over_time, config.optimizer.ar,
-                               config.optimizer.tar)
+                               config.optimizer.tar, mesh)
   eval_step = make_eval_step(model)
   data_cfg, train_cfg = config.data, config.train
   batched = BatchedStream(corpus.train, data_cfg.batch_size)
@@ -180,6 +183,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     state = state.replace(params=params, opt_state=optimizer.init(params))
     log.info('Fine-tuning the best weights of %s', train_cfg.init_from)
   save_config(config, workdir)
+  if mesh is not None:
+    state = jax.device_put(state, state_shardings(state, mesh))
+    log.info('Data parallel over %d devices: %d rows each', mesh.size,
+             data_cfg.batch_size // mesh.size)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   log.info('Model: %s, %s parameters; train %s tokens, vocab %d', config.model.cell,
            f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
@@ -244,8 +251,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       if lr * scale != step_lr:  # no host-to-device copy while the rate holds
         step_lr = lr * scale
         state = state.replace(opt_state=set_learning_rate(state.opt_state, step_lr))
-      state, step_metrics = train_step(state, window.inputs, window.targets,
-                                       window.weights)
+      state, step_metrics = train_step(
+          state, *shard_batch(mesh, window.inputs, window.targets, window.weights))
       pending.append(step_metrics['loss'])
       progress.position = window.start + window.length
       step += 1

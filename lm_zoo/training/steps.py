@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from lm_zoo.models.regularisation import activation_penalty, temporal_activation_penalty
+from lm_zoo.training.parallel import state_shardings
 
 
 @flax.struct.dataclass
@@ -42,7 +43,7 @@ def token_nll(logits: jax.Array, targets: jax.Array, weights: jax.Array):
 
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
                     sum_over_time: bool = False, ar: float = 0.0,
-                    tar: float = 0.0) -> Callable:
+                    tar: float = 0.0, mesh: jax.sharding.Mesh | None = None) -> Callable:
   """Returns jitted `train_step(state, inputs, targets, weights) -> (state, metrics)`.
 
   The objective is the mean NLL per token, or with `sum_over_time` the NLL
@@ -52,6 +53,11 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   layer's outputs that the model sows. The model sees its weights after
   weight drop (`model.dropped_weights`, when it has one). The new carries are
   returned with gradients stopped; the state is donated.
+
+  With a `mesh` (`lm_zoo.training.parallel.data_mesh`) the step is data
+  parallel: it expects the batch and the carries split by row over the mesh's
+  data axis (`shard_batch`, `state_shardings`) and keeps them so; parameters
+  and optimizer state stay replicated, and XLA all-reduces the gradients.
   """
   penalised = ar > 0 or tar > 0
 
@@ -80,6 +86,8 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                               carries=jax.lax.stop_gradient(carries))
+    if mesh is not None:
+      new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh))
     return new_state, {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
 
   return jax.jit(train_step, donate_argnums=0)
