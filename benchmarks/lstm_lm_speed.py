@@ -1,22 +1,32 @@
-"""Train and eval tokens/s of recurrent LMs (vocab 10k, batch 20, BPTT 35).
+"""Train and eval tokens/s of recurrent LMs against PyTorch and flax, in one run.
 
-Measures our `RecurrentLM` with `lm_zoo.cells.LSTMCell` (input projection
-hoisted out of the scan), the Mogrifier LSTM (r = 5, k = 40), the aLSTM (IO
-adaptation; recurrent, static and LSTM-RHN adaptation models of size 100),
-the LSTM with AWD-LSTM's dropouts and weight drop, the LSTM with a dual
-connection and with a 5-component mixture of softmaxes and, as the
-baseline in the same run, the same stack with flax's `nn.OptimizedLSTMCell`
-(everything inside the scan), at hidden sizes 200 and 650. Prints a table with
-ratios against the baseline and writes JSON.
+Every model is a 2-layer LM with embedding = hidden size, vocabulary 10k,
+batch 20, BPTT 35, plain SGD with gradient clipping (`base_config`):
 
-  python benchmarks/lstm_lm_speed.py [--sizes=200,650] [--steps=20] [--output=bench.json]
+- ours: `lstm` (`LSTMCell`, input projection hoisted, hand-written backward
+  pass with one recurrent weight-gradient product per window), `lstm_autodiff`
+  (the same with autodiff of the plain scan), `lstm_bf16`, the Mogrifier LSTM
+  (r = 5, k = 40), the aLSTM (recurrent, static and LSTM-RHN adaptation
+  models), AWD-LSTM's dropouts, the dual connection and a 5-component MoS;
+- baselines: PyTorch's `nn.LSTM` LM (oneDNN's fused kernel; skipped with a
+  message when torch is not installed: `pip install torch`) and flax's
+  `nn.RNN(nn.OptimizedLSTMCell)` equivalent (everything inside the scan).
+
+It also measures the machine's fp32 matmul peak (a 2048-cube product) and
+prints, for the models with the plain LSTM's arithmetic, the fraction of that
+peak a train step reaches, counting 3x the forward pass's matmul FLOPs. Ratios
+are against the baselines measured in the same run; the JSON holds everything.
+
+  python benchmarks/lstm_lm_speed.py [--sizes=200,650] [--steps=20] [--models=...]
 """
 
 import json
+import os
 import pathlib
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
@@ -28,6 +38,8 @@ flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
 # name -> model config fields, or a function of the hidden size giving them
 MODELS = {
     'lstm': {},
+    'lstm_autodiff': {'fused_recurrence': False},
+    'lstm_bf16': {'dtype': 'bfloat16'},
     'mogrifier_r5_k40': {'mogrifier': {'rounds': 5, 'rank': 40}},
     'alstm': {'cell': 'alstm'},
     'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static'}},
@@ -38,8 +50,12 @@ MODELS = {
     'mos_lstm': {'tie_embeddings': True, 'mos': {'components': 5}},
     'flax_lstm': {'cell': 'flax_lstm'},
 }
-flags.DEFINE_list('models', list(MODELS), f'Models from {list(MODELS)}; the last '
-                  'one is the baseline.')
+TORCH = 'torch_lstm'
+# Models whose train step does the plain LSTM LM's matmuls (fraction of peak).
+LSTM_ARITHMETIC = ('lstm', 'lstm_autodiff', 'flax_lstm', TORCH)
+flags.DEFINE_list('models', ['lstm', 'lstm_autodiff', 'mogrifier_r5_k40', 'alstm',
+                             'dual_lstm', 'flax_lstm', TORCH],
+                  f'Models from {[*MODELS, TORCH]}.')
 flags.DEFINE_integer('steps', 20, 'Timed steps after warm-up.')
 flags.DEFINE_integer('vocab', 10_000, 'Vocabulary size.')
 flags.DEFINE_integer('batch_size', 20, 'Batch size.')
@@ -48,7 +64,7 @@ flags.DEFINE_string('output', 'runs/bench_lstm_lm.json', 'JSON results file.')
 FLAGS = flags.FLAGS
 
 
-def _timed(fn, steps):
+def _seconds_per_call(fn, steps):
   jax.block_until_ready(fn())  # compile
   jax.block_until_ready(fn())
   start = time.perf_counter()
@@ -58,7 +74,30 @@ def _timed(fn, steps):
   return (time.perf_counter() - start) / steps
 
 
+def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
+  """The best fp32 GFLOP/s of a size-cube matrix product under jit."""
+  a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+  product = jax.jit(lambda x: x @ a)
+  best = min(_seconds_per_call(lambda: product(a), 1) for _ in range(repeats))
+  return 2 * size ** 3 / best / 1e9
+
+
+def train_flops_per_token(hidden: int, vocab: int, layers: int = 2) -> float:
+  """3x the forward matmul FLOPs of the LSTM LM per token (the backward pass
+  does two products per forward product)."""
+  lstm = layers * 2 * (hidden + hidden) * 4 * hidden
+  return 3 * (lstm + 2 * hidden * vocab)
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  shape = (FLAGS.batch_size, FLAGS.bptt)
+  return (rng.integers(0, FLAGS.vocab, shape).astype(np.int32),
+          rng.integers(0, FLAGS.vocab, shape).astype(np.int32))
+
+
 def measure(name: str, hidden: int) -> dict:
+  """Seconds per train and per eval step of one of our models (or flax's)."""
   config = base_config()
   config.model.update(hidden_size=hidden, embed_size=hidden, num_layers=2)
   fields = MODELS[name]
@@ -68,45 +107,124 @@ def measure(name: str, hidden: int) -> dict:
   optimizer = make_optimizer(config.optimizer)
   train_step = make_train_step(model, optimizer)
   eval_step = make_eval_step(model)
-  rng = np.random.default_rng(0)
-  shape = (FLAGS.batch_size, FLAGS.bptt)
-  inputs = rng.integers(0, FLAGS.vocab, shape).astype(np.int32)
-  targets = rng.integers(0, FLAGS.vocab, shape).astype(np.int32)
-  weights = np.ones(shape, np.float32)
+  inputs, targets = _batch()
+  weights = np.ones(inputs.shape, np.float32)
   holder = {'state': create_train_state(model, optimizer, config)}
 
   def train():
     holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)
     return metrics['loss']
 
-  train_seconds = _timed(train, FLAGS.steps)
+  train_seconds = _seconds_per_call(train, FLAGS.steps)
   params, carries = holder['state'].params, holder['state'].carries
-  eval_seconds = _timed(lambda: eval_step(params, carries, inputs, targets, weights)[0],
-                        FLAGS.steps)
-  tokens = FLAGS.batch_size * FLAGS.bptt
-  return {'model': name, 'hidden': hidden, 'train_tokens_per_s': tokens / train_seconds,
-          'eval_tokens_per_s': tokens / eval_seconds}
+  eval_seconds = _seconds_per_call(
+      lambda: eval_step(params, carries, inputs, targets, weights)[0], FLAGS.steps)
+  return {'train_seconds': train_seconds, 'eval_seconds': eval_seconds}
+
+
+def measure_torch(hidden: int) -> dict | None:
+  """The same LM in PyTorch: nn.Embedding -> nn.LSTM (2 layers) -> nn.Linear,
+  SGD with the gradient norm clipped at 5, the state carried across windows."""
+  try:
+    import torch
+  except ImportError:
+    print(f'{TORCH}: skipped, PyTorch is not installed (pip install torch)')
+    return None
+  torch.manual_seed(0)
+  torch.set_num_threads(os.cpu_count())
+  vocab, batch = FLAGS.vocab, FLAGS.batch_size
+  embed = torch.nn.Embedding(vocab, hidden)
+  lstm = torch.nn.LSTM(hidden, hidden, num_layers=2)
+  softmax = torch.nn.Linear(hidden, vocab)
+  modules = torch.nn.ModuleList([embed, lstm, softmax])
+  optimizer = torch.optim.SGD(modules.parameters(), lr=1.0)
+  inputs, targets = (torch.from_numpy(a.T.copy()).long() for a in _batch())  # time-major
+  state = {'carry': (torch.zeros(2, batch, hidden), torch.zeros(2, batch, hidden))}
+
+  def forward():
+    outputs, carry = lstm(embed(inputs), state['carry'])
+    return softmax(outputs), carry
+
+  def train():
+    optimizer.zero_grad()
+    logits, carry = forward()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(modules.parameters(), 5.0)
+    optimizer.step()
+    state['carry'] = tuple(c.detach() for c in carry)
+
+  def evaluate():
+    with torch.no_grad():
+      forward()
+
+  def seconds_per_call(fn):
+    fn()
+    fn()
+    start = time.perf_counter()
+    for _ in range(FLAGS.steps):
+      fn()
+    return (time.perf_counter() - start) / FLAGS.steps
+
+  return {'train_seconds': seconds_per_call(train), 'eval_seconds': seconds_per_call(evaluate),
+          'torch_version': torch.__version__}
 
 
 def main(argv):
   del argv
-  rows = [measure(name, int(size)) for size in FLAGS.sizes for name in FLAGS.models]
-  baseline = {r['hidden']: r for r in rows if r['model'] == FLAGS.models[-1]}
-  print(f'devices: {jax.devices()}; vocab {FLAGS.vocab}, batch {FLAGS.batch_size}, '
+  unknown = set(FLAGS.models) - {*MODELS, TORCH}
+  if unknown:
+    raise app.UsageError(f'unknown models {sorted(unknown)}: choose from {[*MODELS, TORCH]}')
+  peak = matmul_peak_gflops()
+  tokens = FLAGS.batch_size * FLAGS.bptt
+  rows = []
+  for size in map(int, FLAGS.sizes):
+    for name in FLAGS.models:
+      timing = measure_torch(size) if name == TORCH else measure(name, size)
+      if timing is None:
+        continue
+      row = {'model': name, 'hidden': size, **timing,
+             'train_tokens_per_s': tokens / timing['train_seconds'],
+             'eval_tokens_per_s': tokens / timing['eval_seconds']}
+      if name in LSTM_ARITHMETIC:
+        row['fraction_of_matmul_peak'] = (
+            row['train_tokens_per_s'] * train_flops_per_token(size, FLAGS.vocab) / (peak * 1e9))
+      rows.append(row)
+      print(f'measured {name} at hidden {size}: {row["train_tokens_per_s"]:,.0f} train tok/s',
+            flush=True)
+
+  by_key = {(r['model'], r['hidden']): r for r in rows}
+  baselines = [b for b in (TORCH, 'flax_lstm') if b in FLAGS.models]
+  print(f'\ndevices: {jax.devices()}; {os.cpu_count()} CPUs; fp32 matmul peak '
+        f'{peak:.0f} GFLOP/s (2048 cube); vocab {FLAGS.vocab}, batch {FLAGS.batch_size}, '
         f'BPTT {FLAGS.bptt}, 2 layers')
-  print(f'{"model":>16} {"hidden":>6} {"train tok/s":>12} {"eval tok/s":>11} '
-        f'{"train ratio":>11} {"eval ratio":>10}')
+  header = (f'{"model":>17} {"hidden":>6} {"train tok/s":>11} {"eval tok/s":>10} '
+            f'{"of peak":>7} {"step vs lstm":>12}')
+  header += ''.join(f' {"train/" + b:>16} {"eval/" + b:>15}' for b in baselines)
+  print(header)
   for r in rows:
-    base = baseline[r['hidden']]
-    r['train_ratio_vs_baseline'] = r['train_tokens_per_s'] / base['train_tokens_per_s']
-    r['eval_ratio_vs_baseline'] = r['eval_tokens_per_s'] / base['eval_tokens_per_s']
-    print(f'{r["model"]:>16} {r["hidden"]:>6} {r["train_tokens_per_s"]:>12,.0f} '
-          f'{r["eval_tokens_per_s"]:>11,.0f} {r["train_ratio_vs_baseline"]:>11.2f} '
-          f'{r["eval_ratio_vs_baseline"]:>10.2f}')
+    lstm = by_key.get(('lstm', r['hidden']))
+    if lstm:
+      r['step_time_vs_lstm'] = r['train_seconds'] / lstm['train_seconds']
+    line = (f'{r["model"]:>17} {r["hidden"]:>6} {r["train_tokens_per_s"]:>11,.0f} '
+            f'{r["eval_tokens_per_s"]:>10,.0f} '
+            f'{r.get("fraction_of_matmul_peak", float("nan")):>7.0%} '
+            f'{r.get("step_time_vs_lstm", float("nan")):>12.2f}')
+    for b in baselines:
+      base = by_key.get((b, r['hidden']))
+      if base:
+        r[f'train_ratio_vs_{b}'] = r['train_tokens_per_s'] / base['train_tokens_per_s']
+        r[f'eval_ratio_vs_{b}'] = r['eval_tokens_per_s'] / base['eval_tokens_per_s']
+      line += (f' {r.get(f"train_ratio_vs_{b}", float("nan")):>16.2f}'
+               f' {r.get(f"eval_ratio_vs_{b}", float("nan")):>15.2f}')
+    print(line)
   if FLAGS.output:
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({'baseline': FLAGS.models[-1], 'results': rows}, indent=2))
+    path.write_text(json.dumps({
+        'matmul_peak_gflops': peak, 'baselines': baselines, 'cpus': os.cpu_count(),
+        'devices': [str(d) for d in jax.devices()], 'vocab': FLAGS.vocab,
+        'batch_size': FLAGS.batch_size, 'bptt': FLAGS.bptt, 'results': rows}, indent=2))
     print(f'wrote {path}')
 
 
