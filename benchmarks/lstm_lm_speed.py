@@ -17,10 +17,11 @@ prints, for the models with the plain LSTM's arithmetic, the fraction of that
 peak a train step reaches, counting 3x the forward pass's matmul FLOPs. Ratios
 are against the baselines measured in the same run; the JSON holds everything.
 
-  python benchmarks/lstm_lm_speed.py [--sizes=200,650] [--steps=20] [--models=...]
+  python benchmarks/lstm_lm_speed.py [--sizes=200,650] [--steps=10] [--rounds=3] [--models=...]
 """
 
 import json
+import math
 import os
 import pathlib
 import time
@@ -56,7 +57,8 @@ LSTM_ARITHMETIC = ('lstm', 'lstm_autodiff', 'flax_lstm', TORCH)
 flags.DEFINE_list('models', ['lstm', 'lstm_autodiff', 'mogrifier_r5_k40', 'alstm',
                              'dual_lstm', 'flax_lstm', TORCH],
                   f'Models from {[*MODELS, TORCH]}.')
-flags.DEFINE_integer('steps', 20, 'Timed steps after warm-up.')
+flags.DEFINE_integer('steps', 10, 'Timed steps per round.')
+flags.DEFINE_integer('rounds', 3, 'Rounds over all models; each keeps its fastest.')
 flags.DEFINE_integer('vocab', 10_000, 'Vocabulary size.')
 flags.DEFINE_integer('batch_size', 20, 'Batch size.')
 flags.DEFINE_integer('bptt', 35, 'Window length.')
@@ -64,21 +66,16 @@ flags.DEFINE_string('output', 'runs/bench_lstm_lm.json', 'JSON results file.')
 FLAGS = flags.FLAGS
 
 
-def _seconds_per_call(fn, steps):
-  jax.block_until_ready(fn())  # compile
-  jax.block_until_ready(fn())
-  start = time.perf_counter()
-  for _ in range(steps):
-    out = fn()
-  jax.block_until_ready(out)
-  return (time.perf_counter() - start) / steps
-
-
 def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
   """The best fp32 GFLOP/s of a size-cube matrix product under jit."""
   a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
   product = jax.jit(lambda x: x @ a)
-  best = min(_seconds_per_call(lambda: product(a), 1) for _ in range(repeats))
+  jax.block_until_ready(product(a))
+  best = math.inf
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(product(a))
+    best = min(best, time.perf_counter() - start)
   return 2 * size ** 3 / best / 1e9
 
 
@@ -96,8 +93,8 @@ def _batch():
           rng.integers(0, FLAGS.vocab, shape).astype(np.int32))
 
 
-def measure(name: str, hidden: int) -> dict:
-  """Seconds per train and per eval step of one of our models (or flax's)."""
+def build(name: str, hidden: int) -> dict:
+  """Compiled train and eval calls of one of our models (or flax's)."""
   config = base_config()
   config.model.update(hidden_size=hidden, embed_size=hidden, num_layers=2)
   fields = MODELS[name]
@@ -115,16 +112,19 @@ def measure(name: str, hidden: int) -> dict:
     holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)
     return metrics['loss']
 
-  train_seconds = _seconds_per_call(train, FLAGS.steps)
-  params, carries = holder['state'].params, holder['state'].carries
-  eval_seconds = _seconds_per_call(
-      lambda: eval_step(params, carries, inputs, targets, weights)[0], FLAGS.steps)
-  return {'train_seconds': train_seconds, 'eval_seconds': eval_seconds}
+  def evaluate():
+    state = holder['state']
+    return eval_step(state.params, state.carries, inputs, targets, weights)[0]
+
+  for fn in (train, evaluate):  # compile and warm up
+    jax.block_until_ready(fn())
+  return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready}
 
 
-def measure_torch(hidden: int) -> dict | None:
+def build_torch(hidden: int) -> dict | None:
   """The same LM in PyTorch: nn.Embedding -> nn.LSTM (2 layers) -> nn.Linear,
-  SGD with the gradient norm clipped at 5, the state carried across windows."""
+  SGD with the gradient norm clipped at 5, the state carried across windows;
+  eval computes the loss too, as ours does."""
   try:
     import torch
   except ImportError:
@@ -141,14 +141,14 @@ def measure_torch(hidden: int) -> dict | None:
   inputs, targets = (torch.from_numpy(a.T.copy()).long() for a in _batch())  # time-major
   state = {'carry': (torch.zeros(2, batch, hidden), torch.zeros(2, batch, hidden))}
 
-  def forward():
+  def loss_and_carry():
     outputs, carry = lstm(embed(inputs), state['carry'])
-    return softmax(outputs), carry
+    logits = softmax(outputs).reshape(-1, vocab)
+    return torch.nn.functional.cross_entropy(logits, targets.reshape(-1)), carry
 
   def train():
     optimizer.zero_grad()
-    logits, carry = forward()
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+    loss, carry = loss_and_carry()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(modules.parameters(), 5.0)
     optimizer.step()
@@ -156,18 +156,21 @@ def measure_torch(hidden: int) -> dict | None:
 
   def evaluate():
     with torch.no_grad():
-      forward()
+      loss_and_carry()
 
-  def seconds_per_call(fn):
+  for fn in (train, evaluate):
     fn()
-    fn()
-    start = time.perf_counter()
-    for _ in range(FLAGS.steps):
-      fn()
-    return (time.perf_counter() - start) / FLAGS.steps
-
-  return {'train_seconds': seconds_per_call(train), 'eval_seconds': seconds_per_call(evaluate),
+  return {'train': train, 'eval': evaluate, 'sync': lambda out: out,
           'torch_version': torch.__version__}
+
+
+def best_seconds(calls: dict, key: str) -> float:
+  """The fastest of --rounds timings of --steps calls, per call."""
+  start = time.perf_counter()
+  for _ in range(FLAGS.steps):
+    out = calls[key]()
+  calls['sync'](out)
+  return (time.perf_counter() - start) / FLAGS.steps
 
 
 def main(argv):
@@ -179,19 +182,27 @@ def main(argv):
   tokens = FLAGS.batch_size * FLAGS.bptt
   rows = []
   for size in map(int, FLAGS.sizes):
-    for name in FLAGS.models:
-      timing = measure_torch(size) if name == TORCH else measure(name, size)
-      if timing is None:
-        continue
-      row = {'model': name, 'hidden': size, **timing,
-             'train_tokens_per_s': tokens / timing['train_seconds'],
-             'eval_tokens_per_s': tokens / timing['eval_seconds']}
+    built = {name: build_torch(size) if name == TORCH else build(name, size)
+             for name in FLAGS.models}
+    built = {name: calls for name, calls in built.items() if calls is not None}
+    # Rounds interleave the models, so slow drifts of a shared machine hit all
+    # of them; each model keeps its best round.
+    seconds = {name: {'train': math.inf, 'eval': math.inf} for name in built}
+    for _ in range(FLAGS.rounds):
+      for name, calls in built.items():
+        for key in ('train', 'eval'):
+          seconds[name][key] = min(seconds[name][key], best_seconds(calls, key))
+    for name in built:
+      row = {'model': name, 'hidden': size,
+             'train_seconds': seconds[name]['train'], 'eval_seconds': seconds[name]['eval'],
+             'train_tokens_per_s': tokens / seconds[name]['train'],
+             'eval_tokens_per_s': tokens / seconds[name]['eval']}
+      if 'torch_version' in built[name]:
+        row['torch_version'] = built[name]['torch_version']
       if name in LSTM_ARITHMETIC:
         row['fraction_of_matmul_peak'] = (
             row['train_tokens_per_s'] * train_flops_per_token(size, FLAGS.vocab) / (peak * 1e9))
       rows.append(row)
-      print(f'measured {name} at hidden {size}: {row["train_tokens_per_s"]:,.0f} train tok/s',
-            flush=True)
 
   by_key = {(r['model'], r['hidden']): r for r in rows}
   baselines = [b for b in (TORCH, 'flax_lstm') if b in FLAGS.models]

@@ -69,27 +69,29 @@ def _recurrence_bwd(unroll, saved, cotangents):
   recurrent_kernel, state_mask, c0, h0, hs, acts, cs = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev, c_prev = _shifted(h0, hs), _shifted(c0, cs)
+  i, f, j, o = jnp.split(acts, 4, axis=-1)
+  tanh_c = jnp.tanh(cs)
+  # Everything that does not depend on the incoming gradients, for all steps
+  # at once: the scan then only chains d_c and d_h through U.
+  d_c_from_h = o * (1 - tanh_c * tanh_c)
+  gate_scales = jnp.concatenate(
+      [j * i * (1 - i), c_prev * f * (1 - f), i * (1 - j * j), tanh_c * o * (1 - o)], axis=-1)
   kernel_t = recurrent_kernel.astype(acts.dtype).T
 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
-    d_h_out, h_prev_t, c_prev_t, c_t, act_t = xs
-    i_t, f_t, j_t, o_t = jnp.split(act_t, 4, axis=-1)
-    tanh_c_t = jnp.tanh(c_t)
+    d_h_out, h_prev_t, f_t, d_c_from_h_t, gate_scales_t = xs
     d_h = d_h_out + d_h_next
-    d_c = d_c + d_h * o_t * (1 - tanh_c_t * tanh_c_t)
-    d_gates = jnp.concatenate([
-        d_c * j_t * i_t * (1 - i_t),
-        d_c * c_prev_t * f_t * (1 - f_t),
-        d_c * i_t * (1 - j_t * j_t),
-        d_h * tanh_c_t * o_t * (1 - o_t)], axis=-1).astype(act_t.dtype)
+    d_c = d_c + d_h * d_c_from_h_t
+    d_gates = (gate_scales_t * jnp.concatenate([d_c, d_c, d_c, d_h], axis=-1)
+               ).astype(gate_scales_t.dtype)
     d_h_in = d_gates @ kernel_t
     return ((d_c * f_t).astype(d_c.dtype), (d_h_in * state_mask).astype(d_h_next.dtype),
             (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype)), d_gates
 
   (d_c0, d_h0, d_mask), d_gates = jax.lax.scan(
       step, (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
-      (d_hs, h_prev, c_prev, cs, acts), reverse=True, unroll=unroll)
+      (d_hs, h_prev, f, d_c_from_h, gate_scales), reverse=True, unroll=unroll)
   n = h0.shape[-1]
   h_in = (h_prev * state_mask).astype(d_gates.dtype).reshape(-1, n)
   # The whole window's recurrent weight gradient in one matrix product.
