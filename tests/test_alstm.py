@@ -192,7 +192,7 @@ def test_lstm_rhn_language_model_steps_the_rhn_stack():
   x = params['embed']['embedding'][tokens]
   last, h = nn.RNN(stack, return_carry=True).apply(
       {'params': {'cell': {'cells_0': params['cell_0'], 'cells_1': params['cell_1']}}}, x)
-  expected = h @ params['softmax']['kernel'] + params['softmax']['bias']
+  expected = h @ params['softmax']['kernel'].T + params['softmax']['bias']
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
   for got, want in zip(jax.tree.leaves(carries), jax.tree.leaves(last)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells import LSTMCell, LSTMRHNStack
-from lm_zoo.layers import DualConnection, MixtureOfSoftmaxes
+from lm_zoo.layers import DualConnection, MixtureOfSoftmaxes, OutputEmbedding
 from lm_zoo.models.recurrent import RecurrentLayer, RecurrentStack
 from lm_zoo.models.regularisation import drop_recurrent_weights
 
@@ -190,5 +190,5 @@ class RecurrentLM(nn.Module):
                         (self.vocab_size,))
       logits = embed.attend(h) + bias
     else:
-      logits = nn.Dense(self.vocab_size, dtype=self.dtype, name='softmax')(h)
+      logits = OutputEmbedding(self.vocab_size, dtype=self.dtype, name='softmax')(h)
     return _at_least_float32(logits), new_carries
