@@ -48,7 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
   # LSTM layers: hand-written backward pass with one recurrent weight-gradient
   # product per window (False: autodiff of the plain scan; same gradients).
   c.model.fused_recurrence = True
-  c.model.remat = False  # recompute recurrent activations in the backward pass
+  c.model.remat = False  # recompute each step in the backward pass: memory for long BPTT
   # Computation dtype: float32, or bfloat16 (for GPU/TPU) with float32
   # parameters, carries, logits and loss.
   c.model.dtype = 'float32'

@@ -74,9 +74,9 @@ class RecurrentLM(nn.Module):
     fused_recurrence: run cells that offer `scan_projected` (`LSTMCell`) over
       a window with their hand-written backward pass (batched recurrent
       weight gradient); False differentiates the plain scan.
-    remat: recompute each recurrent layer's activations in the backward pass
-      instead of storing them (memory for long BPTT windows, at the cost of
-      a second forward pass).
+    remat: recompute each time step in the backward pass from its input and
+      carry instead of storing its activations (a third of the memory for
+      long BPTT windows, at the cost of a second, slower forward pass).
     dtype: computation dtype of the embedding output, the softmax and the
       projection (the cells take theirs from `cell_factory`); None computes
       in the parameters' dtype. Logits are always float32 or wider.

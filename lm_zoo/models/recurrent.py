@@ -29,7 +29,10 @@ class RecurrentLayer(nn.Module):
   When the cell offers `project_inputs` / `step_projected`, W x for all steps
   is one matrix product before the scan and only the recurrent part is scanned.
   When it also offers `scan_projected` (a whole window with its own backward
-  pass, like `LSTMCell`'s) and `fused` is on, that runs the window.
+  pass, like `LSTMCell`'s) and `fused` is on, that runs the window. With
+  `remat` each step is recomputed in the backward pass from its input and
+  carry, the only per-step values kept: the memory for long windows, at the
+  cost of a second forward pass (W x stays inside the scan then).
   `state_mask`, if given, multiplies the previous output h fed back into the
   cell at every step (variational dropout on the state: one mask per window).
 
@@ -37,18 +40,23 @@ class RecurrentLayer(nn.Module):
     cell: any `nn.RNNCellBase`.
     unroll: scan steps unrolled per loop iteration.
     fused: use the cell's `scan_projected` when it has one.
+    remat: keep only each step's input and carry for the backward pass.
   """
 
   cell: nn.RNNCellBase
   unroll: int = 1
   fused: bool = True
+  remat: bool = False
 
   @nn.compact
   def __call__(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None):
-    if self.fused and supports_hoisting(self.cell) and hasattr(self.cell, 'scan_projected'):
+    hoisting = supports_hoisting(self.cell)
+    if self.remat:
+      step, xs = nn.remat(_step), inputs
+    elif self.fused and hoisting and hasattr(self.cell, 'scan_projected'):
       return self.cell.scan_projected(carry, self.cell.project_inputs(inputs), state_mask,
                                       self.unroll)
-    if supports_hoisting(self.cell):
+    elif hoisting:
       step, xs = _step_projected, self.cell.project_inputs(inputs)
     else:
       step, xs = _step, inputs
@@ -74,7 +82,7 @@ class RecurrentStack(nn.Module):
     variational_dropout: share the between-layer mask over time.
     unroll: scan unroll.
     fused: run each window with the cell's `scan_projected` when it has one.
-    remat: recompute each layer's activations in the backward pass.
+    remat: recompute each step in the backward pass (`RecurrentLayer`).
   """
 
   cells: Sequence[nn.RNNCellBase]
@@ -99,9 +107,8 @@ class RecurrentStack(nn.Module):
         h = carry_output(carry)
         state_mask = nn.Dropout(self.dropout_state, deterministic=False)(
             jnp.ones(h.shape, h.dtype))
-      layer_type = nn.remat(RecurrentLayer) if self.remat else RecurrentLayer
-      carry, x = layer_type(cell, unroll=self.unroll, fused=self.fused,
-                            name=f'layer_{layer}')(
+      carry, x = RecurrentLayer(cell, unroll=self.unroll, fused=self.fused,
+                                remat=self.remat, name=f'layer_{layer}')(
           carry, x, state_mask)
       new_carries.append(carry)
     return new_carries, x
