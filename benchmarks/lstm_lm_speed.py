@@ -6,7 +6,7 @@ batch 20, BPTT 35, plain SGD with gradient clipping (`base_config`):
 - ours: `lstm` (`LSTMCell`, input projection hoisted, hand-written backward
   pass with one recurrent weight-gradient product per window), `lstm_autodiff`
   (the same with autodiff of the plain scan), `lstm_bf16`, `lstm_unroll2|5`
-  (scan unroll), the Mogrifier LSTM
+  (scan unroll), `lstm_remat` (each step recomputed in the backward pass), the Mogrifier LSTM
   (r = 5, k = 40), the aLSTM (recurrent, static and LSTM-RHN adaptation
   models), AWD-LSTM's dropouts, the dual connection and a 5-component MoS;
 - baselines: PyTorch's `nn.LSTM` LM (oneDNN's fused kernel; skipped with a
@@ -44,6 +44,7 @@ MODELS = {
     'lstm_bf16': {'dtype': 'bfloat16'},
     'lstm_unroll2': {'unroll': 2},
     'lstm_unroll5': {'unroll': 5},
+    'lstm_remat': {'remat': True},
     'mogrifier_r5_k40': {'mogrifier': {'rounds': 5, 'rank': 40}},
     'alstm': {'cell': 'alstm'},
     'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static'}},
