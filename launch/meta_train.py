@@ -22,6 +22,8 @@ flags.DEFINE_integer('segment_length', 5, 'Tokens per update (the mini-batch M);
 flags.DEFINE_integer('batch_size', 4, 'Stream positions per meta-step.')
 flags.DEFINE_integer('hidden', 16, 'Hidden units of the coordinate-wise gate network.')
 flags.DEFINE_float('initial_lr', 0.03, 'The UPDATE step the rule starts from (SGD).')
+flags.DEFINE_float('initial_decay', 1e-3, 'The pull toward the trained weights per update '
+                   'the rule starts from (COPY 1 - d, FLUSH d).')
 flags.DEFINE_float('meta_lr', 1e-3, 'Adam learning rate of the meta-parameters.')
 flags.DEFINE_integer('fisher_batches', 100, 'Training windows for the diagonal Fisher '
                      'precision of the long-term memory theta_0.')
@@ -42,7 +44,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   losses = cli.run(lambda: meta_train_workdir(
       FLAGS.workdir, FLAGS.meta_steps, FLAGS.num_updates, FLAGS.segment_length,
-      FLAGS.batch_size, FLAGS.hidden, FLAGS.initial_lr, FLAGS.meta_lr,
+      FLAGS.batch_size, FLAGS.hidden, FLAGS.initial_lr, FLAGS.initial_decay, FLAGS.meta_lr,
       FLAGS.fisher_batches, FLAGS.fisher_batch_size, FLAGS.first_order, FLAGS.seed,
       FLAGS.data_dir, FLAGS.log_every))
   if len(losses):

@@ -8,7 +8,8 @@ import optax
 import pytest
 from jax.test_util import check_grads
 
-from lm_zoo.optim import (GateNetwork, coordinate_features, diagonal_fisher, learned_update_rule,
+from lm_zoo.optim import (GateNetwork, coordinate_features, decay_logits, diagonal_fisher,
+                          learned_update_rule,
                           meta_loss, meta_train, stream_windows)
 from lm_zoo.optim import rms_training_gradients
 from lm_zoo.models import RecurrentLM, init_params
@@ -74,6 +75,19 @@ def test_fresh_gate_network_starts_as_sgd_with_a_slight_pull_to_theta0():
   np.testing.assert_allclose(_flat(updates), expected, rtol=1e-5, atol=1e-7)
   assert coordinate_features(PARAMS['w'], GRADS['w'], THETA0['w'], PRECISION['w'],
                              1.0).shape == (2, 2, 5)
+
+
+@pytest.mark.parametrize('decay', [1e-4, 1e-3, 0.3])
+def test_decay_logits_start_the_rule_as_sgd_with_that_decay_to_theta0(decay):
+  net = GateNetwork(learning_rate=0.02, **decay_logits(decay))
+  meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
+  rule = learned_update_rule(net.apply)
+  updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta, loss=1.0)
+  # theta' = theta - 0.02 g + decay (theta_0 - theta)
+  expected = -0.02 * _flat(GRADS) + decay * (_flat(THETA0) - _flat(PARAMS))
+  np.testing.assert_allclose(_flat(updates), expected, rtol=1e-5, atol=1e-7)
+  with pytest.raises(ValueError, match='in \\(0, 1\\)'):
+    decay_logits(0.0)
 
 
 def test_fisher_is_the_squared_rms_gradient():

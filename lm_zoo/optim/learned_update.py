@@ -49,7 +49,8 @@ class GateNetwork(nn.Module):
   f = sigmoid(.), the UPDATE step i (unconstrained; negative descends) and
   the FLUSH gate z = sigmoid(.). The output layer starts at zero, so the
   initial rule is f = sigmoid(copy_logit), i = -learning_rate,
-  z = sigmoid(flush_logit) everywhere: SGD with a slight pull to theta_0.
+  z = sigmoid(flush_logit) everywhere: SGD with a slight pull to theta_0
+  (`decay_logits` gives the logits of a pull at a chosen rate).
 
   Attributes:
     hidden: width of the hidden layer.
@@ -80,6 +81,15 @@ class GateNetwork(nn.Module):
     out = [sum(h[j] * gates_kernel[j, m] for j in range(self.hidden)) + gates_bias[m]
            for m in range(3)]
     return jax.nn.sigmoid(out[0]), out[1], jax.nn.sigmoid(out[2])
+
+
+def decay_logits(decay: float) -> dict[str, float]:
+  """`GateNetwork` fields whose initial rule decays toward theta_0 at `decay`
+  per update: f = 1 - decay, z = decay (so f + z = 1)."""
+  if not 0 < decay < 1:
+    raise ValueError(f'the initial decay toward theta_0 must be in (0, 1), got {decay}')
+  logit = math.log(decay / (1 - decay))
+  return {'copy_logit': -logit, 'flush_logit': logit}
 
 
 def coordinate_features(param, grad, theta0, precision, loss) -> jax.Array:

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 from lm_zoo.errors import ConfigError, TrainingError
-from lm_zoo.optim import (DECAY_CLIPS, GateNetwork, NUM_FEATURES, diagonal_fisher,
+from lm_zoo.optim import (DECAY_CLIPS, GateNetwork, NUM_FEATURES, decay_logits, diagonal_fisher,
                           dynamic_evaluate, dynamic_rms, dynamic_sgd, learned_update_rule,
                           meta_train, rms_training_gradients)
 from lm_zoo.training.checkpoints import restore_tree, save_tree
@@ -158,7 +158,8 @@ class MetaLearner:
 def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
                        num_updates: int = 40, segment_length: int = 5,
                        batch_size: int = 4, hidden: int = 16,
-                       initial_learning_rate: float = 0.03, meta_learning_rate: float = 1e-3,
+                       initial_learning_rate: float = 0.03, initial_decay: float = 1e-3,
+                       meta_learning_rate: float = 1e-3,
                        fisher_batches: int = 100, fisher_batch_size: int = 64,
                        first_order: bool = False, seed: int = 0,
                        data_dir: str | None = None, log_every: int = 50) -> np.ndarray:
@@ -168,7 +169,8 @@ def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
 
   theta_0's precision is the diagonal Fisher from `fisher_batches` training
   windows of `fisher_batch_size` rows. The gate network (`hidden` units)
-  starts as SGD with step `initial_learning_rate`; each of `meta_steps`
+  starts as SGD with step `initial_learning_rate` and a decay toward theta_0
+  of `initial_decay` per update (`decay_logits`); each of `meta_steps`
   Adam steps (`meta_learning_rate`) backpropagates through `num_updates`
   updates of `segment_length` tokens at `batch_size` random stream positions
   (`meta_train`). Returns L_meta / K per meta-step.
@@ -176,7 +178,8 @@ def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
   config, corpus, model, params = load_trained(workdir, data_dir)
   precision = diagonal_fisher(model, params, corpus.train, fisher_batch_size,
                               config.data.bptt, fisher_batches)
-  net = GateNetwork(hidden=hidden, learning_rate=initial_learning_rate)
+  net = GateNetwork(hidden=hidden, learning_rate=initial_learning_rate,
+                    **decay_logits(initial_decay))
   meta_params = net.init(jax.random.key(seed), jnp.zeros((1, NUM_FEATURES)))
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(meta_learning_rate))
   result = meta_train(model, net.apply, meta_params, params, precision, corpus.train,
@@ -185,7 +188,8 @@ def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
   save_tree(pathlib.Path(workdir) / META_LEARNER_DIR,
             {'meta_params': result.meta_params, 'precision': precision},
             {'hidden': hidden, 'segment_length': segment_length,
-             'initial_learning_rate': initial_learning_rate, 'num_updates': num_updates,
+             'initial_learning_rate': initial_learning_rate, 'initial_decay': initial_decay,
+             'num_updates': num_updates,
              'batch_size': batch_size, 'meta_steps': meta_steps,
              'meta_learning_rate': meta_learning_rate, 'first_order': first_order,
              'seed': seed, 'losses': [float(x) for x in result.losses]})
