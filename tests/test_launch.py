@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
 from conftest import run_script
 
 
-def test_train_then_evaluate(data_dir, tmp_path):
-  workdir = tmp_path / 'run'
+@pytest.fixture(scope='module')
+def trained_run(data_dir, tmp_path_factory):
+  """A tiny training run of launch/train.py: (workdir, its stderr)."""
+  workdir = tmp_path_factory.mktemp('launch') / 'run'
   overrides = ['--config.data.train_tokens=2001', '--config.data.valid_tokens=300',
                '--config.data.test_tokens=200', '--config.model.hidden_size=16',
                '--config.model.embed_size=16', '--config.data.bptt=10',
@@ -15,7 +18,11 @@ def test_train_then_evaluate(data_dir, tmp_path):
                       f'--workdir={workdir}', *overrides],
                      {'LM_ZOO_DATA': str(data_dir)})
   assert train.returncode == 0, train.stderr
-  log = train.stderr
+  return workdir, train.stderr
+
+
+def test_train_then_evaluate(trained_run, data_dir):
+  workdir, log = trained_run
   assert 'tokens/s' in log and 'valid perplexity' in log and 'test perplexity' in log
   assert 'sample:' in log
   assert 'orbax' not in log  # library chatter stays below WARNING
@@ -59,8 +66,14 @@ def test_train_then_evaluate(data_dir, tmp_path):
   valid_ppl = float(out.split('valid: perplexity ')[1].split()[0])
   assert valid_ppl <= summary['valid']['perplexity'] + 0.01
 
-  # The meta-learned rule: a brief meta-training, then scores with it; the
-  # per-segment results of two runs draw the gain along the test stream.
+
+
+@pytest.mark.slow
+def test_meta_train_then_score_and_plot_the_gain(trained_run, data_dir, tmp_path):
+  """The meta-learned rule: a brief meta-training, then scores with it; the
+  per-segment results of two runs draw the gain along the test stream."""
+  workdir, _ = trained_run
+  summary = json.loads((workdir / 'summary.json').read_text())
   env = {'LM_ZOO_DATA': str(data_dir)}
   meta = run_script(['launch/meta_train.py', f'--workdir={workdir}', '--meta_steps=2',
                      '--num_updates=3', '--segment_length=4', '--batch_size=2',

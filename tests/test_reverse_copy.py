@@ -39,6 +39,7 @@ def test_encoder_decoder_learns_to_reverse(decoder):
   assert accuracy > 0.95 and cross_entropy < 0.2
 
 
+@pytest.mark.slow  # the whole experiment at tiny sizes; the task and models have fast tests above
 def test_experiment_reports_every_length_and_model():
   config = load_experiment('reverse_copy')
   config.update(lengths=(2, 3), num_train=128, num_test=32, hidden_size=8, epochs=1)
