@@ -12,13 +12,16 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from lm_zoo.errors import ConfigError
+
 
 def _manager(directory: pathlib.Path, max_to_keep: int) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
       directory.absolute(),
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=False),
-      item_names=('state', 'meta'))
+      item_handlers={'state': ocp.StandardCheckpointHandler(),
+                     'meta': ocp.JsonCheckpointHandler()})
 
 
 class Checkpoints:
@@ -47,9 +50,33 @@ class Checkpoints:
     if step is None:
       return None
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    saved = {_keys(path): tuple(leaf.shape) for path, leaf in
+             jax.tree_util.tree_flatten_with_path(manager.item_metadata(step)['state'])[0]}
+    wanted = {_keys(path): tuple(leaf.shape) for path, leaf in
+              jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    # Checkpoints from before the untied softmax kernel was stored as (vocab,
+    # features) hold it, and its optimizer statistics, as (features, vocab).
+    legacy = {keys for keys, shape in wanted.items()
+              if _is_output_kernel(keys) and saved.get(keys) == shape[::-1] != shape}
+    differ = {keys: (saved.get(keys), shape) for keys, shape in wanted.items()
+              if keys not in legacy and saved.get(keys) != shape}
+    if differ or set(saved) != set(wanted):
+      lines = [f'  {"/".join(keys)}: saved {old}, this model {new}'
+               for keys, (old, new) in sorted(differ.items())]
+      lines += [f'  {"/".join(keys)}: saved, not in this model'
+                for keys in sorted(set(saved) - set(wanted))]
+      raise ConfigError(
+          f'the checkpoint {manager.directory}/{step} does not fit this model:\n'
+          + '\n'.join(lines[:20]) + '\nWas it written with another config? Resume or '
+          'evaluate it with its own config, or use a new --workdir.')
+    target = jax.tree_util.tree_map_with_path(
+        lambda path, x: (jax.ShapeDtypeStruct(x.shape[::-1], x.dtype)
+                         if _keys(path) in legacy else x), abstract)
     restored = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    return restored.state, restored.meta
+        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    state = jax.tree_util.tree_map_with_path(
+        lambda path, x: x.T if _keys(path) in legacy else x, restored.state)
+    return state, restored.meta
 
   def save_latest(self, step: int, state: Any, meta: dict) -> None:
     self._save(self._latest, step, state, meta)
@@ -71,6 +98,17 @@ class Checkpoints:
   def close(self) -> None:
     self._latest.close()
     self._best.close()
+
+
+def _keys(path) -> tuple[str, ...]:
+  """A tree path as strings: dict keys, attribute names and sequence indices."""
+  return tuple(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
+
+
+def _is_output_kernel(keys: tuple[str, ...]) -> bool:
+  """Whether a leaf is the LM's untied softmax kernel (`OutputEmbedding`),
+  or an optimizer statistic of it (a mixture of softmaxes' is not)."""
+  return keys[-2:] == ('softmax', 'kernel') and 'mos' not in keys
 
 
 def save_tree(directory: str | pathlib.Path, tree: Any, meta: dict) -> None:

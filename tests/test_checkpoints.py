@@ -1,0 +1,61 @@
+"""Checkpoints: restoring into the current model's shapes."""
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from lm_zoo.errors import ConfigError
+from lm_zoo.training.checkpoints import Checkpoints, restore_tree, save_tree
+
+
+def params(vocab=7, features=3, transposed=False):
+  kernel = jnp.arange(vocab * features, dtype=jnp.float32).reshape(vocab, features)
+  return {'softmax': {'kernel': kernel.T if transposed else kernel,
+                      'bias': jnp.arange(vocab, dtype=jnp.float32)},
+          'mos': {'softmax': {'kernel': jnp.ones((features, vocab))}},
+          'cell_0': {'recurrent_kernel': jnp.ones((features, 4 * features))}}
+
+
+def test_a_softmax_kernel_saved_as_features_by_vocab_restores_transposed(tmp_path):
+  """Checkpoints written before `OutputEmbedding` hold the untied softmax
+  kernel as (features, vocab); Adam's statistics of it too."""
+  old = params(transposed=True)
+  optimizer = optax.adam(1e-3)
+  saved = Checkpoints(tmp_path)
+  saved.save_best(3, old, {'epoch': 1})
+  saved.save_latest(3, {'params': old, 'opt_state': optimizer.init(old)}, {'epoch': 1})
+  saved.close()
+
+  now = params()
+  restored, meta = Checkpoints(tmp_path).restore_best(now)
+  assert meta == {'epoch': 1}
+  np.testing.assert_array_equal(restored['softmax']['kernel'], now['softmax']['kernel'])
+  np.testing.assert_array_equal(restored['mos']['softmax']['kernel'],
+                                now['mos']['softmax']['kernel'])  # MoS' own stays
+  state, _ = Checkpoints(tmp_path).restore_latest(
+      {'params': now, 'opt_state': optimizer.init(now)})
+  np.testing.assert_array_equal(state['params']['softmax']['kernel'], now['softmax']['kernel'])
+  assert state['opt_state'][0].mu['softmax']['kernel'].shape == (7, 3)
+
+
+def test_a_checkpoint_of_other_shapes_is_refused_with_its_path(tmp_path):
+  saved = Checkpoints(tmp_path)
+  saved.save_best(5, params(features=3), {})
+  saved.close()
+  with pytest.raises(ConfigError, match='best/5 does not fit this model') as refused:
+    Checkpoints(tmp_path).restore_best(params(features=4))
+  message = str(refused.value)
+  assert 'cell_0/recurrent_kernel: saved (3, 12), this model (4, 16)' in message
+  assert 'softmax/kernel: saved (7, 3), this model (7, 4)' in message
+
+
+def test_save_tree_then_restore_tree_gives_the_tree_and_meta_back(tmp_path):
+  tree = {'meta_params': {'w': jnp.arange(6.0).reshape(2, 3)}, 'precision': [jnp.ones(4)]}
+  save_tree(tmp_path / 'learner', tree, {'hidden': 8})
+  save_tree(tmp_path / 'learner', tree, {'hidden': 9})  # replaces
+  restored, meta = restore_tree(tmp_path / 'learner')
+  assert meta == {'hidden': 9}
+  np.testing.assert_array_equal(restored['meta_params']['w'], tree['meta_params']['w'])
+  np.testing.assert_array_equal(restored['precision'][0], tree['precision'][0])
+  assert restore_tree(tmp_path / 'nothing') is None
