@@ -158,7 +158,7 @@ class MetaLearner:
 def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
                        num_updates: int = 40, segment_length: int = 5,
                        batch_size: int = 4, hidden: int = 16,
-                       initial_learning_rate: float = 0.03, initial_decay: float = 1e-3,
+                       initial_learning_rate: float = 0.03, initial_decay: float = 0.0067,
                        meta_learning_rate: float = 1e-3,
                        fisher_batches: int = 100, fisher_batch_size: int = 64,
                        first_order: bool = False, seed: int = 0,
