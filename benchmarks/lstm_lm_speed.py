@@ -57,7 +57,7 @@ MODELS = {
 }
 TORCH = 'torch_lstm'
 # Models whose train step does the plain LSTM LM's matmuls (fraction of peak).
-LSTM_ARITHMETIC = ('lstm', 'lstm_autodiff', 'flax_lstm', TORCH)
+LSTM_ARITHMETIC = ('lstm', 'lstm_autodiff', 'lstm_unroll2', 'lstm_unroll5', 'flax_lstm', TORCH)
 flags.DEFINE_list('models', ['lstm', 'lstm_autodiff', 'mogrifier_r5_k40', 'alstm',
                              'dual_lstm', 'flax_lstm', TORCH],
                   f'Models from {[*MODELS, TORCH]}.')
@@ -168,8 +168,8 @@ def build_torch(hidden: int) -> dict | None:
           'torch_version': torch.__version__}
 
 
-def best_seconds(calls: dict, key: str) -> float:
-  """The fastest of --rounds timings of --steps calls, per call."""
+def round_seconds(calls: dict, key: str) -> float:
+  """Seconds per call of `calls[key]`, over one round of --steps calls."""
   start = time.perf_counter()
   for _ in range(FLAGS.steps):
     out = calls[key]()
@@ -195,7 +195,7 @@ def main(argv):
     for _ in range(FLAGS.rounds):
       for name, calls in built.items():
         for key in ('train', 'eval'):
-          seconds[name][key] = min(seconds[name][key], best_seconds(calls, key))
+          seconds[name][key] = min(seconds[name][key], round_seconds(calls, key))
     for name in built:
       row = {'model': name, 'hidden': size,
              'train_seconds': seconds[name]['train'], 'eval_seconds': seconds[name]['eval'],
