@@ -6,6 +6,9 @@ Each field is overridable from the command line:
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import ml_collections
 
 
@@ -123,6 +126,38 @@ def base_config() -> ml_collections.ConfigDict:
   c.generate.num_tokens = 30
   c.generate.temperature = 1.0
   return c
+
+
+# `c.section.field = default  # comment` in base_config's source.
+_ASSIGNMENT = re.compile(r'c\.([\w.]+) = ([^#]*?)\s*(?:#\s*(.*))?$')
+
+
+def describe_fields() -> str:
+  """Every field of `base_config` as `--config.FIELD=DEFAULT` and its comment.
+
+  The comments are base_config's own (beside a field or on the lines above
+  it), so `--help` and the code say the same.
+  """
+  defaults = base_config().to_dict()
+  lines, comments = [], []
+  for line in inspect.getsource(base_config).splitlines():
+    line = line.strip()
+    if line.startswith('#'):
+      comments.append(line.lstrip('# '))
+      continue
+    match = _ASSIGNMENT.match(line)
+    if match:
+      field, _, beside = match.groups()
+      value = defaults
+      for part in field.split('.'):
+        value = value[part]
+      text = ' '.join(comments + [beside] * bool(beside))
+      if isinstance(value, dict):  # a section: its comment applies to its fields
+        lines.append(f'  {field}:' + (f' {text}' if text else ''))
+      else:
+        lines.append(f'    --config.{field}={value!r}' + (f'  # {text}' if text else ''))
+    comments = []
+  return '\n'.join(lines)
 
 
 def zaremba_config(size: str) -> ml_collections.ConfigDict:

@@ -1,0 +1,59 @@
+"""Generates text from a work directory's best checkpoint
+(`lm-zoo-generate`, or `python launch/generate.py`):
+
+  lm-zoo-generate --workdir=runs/x --prompt="the company said" --num_samples=3
+  lm-zoo-generate --workdir=runs/x --temperature=0.8 --top_k=50
+  lm-zoo-generate --workdir=runs/x --prompt="in the" --beam_width=5
+"""
+
+import sys
+
+from absl import app, flags
+
+from lm_zoo import cli
+from lm_zoo.errors import ConfigError
+from lm_zoo.generation import generate_text
+from lm_zoo.training import load_trained
+
+flags.DEFINE_string('workdir', None, 'A work directory written by launch/train.py.',
+                    required=True)
+flags.DEFINE_string('prompt', '', 'Text to continue, tokenised as the corpus is (words '
+                    'outside the vocabulary become <unk>); empty: start after an '
+                    'end of sentence.')
+flags.DEFINE_integer('num_tokens', 30, 'Tokens to generate after the prompt.')
+flags.DEFINE_integer('num_samples', 3, 'Sampled continuations (beam search gives one).')
+flags.DEFINE_float('temperature', 1.0, 'Sampling: logits are divided by it; below 1 '
+                   'is more conservative, near 0 greedy.')
+flags.DEFINE_integer('top_k', 0, 'Sampling: draw only from the k most likely tokens; '
+                     '0 draws from all.')
+flags.DEFINE_integer('beam_width', 0, '> 1: beam search with this many beams, the '
+                     'most likely continuation; 0 or 1: sampling.')
+flags.DEFINE_integer('seed', 0, 'Sampling seed: the same seed gives the same text.')
+flags.DEFINE_string('data_dir', None, "Data folder; default: the training run's, "
+                    'else $LM_ZOO_DATA.')
+FLAGS = flags.FLAGS
+
+
+def _generate_program(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  if FLAGS.beam_width > 1 and (FLAGS.temperature != 1.0 or FLAGS.top_k):
+    raise app.UsageError('--temperature and --top_k apply to sampling, not to beam '
+                         'search (--beam_width > 1)')
+
+  def generate():
+    _, corpus, model, params = load_trained(FLAGS.workdir, FLAGS.data_dir)
+    try:
+      return generate_text(model, params, corpus.vocab, FLAGS.prompt, FLAGS.num_tokens,
+                           FLAGS.num_samples, FLAGS.seed, FLAGS.temperature,
+                           FLAGS.top_k, FLAGS.beam_width)
+    except ValueError as err:  # a flag out of range, a word the vocabulary lacks
+      raise ConfigError(str(err)) from err
+
+  for text in cli.run(generate):
+    print(text.replace('\n', ' | '))
+
+
+def main():
+  """The `lm-zoo-generate` console script."""
+  cli.main(sys.modules[__name__], _generate_program)

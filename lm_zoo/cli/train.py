@@ -1,0 +1,46 @@
+"""Trains a language model (`lm-zoo-train`, or `python launch/train.py`):
+
+  lm-zoo-train --config=experiments/ptb_lstm_small.py --workdir=runs/small
+  lm-zoo-train --config=experiments/ptb_mogrifier.py --config.model.hidden_size=300
+
+Re-running the same command resumes from the work directory's latest checkpoint.
+`--config.parallel.num_devices=0` trains data-parallel over every device;
+LM_ZOO_DISTRIBUTED=1 joins a multi-host job first (lm_zoo.training.parallel).
+Every config field can be set with --config.SECTION.FIELD=VALUE; they are
+listed under 'Config fields' below.
+"""
+
+import pathlib
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from lm_zoo import cli
+from lm_zoo.configs import describe_fields
+from lm_zoo.training import initialize_distributed, train_and_evaluate
+
+# The repository's experiments/ folder, so that the default works from any
+# directory with the (editable) install of the README.
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[2] / 'experiments'
+
+config_flags.DEFINE_config_file(
+    'config', str(EXPERIMENTS / 'default.py'), 'An experiments/*.py config file; '
+    'override fields with --config.SECTION.FIELD=VALUE.', lock_config=True)
+flags.DEFINE_string('workdir', 'runs/default', 'Where checkpoints, metrics.jsonl, '
+                    'TensorBoard events, config.json and summary.json are written.')
+FLAGS = flags.FLAGS
+
+
+def _train_program(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  initialize_distributed()  # multi-host only when $LM_ZOO_DISTRIBUTED=1
+  cli.run(lambda: train_and_evaluate(FLAGS.config, FLAGS.workdir))
+
+
+def main():
+  """The `lm-zoo-train` console script."""
+  cli.main(sys.modules[__name__], _train_program,
+           '\nConfig fields (defaults of lm_zoo/configs.py; experiments change some):\n'
+           + describe_fields() + '\n')
