@@ -1,6 +1,9 @@
 """The launch scripts as a user runs them: train a tiny config, then evaluate."""
 
 import json
+import pathlib
+import subprocess
+import sys
 
 import pytest
 from conftest import run_script
@@ -24,6 +27,7 @@ def trained_run(data_dir, tmp_path_factory):
 def test_train_then_evaluate(trained_run, data_dir):
   workdir, log = trained_run
   assert 'tokens/s' in log and 'valid perplexity' in log and 'test perplexity' in log
+  assert 'step 4/' in log and 'ETA' in log and 'Run summary' in log
   assert 'sample:' in log
   assert 'orbax' not in log  # library chatter stays below WARNING
   for name in ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoints', 'best'):
@@ -125,3 +129,25 @@ def test_clear_errors_instead_of_tracebacks(tmp_path):
     assert 'Traceback' not in refused.stderr
   no_run = run_script(['launch/generate.py', f'--workdir={tmp_path / "empty"}'])
   assert no_run.returncode != 0 and 'error:' in no_run.stderr
+
+
+@pytest.mark.parametrize('program, flags', [
+    ('lm-zoo-train', ['--workdir', '--config.model.hidden_size=200',
+                      'DropConnect on the recurrent matrices']),
+    ('lm-zoo-eval', ['--workdir', '--dyneval_lr', 'Monte-Carlo dropout']),
+    ('lm-zoo-generate', ['--workdir', '--beam_width', '--top_k'])])
+def test_console_scripts_explain_their_flags(program, flags, tmp_path):
+  """The installed programs run from any folder and --help documents them."""
+  script = pathlib.Path(sys.executable).parent / program
+  shown = subprocess.run([str(script), '--help'], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+  # (absl's --help exits with status 1)
+  assert 'Traceback' not in shown.stderr
+  for text in flags:
+    assert text in shown.stdout, text
+
+
+def test_launch_scripts_show_the_same_help():
+  shown = run_script(['launch/evaluate.py', '--help'])
+  assert '--dyneval_lr' in shown.stdout
+  assert 'lm-zoo-eval' in shown.stdout

@@ -7,11 +7,14 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from conftest import read_scalar_events
 
+from lm_zoo.data import BatchedStream
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.training import (create_train_state, evaluate_workdir, load_config,
                              make_optimizer, read_metrics, train_and_evaluate)
 from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.training.loop import load_data, planned_steps
 from lm_zoo.models import build_model
 
 
@@ -89,6 +92,23 @@ def test_run_writes_metrics_checkpoints_and_evaluates(tiny_config, tmp_path):
   results = evaluate_workdir(tmp_path, batch_size=tiny_config.data.test_batch_size)
   assert results['test'].loss == pytest.approx(summary['test']['loss'], rel=1e-6)
   assert json.loads((tmp_path / 'summary.json').read_text())['step'] == 30
+  assert summary['tokens_per_second'] > 0
+  assert summary['wall_seconds'] >= summary['train_seconds'] > 0
+  events = read_scalar_events(tmp_path / 'tensorboard')
+  assert [p for p, _ in events['valid/perplexity']] == [10, 20, 30]
+  assert events['test_final/perplexity'] == [(30, pytest.approx(summary['test']['perplexity']))]
+
+
+@pytest.mark.parametrize('max_steps', [0, 17])
+def test_planned_steps_are_the_steps_the_run_takes(tiny_config, tmp_path, max_steps):
+  # Variable BPTT draws each epoch's window lengths anew: the plan must too.
+  tiny_config.data.variable_bptt = True
+  tiny_config.train.update(max_steps=max_steps, num_epochs=3)
+  tiny_config.generate.num_lines = 0
+  batched = BatchedStream(load_data(tiny_config).train, tiny_config.data.batch_size)
+  planned = planned_steps(tiny_config, batched)
+  assert train_and_evaluate(tiny_config, tmp_path)['step'] == planned
+  assert planned == 17 if max_steps else planned != 30  # not 3 x 10 fixed windows
 
 
 def test_non_finite_loss_stops_with_a_clear_error(tiny_config, tmp_path):

@@ -10,6 +10,7 @@ import itertools
 import logging
 import math
 import pathlib
+import time
 from typing import Any, Sequence
 
 import jax
@@ -24,6 +25,7 @@ from lm_zoo.optim import (DECAY_CLIPS, GateNetwork, NUM_FEATURES, decay_logits, 
 from lm_zoo.training.checkpoints import restore_tree, save_tree
 from lm_zoo.training.evaluation import EvalResult
 from lm_zoo.training.loop import load_trained
+from lm_zoo.training.metrics import eta
 
 log = logging.getLogger(__name__)
 
@@ -123,15 +125,17 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
   if len(grid) == 1:
     best = grid[0]
   else:
-    for settings in grid:
+    search_start = time.perf_counter()
+    for trial, settings in enumerate(grid, 1):
       try:
         valid[settings] = run(settings, 'valid', search_tokens or max_tokens)
         loss = valid[settings].result.loss
       except TrainingError as err:
         log.warning('%s: %s', settings, err)
         loss = math.inf
-      log.info('valid loss %.4f (perplexity %.2f) with %s', loss, math.exp(min(loss, 700)),
-               settings)
+      log.info('search %d/%d: valid loss %.4f (perplexity %.2f) with %s, ETA %s', trial,
+               len(grid), loss, math.exp(min(loss, 700)), settings,
+               eta(time.perf_counter() - search_start, trial, len(grid)))
       trials.append((settings, loss))
     best, best_loss = min(trials, key=lambda trial: trial[1])
     if math.isinf(best_loss):

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from lm_zoo.data import BatchedStream
+from lm_zoo.training.metrics import ProgressLog
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,20 +44,23 @@ class EvalResult:
 
 def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
                     stream: np.ndarray, batch_size: int, bptt: int,
-                    unit: str = 'word', temperature: float = 1.0) -> EvalResult:
+                    unit: str = 'word', temperature: float = 1.0,
+                    what: str = 'evaluation') -> EvalResult:
   """Scores every token of `stream` once, the state carried across windows.
 
   `initial_carries` must be for `batch_size` rows (`model.initialize_carry`,
   or `mc_dropout_carries` for an MC-dropout step). Any batch size, 1
   included, scores exactly the same len(stream) - 1 tokens. `temperature`
-  divides the logits.
+  divides the logits. A pass longer than 30 s logs its progress as `what`.
   """
   batched = BatchedStream(stream, batch_size)
   carries, sums = initial_carries, []
+  progress = ProgressLog(what, batched.num_windows(bptt))
   for window in batched.windows(bptt):
     nll, n, carries = eval_step(params, carries, window.inputs, window.targets,
                                 window.weights, temperature)
     sums.append((nll, n))  # fetched once at the end, so dispatch stays async
+    progress.update(len(sums), nll)
   total, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
   return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit,
                     temperature=float(temperature))

@@ -22,7 +22,7 @@ from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.training.averaging import averaged_params, should_start_averaging, start_averaging
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
-from lm_zoo.training.metrics import MetricsWriter
+from lm_zoo.training.metrics import MetricsWriter, eta, format_duration
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, shard_batch, state_shardings
 from lm_zoo.training.steps import (TrainState, make_eval_step, make_mc_dropout_eval_step,
@@ -117,7 +117,8 @@ def evaluate_split(model: RecurrentLM, params: Any, corpus: Corpus, split: str,
   """Perplexity / bits per character of one split, state carried throughout."""
   eval_step = eval_step or make_eval_step(model)
   return evaluate_stream(eval_step, params, model.initialize_carry(batch_size),
-                         corpus.split(split), batch_size, bptt, corpus.unit)
+                         corpus.split(split), batch_size, bptt, corpus.unit,
+                         what=f'{split} evaluation')
 
 
 def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
@@ -130,16 +131,21 @@ def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
 
 
 class _Throughput:
-  """Tokens per second between log lines."""
+  """Tokens and steps per second between log lines."""
 
   def __init__(self):
     self.reset()
 
   def reset(self):
-    self.start, self.tokens = time.perf_counter(), 0
+    self.start, self.tokens, self.steps = time.perf_counter(), 0, 0
 
   def rate(self) -> float:
     return self.tokens / max(time.perf_counter() - self.start, 1e-9)
+
+  def eta(self, steps_left: int) -> str:
+    """The time `steps_left` take at this interval's rate (the first
+    interval includes compilation, so its ETA is high)."""
+    return eta(time.perf_counter() - self.start, self.steps, self.steps + steps_left)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
@@ -153,6 +159,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   Returns:
     The run summary that is also written to `workdir/summary.json`.
   """
+  run_start = time.perf_counter()
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   corpus = load_data(config)
@@ -167,15 +174,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   data_cfg, train_cfg = config.data, config.train
   batched = BatchedStream(corpus.train, data_cfg.batch_size)
   checkpoints = Checkpoints(workdir)
-  metrics = MetricsWriter(workdir)
 
   state = create_train_state(model, optimizer, config)
   progress = Progress()
+  resume_step = None
   if checkpoints.has_latest():
     check_resumable(config, workdir)
     state, meta = checkpoints.restore_latest(state)
     progress = Progress(**meta)
-    metrics.drop_after(int(state.step))  # what the stopped run logged past its checkpoint
+    resume_step = int(state.step)
     log.info('Resumed from step %d (epoch %d, position %d) in %s',
              int(state.step), progress.epoch, progress.position, workdir)
   elif train_cfg.init_from:
@@ -183,6 +190,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     state = state.replace(params=params, opt_state=optimizer.init(params))
     log.info('Fine-tuning the best weights of %s', train_cfg.init_from)
   save_config(config, workdir)
+  # Drops what a stopped run logged past its checkpoint.
+  metrics = MetricsWriter(workdir, resume_step=resume_step)
   if mesh is not None:
     state = jax.device_put(state, state_shardings(state, mesh))
     log.info('Data parallel over %d devices: %d rows each', mesh.size,
@@ -192,6 +201,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
            f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
 
   step, throughput, pending = int(state.step), _Throughput(), []
+  total_steps = planned_steps(config, batched)
+  tokens_trained = 0
   step_lr = None  # the rate in opt_state, once this process has set it
 
   def fetch_losses() -> np.ndarray:
@@ -257,11 +268,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       progress.position = window.start + window.length
       step += 1
       throughput.tokens += window.inputs.size
+      throughput.steps += 1
+      tokens_trained += window.inputs.size
       if step % train_cfg.log_every == 0:
         loss = float(fetch_losses().mean())
         rate = throughput.rate()
-        log.info('epoch %d step %d  loss %.4f  ppl %.2f  lr %.4g  %.0f tokens/s',
-                 progress.epoch, step, loss, math.exp(min(loss, 700.0)), lr, rate)
+        log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  lr %.4g  '
+                 '%.0f tokens/s  ETA %s', progress.epoch, step, total_steps,
+                 100 * step / total_steps, loss, math.exp(min(loss, 700.0)), lr, rate,
+                 throughput.eta(total_steps - step))
         metrics.write('train', step=step, epoch=progress.epoch, loss=loss,
                       learning_rate=lr, tokens_per_second=rate)
         throughput.reset()
@@ -280,9 +295,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     params, best_meta = state.params, {'epoch': progress.epoch}
   else:
     params, best_meta = best
-  summary: dict[str, Any] = {'step': step, 'best_epoch': best_meta['epoch'],
-                             'train_seconds': round(train_seconds, 1),
-                             'num_params': int(num_params), 'unit': corpus.unit}
+  summary: dict[str, Any] = {
+      'step': step, 'best_epoch': best_meta['epoch'],
+      'train_seconds': round(train_seconds, 1),
+      'tokens_per_second': round(tokens_trained / max(train_seconds, 1e-9), 1),
+      'num_params': int(num_params), 'unit': corpus.unit}
   for split, batch_size in (('valid', data_cfg.eval_batch_size),
                             ('test', data_cfg.test_batch_size)):
     result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt)
@@ -296,9 +313,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                                      gen.num_tokens, config.seed, gen.temperature)
     for line in summary['samples']:
       log.info('sample: %s', line)
+  summary['wall_seconds'] = round(time.perf_counter() - run_start, 1)
   (workdir / 'summary.json').write_text(json.dumps(summary, indent=2))
   checkpoints.close()
+  metrics.close()
+  log.info('%s', run_summary(summary, workdir))
   return summary
+
+
+def planned_steps(config: ml_collections.ConfigDict, batched: BatchedStream) -> int:
+  """Updates in the whole run: every epoch's windows, at most train.max_steps."""
+  data_cfg = config.data
+  total = sum(batched.num_windows(data_cfg.bptt, data_cfg.variable_bptt,
+                                  seed=(config.seed, epoch))
+              for epoch in range(1, config.train.num_epochs + 1))
+  return min(total, config.train.max_steps) if config.train.max_steps > 0 else total
+
+
+def run_summary(summary: dict[str, Any], workdir: pathlib.Path) -> str:
+  """The lines printed when a run ends: its scores, time and speed."""
+  scores = '  '.join(f"{split} {EvalResult(summary[split]['loss'], 0, summary['unit']).summary()}"
+                     for split in ('valid', 'test'))
+  return (f'Run summary ({workdir}): {summary["step"]} steps, best epoch '
+          f'{summary["best_epoch"]}\n  {scores}\n  wall time '
+          f'{format_duration(summary["wall_seconds"])} (training '
+          f'{format_duration(summary["train_seconds"])}, '
+          f'{summary["tokens_per_second"]:,.0f} tokens/s)')
 
 
 def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
@@ -350,7 +390,8 @@ def evaluate_workdir(workdir: str | pathlib.Path, splits=('valid', 'test'),
 
   def evaluate(split: str, temperature: float) -> EvalResult:
     return evaluate_stream(eval_step, params, carries(), corpus.split(split), batch_size,
-                           config.data.bptt, corpus.unit, temperature)
+                           config.data.bptt, corpus.unit, temperature,
+                           what=f'{split} evaluation')
 
   if temperature == 'tune':
     temperature = tune_temperature(lambda t: evaluate('valid', t).loss)

@@ -1,26 +1,63 @@
-"""Metrics as JSON lines in the work directory."""
+"""Metrics as JSON lines and TensorBoard scalars in the work directory, and
+progress lines with an ETA for long loops."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import pathlib
 import time
+from numbers import Real
+
+import jax
 
 METRICS_FILE = 'metrics.jsonl'
+TENSORBOARD_DIR = 'tensorboard'
+# Record fields that index a scalar rather than being one.
+_INDEX_FIELDS = ('step', 'epoch', 'time')
+log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
-  """Appends one JSON object per line to `workdir/metrics.jsonl`."""
+  """Appends one JSON object per line to `workdir/metrics.jsonl` and writes
+  its numbers as TensorBoard scalars under `workdir/tensorboard`.
 
-  def __init__(self, workdir: str | pathlib.Path, filename: str = METRICS_FILE):
+  A record `write('valid', step=9, perplexity=80.1)` becomes the scalar
+  `valid/perplexity` at step 9; the final evaluations (`final=True`) become
+  `valid_final/...` and `test_final/...`.
+  """
+
+  def __init__(self, workdir: str | pathlib.Path, filename: str = METRICS_FILE,
+               resume_step: int | None = None):
+    """`resume_step`: the step a resumed run continues from. Its JSON records
+    past that step are dropped, and TensorBoard hides the events past it."""
+    from tensorboardX import SummaryWriter  # imported here: a slow import
     self.path = pathlib.Path(workdir) / filename
+    if resume_step is not None:
+      self._drop_after(resume_step)
+    # A resumed run's START event at resume_step + 1 makes TensorBoard hide
+    # what the stopped run logged past its checkpoint. The suffix keeps two
+    # writers started within the same second from sharing a file name.
+    self.events = SummaryWriter(str(pathlib.Path(workdir) / TENSORBOARD_DIR),
+                                purge_step=None if resume_step is None else resume_step + 1,
+                                filename_suffix=f'.{time.time_ns()}')
 
   def write(self, kind: str, **values) -> None:
     record = {'kind': kind, 'time': round(time.time(), 3), **values}
     with self.path.open('a') as f:
       f.write(json.dumps(record) + '\n')
+    tag = f'{kind}_final' if values.get('final') else kind
+    for name, value in values.items():
+      if (name not in _INDEX_FIELDS and isinstance(value, Real)
+          and not isinstance(value, bool)):
+        self.events.add_scalar(f'{tag}/{name}', value, values.get('step', 0))
+    self.events.flush()  # records are rare; a killed run keeps every one
 
-  def drop_after(self, step: int) -> None:
+  def close(self) -> None:
+    self.events.close()
+
+  def _drop_after(self, step: int) -> None:
     """Removes records past `step` and final evaluations (for a resumed run)."""
     if not self.path.exists():
       return
@@ -35,3 +72,45 @@ def read_metrics(path: str | pathlib.Path) -> list[dict]:
   """All records of a metrics file."""
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def format_duration(seconds: float) -> str:
+  """A duration as '1h02m', '4m05s' or '12s'."""
+  if not math.isfinite(seconds):
+    return '?'
+  seconds = round(seconds)
+  hours, rest = divmod(seconds, 3600)
+  minutes, seconds = divmod(rest, 60)
+  if hours:
+    return f'{hours}h{minutes:02d}m'
+  return f'{minutes}m{seconds:02d}s' if minutes else f'{seconds}s'
+
+
+def eta(seconds_so_far: float, done: float, total: float) -> str:
+  """The time left at the rate so far, formatted."""
+  if done <= 0:
+    return '?'
+  return format_duration(seconds_so_far / done * max(total - done, 0))
+
+
+class ProgressLog:
+  """Logs `WHAT: done/total (pct), ETA` at most every `interval` seconds.
+
+  For loops that dispatch jitted work asynchronously: `update(done, latest)`
+  waits for `latest` (an array the loop produced) only when a line is due,
+  so the count it reports is work finished, not merely queued.
+  """
+
+  def __init__(self, what: str, total: int, unit: str = 'windows',
+               interval: float = 30.0):
+    self.what, self.total, self.unit, self.interval = what, total, unit, interval
+    self.start = self.last = time.perf_counter()
+
+  def update(self, done: int, latest=None) -> None:
+    if time.perf_counter() - self.last < self.interval or done >= self.total:
+      return
+    if latest is not None:
+      jax.block_until_ready(latest)
+    self.last = time.perf_counter()
+    log.info('%s: %d/%d %s (%.0f%%), ETA %s', self.what, done, self.total, self.unit,
+             100 * done / self.total, eta(self.last - self.start, done, self.total))
