@@ -5,6 +5,7 @@ datasets in ArrayRecord files (lm_zoo/data/tfds_export.py):
   lm-zoo-download                                  # all four into $LM_ZOO_DATA
   lm-zoo-download --datasets=ptb,ptb_char --data_dir=data
   lm-zoo-download --verify_only                    # check, fetch nothing
+  lm-zoo-download --data_dir=data --mirror=file:///work/shared/data  # checked copy
   lm-zoo-download --datasets=ptb --tfds_dir=tfds   # then tfds/lm_zoo_corpus/ptb/1.0.0
 
 Files already present with the right checksum are kept. The sources and
@@ -26,6 +27,9 @@ flags.DEFINE_string('data_dir', None, f'Data folder; default: ${DATA_DIR_ENV}, e
                     '../shared/data. Created when missing.')
 flags.DEFINE_bool('verify_only', False, 'Only check the files: list those missing or '
                   'with a wrong checksum, and fail when there are any.')
+flags.DEFINE_string('mirror', None, 'Fetch from this URL of a folder laid out as the '
+                    'data folder (e.g. file:///mnt/data) instead of the public sources; '
+                    'checksums are checked all the same.')
 flags.DEFINE_string('tfds_dir', None, 'Also write each text corpus of --datasets as '
                     'the TFDS dataset lm_zoo_corpus/CORPUS in ArrayRecord files here.')
 FLAGS = flags.FLAGS
@@ -62,7 +66,7 @@ def _download_program(argv):
     if FLAGS.verify_only:
       _verify(data_dir)
     else:
-      for path, status in download(FLAGS.datasets, data_dir).items():
+      for path, status in download(FLAGS.datasets, data_dir, FLAGS.mirror).items():
         print(f'{path}: {status}')
     if FLAGS.tfds_dir:
       _export_tfds(data_dir)

@@ -116,7 +116,6 @@ FILES: dict[str, tuple[DataFile, ...]] = {
                  4_542, _MNIST.format('t10k-labels-idx1-ubyte.gz')),
     ),
 }
-_BY_PATH = {f.path: f for files in FILES.values() for f in files}
 
 
 def _files(dataset: str) -> tuple[DataFile, ...]:
@@ -156,31 +155,28 @@ def _ptb_char(source: pathlib.Path, out: BinaryIO) -> None:
   out.write(text.replace('\n', '\n ').encode('utf-8'))
 
 
-def _fetch_url(file: DataFile, data_dir: pathlib.Path, out: BinaryIO) -> None:
+def _fetch_url(url: str, file: DataFile, data_dir: pathlib.Path, out: BinaryIO) -> None:
   try:
-    with urllib.request.urlopen(file.url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
       shutil.copyfileobj(response, out)
   except urllib.error.HTTPError as err:
-    raise DataError(f'{file.url} answered HTTP {err.code} ({err.reason}): the file '
+    raise DataError(f'{url} answered HTTP {err.code} ({err.reason}): the file '
                     f'may have moved; {_by_hand(file, data_dir)}') from None
   except (urllib.error.URLError, OSError) as err:  # no route, DNS, timeout, reset
     reason = getattr(err, 'reason', err)
-    raise DataError(f'could not fetch {file.url} ({reason}): this machine seems to '
+    raise DataError(f'could not fetch {url} ({reason}): this machine seems to '
                     f'be offline; {_by_hand(file, data_dir)}') from None
 
 
 def _by_hand(file: DataFile, data_dir: pathlib.Path) -> str:
   folder = file.path.split('/')[0]
-  names = [f.path.split('/')[1] for f in FILES[_dataset_of(file)]]
+  names = [f.path.split('/')[1] for files in FILES.values() for f in files
+           if f.path.startswith(folder + '/')]
   return (f'copy {", ".join(names)} into {data_dir / folder}/ by hand (their sha256 '
           'are in lm_zoo/data/download.py), then run lm-zoo-download --verify_only')
 
 
-def _dataset_of(file: DataFile) -> str:
-  return next(name for name, files in FILES.items() if file in files)
-
-
-def _install(file: DataFile, data_dir: pathlib.Path,
+def _install(file: DataFile, data_dir: pathlib.Path, origin: str,
              write: Callable[[BinaryIO], None]) -> None:
   """Writes `file` with `write` into a temporary file beside its destination,
   checks its sha256, then moves it into place in one rename."""
@@ -197,7 +193,7 @@ def _install(file: DataFile, data_dir: pathlib.Path,
       write(out)
     actual = _sha256(partial)
     if actual != file.sha256:
-      raise DataError(f'checksum mismatch for {file.path} from {file.url or file.source}: '
+      raise DataError(f'checksum mismatch for {file.path} from {origin}: '
                       f'expected sha256 {file.sha256}, got {actual} '
                       f'({partial.stat().st_size:,} bytes, expected {file.size:,}); '
                       'nothing was written')
@@ -207,7 +203,8 @@ def _install(file: DataFile, data_dir: pathlib.Path,
     partial.unlink(missing_ok=True)
 
 
-def _ensure(file: DataFile, data_dir: pathlib.Path, done: dict[str, str]) -> None:
+def _ensure(file: DataFile, data_dir: pathlib.Path, mirror: str | None,
+            done: dict[str, str]) -> None:
   """Makes `data_dir / file.path` intact; records 'present', 'downloaded' or
   'rebuilt' under its path in `done`."""
   if file.path in done:
@@ -215,18 +212,29 @@ def _ensure(file: DataFile, data_dir: pathlib.Path, done: dict[str, str]) -> Non
   if _is_intact(file, data_dir):
     done[file.path] = 'present'
   elif file.source:
-    _ensure(_BY_PATH[file.source], data_dir, done)
-    _install(file, data_dir, lambda out: _ptb_char(data_dir / file.source, out))
+    source = next(f for files in FILES.values() for f in files if f.path == file.source)
+    _ensure(source, data_dir, mirror, done)
+    _install(file, data_dir, file.source,
+             lambda out: _ptb_char(data_dir / file.source, out))
     done[file.path] = 'rebuilt'
   else:
-    log.info('Fetching %s (%s bytes) from %s', file.path, f'{file.size:,}', file.url)
-    _install(file, data_dir, lambda out: _fetch_url(file, data_dir, out))
+    url = f'{mirror.rstrip("/")}/{file.path}' if mirror else file.url
+    log.info('Fetching %s (%s bytes) from %s', file.path, f'{file.size:,}', url)
+    _install(file, data_dir, url, lambda out: _fetch_url(url, file, data_dir, out))
     done[file.path] = 'downloaded'
 
 
-def download(datasets: Iterable[str], data_dir: str | os.PathLike) -> dict[str, str]:
+def download(datasets: Iterable[str], data_dir: str | os.PathLike,
+             mirror: str | None = None) -> dict[str, str]:
   """Fetches the files of `datasets` ('ptb', 'wikitext2', 'ptb_char', 'mnist')
   into `data_dir`, skipping those already there with the right checksum.
+
+  Args:
+    datasets: names of `FILES`.
+    data_dir: the data folder; created when missing.
+    mirror: a URL (e.g. file:///mnt/data) of a folder laid out as the data
+      folder, fetched from instead of the public sources; the checksums are
+      checked all the same.
 
   Returns:
     {path under data_dir: 'present' | 'downloaded' | 'rebuilt'}, in the order
@@ -240,5 +248,5 @@ def download(datasets: Iterable[str], data_dir: str | os.PathLike) -> dict[str, 
   todo = [f for dataset in datasets for f in _files(dataset)]
   done: dict[str, str] = {}
   for file in todo:
-    _ensure(file, data_dir, done)
+    _ensure(file, data_dir, mirror, done)
   return done
