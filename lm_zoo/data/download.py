@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.client
 import logging
 import os
 import pathlib
@@ -139,7 +140,7 @@ def _is_intact(file: DataFile, data_dir: pathlib.Path) -> bool:
 def verify(dataset: str, data_dir: str | os.PathLike) -> list[str]:
   """The paths (under `data_dir`) of `dataset`'s files that are missing or
   whose sha256 differs from `FILES`; empty when all are intact."""
-  data_dir = pathlib.Path(data_dir)
+  data_dir = pathlib.Path(data_dir).expanduser()
   return [f.path for f in _files(dataset) if not _is_intact(f, data_dir)]
 
 
@@ -162,7 +163,8 @@ def _fetch_url(url: str, file: DataFile, data_dir: pathlib.Path, out: BinaryIO) 
   except urllib.error.HTTPError as err:
     raise DataError(f'{url} answered HTTP {err.code} ({err.reason}): the file '
                     f'may have moved; {_by_hand(file, data_dir)}') from None
-  except (urllib.error.URLError, OSError) as err:  # no route, DNS, timeout, reset
+  except (urllib.error.URLError, TimeoutError, ConnectionError,
+          http.client.HTTPException) as err:  # no route or DNS; cut off midway
     reason = getattr(err, 'reason', err)
     raise DataError(f'could not fetch {url} ({reason}): this machine seems to '
                     f'be offline; {_by_hand(file, data_dir)}') from None
@@ -190,7 +192,10 @@ def _install(file: DataFile, data_dir: pathlib.Path, origin: str,
   partial = pathlib.Path(out.name)
   try:
     with out:
-      write(out)
+      try:
+        write(out)
+      except OSError as err:  # a full disk; network errors are DataErrors by now
+        raise DataError(f'cannot write {target}: {err}') from None
     actual = _sha256(partial)
     if actual != file.sha256:
       raise DataError(f'checksum mismatch for {file.path} from {origin}: '
