@@ -5,7 +5,7 @@ datasets in ArrayRecord files (lm_zoo/data/tfds_export.py):
   lm-zoo-download                                  # all four into $LM_ZOO_DATA
   lm-zoo-download --datasets=ptb,ptb_char --data_dir=data
   lm-zoo-download --verify_only                    # check, fetch nothing
-  lm-zoo-download --data_dir=data --mirror=file:///work/shared/data  # checked copy
+  lm-zoo-download --data_dir=data --mirror=file:///mnt/data  # a checked local copy
   lm-zoo-download --datasets=ptb --tfds_dir=tfds   # then tfds/lm_zoo_corpus/ptb/1.0.0
 
 Files already present with the right checksum are kept. The sources and

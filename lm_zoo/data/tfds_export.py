@@ -21,7 +21,8 @@ Reading needs tensorflow-datasets and array_record, not TensorFlow:
   source = tfds.data_source('lm_zoo_corpus/ptb', data_dir=TFDS_DIR)
   source['valid'][0]  # {'ids': array([...], dtype=int32), 'text': b'...'}
   # or tfds.builder_from_directory(TFDS_DIR + '/lm_zoo_corpus/ptb/1.0.0').as_data_source()
-  # grain streams a split: grain.MapDataset.source(source['train']).batch(...)
+  # grain (not an lm_zoo dependency) streams a split:
+  # grain.MapDataset.source(source['train']).map(lambda e: e['ids'])...
 
 tfds' `GeneratorBasedBuilder` writes ArrayRecord without TensorFlow: it
 serialises examples with its own copy of the tf.train.Example protos and
