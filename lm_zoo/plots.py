@@ -2,7 +2,9 @@
 Mogrifier paper's Fig. 3), cross-entropy against sequence length (its reverse
 copy task), predictions against truth (the aLSTM paper's tail regression),
 the spread of validation perplexity over sampled hyper-parameters (its
-robustness study) and training curves of work directories.
+robustness study), training curves of work directories, the gain of dynamic
+evaluation along a stream and the per-token loss difference of two models
+along a text.
 
 Needs matplotlib (`pip install 'lm_zoo[plot]'`). Figures are drawn on
 `matplotlib.figure.Figure` objects, never through pyplot, so calling these
@@ -210,3 +212,39 @@ def dyneval_gain_figure(runs: Mapping[str, Mapping], static: Mapping,
   return line_figure(series, path, xlabel=f'position in the {split} stream (tokens)',
                      ylabel=f'perplexity gain over static (bins of {bin_tokens:,} tokens)',
                      title=title, hlines={'no gain': 0.0})
+
+
+def token_loss_difference_figure(losses: Mapping[str, Sequence[float]],
+                                 tokens: Sequence[str], path: str | pathlib.Path,
+                                 window: int = 200, num_labels: int = 8,
+                                 title: str = '') -> pathlib.Path:
+  """Where two models differ along a text: the per-token loss of the first
+  minus the second's (nats; above 0: the second predicts better), as a
+  moving average over `window` tokens, with the `num_labels` tokens of
+  largest |difference| written at their position.
+
+  Args:
+    losses: two labelled per-token NLL arrays over the same text (from
+      `lm_zoo.training.token_losses`).
+    tokens: the predicted tokens, one per loss.
+  """
+  if len(losses) != 2:
+    raise ConfigError(f'a loss difference compares two models, got {len(losses)}')
+  (label_a, a), (label_b, b) = losses.items()
+  a, b = np.asarray(a, float), np.asarray(b, float)
+  if not a.shape == b.shape == (len(tokens),):
+    raise ConfigError(f'the losses ({a.shape}, {b.shape}) and tokens ({len(tokens)}) '
+                      'must cover the same text')
+  difference = a - b
+  window = max(1, min(window, len(difference)))
+  smoothed = np.convolve(difference, np.ones(window) / window, mode='valid')
+  fig, ax = _axes()
+  ax.plot(np.arange(len(difference)), difference, color='0.8', linewidth=0.5,
+          label='per token')
+  ax.plot(np.arange(len(smoothed)) + (window - 1) / 2, smoothed, linewidth=1.5,
+          label=f'mean over {window} tokens ({difference.mean():+.3f} overall)')
+  for i in np.argsort(-np.abs(difference))[:num_labels]:
+    ax.annotate(tokens[i], (i, difference[i]), fontsize=7, ha='center')
+  ax.axhline(0.0, color='black', linewidth=0.5)
+  return _save(fig, ax, path, 'position in the text (tokens)',
+               f'NLL {label_a} - NLL {label_b} (nats)', title)

@@ -11,7 +11,8 @@ import pytest
 from conftest import perturb
 from lm_zoo.generation import sample
 from lm_zoo.models import RecurrentLM, init_params
-from lm_zoo.training import EvalResult, evaluate_stream, make_eval_step, tune_temperature
+from lm_zoo.training import (EvalResult, evaluate_stream, make_eval_step, token_losses,
+                             tune_temperature)
 from lm_zoo.training.steps import (make_mc_dropout_eval_step, mc_dropout_carries,
                                    with_dropout_scaled)
 
@@ -50,6 +51,21 @@ def test_batch_sizes_agree_with_one_pass():
   assert result.num_tokens == 100
   np.testing.assert_allclose(result.loss, float(np.mean(np.concatenate(per_row))),
                              rtol=1e-5)
+
+
+def test_token_losses_are_each_tokens_nll_given_the_whole_prefix():
+  model = _model()
+  params = perturb(init_params(model, jax.random.key(0)))
+  # One pass over the whole stream, the log-softmax written again in NumPy.
+  logits, _ = model.apply({'params': params}, STREAM[None, :-1], model.initialize_carry(1))
+  expected = -np.take_along_axis(_log_softmax(np.asarray(logits[0], np.float64)),
+                                 STREAM[1:, None], axis=1)[:, 0]
+  losses = token_losses(model, params, STREAM, bptt=7)  # 15 windows, state carried
+  assert losses.shape == (100,)
+  np.testing.assert_allclose(losses, expected, rtol=1e-5)
+  total = evaluate_stream(make_eval_step(model), params, model.initialize_carry(1),
+                          STREAM, 1, 7)
+  np.testing.assert_allclose(losses.mean(), total.loss, rtol=1e-6)
 
 
 def test_units():

@@ -109,6 +109,18 @@ def test_meta_train_then_score_and_plot_the_gain(trained_run, data_dir, tmp_path
   assert (tmp_path / 'gain.png').stat().st_size > 0
 
 
+def test_token_loss_difference_figure_of_two_work_directories(trained_run, tmp_path):
+  workdir, _ = trained_run
+  plot = run_script(['launch/plot.py', '--figure=token_loss_difference',
+                     f'--workdirs={workdir},{workdir}', '--num_tokens=50',
+                     f'--output={tmp_path / "d.png"}'])
+  assert plot.returncode == 0, plot.stderr
+  assert (tmp_path / 'd.png').stat().st_size > 0
+  one = run_script(['launch/plot.py', '--figure=token_loss_difference',
+                    f'--workdirs={workdir}', f'--output={tmp_path / "e.png"}'])
+  assert one.returncode != 0 and 'needs --workdirs=A,B' in one.stderr
+
+
 def test_clear_errors_instead_of_tracebacks(tmp_path):
   no_data = run_script(['launch/train.py', '--config=experiments/default.py',
                         f'--workdir={tmp_path}',

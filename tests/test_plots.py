@@ -4,6 +4,7 @@ import json
 import math
 import struct
 
+import numpy as np
 import pytest
 
 from conftest import run_script
@@ -119,3 +120,15 @@ def test_plot_script_draws_ablation_from_summaries(tmp_path):
                   f'--results={tmp_path}/none.json', f'--output={out}'])
   assert missing.returncode != 0 and 'error:' in missing.stderr
   assert 'Traceback' not in missing.stderr
+
+
+def test_token_loss_difference_figure(tmp_path):
+  a = np.full(300, 5.0)
+  b = a - np.linspace(0, 1, 300)  # the second model gains along the text
+  path = plots.token_loss_difference_figure({'lstm': a, 'mogrifier': b}, ['w'] * 300,
+                                            tmp_path / 'd.png', window=50)
+  assert png_size(path) == (6 * 120, 4 * 120)
+  with pytest.raises(ConfigError, match='same text'):
+    plots.token_loss_difference_figure({'a': a, 'b': b[:10]}, ['w'] * 300, tmp_path / 'e.png')
+  with pytest.raises(ConfigError, match='compares two models'):
+    plots.token_loss_difference_figure({'a': a}, ['w'] * 300, tmp_path / 'e.png')

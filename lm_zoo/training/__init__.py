@@ -1,7 +1,8 @@
 """Training, evaluation and checkpoints."""
 
 from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
+from lm_zoo.training.evaluation import (EvalResult, evaluate_stream, token_losses,
+                                        tune_temperature)
 from lm_zoo.training.loop import (Progress, create_train_state, evaluate_split,
                                   evaluate_workdir, load_config, load_data, load_trained,
                                   sample_text,
@@ -18,6 +19,6 @@ __all__ = [
     'evaluate_workdir', 'initialize_distributed',
     'load_config', 'load_data', 'load_trained', 'make_eval_step', 'make_optimizer', 'make_train_step',
     'read_metrics', 'sample_text', 'set_learning_rate', 'shard_batch', 'state_shardings',
-    'token_nll', 'train_and_evaluate',
+    'token_losses', 'token_nll', 'train_and_evaluate',
     'tune_temperature',
 ]

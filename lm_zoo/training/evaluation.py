@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+import optax
 
 from lm_zoo.data import BatchedStream
 from lm_zoo.training.metrics import ProgressLog
@@ -64,6 +65,26 @@ def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
   total, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
   return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit,
                     temperature=float(temperature))
+
+
+def token_losses(model, params: Any, ids: np.ndarray, bptt: int = 35) -> np.ndarray:
+  """The NLL in nats of each token of `ids[1:]` given every token before it:
+  one row, the recurrent state carried across windows of `bptt`, dropout off.
+
+  Summed, it is `evaluate_stream`'s total at batch size 1; per token, it
+  shows where two models differ along a text.
+  """
+
+  @jax.jit
+  def window_losses(params, carries, inputs, targets):
+    logits, carries = model.apply({'params': params}, inputs, carries, train=False)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets)[0], carries
+
+  carries, losses = model.initialize_carry(1), []
+  for window in BatchedStream(np.asarray(ids), 1).windows(bptt):
+    nll, carries = window_losses(params, carries, window.inputs, window.targets)
+    losses.append(nll)
+  return np.concatenate(jax.device_get(losses)).astype(np.float64)
 
 
 def tune_temperature(loss_at: Callable[[float], float], low: float = 0.5,
