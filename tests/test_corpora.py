@@ -50,7 +50,7 @@ def test_data_dir_defaults_to_environment(data_dir, monkeypatch):
 
 def _text_corpus(tmp_path, files):
   folder = tmp_path / 'ptb'
-  folder.mkdir()
+  folder.mkdir(parents=True)
   for name, content in files.items():
     (folder / name).write_bytes(content)
   return tmp_path
@@ -79,8 +79,18 @@ def test_unknown_name_missing_folder_and_no_data_dir(tmp_path, monkeypatch):
   with pytest.raises(DataError, match='does not exist'):
     load_corpus('ptb', tmp_path / 'nowhere')
   monkeypatch.delenv(DATA_DIR_ENV, raising=False)
-  with pytest.raises(DataError, match=f'set {DATA_DIR_ENV}'):
+  monkeypatch.chdir(tmp_path)  # no ../shared/data beside it
+  with pytest.raises(DataError, match=f'set {DATA_DIR_ENV}.*lm-zoo-download'):
     load_corpus('ptb')
+
+
+def test_data_dir_defaults_to_shared_data_beside_the_checkout(tmp_path, monkeypatch):
+  monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+  _text_corpus(tmp_path / 'shared' / 'data', {n: GOOD for n in ('train.txt', 'valid.txt',
+                                                                 'test.txt')})
+  (tmp_path / 'checkout').mkdir()
+  monkeypatch.chdir(tmp_path / 'checkout')
+  assert len(load_corpus('ptb').train) == 8  # 6 words and 2 <eos>
 
 
 def test_small_text_corpus_counts(tmp_path):

@@ -18,7 +18,7 @@ import sys
 from absl import app, flags
 
 from lm_zoo import cli
-from lm_zoo.data.corpora import DATA_DIR_ENV
+from lm_zoo.data.corpora import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from lm_zoo.data.download import FILES, download, verify
 from lm_zoo.errors import ConfigError, DataError
 
@@ -60,7 +60,7 @@ def _export_tfds(data_dir: str) -> None:
 def _download_program(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  data_dir = FLAGS.data_dir or os.environ.get(DATA_DIR_ENV) or '../shared/data'
+  data_dir = FLAGS.data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
 
   def prepare():
     if FLAGS.verify_only:

@@ -20,6 +20,7 @@ from lm_zoo.data.vocab import EOS, Vocab
 from lm_zoo.errors import DataError
 
 DATA_DIR_ENV = 'LM_ZOO_DATA'
+DEFAULT_DATA_DIR = '../shared/data'
 SPLITS = ('train', 'valid', 'test')
 # Standard enwik8 split (Mahoney's Hutter-prize data): first 90M / next 5M / last 5M bytes.
 ENWIK8_BYTES = 100_000_000
@@ -127,17 +128,14 @@ CORPORA = {
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
-  """The data folder: `data_dir`, else $LM_ZOO_DATA."""
-  chosen = data_dir or os.environ.get(DATA_DIR_ENV)
-  if not chosen:
-    raise DataError(
-        f'no data folder given: pass data_dir (--config.data.data_dir) or set '
-        f'{DATA_DIR_ENV} to the folder holding ptb/, wikitext-2/, ptb-char/ '
-        '(the Makefile points it at ../shared/data)')
+  """The data folder: `data_dir`, else $LM_ZOO_DATA, else ../shared/data
+  relative to the current directory (beside a checkout of this repository)."""
+  chosen = data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
   path = pathlib.Path(chosen).expanduser()
   if not path.is_dir():
-    raise DataError(f'data folder {path} does not exist: set {DATA_DIR_ENV} or '
-                    'data_dir to the folder holding ptb/, wikitext-2/, ptb-char/')
+    raise DataError(f'data folder {path} does not exist: set {DATA_DIR_ENV} (or '
+                    '--config.data.data_dir, --data_dir) to the folder holding ptb/, '
+                    'wikitext-2/, ptb-char/, or fetch them with lm-zoo-download')
   return path
 
 
@@ -146,7 +144,8 @@ def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
 
   Args:
     name: the corpus name.
-    data_dir: the folder holding the corpora's folders; defaults to $LM_ZOO_DATA.
+    data_dir: the folder holding the corpora's folders; defaults to
+      $LM_ZOO_DATA, else ../shared/data (`resolve_data_dir`).
 
   Returns:
     A `Corpus` whose splits are 1-D int32 arrays.
