@@ -151,3 +151,11 @@ def test_train_step_adds_ar_on_dropped_and_tar_on_undropped_outputs():
   expected = jax.tree.map(lambda p, g: p - g, before, grads)
   for got, want in zip(jax.tree.leaves(after), jax.tree.leaves(expected)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_weight_drop_refuses_parameters_without_a_recurrent_matrix():
+  # e.g. a custom cell whose hidden-to-hidden matrix is named 'w_hh'
+  params = {'cell': {'w_hh': jnp.ones((3, 3)), 'bias': jnp.zeros(3)}}
+  with pytest.raises(ValueError, match="no hidden-to-hidden matrix.*'recurrent_kernel'"):
+    drop_recurrent_weights(params, 0.5, jax.random.key(0))
+  assert drop_recurrent_weights(params, 0.0, jax.random.key(0)) is params

@@ -43,6 +43,11 @@ def drop_recurrent_weights(params: Any, rate: float, rng: jax.Array) -> Any:
   if rate == 0:
     return params
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  if not any(is_recurrent_kernel(_names(path)) for path, _ in flat):
+    # A custom cell's matrix under another name would silently go undropped.
+    raise ValueError('weight drop found no hidden-to-hidden matrix: name it '
+                     "'recurrent_kernel', or put it in a submodule named one of "
+                     f'{", ".join(sorted(RECURRENT_MODULES))}')
   keys = jax.random.split(rng, len(flat))
   leaves = []
   for key, (path, x) in zip(keys, flat):
