@@ -302,7 +302,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       'num_params': int(num_params), 'unit': corpus.unit}
   for split, batch_size in (('valid', data_cfg.eval_batch_size),
                             ('test', data_cfg.test_batch_size)):
-    result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt)
+    result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt,
+                            eval_step)  # compiled already for the validation shapes
     log.info('%s %s (%d tokens, batch %d)', split, result.summary(),
                  result.num_tokens, batch_size)
     metrics.write(split, step=step, final=True, **result.as_dict())
