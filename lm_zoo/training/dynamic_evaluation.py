@@ -112,8 +112,11 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
 
   def run(settings: DynamicEvalSettings, split: str, num_tokens: int = max_tokens):
     stream = corpus.split(split)
-    return dynamic_evaluate(model, params, transformation_for(settings),
-                            stream[:num_tokens + 1] if num_tokens else stream,
+    stream = stream[:num_tokens + 1] if num_tokens else stream
+    # One jitted scan per pass, silent until it ends: say what is running.
+    log.info('dynamic evaluation of %s: %s tokens in segments of %d', split,
+             f'{len(stream) - 1:,}', settings.segment_length)
+    return dynamic_evaluate(model, params, transformation_for(settings), stream,
                             settings.segment_length, batch_size, corpus.unit,
                             extra_args=extra_args)
 
