@@ -1,9 +1,12 @@
 """Shared fixtures: the real data folder and tiny configs."""
 
+import atexit
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -11,6 +14,15 @@ import pytest
 # when jax initialises its backend, so it must be set before any test imports jax.
 os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
     os.environ.get('XLA_FLAGS'), '--xla_force_host_platform_device_count=8']))
+
+# Many tests compile the same tiny models again (each run builds its own jitted
+# steps, and the launch tests start fresh processes): a compilation cache
+# shared by this session and its subprocesses halves the suite's time.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='lm_zoo_test_jax_cache_')
+  atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], True)
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
