@@ -406,7 +406,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       'skipped_updates': progress.skipped_updates, 'rollbacks': progress.rollbacks}
   for split, batch_size in (('valid', data_cfg.eval_batch_size),
                             ('test', data_cfg.test_batch_size)):
-    result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt)
+    result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt,
+                            eval_step)
     log.info('%s %s (%d tokens, batch %d)', split, result.summary(),
                  result.num_tokens, batch_size)
     metrics.write(split, step=step, final=True, **result.as_dict())
