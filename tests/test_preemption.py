@@ -101,6 +101,7 @@ def _assert_same_run(uninterrupted, workdir):
   assert sum(1 for r in records if r.get('final')) == 2
 
 
+@pytest.mark.slow  # ~50 s on 2 busy cores: three training processes and a restart
 def test_sigkill_at_random_moments_then_restart_ends_as_if_never_stopped(
     uninterrupted, env, tmp_path):
   rng = random.Random(9)

@@ -2,7 +2,8 @@
 `lm-zoo-download`, also run as `python launch/NAME.py`) and their shared set-up.
 
 Each program is a module of this package that defines its absl flags when
-imported, so import one per process (through `main`), never two.
+imported, so import one per process (through `main`), never two. Every
+program also takes --verbose (defined here), for tracebacks.
 """
 
 import logging
@@ -10,7 +11,7 @@ import signal
 import sys
 import traceback
 import types
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -51,7 +52,7 @@ def run(job: Callable[[], T]) -> T:
             'for the traceback, and please report it)', 1)
 
 
-def _report(line: str, status: int) -> None:
+def _report(line: str, status: int) -> NoReturn:
   """Prints `line` (after the traceback with --verbose) and exits with `status`."""
   # FLAGS[...].value reads the default when no program parsed the flags.
   if flags.FLAGS['verbose'].value:
