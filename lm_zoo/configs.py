@@ -120,6 +120,15 @@ def base_config() -> ml_collections.ConfigDict:
   # A work directory whose best weights start this run (AWD-LSTM's fine-tuning
   # stage: with averaging.trigger=always); '' starts from initialisation.
   c.train.init_from = ''
+  # On a non-finite training loss or gradient (found on the device, read with
+  # the losses at each log line and checkpoint): stop (an error; the latest
+  # checkpoint is finite), skip (drop that update: weights, optimizer state and
+  # carries stay; counted, logged, in metrics.jsonl) or rollback (restore the
+  # latest checkpoint and scale the learning rate by rollback_lr_factor).
+  c.train.nonfinite = 'stop'
+  c.train.max_consecutive_skips = 10  # skip: stop after this many skipped updates in a row
+  c.train.max_rollbacks = 3  # rollback: stop at the next fault after this many rollbacks
+  c.train.rollback_lr_factor = 0.5  # rollback: the learning rate is multiplied by it each time
 
   c.generate = ml_collections.ConfigDict()
   c.generate.num_lines = 3  # text samples printed at the end

@@ -18,3 +18,20 @@ class ConfigError(LMZooError, ValueError):
 
 class TrainingError(LMZooError, RuntimeError):
   """Training cannot go on (for example, the loss is not finite)."""
+
+
+class CheckpointError(LMZooError):
+  """A checkpoint is corrupt or truncated and cannot be read."""
+
+
+class Preempted(LMZooError):
+  """Training stopped on a signal (SIGTERM, SIGINT) after saving a checkpoint.
+
+  Attributes:
+    signum: the signal's number; the programs exit with status 128 + signum,
+      as a shell reports a process that signal stopped.
+  """
+
+  def __init__(self, message: str, signum: int):
+    super().__init__(message)
+    self.signum = signum

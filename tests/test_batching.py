@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from lm_zoo.data import BatchedStream, variable_bptt_lengths
 from lm_zoo.errors import DataError
@@ -67,3 +69,28 @@ def test_bad_batching_arguments():
     BatchedStream(np.zeros((2, 3)), 1)
   with pytest.raises(DataError, match='bptt must be at least 1'):
     BatchedStream(np.arange(30), 2).window_lengths(0)
+
+
+@settings(deadline=None, max_examples=200)
+@given(n=st.integers(2, 400), batch_size=st.integers(1, 12), bptt=st.integers(1, 40),
+       variable=st.booleans(), seed=st.integers(0, 3), data=st.data())
+def test_any_layout_scores_every_pair_once_and_resumes_from_any_window(
+    n, batch_size, bptt, variable, seed, data):
+  """Every (input, target) pair once per epoch, in order, for any stream
+  length, batch size, BPTT and variable BPTT; resuming at any window start
+  gives exactly the windows that follow it."""
+  assume(n - 1 >= batch_size)
+  stream = np.arange(n, dtype=np.int32) * 7 + 3
+  batched = BatchedStream(stream, batch_size)
+  windows = list(batched.windows(bptt, variable=variable, seed=seed))
+  assert _pairs_by_row(batched, windows) == list(zip(stream[:-1], stream[1:]))
+  assert sum(w.length for w in windows) == batched.row_length
+  assert len(windows) == batched.num_windows(bptt, variable, seed)
+  k = data.draw(st.integers(0, len(windows)), label='resume at window')
+  start = windows[k].start if k < len(windows) else batched.row_length
+  rest = list(batched.windows(bptt, start, variable, seed))
+  assert [w.start for w in rest] == [w.start for w in windows[k:]]
+  for a, b in zip(rest, windows[k:]):
+    np.testing.assert_array_equal(a.inputs, b.inputs)
+  # what ran before the stop and what runs after it: each pair once
+  assert _pairs_by_row(batched, windows[:k] + rest) == list(zip(stream[:-1], stream[1:]))

@@ -165,3 +165,18 @@ def test_rms_training_gradients_by_hand(lm):
     squares.append(_flat_params(grads) ** 2)
   np.testing.assert_allclose(_flat_params(ms), np.sqrt(np.mean(squares, 0)), rtol=1e-4,
                              atol=1e-7)
+
+
+def test_a_non_finite_update_is_skipped_inside_the_scan(lm, caplog):
+  model, params = lm
+  # An infinite rate makes every update non-finite (inf * g, and inf * 0 = NaN):
+  # all are skipped, so the weights stay trained and the scores are static.
+  out = dynamic_evaluate(model, params, dynamic_sgd(float('inf')), STREAM, segment_length=9,
+                         batch_size=2)
+  static = evaluate_stream(make_eval_step(model), params, model.initialize_carry(2),
+                           STREAM, 2, 9)
+  np.testing.assert_allclose(out.result.loss, static.loss, rtol=1e-5)
+  assert out.skipped_updates == len(out.segment_nll)
+  np.testing.assert_array_equal(_flat_params(out.params), _flat_params(params))
+  assert f'{out.skipped_updates} of {out.skipped_updates} updates were not finite' in caplog.text
+  assert dynamic_evaluate(model, params, dynamic_sgd(0.1), STREAM, 9).skipped_updates == 0

@@ -2,19 +2,26 @@
 `lm-zoo-download`, also run as `python launch/NAME.py`) and their shared set-up.
 
 Each program is a module of this package that defines its absl flags when
-imported, so import one per process (through `main`), never two.
+imported, so import one per process (through `main`), never two. Every
+program also takes --verbose (defined here), for tracebacks.
 """
 
 import logging
+import signal
 import sys
+import traceback
 import types
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 from absl import app, flags
 from absl import logging as absl_logging
 
-from lm_zoo.errors import LMZooError
+from lm_zoo.errors import LMZooError, Preempted
 
+# Shared by every program: one program module is imported per process, so the
+# flag is defined once.
+flags.DEFINE_bool('verbose', False, 'Print the traceback of an error as well as its '
+                  'one-line message.')
 T = TypeVar('T')
 
 
@@ -22,14 +29,36 @@ def run(job: Callable[[], T]) -> T:
   """Runs `job` with lm_zoo's progress shown and its errors as one clear line.
 
   lm_zoo's INFO lines go to the console; libraries' (orbax's) only from WARNING.
-  An `LMZooError` ends the process with its message instead of a traceback.
+  An error ends the process with one line instead of a traceback (--verbose
+  prints the traceback too), exit status 1: an `LMZooError` with its message,
+  anything else with its type and a request to report it. Training stopped by
+  SIGTERM or SIGINT (`Preempted`, after its checkpoint) or an interrupt
+  elsewhere exits with 128 + the signal's number (143, 130), the status a
+  shell gives a process that signal stopped, so a scheduler sees the run did
+  not finish.
   """
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger('lm_zoo').setLevel(logging.INFO)
   try:
     return job()
+  except Preempted as err:
+    _report(f'stopped: {err}', err.signum + 128)
+  except KeyboardInterrupt:
+    _report('interrupted', signal.SIGINT + 128)
   except LMZooError as err:
-    sys.exit(f'error: {err}')
+    _report(f'error: {err}', 1)
+  except Exception as err:  # a bug: say so, and how to see where it happened
+    _report(f'error: unexpected {type(err).__name__}: {err}\n(run again with --verbose '
+            'for the traceback, and please report it)', 1)
+
+
+def _report(line: str, status: int) -> NoReturn:
+  """Prints `line` (after the traceback with --verbose) and exits with `status`."""
+  # FLAGS[...].value reads the default when no program parsed the flags.
+  if flags.FLAGS['verbose'].value:
+    traceback.print_exc()
+  print(line, file=sys.stderr)
+  sys.exit(status)
 
 
 def main(command: types.ModuleType, program: Callable[[list[str]], None],
@@ -41,7 +70,7 @@ def main(command: types.ModuleType, program: Callable[[list[str]], None],
   lists only the flags of the module it was started from), then `more_help`.
   """
   program_path = sys.argv[0]
-  for flag in flags.FLAGS.get_flags_for_module(command.__name__):
+  for flag in [*flags.FLAGS.get_flags_for_module(command.__name__), flags.FLAGS['verbose']]:
     flags.FLAGS.register_key_flag_for_module(program_path, flag)
   sys.modules['__main__'].__doc__ = command.__doc__ + more_help
   app.run(program)

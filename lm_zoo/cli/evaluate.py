@@ -19,6 +19,7 @@ from absl import app, flags
 
 from lm_zoo import cli
 from lm_zoo.training import evaluate_workdir
+from lm_zoo.training.checkpoints import write_text_atomically
 from lm_zoo.training.dynamic_evaluation import dynamic_evaluate_workdir
 
 flags.DEFINE_string('workdir', None, 'A work directory written by launch/train.py.',
@@ -98,7 +99,7 @@ def dynamic_evaluation() -> None:
   if FLAGS.dyneval_output:
     output = pathlib.Path(FLAGS.dyneval_output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps({
+    write_text_atomically(output, json.dumps({
         'workdir': FLAGS.workdir, 'settings': dataclasses.asdict(report.settings),
         'search': [[dataclasses.asdict(s), loss] for s, loss in report.trials],
         'results': {split: r.as_dict() for split, r in report.results.items()},

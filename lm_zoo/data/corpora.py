@@ -11,13 +11,18 @@ and test. With it the counts equal the published statistics (PTB 929,589 /
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 import pathlib
 
 import numpy as np
 
+from lm_zoo.data.download import FILES, verify
 from lm_zoo.data.vocab import EOS, Vocab
 from lm_zoo.errors import DataError
+
+log = logging.getLogger(__name__)
 
 DATA_DIR_ENV = 'LM_ZOO_DATA'
 DEFAULT_DATA_DIR = '../shared/data'
@@ -139,6 +144,20 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
   return path
 
 
+@functools.cache  # hashing once per process and folder
+def _warn_if_not_standard(name: str, data_dir: pathlib.Path) -> None:
+  """Logs a WARNING for each file of corpus `name` whose sha256 is not the
+  standard one (lm_zoo/data/download.py): scores on it do not compare with
+  published ones. Missing files are left to the loader's error."""
+  if name not in FILES:
+    return
+  for path in verify(name, data_dir):
+    if (data_dir / path).is_file():
+      log.warning('data file %s differs from the standard %s file (its sha256 is not '
+                  'the one in lm_zoo/data/download.py): results on it will not compare '
+                  'with published ones; lm-zoo-download restores it', data_dir / path, name)
+
+
 def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
   """Loads a corpus by name ('ptb', 'wikitext2', 'ptb_char', 'enwik8').
 
@@ -150,6 +169,9 @@ def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
   Returns:
     A `Corpus` whose splits are 1-D int32 arrays.
 
+  A file that differs from the standard one (`lm_zoo.data.download.verify`)
+  is loaded with a WARNING naming it.
+
   Raises:
     DataError: unknown name, missing folder or file, empty or undecodable file.
   """
@@ -160,6 +182,7 @@ def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
   if not folder.is_dir():
     raise DataError(f'corpus folder {folder} is missing: corpus {name!r} '
                     f'expects it under the data folder ({DATA_DIR_ENV})')
+  _warn_if_not_standard(name, folder.parent.resolve())
   if kind == 'byte':
     return _load_enwik8(name, folder)
   return _load_text_corpus(name, folder, kind)

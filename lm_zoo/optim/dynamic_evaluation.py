@@ -10,6 +10,7 @@ that step; `dynamic_evaluate` runs the whole stream as one jitted `lax.scan`.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import Any, NamedTuple
 
@@ -24,6 +25,7 @@ from lm_zoo.training.evaluation import EvalResult
 from lm_zoo.training.steps import token_nll
 
 DECAY_CLIPS = ('lamb', 'krause')
+log = logging.getLogger(__name__)
 
 
 class DynamicEvalState(NamedTuple):
@@ -135,23 +137,31 @@ def _scan_segments(model, transformation, params, carries, inputs, targets, weig
     # the gradient the weights then step along.
     grads, (loss, total, count, carries) = jax.grad(segment_loss, has_aux=True)(
         params, carries, *segment)
-    updates, opt_state = transformation.update(grads, opt_state, params,
-                                               loss=jax.lax.stop_gradient(loss), **extra_args)
-    params = optax.apply_updates(params, updates)
-    return (params, opt_state, jax.lax.stop_gradient(carries)), (total, count)
+    updates, new_opt_state = transformation.update(
+        grads, opt_state, params, loss=jax.lax.stop_gradient(loss), **extra_args)
+    # A non-finite update (an overflowing gradient or step) is skipped: the
+    # weights and the rule's state stay as they were.
+    finite = jnp.isfinite(optax.tree.norm(updates))
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    params = keep(optax.apply_updates(params, updates), params)
+    opt_state = keep(new_opt_state, opt_state)
+    return (params, opt_state, jax.lax.stop_gradient(carries)), (total, count, ~finite)
 
   state = (params, transformation.init(params), carries)
-  (params, _, _), (totals, counts) = jax.lax.scan(step, state, (inputs, targets, weights))
-  return totals, counts, params
+  (params, _, _), (totals, counts, skipped) = jax.lax.scan(
+      step, state, (inputs, targets, weights))
+  return totals, counts, skipped, params
 
 
 class DynamicEvalResult(NamedTuple):
-  """The stream's score, each segment's NLL sum and token count, and the
-  weights after the last update."""
+  """The stream's score, each segment's NLL sum and token count, the
+  weights after the last update, and how many updates were skipped for not
+  being finite."""
   result: EvalResult
   segment_nll: np.ndarray
   segment_tokens: np.ndarray
   params: Any
+  skipped_updates: int = 0
 
 
 def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransformation,
@@ -172,6 +182,10 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
   and `extra_args` (for example `{'meta_params': phi}`) at every update;
   `extra_args` are traced, so new values do not recompile.
 
+  An update that is not finite (for example an overflowing gradient) is
+  skipped inside the scan, counted in `skipped_updates` and logged as a
+  WARNING; the weights go on from where they were.
+
   Raises:
     TrainingError: the scores diverged: a segment's loss is not finite, or the
       stream's loss exceeds `max_loss` nats per token (default: twice the
@@ -181,10 +195,14 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
   if segment_length < 1:
     raise ValueError(f'segment_length must be at least 1, got {segment_length}')
   inputs, targets, weights = _segments(stream, batch_size, segment_length)
-  totals, counts, final = _scan_segments(model, transformation, params,
-                                         model.initialize_carry(batch_size),
-                                         inputs, targets, weights, extra_args or {})
+  totals, counts, skipped, final = _scan_segments(
+      model, transformation, params, model.initialize_carry(batch_size), inputs, targets,
+      weights, extra_args or {})
   totals, counts = np.asarray(totals, np.float64), np.asarray(counts, np.float64)
+  skipped = int(np.sum(skipped))
+  if skipped:
+    log.warning('dynamic evaluation: %d of %d updates were not finite and were skipped',
+                skipped, len(totals))
   bad = np.flatnonzero(~np.isfinite(totals))
   if bad.size:
     raise TrainingError(f'dynamic evaluation diverged: segment {bad[0]} of '
@@ -195,7 +213,7 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
     raise TrainingError(f'dynamic evaluation diverged: loss {loss:.3f} nats/token is '
                         f'above {max_loss:.3f}; lower the learning rate')
   return DynamicEvalResult(EvalResult(loss=float(loss), num_tokens=int(counts.sum()),
-                                      unit=unit), totals, counts, final)
+                                      unit=unit), totals, counts, final, skipped)
 
 
 def rms_training_gradients(model, params: Any, stream: np.ndarray, batch_size: int,

@@ -1,18 +1,24 @@
 """Checkpoints with orbax: the latest train state, and the best parameters.
 
 Orbax writes each checkpoint into a temporary folder and renames it when it is
-complete, so a kill at any moment leaves the previous checkpoint loadable.
+complete, so a kill at any moment leaves the previous checkpoint loadable. The
+work directory's other files are replaced whole too (`write_text_atomically`).
+A checkpoint that cannot be read (a file corrupted or cut short after it was
+written) is a `CheckpointError` naming its folder and what failed.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
+import tempfile
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import CheckpointError, ConfigError
 
 
 def _manager(directory: pathlib.Path, max_to_keep: int) -> ocp.CheckpointManager:
@@ -50,8 +56,10 @@ class Checkpoints:
     if step is None:
       return None
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    with _readable(manager.directory / str(step)):
+      metadata = manager.item_metadata(step)['state']
     saved = {_keys(path): tuple(leaf.shape) for path, leaf in
-             jax.tree_util.tree_flatten_with_path(manager.item_metadata(step)['state'])[0]}
+             jax.tree_util.tree_flatten_with_path(metadata)[0]}
     wanted = {_keys(path): tuple(leaf.shape) for path, leaf in
               jax.tree_util.tree_flatten_with_path(abstract)[0]}
     # Checkpoints from before the untied softmax kernel was stored as (vocab,
@@ -61,8 +69,8 @@ class Checkpoints:
     differ = {keys: (saved.get(keys), shape) for keys, shape in wanted.items()
               if keys not in legacy and saved.get(keys) != shape}
     if differ or set(saved) != set(wanted):
-      lines = [f'  {"/".join(keys)}: saved {old}, this model {new}'
-               for keys, (old, new) in sorted(differ.items())]
+      lines = [f'  {"/".join(keys)}: {"not saved" if old is None else f"saved {old}"}, '
+               f'this model {new}' for keys, (old, new) in sorted(differ.items())]
       lines += [f'  {"/".join(keys)}: saved, not in this model'
                 for keys in sorted(set(saved) - set(wanted))]
       raise ConfigError(
@@ -72,8 +80,9 @@ class Checkpoints:
     target = jax.tree_util.tree_map_with_path(
         lambda path, x: (jax.ShapeDtypeStruct(x.shape[::-1], x.dtype)
                          if _keys(path) in legacy else x), abstract)
-    restored = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    with _readable(manager.directory / str(step)):
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     state = jax.tree_util.tree_map_with_path(
         lambda path, x: x.T if _keys(path) in legacy else x, restored.state)
     return state, restored.meta
@@ -98,6 +107,58 @@ class Checkpoints:
   def close(self) -> None:
     self._latest.close()
     self._best.close()
+
+
+class _readable:
+  """Turns an error reading the checkpoint folder `folder` into a
+  `CheckpointError` naming it, and the JSON files in it that do not parse."""
+
+  def __init__(self, folder: pathlib.Path):
+    self.folder = pathlib.Path(folder)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, err, tb):
+    if err is None or isinstance(err, ConfigError):
+      return False
+    # Orbax wraps TensorStore's error, which names the array and the file.
+    cause = err
+    while cause.__cause__ is not None:
+      cause = cause.__cause__
+    cause = str(cause).strip().splitlines()[0].split(' [tensorstore_spec=')[0][:400]
+    broken = [str(path) for path in sorted(self.folder.rglob('*'))
+              if path.is_file() and _is_broken_json(path)]
+    raise CheckpointError(
+        f'the checkpoint {self.folder} is corrupt or truncated: '
+        + (f'unreadable JSON in {", ".join(broken)}' if broken else cause)
+        + f'. Delete {self.folder} to resume from the checkpoint before it, or '
+        'use a new --workdir.') from err
+
+
+def _is_broken_json(path: pathlib.Path) -> bool:
+  """Whether `path` is one of orbax's JSON files (metadata, not array data)
+  and does not parse."""
+  if path.parent.name == 'd' or path.suffix in ('.ocdbt', '.txt'):
+    return False  # array chunks, OCDBT manifests, commit markers
+  try:
+    json.loads(path.read_bytes())
+    return False
+  except (ValueError, OSError):
+    return True
+
+
+def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
+  """Replaces `path` by `text` in one rename: a kill at any moment leaves the
+  old file or the new one, never a part."""
+  path = pathlib.Path(path)
+  with tempfile.NamedTemporaryFile('w', dir=path.parent, prefix=f'.{path.name}.',
+                                   suffix='.tmp', delete=False) as out:
+    out.write(text)
+    out.flush()
+    os.fsync(out.fileno())
+  os.chmod(out.name, 0o644)  # temporary files are private; ours are not
+  os.replace(out.name, path)
 
 
 def _keys(path) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import pathlib
+import signal
 import time
 from typing import Any
 
@@ -17,16 +18,18 @@ import numpy as np
 from lm_zoo import generation
 from lm_zoo.configs import base_config
 from lm_zoo.data import BatchedStream, Corpus, load_corpus
-from lm_zoo.errors import ConfigError, TrainingError
+from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.training.averaging import averaged_params, should_start_averaging, start_averaging
-from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
 from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
 from lm_zoo.training.metrics import MetricsWriter, eta, format_duration
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, shard_batch, state_shardings
+from lm_zoo.training.preemption import StopRequest
 from lm_zoo.training.steps import (TrainState, make_eval_step, make_mc_dropout_eval_step,
                                    make_train_step, mc_dropout_carries, with_dropout_scaled)
+from lm_zoo.validation import validate_config
 
 CONFIG_FILE = 'config.json'
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
@@ -41,6 +44,12 @@ class Progress:
   position: int = 0  # time index within the epoch's rows of the next window
   valid_losses: list[float] = dataclasses.field(default_factory=list)
   best_valid: float = math.inf
+  skipped_updates: int = 0  # dropped for a non-finite loss or gradient (train.nonfinite=skip)
+  rollbacks: int = 0  # restores of a checkpoint after one (train.nonfinite=rollback)
+
+
+class _RolledBack(Exception):
+  """The loop restored a checkpoint: it goes on from that checkpoint's position."""
 
 
 def load_data(config: ml_collections.ConfigDict) -> Corpus:
@@ -52,7 +61,7 @@ def load_data(config: ml_collections.ConfigDict) -> Corpus:
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-  (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+  write_text_atomically(workdir / CONFIG_FILE, config.to_json_best_effort(indent=2))
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
@@ -62,8 +71,13 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   if not path.is_file():
     raise ConfigError(f'{path} not found: is {workdir} a work directory written '
                       'by launch/train.py?')
+  try:
+    saved = json.loads(path.read_text())
+  except ValueError as err:
+    raise ConfigError(f'{path} is corrupt or truncated ({err}): restore it, or train '
+                      'again in a new --workdir') from None
   config = base_config()
-  config.update(json.loads(path.read_text()))
+  config.update(saved)
   return config
 
 
@@ -154,24 +168,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
   Re-running with the same workdir resumes from the latest checkpoint: the
   parameters, optimizer state, recurrent state, RNG, step and data position
-  are restored, so the run continues as if it had not stopped.
+  are restored, so the run continues as if it had not stopped. SIGTERM or
+  SIGINT during training saves a checkpoint after the current update and
+  raises `Preempted` (`StopRequest`). A non-finite loss or gradient is dealt
+  with as `train.nonfinite` says (stop, skip or rollback; lm_zoo/configs.py).
 
   Returns:
     The run summary that is also written to `workdir/summary.json`.
+
+  Raises:
+    ConfigError: the config is invalid (`validate_config`), or does not fit
+      the checkpoints in `workdir`.
+    TrainingError: a non-finite loss or gradient that the policy does not
+      absorb.
+    Preempted: stopped by a signal, after saving a checkpoint.
   """
   run_start = time.perf_counter()
+  validate_config(config)  # before reading data or compiling anything
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   corpus = load_data(config)
+  validate_config(config, corpus)
   model = build_model(config.model, len(corpus.vocab))
   optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
   sum_over_time = config.optimizer.loss_reduction == 'sum_over_time'
   mesh = data_mesh(config.parallel.num_devices)
   check_batch(config.data.batch_size, mesh)
-  train_step = make_train_step(model, optimizer, sum_over_time, config.optimizer.ar,
-                               config.optimizer.tar, mesh)
-  eval_step = make_eval_step(model)
   data_cfg, train_cfg = config.data, config.train
+  train_step = make_train_step(model, optimizer, sum_over_time, config.optimizer.ar,
+                               config.optimizer.tar, mesh,
+                               skip_nonfinite=train_cfg.nonfinite == 'skip')
+  eval_step = make_eval_step(model)
   batched = BatchedStream(corpus.train, data_cfg.batch_size)
   checkpoints = Checkpoints(workdir)
 
@@ -192,34 +219,98 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   save_config(config, workdir)
   # Drops what a stopped run logged past its checkpoint.
   metrics = MetricsWriter(workdir, resume_step=resume_step)
+  place = ((lambda state: state) if mesh is None else
+           (lambda state: jax.device_put(state, state_shardings(state, mesh))))
+  state = place(state)
   if mesh is not None:
-    state = jax.device_put(state, state_shardings(state, mesh))
     log.info('Data parallel over %d devices: %d rows each', mesh.size,
              data_cfg.batch_size // mesh.size)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   log.info('Model: %s, %s parameters; train %s tokens, vocab %d', config.model.cell,
            f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
 
-  step, throughput, pending = int(state.step), _Throughput(), []
+  step, throughput = int(state.step), _Throughput()
+  pending = []  # (step, loss, finite) of the updates not yet read back
   total_steps = planned_steps(config, batched)
   tokens_trained = 0
   step_lr = None  # the rate in opt_state, once this process has set it
+  skips_in_a_row = 0
 
   def fetch_losses() -> np.ndarray:
-    """The losses since the last fetch; raises if one is not finite."""
-    losses = np.asarray(jax.device_get(pending), np.float64)
+    """The finite losses of the updates since the last fetch, once
+    `train.nonfinite` has dealt with the others (it may raise TrainingError,
+    or roll back and raise _RolledBack)."""
+    nonlocal skips_in_a_row
+    fetched = jax.device_get(pending)
     pending.clear()
-    if not np.all(np.isfinite(losses)):
+    for at, _, finite in fetched:
+      if finite:
+        skips_in_a_row = 0
+      elif train_cfg.nonfinite == 'skip':
+        skip(at)
+      elif train_cfg.nonfinite == 'rollback':
+        roll_back(at)
+      else:
+        metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop')
+        raise TrainingError(
+            f'the training loss or gradient is not finite at or before step {at} '
+            f'(epoch {progress.epoch}). The latest checkpoint in {workdir}/checkpoints '
+            'holds finite weights: lower the learning rate or clip gradients '
+            'harder, then run the same command again to resume from it (or set '
+            '--config.train.nonfinite=skip or rollback).')
+    return np.array([loss for _, loss, finite in fetched if finite], np.float64)
+
+  def skip(at: int) -> None:
+    nonlocal skips_in_a_row
+    progress.skipped_updates += 1
+    skips_in_a_row += 1
+    log.warning('step %d: non-finite loss or gradient, update skipped (%d skipped so far)',
+                at, progress.skipped_updates)
+    metrics.write('nonfinite', step=at, epoch=progress.epoch, action='skip',
+                  skipped_updates=progress.skipped_updates)
+    if skips_in_a_row > train_cfg.max_consecutive_skips:
       raise TrainingError(
-          f'the training loss is not finite at or before step {step} (epoch '
-          f'{progress.epoch}). The latest checkpoint in {workdir}/checkpoints '
-          'holds finite weights: lower the learning rate or clip gradients '
-          'harder, then run the same command again to resume from it.')
-    return losses
+          f'{skips_in_a_row} updates in a row up to step {at} had a non-finite loss '
+          f'or gradient (more than train.max_consecutive_skips='
+          f'{train_cfg.max_consecutive_skips}): the weights have diverged. Lower the '
+          'learning rate or clip gradients harder, and train again in a new --workdir.')
+
+  def roll_back(at: int) -> None:
+    nonlocal state, progress, step, step_lr
+    if progress.rollbacks >= train_cfg.max_rollbacks:
+      metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop',
+                    rollbacks=progress.rollbacks)
+      raise TrainingError(
+          f'the training loss or gradient is not finite at step {at} after '
+          f'{progress.rollbacks} rollbacks (train.max_rollbacks='
+          f'{train_cfg.max_rollbacks}): lower optimizer.learning_rate or clip '
+          'gradients harder (optimizer.clip_norm), then train again.')
+    rollbacks = progress.rollbacks + 1
+    restored, meta = checkpoints.restore_latest(state)
+    state, progress = place(restored), Progress(**meta)
+    progress.rollbacks = rollbacks
+    step, step_lr = int(state.step), None
+    pending.clear()
+    scale = train_cfg.rollback_lr_factor ** rollbacks
+    log.warning('step %d: non-finite loss or gradient, rolled back to the checkpoint of '
+                'step %d with the learning rate x %g (rollback %d of at most %d)', at,
+                step, scale, rollbacks, train_cfg.max_rollbacks)
+    metrics.write('nonfinite', step=at, epoch=progress.epoch, action='rollback',
+                  to_step=step, learning_rate_scale=scale, rollbacks=rollbacks)
+    raise _RolledBack
 
   def save() -> None:
     fetch_losses()  # never checkpoint non-finite weights
     checkpoints.save_latest(step, state, dataclasses.asdict(progress))
+
+  def preempt(signum: int) -> None:
+    save()
+    checkpoints.close()
+    metrics.close()
+    raise Preempted(
+        f'{signal.Signals(signum).name} received: training stopped at step {step} '
+        f'(epoch {progress.epoch}) with a checkpoint in {workdir}/checkpoints; run '
+        'the same command to resume', signum)
 
   def end_epoch() -> None:
     nonlocal state
@@ -247,47 +338,59 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
   max_steps = train_cfg.max_steps if train_cfg.max_steps > 0 else math.inf
   train_start = time.perf_counter()
-  while progress.epoch <= train_cfg.num_epochs and step < max_steps:
-    lr = epoch_learning_rate(config.schedule, config.optimizer.learning_rate,
-                             progress.epoch, progress.valid_losses)
-    if progress.position == 0:
-      state = state.replace(carries=model.initialize_carry(data_cfg.batch_size))
-    windows = batched.windows(data_cfg.bptt, progress.position, data_cfg.variable_bptt,
-                              seed=(config.seed, progress.epoch))
-    for window in windows:
-      # AWD-LSTM scales a window's learning rate by its length / bptt; a loss
-      # summed over time already grows with the length.
-      scale = (window.length / data_cfg.bptt
-               if data_cfg.variable_bptt and not sum_over_time else 1.0)
-      if lr * scale != step_lr:  # no host-to-device copy while the rate holds
-        step_lr = lr * scale
-        state = state.replace(opt_state=set_learning_rate(state.opt_state, step_lr))
-      state, step_metrics = train_step(
-          state, *shard_batch(mesh, window.inputs, window.targets, window.weights))
-      pending.append(step_metrics['loss'])
-      progress.position = window.start + window.length
-      step += 1
-      throughput.tokens += window.inputs.size
-      throughput.steps += 1
-      tokens_trained += window.inputs.size
-      if step % train_cfg.log_every == 0:
-        loss = float(fetch_losses().mean())
-        rate = throughput.rate()
-        log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  lr %.4g  '
-                 '%.0f tokens/s  ETA %s', progress.epoch, step, total_steps,
-                 100 * step / total_steps, loss, math.exp(min(loss, 700.0)), lr, rate,
-                 throughput.eta(total_steps - step))
-        metrics.write('train', step=step, epoch=progress.epoch, loss=loss,
-                      learning_rate=lr, tokens_per_second=rate)
-        throughput.reset()
-      if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
+  if train_cfg.nonfinite == 'rollback' and not checkpoints.has_latest():
+    save()  # a finite state to roll back to before the first checkpoint
+  with StopRequest() as stop:
+    while progress.epoch <= train_cfg.num_epochs and step < max_steps:
+      # A rollback lowers the rate for the rest of the run.
+      lr = (epoch_learning_rate(config.schedule, config.optimizer.learning_rate,
+                                progress.epoch, progress.valid_losses)
+            * train_cfg.rollback_lr_factor ** progress.rollbacks)
+      if progress.position == 0:
+        state = state.replace(carries=model.initialize_carry(data_cfg.batch_size))
+      windows = batched.windows(data_cfg.bptt, progress.position, data_cfg.variable_bptt,
+                                seed=(config.seed, progress.epoch))
+      try:
+        for window in windows:
+          # AWD-LSTM scales a window's learning rate by its length / bptt; a loss
+          # summed over time already grows with the length.
+          scale = (window.length / data_cfg.bptt
+                   if data_cfg.variable_bptt and not sum_over_time else 1.0)
+          if lr * scale != step_lr:  # no host-to-device copy while the rate holds
+            step_lr = lr * scale
+            state = state.replace(opt_state=set_learning_rate(state.opt_state, step_lr))
+          state, step_metrics = train_step(
+              state, *shard_batch(mesh, window.inputs, window.targets, window.weights))
+          progress.position = window.start + window.length
+          step += 1
+          pending.append((step, step_metrics['loss'], step_metrics['finite']))
+          throughput.tokens += window.inputs.size
+          throughput.steps += 1
+          tokens_trained += window.inputs.size
+          if step % train_cfg.log_every == 0:
+            losses = fetch_losses()
+            loss = float(losses.mean()) if losses.size else math.nan
+            rate = throughput.rate()
+            log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  lr %.4g  '
+                     '%.0f tokens/s  ETA %s', progress.epoch, step, total_steps,
+                     100 * step / total_steps, loss, math.exp(min(loss, 700.0)), lr, rate,
+                     throughput.eta(total_steps - step))
+            metrics.write('train', step=step, epoch=progress.epoch, loss=loss,
+                          learning_rate=lr, tokens_per_second=rate)
+            throughput.reset()
+          if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
+            save()
+          if stop.signum is not None:
+            preempt(stop.signum)
+          if step >= max_steps:
+            break
+        if progress.position >= batched.row_length:
+          fetch_losses()  # validate finite weights only
+          end_epoch()
+          throughput.reset()
         save()
-      if step >= max_steps:
-        break
-    if progress.position >= batched.row_length:
-      end_epoch()
-      throughput.reset()
-    save()
+      except _RolledBack:
+        throughput.reset()
   train_seconds = time.perf_counter() - train_start
 
   best = checkpoints.restore_best(state.params)
@@ -299,7 +402,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       'step': step, 'best_epoch': best_meta['epoch'],
       'train_seconds': round(train_seconds, 1),
       'tokens_per_second': round(tokens_trained / max(train_seconds, 1e-9), 1),
-      'num_params': int(num_params), 'unit': corpus.unit}
+      'num_params': int(num_params), 'unit': corpus.unit,
+      'skipped_updates': progress.skipped_updates, 'rollbacks': progress.rollbacks}
   for split, batch_size in (('valid', data_cfg.eval_batch_size),
                             ('test', data_cfg.test_batch_size)):
     result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt,
@@ -315,7 +419,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     for line in summary['samples']:
       log.info('sample: %s', line)
   summary['wall_seconds'] = round(time.perf_counter() - run_start, 1)
-  (workdir / 'summary.json').write_text(json.dumps(summary, indent=2))
+  write_text_atomically(workdir / 'summary.json', json.dumps(summary, indent=2))
   checkpoints.close()
   metrics.close()
   log.info('%s', run_summary(summary, workdir))

@@ -12,6 +12,8 @@ from numbers import Real
 
 import jax
 
+from lm_zoo.training.checkpoints import write_text_atomically
+
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'
 # Record fields that index a scalar rather than being one.
@@ -63,15 +65,15 @@ class MetricsWriter:
       return
     keep = [r for r in read_metrics(self.path)
             if r.get('step', 0) <= step and not r.get('final')]
-    tmp = self.path.with_suffix('.tmp')
-    tmp.write_text(''.join(json.dumps(r) + '\n' for r in keep))
-    tmp.replace(self.path)  # atomic: a kill now leaves the old or the new file
+    write_text_atomically(self.path, ''.join(json.dumps(r) + '\n' for r in keep))
 
 
 def read_metrics(path: str | pathlib.Path) -> list[dict]:
-  """All records of a metrics file."""
+  """All records of a metrics file, but a last line a kill cut short."""
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = f.read().split('\n')
+  # Every record ends in a newline: what follows the last one is a partial write.
+  return [json.loads(line) for line in lines[:-1] if line.strip()]
 
 
 def format_duration(seconds: float) -> str:

@@ -13,6 +13,10 @@ import optax
 from lm_zoo.errors import ConfigError
 from lm_zoo.training.averaging import TRIGGERS, parameter_averaging
 
+OPTIMIZERS = ('sgd', 'adam', 'nadam')
+SCHEDULES = ('constant', 'exponential', 'milestones', 'plateau')
+LOSS_REDUCTIONS = ('mean', 'sum_over_time')  # optimizer.loss_reduction (make_train_step)
+
 
 def make_optimizer(cfg: ml_collections.ConfigDict,
                    averaging: str = 'none') -> optax.GradientTransformation:
@@ -26,9 +30,9 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
   that epoch schedules and plateau drops change it without recompiling.
   Adam with beta1 = 0 is the Mogrifier paper's RMSProp-like setting.
   """
-  if cfg.name not in ('sgd', 'adam', 'nadam'):
+  if cfg.name not in OPTIMIZERS:
     raise ConfigError(f'unknown optimizer {cfg.name!r} (optimizer.name): '
-                      'choose sgd, adam or nadam')
+                      f'choose one of {", ".join(OPTIMIZERS)}')
   if averaging not in TRIGGERS:
     raise ConfigError(f'unknown averaging trigger {averaging!r} (averaging.trigger): '
                       f'choose one of {", ".join(TRIGGERS)}')
@@ -100,5 +104,5 @@ def epoch_learning_rate(cfg: ml_collections.ConfigDict, base_lr: float, epoch: i
         drops += 1
   else:
     raise ConfigError(f'unknown schedule {cfg.kind!r} (schedule.kind): choose '
-                      'constant, exponential, milestones or plateau')
+                      f'one of {", ".join(SCHEDULES)}')
   return max(base_lr * cfg.factor ** drops, cfg.min_lr)

@@ -43,7 +43,8 @@ def token_nll(logits: jax.Array, targets: jax.Array, weights: jax.Array):
 
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
                     sum_over_time: bool = False, ar: float = 0.0,
-                    tar: float = 0.0, mesh: jax.sharding.Mesh | None = None) -> Callable:
+                    tar: float = 0.0, mesh: jax.sharding.Mesh | None = None,
+                    skip_nonfinite: bool = False) -> Callable:
   """Returns jitted `train_step(state, inputs, targets, weights) -> (state, metrics)`.
 
   The objective is the mean NLL per token, or with `sum_over_time` the NLL
@@ -58,6 +59,12 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   parallel: it expects the batch and the carries split by row over the mesh's
   data axis (`shard_batch`, `state_shardings`) and keeps them so; parameters
   and optimizer state stay replicated, and XLA all-reduces the gradients.
+
+  The metrics are the mean NLL `loss`, the gradients' global norm `grad_norm`
+  and `finite`: whether both are finite, decided on the device so the loop
+  reads it with the loss, without a sync of its own. With `skip_nonfinite`
+  a step where they are not leaves the parameters, optimizer state and
+  carries as they were (the update is dropped) and only counts the step.
   """
   penalised = ar > 0 or tar > 0
 
@@ -86,9 +93,15 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                               carries=jax.lax.stop_gradient(carries))
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    if skip_nonfinite:
+      # The step still counts: it numbers the windows and the dropout keys.
+      kept = state.replace(step=state.step + 1)
+      new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, kept)
     if mesh is not None:
       new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh))
-    return new_state, {'loss': loss, 'grad_norm': optax.tree.norm(grads)}
+    return new_state, {'loss': loss, 'grad_norm': grad_norm, 'finite': finite}
 
   return jax.jit(train_step, donate_argnums=0)
 

@@ -1,0 +1,48 @@
+"""Stopping training cleanly on SIGTERM or SIGINT (a preempted job, Ctrl-C)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+log = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+  """While entered, turns SIGTERM and SIGINT into a request that the training
+  loop reads after each update (`signum`), so that it can checkpoint and stop
+  between steps rather than die inside one.
+
+  The first signal only sets `signum`; the handlers in place before are then
+  restored, so a second signal acts as it would have without us (Ctrl-C twice
+  stops at once). Signal handlers belong to the main thread: elsewhere (a
+  training run in a worker thread) this does nothing.
+  """
+
+  def __init__(self):
+    self.signum: int | None = None
+    self._previous: dict[int, object] = {}
+
+  def __enter__(self) -> StopRequest:
+    if threading.current_thread() is threading.main_thread():
+      for signum in SIGNALS:
+        self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._restore()
+
+  def _handle(self, signum: int, frame) -> None:
+    self.signum = signum
+    self._restore()
+    log.warning('%s received: saving a checkpoint after this update, then stopping '
+                '(send it again to stop at once)', signal.Signals(signum).name)
+
+  def _restore(self) -> None:
+    for signum, handler in self._previous.items():
+      # None: a handler not installed from Python; the default is the closest.
+      signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+    self._previous.clear()

@@ -1,0 +1,111 @@
+"""`validate_config`: a config checked before any data is read or anything
+compiles, each problem a `ConfigError` naming the field and the fix."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_collections
+
+from lm_zoo.data.corpora import CORPORA, Corpus
+from lm_zoo.errors import ConfigError
+from lm_zoo.models.factory import CELLS, DTYPES, LATENTS
+from lm_zoo.training.averaging import TRIGGERS
+from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
+
+NONFINITE_POLICIES = ('stop', 'skip', 'rollback')  # train.nonfinite
+
+# field -> the names it may take
+CHOICES = {
+    'data.name': tuple(CORPORA), 'model.cell': tuple(CELLS),
+    'model.alstm.latent': tuple(LATENTS), 'model.dtype': tuple(DTYPES),
+    'optimizer.name': OPTIMIZERS, 'optimizer.loss_reduction': LOSS_REDUCTIONS,
+    'averaging.trigger': TRIGGERS, 'schedule.kind': SCHEDULES,
+    'train.nonfinite': NONFINITE_POLICIES,
+}
+# (fields, test, what the value must be); a NaN fails every test.
+RULES = (
+    (('data.batch_size', 'data.bptt', 'data.eval_batch_size', 'data.test_batch_size',
+      'model.num_layers', 'model.hidden_size', 'model.unroll', 'model.alstm.latent_size',
+      'averaging.nonmono', 'train.num_epochs', 'train.log_every'),
+     lambda x: x >= 1, 'at least 1'),
+    (('data.train_tokens', 'data.valid_tokens', 'data.test_tokens', 'model.embed_size',
+      'model.param_budget', 'model.output_size', 'model.mogrifier.rounds',
+      'model.dual.size', 'model.mos.components', 'parallel.num_devices', 'optimizer.l2',
+      'optimizer.dual_l2', 'optimizer.ar', 'optimizer.tar', 'schedule.decay_after',
+      'schedule.min_lr', 'train.max_steps', 'train.max_consecutive_skips',
+      'train.max_rollbacks', 'generate.num_lines', 'generate.num_tokens'),
+     lambda x: x >= 0, '>= 0'),
+    (('model.dropout_embedding', 'model.dropout_input', 'model.dropout_hidden',
+      'model.dropout_state', 'model.dropout_output', 'model.weight_drop',
+      'model.dual.dropout_input', 'model.dual.dropout_output', 'model.mos.dropout_latent',
+      'optimizer.momentum', 'optimizer.beta1', 'optimizer.beta2'),
+     lambda x: 0 <= x < 1, 'in [0, 1) (a rate of 1 would drop or keep everything)'),
+    (('optimizer.learning_rate', 'optimizer.eps', 'schedule.factor',
+      'generate.temperature'),
+     lambda x: x > 0, 'positive'),
+    (('averaging.start_fraction', 'train.rollback_lr_factor'),
+     lambda x: 0 < x <= 1, 'in (0, 1]'),
+)
+
+
+def _get(config: ml_collections.ConfigDict, field: str) -> Any:
+  value = config
+  for part in field.split('.'):
+    value = value[part]
+  return value
+
+
+def _fail(field: str, value: Any, problem: str) -> ConfigError:
+  """The error naming the field, its value, what it must be, and its flag."""
+  return ConfigError(f'config field {field}={value!r} {problem} (--config.{field})')
+
+
+def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = None) -> None:
+  """Raises ConfigError on the first field of `config` (lm_zoo/configs.py)
+  that training cannot use: an unknown name, a size below its minimum, a
+  dropout rate outside [0, 1), a Mogrifier rank larger than the matrices it
+  factorises. With the loaded `corpus`, also whether each split holds a row
+  per batch row, and the BPTT length fits the training rows.
+  """
+  for field, names in CHOICES.items():
+    if _get(config, field) not in names:
+      raise _fail(field, _get(config, field), f'is not known: choose one of {", ".join(names)}')
+  for fields, test, must_be in RULES:
+    for field in fields:
+      value = _get(config, field)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not test(value):
+        raise _fail(field, value, f'must be {must_be}')
+  model = config.model
+  if model.mogrifier.rounds > 0 and model.mogrifier.rank > 0 and model.param_budget == 0:
+    # Q^i, R^i map between each layer's input and hidden state (Melis et al. 2020).
+    sizes = {'model.embed_size': model.embed_size or model.hidden_size,
+             'model.hidden_size': model.hidden_size}
+    if model.output_size:
+      sizes['model.output_size'] = model.output_size
+    field = min(sizes, key=sizes.get)
+    if model.mogrifier.rank > sizes[field]:
+      raise _fail('model.mogrifier.rank', model.mogrifier.rank,
+                  f'is larger than the matrices it factorises ({field} is {sizes[field]}): '
+                  f'a rank of at most {sizes[field]}, or 0 for full rank, is meaningful')
+  if corpus is not None:
+    _check_fit(config, corpus)
+
+
+def _check_fit(config: ml_collections.ConfigDict, corpus: Corpus) -> None:
+  data = config.data
+  for split, field in (('train', 'batch_size'), ('valid', 'eval_batch_size'),
+                       ('test', 'test_batch_size')):
+    pairs = len(corpus.split(split)) - 1
+    if data[field] > pairs:
+      raise _fail(f'data.{field}', data[field],
+                  f'is more rows than the {max(pairs, 0)} (input, target) pairs of the '
+                  f'{split} split (data.{split}_tokens={data[f"{split}_tokens"]}) hold: '
+                  f'lower it, or keep more {split} tokens')
+  row_length = math.ceil((len(corpus.train) - 1) / data.batch_size)
+  if data.bptt > row_length:
+    raise _fail('data.bptt', data.bptt,
+                f'is longer than each of the data.batch_size={data.batch_size} rows the '
+                f'training split is cut into ({row_length} steps): lower data.bptt or '
+                'data.batch_size, or keep more training tokens')

@@ -1,0 +1,217 @@
+"""Bad inputs, given on purpose: each is one clear `error:` line naming the
+field, file or parameter, exit status 1, and no traceback. Most run in
+process through `cli.run` (what every program calls); a few run the real
+programs to show the console, and that --verbose prints the traceback."""
+
+import json
+import logging
+import os
+import shutil
+
+import pytest
+from conftest import run_script
+
+from lm_zoo import cli
+from lm_zoo.configs import base_config
+from lm_zoo.data import load_corpus
+from lm_zoo.training import evaluate_workdir, train_and_evaluate
+from lm_zoo.training.dynamic_evaluation import dynamic_evaluate_workdir
+
+TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
+        'data.test_batch_size': 2, 'data.train_tokens': 401, 'data.valid_tokens': 120,
+        'data.test_tokens': 90, 'model.embed_size': 16, 'model.hidden_size': 16,
+        'model.dropout_input': 0.2, 'train.max_steps': 10, 'train.log_every': 5,
+        'generate.num_lines': 0}
+
+
+def _config(data_dir, **fields):
+  config = base_config()
+  config.update_from_flattened_dict({**TINY, 'data.data_dir': str(data_dir), **fields})
+  return config
+
+
+@pytest.fixture(scope='module')
+def trained(data_dir, tmp_path_factory):
+  """A work directory of one finished epoch (latest and best checkpoints)."""
+  workdir = tmp_path_factory.mktemp('trained') / 'run'
+  train_and_evaluate(_config(data_dir), workdir)
+  return workdir
+
+
+def _copy(trained, tmp_path):
+  return shutil.copytree(trained, tmp_path / 'run')
+
+
+def _data_folder(tmp_path, data_dir, train: bytes | None):
+  """A data folder whose ptb/train.txt is `train` (None: left out), the real
+  valid and test files beside it."""
+  folder = tmp_path / 'data' / 'ptb'
+  folder.mkdir(parents=True)
+  for split in ('valid', 'test'):
+    os.symlink(data_dir / 'ptb' / f'{split}.txt', folder / f'{split}.txt')
+  if train is not None:
+    (folder / 'train.txt').write_bytes(train)
+  return folder.parent
+
+
+def _largest_array_file(checkpoint_folder):
+  return max((p for p in checkpoint_folder.rglob('*') if p.parent.name == 'd'),
+             key=lambda p: p.stat().st_size)
+
+
+def _train(**fields):
+  return lambda d, t, w: lambda: train_and_evaluate(_config(d, **fields), t / 'new')
+
+
+def _truncate_best(d, t, w):
+  step = next((w / 'best').iterdir())
+  data = _largest_array_file(step)
+  data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+  return lambda: evaluate_workdir(w)
+
+
+def _garble_latest_meta(d, t, w):
+  (w / 'checkpoints' / '10' / 'meta' / 'metadata').write_text('{"epoch": 2, "posi')
+  return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20}), w)
+
+
+def _other_model_config(d, t, w):
+  config = json.loads((w / 'config.json').read_text())
+  config['model']['hidden_size'] = 24
+  (w / 'config.json').write_text(json.dumps(config))
+  return lambda: evaluate_workdir(w)
+
+
+def _truncate_config(d, t, w):
+  path = w / 'config.json'
+  path.write_text(path.read_text()[:100])
+  return lambda: evaluate_workdir(w)
+
+
+def _data(train, **fields):
+  return lambda d, t, w: lambda: train_and_evaluate(
+      _config(_data_folder(t, d, train), **fields), t / 'new')
+
+
+# id -> (set-up(data_dir, tmp_path, a copy of the trained work directory) -> job,
+#        what the error line says)
+CASES = {
+    'unknown model': (_train(**{'model.cell': 'lsmt'}),
+                      "model.cell='lsmt' is not known: choose one of lstm, mlstm"),
+    'negative hidden size': (_train(**{'model.hidden_size': -5}),
+                             'model.hidden_size=-5 must be at least 1'),
+    'zero layers': (_train(**{'model.num_layers': 0}), 'model.num_layers=0 must be at least 1'),
+    'dropout 1.0': (_train(**{'model.dropout_hidden': 1.0}),
+                    r'model.dropout_hidden=1.0 must be in [0, 1)'),
+    'negative weight drop': (_train(**{'model.weight_drop': -0.1}),
+                             'model.weight_drop=-0.1 must be in [0, 1)'),
+    'Mogrifier rank > hidden': (
+        _train(**{'model.mogrifier.rounds': 2, 'model.mogrifier.rank': 64}),
+        'model.mogrifier.rank=64 is larger than the matrices it factorises '
+        '(model.embed_size is 16)'),
+    'negative Mogrifier rounds': (_train(**{'model.mogrifier.rounds': -1}),
+                                  'model.mogrifier.rounds=-1 must be >= 0'),
+    'unknown dtype': (_train(**{'model.dtype': 'float16'}), "model.dtype='float16' is not known"),
+    'unknown dataset': (_train(**{'data.name': 'ptb2'}),
+                        "data.name='ptb2' is not known: choose one of ptb, wikitext2"),
+    'zero BPTT': (_train(**{'data.bptt': 0}), 'data.bptt=0 must be at least 1'),
+    'unknown optimizer': (_train(**{'optimizer.name': 'adamw'}),
+                          "optimizer.name='adamw' is not known: choose one of sgd, adam, nadam"),
+    'negative learning rate': (_train(**{'optimizer.learning_rate': -0.1}),
+                               'optimizer.learning_rate=-0.1 must be positive'),
+    'NaN learning rate': (_train(**{'optimizer.learning_rate': float('nan')}),
+                          'optimizer.learning_rate=nan must be positive'),
+    'unknown loss reduction': (_train(**{'optimizer.loss_reduction': 'sum'}),
+                               "optimizer.loss_reduction='sum' is not known"),
+    'unknown schedule': (_train(**{'schedule.kind': 'cosine'}), "schedule.kind='cosine' is not known"),
+    'unknown averaging': (_train(**{'averaging.trigger': 'ema'}),
+                          "averaging.trigger='ema' is not known"),
+    'unknown fault policy': (_train(**{'train.nonfinite': 'ignore'}),
+                             "train.nonfinite='ignore' is not known: choose one of stop, skip"),
+    'rollback factor above 1': (_train(**{'train.rollback_lr_factor': 2.0}),
+                                'train.rollback_lr_factor=2.0 must be in (0, 1]'),
+    'BPTT longer than the data': (
+        _train(**{'data.train_tokens': 41, 'data.bptt': 50}),
+        'data.bptt=50 is longer than each of the data.batch_size=4 rows the training '
+        'split is cut into (10 steps)'),
+    'batch larger than the stream': (
+        _train(**{'data.train_tokens': 4}),
+        'data.batch_size=4 is more rows than the 3 (input, target) pairs of the train split'),
+    'eval batch larger than valid': (
+        _train(**{'data.valid_tokens': 3}),
+        'data.eval_batch_size=3 is more rows than the 2 (input, target) pairs of the valid'),
+    'missing data folder': (lambda d, t, w: lambda: train_and_evaluate(
+        _config(t / 'nope'), t / 'new'), 'data folder {t}/nope does not exist'),
+    'missing corpus folder': (lambda d, t, w: lambda: train_and_evaluate(
+        _config(t), t / 'new'), 'corpus folder {t}/ptb is missing'),
+    'missing data file': (_data(None), 'missing data file {t}/data/ptb/train.txt'),
+    'empty data file': (_data(b''), 'data file {t}/data/ptb/train.txt is empty'),
+    'binary data file': (_data(b'\x00\xff\xfe garbage'), 'is not UTF-8 text'),
+    'truncated data file': (_data(b'the company said it \nwill', **{'data.train_tokens': 0}),
+                            'data.bptt=10 is longer than each of the data.batch_size=4 rows '
+                            'the training split is cut into (2 steps)'),
+    'init_from a non-workdir': (_train(**{'train.init_from': '/nonexistent'}),
+                                'train.init_from=/nonexistent is not a work directory'),
+    'resume with other shapes': (
+        lambda d, t, w: lambda: train_and_evaluate(
+            _config(d, **{'model.hidden_size': 24, 'train.max_steps': 20}), w),
+        'holds a run with a different model.hidden_size (16 there, 24 now)'),
+    'corrupt checkpoint file': (_garble_latest_meta,
+                                'checkpoints/10 is corrupt or truncated: unreadable JSON in '
+                                '{w}/checkpoints/10/meta/metadata'),
+    'truncated checkpoint': (_truncate_best, 'is corrupt or truncated: OUT_OF_RANGE'),
+    'checkpoint from another model': (
+        _other_model_config, 'does not fit this model:\n  cell_0/'),
+    'truncated config.json': (_truncate_config, 'config.json is corrupt or truncated'),
+    'evaluate a non-workdir': (lambda d, t, w: lambda: evaluate_workdir(t / 'empty'),
+                               'is {t}/empty a work directory written by launch/train.py?'),
+    'bad temperature': (lambda d, t, w: lambda: evaluate_workdir(w, temperature=-1.0),
+                        'temperature must be a positive number'),
+    'dropout scaled past 1': (
+        lambda d, t, w: lambda: evaluate_workdir(w, mc_samples=2, dropout_scale=10.0),
+        'dropout_scale: dropout scaled by 10.0 leaves rates outside [0, 1)'),
+    'unknown dynamic evaluation': (
+        lambda d, t, w: lambda: dynamic_evaluate_workdir(w, 'adam'),
+        "unknown dynamic evaluation 'adam'"),
+}
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_bad_input_is_one_clear_error_line(case, data_dir, trained, tmp_path, capsys, caplog):
+  set_up, expected = CASES[case]
+  workdir = _copy(trained, tmp_path)
+  job = set_up(data_dir, tmp_path, workdir)
+  with pytest.raises(SystemExit) as stopped:
+    cli.run(job)
+  assert stopped.value.code == 1
+  err = capsys.readouterr().err
+  assert err.startswith('error: ') and 'Traceback' not in err
+  assert expected.format(t=tmp_path, w=workdir) in err
+
+
+def test_a_truncated_standard_data_file_is_named_in_a_warning(data_dir, tmp_path, caplog):
+  folder = _data_folder(tmp_path, data_dir, (data_dir / 'ptb' / 'train.txt').read_bytes()[:5000])
+  with caplog.at_level(logging.WARNING, 'lm_zoo'):
+    load_corpus('ptb', folder)
+    load_corpus('ptb', folder)  # hashed once per process
+  assert caplog.text.count('differs from the standard') == 1
+  assert f'data file {folder}/ptb/train.txt differs from the standard ptb file' in caplog.text
+
+
+def test_the_programs_print_one_line_and_verbose_adds_the_traceback(tmp_path, trained):
+  args = ['launch/train.py', '--config=experiments/default.py', f'--workdir={tmp_path}',
+          '--config.model.hidden_size=-5']
+  quiet = run_script(args)
+  assert quiet.returncode == 1 and 'Traceback' not in quiet.stderr
+  assert quiet.stderr.strip().endswith(
+      'error: config field model.hidden_size=-5 must be at least 1 '
+      '(--config.model.hidden_size)')
+  verbose = run_script([*args, '--verbose'])
+  assert verbose.returncode == 1
+  assert 'Traceback (most recent call last)' in verbose.stderr
+  assert 'lm_zoo/validation.py' in verbose.stderr and 'error: config field' in verbose.stderr
+  workdir = _copy(trained, tmp_path)
+  _truncate_best(None, tmp_path, workdir)
+  broken = run_script(['launch/evaluate.py', f'--workdir={workdir}'])
+  assert broken.returncode == 1 and 'Traceback' not in broken.stderr
+  assert f'error: the checkpoint {workdir}/best/10 is corrupt or truncated' in broken.stderr

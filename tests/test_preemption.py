@@ -1,0 +1,162 @@
+"""Preemption, by breaking runs on purpose: launch/train.py killed with SIGKILL
+at random moments and restarted, or stopped by SIGTERM or SIGINT, ends with
+the weights of a run that was never stopped, bit for bit."""
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO, load_experiment
+
+from lm_zoo import cli
+from lm_zoo.models import build_model
+from lm_zoo.training import (create_train_state, make_optimizer, read_metrics,
+                             train_and_evaluate)
+from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.training.metrics import MetricsWriter
+
+# experiments/default.py cut down: 30 windows an epoch, 2 epochs (60 steps,
+# an epoch end between), a checkpoint every 4 steps, a log line every step.
+OVERRIDES = {
+    'data.train_tokens': 1201, 'data.valid_tokens': 120, 'data.test_tokens': 90,
+    'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 2,
+    'data.test_batch_size': 2, 'model.num_layers': 1, 'model.hidden_size': 16,
+    'model.embed_size': 16, 'train.num_epochs': 2, 'train.log_every': 1,
+    'train.checkpoint_every': 4, 'generate.num_lines': 0}
+TOTAL_STEPS = 60
+
+
+def _config(data_dir):
+  config = load_experiment('default')
+  config.update_from_flattened_dict({**OVERRIDES, 'data.data_dir': str(data_dir)})
+  return config
+
+
+def _final_state(config, workdir):
+  model = build_model(config.model, 10_000)
+  like = create_train_state(model, make_optimizer(config.optimizer), config)
+  checkpoints = Checkpoints(workdir)
+  state, meta = checkpoints.restore_latest(like)
+  checkpoints.close()
+  return state, meta
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(data_dir, tmp_path_factory):
+  """(config, final train state, its progress) of the run never stopped."""
+  config, workdir = _config(data_dir), tmp_path_factory.mktemp('uninterrupted')
+  train_and_evaluate(config, workdir)
+  return (config, *_final_state(config, workdir))
+
+
+@pytest.fixture(scope='module')
+def env(data_dir, tmp_path_factory):
+  """The training processes' environment: a compilation cache they share, so
+  that each restart after the first skips XLA's compile."""
+  return {**os.environ, 'LM_ZOO_DATA': str(data_dir), 'PYTHONUNBUFFERED': '1',
+          'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
+          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+          'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}
+
+
+def _start(workdir, env) -> subprocess.Popen:
+  flags = [f'--config.{field}={value}' for field, value in OVERRIDES.items()]
+  return subprocess.Popen(
+      [sys.executable, 'launch/train.py', '--config=experiments/default.py',
+       f'--workdir={workdir}', *flags], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True)
+
+
+def _run_to_step(process: subprocess.Popen, target: int) -> list[str]:
+  """The log lines up to the one reporting step >= `target` (training goes on)."""
+  lines = []
+  for line in process.stderr:
+    lines.append(line)
+    match = re.search(r' step (\d+)/', line)
+    if match and int(match.group(1)) >= target:
+      return lines
+  process.wait()
+  pytest.fail(f'the run ended (status {process.returncode}) before step {target}:\n'
+              + ''.join(lines[-20:]))
+
+
+def _assert_same_run(uninterrupted, workdir):
+  config, expected, expected_meta = uninterrupted
+  state, meta = _final_state(config, workdir)
+  assert int(state.step) == int(expected.step) == TOTAL_STEPS
+  assert meta == expected_meta
+  for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(expected)):
+    np.testing.assert_array_equal(got, want)
+  # The metrics read as one run: each step's line once, one final evaluation.
+  records = read_metrics(workdir / 'metrics.jsonl')
+  train_steps = [r['step'] for r in records if r['kind'] == 'train']
+  assert train_steps == list(range(1, TOTAL_STEPS + 1))
+  assert sum(1 for r in records if r.get('final')) == 2
+
+
+@pytest.mark.slow  # ~50 s on 2 busy cores: three training processes and a restart
+def test_sigkill_at_random_moments_then_restart_ends_as_if_never_stopped(
+    uninterrupted, env, tmp_path):
+  rng = random.Random(9)
+  workdir = tmp_path / 'run'
+  # Three kills at rising random steps, each a random few milliseconds after
+  # the step's log line: inside an update, a checkpoint or a metrics write.
+  for target in sorted(rng.sample(range(2, TOTAL_STEPS - 2), 3)):
+    process = _start(workdir, env)
+    _run_to_step(process, target)
+    time.sleep(rng.uniform(0, 0.04))
+    process.kill()
+    process.wait()
+    process.stderr.close()
+    assert process.returncode == -signal.SIGKILL
+  train_and_evaluate(uninterrupted[0], workdir)  # the last restart finishes
+  _assert_same_run(uninterrupted, workdir)
+
+
+def test_sigterm_checkpoints_exits_143_and_the_rerun_resumes(uninterrupted, env, tmp_path):
+  workdir = tmp_path / 'run'
+  process = _start(workdir, env)
+  _run_to_step(process, 17)
+  process.send_signal(signal.SIGTERM)
+  log = process.stderr.read()
+  assert process.wait(timeout=120) == 128 + signal.SIGTERM, log
+  assert 'SIGTERM received: saving a checkpoint after this update' in log
+  stopped = re.search(r'stopped: SIGTERM received: training stopped at step (\d+)', log)
+  assert stopped and 'run the same command to resume' in log, log
+  assert 'Traceback' not in log
+  step = int(stopped.group(1))
+  assert (workdir / 'checkpoints' / str(step)).is_dir()
+  assert 'Run summary' not in log  # it stopped, it did not finish
+  train_and_evaluate(uninterrupted[0], workdir)
+  _assert_same_run(uninterrupted, workdir)
+
+
+def test_sigint_in_process_stops_with_status_130_and_resumes(
+    uninterrupted, tmp_path, monkeypatch, capsys):
+  """Ctrl-C at a known moment: while the 23rd step's metrics are written."""
+  write = MetricsWriter.write
+
+  def interrupt_at_step_23(self, kind, **values):
+    write(self, kind, **values)
+    if kind == 'train' and values['step'] == 23:
+      os.kill(os.getpid(), signal.SIGINT)
+
+  monkeypatch.setattr(MetricsWriter, 'write', interrupt_at_step_23)
+  config = uninterrupted[0]
+  with pytest.raises(SystemExit) as stopped:
+    cli.run(lambda: train_and_evaluate(config, tmp_path))
+  assert stopped.value.code == 128 + signal.SIGINT
+  assert ('stopped: SIGINT received: training stopped at step 23 (epoch 1)'
+          in capsys.readouterr().err)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+  monkeypatch.undo()
+  train_and_evaluate(config, tmp_path)
+  _assert_same_run(uninterrupted, tmp_path)
+
