@@ -39,6 +39,10 @@ def run(job: Callable[[], T]) -> T:
   """
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger('lm_zoo').setLevel(logging.INFO)
+  if not flags.FLAGS['verbose'].value:
+    # A failed orbax restore leaves reads in flight whose callbacks fail on its
+    # closed event loop; Python would print each one's traceback.
+    sys.unraisablehook = _log_unraisable
   try:
     return job()
   except Preempted as err:
@@ -50,6 +54,11 @@ def run(job: Callable[[], T]) -> T:
   except Exception as err:  # a bug: say so, and how to see where it happened
     _report(f'error: unexpected {type(err).__name__}: {err}\n(run again with --verbose '
             'for the traceback, and please report it)', 1)
+
+
+def _log_unraisable(unraisable) -> None:
+  logging.getLogger(__name__).debug('ignored in %r: %r', unraisable.object,
+                                    unraisable.exc_value)
 
 
 def _report(line: str, status: int) -> NoReturn:
