@@ -1,5 +1,6 @@
 # `make train`: create .venv when missing, install, run the Quick-start training job.
-# `make test`:  create .venv when missing, install with test extras, run the test suite.
+# `make test`:  create .venv when missing, install with test extras, run the test suite
+#               on one pytest-xdist worker per core.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 export LM_ZOO_DATA ?= $(abspath ../shared/data)
@@ -16,7 +17,7 @@ train: $(VENV)/.installed
 	$(VENV)/bin/python launch/train.py --config=experiments/default.py --workdir=runs/default
 
 test: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/lstm_lm_speed.py
