@@ -108,6 +108,12 @@ class Checkpoints:
     self._latest.close()
     self._best.close()
 
+  def __enter__(self) -> 'Checkpoints':
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
 
 class _readable:
   """Turns an error reading the checkpoint folder `folder` into a

@@ -24,7 +24,7 @@ from lm_zoo.optim import (DECAY_CLIPS, GateNetwork, NUM_FEATURES, decay_logits, 
                           meta_train, rms_training_gradients)
 from lm_zoo.training.checkpoints import restore_tree, save_tree
 from lm_zoo.training.evaluation import EvalResult
-from lm_zoo.training.loop import load_trained
+from lm_zoo.training.trained import load_trained
 from lm_zoo.training.metrics import eta
 
 log = logging.getLogger(__name__)

@@ -22,13 +22,12 @@ from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.training.averaging import averaged_params, should_start_averaging, start_averaging
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
-from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
+from lm_zoo.training.evaluation import EvalResult, evaluate_stream
 from lm_zoo.training.metrics import MetricsWriter, eta, format_duration
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, shard_batch, state_shardings
 from lm_zoo.training.preemption import StopRequest
-from lm_zoo.training.steps import (TrainState, make_eval_step, make_mc_dropout_eval_step,
-                                   make_train_step, mc_dropout_carries, with_dropout_scaled)
+from lm_zoo.training.steps import (TrainState, make_eval_step, make_train_step)
 from lm_zoo.validation import validate_config
 
 CONFIG_FILE = 'config.json'
@@ -119,7 +118,8 @@ def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
   stage starts from them)."""
   if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
     raise ConfigError(f'train.init_from={workdir} is not a work directory of launch/train.py')
-  best = Checkpoints(workdir).restore_best(like)
+  with Checkpoints(workdir) as checkpoints:  # closed: no orbax threads left behind
+    best = checkpoints.restore_best(like)
   if best is None:
     raise ConfigError(f'train.init_from={workdir} has no best checkpoint: its run has '
                       'not finished an epoch')
@@ -444,63 +444,3 @@ def run_summary(summary: dict[str, Any], workdir: pathlib.Path) -> str:
           f'{format_duration(summary["wall_seconds"])} (training '
           f'{format_duration(summary["train_seconds"])}, '
           f'{summary["tokens_per_second"]:,.0f} tokens/s)')
-
-
-def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
-                 ) -> tuple[ml_collections.ConfigDict, Corpus, RecurrentLM, Any]:
-  """(config, corpus, model, best parameters) of a work directory."""
-  config = load_config(workdir)
-  if data_dir:
-    config.data.data_dir = data_dir
-  corpus = load_data(config)
-  model = build_model(config.model, len(corpus.vocab))
-  like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  best = Checkpoints(workdir).restore_best(like)
-  if best is None:
-    raise ConfigError(f'no best checkpoint in {workdir}/best: training has not '
-                      'finished an epoch yet')
-  return config, corpus, model, best[0]
-
-
-def evaluate_workdir(workdir: str | pathlib.Path, splits=('valid', 'test'),
-                     batch_size: int = 0, data_dir: str | None = None,
-                     mc_samples: int = 0, dropout_scale: float = 1.0,
-                     temperature: float | str = 1.0, seed: int = 0
-                     ) -> dict[str, EvalResult]:
-  """Evaluates the best checkpoint of a work directory on `splits`.
-
-  Args:
-    batch_size: evaluation batch size; 0 takes the config's test_batch_size.
-    mc_samples: > 0 averages the predicted probabilities over that many
-      dropout masks (Monte-Carlo dropout), the model's dropout rates
-      multiplied by `dropout_scale`; 0 evaluates with dropout off.
-    temperature: the softmax temperature, or 'tune' for the one that
-      minimises the validation loss (`tune_temperature`), then used on every
-      split; each result records its temperature.
-    seed: the MC-dropout masks' seed.
-  """
-  config, corpus, model, params = load_trained(workdir, data_dir)
-  batch_size = batch_size or config.data.test_batch_size
-  if mc_samples > 0:
-    try:
-      model = with_dropout_scaled(model, dropout_scale)
-    except ValueError as err:
-      raise ConfigError(f'dropout_scale: {err}') from err
-    eval_step = make_mc_dropout_eval_step(model, mc_samples)
-    carries = lambda: mc_dropout_carries(model, batch_size, mc_samples,
-                                         jax.random.key(seed))
-  else:
-    eval_step = make_eval_step(model)
-    carries = lambda: model.initialize_carry(batch_size)
-
-  def evaluate(split: str, temperature: float) -> EvalResult:
-    return evaluate_stream(eval_step, params, carries(), corpus.split(split), batch_size,
-                           config.data.bptt, corpus.unit, temperature,
-                           what=f'{split} evaluation')
-
-  if temperature == 'tune':
-    temperature = tune_temperature(lambda t: evaluate('valid', t).loss)
-    log.info('softmax temperature %.3f minimises the validation loss', temperature)
-  elif isinstance(temperature, str) or temperature <= 0:
-    raise ConfigError(f"temperature must be a positive number or 'tune', got {temperature!r}")
-  return {split: evaluate(split, temperature) for split in splits}
