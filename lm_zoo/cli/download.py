@@ -12,13 +12,12 @@ Files already present with the right checksum are kept. The sources and
 checksums are listed in lm_zoo/data/download.py.
 """
 
-import os
 import sys
 
 from absl import app, flags
 
 from lm_zoo import cli
-from lm_zoo.data.corpora import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from lm_zoo.data.corpora import DATA_DIR_ENV, chosen_data_dir
 from lm_zoo.data.download import FILES, download, verify
 from lm_zoo.errors import ConfigError, DataError
 
@@ -60,7 +59,7 @@ def _export_tfds(data_dir: str) -> None:
 def _download_program(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  data_dir = FLAGS.data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
+  data_dir = chosen_data_dir(FLAGS.data_dir)  # created when missing
 
   def prepare():
     if FLAGS.verify_only:

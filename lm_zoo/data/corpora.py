@@ -132,11 +132,16 @@ CORPORA = {
 }
 
 
+def chosen_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
+  """The data folder asked for, existing or not: `data_dir`, else
+  $LM_ZOO_DATA, else ../shared/data relative to the current directory
+  (beside a checkout of this repository)."""
+  return pathlib.Path(data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).expanduser()
+
+
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
-  """The data folder: `data_dir`, else $LM_ZOO_DATA, else ../shared/data
-  relative to the current directory (beside a checkout of this repository)."""
-  chosen = data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
-  path = pathlib.Path(chosen).expanduser()
+  """The data folder (`chosen_data_dir`), which must exist."""
+  path = chosen_data_dir(data_dir)
   if not path.is_dir():
     raise DataError(f'data folder {path} does not exist: set {DATA_DIR_ENV} (or '
                     '--config.data.data_dir, --data_dir) to the folder holding ptb/, '
