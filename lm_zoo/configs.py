@@ -34,6 +34,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.cell = 'lstm'  # a name in lm_zoo.models.CELLS: lstm, mlstm, alstm, flax_lstm, gru, simple
   c.model.num_layers = 2
   c.model.embed_size = 200  # 0: the hidden size
+  # > 0: the embedding size is this times the hidden size, also when the hidden
+  # size is solved for a budget (the Mogrifier paper's input_embedding_ratio;
+  # >= 1: the two sizes are equal, so a tied softmax needs no projection).
+  c.model.embed_ratio = 0.0
   c.model.hidden_size = 200
   c.model.param_budget = 0  # > 0: solve hidden_size for this many parameters
   c.model.output_size = 0  # > 0: the last layer's size (AWD-LSTM: the embedding size)
@@ -117,6 +121,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.max_steps = 0  # > 0: stop after this many updates in total
   c.train.log_every = 100
   c.train.checkpoint_every = 1000  # steps; the epoch end and the stop also save
+  # > 0: also validate every this many steps within an epoch (the best
+  # checkpoint and a tuner's pruner see each turn; the schedule and weight
+  # averaging still decide on the epoch-end validations only).
+  c.train.eval_every = 0
+  # > 0: stop training after this many seconds of it in this process (a wall
+  # time budget, as a tuning trial's); the best weights are then evaluated.
+  c.train.max_seconds = 0.0
   # A work directory whose best weights start this run (AWD-LSTM's fine-tuning
   # stage: with averaging.trigger=always); '' starts from initialisation.
   c.train.init_from = ''

@@ -10,7 +10,7 @@ import ml_collections
 
 from lm_zoo.data.corpora import CORPORA, Corpus
 from lm_zoo.errors import ConfigError
-from lm_zoo.models.factory import CELLS, DTYPES, LATENTS
+from lm_zoo.models.factory import CELLS, DTYPES, LATENTS, embed_size
 from lm_zoo.training.averaging import TRIGGERS
 from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
 
@@ -36,7 +36,8 @@ RULES = (
       'optimizer.dual_l2', 'optimizer.ar', 'optimizer.tar', 'schedule.decay_after',
       'schedule.min_lr', 'train.max_steps', 'train.max_consecutive_skips',
       'train.max_rollbacks', 'generate.num_lines', 'generate.num_tokens',
-      'optimizer.learning_rate'),
+      'optimizer.learning_rate', 'model.embed_ratio', 'train.eval_every',
+      'train.max_seconds'),
      lambda x: x >= 0, '>= 0'),
     (('model.dropout_embedding', 'model.dropout_input', 'model.dropout_hidden',
       'model.dropout_state', 'model.dropout_output', 'model.weight_drop',
@@ -80,7 +81,7 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
   model = config.model
   if model.mogrifier.rounds > 0 and model.mogrifier.rank > 0 and model.param_budget == 0:
     # Q^i, R^i map between each layer's input and hidden state (Melis et al. 2020).
-    sizes = {'model.embed_size': model.embed_size or model.hidden_size,
+    sizes = {'model.embed_size': embed_size(model, model.hidden_size),
              'model.hidden_size': model.hidden_size}
     if model.output_size:
       sizes['model.output_size'] = model.output_size

@@ -70,6 +70,46 @@ def test_stop_at_an_epoch_end_still_validates(tiny_config, tmp_path):
   assert summary['best_epoch'] == 1
 
 
+class _Stop(Exception):
+  pass
+
+
+def test_validation_turns_within_epochs_reach_the_callback_and_can_stop_the_run(
+    tiny_config, tmp_path):
+  tiny_config.train.update(num_epochs=2, eval_every=4, max_steps=15)
+  turns = []
+
+  def record(step, epoch, result):
+    turns.append((step, epoch, result.loss))
+
+  summary = train_and_evaluate(tiny_config, tmp_path / 'full', on_validation=record,
+                               final_splits=('valid',))
+  # Every 4 steps, each epoch end (10 windows), and the step the budget stops at.
+  assert [(s, e) for s, e, _ in turns] == [(4, 1), (8, 1), (10, 1), (12, 2), (15, 2)]
+  valid = [r for r in read_metrics(tmp_path / 'full' / 'metrics.jsonl')
+           if r['kind'] == 'valid' and not r.get('final')]
+  assert [r['loss'] for r in valid] == [loss for _, _, loss in turns]
+  # The final score is the best turn's checkpoint, and test was left out.
+  assert summary['valid']['loss'] == pytest.approx(min(l for _, _, l in turns), rel=1e-6)
+  assert 'test' not in summary
+
+  def stop_at_8(step, epoch, result):
+    if step == 8:
+      raise _Stop
+  with pytest.raises(_Stop):
+    train_and_evaluate(tiny_config, tmp_path / 'stopped', on_validation=stop_at_8)
+  # The best weights of the turns before the stop are kept.
+  assert {p.name for p in (tmp_path / 'stopped' / 'best').iterdir()} & {'4', '8'}
+
+
+def test_a_wall_time_budget_stops_training(tiny_config, tmp_path):
+  tiny_config.train.update(max_seconds=1e-6, eval_every=100)
+  summary = train_and_evaluate(tiny_config, tmp_path)
+  # Spent before the first update: the initial weights are scored.
+  assert summary['step'] == 0 and summary['best_epoch'] == 1
+  assert math.isfinite(summary['valid']['loss'])
+
+
 def test_resuming_with_other_shapes_is_refused(tiny_config, tmp_path):
   tiny_config.train.max_steps = 3
   train_and_evaluate(tiny_config, tmp_path)

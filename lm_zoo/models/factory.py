@@ -80,10 +80,19 @@ def cell_factory(cfg: ml_collections.ConfigDict):
   return mogrified(make_cell, mog.rounds, mog.rank, mog.zigzag, dtype)
 
 
+def embed_size(cfg: ml_collections.ConfigDict, hidden_size: int) -> int:
+  """The embedding size: `embed_ratio` x the hidden size when the ratio is
+  > 0 (at most the hidden size, at least 1), else `embed_size`, 0 meaning the
+  hidden size."""
+  if cfg.embed_ratio > 0:
+    return max(1, round(min(cfg.embed_ratio, 1.0) * hidden_size))
+  return cfg.embed_size or hidden_size
+
+
 def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
   return RecurrentLM(
       vocab_size=vocab_size,
-      embed_size=cfg.embed_size or hidden_size,
+      embed_size=embed_size(cfg, hidden_size),
       hidden_sizes=((hidden_size,) * (cfg.num_layers - 1)
                     + (cfg.output_size or hidden_size,)),
       cell_factory=cell_factory(cfg),
@@ -120,7 +129,8 @@ def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int,
 
   Models are compared at equal parameter counts in the Mogrifier paper (lamb
   fixes a budget and solves for the hidden size). `model.embed_size` = 0
-  ties the embedding size to the hidden size, as for tied softmaxes.
+  ties the embedding size to the hidden size, as for tied softmaxes, and
+  `model.embed_ratio` > 0 keeps it a fixed fraction of the hidden size.
   """
   count = lambda n: count_params(_model(cfg, vocab_size, n))
   low, high = 1, 2

@@ -9,7 +9,7 @@ import math
 import pathlib
 import signal
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
@@ -81,7 +81,7 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
 
 
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
-SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size',
+SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.embed_ratio',
                 'model.hidden_size', 'model.output_size', 'model.param_budget', 'model.tie_embeddings',
                 'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.mos.components',
                 'data.name', 'data.batch_size', 'optimizer.name',
@@ -162,9 +162,14 @@ class _Throughput:
     return eta(time.perf_counter() - self.start, self.steps, self.steps + steps_left)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict,
-                       workdir: str | pathlib.Path) -> dict[str, Any]:
-  """Trains, evaluates the best checkpoint on valid and test, samples text.
+# on_validation(step, epoch, result): told each validation turn's result.
+ValidationCallback = Callable[[int, int, EvalResult], None]
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+                       on_validation: ValidationCallback | None = None,
+                       final_splits: Sequence[str] = ('valid', 'test')) -> dict[str, Any]:
+  """Trains, evaluates the best checkpoint on `final_splits`, samples text.
 
   Re-running with the same workdir resumes from the latest checkpoint: the
   parameters, optimizer state, recurrent state, RNG, step and data position
@@ -172,6 +177,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   SIGINT during training saves a checkpoint after the current update and
   raises `Preempted` (`StopRequest`). A non-finite loss or gradient is dealt
   with as `train.nonfinite` says (stop, skip or rollback; lm_zoo/configs.py).
+
+  Args:
+    config: the fields of lm_zoo/configs.py.
+    workdir: where checkpoints, metrics and the summary go.
+    on_validation: called after every validation turn (each epoch's end, and
+      every `train.eval_every` steps) once the best checkpoint is saved; an
+      exception it raises stops the run there (a tuner's pruner), with the
+      checkpoints kept.
+    final_splits: the splits the best weights are scored on at the end (a
+      tuning trial leaves out test).
 
   Returns:
     The run summary that is also written to `workdir/summary.json`.
@@ -200,230 +215,250 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                                skip_nonfinite=train_cfg.nonfinite == 'skip')
   eval_step = make_eval_step(model)
   batched = BatchedStream(corpus.train, data_cfg.batch_size)
-  checkpoints = Checkpoints(workdir)
+  checkpoints, metrics = Checkpoints(workdir), None
+  try:
+    state = create_train_state(model, optimizer, config)
+    progress = Progress()
+    resume_step = None
+    if checkpoints.has_latest():
+      check_resumable(config, workdir)
+      state, meta = checkpoints.restore_latest(state)
+      progress = Progress(**meta)
+      resume_step = int(state.step)
+      log.info('Resumed from step %d (epoch %d, position %d) in %s',
+               int(state.step), progress.epoch, progress.position, workdir)
+    elif train_cfg.init_from:
+      params = initial_params(train_cfg.init_from, state.params)
+      state = state.replace(params=params, opt_state=optimizer.init(params))
+      log.info('Fine-tuning the best weights of %s', train_cfg.init_from)
+    save_config(config, workdir)
+    # Drops what a stopped run logged past its checkpoint.
+    metrics = MetricsWriter(workdir, resume_step=resume_step)
+    place = ((lambda state: state) if mesh is None else
+             (lambda state: jax.device_put(state, state_shardings(state, mesh))))
+    state = place(state)
+    if mesh is not None:
+      log.info('Data parallel over %d devices: %d rows each', mesh.size,
+               data_cfg.batch_size // mesh.size)
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    log.info('Model: %s, %s parameters; train %s tokens, vocab %d', config.model.cell,
+             f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
 
-  state = create_train_state(model, optimizer, config)
-  progress = Progress()
-  resume_step = None
-  if checkpoints.has_latest():
-    check_resumable(config, workdir)
-    state, meta = checkpoints.restore_latest(state)
-    progress = Progress(**meta)
-    resume_step = int(state.step)
-    log.info('Resumed from step %d (epoch %d, position %d) in %s',
-             int(state.step), progress.epoch, progress.position, workdir)
-  elif train_cfg.init_from:
-    params = initial_params(train_cfg.init_from, state.params)
-    state = state.replace(params=params, opt_state=optimizer.init(params))
-    log.info('Fine-tuning the best weights of %s', train_cfg.init_from)
-  save_config(config, workdir)
-  # Drops what a stopped run logged past its checkpoint.
-  metrics = MetricsWriter(workdir, resume_step=resume_step)
-  place = ((lambda state: state) if mesh is None else
-           (lambda state: jax.device_put(state, state_shardings(state, mesh))))
-  state = place(state)
-  if mesh is not None:
-    log.info('Data parallel over %d devices: %d rows each', mesh.size,
-             data_cfg.batch_size // mesh.size)
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  log.info('Model: %s, %s parameters; train %s tokens, vocab %d', config.model.cell,
-           f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
+    step, throughput = int(state.step), _Throughput()
+    pending = []  # (step, loss, finite) of the updates not yet read back
+    total_steps = planned_steps(config, batched)
+    tokens_trained = 0
+    step_lr = None  # the rate in opt_state, once this process has set it
+    skips_in_a_row = 0
 
-  step, throughput = int(state.step), _Throughput()
-  pending = []  # (step, loss, finite) of the updates not yet read back
-  total_steps = planned_steps(config, batched)
-  tokens_trained = 0
-  step_lr = None  # the rate in opt_state, once this process has set it
-  skips_in_a_row = 0
+    def fetch_losses() -> np.ndarray:
+      """The finite losses of the updates since the last fetch, once
+      `train.nonfinite` has dealt with the others (it may raise TrainingError,
+      or roll back and raise _RolledBack)."""
+      nonlocal skips_in_a_row
+      fetched = jax.device_get(pending)
+      pending.clear()
+      for at, _, finite in fetched:
+        if finite:
+          skips_in_a_row = 0
+        elif train_cfg.nonfinite == 'skip':
+          skip(at)
+        elif train_cfg.nonfinite == 'rollback':
+          roll_back(at)
+        else:
+          metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop')
+          raise TrainingError(
+              f'the training loss or gradient is not finite at or before step {at} '
+              f'(epoch {progress.epoch}). The latest checkpoint in {workdir}/checkpoints '
+              'holds finite weights: lower the learning rate or clip gradients '
+              'harder, then run the same command again to resume from it (or set '
+              '--config.train.nonfinite=skip or rollback).')
+      return np.array([loss for _, loss, finite in fetched if finite], np.float64)
 
-  def fetch_losses() -> np.ndarray:
-    """The finite losses of the updates since the last fetch, once
-    `train.nonfinite` has dealt with the others (it may raise TrainingError,
-    or roll back and raise _RolledBack)."""
-    nonlocal skips_in_a_row
-    fetched = jax.device_get(pending)
-    pending.clear()
-    for at, _, finite in fetched:
-      if finite:
-        skips_in_a_row = 0
-      elif train_cfg.nonfinite == 'skip':
-        skip(at)
-      elif train_cfg.nonfinite == 'rollback':
-        roll_back(at)
-      else:
-        metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop')
+    def skip(at: int) -> None:
+      nonlocal skips_in_a_row
+      progress.skipped_updates += 1
+      skips_in_a_row += 1
+      log.warning('step %d: non-finite loss or gradient, update skipped (%d skipped so far)',
+                  at, progress.skipped_updates)
+      metrics.write('nonfinite', step=at, epoch=progress.epoch, action='skip',
+                    skipped_updates=progress.skipped_updates)
+      if skips_in_a_row > train_cfg.max_consecutive_skips:
         raise TrainingError(
-            f'the training loss or gradient is not finite at or before step {at} '
-            f'(epoch {progress.epoch}). The latest checkpoint in {workdir}/checkpoints '
-            'holds finite weights: lower the learning rate or clip gradients '
-            'harder, then run the same command again to resume from it (or set '
-            '--config.train.nonfinite=skip or rollback).')
-    return np.array([loss for _, loss, finite in fetched if finite], np.float64)
+            f'{skips_in_a_row} updates in a row up to step {at} had a non-finite loss '
+            f'or gradient (more than train.max_consecutive_skips='
+            f'{train_cfg.max_consecutive_skips}): the weights have diverged. Lower the '
+            'learning rate or clip gradients harder, and train again in a new --workdir.')
 
-  def skip(at: int) -> None:
-    nonlocal skips_in_a_row
-    progress.skipped_updates += 1
-    skips_in_a_row += 1
-    log.warning('step %d: non-finite loss or gradient, update skipped (%d skipped so far)',
-                at, progress.skipped_updates)
-    metrics.write('nonfinite', step=at, epoch=progress.epoch, action='skip',
-                  skipped_updates=progress.skipped_updates)
-    if skips_in_a_row > train_cfg.max_consecutive_skips:
-      raise TrainingError(
-          f'{skips_in_a_row} updates in a row up to step {at} had a non-finite loss '
-          f'or gradient (more than train.max_consecutive_skips='
-          f'{train_cfg.max_consecutive_skips}): the weights have diverged. Lower the '
-          'learning rate or clip gradients harder, and train again in a new --workdir.')
+    def roll_back(at: int) -> None:
+      nonlocal state, progress, step, step_lr
+      if progress.rollbacks >= train_cfg.max_rollbacks:
+        metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop',
+                      rollbacks=progress.rollbacks)
+        raise TrainingError(
+            f'the training loss or gradient is not finite at step {at} after '
+            f'{progress.rollbacks} rollbacks (train.max_rollbacks='
+            f'{train_cfg.max_rollbacks}): lower optimizer.learning_rate or clip '
+            'gradients harder (optimizer.clip_norm), then train again.')
+      rollbacks = progress.rollbacks + 1
+      restored, meta = checkpoints.restore_latest(state)
+      state, progress = place(restored), Progress(**meta)
+      progress.rollbacks = rollbacks
+      step, step_lr = int(state.step), None
+      pending.clear()
+      scale = train_cfg.rollback_lr_factor ** rollbacks
+      log.warning('step %d: non-finite loss or gradient, rolled back to the checkpoint of '
+                  'step %d with the learning rate x %g (rollback %d of at most %d)', at,
+                  step, scale, rollbacks, train_cfg.max_rollbacks)
+      metrics.write('nonfinite', step=at, epoch=progress.epoch, action='rollback',
+                    to_step=step, learning_rate_scale=scale, rollbacks=rollbacks)
+      raise _RolledBack
 
-  def roll_back(at: int) -> None:
-    nonlocal state, progress, step, step_lr
-    if progress.rollbacks >= train_cfg.max_rollbacks:
-      metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop',
-                    rollbacks=progress.rollbacks)
-      raise TrainingError(
-          f'the training loss or gradient is not finite at step {at} after '
-          f'{progress.rollbacks} rollbacks (train.max_rollbacks='
-          f'{train_cfg.max_rollbacks}): lower optimizer.learning_rate or clip '
-          'gradients harder (optimizer.clip_norm), then train again.')
-    rollbacks = progress.rollbacks + 1
-    restored, meta = checkpoints.restore_latest(state)
-    state, progress = place(restored), Progress(**meta)
-    progress.rollbacks = rollbacks
-    step, step_lr = int(state.step), None
-    pending.clear()
-    scale = train_cfg.rollback_lr_factor ** rollbacks
-    log.warning('step %d: non-finite loss or gradient, rolled back to the checkpoint of '
-                'step %d with the learning rate x %g (rollback %d of at most %d)', at,
-                step, scale, rollbacks, train_cfg.max_rollbacks)
-    metrics.write('nonfinite', step=at, epoch=progress.epoch, action='rollback',
-                  to_step=step, learning_rate_scale=scale, rollbacks=rollbacks)
-    raise _RolledBack
+    def save() -> None:
+      fetch_losses()  # never checkpoint non-finite weights
+      checkpoints.save_latest(step, state, dataclasses.asdict(progress))
 
-  def save() -> None:
-    fetch_losses()  # never checkpoint non-finite weights
-    checkpoints.save_latest(step, state, dataclasses.asdict(progress))
+    def preempt(signum: int) -> None:
+      save()
+      raise Preempted(
+          f'{signal.Signals(signum).name} received: training stopped at step {step} '
+          f'(epoch {progress.epoch}) with a checkpoint in {workdir}/checkpoints; run '
+          'the same command to resume', signum)
 
-  def preempt(signum: int) -> None:
-    save()
-    checkpoints.close()
-    metrics.close()
-    raise Preempted(
-        f'{signal.Signals(signum).name} received: training stopped at step {step} '
-        f'(epoch {progress.epoch}) with a checkpoint in {workdir}/checkpoints; run '
-        'the same command to resume', signum)
+    def validate(what: str) -> tuple[EvalResult, bool]:
+      """One validation turn: scores the weights evaluation uses (averaged
+      ones once averaging started), keeps them when they are the best so far,
+      and tells on_validation. Returns the result and whether averaged."""
+      averaged = averaged_params(state.opt_state)
+      params = state.params if averaged is None else averaged
+      result = evaluate_split(model, params, corpus, 'valid', data_cfg.eval_batch_size,
+                              data_cfg.bptt, eval_step)
+      log.info('%s: valid %s%s', what, result.summary(),
+               '' if averaged is None else ' (averaged weights)')
+      metrics.write('valid', step=step, epoch=progress.epoch, averaged=averaged is not None,
+                    **result.as_dict())
+      if result.loss < progress.best_valid:
+        progress.best_valid = result.loss
+        checkpoints.save_best(step, params, {'epoch': progress.epoch,
+                                             'valid_loss': result.loss})
+      if on_validation is not None:
+        on_validation(step, progress.epoch, result)
+      return result, averaged is not None
 
-  def end_epoch() -> None:
-    nonlocal state
-    averaged = averaged_params(state.opt_state)
-    params = state.params if averaged is None else averaged
-    result = evaluate_split(model, params, corpus, 'valid', data_cfg.eval_batch_size,
-                            data_cfg.bptt, eval_step)
-    log.info('epoch %d done: valid %s%s', progress.epoch, result.summary(),
-             '' if averaged is None else ' (averaged weights)')
-    metrics.write('valid', step=step, epoch=progress.epoch, averaged=averaged is not None,
-                  **result.as_dict())
-    if averaged is None and should_start_averaging(
-        config.averaging, result.loss, progress.valid_losses, progress.epoch,
-        train_cfg.num_epochs):
-      state = state.replace(opt_state=start_averaging(state.opt_state))
-      log.info('epoch %d: averaging the weights from now on (%s trigger)',
-               progress.epoch, config.averaging.trigger)
-    progress.valid_losses.append(result.loss)
-    if result.loss < progress.best_valid:
-      progress.best_valid = result.loss
-      checkpoints.save_best(step, params, {'epoch': progress.epoch,
-                                           'valid_loss': result.loss})
-    progress.epoch += 1
-    progress.position = 0
+    def end_epoch() -> None:
+      nonlocal state
+      result, averaged = validate(f'epoch {progress.epoch} done')
+      if not averaged and should_start_averaging(
+          config.averaging, result.loss, progress.valid_losses, progress.epoch,
+          train_cfg.num_epochs):
+        state = state.replace(opt_state=start_averaging(state.opt_state))
+        log.info('epoch %d: averaging the weights from now on (%s trigger)',
+                 progress.epoch, config.averaging.trigger)
+      progress.valid_losses.append(result.loss)
+      progress.epoch += 1
+      progress.position = 0
 
-  max_steps = train_cfg.max_steps if train_cfg.max_steps > 0 else math.inf
-  train_start = time.perf_counter()
-  if train_cfg.nonfinite == 'rollback' and not checkpoints.has_latest():
-    save()  # a finite state to roll back to before the first checkpoint
-  with StopRequest() as stop:
-    while progress.epoch <= train_cfg.num_epochs and step < max_steps:
-      # A rollback lowers the rate for the rest of the run.
-      lr = (epoch_learning_rate(config.schedule, config.optimizer.learning_rate,
-                                progress.epoch, progress.valid_losses)
-            * train_cfg.rollback_lr_factor ** progress.rollbacks)
-      if progress.position == 0:
-        state = state.replace(carries=model.initialize_carry(data_cfg.batch_size))
-      windows = batched.windows(data_cfg.bptt, progress.position, data_cfg.variable_bptt,
-                                seed=(config.seed, progress.epoch))
-      try:
-        for window in windows:
-          # AWD-LSTM scales a window's learning rate by its length / bptt; a loss
-          # summed over time already grows with the length.
-          scale = (window.length / data_cfg.bptt
-                   if data_cfg.variable_bptt and not sum_over_time else 1.0)
-          if lr * scale != step_lr:  # no host-to-device copy while the rate holds
-            step_lr = lr * scale
-            state = state.replace(opt_state=set_learning_rate(state.opt_state, step_lr))
-          state, step_metrics = train_step(
-              state, *shard_batch(mesh, window.inputs, window.targets, window.weights))
-          progress.position = window.start + window.length
-          step += 1
-          pending.append((step, step_metrics['loss'], step_metrics['finite']))
-          throughput.tokens += window.inputs.size
-          throughput.steps += 1
-          tokens_trained += window.inputs.size
-          if step % train_cfg.log_every == 0:
-            losses = fetch_losses()
-            loss = float(losses.mean()) if losses.size else math.nan
-            rate = throughput.rate()
-            log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  lr %.4g  '
-                     '%.0f tokens/s  ETA %s', progress.epoch, step, total_steps,
-                     100 * step / total_steps, loss, math.exp(min(loss, 700.0)), lr, rate,
-                     throughput.eta(total_steps - step))
-            metrics.write('train', step=step, epoch=progress.epoch, loss=loss,
-                          learning_rate=lr, tokens_per_second=rate)
+    max_steps = train_cfg.max_steps if train_cfg.max_steps > 0 else math.inf
+    train_start = time.perf_counter()
+    out_of_time = lambda: (train_cfg.max_seconds > 0
+                           and time.perf_counter() - train_start >= train_cfg.max_seconds)
+    if train_cfg.nonfinite == 'rollback' and not checkpoints.has_latest():
+      save()  # a finite state to roll back to before the first checkpoint
+    with StopRequest() as stop:
+      while progress.epoch <= train_cfg.num_epochs and step < max_steps and not out_of_time():
+        # A rollback lowers the rate for the rest of the run.
+        lr = (epoch_learning_rate(config.schedule, config.optimizer.learning_rate,
+                                  progress.epoch, progress.valid_losses)
+              * train_cfg.rollback_lr_factor ** progress.rollbacks)
+        if progress.position == 0:
+          state = state.replace(carries=model.initialize_carry(data_cfg.batch_size))
+        windows = batched.windows(data_cfg.bptt, progress.position, data_cfg.variable_bptt,
+                                  seed=(config.seed, progress.epoch))
+        try:
+          for window in windows:
+            # AWD-LSTM scales a window's learning rate by its length / bptt; a loss
+            # summed over time already grows with the length.
+            scale = (window.length / data_cfg.bptt
+                     if data_cfg.variable_bptt and not sum_over_time else 1.0)
+            if lr * scale != step_lr:  # no host-to-device copy while the rate holds
+              step_lr = lr * scale
+              state = state.replace(opt_state=set_learning_rate(state.opt_state, step_lr))
+            state, step_metrics = train_step(
+                state, *shard_batch(mesh, window.inputs, window.targets, window.weights))
+            progress.position = window.start + window.length
+            step += 1
+            pending.append((step, step_metrics['loss'], step_metrics['finite']))
+            throughput.tokens += window.inputs.size
+            throughput.steps += 1
+            tokens_trained += window.inputs.size
+            if step % train_cfg.log_every == 0:
+              losses = fetch_losses()
+              loss = float(losses.mean()) if losses.size else math.nan
+              rate = throughput.rate()
+              log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  lr %.4g  '
+                       '%.0f tokens/s  ETA %s', progress.epoch, step, total_steps,
+                       100 * step / total_steps, loss, math.exp(min(loss, 700.0)), lr, rate,
+                       throughput.eta(total_steps - step))
+              metrics.write('train', step=step, epoch=progress.epoch, loss=loss,
+                            learning_rate=lr, tokens_per_second=rate)
+              throughput.reset()
+            if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
+              save()
+            if stop.signum is not None:
+              preempt(stop.signum)
+            stopping = step >= max_steps or out_of_time()
+            # A turn every eval_every steps, and one for the weights a budget
+            # stops at; the epoch end validates anyway.
+            if (train_cfg.eval_every > 0 and progress.position < batched.row_length
+                and (step % train_cfg.eval_every == 0 or stopping)):
+              fetch_losses()  # validate finite weights only
+              validate(f'epoch {progress.epoch} step {step}')
+              throughput.reset()
+            if stopping:
+              break
+          if progress.position >= batched.row_length:
+            fetch_losses()  # validate finite weights only
+            end_epoch()
             throughput.reset()
-          if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
-            save()
-          if stop.signum is not None:
-            preempt(stop.signum)
-          if step >= max_steps:
-            break
-        if progress.position >= batched.row_length:
-          fetch_losses()  # validate finite weights only
-          end_epoch()
+          save()
+        except _RolledBack:
           throughput.reset()
-        save()
-      except _RolledBack:
-        throughput.reset()
-  train_seconds = time.perf_counter() - train_start
+    train_seconds = time.perf_counter() - train_start
 
-  best = checkpoints.restore_best(state.params)
-  if best is None:  # stopped before the first epoch ended: use the last params
-    params, best_meta = state.params, {'epoch': progress.epoch}
-  else:
-    params, best_meta = best
-  summary: dict[str, Any] = {
-      'step': step, 'best_epoch': best_meta['epoch'],
-      'train_seconds': round(train_seconds, 1),
-      'tokens_per_second': round(tokens_trained / max(train_seconds, 1e-9), 1),
-      'num_params': int(num_params), 'unit': corpus.unit,
-      'skipped_updates': progress.skipped_updates, 'rollbacks': progress.rollbacks}
-  for split, batch_size in (('valid', data_cfg.eval_batch_size),
-                            ('test', data_cfg.test_batch_size)):
-    result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt,
-                            eval_step)  # compiled already for the validation shapes
-    log.info('%s %s (%d tokens, batch %d)', split, result.summary(),
-                 result.num_tokens, batch_size)
-    metrics.write(split, step=step, final=True, **result.as_dict())
-    summary[split] = result.as_dict()
-  gen = config.generate
-  if gen.num_lines > 0:
-    summary['samples'] = sample_text(model, params, corpus, gen.num_lines,
-                                     gen.num_tokens, config.seed, gen.temperature)
-    for line in summary['samples']:
-      log.info('sample: %s', line)
-  summary['wall_seconds'] = round(time.perf_counter() - run_start, 1)
-  write_text_atomically(workdir / 'summary.json', json.dumps(summary, indent=2))
-  checkpoints.close()
-  metrics.close()
-  log.info('%s', run_summary(summary, workdir))
-  return summary
+    best = checkpoints.restore_best(state.params)
+    if best is None:  # stopped before the first epoch ended: use the last params
+      params, best_meta = state.params, {'epoch': progress.epoch}
+    else:
+      params, best_meta = best
+    summary: dict[str, Any] = {
+        'step': step, 'best_epoch': best_meta['epoch'],
+        'train_seconds': round(train_seconds, 1),
+        'tokens_per_second': round(tokens_trained / max(train_seconds, 1e-9), 1),
+        'num_params': int(num_params), 'unit': corpus.unit,
+        'skipped_updates': progress.skipped_updates, 'rollbacks': progress.rollbacks}
+    batch_sizes = {'valid': data_cfg.eval_batch_size, 'test': data_cfg.test_batch_size}
+    for split in final_splits:
+      batch_size = batch_sizes[split]
+      result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt,
+                              eval_step)  # compiled already for the validation shapes
+      log.info('%s %s (%d tokens, batch %d)', split, result.summary(),
+                   result.num_tokens, batch_size)
+      metrics.write(split, step=step, final=True, **result.as_dict())
+      summary[split] = result.as_dict()
+    gen = config.generate
+    if gen.num_lines > 0:
+      summary['samples'] = sample_text(model, params, corpus, gen.num_lines,
+                                       gen.num_tokens, config.seed, gen.temperature)
+      for line in summary['samples']:
+        log.info('sample: %s', line)
+    summary['wall_seconds'] = round(time.perf_counter() - run_start, 1)
+    write_text_atomically(workdir / 'summary.json', json.dumps(summary, indent=2))
+    log.info('%s', run_summary(summary, workdir))
+    return summary
+  finally:  # also when on_validation or a fault stops the run
+    checkpoints.close()
+    if metrics is not None:
+      metrics.close()
 
 
 def planned_steps(config: ml_collections.ConfigDict, batched: BatchedStream) -> int:
@@ -438,7 +473,7 @@ def planned_steps(config: ml_collections.ConfigDict, batched: BatchedStream) -> 
 def run_summary(summary: dict[str, Any], workdir: pathlib.Path) -> str:
   """The lines printed when a run ends: its scores, time and speed."""
   scores = '  '.join(f"{split} {EvalResult(summary[split]['loss'], 0, summary['unit']).summary()}"
-                     for split in ('valid', 'test'))
+                     for split in ('valid', 'test') if split in summary)
   return (f'Run summary ({workdir}): {summary["step"]} steps, best epoch '
           f'{summary["best_epoch"]}\n  {scores}\n  wall time '
           f'{format_duration(summary["wall_seconds"])} (training '
