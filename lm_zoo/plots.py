@@ -248,3 +248,59 @@ def token_loss_difference_figure(losses: Mapping[str, Sequence[float]],
   ax.axhline(0.0, color='black', linewidth=0.5)
   return _save(fig, ax, path, 'position in the text (tokens)',
                f'NLL {label_a} - NLL {label_b} (nats)', title)
+
+
+def parallel_coordinates_figure(axes: Mapping[str, tuple[float, float, bool]],
+                                rows: Sequence[Mapping[str, float]], objective: str,
+                                path: str | pathlib.Path, *, highlight: Sequence[int] = (),
+                                best: int | None = None, title: str = '') -> pathlib.Path:
+  """Tuning trials on parallel coordinates (the Mogrifier paper's Figs. 5
+  and 6): one vertical axis per hyper-parameter, spanning its tuning range,
+  and a last one for the `objective`; one line per trial. Trials at the
+  indices `highlight` (the best one's neighbourhood) are drawn in red over
+  the others in grey, `best` thickest.
+
+  Args:
+    axes: hyper-parameter -> (low, high, log scale) of its tuning range.
+    rows: each trial's values, the hyper-parameters' and the objective's.
+  """
+  if not rows:
+    raise ConfigError('no trials to draw')
+  names = list(axes)
+  values = np.array([[row[n] for n in names] + [row[objective]] for row in rows], float)
+  ranges = [axes[n] for n in names]
+  finite = values[np.isfinite(values[:, -1]), -1]
+  ranges.append((finite.min(), finite.max(), False) if finite.size else (0.0, 1.0, False))
+  scaled = np.empty_like(values)
+  for j, (low, high, log) in enumerate(ranges):
+    column = values[:, j]
+    if log:
+      low, high, column = np.log(low), np.log(high), np.log(column)
+    scaled[:, j] = 0.5 if high == low else (column - low) / (high - low)
+  fig, ax = _axes()
+  fig.set_size_inches(max(6.0, 1.1 * len(ranges)), 4.5)
+  xs = np.arange(len(ranges))
+  order = ([i for i in range(len(rows)) if i not in highlight]
+           + [i for i in highlight if i != best] + ([best] if best is not None else []))
+  for i in order:
+    style = ({'color': 'darkred', 'linewidth': 2.5, 'zorder': 3} if i == best else
+             {'color': 'red', 'linewidth': 1.2, 'alpha': 0.8, 'zorder': 2} if i in highlight
+             else {'color': '0.75', 'linewidth': 0.8, 'zorder': 1})
+    ax.plot(xs, np.clip(scaled[i], -0.05, 1.05), **style)
+  for x, (low, high, log) in zip(xs, ranges):
+    ax.axvline(x, color='black', linewidth=0.6)
+    for y, value in ((0.0, low), (1.0, high)):
+      ax.annotate(f'{value:.3g}', (x, y), xytext=(0, -9 if y == 0 else 3),
+                  textcoords='offset points', fontsize=7, ha='center')
+  ax.set_xticks(xs, [*names, objective], rotation=30, ha='right', fontsize=8)
+  ax.set_yticks([])
+  ax.set_ylim(-0.12, 1.25)
+  ax.set_title(title)
+  ax.plot([], [], color='darkred', linewidth=2.5, label='best')
+  ax.plot([], [], color='red', label=f'its neighbourhood ({len(highlight)} with it)')
+  ax.plot([], [], color='0.75', label='other trials')
+  ax.legend(fontsize=7, loc='upper center', ncol=3)
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path)
+  return path

@@ -7,9 +7,12 @@ from lm_zoo.models import build_model, count_params, solve_hidden_size
 from lm_zoo.training import epoch_learning_rate
 
 # Language-model configs; task configs (a `task` field) are tested in
-# test_adaptive_ff.py and test_reverse_copy.py.
+# test_adaptive_ff.py and test_reverse_copy.py, tuning configs below, and
+# from_workdir.py (a run's own config) in test_tuning_study.py.
+TUNING = sorted(p.stem for p in (REPO / 'experiments').glob('tune_*.py'))
 CONFIGS = sorted(p.stem for p in (REPO / 'experiments').glob('*.py')
-                 if 'c.task = ' not in p.read_text())
+                 if 'c.task = ' not in p.read_text()
+                 and p.stem not in TUNING and p.stem != 'from_workdir')
 
 
 def lstm_lm_params(vocab, embed, hidden, layers):
@@ -32,6 +35,29 @@ def test_config_builds_a_model(name):
     assert m.tie_embeddings
   else:
     assert count == lstm_lm_params(10_000, m.embed_size, m.hidden_size, m.num_layers)
+
+
+@pytest.mark.parametrize('name, variant', [
+    ('tune_ptb_small', 'lstm'), ('tune_ptb_small', 'mogrifier'), ('tune_mogrifier', 'lstm'),
+    ('tune_mogrifier', 'mogrifier'), ('tune_mogrifier', 'enwik8_lstm'),
+    ('tune_mogrifier', 'enwik8_mogrifier'), ('tune_dyneval', 'word'), ('tune_dyneval', 'char')])
+def test_tuning_configs_are_valid_and_their_extremes_fit_the_budget(name, variant):
+  from lm_zoo.tuning import set_fields
+  from lm_zoo.tuning.study import validate_tuning
+  from lm_zoo.validation import validate_config
+  tune = load_experiment(name, variant)
+  tune.dyneval.workdir = tune.dyneval.workdir or 'runs/x'
+  validate_tuning(tune)
+  if tune.kind == 'dyneval':
+    return
+  # Every corner's training config is valid and sized to the base's budget.
+  for corner in ('low', 'high'):
+    values = {n: spec[corner] for n, spec in tune.space.items()}
+    config = set_fields(tune.base, tune.space, values)
+    validate_config(config)
+    vocab = 205 if config.data.name == 'enwik8' else 10_000
+    count = count_params(build_model(config.model, vocab))
+    assert 0.95 * config.model.param_budget < count <= config.model.param_budget
 
 
 def test_ablation_variants_share_the_budget():

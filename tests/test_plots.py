@@ -132,3 +132,24 @@ def test_token_loss_difference_figure(tmp_path):
     plots.token_loss_difference_figure({'a': a, 'b': b[:10]}, ['w'] * 300, tmp_path / 'e.png')
   with pytest.raises(ConfigError, match='compares two models'):
     plots.token_loss_difference_figure({'a': a}, ['w'] * 300, tmp_path / 'e.png')
+
+
+def test_parallel_coordinates_figure_scales_each_axis_to_its_range(monkeypatch, tmp_path):
+  drawn_axes = []
+  real_axes = plots._axes
+  monkeypatch.setattr(plots, '_axes', lambda: drawn_axes.append(real_axes()) or drawn_axes[-1])
+  axes = {'lr': (1e-4, 1e-2, True), 'dropout': (0.0, 0.8, False)}
+  rows = [{'lr': 1e-3, 'dropout': 0.2, 'loss': 5.0}, {'lr': 1e-2, 'dropout': 0.8, 'loss': 6.0},
+          {'lr': 1e-4, 'dropout': 0.0, 'loss': 5.5}]
+  path = plots.parallel_coordinates_figure(axes, rows, 'loss', tmp_path / 'p.png',
+                                           highlight=[0, 2], best=0)
+  assert png_size(path)[1] == 4.5 * 120
+  (_, ax), = drawn_axes
+  lines = {(line.get_color(), line.get_linewidth()): line.get_ydata()
+           for line in ax.get_lines() if len(line.get_ydata()) == 3}
+  # lr 1e-3 is halfway along log10 from -4 to -2; the loss axis spans 5 to 6.
+  np.testing.assert_allclose(lines[('darkred', 2.5)], [0.5, 0.25, 0.0])
+  np.testing.assert_allclose(lines[('red', 1.2)], [0.0, 0.0, 0.5])
+  np.testing.assert_allclose(lines[('0.75', 0.8)], [1.0, 1.0, 1.0])
+  with pytest.raises(ConfigError, match='no trials'):
+    plots.parallel_coordinates_figure(axes, [], 'loss', tmp_path / 'p.png')

@@ -59,6 +59,52 @@ class DynamicEvalReport:
   segments: dict[str, tuple[np.ndarray, np.ndarray]]
 
 
+class DynamicEvaluator:
+  """A work directory's best weights, ready to be scored with any dynamic
+  evaluation setting of one method: the corpus, the model and, for RMS, the
+  mean squared training gradients (estimated once, from `ms_batches` windows
+  of `ms_batch_size` rows), or the meta-learned rule for 'learned'. A tuner
+  scores many settings with one."""
+
+  def __init__(self, workdir: str | pathlib.Path, method: str = 'rms', batch_size: int = 1,
+               ms_batches: int = 100, ms_batch_size: int = 64,
+               data_dir: str | None = None):
+    if method not in METHODS:
+      raise ConfigError(f'unknown dynamic evaluation {method!r}: choose one of '
+                        f'{", ".join(METHODS)}')
+    self.method, self.batch_size = method, batch_size
+    self.config, self.corpus, self.model, self.params = load_trained(workdir, data_dir)
+    self.rms, self.learned, self.extra_args = None, None, {}
+    if method == 'rms':
+      self.rms = rms_training_gradients(self.model, self.params, self.corpus.train,
+                                        ms_batch_size, self.config.data.bptt, ms_batches)
+    elif method == 'learned':
+      self.learned, self.extra_args = load_meta_learner(workdir)
+
+  def transformation(self, settings: DynamicEvalSettings) -> optax.GradientTransformation:
+    if settings.method == 'sgd':
+      return dynamic_sgd(settings.learning_rate, settings.decay)
+    if settings.method == 'rms':
+      return dynamic_rms(settings.learning_rate, settings.decay, settings.eps, self.rms,
+                         settings.decay_clip)
+    return self.learned.transformation
+
+  def run(self, settings: DynamicEvalSettings, split: str, num_tokens: int = 0):
+    """Scores `split` (its first `num_tokens` tokens when > 0) from the
+    trained weights; raises TrainingError when the loss diverges."""
+    if settings.method != self.method:
+      raise ConfigError(f'this evaluator holds what {self.method!r} needs, not '
+                        f'{settings.method!r}')
+    stream = self.corpus.split(split)
+    stream = stream[:num_tokens + 1] if num_tokens else stream
+    # One jitted scan per pass, silent until it ends: say what is running.
+    log.info('dynamic evaluation of %s: %s tokens in segments of %d', split,
+             f'{len(stream) - 1:,}', settings.segment_length)
+    return dynamic_evaluate(self.model, self.params, self.transformation(settings), stream,
+                            settings.segment_length, self.batch_size, self.corpus.unit,
+                            extra_args=self.extra_args)
+
+
 def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
                              learning_rates: Sequence[float] = (1e-4,),
                              decays: Sequence[float] = (0.0,),
@@ -86,39 +132,18 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
   'learned' runs the rule `meta_train_workdir` left in the work directory,
   with its own segment length; the other arguments do not apply to it.
   """
-  if method not in METHODS:
-    raise ConfigError(f'unknown dynamic evaluation {method!r}: choose one of '
-                      f'{", ".join(METHODS)}')
   if decay_clip not in DECAY_CLIPS:
     raise ConfigError(f'decay clip must be one of {", ".join(DECAY_CLIPS)}, got '
                       f'{decay_clip!r}')
-  config, corpus, model, params = load_trained(workdir, data_dir)
-  rms, learned, extra_args = None, None, {}
-  if method == 'rms':
-    rms = rms_training_gradients(model, params, corpus.train, ms_batch_size,
-                                 config.data.bptt, ms_batches)
-  elif method == 'learned':
-    learned, extra_args = load_meta_learner(workdir)
+  evaluator = DynamicEvaluator(workdir, method, batch_size, ms_batches, ms_batch_size,
+                               data_dir)
+  if method == 'learned':
+    learned = evaluator.learned
     segment_lengths = (learned.segment_length,)
     learning_rates, decays = (learned.initial_learning_rate,), (0.0,)
 
-  def transformation_for(settings: DynamicEvalSettings) -> optax.GradientTransformation:
-    if settings.method == 'sgd':
-      return dynamic_sgd(settings.learning_rate, settings.decay)
-    if settings.method == 'rms':
-      return dynamic_rms(settings.learning_rate, settings.decay, settings.eps, rms,
-                         settings.decay_clip)
-    return learned.transformation
-
   def run(settings: DynamicEvalSettings, split: str, num_tokens: int = max_tokens):
-    stream = corpus.split(split)
-    stream = stream[:num_tokens + 1] if num_tokens else stream
-    # One jitted scan per pass, silent until it ends: say what is running.
-    log.info('dynamic evaluation of %s: %s tokens in segments of %d', split,
-             f'{len(stream) - 1:,}', settings.segment_length)
-    return dynamic_evaluate(model, params, transformation_for(settings), stream,
-                            settings.segment_length, batch_size, corpus.unit,
-                            extra_args=extra_args)
+    return evaluator.run(settings, split, num_tokens)
 
   grid = [DynamicEvalSettings(method, lr, decay, eps, length, decay_clip)
           for lr, decay, eps, length in itertools.product(

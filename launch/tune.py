@@ -1,0 +1,6 @@
+"""`python launch/tune.py` runs `lm-zoo-tune` (lm_zoo/cli/tune.py); --help lists its flags."""
+
+from lm_zoo.cli import tune
+
+if __name__ == '__main__':
+  tune.main()

@@ -1,0 +1,52 @@
+"""Hyper-parameter tuning on Optuna (`lm-zoo-tune`, `python launch/tune.py`).
+
+`tuning_config()` is the base of every `experiments/tune_*.py` file;
+`run_worker` runs a study's trials, on any number of machines sharing its
+database; `write_report` tables the best trials and draws the neighbourhood
+of the best one on parallel coordinates (the Mogrifier paper's Figs. 5, 6).
+"""
+
+import ml_collections
+
+from lm_zoo.configs import base_config
+from lm_zoo.tuning.report import neighbourhood, write_report
+from lm_zoo.tuning.spaces import (dyneval_table6, mogrifier_table4, mogrifier_table5, param,
+                                  set_fields, suggest)
+from lm_zoo.tuning.study import (best_config, best_trial, open_study, run_worker,
+                                 storage_url, study_counts, trial_workdir)
+
+
+def tuning_config() -> ml_collections.ConfigDict:
+  """Every field of a tuning config (lm_zoo/tuning/study.py), with defaults."""
+  c = ml_collections.ConfigDict()
+  c.kind = 'train'  # train | dyneval
+  c.space = ml_collections.ConfigDict()  # name -> spaces.param(...)
+  c.base = base_config()  # kind train: what each trial trains
+  c.dyneval = ml_collections.ConfigDict()  # kind dyneval
+  c.dyneval.workdir = ''  # the trained model whose dynamic evaluation is tuned
+  c.dyneval.method = 'rms'  # sgd | rms
+  c.dyneval.search_tokens = 10_000  # validation tokens each trial scores (0: all)
+  c.dyneval.batch_size = 1
+  c.dyneval.ms_batches = 100  # rms: training windows of the gradient statistics
+  c.dyneval.ms_batch_size = 64
+  c.study = ml_collections.ConfigDict()
+  c.study.name = 'study'
+  c.study.storage = ''  # a database URL; '': sqlite in the tuning work directory
+  c.study.num_trials = 20  # in total, over every worker
+  c.study.sampler = 'tpe'  # tpe | random
+  c.study.startup_trials = 10  # tpe: random trials before the model guides sampling
+  c.study.seed = -1  # >= 0: the sampler's seed (plus the worker number); -1: random
+  c.study.pruner = 'median'  # median | hyperband | halving | none
+  c.study.pruner_startup_trials = 3  # median: trials that are never pruned
+  c.study.pruner_warmup_steps = 0  # no pruning before this step (training steps)
+  c.study.heartbeat_interval = 30  # seconds between a running trial's heartbeats
+  c.study.grace_period = 120  # a trial silent this long is failed and retried
+  c.study.max_retry = 3  # retries of one trial whose worker died or was preempted
+  return c
+
+
+__all__ = [
+    'best_config', 'best_trial', 'dyneval_table6', 'mogrifier_table4', 'mogrifier_table5',
+    'neighbourhood', 'open_study', 'param', 'run_worker', 'set_fields', 'storage_url',
+    'study_counts', 'suggest', 'trial_workdir', 'tuning_config', 'write_report',
+]

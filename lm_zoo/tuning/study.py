@@ -1,0 +1,313 @@
+"""Tuning studies on Optuna: each trial a real training run (or a dynamic
+evaluation of a trained model), studies kept in a relational database so
+that workers on many hosts can share one.
+
+A tuning config (`experiments/tune_*.py`) has these sections:
+
+  kind:    'train' (each trial trains `base` with the sampled values) or
+           'dyneval' (each trial scores `dyneval.workdir`'s model on
+           validation data with the sampled dynamic-evaluation settings).
+  space:   the hyper-parameters (lm_zoo.tuning.spaces).
+  base:    the training config every trial starts from (kind 'train'); its
+           train.max_steps / train.max_seconds are each trial's budget and its
+           train.eval_every how often the pruner sees the validation loss.
+  dyneval: method, search_tokens, batch_size, ms_batches, ms_batch_size and
+           workdir (kind 'dyneval').
+  study:   num_trials (in total, over every worker), sampler (tpe | random),
+           seed (-1: random per worker), pruner (median | hyperband | halving
+           | none), pruner_startup_trials, pruner_warmup_steps,
+           heartbeat_interval / grace_period (seconds: a worker silent that
+           long has died, and its trial is failed and retried) and max_retry.
+
+A trial's objective is the validation loss (nats per token or bits per
+character) of its best checkpoint; lower is better.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import pathlib
+import time
+import warnings
+from typing import Callable
+
+import ml_collections
+import optuna
+import sqlalchemy
+
+from lm_zoo.errors import ConfigError, Preempted, TrainingError
+from lm_zoo.training import train_and_evaluate
+from lm_zoo.tuning.spaces import check_space, set_fields, suggest
+
+log = logging.getLogger(__name__)
+
+KINDS = ('train', 'dyneval')
+SAMPLERS = ('tpe', 'random')
+PRUNERS = ('median', 'hyperband', 'halving', 'none')
+STUDY_FILE = 'study.db'
+TRIALS_DIR = 'trials'
+# Trials still to be settled: they may yet finish, or fail and be retried.
+_UNSETTLED = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+_FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+
+class _Surplus(Exception):
+  """Another worker started the study's last trial first: this one does not run."""
+
+
+def storage_url(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:
+  """The study's database: `study.storage`, else SQLite in `workdir`."""
+  if tune.study.storage:
+    return tune.study.storage
+  return f'sqlite:///{(pathlib.Path(workdir) / STUDY_FILE).resolve()}'
+
+
+@contextlib.contextmanager
+def _experimental_apis():
+  """Optuna marks the heartbeat's retry and stale-trial functions experimental
+  (since 2.8 and 2.9); we rely on them knowingly, without a warning per trial."""
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', optuna.exceptions.ExperimentalWarning)
+    yield
+
+
+def _storage(tune: ml_collections.ConfigDict, url: str) -> optuna.storages.RDBStorage:
+  # SQLite serialises writers: wait for a lock instead of failing at once.
+  engine_kwargs = {'connect_args': {'timeout': 60}} if url.startswith('sqlite') else {}
+  with _experimental_apis():
+    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=tune.study.max_retry)
+    return optuna.storages.RDBStorage(
+        url, engine_kwargs=engine_kwargs, heartbeat_interval=tune.study.heartbeat_interval,
+        grace_period=tune.study.grace_period, heartbeat_stale_trial_callback=retry)
+
+
+def _sampler(study_cfg: ml_collections.ConfigDict, worker: int) -> optuna.samplers.BaseSampler:
+  seed = None if study_cfg.seed < 0 else study_cfg.seed + worker
+  if study_cfg.sampler == 'tpe':
+    # constant_liar: running trials count as bad, so parallel workers spread out.
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True,
+                                      n_startup_trials=study_cfg.startup_trials)
+  return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _pruner(study_cfg: ml_collections.ConfigDict, max_steps: int) -> optuna.pruners.BasePruner:
+  if study_cfg.pruner == 'median':
+    return optuna.pruners.MedianPruner(n_startup_trials=study_cfg.pruner_startup_trials,
+                                       n_warmup_steps=study_cfg.pruner_warmup_steps)
+  if study_cfg.pruner == 'hyperband':
+    return optuna.pruners.HyperbandPruner(
+        min_resource=max(study_cfg.pruner_warmup_steps, 1),
+        max_resource=max_steps if max_steps > 0 else 'auto')
+  if study_cfg.pruner == 'halving':
+    return optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=max(study_cfg.pruner_warmup_steps, 1))
+  return optuna.pruners.NopPruner()
+
+
+def _identity(tune: ml_collections.ConfigDict) -> str:
+  """What workers of one study must agree on: the kind, space, base config
+  and dynamic-evaluation settings."""
+  return json.dumps({'kind': tune.kind, **{
+      f: json.loads(tune[f].to_json_best_effort()) for f in ('space', 'base', 'dyneval')}},
+      sort_keys=True)
+
+
+def validate_tuning(tune: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError for a tuning config that cannot run."""
+  for field, names in (('kind', KINDS), ('study.sampler', SAMPLERS),
+                       ('study.pruner', PRUNERS)):
+    value = tune.kind if field == 'kind' else tune.study[field.split('.')[1]]
+    if value not in names:
+      raise ConfigError(f'tune.{field}={value!r} is not known: choose one of '
+                        f'{", ".join(names)}')
+  check_space(tune.space)
+  if tune.study.num_trials < 1:
+    raise ConfigError(f'tune.study.num_trials must be at least 1, got {tune.study.num_trials}')
+  if tune.kind == 'dyneval' and not tune.dyneval.workdir:
+    raise ConfigError('tune.dyneval.workdir must name a trained work directory')
+
+
+def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+               worker: int = 0) -> optuna.Study:
+  """The study `tune` describes, created or joined in its database.
+
+  Raises ConfigError when the database holds a study of that name with
+  another search space, base config or kind.
+  """
+  validate_tuning(tune)
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  url = storage_url(tune, workdir)
+  for attempt in range(5):
+    try:
+      storage = _storage(tune, url)
+      study = optuna.create_study(
+          study_name=tune.study.name, storage=storage, direction='minimize',
+          sampler=_sampler(tune.study, worker),
+          pruner=_pruner(tune.study, tune.base.train.max_steps if tune.kind == 'train' else 0),
+          load_if_exists=True)
+      break
+    except ImportError as err:  # a PostgreSQL or MySQL driver
+      raise ConfigError(f'the study database {url} needs a driver that is not '
+                        f'installed ({err})') from None
+    except sqlalchemy.exc.OperationalError:
+      # Workers started together race to create the tables: the loser finds
+      # them made on its next try.
+      if attempt == 4:
+        raise
+      time.sleep(1 + attempt)
+  identity = study.user_attrs.get('tune_config')
+  if identity is None:
+    study.set_user_attr('tune_config', _identity(tune))
+  elif identity != _identity(tune):
+    raise ConfigError(f'the study {tune.study.name!r} in {url} was started with another '
+                      'search space, base config or kind: use the same tuning config, '
+                      'or another --tune.study.name')
+  return study
+
+
+def trial_workdir(workdir: str | pathlib.Path, trial: optuna.trial.FrozenTrial) -> pathlib.Path:
+  """A trial's work directory; a retry of a failed trial reuses the failed
+  one's, so its training resumes from the last checkpoint."""
+  origin = trial.system_attrs.get('failed_trial', trial.number)
+  return pathlib.Path(workdir) / TRIALS_DIR / f'trial_{origin:04d}'
+
+
+def _frozen(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
+  return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
+def _retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retry: int | None) -> None:
+  """Queues `trial` again, as the heartbeat does for a worker that died."""
+  with _experimental_apis():
+    optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)(study, trial)
+
+
+def _check_not_surplus(study: optuna.Study, trial: optuna.Trial, num_trials: int) -> None:
+  """Raises _Surplus when `num_trials` trials before this one (finished or
+  still running) already fill the study: two workers asked for the last one
+  at once."""
+  ahead = sum(t.number < trial.number and t.state != optuna.trial.TrialState.FAIL
+              for t in study.get_trials(deepcopy=False))
+  if ahead >= num_trials:
+    trial.set_user_attr('surplus', True)
+    raise _Surplus(f'trial {trial.number}: the study has its {num_trials} trials')
+
+
+def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path
+                       ) -> Callable[[optuna.Trial], float]:
+  """Each trial trains `tune.base` with its sampled values in its own work
+  directory, reports every validation turn to the pruner, and returns the
+  best checkpoint's validation loss. A run whose loss stops being finite is
+  pruned (marked `diverged`); a preempted one is queued again."""
+  def objective(trial: optuna.Trial) -> float:
+    _check_not_surplus(trial.study, trial, tune.study.num_trials)
+    values = suggest(trial, tune.space)
+    config = set_fields(tune.base, tune.space, values)
+    frozen = _frozen(trial.study, trial.number)
+    run_dir = trial_workdir(workdir, frozen)
+    trial.set_user_attr('workdir', str(run_dir))
+    log.info('trial %d in %s: %s', trial.number, run_dir,
+             ', '.join(f'{k}={v:.4g}' for k, v in values.items()))
+
+    def report(step: int, epoch: int, result) -> None:
+      trial.report(result.loss, step)
+      if trial.should_prune():
+        raise optuna.TrialPruned(f'step {step}: valid loss {result.loss:.4f}')
+
+    try:
+      summary = train_and_evaluate(config, run_dir, on_validation=report,
+                                   final_splits=('valid',))
+    except TrainingError as err:
+      trial.set_user_attr('diverged', str(err))
+      raise optuna.TrialPruned(f'diverged: {err}') from None
+    except Preempted:
+      _retry(trial.study, frozen, tune.study.max_retry)
+      raise
+    trial.set_user_attr('perplexity', summary['valid']['perplexity'])
+    trial.set_user_attr('steps', summary['step'])
+    trial.set_user_attr('num_params', summary['num_params'])
+    trial.set_user_attr('train_seconds', summary['train_seconds'])
+    return summary['valid']['loss']
+  return objective
+
+
+def dyneval_objective(tune: ml_collections.ConfigDict) -> Callable[[optuna.Trial], float]:
+  """Each trial scores the first `dyneval.search_tokens` validation tokens of
+  `dyneval.workdir`'s best weights with its sampled settings (the Mogrifier
+  paper's Table 6) and returns that loss; a diverged setting is pruned."""
+  from lm_zoo.training.dynamic_evaluation import DynamicEvalSettings, DynamicEvaluator
+  cfg = tune.dyneval
+  evaluator = DynamicEvaluator(cfg.workdir, cfg.method, cfg.batch_size, cfg.ms_batches,
+                               cfg.ms_batch_size)
+  defaults = {'learning_rate': 1e-4, 'decay': 0.0, 'eps': 1e-3, 'segment_length': 5}
+
+  def objective(trial: optuna.Trial) -> float:
+    _check_not_surplus(trial.study, trial, tune.study.num_trials)
+    values = suggest(trial, tune.space)
+    fields = dict(defaults, **{tune.space[name].field: value for name, value in values.items()})
+    settings = DynamicEvalSettings(cfg.method, fields['learning_rate'], fields['decay'],
+                                   fields['eps'], int(fields['segment_length']))
+    try:
+      result = evaluator.run(settings, 'valid', cfg.search_tokens).result
+    except TrainingError as err:
+      trial.set_user_attr('diverged', str(err))
+      raise optuna.TrialPruned(f'diverged: {err}') from None
+    trial.set_user_attr('perplexity', result.perplexity)
+    return result.loss
+  return objective
+
+
+def study_counts(study: optuna.Study) -> dict[str, int]:
+  """Trials by state: finished (complete or pruned), unsettled (running or
+  waiting) and failed."""
+  trials = study.get_trials(deepcopy=False)
+  return {'finished': sum(t.state in _FINISHED for t in trials),
+          'unsettled': sum(t.state in _UNSETTLED for t in trials),
+          'waiting': sum(t.state == optuna.trial.TrialState.WAITING for t in trials),
+          'failed': sum(t.state == optuna.trial.TrialState.FAIL for t in trials)}
+
+
+def run_worker(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, worker: int = 0,
+               timeout: float = 0.0) -> optuna.Study:
+  """Runs trials of the study until it has `study.num_trials` finished ones
+  (over every worker sharing its database), or for `timeout` seconds when
+  > 0. Start as many workers as there are machines, with the same tuning
+  config and database; give each its own `worker` number when the sampler
+  is seeded, so they sample differently.
+
+  A worker whose remaining trials are all running elsewhere waits for them:
+  one may belong to a worker that died, and is retried once its heartbeat is
+  `study.grace_period` seconds old.
+  """
+  study = open_study(tune, workdir, worker)
+  objective = (training_objective(tune, workdir) if tune.kind == 'train'
+               else dyneval_objective(tune))
+  start, poll = time.monotonic(), max(1, min(tune.study.heartbeat_interval, 10))
+  while not timeout or time.monotonic() - start < timeout:
+    with _experimental_apis():  # a dead worker's trial: failed, and queued again
+      optuna.storages.fail_stale_trials(study)
+    counts = study_counts(study)
+    if counts['finished'] >= tune.study.num_trials:
+      break
+    if counts['finished'] + counts['unsettled'] >= tune.study.num_trials and not counts['waiting']:
+      time.sleep(poll)
+      continue
+    study.optimize(objective, n_trials=1, catch=(_Surplus,))
+  log.info('worker %d done: %s', worker, study_counts(study))
+  return study
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+  completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+  finite = [t for t in completed if math.isfinite(t.value)]
+  return min(finite, key=lambda t: t.value) if finite else None
+
+
+def best_config(tune: ml_collections.ConfigDict, trial: optuna.trial.FrozenTrial
+                ) -> ml_collections.ConfigDict:
+  """The training config of a trial: the base with its sampled values."""
+  return set_fields(tune.base, tune.space, trial.params)

@@ -1,0 +1,61 @@
+"""A study's report: the best trials in order, the neighbourhood of the best
+(every hyper-parameter within 15% of its range, on the log scale for log
+ranges) checked against a direct NumPy computation, and the figure."""
+
+import numpy as np
+import optuna
+import pytest
+
+from lm_zoo.tuning import neighbourhood, param, tuning_config, write_report
+from lm_zoo.tuning.report import FIGURE_FILE, REPORT_FILE
+
+
+@pytest.fixture
+def study():
+  """60 completed trials over a linear and a log range, the loss a bowl
+  around (0.5, 1e-3), plus a pruned and a failed trial."""
+  space = {'dropout': param('model.dropout_input', 0.0, 1.0),
+           'lr': param('optimizer.learning_rate', 1e-5, 1e-1, log=True)}
+  distributions = {'dropout': optuna.distributions.FloatDistribution(0.0, 1.0),
+                   'lr': optuna.distributions.FloatDistribution(1e-5, 1e-1, log=True)}
+  rng = np.random.default_rng(0)
+  study = optuna.create_study(study_name='bowl')
+  for dropout, log_lr in zip(rng.uniform(0, 1, 60), rng.uniform(-5, -1, 60)):
+    loss = 4.0 + (dropout - 0.5) ** 2 + 0.1 * (log_lr + 3) ** 2
+    study.add_trial(optuna.create_trial(
+        params={'dropout': dropout, 'lr': 10 ** log_lr}, distributions=distributions,
+        value=loss, user_attrs={'perplexity': float(np.exp(loss))}))
+  study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.PRUNED,
+                                      params={'dropout': 0.5, 'lr': 1e-3},
+                                      distributions=distributions, intermediate_values={1: 9.0}))
+  study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.FAIL))
+  tune = tuning_config()
+  tune.space.update(space)
+  return study, tune
+
+
+def test_neighbourhood_is_the_box_around_the_best(study):
+  study, tune = study
+  trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+  best = min(trials, key=lambda t: t.value)
+  near = {t.number for t in neighbourhood(trials, best, tune.space, width=0.15)}
+  x = np.array([[t.params['dropout'], np.log10(t.params['lr'])] for t in trials])
+  centre = np.array([best.params['dropout'], np.log10(best.params['lr'])])
+  inside = np.all(np.abs(x - centre) / np.array([1.0, 4.0]) <= 0.075, axis=1)
+  assert near == {t.number for t, keep in zip(trials, inside) if keep}
+  assert best.number in near
+  wide = neighbourhood(trials, best, tune.space, width=2.0)
+  assert len(wide) == len(trials)
+
+
+def test_report_lists_the_best_trials_in_order_and_draws_them(study, tmp_path):
+  study, tune = study
+  text = write_report(study, tune, tmp_path, top=5)
+  assert (tmp_path / REPORT_FILE).read_text() == text
+  assert (tmp_path / FIGURE_FILE).stat().st_size > 0
+  assert '61 finished trials (60 complete, the others pruned), 1 failed' in text
+  rows = [line for line in text.splitlines() if line.startswith('| ') and 'trial' not in line]
+  values = [float(row.split('|')[2]) for row in rows]
+  expected = sorted(t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
+  np.testing.assert_allclose(values, expected[:5], atol=1e-4)
+  assert f'valid loss {expected[0]:.4f}' in text

@@ -1,0 +1,165 @@
+"""Tuning studies with real (few-step) training trials: the best trial's config
+trains to the same score again, the pruner stops a bad trial early, two
+worker processes share one SQLite study without running a trial twice, and a
+killed worker's trial is failed, retried from its checkpoints, and the study
+goes on."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from conftest import REPO
+
+from lm_zoo.errors import ConfigError
+from lm_zoo.training import load_config, train_and_evaluate
+from lm_zoo.tuning import open_study, run_worker, trial_workdir, write_report
+
+# A tuning config file as a user writes one: 20 steps of a 16-unit LSTM per
+# trial, a validation turn every 10, learning rate and input dropout searched.
+TINY_TUNE = '''
+from lm_zoo.tuning import param, tuning_config
+
+def get_config():
+  c = tuning_config()
+  c.base.data.update(data_dir={data_dir!r}, train_tokens=2001, valid_tokens=300,
+                     test_tokens=100, batch_size=4, bptt=10, eval_batch_size=3)
+  c.base.model.update(embed_size=16, hidden_size=16, num_layers=1)
+  c.base.optimizer.update(name='adam', learning_rate=3e-3)
+  c.base.train.update(num_epochs=10, max_steps=20, eval_every=10, log_every=10,
+                     checkpoint_every=5)
+  c.base.generate.num_lines = 0
+  c.space.learning_rate = param('optimizer.learning_rate', 1e-4, 3e-2, log=True)
+  c.space.input_dropout = param('model.dropout_input', 0.0, 0.5)
+  c.study.update(name='tiny', num_trials=3, seed=0, startup_trials=2, pruner='none',
+                 heartbeat_interval=1, grace_period=60)
+  return c
+'''
+
+
+@pytest.fixture
+def tune_file(tmp_path, data_dir):
+  path = tmp_path / 'tune_tiny.py'
+  path.write_text(TINY_TUNE.format(data_dir=str(data_dir)))
+  return path
+
+
+def _tune_config(tune_file):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location('tune_tiny', tune_file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _worker(tune_file, workdir, *flags) -> subprocess.Popen:
+  return subprocess.Popen(
+      [sys.executable, 'launch/tune.py', f'--tune={tune_file}', f'--workdir={workdir}',
+       *flags], cwd=REPO, env={**os.environ, 'PYTHONUNBUFFERED': '1'},
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _trials(study, state):
+  return study.get_trials(deepcopy=False, states=(state,))
+
+
+def test_a_study_completes_and_its_best_config_trains_to_its_score(tune_file, tmp_path):
+  tune = _tune_config(tune_file)
+  study = run_worker(tune, tmp_path / 'study')
+  complete = _trials(study, optuna.trial.TrialState.COMPLETE)
+  assert len(complete) == 3 == len(study.trials)
+  best = study.best_trial
+  run_dir = trial_workdir(tmp_path / 'study', best)
+  assert best.user_attrs['workdir'] == str(run_dir)
+  config = load_config(run_dir)  # what experiments/from_workdir.py reads
+  assert config.optimizer.learning_rate == pytest.approx(best.params['learning_rate'])
+  assert config.model.dropout_input == pytest.approx(best.params['input_dropout'])
+  again = train_and_evaluate(config, tmp_path / 'again', final_splits=('valid',))
+  assert again['valid']['loss'] == pytest.approx(best.value, rel=1e-6)
+  # Each validation turn reached the study.
+  assert set(best.intermediate_values) == {10, 20}
+  report = write_report(study, tune, tmp_path / 'study')
+  assert f'Best: trial {best.number}, valid loss {best.value:.4f}' in report
+  assert (tmp_path / 'study' / 'parallel_coordinates.png').stat().st_size > 0
+
+
+def test_the_median_pruner_stops_a_trial_worse_than_the_first(tune_file, tmp_path):
+  tune = _tune_config(tune_file)
+  tune.study.update(num_trials=2, pruner='median', pruner_startup_trials=1)
+  study = open_study(tune, tmp_path)
+  study.enqueue_trial({'learning_rate': 1e-2, 'input_dropout': 0.0})
+  study.enqueue_trial({'learning_rate': 1e-4, 'input_dropout': 0.5})  # barely learns
+  run_worker(tune, tmp_path)
+  good, bad = sorted(study.trials, key=lambda t: t.number)
+  assert good.state == optuna.trial.TrialState.COMPLETE
+  assert bad.state == optuna.trial.TrialState.PRUNED
+  assert list(bad.intermediate_values) == [10]  # stopped at its first turn, of 2
+  assert bad.intermediate_values[10] > good.intermediate_values[10]
+
+
+def test_workers_must_share_the_search_space(tune_file, tmp_path):
+  tune = _tune_config(tune_file)
+  open_study(tune, tmp_path)
+  tune.space.learning_rate.high = 0.1
+  with pytest.raises(ConfigError, match='another search space'):
+    open_study(tune, tmp_path)
+
+
+def test_two_workers_share_one_sqlite_study_and_run_no_trial_twice(tune_file, tmp_path):
+  workers = [_worker(tune_file, tmp_path, f'--worker={k}', '--tune.study.num_trials=4')
+             for k in (0, 1)]
+  outputs = [w.communicate(timeout=300)[0] for w in workers]
+  assert [w.returncode for w in workers] == [0, 0], outputs
+  tune = _tune_config(tune_file)
+  tune.study.num_trials = 4
+  study = open_study(tune, tmp_path)
+  finished = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE,
+                                                     optuna.trial.TrialState.PRUNED)]
+  assert len(finished) == 4
+  # A trial that started at the same moment as the last one was dropped before training.
+  others = [t for t in study.trials if t not in finished]
+  assert all(t.user_attrs.get('surplus') for t in others)
+  workdirs = [t.user_attrs['workdir'] for t in finished]
+  assert len(set(workdirs)) == 4
+  for workdir in workdirs:  # each trained once, from scratch: 20 steps logged once
+    steps = [json.loads(line)['step'] for line in open(f'{workdir}/metrics.jsonl')
+             if json.loads(line)['kind'] == 'train']
+    assert steps == [10, 20]
+  ran = [line for out in outputs for line in out.splitlines() if 'Trial' in line
+         and 'finished with value' in line]
+  assert len(ran) == 4
+
+
+def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_file, tmp_path):
+  flags = ('--tune.base.train.max_steps=100', '--tune.study.num_trials=1',
+           '--tune.study.grace_period=3')
+  killed = _worker(tune_file, tmp_path, *flags)  # 100 steps: long enough to be killed
+  checkpoints = tmp_path / 'trials' / 'trial_0000' / 'checkpoints'
+  deadline = time.monotonic() + 120
+  # A committed checkpoint (orbax writes a temporary folder, then renames it to the step).
+  while not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
+    assert time.monotonic() < deadline and killed.poll() is None, killed.stdout.read()
+    time.sleep(0.2)
+  os.kill(killed.pid, signal.SIGKILL)
+  killed.wait()
+  killed.stdout.close()
+  tune = _tune_config(tune_file)
+  tune.base.train.max_steps, tune.study.num_trials, tune.study.grace_period = 100, 1, 3
+  study = open_study(tune, tmp_path)
+  assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING]
+  time.sleep(tune.study.grace_period + 1)  # its heartbeat goes stale
+  survivor = _worker(tune_file, tmp_path, *flags, '--worker=1')
+  output = survivor.communicate(timeout=300)[0]
+  assert survivor.returncode == 0, output
+  failed, retry = sorted(study.trials, key=lambda t: t.number)
+  assert failed.state == optuna.trial.TrialState.FAIL
+  assert retry.system_attrs['failed_trial'] == 0
+  assert retry.state == optuna.trial.TrialState.COMPLETE
+  assert retry.params == failed.params
+  assert retry.user_attrs['workdir'] == str(checkpoints.parent)
+  assert 'Resumed from step' in output
+  assert retry.user_attrs['steps'] == 100
