@@ -16,6 +16,7 @@ from lm_zoo.configs import base_config
 from lm_zoo.data import load_corpus
 from lm_zoo.training import evaluate_workdir, train_and_evaluate
 from lm_zoo.training.dynamic_evaluation import dynamic_evaluate_workdir
+from lm_zoo.tuning import param, run_worker, tuning_config
 
 TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
         'data.test_batch_size': 2, 'data.train_tokens': 401, 'data.valid_tokens': 120,
@@ -86,6 +87,17 @@ def _truncate_config(d, t, w):
   path = w / 'config.json'
   path.write_text(path.read_text()[:100])
   return lambda: evaluate_workdir(w)
+
+
+def _tune(**fields):
+  """A tuning worker whose tuning config has `fields` set."""
+  def set_up(d, t, w):
+    tune = tuning_config()
+    tune.base = _config(d)
+    tune.space.learning_rate = param('optimizer.learning_rate', 1e-3, 1e-2, log=True)
+    tune.update_from_flattened_dict(fields)
+    return lambda: run_worker(tune, t / 'tune')
+  return set_up
 
 
 def _data(train, **fields):
@@ -170,6 +182,15 @@ CASES = {
     'dropout scaled past 1': (
         lambda d, t, w: lambda: evaluate_workdir(w, mc_samples=2, dropout_scale=10.0),
         'dropout_scale: dropout scaled by 10.0 leaves rates outside [0, 1)'),
+    'unknown pruner': (_tune(**{'study.pruner': 'asha'}),
+                       "tune.study.pruner='asha' is not known: choose one of median"),
+    'inverted tuning range': (_tune(**{'space.learning_rate.low': 0.1}),
+                              'tune.space.learning_rate: low 0.1 is above high 0.01'),
+    'tuned field that does not exist': (
+        _tune(**{'space.learning_rate.field': 'optimizer.lr'}),
+        'tune.space.learning_rate sets optimizer.lr, which is not a config field'),
+    'dyneval tuning without a model': (_tune(kind='dyneval'),
+                                       'tune.dyneval.workdir must name a trained'),
     'unknown dynamic evaluation': (
         lambda d, t, w: lambda: dynamic_evaluate_workdir(w, 'adam'),
         "unknown dynamic evaluation 'adam'"),

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 KINDS = ('train', 'dyneval')
 SAMPLERS = ('tpe', 'random')
 PRUNERS = ('median', 'hyperband', 'halving', 'none')
+# What a kind 'dyneval' space may set, with the value of a field it leaves out.
+DYNEVAL_FIELDS = {'learning_rate': 1e-4, 'decay': 0.0, 'eps': 1e-3, 'segment_length': 5}
 STUDY_FILE = 'study.db'
 TRIALS_DIR = 'trials'
 # Trials still to be settled: they may yet finish, or fail and be retried.
@@ -123,11 +125,18 @@ def validate_tuning(tune: ml_collections.ConfigDict) -> None:
     if value not in names:
       raise ConfigError(f'tune.{field}={value!r} is not known: choose one of '
                         f'{", ".join(names)}')
-  check_space(tune.space)
-  if tune.study.num_trials < 1:
-    raise ConfigError(f'tune.study.num_trials must be at least 1, got {tune.study.num_trials}')
   if tune.kind == 'dyneval' and not tune.dyneval.workdir:
     raise ConfigError('tune.dyneval.workdir must name a trained work directory')
+  check_space(tune.space)
+  if tune.kind == 'train':  # each field must exist: a first trial would fail on it
+    set_fields(tune.base, tune.space, {name: spec.low for name, spec in tune.space.items()})
+  else:
+    for name, spec in tune.space.items():
+      if spec.field not in DYNEVAL_FIELDS:
+        raise ConfigError(f'tune.space.{name} sets {spec.field}, which is not a dynamic '
+                          f'evaluation setting: choose one of {", ".join(DYNEVAL_FIELDS)}')
+  if tune.study.num_trials < 1:
+    raise ConfigError(f'tune.study.num_trials must be at least 1, got {tune.study.num_trials}')
 
 
 def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
@@ -243,12 +252,12 @@ def dyneval_objective(tune: ml_collections.ConfigDict) -> Callable[[optuna.Trial
   cfg = tune.dyneval
   evaluator = DynamicEvaluator(cfg.workdir, cfg.method, cfg.batch_size, cfg.ms_batches,
                                cfg.ms_batch_size)
-  defaults = {'learning_rate': 1e-4, 'decay': 0.0, 'eps': 1e-3, 'segment_length': 5}
 
   def objective(trial: optuna.Trial) -> float:
     _check_not_surplus(trial.study, trial, tune.study.num_trials)
     values = suggest(trial, tune.space)
-    fields = dict(defaults, **{tune.space[name].field: value for name, value in values.items()})
+    fields = dict(DYNEVAL_FIELDS, **{tune.space[name].field: value
+                                     for name, value in values.items()})
     settings = DynamicEvalSettings(cfg.method, fields['learning_rate'], fields['decay'],
                                    fields['eps'], int(fields['segment_length']))
     try:
