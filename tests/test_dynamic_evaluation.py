@@ -180,3 +180,23 @@ def test_a_non_finite_update_is_skipped_inside_the_scan(lm, caplog):
   np.testing.assert_array_equal(_flat_params(out.params), _flat_params(params))
   assert f'{out.skipped_updates} of {out.skipped_updates} updates were not finite' in caplog.text
   assert dynamic_evaluate(model, params, dynamic_sgd(0.1), STREAM, 9).skipped_updates == 0
+
+
+def test_an_evaluator_scores_new_settings_as_fresh_transformations_do_without_compiling(
+    tiny_config, tmp_path):
+  from lm_zoo.optim.dynamic_evaluation import _scan_segments
+  from lm_zoo.training import train_and_evaluate
+  from lm_zoo.training.dynamic_evaluation import DynamicEvalSettings, DynamicEvaluator
+  tiny_config.train.update(num_epochs=1)
+  train_and_evaluate(tiny_config, tmp_path)
+  evaluator = DynamicEvaluator(tmp_path, 'rms', ms_batches=2, ms_batch_size=2)
+  compiled = _scan_segments._cache_size()
+  for lr, decay, eps, clip in ((1e-3, 1e-2, 1e-3, 'krause'), (3e-2, 1e-1, 1e-2, 'krause'),
+                               (1e-2, 1e-2, 1e-3, 'lamb')):
+    shared = evaluator.run(DynamicEvalSettings('rms', lr, decay, eps, 4, clip), 'valid')
+    fresh = dynamic_evaluate(evaluator.model, evaluator.params,
+                             dynamic_rms(lr, decay, eps, evaluator.rms, clip),
+                             evaluator.corpus.valid, 4)
+    np.testing.assert_allclose(shared.segment_nll, fresh.segment_nll, rtol=1e-5)
+  # One compile per decay clip for the shared transformations, one per fresh one.
+  assert _scan_segments._cache_size() - compiled == 2 + 3

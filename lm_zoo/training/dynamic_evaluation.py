@@ -6,6 +6,7 @@ and meta-training of the learned update rule on its training split
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -75,19 +76,37 @@ class DynamicEvaluator:
     self.method, self.batch_size = method, batch_size
     self.config, self.corpus, self.model, self.params = load_trained(workdir, data_dir)
     self.rms, self.learned, self.extra_args = None, None, {}
+    self._injected = {}  # decay clip -> the transformation every setting shares
     if method == 'rms':
       self.rms = rms_training_gradients(self.model, self.params, self.corpus.train,
                                         ms_batch_size, self.config.data.bptt, ms_batches)
     elif method == 'learned':
       self.learned, self.extra_args = load_meta_learner(workdir)
 
-  def transformation(self, settings: DynamicEvalSettings) -> optax.GradientTransformation:
-    if settings.method == 'sgd':
-      return dynamic_sgd(settings.learning_rate, settings.decay)
-    if settings.method == 'rms':
-      return dynamic_rms(settings.learning_rate, settings.decay, settings.eps, self.rms,
-                         settings.decay_clip)
-    return self.learned.transformation
+  def transformation(self, settings: DynamicEvalSettings
+                     ) -> tuple[optax.GradientTransformation, Any]:
+    """The transformation of `settings` and its initial state. SGD and RMS
+    settings share one transformation object per decay clip, their values in
+    its state (`optax.inject_hyperparams`), so a search or a tuner compiles
+    the scan once per segment length, not once per setting."""
+    if settings.method == 'learned':
+      return self.learned.transformation, None
+    factory, values = ((dynamic_sgd, {'learning_rate': settings.learning_rate,
+                                      'decay': settings.decay})
+                       if settings.method == 'sgd' else
+                       (functools.partial(dynamic_rms, rms_gradients=self.rms,
+                                          decay_clip=settings.decay_clip),
+                        {'learning_rate': settings.learning_rate, 'decay': settings.decay,
+                         'eps': settings.eps}))
+    if settings.decay_clip not in self._injected:
+      self._injected[settings.decay_clip] = optax.inject_hyperparams(factory)(**values)
+    injected = self._injected[settings.decay_clip]
+    state = injected.init(self.params)
+    # The inner state is what `init` computes from these values (Krause's
+    # decay clip depends on the decay), not from the first setting's.
+    return injected, state._replace(
+        hyperparams={k: jnp.asarray(v, jnp.float32) for k, v in values.items()},
+        inner_state=factory(**values).init(self.params))
 
   def run(self, settings: DynamicEvalSettings, split: str, num_tokens: int = 0):
     """Scores `split` (its first `num_tokens` tokens when > 0) from the
@@ -100,9 +119,10 @@ class DynamicEvaluator:
     # One jitted scan per pass, silent until it ends: say what is running.
     log.info('dynamic evaluation of %s: %s tokens in segments of %d', split,
              f'{len(stream) - 1:,}', settings.segment_length)
-    return dynamic_evaluate(self.model, self.params, self.transformation(settings), stream,
+    transformation, state = self.transformation(settings)
+    return dynamic_evaluate(self.model, self.params, transformation, stream,
                             settings.segment_length, self.batch_size, self.corpus.unit,
-                            extra_args=self.extra_args)
+                            extra_args=self.extra_args, opt_state=state)
 
 
 def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
