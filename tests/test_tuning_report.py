@@ -53,7 +53,7 @@ def test_report_lists_the_best_trials_in_order_and_draws_them(study, tmp_path):
   text = write_report(study, tune, tmp_path, top=5)
   assert (tmp_path / REPORT_FILE).read_text() == text
   assert (tmp_path / FIGURE_FILE).stat().st_size > 0
-  assert '61 finished trials (60 complete, the others pruned), 1 failed' in text
+  assert '61 finished trials (60 complete, 1 pruned), 1 failed' in text
   rows = [line for line in text.splitlines() if line.startswith('| ') and 'trial' not in line]
   values = [float(row.split('|')[2]) for row in rows]
   expected = sorted(t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)

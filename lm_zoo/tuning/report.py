@@ -49,8 +49,9 @@ def write_report(study: optuna.Study, tune: ml_collections.ConfigDict,
   names = list(tune.space)
   counts = study_counts(study)
   lines = [f'# Study {study.study_name}', '',
-           f'{counts["finished"]} finished trials ({len(done)} complete, the others '
-           f'pruned), {counts["failed"]} failed, {counts["unsettled"]} running or waiting.',
+           f'{counts["finished"]} finished trials ({counts["complete"]} complete, '
+           f'{counts["pruned"]} pruned), {counts["failed"]} failed, '
+           f'{counts["unsettled"]} running or waiting.',
            '']
   best = best_trial(study)
   if best is None:

@@ -275,6 +275,8 @@ def study_counts(study: optuna.Study) -> dict[str, int]:
   waiting) and failed."""
   trials = study.get_trials(deepcopy=False)
   return {'finished': sum(t.state in _FINISHED for t in trials),
+          'complete': sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials),
+          'pruned': sum(t.state == optuna.trial.TrialState.PRUNED for t in trials),
           'unsettled': sum(t.state in _UNSETTLED for t in trials),
           'waiting': sum(t.state == optuna.trial.TrialState.WAITING for t in trials),
           'failed': sum(t.state == optuna.trial.TrialState.FAIL for t in trials)}
