@@ -59,3 +59,17 @@ def test_report_lists_the_best_trials_in_order_and_draws_them(study, tmp_path):
   expected = sorted(t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
   np.testing.assert_allclose(values, expected[:5], atol=1e-4)
   assert f'valid loss {expected[0]:.4f}' in text
+
+
+def test_a_dyneval_report_gives_the_evaluation_command(study, tmp_path):
+  study, tune = study
+  tune.kind, tune.dyneval.workdir = 'dyneval', 'runs/x'
+  tune.space = {'lr': param('learning_rate', 1e-5, 1e-1, log=True),
+                'dropout': param('segment_length', 0.0, 1.0)}
+  best = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE),
+             key=lambda t: t.value)
+  text = write_report(study, tune, tmp_path)
+  command = next(line for line in text.splitlines() if 'lm-zoo-eval' in line)
+  assert command.split()[:3] == ['lm-zoo-eval', '--workdir=runs/x', '--dyneval=rms']
+  assert f'--dyneval_lr={best.params["lr"]:.4g}' in command
+  assert f'--dyneval_segment={best.params["dropout"]:.4g}' in command

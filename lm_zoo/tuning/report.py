@@ -17,6 +17,9 @@ from lm_zoo.tuning.spaces import position
 from lm_zoo.tuning.study import best_trial, study_counts
 
 REPORT_FILE = 'report.md'
+# A dynamic-evaluation setting -> the lm-zoo-eval flag that sets it.
+EVAL_FLAGS = {'learning_rate': 'dyneval_lr', 'decay': 'dyneval_decay', 'eps': 'dyneval_eps',
+              'segment_length': 'dyneval_segment'}
 FIGURE_FILE = 'parallel_coordinates.png'
 
 
@@ -69,6 +72,12 @@ def write_report(study: optuna.Study, tune: ml_collections.ConfigDict,
       lines += ['Train it again (the trial\'s own config, read from its work directory):',
                 '', f'    lm-zoo-train --config=experiments/from_workdir.py:'
                 f'{best.user_attrs["workdir"]} --workdir=runs/best_of_{study.study_name}']
+    if tune.kind == 'dyneval':
+      values = {tune.space[name].field: value for name, value in best.params.items()}
+      flags = ' '.join(f'--{EVAL_FLAGS[field]}={value:.4g}' for field, value in values.items())
+      lines += ['Score valid and test with it:', '',
+                f'    lm-zoo-eval --workdir={tune.dyneval.workdir} '
+                f'--dyneval={tune.dyneval.method} {flags}']
     near = neighbourhood(done, best, tune.space, width)
     lines += ['', f'{len(near)} complete trials lie within {width:.0%} of each range '
               'around the best (red in the figure): validation loss '
