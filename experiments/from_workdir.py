@@ -1,7 +1,7 @@
 """The config a work directory was trained with (its config.json), to train it
 again, for example a tuning trial's:
 
-  lm-zoo-train --config=experiments/from_workdir.py:runs/tune/trials/trial_0003 \
+  lm-zoo-train --config=experiments/from_workdir.py:runs/tune/trials/study/trial_0003 \
       --workdir=runs/again
 """
 

@@ -34,10 +34,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.cell = 'lstm'  # a name in lm_zoo.models.CELLS: lstm, mlstm, alstm, flax_lstm, gru, simple
   c.model.num_layers = 2
   c.model.embed_size = 200  # 0: the hidden size
-  # > 0: the embedding size is this times the hidden size, also when the hidden
-  # size is solved for a budget (the Mogrifier paper's input_embedding_ratio;
-  # >= 1: the two sizes are equal, so a tied softmax needs no projection).
-  c.model.embed_ratio = 0.0
+  # >= 0: the embedding size is this times the hidden size (at least 1), also
+  # when the hidden size is solved for a budget (the Mogrifier paper's
+  # input_embedding_ratio; >= 1: the two sizes are equal, so a tied softmax
+  # needs no projection); < 0: model.embed_size decides.
+  c.model.embed_ratio = -1.0
   c.model.hidden_size = 200
   c.model.param_budget = 0  # > 0: solve hidden_size for this many parameters
   c.model.output_size = 0  # > 0: the last layer's size (AWD-LSTM: the embedding size)

@@ -36,7 +36,7 @@ RULES = (
       'optimizer.dual_l2', 'optimizer.ar', 'optimizer.tar', 'schedule.decay_after',
       'schedule.min_lr', 'train.max_steps', 'train.max_consecutive_skips',
       'train.max_rollbacks', 'generate.num_lines', 'generate.num_tokens',
-      'optimizer.learning_rate', 'model.embed_ratio', 'train.eval_every',
+      'optimizer.learning_rate', 'train.eval_every',
       'train.max_seconds'),
      lambda x: x >= 0, '>= 0'),
     (('model.dropout_embedding', 'model.dropout_input', 'model.dropout_hidden',

@@ -49,9 +49,12 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tiny_config, tmp_path)
   train_and_evaluate(killed, tmp_path / 'killed')
 
   a, meta_a = _final_params(full, tmp_path / 'full')
+  # Equal but for the wall time spent training, which the resumed runs add up.
+  assert meta_a.pop('train_seconds') > 0
   for other in ('split', 'killed'):
     b, meta_b = _final_params(full, tmp_path / other)
     assert int(a.step) == int(b.step) == 25
+    assert meta_b.pop('train_seconds') > 0
     assert meta_a == meta_b
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
       np.testing.assert_array_equal(x, y)
@@ -102,12 +105,19 @@ def test_validation_turns_within_epochs_reach_the_callback_and_can_stop_the_run(
   assert {p.name for p in (tmp_path / 'stopped' / 'best').iterdir()} & {'4', '8'}
 
 
-def test_a_wall_time_budget_stops_training(tiny_config, tmp_path):
+def test_a_wall_time_budget_stops_training_and_counts_the_resumed_runs(tiny_config,
+                                                                         tmp_path):
   tiny_config.train.update(max_seconds=1e-6, eval_every=100)
-  summary = train_and_evaluate(tiny_config, tmp_path)
+  summary = train_and_evaluate(tiny_config, tmp_path / 'fresh')
   # Spent before the first update: the initial weights are scored.
   assert summary['step'] == 0 and summary['best_epoch'] == 1
   assert math.isfinite(summary['valid']['loss'])
+  # 5 steps take far more than a millisecond: resumed with that budget, the
+  # run has none left.
+  tiny_config.train.update(max_seconds=0.0, max_steps=5)
+  train_and_evaluate(tiny_config, tmp_path / 'resumed')
+  tiny_config.train.update(max_seconds=1e-3, max_steps=0)
+  assert train_and_evaluate(tiny_config, tmp_path / 'resumed')['step'] == 5
 
 
 def test_resuming_with_other_shapes_is_refused(tiny_config, tmp_path):

@@ -44,6 +44,7 @@ def _final_state(config, workdir):
   like = create_train_state(model, make_optimizer(config.optimizer), config)
   checkpoints = Checkpoints(workdir)
   state, meta = checkpoints.restore_latest(like)
+  del meta['train_seconds']  # wall time: differs between runs
   checkpoints.close()
   return state, meta
 

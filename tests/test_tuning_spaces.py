@@ -91,14 +91,15 @@ def test_position_is_linear_or_logarithmic():
   assert position(math.sqrt(1e-6 * 1e-2), param('f', 1e-6, 1e-2, log=True)) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize('ratio', [0.25, 0.5, 1.5])
+@pytest.mark.parametrize('ratio', [0.0, 0.25, 0.5, 1.5])
 def test_the_embedding_ratio_holds_under_a_parameter_budget(ratio):
   config = base_config()
   config.model.update(tie_embeddings=True, param_budget=400_000, embed_ratio=ratio)
   model = build_model(config.model, 1000)
   hidden = model.hidden_sizes[0]
-  # Ratios of 1 and more mean equal sizes (the paper: no projection then).
-  assert model.embed_size == round(min(ratio, 1.0) * hidden)
+  # Ratios of 1 and more mean equal sizes (the paper: no projection then); 0
+  # is the smallest embedding.
+  assert model.embed_size == max(1, round(min(ratio, 1.0) * hidden))
   assert count_params(model) <= 400_000
   config.model.hidden_size = hidden + 1
   config.model.param_budget = 0

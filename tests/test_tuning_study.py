@@ -63,6 +63,17 @@ def _worker(tune_file, workdir, *flags) -> subprocess.Popen:
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _wait_for_checkpoint(worker: subprocess.Popen, tmp_path):
+  """The first trial's checkpoint folder, once it holds a committed
+  checkpoint (orbax writes a temporary folder, then renames it to the step)."""
+  checkpoints = tmp_path / 'trials' / 'tiny' / 'trial_0000' / 'checkpoints'
+  deadline = time.monotonic() + 120
+  while not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
+    assert time.monotonic() < deadline and worker.poll() is None, worker.stdout.read()
+    time.sleep(0.05)
+  return checkpoints
+
+
 def _trials(study, state):
   return study.get_trials(deepcopy=False, states=(state,))
 
@@ -73,7 +84,7 @@ def test_a_study_completes_and_its_best_config_trains_to_its_score(tune_file, tm
   complete = _trials(study, optuna.trial.TrialState.COMPLETE)
   assert len(complete) == 3 == len(study.trials)
   best = study.best_trial
-  run_dir = trial_workdir(tmp_path / 'study', best)
+  run_dir = trial_workdir(tmp_path / 'study', 'tiny', best)
   assert best.user_attrs['workdir'] == str(run_dir)
   config = load_config(run_dir)  # what experiments/from_workdir.py reads
   assert config.optimizer.learning_rate == pytest.approx(best.params['learning_rate'])
@@ -135,20 +146,15 @@ def test_two_workers_share_one_sqlite_study_and_run_no_trial_twice(tune_file, tm
 
 
 def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_file, tmp_path):
-  flags = ('--tune.base.train.max_steps=100', '--tune.study.num_trials=1',
+  flags = ('--tune.base.train.max_steps=200', '--tune.study.num_trials=1',
            '--tune.study.grace_period=3')
-  killed = _worker(tune_file, tmp_path, *flags)  # 100 steps: long enough to be killed
-  checkpoints = tmp_path / 'trials' / 'trial_0000' / 'checkpoints'
-  deadline = time.monotonic() + 120
-  # A committed checkpoint (orbax writes a temporary folder, then renames it to the step).
-  while not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
-    assert time.monotonic() < deadline and killed.poll() is None, killed.stdout.read()
-    time.sleep(0.2)
+  killed = _worker(tune_file, tmp_path, *flags)  # 200 steps: long enough to be killed
+  checkpoints = _wait_for_checkpoint(killed, tmp_path)
   os.kill(killed.pid, signal.SIGKILL)
   killed.wait()
   killed.stdout.close()
   tune = _tune_config(tune_file)
-  tune.base.train.max_steps, tune.study.num_trials, tune.study.grace_period = 100, 1, 3
+  tune.base.train.max_steps, tune.study.num_trials, tune.study.grace_period = 200, 1, 3
   study = open_study(tune, tmp_path)
   assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING]
   time.sleep(tune.study.grace_period + 1)  # its heartbeat goes stale
@@ -162,4 +168,20 @@ def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_fi
   assert retry.params == failed.params
   assert retry.user_attrs['workdir'] == str(checkpoints.parent)
   assert 'Resumed from step' in output
-  assert retry.user_attrs['steps'] == 100
+  assert retry.user_attrs['steps'] == 200
+
+
+def test_sigterm_checkpoints_the_trial_and_queues_it_again(tune_file, tmp_path):
+  flags = ('--tune.base.train.max_steps=200', '--tune.study.num_trials=1')
+  worker = _worker(tune_file, tmp_path, *flags)
+  _wait_for_checkpoint(worker, tmp_path)
+  worker.send_signal(signal.SIGTERM)
+  output = worker.communicate(timeout=120)[0]
+  assert worker.returncode == 128 + signal.SIGTERM, output
+  assert 'stopped: SIGTERM received' in output
+  tune = _tune_config(tune_file)
+  tune.base.train.max_steps, tune.study.num_trials = 200, 1
+  stopped, queued = sorted(open_study(tune, tmp_path).trials, key=lambda t: t.number)
+  assert stopped.state == optuna.trial.TrialState.FAIL
+  assert queued.state == optuna.trial.TrialState.WAITING
+  assert queued.system_attrs['failed_trial'] == 0 and queued.params == stopped.params

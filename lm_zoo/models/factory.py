@@ -82,9 +82,9 @@ def cell_factory(cfg: ml_collections.ConfigDict):
 
 def embed_size(cfg: ml_collections.ConfigDict, hidden_size: int) -> int:
   """The embedding size: `embed_ratio` x the hidden size when the ratio is
-  > 0 (at most the hidden size, at least 1), else `embed_size`, 0 meaning the
-  hidden size."""
-  if cfg.embed_ratio > 0:
+  >= 0 (at most the hidden size, at least 1), else `embed_size`, 0 meaning
+  the hidden size."""
+  if cfg.embed_ratio >= 0:
     return max(1, round(min(cfg.embed_ratio, 1.0) * hidden_size))
   return cfg.embed_size or hidden_size
 
@@ -130,7 +130,7 @@ def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int,
   Models are compared at equal parameter counts in the Mogrifier paper (lamb
   fixes a budget and solves for the hidden size). `model.embed_size` = 0
   ties the embedding size to the hidden size, as for tied softmaxes, and
-  `model.embed_ratio` > 0 keeps it a fixed fraction of the hidden size.
+  `model.embed_ratio` >= 0 keeps it a fixed fraction of the hidden size.
   """
   count = lambda n: count_params(_model(cfg, vocab_size, n))
   low, high = 1, 2

@@ -45,6 +45,7 @@ class Progress:
   best_valid: float = math.inf
   skipped_updates: int = 0  # dropped for a non-finite loss or gradient (train.nonfinite=skip)
   rollbacks: int = 0  # restores of a checkpoint after one (train.nonfinite=rollback)
+  train_seconds: float = 0.0  # spent training up to this checkpoint (train.max_seconds)
 
 
 class _RolledBack(Exception):
@@ -316,6 +317,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
     def save() -> None:
       fetch_losses()  # never checkpoint non-finite weights
+      progress.train_seconds = trained_before + time.perf_counter() - train_start
       checkpoints.save_latest(step, state, dataclasses.asdict(progress))
 
     def preempt(signum: int) -> None:
@@ -360,8 +362,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
     max_steps = train_cfg.max_steps if train_cfg.max_steps > 0 else math.inf
     train_start = time.perf_counter()
+    trained_before = progress.train_seconds  # by the runs this one resumes
     out_of_time = lambda: (train_cfg.max_seconds > 0
-                           and time.perf_counter() - train_start >= train_cfg.max_seconds)
+                           and trained_before + time.perf_counter() - train_start
+                           >= train_cfg.max_seconds)
     if train_cfg.nonfinite == 'rollback' and not checkpoints.has_latest():
       save()  # a finite state to roll back to before the first checkpoint
     with StopRequest() as stop:
@@ -402,18 +406,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
               metrics.write('train', step=step, epoch=progress.epoch, loss=loss,
                             learning_rate=lr, tokens_per_second=rate)
               throughput.reset()
-            if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
-              save()
-            if stop.signum is not None:
-              preempt(stop.signum)
             stopping = step >= max_steps or out_of_time()
             # A turn every eval_every steps, and one for the weights a budget
-            # stops at; the epoch end validates anyway.
+            # stops at (the epoch end validates anyway); before the checkpoint,
+            # so that a resumed run knows its best score.
             if (train_cfg.eval_every > 0 and progress.position < batched.row_length
                 and (step % train_cfg.eval_every == 0 or stopping)):
               fetch_losses()  # validate finite weights only
               validate(f'epoch {progress.epoch} step {step}')
               throughput.reset()
+            if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
+              save()
+            if stop.signum is not None:
+              preempt(stop.signum)
             if stopping:
               break
           if progress.position >= batched.row_length:

@@ -12,7 +12,7 @@ from lm_zoo.configs import base_config
 from lm_zoo.tuning.report import neighbourhood, write_report
 from lm_zoo.tuning.spaces import (dyneval_table6, mogrifier_table4, mogrifier_table5, param,
                                   set_fields, suggest)
-from lm_zoo.tuning.study import (best_config, best_trial, open_study, run_worker,
+from lm_zoo.tuning.study import (best_trial, open_study, run_worker,
                                  storage_url, study_counts, trial_workdir)
 
 
@@ -46,7 +46,7 @@ def tuning_config() -> ml_collections.ConfigDict:
 
 
 __all__ = [
-    'best_config', 'best_trial', 'dyneval_table6', 'mogrifier_table4', 'mogrifier_table5',
+    'best_trial', 'dyneval_table6', 'mogrifier_table4', 'mogrifier_table5',
     'neighbourhood', 'open_study', 'param', 'run_worker', 'set_fields', 'storage_url',
     'study_counts', 'suggest', 'trial_workdir', 'tuning_config', 'write_report',
 ]

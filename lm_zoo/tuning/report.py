@@ -53,7 +53,9 @@ def write_report(study: optuna.Study, tune: ml_collections.ConfigDict,
   counts = study_counts(study)
   lines = [f'# Study {study.study_name}', '',
            f'{counts["finished"]} finished trials ({counts["complete"]} complete, '
-           f'{counts["pruned"]} pruned), {counts["failed"]} failed, '
+           f'{counts["pruned"]} pruned), {counts["failed"]} failed'
+           + (f' ({counts["surplus"]} of them surplus starts)' if counts['surplus'] else '')
+           + ', '
            f'{counts["unsettled"]} running or waiting.',
            '']
   best = best_trial(study)

@@ -19,8 +19,8 @@ A tuning config (`experiments/tune_*.py`) has these sections:
            heartbeat_interval / grace_period (seconds: a worker silent that
            long has died, and its trial is failed and retried) and max_retry.
 
-A trial's objective is the validation loss (nats per token or bits per
-character) of its best checkpoint; lower is better.
+A trial's objective is the validation loss (nats per token) of its best
+checkpoint; lower is better.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ class _Surplus(Exception):
   """Another worker started the study's last trial first: this one does not run."""
 
 
+class _Interrupted(Exception):
+  """A signal stopped the trial's training (after its checkpoint): the worker
+  queues it again once Optuna has marked it failed, then stops."""
+
+
 def storage_url(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:
   """The study's database: `study.storage`, else SQLite in `workdir`."""
   if tune.study.storage:
@@ -95,17 +100,18 @@ def _sampler(study_cfg: ml_collections.ConfigDict, worker: int) -> optuna.sample
   return optuna.samplers.RandomSampler(seed=seed)
 
 
-def _pruner(study_cfg: ml_collections.ConfigDict, max_steps: int) -> optuna.pruners.BasePruner:
+def _pruner(study_cfg: ml_collections.ConfigDict, max_steps: int,
+            eval_every: int) -> optuna.pruners.BasePruner:
+  # Hyperband and halving rungs start at the first step a trial reports.
+  first_report = max(study_cfg.pruner_warmup_steps, eval_every, 1)
   if study_cfg.pruner == 'median':
     return optuna.pruners.MedianPruner(n_startup_trials=study_cfg.pruner_startup_trials,
                                        n_warmup_steps=study_cfg.pruner_warmup_steps)
   if study_cfg.pruner == 'hyperband':
     return optuna.pruners.HyperbandPruner(
-        min_resource=max(study_cfg.pruner_warmup_steps, 1),
-        max_resource=max_steps if max_steps > 0 else 'auto')
+        min_resource=first_report, max_resource=max_steps if max_steps > 0 else 'auto')
   if study_cfg.pruner == 'halving':
-    return optuna.pruners.SuccessiveHalvingPruner(
-        min_resource=max(study_cfg.pruner_warmup_steps, 1))
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=first_report)
   return optuna.pruners.NopPruner()
 
 
@@ -156,15 +162,16 @@ def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
       study = optuna.create_study(
           study_name=tune.study.name, storage=storage, direction='minimize',
           sampler=_sampler(tune.study, worker),
-          pruner=_pruner(tune.study, tune.base.train.max_steps if tune.kind == 'train' else 0),
+          pruner=_pruner(tune.study, *((tune.base.train.max_steps, tune.base.train.eval_every)
+                                       if tune.kind == 'train' else (0, 0))),
           load_if_exists=True)
       break
     except ImportError as err:  # a PostgreSQL or MySQL driver
       raise ConfigError(f'the study database {url} needs a driver that is not '
                         f'installed ({err})') from None
-    except sqlalchemy.exc.OperationalError:
-      # Workers started together race to create the tables: the loser finds
-      # them made on its next try.
+    except sqlalchemy.exc.DBAPIError:
+      # Workers started together race to create the tables and record the
+      # schema version: the loser finds them made on its next try.
       if attempt == 4:
         raise
       time.sleep(1 + attempt)
@@ -178,11 +185,13 @@ def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   return study
 
 
-def trial_workdir(workdir: str | pathlib.Path, trial: optuna.trial.FrozenTrial) -> pathlib.Path:
-  """A trial's work directory; a retry of a failed trial reuses the failed
-  one's, so its training resumes from the last checkpoint."""
+def trial_workdir(workdir: str | pathlib.Path, study_name: str,
+                  trial: optuna.trial.FrozenTrial) -> pathlib.Path:
+  """A trial's work directory, WORKDIR/trials/STUDY/trial_NNNN; a retry of a
+  failed trial reuses the failed one's, so its training resumes from the
+  last checkpoint."""
   origin = trial.system_attrs.get('failed_trial', trial.number)
-  return pathlib.Path(workdir) / TRIALS_DIR / f'trial_{origin:04d}'
+  return pathlib.Path(workdir) / TRIALS_DIR / study_name / f'trial_{origin:04d}'
 
 
 def _frozen(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
@@ -211,13 +220,17 @@ def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.P
   """Each trial trains `tune.base` with its sampled values in its own work
   directory, reports every validation turn to the pruner, and returns the
   best checkpoint's validation loss. A run whose loss stops being finite is
-  pruned (marked `diverged`); a preempted one is queued again."""
+  pruned (marked `diverged`)."""
   def objective(trial: optuna.Trial) -> float:
     _check_not_surplus(trial.study, trial, tune.study.num_trials)
     values = suggest(trial, tune.space)
     config = set_fields(tune.base, tune.space, values)
     frozen = _frozen(trial.study, trial.number)
-    run_dir = trial_workdir(workdir, frozen)
+    run_dir = trial_workdir(workdir, tune.study.name, frozen)
+    if 'failed_trial' not in frozen.system_attrs and run_dir.exists():
+      raise ConfigError(f'{run_dir} exists but trial {trial.number} is new: it belongs to '
+                        'an earlier study of this name whose database is gone. Move it '
+                        'away, or use another --workdir or --tune.study.name')
     trial.set_user_attr('workdir', str(run_dir))
     log.info('trial %d in %s: %s', trial.number, run_dir,
              ', '.join(f'{k}={v:.4g}' for k, v in values.items()))
@@ -233,9 +246,6 @@ def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.P
     except TrainingError as err:
       trial.set_user_attr('diverged', str(err))
       raise optuna.TrialPruned(f'diverged: {err}') from None
-    except Preempted:
-      _retry(trial.study, frozen, tune.study.max_retry)
-      raise
     trial.set_user_attr('perplexity', summary['valid']['perplexity'])
     trial.set_user_attr('steps', summary['step'])
     trial.set_user_attr('num_params', summary['num_params'])
@@ -279,7 +289,8 @@ def study_counts(study: optuna.Study) -> dict[str, int]:
           'pruned': sum(t.state == optuna.trial.TrialState.PRUNED for t in trials),
           'unsettled': sum(t.state in _UNSETTLED for t in trials),
           'waiting': sum(t.state == optuna.trial.TrialState.WAITING for t in trials),
-          'failed': sum(t.state == optuna.trial.TrialState.FAIL for t in trials)}
+          'failed': sum(t.state == optuna.trial.TrialState.FAIL for t in trials),
+          'surplus': sum(bool(t.user_attrs.get('surplus')) for t in trials)}
 
 
 def run_worker(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, worker: int = 0,
@@ -297,6 +308,15 @@ def run_worker(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, wor
   study = open_study(tune, workdir, worker)
   objective = (training_objective(tune, workdir) if tune.kind == 'train'
                else dyneval_objective(tune))
+  interrupted = []  # (trial number, Preempted)
+
+  def run_one(trial: optuna.Trial) -> float:
+    try:
+      return objective(trial)
+    except Preempted as err:
+      interrupted.append((trial.number, err))
+      raise _Interrupted(str(err)) from err
+
   start, poll = time.monotonic(), max(1, min(tune.study.heartbeat_interval, 10))
   while not timeout or time.monotonic() - start < timeout:
     with _experimental_apis():  # a dead worker's trial: failed, and queued again
@@ -307,7 +327,13 @@ def run_worker(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, wor
     if counts['finished'] + counts['unsettled'] >= tune.study.num_trials and not counts['waiting']:
       time.sleep(poll)
       continue
-    study.optimize(objective, n_trials=1, catch=(_Surplus,))
+    study.optimize(run_one, n_trials=1, catch=(_Surplus, _Interrupted))
+    if interrupted:
+      # Queued only now that the trial is failed: a worker that picked the copy
+      # up while the original still ran would count the original ahead of it.
+      number, preempted = interrupted[0]
+      _retry(study, _frozen(study, number), tune.study.max_retry)
+      raise preempted
   log.info('worker %d done: %s', worker, study_counts(study))
   return study
 
@@ -316,9 +342,3 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
   completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
   finite = [t for t in completed if math.isfinite(t.value)]
   return min(finite, key=lambda t: t.value) if finite else None
-
-
-def best_config(tune: ml_collections.ConfigDict, trial: optuna.trial.FrozenTrial
-                ) -> ml_collections.ConfigDict:
-  """The training config of a trial: the base with its sampled values."""
-  return set_fields(tune.base, tune.space, trial.params)
