@@ -8,8 +8,8 @@ import optax
 import pytest
 from jax.test_util import check_grads
 
-from lm_zoo.optim import (GateNetwork, coordinate_features, decay_logits, diagonal_fisher,
-                          learned_update_rule,
+from lm_zoo.optim import (GateNetwork, RMSGateNetwork, coordinate_features, decay_logits,
+                          diagonal_fisher, dynamic_rms, learned_update_rule, mean_rms,
                           meta_loss, meta_train, stream_windows)
 from lm_zoo.optim import rms_training_gradients
 from lm_zoo.models import RecurrentLM, init_params
@@ -88,6 +88,51 @@ def test_decay_logits_start_the_rule_as_sgd_with_that_decay_to_theta0(decay):
   np.testing.assert_allclose(_flat(updates), expected, rtol=1e-5, atol=1e-7)
   with pytest.raises(ValueError, match='in \\(0, 1\\)'):
     decay_logits(0.0)
+
+
+def test_fresh_rms_gate_network_is_rms_dynamic_evaluation():
+  eta, decay, eps = 0.01, 0.05, 1e-2
+  net = RMSGateNetwork(learning_rate=eta, decay=decay, eps=eps, mean_ms=mean_rms(PRECISION))
+  meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
+  rule = learned_update_rule(net.apply, precision=PRECISION)
+  updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta, loss=4.0)
+  rms = dynamic_rms(eta, decay, eps, jax.tree.map(jnp.sqrt, PRECISION), 'lamb')
+  expected, _ = rms.update(GRADS, rms.init(THETA0), PARAMS)
+  np.testing.assert_allclose(_flat(updates), _flat(expected), rtol=1e-5, atol=1e-7)
+  ms = np.sqrt(_flat(PRECISION))
+  assert mean_rms(PRECISION) == pytest.approx(ms.mean())
+  with pytest.raises(ValueError, match='decay'):
+    RMSGateNetwork(learning_rate=eta, decay=0.0, eps=eps, mean_ms=1.0).init(
+        jax.random.key(0), jnp.zeros((1, 5)))
+
+
+def test_rms_gate_network_against_numpy():
+  eta, decay, eps, mean_ms = 0.02, 0.1, 1e-3, 1.2
+  net = RMSGateNetwork(learning_rate=eta, decay=decay, eps=eps, mean_ms=mean_ms, hidden=4)
+  meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
+  rng = np.random.default_rng(1)
+  meta = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, jnp.float32),
+                      meta)
+  rule = learned_update_rule(net.apply, precision=PRECISION)
+  loss = 3.2
+  updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta, loss=loss)
+
+  p = jax.tree.map(lambda x: np.asarray(x, np.float64), meta['params'])
+  slog = lambda x: np.sign(x) * np.log1p(np.abs(x))
+  expected = []
+  for name in ('b', 'w'):  # the tree's leaf order
+    theta, g, t0, prec = (np.ravel(np.asarray(t[name], np.float64))
+                          for t in (PARAMS, GRADS, THETA0, PRECISION))
+    ms = np.sqrt(prec)
+    step, rate = eta / (ms + eps), decay * np.minimum(1, ms / mean_ms)
+    features = np.stack([slog(g / (ms + eps)), slog((theta - t0) / step), slog(t0 / step),
+                         np.log(ms / mean_ms), slog(np.full_like(theta, loss))], -1)
+    out = np.tanh(features @ p['hidden'] + p['hidden_bias']) @ p['gates'] + p['gates_bias']
+    f = 1 - np.minimum(1, rate * np.exp(out[:, 0]))
+    i = -step * np.exp(out[:, 1])
+    z = np.minimum(1, rate * np.exp(out[:, 2]))
+    expected.append(f * theta + i * g + z * t0 - theta)  # eq. (3) minus theta
+  np.testing.assert_allclose(_flat(updates), np.concatenate(expected), rtol=1e-4, atol=1e-6)
 
 
 def test_fisher_is_the_squared_rms_gradient():
@@ -210,3 +255,27 @@ def test_meta_training_lowers_the_meta_loss_on_a_repeating_stream():
                    optimizer=optax.adam(0.05), seed=0)
   assert held_out(out.meta_params) < 0.8 * held_out(meta)
   assert out.losses[-5:].mean() < out.losses[:5].mean()
+
+
+def test_carry_over_continues_along_the_stream_from_the_weights_it_left():
+  model, net, meta, params, state, _, _ = _tiny_meta_problem(jnp.float32)
+  stream = np.random.default_rng(4).integers(0, 7, 61)
+  adam = optax.adam(0.01)
+  # Rows of 30 tokens hold two windows of 4 x 3 = 12: the third meta-step starts over.
+  out = meta_train(model, net.apply, meta, params, None, stream, meta_steps=3,
+                   num_updates=4, segment_length=3, batch_size=2, optimizer=adam,
+                   carry_over=True)
+  m, opt_state, theta, carries, losses = meta, adam.init(meta), params, None, []
+  for offsets in ([0, 30], [12, 42], [0, 30]):
+    if offsets[0] == 0:
+      theta, carries = params, model.initialize_carry(2)
+    segments = stream_windows(stream, np.array(offsets), 4, 3)
+    (loss, (theta, carries, _)), grads = jax.value_and_grad(
+        lambda m: meta_loss(model, net.apply, m, theta, state, carries, segments),
+        has_aux=True)(m)
+    updates, opt_state = adam.update(grads, opt_state, m)
+    m = optax.apply_updates(m, updates)
+    losses.append(loss / 4)
+  np.testing.assert_allclose(_flat(out.meta_params), _flat(m), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(out.losses, losses, rtol=1e-5)
+  assert out.losses[2] == pytest.approx(out.losses[0], rel=0.1)  # the same windows again

@@ -5,12 +5,12 @@ from lm_zoo.optim.dynamic_evaluation import (DECAY_CLIPS, DynamicEvalResult,
                                              dynamic_rms, dynamic_sgd,
                                              rms_training_gradients)
 from lm_zoo.optim.learned_update import (NUM_FEATURES, GateNetwork, LearnedUpdateState,
-                                         MetaTrainResult, coordinate_features, decay_logits,
-                                         diagonal_fisher, learned_update_rule, meta_loss,
-                                         meta_train, stream_windows)
+                                         MetaTrainResult, RMSGateNetwork, coordinate_features,
+                                         decay_logits, diagonal_fisher, learned_update_rule,
+                                         mean_rms, meta_loss, meta_train, stream_windows)
 
 __all__ = ['DECAY_CLIPS', 'DynamicEvalResult', 'DynamicEvalState', 'dynamic_evaluate',
            'dynamic_rms', 'dynamic_sgd', 'rms_training_gradients', 'GateNetwork',
            'LearnedUpdateState', 'coordinate_features', 'decay_logits', 'diagonal_fisher',
            'learned_update_rule', 'meta_loss', 'MetaTrainResult', 'NUM_FEATURES', 'meta_train',
-           'stream_windows']
+           'stream_windows', 'RMSGateNetwork', 'mean_rms']

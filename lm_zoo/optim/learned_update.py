@@ -65,22 +65,85 @@ class GateNetwork(nn.Module):
 
   @nn.compact
   def __call__(self, features: jax.Array):
-    num_features = features.shape[-1]
-    hidden_kernel = self.param('hidden', nn.initializers.lecun_normal(),
-                               (num_features, self.hidden))
-    hidden_bias = self.param('hidden_bias', nn.initializers.zeros_init(), (self.hidden,))
-    gates_kernel = self.param('gates', nn.initializers.zeros_init(), (self.hidden, 3))
-    gates_bias = self.param('gates_bias', lambda *_: jnp.array(
-        [self.copy_logit, -self.learning_rate, self.flush_logit]))
-    # Written as sums of per-coordinate products rather than matrix products
-    # with an inner dimension of 5: XLA fuses the whole net into one pass over
-    # the coordinates instead of materialising (num_coordinates, hidden).
-    x = [features[..., k] for k in range(num_features)]
-    h = [jnp.tanh(sum(x[k] * hidden_kernel[k, j] for k in range(num_features))
-                  + hidden_bias[j]) for j in range(self.hidden)]
-    out = [sum(h[j] * gates_kernel[j, m] for j in range(self.hidden)) + gates_bias[m]
-           for m in range(3)]
+    out = _coordinatewise_mlp(
+        self, [features[..., k] for k in range(features.shape[-1])], self.hidden,
+        jnp.array([self.copy_logit, -self.learning_rate, self.flush_logit]))
     return jax.nn.sigmoid(out[0]), out[1], jax.nn.sigmoid(out[2])
+
+
+class RMSGateNetwork(nn.Module):
+  """g_phi as a learned modulation of RMS dynamic evaluation (Krause et al.
+  2018, lamb's decay): a fresh network is exactly `dynamic_rms(learning_rate,
+  decay, eps, sqrt(precision))`, and meta-training reshapes it per coordinate.
+
+  With ms = sqrt(precision) (the RMS training gradient, the square root of
+  theta_0's diagonal Fisher), the step s = learning_rate / (ms + eps) and the
+  decay rate r = decay * min(1, ms / mean_ms), the gates are
+
+    i = -s exp(o_i),  f = 1 - min(1, r exp(o_f)),  z = min(1, r exp(o_z))
+
+  where (o_f, o_i, o_z) is the output of a coordinate-wise net that starts
+  at zero. Its inputs are the five features of `coordinate_features` in units
+  that do not depend on the model's scale: g / (ms + eps), (theta - theta_0) / s,
+  theta_0 / s, log(ms / mean_ms) and L_t, each but the log through
+  sign(x) log(1 + |x|). The step keeps its sign (the rule always descends)
+  and the decay stays in [0, 1].
+
+  Attributes:
+    learning_rate, decay, eps: the RMS rule it starts as (decay > 0).
+    mean_ms: the mean of ms over every coordinate of the model (`mean_rms`).
+    hidden: width of the hidden layer.
+  """
+
+  learning_rate: float
+  decay: float
+  eps: float
+  mean_ms: float
+  hidden: int = 8
+
+  @nn.compact
+  def __call__(self, features: jax.Array):
+    if not self.decay > 0:
+      raise ValueError(f'the decay of RMSGateNetwork must be positive, got {self.decay}')
+    moved, grad, theta0, log_precision, loss = (features[..., k] for k in range(NUM_FEATURES))
+    ms = jnp.exp(0.5 * log_precision)
+    step = self.learning_rate / (ms + self.eps)
+    rate = self.decay * jnp.minimum(1.0, ms / self.mean_ms)
+    inputs = [_signed_log(grad / (ms + self.eps)), _signed_log(moved / step),
+              _signed_log(theta0 / step), jnp.log(ms / self.mean_ms), _signed_log(loss)]
+    out = _coordinatewise_mlp(self, inputs, self.hidden, jnp.zeros(3))
+    copy_decay = jnp.minimum(1.0, rate * jnp.exp(out[0]))
+    flush = jnp.minimum(1.0, rate * jnp.exp(out[2]))
+    return 1.0 - copy_decay, -step * jnp.exp(out[1]), flush
+
+
+def _signed_log(x):
+  # Features that span many orders of magnitude, squeezed to a range tanh reads.
+  return jnp.sign(x) * jnp.log1p(jnp.abs(x))
+
+
+def _coordinatewise_mlp(module: nn.Module, inputs: list[jax.Array], hidden: int,
+                        output_bias: jax.Array) -> list[jax.Array]:
+  """A one-hidden-layer tanh net over per-coordinate `inputs` whose output
+  layer starts at zero (the output is `output_bias`), declared in `module`.
+  Written as sums of per-coordinate products rather than matrix products
+  with an inner dimension of 5: XLA fuses the whole net into one pass over
+  the coordinates instead of materialising (num_coordinates, hidden)."""
+  hidden_kernel = module.param('hidden', nn.initializers.lecun_normal(), (len(inputs), hidden))
+  hidden_bias = module.param('hidden_bias', nn.initializers.zeros_init(), (hidden,))
+  gates_kernel = module.param('gates', nn.initializers.zeros_init(), (hidden, 3))
+  gates_bias = module.param('gates_bias', lambda *_: output_bias)
+  h = [jnp.tanh(sum(x * hidden_kernel[k, j] for k, x in enumerate(inputs)) + hidden_bias[j])
+       for j in range(hidden)]
+  return [sum(h[j] * gates_kernel[j, m] for j in range(hidden)) + gates_bias[m]
+          for m in range(3)]
+
+
+def mean_rms(precision: optax.Params) -> float:
+  """mean_ms of `RMSGateNetwork`: the mean over every coordinate of
+  sqrt(precision), the RMS training gradient."""
+  leaves = jax.tree.leaves(precision)
+  return float(sum(jnp.sum(jnp.sqrt(x)) for x in leaves) / sum(x.size for x in leaves))
 
 
 def decay_logits(decay: float) -> dict[str, float]:
@@ -214,16 +277,25 @@ def meta_train(model, gate_fn: GateFn, meta_params: Any, params: Any, precision:
                segment_length: int = 5, batch_size: int = 4,
                optimizer: optax.GradientTransformation | None = None, seed: int = 0,
                first_order: bool = False, checkpoint: bool = True,
-               log_every: int = 0) -> MetaTrainResult:
+               log_every: int = 0, carry_over: bool = False) -> MetaTrainResult:
   """Meta-trains the learned rule's `meta_params` along a training stream.
 
-  Each meta-step draws `batch_size` random positions of `stream`, runs the
-  rule from the trained weights `params` (theta_0, with `precision`) through
-  K = `num_updates` consecutive mini-batches of `segment_length` tokens from
-  each (recurrent state from zero), and steps `optimizer` (default: Adam 1e-3
-  after clipping the meta-gradient's global norm at 1) along the gradient of
-  L_meta (`meta_loss`: truncated backpropagation through the K updates, with
+  Each meta-step runs the rule through K = `num_updates` consecutive
+  mini-batches of `segment_length` tokens at `batch_size` stream positions
+  and steps `optimizer` (default: Adam 1e-3 after clipping the
+  meta-gradient's global norm at 1) along the gradient of L_meta
+  (`meta_loss`: truncated backpropagation through the K updates, with
   `jax.checkpoint` so memory holds one copy of the weights per update).
+
+  Without `carry_over`, every meta-step starts from the trained weights
+  `params` (theta_0, with `precision`) and a zero recurrent state at random
+  stream positions, so the rule only ever sees its first K updates. With
+  `carry_over`, the rows walk along the stream from evenly spaced positions
+  and each meta-step starts where the last ended, from the weights and
+  recurrent state it left (truncated backpropagation along the stream): the
+  rule meets weights it has moved through thousands of updates, as in
+  evaluation, and pays for steps that drift or diverge there. Weights and
+  positions go back to the start when a row reaches the next row's start.
 
   Raises:
     TrainingError: L_meta is not finite.
@@ -231,29 +303,40 @@ def meta_train(model, gate_fn: GateFn, meta_params: Any, params: Any, precision:
   if num_updates < 1 or segment_length < 1 or batch_size < 1 or meta_steps < 0:
     raise ValueError('num_updates, segment_length and batch_size must be positive and '
                      'meta_steps non-negative')
-  last = len(stream) - num_updates * segment_length - 1
+  span = num_updates * segment_length
+  last = len(stream) - span - 1
   if last < 0:
     raise ValueError(f'a stream of {len(stream)} tokens is shorter than one window of '
                      f'{num_updates} x {segment_length} tokens')
   optimizer = optimizer or optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
   state = learned_update_rule(gate_fn, precision).init(params)
-  carries = model.initialize_carry(batch_size)
+  zero_carries = model.initialize_carry(batch_size)
 
   @jax.jit
-  def step(meta_params, opt_state, state, carries, segments):
+  def step(meta_params, opt_state, state, theta, carries, segments):
     def objective(m):
-      return meta_loss(model, gate_fn, m, state.theta0, state, carries, segments,
-                       checkpoint=checkpoint, first_order=first_order)[0]
-    loss, grads = jax.value_and_grad(objective)(meta_params)
+      return meta_loss(model, gate_fn, m, theta, state, carries, segments,
+                       checkpoint=checkpoint, first_order=first_order)
+    (loss, (theta, carries, _)), grads = jax.value_and_grad(objective, has_aux=True)(
+        meta_params)
     updates, opt_state = optimizer.update(grads, opt_state, meta_params)
-    return optax.apply_updates(meta_params, updates), opt_state, loss / num_updates
+    return (optax.apply_updates(meta_params, updates), opt_state, theta, carries,
+            loss / num_updates)
 
   rng = np.random.default_rng(seed)
+  row_length = (len(stream) - 1) // batch_size
+  starts = np.arange(batch_size) * row_length
   opt_state, losses = optimizer.init(meta_params), []
+  theta, carries, offsets = params, zero_carries, starts
   for i in range(meta_steps):
-    offsets = rng.integers(0, last + 1, batch_size)
+    if not carry_over:
+      theta, carries, offsets = params, zero_carries, rng.integers(0, last + 1, batch_size)
+    elif offsets[0] + span > row_length:
+      theta, carries, offsets = params, zero_carries, starts
     segments = stream_windows(stream, offsets, num_updates, segment_length)
-    meta_params, opt_state, loss = step(meta_params, opt_state, state, carries, segments)
+    meta_params, opt_state, theta, carries, loss = step(meta_params, opt_state, state,
+                                                        theta, carries, segments)
+    offsets = offsets + span
     losses.append(float(loss))
     if not math.isfinite(losses[-1]):
       raise TrainingError(f'meta-training diverged at step {i}: L_meta is not finite; '

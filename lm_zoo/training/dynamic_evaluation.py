@@ -20,9 +20,9 @@ import numpy as np
 import optax
 
 from lm_zoo.errors import ConfigError, TrainingError
-from lm_zoo.optim import (DECAY_CLIPS, GateNetwork, NUM_FEATURES, decay_logits, diagonal_fisher,
-                          dynamic_evaluate, dynamic_rms, dynamic_sgd, learned_update_rule,
-                          meta_train, rms_training_gradients)
+from lm_zoo.optim import (DECAY_CLIPS, GateNetwork, NUM_FEATURES, RMSGateNetwork, decay_logits,
+                          diagonal_fisher, dynamic_evaluate, dynamic_rms, dynamic_sgd,
+                          learned_update_rule, mean_rms, meta_train, rms_training_gradients)
 from lm_zoo.training.checkpoints import restore_tree, save_tree
 from lm_zoo.training.evaluation import EvalResult
 from lm_zoo.training.trained import load_trained
@@ -31,6 +31,8 @@ from lm_zoo.training.metrics import eta
 log = logging.getLogger(__name__)
 
 METHODS = ('sgd', 'rms', 'learned')
+# The hand-designed rule a fresh meta-learner starts as.
+PRIORS = ('sgd', 'rms')
 META_LEARNER_DIR = 'meta_learner'
 
 
@@ -214,38 +216,59 @@ def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
                        meta_learning_rate: float = 1e-3,
                        fisher_batches: int = 100, fisher_batch_size: int = 64,
                        first_order: bool = False, seed: int = 0,
-                       data_dir: str | None = None, log_every: int = 50) -> np.ndarray:
+                       data_dir: str | None = None, log_every: int = 50,
+                       prior: str = 'sgd', initial_eps: float = 1e-3,
+                       carry_over: bool = False) -> np.ndarray:
   """Meta-trains the learned update rule (Wolf et al. 2018) for a work
   directory's best weights on its training split, and saves it to
   `workdir/meta_learner` for `dynamic_evaluate_workdir(method='learned')`.
 
   theta_0's precision is the diagonal Fisher from `fisher_batches` training
   windows of `fisher_batch_size` rows. The gate network (`hidden` units)
-  starts as SGD with step `initial_learning_rate` and a decay toward theta_0
-  of `initial_decay` per update (`decay_logits`); each of `meta_steps`
-  Adam steps (`meta_learning_rate`) backpropagates through `num_updates`
-  updates of `segment_length` tokens at `batch_size` random stream positions
+  starts as the `prior` rule: 'sgd', SGD with step `initial_learning_rate`
+  and a decay toward theta_0 of `initial_decay` per update (`GateNetwork`,
+  `decay_logits`), or 'rms', RMS dynamic evaluation with that learning rate,
+  decay and `initial_eps`, its MS the square root of the Fisher
+  (`RMSGateNetwork`). Each of `meta_steps` Adam steps (`meta_learning_rate`)
+  backpropagates through `num_updates` updates of `segment_length` tokens at
+  `batch_size` stream positions, from the trained weights at random
+  positions or, with `carry_over`, continuing along the stream
   (`meta_train`). Returns L_meta / K per meta-step.
   """
+  if prior not in PRIORS:
+    raise ConfigError(f'prior must be one of {", ".join(PRIORS)}, got {prior!r}')
   config, corpus, model, params = load_trained(workdir, data_dir)
   precision = diagonal_fisher(model, params, corpus.train, fisher_batch_size,
                               config.data.bptt, fisher_batches)
-  net = GateNetwork(hidden=hidden, learning_rate=initial_learning_rate,
-                    **decay_logits(initial_decay))
+  meta = {'prior': prior, 'hidden': hidden, 'initial_learning_rate': initial_learning_rate,
+          'initial_decay': initial_decay, 'initial_eps': initial_eps}
+  if prior == 'rms':
+    meta['mean_ms'] = mean_rms(precision)
+  net = _gate_network(meta)
   meta_params = net.init(jax.random.key(seed), jnp.zeros((1, NUM_FEATURES)))
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(meta_learning_rate))
   result = meta_train(model, net.apply, meta_params, params, precision, corpus.train,
                       meta_steps, num_updates, segment_length, batch_size, optimizer, seed,
-                      first_order=first_order, log_every=log_every)
+                      first_order=first_order, log_every=log_every, carry_over=carry_over)
   save_tree(pathlib.Path(workdir) / META_LEARNER_DIR,
             {'meta_params': result.meta_params, 'precision': precision},
-            {'hidden': hidden, 'segment_length': segment_length,
-             'initial_learning_rate': initial_learning_rate, 'initial_decay': initial_decay,
-             'num_updates': num_updates,
+            {**meta, 'segment_length': segment_length, 'num_updates': num_updates,
              'batch_size': batch_size, 'meta_steps': meta_steps,
              'meta_learning_rate': meta_learning_rate, 'first_order': first_order,
-             'seed': seed, 'losses': [float(x) for x in result.losses]})
+             'carry_over': carry_over, 'seed': seed,
+             'losses': [float(x) for x in result.losses]})
   return result.losses
+
+
+def _gate_network(meta: dict[str, Any]):
+  """The gate network a saved meta-learner's description names (meta-learners
+  saved before priors existed start as SGD)."""
+  if meta.get('prior', 'sgd') == 'rms':
+    return RMSGateNetwork(learning_rate=meta['initial_learning_rate'],
+                          decay=meta['initial_decay'], eps=meta['initial_eps'],
+                          mean_ms=meta['mean_ms'], hidden=meta['hidden'])
+  return GateNetwork(hidden=meta['hidden'], learning_rate=meta['initial_learning_rate'],
+                     **decay_logits(meta.get('initial_decay', 0.0067)))
 
 
 def load_meta_learner(workdir: str | pathlib.Path) -> tuple[MetaLearner, dict[str, Any]]:
@@ -256,8 +279,7 @@ def load_meta_learner(workdir: str | pathlib.Path) -> tuple[MetaLearner, dict[st
     raise ConfigError(f'no meta-learner in {workdir}/{META_LEARNER_DIR}: run '
                       f'launch/meta_train.py --workdir={workdir} first')
   tree, meta = saved
-  net = GateNetwork(hidden=meta['hidden'], learning_rate=meta['initial_learning_rate'])
-  learned = MetaLearner(learned_update_rule(net.apply, tree['precision']),
+  learned = MetaLearner(learned_update_rule(_gate_network(meta).apply, tree['precision']),
                         tree['meta_params'], meta['segment_length'],
                         meta['initial_learning_rate'])
   return learned, {'meta_params': tree['meta_params']}
