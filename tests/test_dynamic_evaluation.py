@@ -200,3 +200,28 @@ def test_an_evaluator_scores_new_settings_as_fresh_transformations_do_without_co
     np.testing.assert_allclose(shared.segment_nll, fresh.segment_nll, rtol=1e-5)
   # One compile per decay clip for the shared transformations, one per fresh one.
   assert _scan_segments._cache_size() - compiled == 2 + 3
+
+
+def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
+    tiny_config, tmp_path):
+  from lm_zoo.training import train_and_evaluate
+  from lm_zoo.optim.learned_update import PRECISION_FLOOR
+  from lm_zoo.training.dynamic_evaluation import load_meta_learner, meta_train_workdir
+  tiny_config.train.update(num_epochs=1)
+  train_and_evaluate(tiny_config, tmp_path)
+  meta_train_workdir(tmp_path, meta_steps=0, prior='rms', initial_learning_rate=1e-2,
+                     initial_decay=0.05, initial_eps=1e-3, fisher_batches=2,
+                     fisher_batch_size=2, hidden=4)
+  learned, extra = load_meta_learner(tmp_path)
+  precision = learned.transformation.init(None).precision  # the model's Fisher, saved
+  params = jax.tree.map(lambda x: jnp.linspace(-1.0, 1.0, x.size).reshape(x.shape), precision)
+  trained = jax.tree.map(lambda p: p + 0.01, params)
+  grads = jax.tree.map(lambda p: jnp.cos(3.0 * p), params)
+  updates, _ = learned.transformation.update(grads, learned.transformation.init(trained),
+                                             params, loss=4.0, **extra)
+  # The rule's ms: weights no gradient reached have a floor, not 0.
+  ms = jax.tree.map(lambda x: jnp.sqrt(x + PRECISION_FLOOR), precision)
+  rms = dynamic_rms(1e-2, 0.05, 1e-3, ms)
+  expected, _ = rms.update(grads, rms.init(trained), params)
+  np.testing.assert_allclose(_flat_params(updates), _flat_params(expected), rtol=1e-4,
+                             atol=1e-6)

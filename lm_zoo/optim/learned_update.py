@@ -30,6 +30,9 @@ from lm_zoo.training.steps import token_nll
 # (meta-parameters, features (..., NUM_FEATURES)) -> gates (f, i, z), each (...).
 GateFn = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
 NUM_FEATURES = 5
+# Added to the precision before its log, so that a weight no gradient ever
+# reached (precision 0) still has a finite feature.
+PRECISION_FLOOR = 1e-12
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +79,8 @@ class RMSGateNetwork(nn.Module):
   2018, lamb's decay): a fresh network is exactly `dynamic_rms(learning_rate,
   decay, eps, sqrt(precision))`, and meta-training reshapes it per coordinate.
 
-  With ms = sqrt(precision) (the RMS training gradient, the square root of
-  theta_0's diagonal Fisher), the step s = learning_rate / (ms + eps) and the
+  With ms = sqrt(precision + PRECISION_FLOOR) (the RMS training gradient,
+  the square root of theta_0's diagonal Fisher), the step s = learning_rate / (ms + eps) and the
   decay rate r = decay * min(1, ms / mean_ms), the gates are
 
     i = -s exp(o_i),  f = 1 - min(1, r exp(o_f)),  z = min(1, r exp(o_z))
@@ -140,10 +143,11 @@ def _coordinatewise_mlp(module: nn.Module, inputs: list[jax.Array], hidden: int,
 
 
 def mean_rms(precision: optax.Params) -> float:
-  """mean_ms of `RMSGateNetwork`: the mean over every coordinate of
-  sqrt(precision), the RMS training gradient."""
+  """mean_ms of `RMSGateNetwork`: the mean over every coordinate of its ms,
+  sqrt(precision + PRECISION_FLOOR), the RMS training gradient."""
   leaves = jax.tree.leaves(precision)
-  return float(sum(jnp.sum(jnp.sqrt(x)) for x in leaves) / sum(x.size for x in leaves))
+  return float(sum(jnp.sum(jnp.sqrt(x + PRECISION_FLOOR)) for x in leaves)
+               / sum(x.size for x in leaves))
 
 
 def decay_logits(decay: float) -> dict[str, float]:
@@ -158,7 +162,7 @@ def decay_logits(decay: float) -> dict[str, float]:
 def coordinate_features(param, grad, theta0, precision, loss) -> jax.Array:
   """Per coordinate: (theta - theta_0, grad, theta_0, log precision, L_t),
   shape (..., NUM_FEATURES). The loss is broadcast to every coordinate."""
-  return jnp.stack([param - theta0, grad, theta0, jnp.log(precision + 1e-12),
+  return jnp.stack([param - theta0, grad, theta0, jnp.log(precision + PRECISION_FLOOR),
                     jnp.broadcast_to(loss, param.shape)], axis=-1)
 
 
