@@ -33,7 +33,9 @@ def test_encoder_decoder_learns_to_reverse(decoder):
   decoder_cell = LSTMCell if decoder == 'lstm' else mogrified(LSTMCell, rounds=3, rank=4)
   model = EncoderDecoder(vocab_size=6, embed_size=16, hidden_size=32,
                          decoder_cell=decoder_cell)
-  params = fit(model, data, learning_rate=1e-2, batch_size=64, epochs=6, seed=0)
+  # 8 epochs: at 6 the Mogrifier was at the edge of learning the task (accuracy
+  # 0.925 with jax 0.10.2 / flax 0.12.8 / optax 0.2.8, above 0.95 with earlier versions).
+  params = fit(model, data, learning_rate=1e-2, batch_size=64, epochs=8, seed=0)
   test = reverse_copy_data(256, 4, 6, seed=2)
   cross_entropy, accuracy = sequence_cross_entropy(model, params, test)
   assert accuracy > 0.95 and cross_entropy < 0.2
