@@ -20,6 +20,7 @@ import numpy as np
 from absl import app, flags
 
 from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.runtime import retain_host_memory
 from lm_zoo.optim import (NUM_FEATURES, GateNetwork, dynamic_evaluate, dynamic_rms, dynamic_sgd,
                           learned_update_rule)
 from lm_zoo.training import evaluate_stream, make_eval_step
@@ -69,6 +70,7 @@ def measure(hidden: int) -> list[dict]:
 
 def main(argv):
   del argv
+  retain_host_memory()  # as lm_zoo's programs do
   rows = [row for size in FLAGS.sizes for row in measure(int(size))]
   print(f'devices: {jax.devices()}; vocab {FLAGS.vocab}, batch 1, {FLAGS.tokens} tokens, '
         f'segment {FLAGS.segment}, static window {FLAGS.bptt}')

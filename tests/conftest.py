@@ -10,6 +10,11 @@ import tempfile
 
 import pytest
 
+from lm_zoo.runtime import retain_host_memory
+
+# As lm_zoo's programs do, before any test starts JAX's threads.
+retain_host_memory()
+
 # Eight simulated CPU devices for the data-parallel tests; XLA reads the flag
 # when jax initialises its backend, so it must be set before any test imports jax.
 os.environ['XLA_FLAGS'] = ' '.join(filter(None, [

@@ -250,9 +250,12 @@ def test_meta_training_lowers_the_meta_loss_on_a_repeating_stream():
   segments = stream_windows(stream, np.array([0, 3]), 10, 5)
   held_out = lambda m: float(meta_loss(model, net.apply, m, params, state,
                                        model.initialize_carry(2), segments)[0])
+  # At Adam's 0.05 this run ended at 0.79 of the initial meta-loss, and changes
+  # at float rounding level sent it to 0.98: meta-training that fast is chaotic.
+  # At 0.02 it ends at 0.65.
   out = meta_train(model, net.apply, meta, params, None, stream, meta_steps=40,
                    num_updates=10, segment_length=5, batch_size=2,
-                   optimizer=optax.adam(0.05), seed=0)
+                   optimizer=optax.adam(0.02), seed=0)
   assert held_out(out.meta_params) < 0.8 * held_out(meta)
   assert out.losses[-5:].mean() < out.losses[:5].mean()
 

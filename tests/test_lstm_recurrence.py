@@ -1,4 +1,5 @@
-"""lstm_recurrence: its custom VJP against autodiff of the plain scan."""
+"""lstm_recurrence and mixed_lstm_recurrence: their custom VJPs against
+autodiff of the plain scans of their equations."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 
 from lm_zoo.cells.lstm import lstm_update
-from lm_zoo.cells.lstm_recurrence import lstm_recurrence
+from lm_zoo.cells.lstm_recurrence import lstm_recurrence, mixed_lstm_recurrence
+from lm_zoo.cells.mogrifier import MogrifierRounds
 
 
 def reference(projected, kernel, c0, h0, mask):
@@ -88,3 +90,103 @@ def test_mismatched_shapes_are_named():
   projected, kernel, c0, h0, _ = inputs(jnp.float32)
   with pytest.raises(ValueError, match='do not match the recurrent kernel'):
     lstm_recurrence(projected[..., :-1], kernel, (c0, h0))
+
+
+# mixed_lstm_recurrence, with the Mogrifier's rounds as its mix (the one the
+# zoo uses; `MogrifierRounds` itself is tested in test_mogrifier.py).
+
+M = 5  # input size of the mixed recurrence (n = 4 from `inputs`)
+
+
+def mixed_inputs(rounds, rank, seed=0, dtype=jnp.float64, batch=3, n=4, steps=6):
+  keys = iter(jax.random.split(jax.random.key(seed), 7 + 3 * rounds))
+  normal = lambda shape, scale=1.0: scale * jax.random.normal(next(keys), shape, dtype)
+  round_params = {}
+  for i in range(1, rounds + 1):
+    m_in, m_out = (n, M) if i % 2 else (M, n)
+    kernels = ({'kernel_in': normal((m_in, rank), 0.7), 'kernel_out': normal((rank, m_out), 0.7)}
+               if rank else {'kernel': normal((m_in, m_out), 0.5)})
+    round_params[f'q{i}' if i % 2 else f'r{i}'] = {**kernels, 'bias': normal((m_out,), 0.3)}
+  return dict(inputs=normal((steps, batch, M)), input_kernel=normal((M, 4 * n), 0.5),
+              bias=normal((4 * n,), 0.3), recurrent_kernel=normal((n, 4 * n), 0.5),
+              c0=normal((batch, n)), h0=jnp.tanh(normal((batch, n))),
+              mask=jax.random.bernoulli(next(keys), 0.7, (batch, n)).astype(dtype) / 0.7,
+              round_params=round_params)
+
+
+def mixed_reference(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0,
+                    mask):
+  """The mixed LSTM as a plain scan of its equations, differentiated by autodiff."""
+  def step(carry, x):
+    c, h = carry
+    x_up, h_up, _ = mix.forward(round_params, x, h * mask)
+    new_c, new_h = lstm_update(x_up @ input_kernel + h_up @ recurrent_kernel + bias, c)
+    return (new_c, new_h), new_h
+  return jax.lax.scan(step, (c0, h0), inputs)
+
+
+def mixed_fused(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask,
+                unroll=1):
+  return mixed_lstm_recurrence(inputs, input_kernel, bias, recurrent_kernel, (c0, h0), mix,
+                               round_params, mask, unroll=unroll)
+
+
+MIXED_ARGS = ['round_params', 'inputs', 'input_kernel', 'bias', 'recurrent_kernel', 'c0', 'h0',
+              'mask']
+
+
+def mixed_objective(recurrence, mix):
+  def loss(*args):
+    (c, h), hs = recurrence(mix, *args)
+    weights = jnp.arange(1, hs.size + 1, dtype=hs.dtype).reshape(hs.shape) / hs.size
+    return jnp.sum(jnp.sin(hs) * weights) + jnp.sum(c ** 2) + jnp.sum(h * 0.3)
+  return loss
+
+
+@pytest.mark.parametrize('rounds, rank, zigzag, unroll',
+                         [(1, 0, True, 1), (2, 3, True, 1), (5, 3, True, 2), (5, 0, False, 1),
+                          (4, 2, False, 3)])
+def test_mixed_recurrence_equals_the_plain_scan_with_every_gradient(rounds, rank, zigzag,
+                                                                    unroll):
+  with jax.enable_x64():
+    args = mixed_inputs(rounds, rank, seed=rounds)
+    values = [args[name] for name in MIXED_ARGS]
+    mix = MogrifierRounds(rounds, zigzag)
+    (c, h), hs = mixed_fused(mix, *values, unroll=unroll)
+    (c_ref, h_ref), hs_ref = mixed_reference(mix, *values)
+    for got, want in ((hs, hs_ref), (c, c_ref), (h, h_ref)):
+      np.testing.assert_allclose(got, want, rtol=1e-12)
+    grads = jax.grad(mixed_objective(lambda *a: mixed_fused(*a, unroll=unroll), mix),
+                     argnums=range(len(MIXED_ARGS)))(*values)
+    expected = jax.grad(mixed_objective(mixed_reference, mix),
+                        argnums=range(len(MIXED_ARGS)))(*values)
+    for name, got, want in zip(MIXED_ARGS, grads, expected):
+      jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12,
+                                                           err_msg=name), got, want)
+
+
+def test_mixed_recurrence_matches_finite_differences_of_a_round_kernel():
+  with jax.enable_x64():
+    args = mixed_inputs(3, 2, seed=7)
+    mix = MogrifierRounds(3)
+    values = [args[name] for name in MIXED_ARGS]
+    loss = mixed_objective(mixed_fused, mix)
+    grad = jax.grad(loss)(*values)['r2']['kernel_in']
+    direction = jax.random.normal(jax.random.key(9), grad.shape, grad.dtype)
+
+    def along(eps):
+      shifted = jax.tree.map(lambda x: x, values[0])
+      shifted['r2'] = {**shifted['r2'], 'kernel_in': shifted['r2']['kernel_in'] + eps * direction}
+      return loss(shifted, *values[1:])
+
+    eps = 1e-6
+    np.testing.assert_allclose(jnp.vdot(grad, direction), (along(eps) - along(-eps)) / (2 * eps),
+                               rtol=1e-7)
+
+
+def test_mixed_recurrence_names_mismatched_shapes():
+  args = mixed_inputs(1, 0, dtype=jnp.float32)
+  with pytest.raises(ValueError, match='do not fit an LSTM of 4 units'):
+    mixed_lstm_recurrence(args['inputs'], args['input_kernel'][:-1], args['bias'],
+                          args['recurrent_kernel'], (args['c0'], args['h0']),
+                          MogrifierRounds(1), args['round_params'])

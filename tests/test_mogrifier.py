@@ -1,4 +1,5 @@
-"""Mogrify, LowRankDense and MLSTMCell against their equations in NumPy."""
+"""Mogrify, LowRankDense and MLSTMCell against their equations in NumPy, and
+the rounds' hand-written backward pass against autodiff."""
 
 import flax.linen as nn
 import jax
@@ -7,11 +8,13 @@ import numpy as np
 import pytest
 
 from conftest import perturb
-from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify
+from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify, supports_window_scan
+from lm_zoo.cells.mogrifier import MogrifierRounds
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers import LowRankDense
 from lm_zoo.models import build_model, count_params, init_params, solve_hidden_size
+from lm_zoo.models.recurrent import RecurrentLayer
 from numpy_reference import linear, lstm_step, mogrify
 
 M, N, B = 5, 7, 3  # input size, hidden size, batch
@@ -175,3 +178,67 @@ def _with(cfg, **kw):
   cfg = cfg.copy_and_resolve_references()
   cfg.update(kw)
   return cfg
+
+
+@pytest.mark.parametrize('rounds, rank, zigzag', [(1, 0, True), (4, 3, True), (5, 2, False),
+                                                  (6, 0, False)])
+def test_rounds_backward_and_parameter_gradient_equal_autodiff(rounds, rank, zigzag):
+  with jax.enable_x64():
+    cell = Mogrify(LSTMCell(N), rounds=rounds, rank=rank, zigzag=zigzag)
+    params = jax.tree.map(lambda p: p.astype(jnp.float64), _init(cell, seed=rounds))
+    round_params = {k: v for k, v in params.items() if k != 'cell'}
+    rng = np.random.default_rng(rounds)
+    steps = 4
+    xs, hs = rng.normal(size=(steps, B, M)), rng.normal(size=(steps, B, N))
+    d_xs, d_hs = rng.normal(size=(steps, B, M)), rng.normal(size=(steps, B, N))
+    mix = MogrifierRounds(rounds, zigzag)
+    d_x_got, d_h_got, residuals, stashes = [], [], [], []
+    for x, h, d_x, d_h in zip(xs, hs, d_xs, d_hs):
+      x_up, h_up, kept = mix.forward(round_params, x, h)
+      np.testing.assert_allclose(np.concatenate([x_up, h_up], -1),
+                                 np.concatenate(mogrify(params, x, h, rounds, zigzag), -1),
+                                 rtol=1e-12)
+      dx, dh, stash = mix.backward(round_params, x, h, kept, d_x, d_h)
+      d_x_got.append(dx), d_h_got.append(dh), residuals.append(kept), stashes.append(stash)
+    d_params = mix.params_gradient(round_params, xs, hs, jnp.stack(residuals),
+                                   jnp.stack(stashes))
+
+    def pullback(p, x, h, d_x, d_h):
+      return jax.vjp(lambda *a: mix.forward(*a)[:2], p, x, h)[1]((d_x, d_h))
+
+    want = jax.vmap(pullback, in_axes=(None, 0, 0, 0, 0))(round_params, xs, hs, d_xs, d_hs)
+    np.testing.assert_allclose(np.stack(d_x_got), want[1], rtol=1e-10)
+    np.testing.assert_allclose(np.stack(d_h_got), want[2], rtol=1e-10)
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w.sum(0), rtol=1e-10, atol=1e-12),
+                 d_params, want[0])
+
+
+@pytest.mark.parametrize('rank, zigzag', [(0, True), (3, True), (2, False)])
+def test_window_scan_equals_the_step_by_step_scan(rank, zigzag):
+  cell = Mogrify(LSTMCell(N), rounds=5, rank=rank, zigzag=zigzag)
+  assert supports_window_scan(cell)
+  xs = jax.random.normal(jax.random.key(1), (6, B, M))
+  carry = (jax.random.normal(jax.random.key(2), (B, N)), jnp.tanh(
+      jax.random.normal(jax.random.key(3), (B, N))))
+  mask = jax.random.bernoulli(jax.random.key(4), 0.7, (B, N)) / 0.7
+  init = lambda fused: RecurrentLayer(cell, fused=fused).init(
+      jax.random.key(0), carry, xs, mask)['params']
+  params = init(True)
+  jax.tree.map(np.testing.assert_array_equal, params, init(False))  # same parameters
+  params = perturb(params)
+
+  def run(p, fused):
+    (c, h), out = RecurrentLayer(cell, fused=fused).apply({'params': p}, carry, xs, mask)
+    return jnp.sum(jnp.sin(out)) + jnp.sum(c ** 2) + jnp.sum(h), out
+
+  (loss, out), grads = jax.value_and_grad(run, has_aux=True)(params, True)
+  (loss_ref, out_ref), grads_ref = jax.value_and_grad(run, has_aux=True)(params, False)
+  np.testing.assert_allclose(out, out_ref, rtol=1e-5, atol=1e-6)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5),
+               grads, grads_ref)
+
+
+def test_only_cells_with_a_mixed_scan_take_the_window_scan():
+  assert not supports_window_scan(Mogrify(nn.GRUCell(N), rounds=3))
+  assert supports_window_scan(Mogrify(LSTMCell(N), rounds=0))  # the LSTM's own window scan
+  assert not supports_window_scan(Mogrify(nn.GRUCell(N), rounds=0))

@@ -10,6 +10,9 @@ it out, or to mogrify it): in flax's cells and ours it is the carry itself
 A cell whose input projection W x does not depend on the carry may also offer
 `project_inputs(xs)` (for all time steps at once) and
 `step_projected(carry, projected_x)`; stacks then hoist W x out of the scan.
+A cell that can run a whole window with a backward pass of its own offers
+`scan_window(carry, inputs, state_mask, unroll)`; a wrapper whose fast path
+depends on the cell inside it says so in `scans_windows`.
 """
 
 from __future__ import annotations
@@ -34,3 +37,8 @@ def replace_carry_output(carry: Carry, h) -> Carry:
 def supports_hoisting(cell: nn.Module) -> bool:
   """Whether the cell can compute its input projection outside the scan."""
   return hasattr(cell, 'project_inputs') and hasattr(cell, 'step_projected')
+
+
+def supports_window_scan(cell: nn.Module) -> bool:
+  """Whether the cell runs whole windows itself (`scan_window`)."""
+  return hasattr(cell, 'scan_window') and getattr(cell, 'scans_windows', True)

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.lstm_recurrence import lstm_recurrence
+from lm_zoo.cells.lstm_recurrence import Mix, lstm_recurrence, mixed_lstm_recurrence
 
 Initializer = Callable[..., jax.Array]
 
@@ -47,8 +47,10 @@ class LSTMCell(nn.RNNCellBase):
   bias starts at `forget_bias` (+1 as in alstm and lamb). W x can be computed
   for all time steps at once (`project_inputs`) and fed to `step_projected`,
   which is what our stacks do; `__call__` does both for one step, so the cell
-  also runs in `nn.RNN`. `scan_projected` runs a whole window with a
-  hand-written backward pass (`lstm_recurrence`).
+  also runs in `nn.RNN`. `scan_window` (and `scan_projected`, from W x + b)
+  runs a whole window with a hand-written backward pass (`lstm_recurrence`);
+  `scan_mixed` does so when the gates read transformed inputs and states
+  (`mixed_lstm_recurrence`, for `Mogrify`).
 
   Attributes:
     features: the hidden size n.
@@ -80,7 +82,10 @@ class LSTMCell(nn.RNNCellBase):
 
   def project_inputs(self, inputs: jax.Array) -> jax.Array:
     """W x + b for any leading shape (all time steps at once)."""
-    return self.input(inputs)
+    # One 2-d product: XLA's CPU backend runs it faster than the 3-d one and
+    # its weight gradient needs no transposed copy.
+    flat = self.input(inputs.reshape(-1, inputs.shape[-1]))
+    return flat.reshape(*inputs.shape[:-1], flat.shape[-1])
 
   def step_projected(self, carry, projected: jax.Array):
     """One step given W x + b; returns ((c', h'), h')."""
@@ -97,6 +102,26 @@ class LSTMCell(nn.RNNCellBase):
     projected, recurrent_kernel = nn.dtypes.promote_dtype(
         projected, self.recurrent_kernel, dtype=self.dtype)
     return lstm_recurrence(projected, recurrent_kernel, carry, state_mask, unroll)
+
+  def scan_window(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None,
+                  unroll: int = 1):
+    """All steps of a window of inputs (T, B, m): `scan_projected` of
+    `project_inputs`. Returns (carry, outputs (T, B, n))."""
+    return self.scan_projected(carry, self.project_inputs(inputs), state_mask, unroll)
+
+  def scan_mixed(self, carry, inputs: jax.Array, mix: Mix, mix_params,
+                 state_mask: jax.Array | None = None, unroll: int = 1):
+    """All steps of a window whose gates read (x', h') = mix.forward(mix_params,
+    x_t, h_{t-1}) in place of x_t and h_{t-1} (`Mogrify`'s rounds), with the
+    hand-written backward pass of `mixed_lstm_recurrence`. Returns (carry,
+    outputs (T, B, n))."""
+    if self.is_initializing():
+      self.project_inputs(inputs[0])  # creates W and b
+    dense = self.input.variables['params']
+    dtype = self.dtype or jnp.result_type(inputs, dense['kernel'])
+    return mixed_lstm_recurrence(inputs, dense['kernel'], dense['bias'],
+                                 self.recurrent_kernel, carry, mix, mix_params, state_mask,
+                                 dtype, unroll)
 
   def __call__(self, carry, inputs: jax.Array):
     return self.step_projected(carry, self.project_inputs(inputs))

@@ -12,11 +12,18 @@ as one `lax.scan`. Autodiff of that scan would add the rank-B product
 the whole matrix per time step. The custom VJP here keeps only dh_{t-1} =
 dG_t Uᵀ in the backward scan and computes dU = Hᵀ dG as one (n, T·B) x
 (T·B, 4n) product afterwards, as oneDNN's fused LSTM does.
+
+`mixed_lstm_recurrence` does the same for an LSTM whose gates read x'_t and
+h'_{t-1} computed from x_t and h_{t-1} by a small function (the Mogrifier's
+rounds, MODELS.md section 2): W x' cannot be hoisted then, so the scan runs
+[x', h'] [W; U] as one product per step, and both W's and U's gradients are
+one product each after the backward scan.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +37,38 @@ def _activations(gates: jax.Array) -> jax.Array:
   return jnp.tanh(gates * scale) * scale + jnp.where(is_sigmoid, 0.5, 0.0).astype(gates.dtype)
 
 
+def _cell_update(act: jax.Array, c: jax.Array, h: jax.Array):
+  """(c', h') from the gate activations and the carry, in the carry's dtypes."""
+  i, f, j, o = jnp.split(act, 4, axis=-1)
+  new_c = (f * c + i * j).astype(c.dtype)
+  return new_c, (o * jnp.tanh(new_c)).astype(h.dtype)
+
+
+def _shifted(first, rest):
+  """[first, rest_1, ..., rest_{T-1}]: the previous step's values."""
+  return jnp.concatenate([first[None], rest[:-1]], axis=0)
+
+
+def _backward_factors(acts, cs, c0):
+  """Everything the backward pass needs that does not depend on the incoming
+  gradients, for all steps at once (the scan then only chains d_c and d_h):
+  σ(f), dc/dh through h = σ(o) tanh(c), and each gate's derivative factor."""
+  i, f, j, o = jnp.split(acts, 4, axis=-1)
+  tanh_c = jnp.tanh(cs)
+  c_prev = _shifted(c0, cs)
+  d_c_from_h = o * (1 - tanh_c * tanh_c)
+  gate_scales = jnp.concatenate(
+      [j * i * (1 - i), c_prev * f * (1 - f), i * (1 - j * j), tanh_c * o * (1 - o)], axis=-1)
+  return f, d_c_from_h, gate_scales
+
+
+def _gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t):
+  """One backward step through the cell update: (d_c_t, dL/d gate pre-activations)."""
+  d_c = d_c + d_h * d_c_from_h_t
+  d_gates = gate_scales_t * jnp.concatenate([d_c, d_c, d_c, d_h], axis=-1)
+  return d_c, d_gates.astype(gate_scales_t.dtype)
+
+
 def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, unroll):
   """Returns the outputs h_1..h_T (T, B, n), the final carry, and per step
   the gate activations (T, B, 4n) and cell states c_1..c_T (T, B, n). Few
@@ -39,9 +78,7 @@ def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, unroll):
   def step(carry, p):
     c, h = carry
     act = _activations(p + (h * state_mask).astype(kernel.dtype) @ kernel)
-    i, f, j, o = jnp.split(act, 4, axis=-1)
-    new_c = (f * c + i * j).astype(c.dtype)
-    new_h = (o * jnp.tanh(new_c)).astype(h.dtype)
+    new_c, new_h = _cell_update(act, c, h)
     return (new_c, new_h), (new_h, act, new_c)
 
   (c, h), (hs, acts, cs) = jax.lax.scan(step, (c0, h0), projected, unroll=unroll)
@@ -60,31 +97,17 @@ def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, unroll):
   return (hs, carry), (recurrent_kernel, state_mask, c0, h0, hs, acts, cs)
 
 
-def _shifted(first, rest):
-  """[first, rest_1, ..., rest_{T-1}]: the previous step's values."""
-  return jnp.concatenate([first[None], rest[:-1]], axis=0)
-
-
 def _recurrence_bwd(unroll, saved, cotangents):
   recurrent_kernel, state_mask, c0, h0, hs, acts, cs = saved
   d_hs, (d_c_last, d_h_last) = cotangents
-  h_prev, c_prev = _shifted(h0, hs), _shifted(c0, cs)
-  i, f, j, o = jnp.split(acts, 4, axis=-1)
-  tanh_c = jnp.tanh(cs)
-  # Everything that does not depend on the incoming gradients, for all steps
-  # at once: the scan then only chains d_c and d_h through U.
-  d_c_from_h = o * (1 - tanh_c * tanh_c)
-  gate_scales = jnp.concatenate(
-      [j * i * (1 - i), c_prev * f * (1 - f), i * (1 - j * j), tanh_c * o * (1 - o)], axis=-1)
+  h_prev = _shifted(h0, hs)
+  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0)
   kernel_t = recurrent_kernel.astype(acts.dtype).T
 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
     d_h_out, h_prev_t, f_t, d_c_from_h_t, gate_scales_t = xs
-    d_h = d_h_out + d_h_next
-    d_c = d_c + d_h * d_c_from_h_t
-    d_gates = (gate_scales_t * jnp.concatenate([d_c, d_c, d_c, d_h], axis=-1)
-               ).astype(gate_scales_t.dtype)
+    d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
     d_h_in = d_gates @ kernel_t
     return ((d_c * f_t).astype(d_c.dtype), (d_h_in * state_mask).astype(d_h_next.dtype),
             (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype)), d_gates
@@ -101,6 +124,10 @@ def _recurrence_bwd(unroll, saved, cotangents):
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
+
+
+def _state_mask(state_mask, h0):
+  return jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
 
 
 def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
@@ -124,6 +151,147 @@ def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
   if projected.ndim != 3 or projected.shape[-1] != recurrent_kernel.shape[-1]:
     raise ValueError(f'projected inputs {projected.shape} do not match the recurrent kernel '
                      f'{recurrent_kernel.shape}: expected (T, B, {recurrent_kernel.shape[-1]})')
-  mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
-  hs, new_carry = _recurrence(projected, recurrent_kernel, c0, h0, mask, unroll)
+  hs, new_carry = _recurrence(projected, recurrent_kernel, c0, h0, _state_mask(state_mask, h0),
+                              unroll)
+  return new_carry, hs
+
+
+class Mix(Protocol):
+  """What the gates of `mixed_lstm_recurrence` read in place of x_t and
+  h_{t-1}: a pure, per-step map (θ, x, h) -> (x', h') of the same widths,
+  with its backward pass split so that the window's parameter gradient is
+  computed once, from all steps at once (`Mogrifier`'s rounds do this)."""
+
+  def forward(self, params: Any, x: jax.Array, h: jax.Array
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One step: (x', h', residuals (B, r)), the residuals kept for the backward pass."""
+
+  def backward(self, params: Any, x: jax.Array, h: jax.Array, residuals: jax.Array,
+               d_mixed_x: jax.Array, d_mixed_h: jax.Array
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One step back: (dL/dx, dL/dh, stash (B, s)), the stash kept for `params_gradient`."""
+
+  def params_gradient(self, params: Any, xs: jax.Array, hs: jax.Array, residuals: jax.Array,
+                      stashes: jax.Array) -> Any:
+    """dL/dθ from every step's inputs, residuals and stash, each (T, B, ...)."""
+
+
+def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mask, unroll):
+  """The forward scan of `mixed_lstm_recurrence`; per step it also keeps
+  mix's residuals and [x', h'], the input of the gates' one matrix product."""
+
+  def step(carry, x):
+    c, h = carry
+    mixed_x, mixed_h, residuals = mix.forward(mix_params, x, h * state_mask)
+    mixed = jnp.concatenate([mixed_x, mixed_h], axis=-1).astype(kernel.dtype)
+    act = _activations(mixed @ kernel + bias)
+    new_c, new_h = _cell_update(act, c, h)
+    return (new_c, new_h), (new_h, act, new_c, mixed, residuals)
+
+  (c, h), (hs, acts, cs, mixed, residuals) = jax.lax.scan(step, (c0, h0), inputs,
+                                                          unroll=unroll)
+  return hs, (c, h), (acts, cs, mixed, residuals)
+
+
+def _stacked_kernel(input_kernel, recurrent_kernel, dtype):
+  return jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 9, 10))
+def _mixed_recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
+                      state_mask, dtype, unroll):
+  kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
+  hs, carry, _ = _mixed_forward_scan(mix, mix_params, kernel, bias.astype(dtype), inputs, c0,
+                                     h0, state_mask, unroll)
+  return hs, carry
+
+
+def _mixed_recurrence_fwd(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0,
+                          h0, state_mask, dtype, unroll):
+  kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
+  hs, carry, (acts, cs, mixed, residuals) = _mixed_forward_scan(
+      mix, mix_params, kernel, bias.astype(dtype), inputs, c0, h0, state_mask, unroll)
+  saved = (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0,
+           h0, hs, acts, cs, mixed, residuals)
+  return (hs, carry), saved
+
+
+def _mixed_recurrence_bwd(mix, dtype, unroll, saved, cotangents):
+  (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0, h0, hs,
+   acts, cs, mixed, residuals) = saved
+  d_hs, (d_c_last, d_h_last) = cotangents
+  h_prev = _shifted(h0, hs)
+  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0)
+  kernel_t = kernel.T
+  m = input_kernel.shape[0]
+
+  def step(carry, xs):
+    d_c, d_h_next, d_mask = carry
+    d_h_out, x_t, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, residuals_t = xs
+    d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
+    d_mixed = d_gates @ kernel_t
+    d_x, d_h_in, stash = mix.backward(mix_params, x_t, h_prev_t * state_mask, residuals_t,
+                                      d_mixed[..., :m].astype(x_t.dtype),
+                                      d_mixed[..., m:].astype(h_prev_t.dtype))
+    return ((d_c * f_t).astype(d_c.dtype), (d_h_in * state_mask).astype(d_h_next.dtype),
+            (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype)), (d_gates, d_x, stash)
+
+  (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = jax.lax.scan(
+      step, (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
+      (d_hs, inputs, h_prev, f, d_c_from_h, gate_scales, residuals), reverse=True,
+      unroll=unroll)
+  d_mix_params = mix.params_gradient(mix_params, inputs, h_prev * state_mask, residuals,
+                                     stashes)
+  d_gates = d_gates.reshape(-1, d_gates.shape[-1])
+  accumulate = jnp.promote_types(input_kernel.dtype, jnp.float32)
+  # W's and U's gradients for the whole window in one matrix product.
+  d_kernel = jnp.dot(mixed.reshape(-1, mixed.shape[-1]).T, d_gates,
+                     preferred_element_type=accumulate)
+  return (d_mix_params, d_kernel[:m].astype(input_kernel.dtype),
+          jnp.sum(d_gates, axis=0, dtype=accumulate).astype(bias.dtype),
+          d_kernel[m:].astype(recurrent_kernel.dtype), d_inputs, d_c0, d_h0, d_mask)
+
+
+_mixed_recurrence.defvjp(_mixed_recurrence_fwd, _mixed_recurrence_bwd)
+
+
+def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.Array,
+                          recurrent_kernel: jax.Array, carry: tuple[jax.Array, jax.Array],
+                          mix: Mix, mix_params: Any, state_mask: jax.Array | None = None,
+                          dtype: Any = None, unroll: int = 1):
+  """The LSTM over a window whose gates read (x'_t, h'_{t-1}) = mix(θ, x_t, m ⊙ h_{t-1}):
+
+      [i, f, j, o] = x'_t W + h'_{t-1} U + b,
+
+  then c_t and h_t as in `lstm_recurrence`. The backward pass is written by
+  hand around `mix.backward`: W's and U's gradients are one
+  ((m + n), T·B) x (T·B, 4n) product after the backward scan, and θ's
+  gradient is `mix.params_gradient` of every step at once.
+
+  Args:
+    inputs: x_1..x_T, (T, B, m).
+    input_kernel: W, (m, 4n); gate order i, f, j, o.
+    bias: b, (4n,).
+    recurrent_kernel: U, (n, 4n).
+    carry: (c_0, h_0), each (B, n).
+    mix: a hashable `Mix` (its methods are pure functions of their arguments).
+    mix_params: θ, a pytree of arrays.
+    state_mask: multiplies h_{t-1} before mix (variational dropout on the
+      state), broadcastable to (B, n); None keeps h.
+    dtype: computation dtype of the gates' product (None: the inputs').
+    unroll: scan steps per loop iteration, forward and backward.
+
+  Returns:
+    ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
+  """
+  c0, h0 = carry
+  m, n = inputs.shape[-1], h0.shape[-1]
+  if (inputs.ndim != 3 or input_kernel.shape != (m, 4 * n)
+      or recurrent_kernel.shape != (n, 4 * n) or bias.shape != (4 * n,)):
+    raise ValueError(f'inputs {inputs.shape}, W {input_kernel.shape}, U '
+                     f'{recurrent_kernel.shape} and b {bias.shape} do not fit an LSTM of '
+                     f'{n} units: expected (T, B, m), ({m}, {4 * n}), ({n}, {4 * n}), ({4 * n},)')
+  hs, new_carry = _mixed_recurrence(
+      mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
+      _state_mask(state_mask, h0), jnp.dtype(dtype or inputs.dtype), unroll)
   return new_carry, hs

@@ -2,17 +2,47 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
-from lm_zoo.cells.base import carry_output, replace_carry_output
-from lm_zoo.layers import LowRankDense
+from lm_zoo.cells.base import carry_output, replace_carry_output, supports_window_scan
+from lm_zoo.layers import LowRankDense, low_rank_linear
+
+# round i's linear map of its source: (Q^i h or R^i x, the low-rank hidden x A or None)
+RoundMap = Callable[[int, jax.Array], tuple[jax.Array, Any]]
 
 
 def _gate(x: jax.Array) -> jax.Array:
   return 2.0 * nn.sigmoid(x)  # 2σ(0) = 1: fresh rounds start near the identity
+
+
+def _round_name(i: int) -> str:
+  return f'q{i}' if i % 2 else f'r{i}'
+
+
+def mogrify_rounds(x: jax.Array, h: jax.Array, round_map: RoundMap, rounds: int,
+                   zigzag: bool = True):
+  """(x^↑, h^↑) of the paper's equations (1) and (2), and per round i its
+  source (h or x), the value it gates (x^{i-2} or h^{i-2}), its gate 2σ(·)
+  and its low-rank hidden."""
+  x0, h0 = x, h
+  trace = []
+  for i in range(1, rounds + 1):
+    odd = i % 2
+    source = (h if zigzag else h0) if odd else (x if zigzag else x0)
+    pre, hidden = round_map(i, source)
+    gate = _gate(pre)
+    trace.append((source, x if odd else h, gate, hidden))
+    if odd:
+      x = gate * x
+    else:
+      h = gate * h
+  return x, h, trace
 
 
 class Mogrify(nn.RNNCellBase):
@@ -28,7 +58,9 @@ class Mogrify(nn.RNNCellBase):
   no-zigzag ablation) every round looks at the original inputs:
   x^i = 2σ(Q^i h) ⊙ x^{i-2}, h^i = 2σ(R^i x) ⊙ h^{i-2}. Only h in the carry
   is touched (an LSTM's c is not); apply dropout to x and h before this cell,
-  as our stacks do.
+  as our stacks do. Around a cell with `scan_mixed` (`LSTMCell`), stacks run
+  whole windows through `scan_window`, whose backward pass is written by hand
+  (`MogrifierRounds`).
 
   Attributes:
     cell: the inner cell; its carry is h or a tuple ending in h.
@@ -46,16 +78,37 @@ class Mogrify(nn.RNNCellBase):
 
   @nn.compact
   def __call__(self, carry, inputs: jax.Array):
-    x, h = inputs, carry_output(carry)
-    x0, h0 = x, h
-    for i in range(1, self.rounds + 1):
-      if i % 2:
-        source = h if self.zigzag else h0
-        x = _gate(LowRankDense(x.shape[-1], self.rank, dtype=self.dtype, name=f'q{i}')(source)) * x
-      else:
-        source = x if self.zigzag else x0
-        h = _gate(LowRankDense(h.shape[-1], self.rank, dtype=self.dtype, name=f'r{i}')(source)) * h
+    h = carry_output(carry)
+
+    def round_map(i, source):
+      features = inputs.shape[-1] if i % 2 else h.shape[-1]
+      return LowRankDense(features, self.rank, dtype=self.dtype, name=_round_name(i))(source), None
+
+    x, h, _ = mogrify_rounds(inputs, h, round_map, self.rounds, self.zigzag)
     return self.cell(replace_carry_output(carry, h), x)
+
+  @property
+  def scans_windows(self) -> bool:
+    """Whether `scan_window` has a fast path: the inner cell offers
+    `scan_mixed`, or, with no rounds, runs windows itself."""
+    return hasattr(self.cell, 'scan_mixed') or (self.rounds == 0
+                                                and supports_window_scan(self.cell))
+
+  def scan_window(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None,
+                  unroll: int = 1):
+    """All steps of a window (T, B, m) through the inner cell's `scan_mixed`
+    with the rounds as its mix (`MogrifierRounds`): every weight gradient of
+    the layer is then one matrix product per window. Returns (carry,
+    outputs (T, B, n))."""
+    if self.rounds == 0:
+      return self.cell.scan_window(carry, inputs, state_mask, unroll)
+    if self.is_initializing():
+      self(carry, inputs[0])  # creates the rounds' and the inner cell's parameters
+    round_params = {name: value for name, value in self.variables['params'].items()
+                    if name != 'cell'}
+    return self.cell.scan_mixed(carry, inputs, MogrifierRounds(self.rounds, self.zigzag,
+                                                               self.dtype),
+                                round_params, state_mask, unroll)
 
   @nn.nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
@@ -64,6 +117,130 @@ class Mogrify(nn.RNNCellBase):
   @property
   def num_feature_axes(self) -> int:
     return self.cell.num_feature_axes
+
+
+@dataclasses.dataclass(frozen=True)
+class MogrifierRounds:
+  """The Mogrifier's rounds as the `Mix` of `mixed_lstm_recurrence`, with
+  their backward pass written out: per step only the gradients of x and h
+  pass back through the rounds,
+
+      d z_i = d out_i ⊙ prev_i ⊙ g_i ⊙ (1 - g_i / 2),   g_i = 2σ(z_i),
+
+  and each round's weight gradients (Q_left, Q_right, b) are one matrix
+  product each over the whole window, from the sources, low-rank hiddens and
+  d z_i the steps kept. Parameters are `Mogrify`'s: {'q1': ..., 'r2': ...},
+  each a `LowRankDense`'s.
+
+  Attributes:
+    rounds: r >= 1.
+    zigzag: False for the no-zigzag ablation.
+    dtype: computation dtype of the rounds (None: from the inputs).
+  """
+
+  rounds: int
+  zigzag: bool = True
+  dtype: Any = None
+
+  def _trace(self, params, x, h, gates=None):
+    """The rounds on x and h; with `gates` (the forward pass's, one per
+    round) the chain is rebuilt from them without the matrix products."""
+    def round_map(i, source):
+      if gates is None:
+        return low_rank_linear(params[_round_name(i)], source, self.dtype)
+      return None, None
+
+    if gates is None:
+      return mogrify_rounds(x, h, round_map, self.rounds, self.zigzag)
+    x0, h0, trace = x, h, []
+    for i, gate in enumerate(gates, start=1):
+      odd = i % 2
+      trace.append(((h if self.zigzag else h0) if odd else (x if self.zigzag else x0),
+                    x if odd else h, gate, None))
+      if odd:
+        x = gate * x
+      else:
+        h = gate * h
+    return x, h, trace
+
+  def _widths(self, params, x, h):
+    """Per round: the gate's width and the low-rank hidden's (0 at full rank)."""
+    widths = []
+    for i in range(1, self.rounds + 1):
+      p = params[_round_name(i)]
+      widths.append((x.shape[-1] if i % 2 else h.shape[-1],
+                     p['kernel_in'].shape[-1] if 'kernel_in' in p else 0))
+    return widths
+
+  def _unpack(self, params, x, h, residuals):
+    """The gates and low-rank hiddens packed by `forward`, per round."""
+    widths = self._widths(params, x, h)
+    sizes = [w for w, _ in widths] + [k for _, k in widths]
+    parts = jnp.split(residuals, list(itertools.accumulate(sizes))[:-1], axis=-1)
+    return parts[:self.rounds], parts[self.rounds:]
+
+  def forward(self, params, x, h):
+    x, h, trace = self._trace(params, x, h)
+    kept = [gate for _, _, gate, _ in trace] + [hid for *_, hid in trace if hid is not None]
+    return x, h, jnp.concatenate([k.astype(trace[0][2].dtype) for k in kept], axis=-1)
+
+  def backward(self, params, x, h, residuals, d_x, d_h):
+    gates, _ = self._unpack(params, x, h, residuals)
+    _, _, trace = self._trace(params, x, h, gates)
+    d_x0, d_h0 = jnp.zeros_like(d_x), jnp.zeros_like(d_h)
+    d_pre, d_hidden = [None] * self.rounds, [None] * self.rounds
+    for i in range(self.rounds, 0, -1):
+      _, gated, gate, _ = trace[i - 1]
+      odd = i % 2
+      d_out = d_x if odd else d_h
+      d_z = d_out * gated * gate * (1 - gate / 2)
+      d_gated = (d_out * gate).astype(d_out.dtype)
+      p = params[_round_name(i)]
+      if 'kernel_in' in p:
+        d_hidden[i - 1] = d_z @ p['kernel_out'].astype(d_z.dtype).T
+        d_source = d_hidden[i - 1] @ p['kernel_in'].astype(d_z.dtype).T
+      else:
+        d_source = d_z @ p['kernel'].astype(d_z.dtype).T
+      d_pre[i - 1] = d_z
+      if odd:
+        d_x = d_gated
+        if self.zigzag:
+          d_h = d_h + d_source.astype(d_h.dtype)
+        else:
+          d_h0 = d_h0 + d_source.astype(d_h.dtype)
+      else:
+        d_h = d_gated
+        if self.zigzag:
+          d_x = d_x + d_source.astype(d_x.dtype)
+        else:
+          d_x0 = d_x0 + d_source.astype(d_x.dtype)
+    stash = jnp.concatenate(d_pre + [d for d in d_hidden if d is not None], axis=-1)
+    return d_x + d_x0, d_h + d_h0, stash
+
+  def params_gradient(self, params, xs, hs, residuals, stashes):
+    gates, hiddens = self._unpack(params, xs, hs, residuals)
+    d_pres, d_hiddens = self._unpack(params, xs, hs, stashes)
+    _, _, trace = self._trace(params, xs, hs, gates)
+
+    grads = {}
+    for i, ((source, *_), hidden, d_pre, d_hidden) in enumerate(
+        zip(trace, hiddens, d_pres, d_hiddens), start=1):
+      p = params[_round_name(i)]
+      accumulate = jnp.promote_types(p['bias'].dtype if 'bias' in p else source.dtype,
+                                     jnp.float32)
+
+      def product(a, b):  # Σ over every step and row of aᵀ b
+        a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+        return jnp.dot(a.T.astype(b.dtype), b, preferred_element_type=accumulate)
+
+      if 'kernel_in' in p:
+        g = {'kernel_in': product(source, d_hidden), 'kernel_out': product(hidden, d_pre)}
+      else:
+        g = {'kernel': product(source, d_pre)}
+      if 'bias' in p:
+        g['bias'] = jnp.sum(d_pre.reshape(-1, d_pre.shape[-1]), axis=0, dtype=accumulate)
+      grads[_round_name(i)] = {k: v.astype(p[k].dtype) for k, v in g.items()}
+    return grads
 
 
 def mogrified(make_cell: Callable[..., nn.RNNCellBase], rounds: int = 5, rank: int = 0,

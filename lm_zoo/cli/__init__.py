@@ -17,6 +17,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from lm_zoo.errors import LMZooError, Preempted
+from lm_zoo.runtime import retain_host_memory
 
 # Shared by every program: one program module is imported per process, so the
 # flag is defined once.
@@ -35,8 +36,10 @@ def run(job: Callable[[], T]) -> T:
   SIGTERM or SIGINT (`Preempted`, after its checkpoint) or an interrupt
   elsewhere exits with 128 + the signal's number (143, 130), the status a
   shell gives a process that signal stopped, so a scheduler sees the run did
-  not finish.
+  not finish. Before the job, malloc is set to keep freed memory
+  (`lm_zoo.runtime.retain_host_memory`).
   """
+  retain_host_memory()
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger('lm_zoo').setLevel(logging.INFO)
   if not flags.FLAGS['verbose'].value:

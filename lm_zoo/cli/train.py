@@ -35,8 +35,12 @@ FLAGS = flags.FLAGS
 def _train_program(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  initialize_distributed()  # multi-host only when $LM_ZOO_DISTRIBUTED=1
-  cli.run(lambda: train_and_evaluate(FLAGS.config, FLAGS.workdir))
+
+  def train():
+    initialize_distributed()  # multi-host only when $LM_ZOO_DISTRIBUTED=1
+    train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+  cli.run(train)
 
 
 def main():

@@ -45,18 +45,31 @@ class LowRankDense(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     m = x.shape[-1]
     if self.rank > 0:
-      a = self.param('kernel_in', factor_init(m, self.rank), (m, self.rank),
-                     self.param_dtype)
-      b = self.param('kernel_out', factor_init(m, self.rank),
-                     (self.rank, self.features), self.param_dtype)
-      x, a, b = nn.dtypes.promote_dtype(x, a, b, dtype=self.dtype)
-      y = (x @ a) @ b
+      params = {'kernel_in': self.param('kernel_in', factor_init(m, self.rank),
+                                        (m, self.rank), self.param_dtype),
+                'kernel_out': self.param('kernel_out', factor_init(m, self.rank),
+                                         (self.rank, self.features), self.param_dtype)}
     else:
-      w = self.param('kernel', nn.initializers.lecun_normal(), (m, self.features),
-                     self.param_dtype)
-      x, w = nn.dtypes.promote_dtype(x, w, dtype=self.dtype)
-      y = x @ w
+      params = {'kernel': self.param('kernel', nn.initializers.lecun_normal(),
+                                     (m, self.features), self.param_dtype)}
     if self.use_bias:
-      y = y + self.param('bias', nn.initializers.zeros_init(), (self.features,),
-                         self.param_dtype).astype(y.dtype)
-    return y
+      params['bias'] = self.param('bias', nn.initializers.zeros_init(), (self.features,),
+                                  self.param_dtype)
+    return low_rank_linear(params, x, self.dtype)[0]
+
+
+def low_rank_linear(params: dict, x: jax.Array, dtype: Any = None
+                    ) -> tuple[jax.Array, jax.Array | None]:
+  """`LowRankDense`'s map given its parameters: (x A B + b, x A), or
+  (x W + b, None) at full rank; b only when `params` has a bias."""
+  if 'kernel_in' in params:
+    x, a, b = nn.dtypes.promote_dtype(x, params['kernel_in'], params['kernel_out'],
+                                      dtype=dtype)
+    hidden = x @ a
+    y = hidden @ b
+  else:
+    x, w = nn.dtypes.promote_dtype(x, params['kernel'], dtype=dtype)
+    hidden, y = None, x @ w
+  if 'bias' in params:
+    y = y + params['bias'].astype(y.dtype)
+  return y, hidden

@@ -71,9 +71,9 @@ class RecurrentLM(nn.Module):
       except on the state).
     embed_init: initialiser of the embedding.
     unroll: scan unroll of the recurrent layers.
-    fused_recurrence: run cells that offer `scan_projected` (`LSTMCell`) over
-      a window with their hand-written backward pass (batched recurrent
-      weight gradient); False differentiates the plain scan.
+    fused_recurrence: run cells that offer `scan_window` (`LSTMCell`,
+      `Mogrify(LSTMCell)`) over a window with their hand-written backward
+      pass (batched weight gradients); False differentiates the plain scan.
     remat: recompute each time step in the backward pass from its input and
       carry instead of storing its activations (a third of the memory for
       long BPTT windows, at the cost of a second, slower forward pass).
@@ -183,6 +183,9 @@ class RecurrentLM(nn.Module):
           name='mos')(h, embed.embedding if self.tie_embeddings else None,
                       deterministic=not train)
       return _at_least_float32(log_probs), new_carries
+    # The softmax's products on (B·T, features): XLA's CPU backend runs the
+    # 2-d products and their gradients faster than 3-d ones.
+    batch_time, h = h.shape[:2], h.reshape(-1, h.shape[-1])
     if self.tie_embeddings:
       if h.shape[-1] != self.embed_size:
         h = nn.Dense(self.embed_size, use_bias=False, dtype=self.dtype, name='projection')(h)
@@ -191,4 +194,4 @@ class RecurrentLM(nn.Module):
       logits = embed.attend(h) + bias
     else:
       logits = OutputEmbedding(self.vocab_size, dtype=self.dtype, name='softmax')(h)
-    return _at_least_float32(logits), new_carries
+    return _at_least_float32(logits).reshape(*batch_time, -1), new_carries

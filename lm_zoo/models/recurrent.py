@@ -8,7 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.base import carry_output, replace_carry_output, supports_hoisting
+from lm_zoo.cells.base import (carry_output, replace_carry_output, supports_hoisting,
+                               supports_window_scan)
 
 
 def _step(cell, carry, x, state_mask):
@@ -28,8 +29,9 @@ class RecurrentLayer(nn.Module):
 
   When the cell offers `project_inputs` / `step_projected`, W x for all steps
   is one matrix product before the scan and only the recurrent part is scanned.
-  When it also offers `scan_projected` (a whole window with its own backward
-  pass, like `LSTMCell`'s) and `fused` is on, that runs the window. With
+  When it runs whole windows with its own backward pass (`scan_window`, as
+  `LSTMCell` and `Mogrify(LSTMCell(...))` do) and `fused` is on, that runs
+  the window. With
   `remat` each step is recomputed in the backward pass from its input and
   carry, the only per-step values kept: the memory for long windows, at the
   cost of a second forward pass (W x stays inside the scan then).
@@ -39,7 +41,7 @@ class RecurrentLayer(nn.Module):
   Attributes:
     cell: any `nn.RNNCellBase`.
     unroll: scan steps unrolled per loop iteration.
-    fused: use the cell's `scan_projected` when it has one.
+    fused: use the cell's `scan_window` when it has one.
     remat: keep only each step's input and carry for the backward pass.
   """
 
@@ -50,13 +52,11 @@ class RecurrentLayer(nn.Module):
 
   @nn.compact
   def __call__(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None):
-    hoisting = supports_hoisting(self.cell)
     if self.remat:
       step, xs = nn.remat(_step), inputs
-    elif self.fused and hoisting and hasattr(self.cell, 'scan_projected'):
-      return self.cell.scan_projected(carry, self.cell.project_inputs(inputs), state_mask,
-                                      self.unroll)
-    elif hoisting:
+    elif self.fused and supports_window_scan(self.cell):
+      return self.cell.scan_window(carry, inputs, state_mask, self.unroll)
+    elif supports_hoisting(self.cell):
       step, xs = _step_projected, self.cell.project_inputs(inputs)
     else:
       step, xs = _step, inputs
@@ -81,7 +81,7 @@ class RecurrentStack(nn.Module):
     dropout_state: rate on the recurrent h.
     variational_dropout: share the between-layer mask over time.
     unroll: scan unroll.
-    fused: run each window with the cell's `scan_projected` when it has one.
+    fused: run each window with the cell's `scan_window` when it has one.
     remat: recompute each step in the backward pass (`RecurrentLayer`).
   """
 

@@ -1,0 +1,51 @@
+"""Process-wide settings that JAX on a CPU host needs to run at full speed."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+_log = logging.getLogger(__name__)
+
+# mallopt(3) parameters of glibc's malloc.h
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+_LARGEST_INT = 2 ** 31 - 1
+OPT_OUT = 'LM_ZOO_SYSTEM_MALLOC'
+
+
+def retain_host_memory() -> bool:
+  """Makes glibc's malloc keep the memory that is freed, for the next step.
+
+  XLA's CPU runtime allocates a computation's buffers at every call. glibc
+  returns large blocks (above 128 KiB to 32 MiB, depending on what was freed
+  before) and the top of its heaps to the kernel when they are freed, so each
+  training step faults all of its buffers in again, page by page, each page
+  zeroed by the kernel: about a fifth of an LSTM LM's step here, more at
+  small sizes, and a PyTorch model in the same process loses as much
+  (WORKSPACE.md, "Speed"). This serves every block from malloc's heaps
+  (M_MMAP_MAX 0), never shrinks them (M_TRIM_THRESHOLD at its largest) and
+  gives all threads the main heap (M_ARENA_MAX 1), since a thread's own heap
+  is capped at 64 MiB. The process then holds its peak host memory until it
+  exits.
+
+  Call it before the first JAX computation: threads started before keep the
+  heaps they have. Every lm_zoo program does (`lm_zoo.cli.run`), and so do
+  the benchmarks. Setting LM_ZOO_SYSTEM_MALLOC=1 leaves malloc as it is.
+  Preloading tcmalloc or jemalloc (LD_PRELOAD) instead has the same effect.
+
+  Returns:
+    Whether the settings were applied: False with the opt-out set or a C
+    library other than glibc.
+  """
+  if os.environ.get(OPT_OUT, '') not in ('', '0'):
+    return False
+  libc = ctypes.CDLL(None)
+  if not hasattr(libc, 'gnu_get_libc_version'):
+    return False
+  for parameter, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _LARGEST_INT),
+                           (_M_ARENA_MAX, 1)):
+    if libc.mallopt(parameter, value) != 1:
+      _log.warning('glibc refused mallopt(%d, %d); malloc left as it was', parameter, value)
+      return False
+  return True
