@@ -180,8 +180,7 @@ def _with(cfg, **kw):
   return cfg
 
 
-@pytest.mark.parametrize('rounds, rank, zigzag', [(1, 0, True), (4, 3, True), (5, 2, False),
-                                                  (6, 0, False)])
+@pytest.mark.parametrize('rounds, rank, zigzag', [(4, 3, True), (5, 2, False), (6, 0, False)])
 def test_rounds_backward_and_parameter_gradient_equal_autodiff(rounds, rank, zigzag):
   with jax.enable_x64():
     cell = Mogrify(LSTMCell(N), rounds=rounds, rank=rank, zigzag=zigzag)
@@ -213,7 +212,7 @@ def test_rounds_backward_and_parameter_gradient_equal_autodiff(rounds, rank, zig
                  d_params, want[0])
 
 
-@pytest.mark.parametrize('rank, zigzag', [(0, True), (3, True), (2, False)])
+@pytest.mark.parametrize('rank, zigzag', [(0, True), (2, False)])
 def test_window_scan_equals_the_step_by_step_scan(rank, zigzag):
   cell = Mogrify(LSTMCell(N), rounds=5, rank=rank, zigzag=zigzag)
   assert supports_window_scan(cell)
