@@ -69,6 +69,13 @@ def _gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t):
   return d_c, d_gates.astype(gate_scales_t.dtype)
 
 
+def _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask):
+  """The backward carry for step t-1: dL/dc_{t-1} through c_t = σ(f) c_{t-1} + ...,
+  dL/dh_{t-1} through the mask, and the mask's gradient summed so far."""
+  return ((d_c * f_t).astype(d_c.dtype), (d_h_in * state_mask).astype(d_h_next.dtype),
+          (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
+
+
 def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, unroll):
   """Returns the outputs h_1..h_T (T, B, n), the final carry, and per step
   the gate activations (T, B, 4n) and cell states c_1..c_T (T, B, n). Few
@@ -109,8 +116,8 @@ def _recurrence_bwd(unroll, saved, cotangents):
     d_h_out, h_prev_t, f_t, d_c_from_h_t, gate_scales_t = xs
     d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
     d_h_in = d_gates @ kernel_t
-    return ((d_c * f_t).astype(d_c.dtype), (d_h_in * state_mask).astype(d_h_next.dtype),
-            (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype)), d_gates
+    return _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next,
+                                    d_mask), d_gates
 
   (d_c0, d_h0, d_mask), d_gates = jax.lax.scan(
       step, (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
@@ -233,8 +240,8 @@ def _mixed_recurrence_bwd(mix, dtype, unroll, saved, cotangents):
     d_x, d_h_in, stash = mix.backward(mix_params, x_t, h_prev_t * state_mask, residuals_t,
                                       d_mixed[..., :m].astype(x_t.dtype),
                                       d_mixed[..., m:].astype(h_prev_t.dtype))
-    return ((d_c * f_t).astype(d_c.dtype), (d_h_in * state_mask).astype(d_h_next.dtype),
-            (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype)), (d_gates, d_x, stash)
+    return (_previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask),
+            (d_gates, d_x, stash))
 
   (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = jax.lax.scan(
       step, (d_c_last, d_h_last, jnp.zeros_like(state_mask)),

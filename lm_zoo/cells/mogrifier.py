@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from lm_zoo.cells.base import carry_output, replace_carry_output, supports_window_scan
 from lm_zoo.layers import LowRankDense, low_rank_linear
 
-# round i's linear map of its source: (Q^i h or R^i x, the low-rank hidden x A or None)
-RoundMap = Callable[[int, jax.Array], tuple[jax.Array, Any]]
+# round i's gate from its source: (2σ(Q^i h) or 2σ(R^i x), the low-rank hidden or None)
+RoundGate = Callable[[int, jax.Array], tuple[jax.Array, Any]]
 
 
 def _gate(x: jax.Array) -> jax.Array:
@@ -25,7 +25,7 @@ def _round_name(i: int) -> str:
   return f'q{i}' if i % 2 else f'r{i}'
 
 
-def mogrify_rounds(x: jax.Array, h: jax.Array, round_map: RoundMap, rounds: int,
+def mogrify_rounds(x: jax.Array, h: jax.Array, round_gate: RoundGate, rounds: int,
                    zigzag: bool = True):
   """(x^↑, h^↑) of the paper's equations (1) and (2), and per round i its
   source (h or x), the value it gates (x^{i-2} or h^{i-2}), its gate 2σ(·)
@@ -35,8 +35,7 @@ def mogrify_rounds(x: jax.Array, h: jax.Array, round_map: RoundMap, rounds: int,
   for i in range(1, rounds + 1):
     odd = i % 2
     source = (h if zigzag else h0) if odd else (x if zigzag else x0)
-    pre, hidden = round_map(i, source)
-    gate = _gate(pre)
+    gate, hidden = round_gate(i, source)
     trace.append((source, x if odd else h, gate, hidden))
     if odd:
       x = gate * x
@@ -80,11 +79,12 @@ class Mogrify(nn.RNNCellBase):
   def __call__(self, carry, inputs: jax.Array):
     h = carry_output(carry)
 
-    def round_map(i, source):
+    def round_gate(i, source):
       features = inputs.shape[-1] if i % 2 else h.shape[-1]
-      return LowRankDense(features, self.rank, dtype=self.dtype, name=_round_name(i))(source), None
+      dense = LowRankDense(features, self.rank, dtype=self.dtype, name=_round_name(i))
+      return _gate(dense(source)), None
 
-    x, h, _ = mogrify_rounds(inputs, h, round_map, self.rounds, self.zigzag)
+    x, h, _ = mogrify_rounds(inputs, h, round_gate, self.rounds, self.zigzag)
     return self.cell(replace_carry_output(carry, h), x)
 
   @property
@@ -145,23 +145,13 @@ class MogrifierRounds:
   def _trace(self, params, x, h, gates=None):
     """The rounds on x and h; with `gates` (the forward pass's, one per
     round) the chain is rebuilt from them without the matrix products."""
-    def round_map(i, source):
-      if gates is None:
-        return low_rank_linear(params[_round_name(i)], source, self.dtype)
-      return None, None
+    def round_gate(i, source):
+      if gates is not None:
+        return gates[i - 1], None
+      pre, hidden = low_rank_linear(params[_round_name(i)], source, self.dtype)
+      return _gate(pre), hidden
 
-    if gates is None:
-      return mogrify_rounds(x, h, round_map, self.rounds, self.zigzag)
-    x0, h0, trace = x, h, []
-    for i, gate in enumerate(gates, start=1):
-      odd = i % 2
-      trace.append(((h if self.zigzag else h0) if odd else (x if self.zigzag else x0),
-                    x if odd else h, gate, None))
-      if odd:
-        x = gate * x
-      else:
-        h = gate * h
-    return x, h, trace
+    return mogrify_rounds(x, h, round_gate, self.rounds, self.zigzag)
 
   def _widths(self, params, x, h):
     """Per round: the gate's width and the low-rank hidden's (0 at full rank)."""
