@@ -57,8 +57,9 @@ def base_config() -> ml_collections.ConfigDict:
   # product per window (False: autodiff of the plain scan; same gradients).
   c.model.fused_recurrence = True
   c.model.remat = False  # recompute each step in the backward pass: memory for long BPTT
-  # Computation dtype: float32, or bfloat16 (for GPU/TPU) with float32
-  # parameters, carries, logits and loss.
+  # Computation dtype: float32, or bfloat16: matrix products on bfloat16
+  # operands summed in float32 (GPU/TPU, and CPUs with AVX512-BF16/AMX), with
+  # float32 parameters, gates, carries, logits and loss.
   c.model.dtype = 'float32'
   # Mogrifier rounds before every layer's cell (Melis et al. 2020); 0: none.
   c.model.mogrifier = ml_collections.ConfigDict()

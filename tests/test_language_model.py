@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxprs import dot_equations
 
 from lm_zoo.cells import LSTMCell
 from lm_zoo.configs import base_config
@@ -247,7 +248,7 @@ def test_remat_keeps_a_third_of_the_memory_of_a_long_window():
 
 
 def _descend(model, params, tokens, steps=60, learning_rate=1.0):
-  """Gradient descent on one batch; returns the first and last loss."""
+  """Gradient descent on one batch; returns the loss of every step."""
   @jax.jit
   def step(p):
     loss, grads = _loss_and_grads(model, p, tokens)
@@ -258,11 +259,11 @@ def _descend(model, params, tokens, steps=60, learning_rate=1.0):
     params, loss, grads = step(params)
     losses.append(float(loss))
   assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
-  return losses[0], losses[-1]
+  return losses
 
 
 @pytest.mark.parametrize('rounds', [0, 2])
-def test_bfloat16_computes_in_bfloat16_and_trains_like_float32(rounds):
+def test_bfloat16_multiplies_in_bfloat16_and_trains_like_float32(rounds):
   config = base_config()
   config.model.update(embed_size=8, hidden_size=8)
   config.model.mogrifier.update(rounds=rounds, rank=2)
@@ -275,13 +276,21 @@ def test_bfloat16_computes_in_bfloat16_and_trains_like_float32(rounds):
   logits, carries = model.apply({'params': params}, tokens, model.initialize_carry(4))
   assert logits.dtype == jnp.float32
   assert all(c.dtype == jnp.float32 for c in jax.tree.leaves(carries))
-  jaxpr = str(jax.make_jaxpr(lambda p: model.apply({'params': p}, tokens,
-                                                   model.initialize_carry(4)))(params))
-  assert 'preferred_element_type=bfloat16' in jaxpr.replace(' ', '')
-  first, last = _descend(model, params, tokens)
-  _, last_float32 = _descend(reference, params, tokens)
-  assert last < 0.8 * first
-  assert last == pytest.approx(last_float32, rel=0.05)
+  # Every matrix product, forward and backward, takes bfloat16 operands and
+  # sums in float32 (`products.einsum`); the loss and gradients are float32.
+  loss = lambda p: model.apply({'params': p}, tokens, model.initialize_carry(4))[0].sum()
+  dots = dot_equations(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+  assert len(dots) >= 9  # (embedding projection, recurrence, softmax) x 3, at least
+  for eqn in dots:
+    assert [v.aval.dtype for v in eqn.invars] == [jnp.bfloat16, jnp.bfloat16], eqn
+    assert eqn.outvars[0].aval.dtype == jnp.float32, eqn
+  losses = _descend(model, params, tokens)
+  float32_losses = _descend(reference, params, tokens)
+  assert losses[-1] < 0.8 * losses[0]
+  # Descent at this rate on one batch is chaotic after some 30 steps (a
+  # float32 rounding sends it elsewhere), so the two runs are compared on
+  # the first 20: within 1e-3, where bfloat16 rounding alone moves them 1e-5.
+  np.testing.assert_allclose(losses[:20], float32_losses[:20], rtol=1e-3)
 
 
 def test_unknown_dtype_is_named():

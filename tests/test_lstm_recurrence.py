@@ -9,6 +9,7 @@ import pytest
 from lm_zoo.cells.lstm import lstm_update
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence, mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import MogrifierRounds
+from lm_zoo.layers.products import einsum
 
 
 def reference(projected, kernel, c0, h0, mask):
@@ -84,6 +85,37 @@ def test_float32_gradients_match_autodiff_and_no_mask_means_ones():
   want = jax.grad(objective(reference), argnums=(0, 1))(projected, kernel, c0, h0, ones)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+
+
+def test_bfloat16_products_match_autodiff_of_the_same_rounded_products():
+  """dtype=bfloat16: the gates and states stay float32 and every product
+  takes bfloat16 operands, so the hand-written backward pass equals autodiff
+  of a plain scan whose products are `products.einsum` in bfloat16 (which
+  round the same operands and incoming gradients), and both differ from the
+  float32 gradients by bfloat16's rounding."""
+  projected, kernel, c0, h0, mask = inputs(jnp.float32, batch=5, n=8, steps=12)
+
+  def rounded_reference(projected, kernel, c0, h0, mask):
+    def step(carry, p):
+      c, h = carry
+      new_c, new_h = lstm_update(p + einsum('bn,nk->bk', h * mask, kernel, jnp.bfloat16), c)
+      return (new_c, new_h), new_h
+    return jax.lax.scan(step, (c0, h0), projected)
+
+  fused = objective(lambda p, k, c, h, m: lstm_recurrence(p, k, (c, h), m,
+                                                          dtype=jnp.bfloat16))
+  (c, h), hs = lstm_recurrence(projected, kernel, (c0, h0), mask, dtype=jnp.bfloat16)
+  assert hs.dtype == c.dtype == h.dtype == jnp.float32
+  got = jax.grad(fused, argnums=(0, 1, 2, 3, 4))(projected, kernel, c0, h0, mask)
+  want = jax.grad(objective(rounded_reference), argnums=(0, 1, 2, 3, 4))(
+      projected, kernel, c0, h0, mask)
+  full = jax.grad(objective(reference), argnums=(0, 1, 2, 3, 4))(
+      projected, kernel, c0, h0, mask)
+  for g, w, f in zip(got, want, full):
+    assert g.dtype == jnp.float32
+    np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(g, f, rtol=0.1, atol=0.03)
+  assert max(float(jnp.abs(g - f).max()) for g, f in zip(got, full)) > 1e-3
 
 
 def test_mismatched_shapes_are_named():

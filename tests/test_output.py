@@ -24,9 +24,15 @@ def test_initial_scale_is_lecun_over_the_features():
   assert np.var(np.asarray(params['kernel'])) == pytest.approx(1 / 50, rel=0.05)
 
 
-def test_bfloat16_computes_in_bfloat16_from_float32_parameters():
+def test_bfloat16_multiplies_rounded_operands_into_float32_logits():
   layer = OutputEmbedding(6, dtype=jnp.bfloat16)
-  h = jnp.ones((2, 4))
+  h = jax.random.normal(jax.random.key(1), (2, 3, 4))
   params = layer.init(jax.random.key(0), h)['params']
   assert params['kernel'].dtype == jnp.float32
-  assert layer.apply({'params': params}, h).dtype == jnp.bfloat16
+  params = {'kernel': params['kernel'], 'bias': jnp.linspace(-1, 1, 6)}
+  logits = layer.apply({'params': params}, h)
+  assert logits.dtype == jnp.float32
+  rounded = lambda x: np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32))
+  expected = np.einsum('bth,vh->btv', rounded(h), rounded(params['kernel'])) + np.asarray(
+      params['bias'])
+  np.testing.assert_allclose(logits, expected, rtol=1e-6, atol=1e-6)

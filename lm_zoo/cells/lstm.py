@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.lstm_recurrence import Mix, lstm_recurrence, mixed_lstm_recurrence
+from lm_zoo.layers.products import accumulation_dtype, dense_dot_general, matmul
 
 Initializer = Callable[..., jax.Array]
 
@@ -57,7 +58,9 @@ class LSTMCell(nn.RNNCellBase):
     forget_bias: added to the forget gate's initial bias.
     kernel_init: initialiser of W (m, 4n), applied per gate.
     recurrent_kernel_init: initialiser of U (n, 4n), applied per gate.
-    dtype: computation dtype (None: from the inputs).
+    dtype: computation dtype (None: from the inputs). bfloat16 is mixed
+      precision: the products take bfloat16 operands and sum in float32
+      (`products.einsum`), the gates and states are float32.
     param_dtype: parameter dtype.
     carry_init: initialiser of the initial carry.
   """
@@ -77,7 +80,9 @@ class LSTMCell(nn.RNNCellBase):
         self.param_dtype)
     # W and b live in a Dense so that the input size is inferred on first use.
     self.input = nn.Dense(4 * n, kernel_init=per_gate_init(self.kernel_init, n),
-                          bias_init=gate_bias_init(n, self.forget_bias), dtype=self.dtype,
+                          bias_init=gate_bias_init(n, self.forget_bias),
+                          dtype=accumulation_dtype(self.dtype),
+                          dot_general=dense_dot_general(self.dtype),
                           param_dtype=self.param_dtype)
 
   def project_inputs(self, inputs: jax.Array) -> jax.Array:
@@ -90,18 +95,17 @@ class LSTMCell(nn.RNNCellBase):
   def step_projected(self, carry, projected: jax.Array):
     """One step given W x + b; returns ((c', h'), h')."""
     c, h = carry
-    h_in, recurrent_kernel = nn.dtypes.promote_dtype(
-        h, self.recurrent_kernel, dtype=self.dtype)
-    new_c, new_h = lstm_update(projected + h_in @ recurrent_kernel, c)
+    new_c, new_h = lstm_update(projected + matmul(h, self.recurrent_kernel, self.dtype), c)
     return (new_c, new_h), new_h
 
   def scan_projected(self, carry, projected: jax.Array, state_mask: jax.Array | None = None,
                      unroll: int = 1):
     """All steps of a window given W x + b (T, B, 4n), with the batched
     recurrent weight gradient of `lstm_recurrence`; returns (carry, (T, B, n))."""
-    projected, recurrent_kernel = nn.dtypes.promote_dtype(
-        projected, self.recurrent_kernel, dtype=self.dtype)
-    return lstm_recurrence(projected, recurrent_kernel, carry, state_mask, unroll)
+    dtype = self.dtype or jnp.result_type(projected, self.recurrent_kernel)
+    projected = projected.astype(accumulation_dtype(dtype))
+    return lstm_recurrence(projected, self.recurrent_kernel, carry, state_mask, unroll,
+                           self.dtype)
 
   def scan_window(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None,
                   unroll: int = 1):

@@ -28,6 +28,8 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
+from lm_zoo.layers.products import accumulation_dtype, contract
+
 
 def _activations(gates: jax.Array) -> jax.Array:
   """[σ(i), σ(f), tanh(j), σ(o)] in one elementwise pass: σ(x) = (tanh(x/2) + 1)/2."""
@@ -76,15 +78,15 @@ def _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d
           (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
 
 
-def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, unroll):
+def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll):
   """Returns the outputs h_1..h_T (T, B, n), the final carry, and per step
   the gate activations (T, B, 4n) and cell states c_1..c_T (T, B, n). Few
   arrays per step: each is a separate write in every loop iteration."""
-  kernel = recurrent_kernel.astype(projected.dtype)
+  kernel = recurrent_kernel.astype(dtype)
 
   def step(carry, p):
     c, h = carry
-    act = _activations(p + (h * state_mask).astype(kernel.dtype) @ kernel)
+    act = _activations(p + contract('bn,nk->bk', h * state_mask, kernel, dtype))
     new_c, new_h = _cell_update(act, c, h)
     return (new_c, new_h), (new_h, act, new_c)
 
@@ -92,30 +94,30 @@ def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, unroll):
   return hs, (c, h), (acts, cs)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _recurrence(projected, recurrent_kernel, c0, h0, state_mask, unroll):
-  hs, carry, _ = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, unroll)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _recurrence(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll):
+  hs, carry, _ = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll)
   return hs, carry
 
 
-def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, unroll):
+def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll):
   hs, carry, (acts, cs) = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask,
-                                        unroll)
+                                        dtype, unroll)
   return (hs, carry), (recurrent_kernel, state_mask, c0, h0, hs, acts, cs)
 
 
-def _recurrence_bwd(unroll, saved, cotangents):
+def _recurrence_bwd(dtype, unroll, saved, cotangents):
   recurrent_kernel, state_mask, c0, h0, hs, acts, cs = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev = _shifted(h0, hs)
   f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0)
-  kernel_t = recurrent_kernel.astype(acts.dtype).T
+  kernel_t = recurrent_kernel.astype(dtype).T
 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
     d_h_out, h_prev_t, f_t, d_c_from_h_t, gate_scales_t = xs
     d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
-    d_h_in = d_gates @ kernel_t
+    d_h_in = contract('bk,kn->bn', d_gates, kernel_t, dtype)
     return _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next,
                                     d_mask), d_gates
 
@@ -123,11 +125,10 @@ def _recurrence_bwd(unroll, saved, cotangents):
       step, (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
       (d_hs, h_prev, f, d_c_from_h, gate_scales), reverse=True, unroll=unroll)
   n = h0.shape[-1]
-  h_in = (h_prev * state_mask).astype(d_gates.dtype).reshape(-1, n)
+  h_in = (h_prev * state_mask).reshape(-1, n)
   # The whole window's recurrent weight gradient in one matrix product.
-  d_kernel = jnp.dot(h_in.T, d_gates.reshape(-1, 4 * n),
-                     preferred_element_type=recurrent_kernel.dtype)
-  return d_gates, d_kernel, d_c0, d_h0, d_mask
+  d_kernel = contract('mn,mk->nk', h_in, d_gates.reshape(-1, 4 * n), dtype)
+  return d_gates, d_kernel.astype(recurrent_kernel.dtype), d_c0, d_h0, d_mask
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
@@ -139,17 +140,19 @@ def _state_mask(state_mask, h0):
 
 def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
                     carry: tuple[jax.Array, jax.Array], state_mask: jax.Array | None = None,
-                    unroll: int = 1):
+                    unroll: int = 1, dtype: Any = None):
   """The LSTM over a window, differentiated with the batched weight gradient.
 
   Args:
     projected: W x_t + b for every step, (T, B, 4n), gate order i, f, j, o;
-      its dtype is the computation dtype.
+      its dtype is that of the gates and their gradients.
     recurrent_kernel: U, (n, 4n).
     carry: (c_0, h_0), each (B, n).
     state_mask: multiplies h_{t-1} before U (variational dropout on the
       state), broadcastable to (B, n); None keeps h.
     unroll: scan steps per loop iteration, forward and backward.
+    dtype: the matrix products' operand dtype (None: the projections');
+      bfloat16 sums in float32 (`products.contract`).
 
   Returns:
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
@@ -159,7 +162,7 @@ def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
     raise ValueError(f'projected inputs {projected.shape} do not match the recurrent kernel '
                      f'{recurrent_kernel.shape}: expected (T, B, {recurrent_kernel.shape[-1]})')
   hs, new_carry = _recurrence(projected, recurrent_kernel, c0, h0, _state_mask(state_mask, h0),
-                              unroll)
+                              jnp.dtype(dtype or projected.dtype), unroll)
   return new_carry, hs
 
 
@@ -191,7 +194,7 @@ def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mas
     c, h = carry
     mixed_x, mixed_h, residuals = mix.forward(mix_params, x, h * state_mask)
     mixed = jnp.concatenate([mixed_x, mixed_h], axis=-1).astype(kernel.dtype)
-    act = _activations(mixed @ kernel + bias)
+    act = _activations(contract('bm,mk->bk', mixed, kernel, kernel.dtype) + bias)
     new_c, new_h = _cell_update(act, c, h)
     return (new_c, new_h), (new_h, act, new_c, mixed, residuals)
 
@@ -208,8 +211,9 @@ def _stacked_kernel(input_kernel, recurrent_kernel, dtype):
 def _mixed_recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
                       state_mask, dtype, unroll):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
-  hs, carry, _ = _mixed_forward_scan(mix, mix_params, kernel, bias.astype(dtype), inputs, c0,
-                                     h0, state_mask, unroll)
+  hs, carry, _ = _mixed_forward_scan(mix, mix_params, kernel,
+                                     bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
+                                     state_mask, unroll)
   return hs, carry
 
 
@@ -217,7 +221,8 @@ def _mixed_recurrence_fwd(mix, mix_params, input_kernel, bias, recurrent_kernel,
                           h0, state_mask, dtype, unroll):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
   hs, carry, (acts, cs, mixed, residuals) = _mixed_forward_scan(
-      mix, mix_params, kernel, bias.astype(dtype), inputs, c0, h0, state_mask, unroll)
+      mix, mix_params, kernel, bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
+      state_mask, unroll)
   saved = (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0,
            h0, hs, acts, cs, mixed, residuals)
   return (hs, carry), saved
@@ -236,7 +241,7 @@ def _mixed_recurrence_bwd(mix, dtype, unroll, saved, cotangents):
     d_c, d_h_next, d_mask = carry
     d_h_out, x_t, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, residuals_t = xs
     d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
-    d_mixed = d_gates @ kernel_t
+    d_mixed = contract('bk,km->bm', d_gates, kernel_t, dtype)
     d_x, d_h_in, stash = mix.backward(mix_params, x_t, h_prev_t * state_mask, residuals_t,
                                       d_mixed[..., :m].astype(x_t.dtype),
                                       d_mixed[..., m:].astype(h_prev_t.dtype))
@@ -252,8 +257,7 @@ def _mixed_recurrence_bwd(mix, dtype, unroll, saved, cotangents):
   d_gates = d_gates.reshape(-1, d_gates.shape[-1])
   accumulate = jnp.promote_types(input_kernel.dtype, jnp.float32)
   # W's and U's gradients for the whole window in one matrix product.
-  d_kernel = jnp.dot(mixed.reshape(-1, mixed.shape[-1]).T, d_gates,
-                     preferred_element_type=accumulate)
+  d_kernel = contract('tm,tk->mk', mixed.reshape(-1, mixed.shape[-1]), d_gates, dtype)
   return (d_mix_params, d_kernel[:m].astype(input_kernel.dtype),
           jnp.sum(d_gates, axis=0, dtype=accumulate).astype(bias.dtype),
           d_kernel[m:].astype(recurrent_kernel.dtype), d_inputs, d_c0, d_h0, d_mask)
@@ -285,7 +289,9 @@ def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.
     mix_params: θ, a pytree of arrays.
     state_mask: multiplies h_{t-1} before mix (variational dropout on the
       state), broadcastable to (B, n); None keeps h.
-    dtype: computation dtype of the gates' product (None: the inputs').
+    dtype: the operand dtype of the gates' products (None: the inputs');
+      bfloat16 sums in float32 and computes the gates in float32
+      (`products.contract`).
     unroll: scan steps per loop iteration, forward and backward.
 
   Returns:

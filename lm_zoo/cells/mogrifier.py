@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.base import carry_output, replace_carry_output, supports_window_scan
 from lm_zoo.layers import LowRankDense, low_rank_linear
+from lm_zoo.layers.products import contract
 
 # round i's gate from its source: (2σ(Q^i h) or 2σ(R^i x), the low-rank hidden or None)
 RoundGate = Callable[[int, jax.Array], tuple[jax.Array, Any]]
@@ -66,7 +67,8 @@ class Mogrify(nn.RNNCellBase):
     rounds: r; 0 gives the inner cell unchanged.
     rank: k of Q^i = Q_left Q_right; <= 0 for full-rank matrices.
     zigzag: False for the no-zigzag ablation.
-    dtype: computation dtype of Q^i and R^i (None: from the inputs).
+    dtype: the products' dtype of Q^i and R^i (None: from the inputs;
+      bfloat16 sums in float32 and gates in float32, `products.einsum`).
   """
 
   cell: nn.RNNCellBase
@@ -135,7 +137,8 @@ class MogrifierRounds:
   Attributes:
     rounds: r >= 1.
     zigzag: False for the no-zigzag ablation.
-    dtype: computation dtype of the rounds (None: from the inputs).
+    dtype: the products' dtype of the rounds, forward and backward (None:
+      from the inputs; bfloat16 sums in float32).
   """
 
   rounds: int
@@ -186,11 +189,12 @@ class MogrifierRounds:
       d_z = d_out * gated * gate * (1 - gate / 2)
       d_gated = (d_out * gate).astype(d_out.dtype)
       p = params[_round_name(i)]
+      dtype = self.dtype or d_z.dtype
       if 'kernel_in' in p:
-        d_hidden[i - 1] = d_z @ p['kernel_out'].astype(d_z.dtype).T
-        d_source = d_hidden[i - 1] @ p['kernel_in'].astype(d_z.dtype).T
+        d_hidden[i - 1] = contract('bn,kn->bk', d_z, p['kernel_out'], dtype)
+        d_source = contract('bk,mk->bm', d_hidden[i - 1], p['kernel_in'], dtype)
       else:
-        d_source = d_z @ p['kernel'].astype(d_z.dtype).T
+        d_source = contract('bn,mn->bm', d_z, p['kernel'], dtype)
       d_pre[i - 1] = d_z
       if odd:
         d_x = d_gated
@@ -221,7 +225,7 @@ class MogrifierRounds:
 
       def product(a, b):  # Σ over every step and row of aᵀ b
         a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
-        return jnp.dot(a.T.astype(b.dtype), b, preferred_element_type=accumulate)
+        return contract('ta,tb->ab', a, b, self.dtype or b.dtype).astype(accumulate)
 
       if 'kernel_in' in p:
         g = {'kernel_in': product(source, d_hidden), 'kernel_out': product(hidden, d_pre)}

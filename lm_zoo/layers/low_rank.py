@@ -8,6 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lm_zoo.layers.products import matmul
+
 
 def factor_init(num_inputs: int, rank: int):
   """lamb's initialiser of low-rank factors: truncated_normal(stddev=s) with
@@ -31,7 +33,8 @@ class LowRankDense(nn.Module):
     features: output size n.
     rank: k; <= 0 means a full-rank kernel.
     use_bias: add b.
-    dtype: computation dtype (None: from the inputs).
+    dtype: the products' dtype (None: from the inputs; bfloat16 sums and
+      returns float32, `products.einsum`).
     param_dtype: parameter dtype.
   """
 
@@ -61,15 +64,13 @@ class LowRankDense(nn.Module):
 def low_rank_linear(params: dict, x: jax.Array, dtype: Any = None
                     ) -> tuple[jax.Array, jax.Array | None]:
   """`LowRankDense`'s map given its parameters: (x A B + b, x A), or
-  (x W + b, None) at full rank; b only when `params` has a bias."""
+  (x W + b, None) at full rank; b only when `params` has a bias. Products
+  are `matmul`s in `dtype` (float32 results for bfloat16)."""
   if 'kernel_in' in params:
-    x, a, b = nn.dtypes.promote_dtype(x, params['kernel_in'], params['kernel_out'],
-                                      dtype=dtype)
-    hidden = x @ a
-    y = hidden @ b
+    hidden = matmul(x, params['kernel_in'], dtype)
+    y = matmul(hidden, params['kernel_out'], dtype)
   else:
-    x, w = nn.dtypes.promote_dtype(x, params['kernel'], dtype=dtype)
-    hidden, y = None, x @ w
+    hidden, y = None, matmul(x, params['kernel'], dtype)
   if 'bias' in params:
     y = y + params['bias'].astype(y.dtype)
   return y, hidden

@@ -6,7 +6,8 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
+
+from lm_zoo.layers.products import einsum
 
 
 class OutputEmbedding(nn.Module):
@@ -16,7 +17,8 @@ class OutputEmbedding(nn.Module):
 
   Attributes:
     vocab_size: number of outputs.
-    dtype: computation dtype (None: from the inputs and parameters).
+    dtype: the product's dtype (None: from the inputs and parameters;
+      bfloat16 sums and returns float32 logits, `products.einsum`).
   """
 
   vocab_size: int
@@ -27,5 +29,5 @@ class OutputEmbedding(nn.Module):
     kernel = self.param('kernel', nn.initializers.lecun_normal(in_axis=1, out_axis=0),
                         (self.vocab_size, h.shape[-1]))
     bias = self.param('bias', nn.initializers.zeros_init(), (self.vocab_size,))
-    h, kernel, bias = nn.dtypes.promote_dtype(h, kernel, bias, dtype=self.dtype)
-    return jnp.einsum('...h,vh->...v', h, kernel) + bias
+    logits = einsum('mh,vh->mv', h.reshape(-1, h.shape[-1]), kernel, self.dtype)
+    return logits.reshape(*h.shape[:-1], -1) + bias.astype(logits.dtype)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from lm_zoo.cells import LSTMCell, LSTMRHNStack
 from lm_zoo.layers import DualConnection, MixtureOfSoftmaxes, OutputEmbedding
+from lm_zoo.layers.products import accumulation_dtype, dense_dot_general, einsum
 from lm_zoo.models.recurrent import RecurrentLayer, RecurrentStack
 from lm_zoo.models.regularisation import drop_recurrent_weights
 
@@ -79,7 +80,9 @@ class RecurrentLM(nn.Module):
       long BPTT windows, at the cost of a second, slower forward pass).
     dtype: computation dtype of the embedding output, the softmax and the
       projection (the cells take theirs from `cell_factory`); None computes
-      in the parameters' dtype. Logits are always float32 or wider.
+      in the parameters' dtype. With bfloat16 the softmax's and projection's
+      products take bfloat16 operands and sum in float32
+      (`products.einsum`). Logits are always float32 or wider.
     lstm_rhn: wire the layers as `LSTMRHNStack` (aLSTM cells only).
     dual_size: > 0 adds the dual connection of that size (`DualConnection`)
       between the stack and the softmax; 0 is the ERS architecture.
@@ -188,10 +191,11 @@ class RecurrentLM(nn.Module):
     batch_time, h = h.shape[:2], h.reshape(-1, h.shape[-1])
     if self.tie_embeddings:
       if h.shape[-1] != self.embed_size:
-        h = nn.Dense(self.embed_size, use_bias=False, dtype=self.dtype, name='projection')(h)
+        h = nn.Dense(self.embed_size, use_bias=False, dtype=accumulation_dtype(self.dtype),
+                     dot_general=dense_dot_general(self.dtype), name='projection')(h)
       bias = self.param('softmax_bias', nn.initializers.zeros_init(),
                         (self.vocab_size,))
-      logits = embed.attend(h) + bias
+      logits = einsum('mh,vh->mv', h, embed.embedding, self.dtype) + bias
     else:
       logits = OutputEmbedding(self.vocab_size, dtype=self.dtype, name='softmax')(h)
     return _at_least_float32(logits).reshape(*batch_time, -1), new_carries

@@ -1,0 +1,98 @@
+"""products: bfloat16 operands with float32 sums, forward and backward."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxprs import dot_equations
+from lm_zoo.layers.products import dense_dot_general, einsum, is_low_precision, matmul
+
+
+def _rounded(x):
+  """x rounded to bfloat16, as float64 for NumPy."""
+  return np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def _operands(spec, seed=0):
+  sizes = {'m': 5, 'k': 7, 'n': 3, 'v': 6}
+  a_spec, rest = spec.split(',')
+  b_spec = rest.split('->')[0]
+  keys = jax.random.split(jax.random.key(seed))
+  return (jax.random.normal(keys[0], [sizes[c] for c in a_spec]),
+          jax.random.normal(keys[1], [sizes[c] for c in b_spec]))
+
+
+@pytest.mark.parametrize('spec', ['mk,kn->mn', 'mk,vk->mv'])
+def test_bfloat16_product_and_gradients_are_float32_sums_of_rounded_operands(spec):
+  """Forward: the exact product of the bf16-rounded operands (float32 sums of
+  bf16 x bf16 terms are exact to float32 rounding). Backward: the same for
+  the incoming gradient rounded to bf16, against NumPy's products."""
+  a, b = _operands(spec)
+  d_out = jax.random.normal(jax.random.key(2), einsum(spec, a, b).shape)
+  out, vjp = jax.vjp(lambda a, b: einsum(spec, a, b, jnp.bfloat16), a, b)
+  d_a, d_b = vjp(d_out)
+  assert out.dtype == d_a.dtype == d_b.dtype == jnp.float32
+  a_spec, rest = spec.split(',')
+  b_spec, out_spec = rest.split('->')
+  ra, rb, rg = _rounded(a), _rounded(b), _rounded(d_out)
+  np.testing.assert_allclose(out, np.einsum(spec, ra, rb), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(d_a, np.einsum(f'{out_spec},{b_spec}->{a_spec}', rg, rb),
+                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(d_b, np.einsum(f'{a_spec},{out_spec}->{b_spec}', ra, rg),
+                             rtol=1e-6, atol=1e-6)
+  # and it is not the float32 product: the rounding shows
+  assert np.abs(np.asarray(out) - np.einsum(spec, np.asarray(a), np.asarray(b))).max() > 1e-4
+
+
+def test_bfloat16_jaxpr_multiplies_bfloat16_operands_into_float32():
+  a, b = _operands('mk,kn->mn')
+  jaxpr = jax.make_jaxpr(jax.grad(lambda a, b: einsum('mk,kn->mn', a, b, jnp.bfloat16).sum(),
+                                  argnums=(0, 1)))(a, b).jaxpr
+  dots = dot_equations(jaxpr)
+  assert len(dots) == 3  # the product and its two gradient products
+  for eqn in dots:
+    assert [v.aval.dtype for v in eqn.invars] == [jnp.bfloat16, jnp.bfloat16]
+    assert eqn.outvars[0].aval.dtype == jnp.float32
+
+
+@pytest.mark.parametrize('dtype', [None, jnp.float32])
+def test_full_precision_is_the_plain_einsum(dtype):
+  a, b = _operands('mk,vk->mv')
+  np.testing.assert_array_equal(einsum('mk,vk->mv', a, b, dtype),
+                                jnp.einsum('mk,vk->mv', a, b))
+  np.testing.assert_array_equal(jax.grad(lambda a: einsum('mk,vk->mv', a, b, dtype).sum())(a),
+                                jax.grad(lambda a: jnp.einsum('mk,vk->mv', a, b).sum())(a))
+
+
+def test_low_precision_dtypes():
+  assert is_low_precision(jnp.bfloat16) and is_low_precision('float16')
+  assert not any(map(is_low_precision, [None, jnp.float32, jnp.float64, jnp.int8]))
+
+
+def test_matmul_flattens_leading_axes():
+  a = jax.random.normal(jax.random.key(0), (2, 3, 4))
+  b = jax.random.normal(jax.random.key(1), (4, 5))
+  out = matmul(a, b, jnp.bfloat16)
+  assert out.shape == (2, 3, 5)
+  np.testing.assert_allclose(out, _rounded(a) @ _rounded(b), rtol=1e-6, atol=1e-6)
+
+
+def test_dense_with_the_dot_general_adds_its_bias_in_float32():
+  dense = nn.Dense(3, dtype=jnp.float32, dot_general=dense_dot_general(jnp.bfloat16))
+  x = jax.random.normal(jax.random.key(0), (4, 5))
+  params = dense.init(jax.random.key(1), x)['params']
+  params = {**params, 'bias': jnp.array([1e-3, 1.0, 1000.0])}
+  y = dense.apply({'params': params}, x)
+  assert y.dtype == jnp.float32
+  np.testing.assert_allclose(y, _rounded(x) @ _rounded(params['kernel'])
+                             + np.asarray(params['bias']), rtol=1e-6, atol=1e-6)
+
+
+def test_unsupported_contractions_are_named():
+  a, b = _operands('mk,kn->mn')
+  with pytest.raises(ValueError, match='two-operand contractions'):
+    einsum('mk,kn->m', a, b, jnp.bfloat16)
+  with pytest.raises(ValueError, match='unsupported dimension numbers'):
+    dense_dot_general(jnp.bfloat16)(a, b, (((0,), (0,)), ((), ())))
