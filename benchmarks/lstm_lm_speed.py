@@ -5,14 +5,17 @@ batch 20, BPTT 35, plain SGD with gradient clipping (`base_config`):
 
 - ours: `lstm` (`LSTMCell`, input projection hoisted, hand-written backward
   pass with one recurrent weight-gradient product per window), `lstm_autodiff`
-  (the same with autodiff of the plain scan), `lstm_bf16`, `lstm_unroll2|5`
+  (the same with autodiff of the plain scan), `lstm_bf16` (bfloat16 products
+  summed in float32, `lm_zoo.layers.products`), `lstm_unroll2|5`
   (scan unroll), `lstm_remat` (each step recomputed in the backward pass), the
   Mogrifier LSTM (r = 5, k = 40; `mogrifier_r5_k40_autodiff` without its
-  hand-written backward pass), the aLSTM (recurrent, static and LSTM-RHN
+  hand-written backward pass, `mogrifier_r5_k40_bf16` in bfloat16), the aLSTM (recurrent, static and LSTM-RHN
   adaptation models), AWD-LSTM's dropouts, the dual connection and a
   5-component MoS;
 - baselines: PyTorch's `nn.LSTM` LM (oneDNN's fused kernel; skipped with a
-  message when torch is not installed: `pip install torch`) and flax's
+  message when torch is not installed: `pip install torch`), the same under
+  `torch.autocast` to bfloat16 (`torch_lstm_bf16`, to compare with
+  `lstm_bf16`) and flax's
   `nn.RNN(nn.OptimizedLSTMCell)` equivalent (everything inside the scan).
 
 It also measures the machine's fp32 matmul peak (the best 2048-cube product
@@ -56,6 +59,7 @@ MODELS = {
     'mogrifier_r5_k40': {'mogrifier': {'rounds': 5, 'rank': 40}},
     'mogrifier_r5_k40_autodiff': {'mogrifier': {'rounds': 5, 'rank': 40},
                                   'fused_recurrence': False},
+    'mogrifier_r5_k40_bf16': {'mogrifier': {'rounds': 5, 'rank': 40}, 'dtype': 'bfloat16'},
     'alstm': {'cell': 'alstm'},
     'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static'}},
     'alstm_rhn': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn'}},
@@ -66,11 +70,13 @@ MODELS = {
     'flax_lstm': {'cell': 'flax_lstm'},
 }
 TORCH = 'torch_lstm'
-# Models whose train step does the plain LSTM LM's matmuls (fraction of peak).
+TORCH_BF16 = 'torch_lstm_bf16'
+TORCH_MODELS = (TORCH, TORCH_BF16)
+# Models whose train step does the plain LSTM LM's float32 matmuls (fraction of peak).
 LSTM_ARITHMETIC = ('lstm', 'lstm_autodiff', 'lstm_unroll2', 'lstm_unroll5', 'flax_lstm', TORCH)
 flags.DEFINE_list('models', ['lstm', 'lstm_autodiff', 'mogrifier_r5_k40', 'alstm',
                              'dual_lstm', 'flax_lstm', TORCH],
-                  f'Models from {[*MODELS, TORCH]}.')
+                  f'Models from {[*MODELS, *TORCH_MODELS]}.')
 flags.DEFINE_integer('steps', 10, 'Timed steps per round.')
 flags.DEFINE_integer('rounds', 3, 'Rounds over all models; each keeps its fastest.')
 flags.DEFINE_integer('vocab', 10_000, 'Vocabulary size.')
@@ -137,14 +143,16 @@ def build(name: str, hidden: int) -> dict:
   return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready}
 
 
-def build_torch(hidden: int) -> dict | None:
+def build_torch(hidden: int, bfloat16: bool = False) -> dict | None:
   """The same LM in PyTorch: nn.Embedding -> nn.LSTM (2 layers) -> nn.Linear,
   SGD with the gradient norm clipped at 5, the state carried across windows;
-  eval computes the loss too, as ours does."""
+  eval computes the loss too, as ours does. With `bfloat16`, under
+  `torch.autocast('cpu', torch.bfloat16)` (float32 parameters and loss)."""
   try:
     import torch
   except ImportError:
-    print(f'{TORCH}: skipped, PyTorch is not installed (pip install torch)')
+    print(f'{TORCH_BF16 if bfloat16 else TORCH}: skipped, PyTorch is not installed '
+          '(pip install torch)')
     return None
   torch.manual_seed(0)
   torch.set_num_threads(os.cpu_count())
@@ -158,9 +166,11 @@ def build_torch(hidden: int) -> dict | None:
   state = {'carry': (torch.zeros(2, batch, hidden), torch.zeros(2, batch, hidden))}
 
   def loss_and_carry():
-    outputs, carry = lstm(embed(inputs), state['carry'])
-    logits = softmax(outputs).reshape(-1, vocab)
-    return torch.nn.functional.cross_entropy(logits, targets.reshape(-1)), carry
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bfloat16):
+      outputs, carry = lstm(embed(inputs), state['carry'])
+      logits = softmax(outputs).reshape(-1, vocab).float()
+    loss = torch.nn.functional.cross_entropy(logits, targets.reshape(-1))
+    return loss, tuple(c.float() for c in carry)
 
   def train():
     optimizer.zero_grad()
@@ -191,15 +201,17 @@ def round_seconds(calls: dict, key: str) -> float:
 
 def main(argv):
   del argv
-  unknown = set(FLAGS.models) - {*MODELS, TORCH}
+  unknown = set(FLAGS.models) - {*MODELS, *TORCH_MODELS}
   if unknown:
-    raise app.UsageError(f'unknown models {sorted(unknown)}: choose from {[*MODELS, TORCH]}')
+    raise app.UsageError(f'unknown models {sorted(unknown)}: choose from '
+                         f'{[*MODELS, *TORCH_MODELS]}')
   malloc = 'system' if FLAGS.system_malloc or not retain_host_memory() else 'retained'
   peak = 0.0
   tokens = FLAGS.batch_size * FLAGS.bptt
   rows = []
   for size in map(int, FLAGS.sizes):
-    built = {name: build_torch(size) if name == TORCH else build(name, size)
+    built = {name: (build_torch(size, name == TORCH_BF16) if name in TORCH_MODELS
+                    else build(name, size))
              for name in FLAGS.models}
     built = {name: calls for name, calls in built.items() if calls is not None}
     # Rounds interleave the models, so slow drifts of a shared machine hit all
@@ -225,7 +237,7 @@ def main(argv):
           row['hidden'], FLAGS.vocab) / (peak * 1e9))
 
   by_key = {(r['model'], r['hidden']): r for r in rows}
-  baselines = [b for b in (TORCH, 'flax_lstm') if b in FLAGS.models]
+  baselines = [b for b in (*TORCH_MODELS, 'flax_lstm') if b in FLAGS.models]
   print(f'\ndevices: {jax.devices()}; {os.cpu_count()} CPUs; fp32 matmul peak '
         f'{peak:.0f} GFLOP/s (2048 cube); vocab {FLAGS.vocab}, batch {FLAGS.batch_size}, '
         f'BPTT {FLAGS.bptt}, 2 layers; malloc {malloc}')
