@@ -104,8 +104,7 @@ class LSTMCell(nn.RNNCellBase):
     recurrent weight gradient of `lstm_recurrence`; returns (carry, (T, B, n))."""
     dtype = self.dtype or jnp.result_type(projected, self.recurrent_kernel)
     projected = projected.astype(accumulation_dtype(dtype))
-    return lstm_recurrence(projected, self.recurrent_kernel, carry, state_mask, unroll,
-                           self.dtype)
+    return lstm_recurrence(projected, self.recurrent_kernel, carry, state_mask, unroll, dtype)
 
   def scan_window(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None,
                   unroll: int = 1):

@@ -9,7 +9,7 @@ product of a bfloat16 model goes through `einsum`, forward and backward:
 its gradient products take bfloat16 operands too.
 
 With `dtype` None or at least 32 bits wide, `einsum` is the plain product
-in the operands' promoted dtype (or `dtype`), exactly as before.
+in the operands' promoted dtype (or `dtype`).
 """
 
 from __future__ import annotations
