@@ -11,8 +11,8 @@ from conftest import read_scalar_events
 
 from lm_zoo.data import BatchedStream
 from lm_zoo.errors import ConfigError, TrainingError
-from lm_zoo.training import (create_train_state, evaluate_workdir, load_config,
-                             make_optimizer, read_metrics, train_and_evaluate)
+from lm_zoo.training import (create_train_state, evaluate_workdir, make_optimizer,
+                             read_metrics, train_and_evaluate)
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.loop import load_data, planned_steps
 from lm_zoo.models import build_model
@@ -167,13 +167,3 @@ def test_non_finite_loss_stops_with_a_clear_error(tiny_config, tmp_path):
   with pytest.raises(TrainingError, match='not finite at or before step'):
     train_and_evaluate(tiny_config, tmp_path)
   assert not list((tmp_path / 'checkpoints').glob('*'))  # no broken checkpoint
-
-
-def test_config_of_an_older_run_loads_over_defaults(tmp_path):
-  (tmp_path / 'config.json').write_text(json.dumps({'data': {'bptt': 20},
-                                                    'model': {'hidden_size': 64}}))
-  config = load_config(tmp_path)
-  assert (config.data.bptt, config.model.hidden_size) == (20, 64)
-  assert config.model.mogrifier.rounds == 0  # a field the old run did not know
-  with pytest.raises(ConfigError, match='not found'):
-    load_config(tmp_path / 'elsewhere')

@@ -16,21 +16,21 @@ import ml_collections
 import numpy as np
 
 from lm_zoo import generation
-from lm_zoo.configs import base_config
 from lm_zoo.data import BatchedStream, Corpus, load_corpus
-from lm_zoo.errors import ConfigError, Preempted, TrainingError
+from lm_zoo.errors import Preempted
 from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.training.averaging import averaged_params, should_start_averaging, start_averaging
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
 from lm_zoo.training.evaluation import EvalResult, evaluate_stream
-from lm_zoo.training.metrics import MetricsWriter, eta, format_duration
+from lm_zoo.training.metrics import MetricsWriter, Throughput, format_duration
+from lm_zoo.training.nonfinite import PendingUpdates, RollBack
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, shard_batch, state_shardings
 from lm_zoo.training.preemption import StopRequest
-from lm_zoo.training.steps import (TrainState, make_eval_step, make_train_step)
+from lm_zoo.training.steps import TrainState, make_eval_step, make_train_step
+from lm_zoo.training.workdir import check_resumable, initial_params, save_config
 from lm_zoo.validation import validate_config
 
-CONFIG_FILE = 'config.json'
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
 log = logging.getLogger(__name__)
 
@@ -48,60 +48,12 @@ class Progress:
   train_seconds: float = 0.0  # spent training up to this checkpoint (train.max_seconds)
 
 
-class _RolledBack(Exception):
-  """The loop restored a checkpoint: it goes on from that checkpoint's position."""
-
-
 def load_data(config: ml_collections.ConfigDict) -> Corpus:
   """The corpus of `config.data`, cut to the `*_tokens` limits when they are > 0."""
   corpus = load_corpus(config.data.name, config.data.data_dir or None)
   limits = {s: config.data.get(f'{s}_tokens', 0) for s in ('train', 'valid', 'test')}
   return dataclasses.replace(corpus, **{
       s: getattr(corpus, s)[:n] for s, n in limits.items() if n > 0})
-
-
-def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-  write_text_atomically(workdir / CONFIG_FILE, config.to_json_best_effort(indent=2))
-
-
-def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
-  """The config a work directory was trained with, over today's defaults
-  (so work directories from before a field existed still load)."""
-  path = pathlib.Path(workdir) / CONFIG_FILE
-  if not path.is_file():
-    raise ConfigError(f'{path} not found: is {workdir} a work directory written '
-                      'by launch/train.py?')
-  try:
-    saved = json.loads(path.read_text())
-  except ValueError as err:
-    raise ConfigError(f'{path} is corrupt or truncated ({err}): restore it, or train '
-                      'again in a new --workdir') from None
-  config = base_config()
-  config.update(saved)
-  return config
-
-
-# Fields that fix the shapes of a checkpoint: a run cannot resume across them.
-SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.embed_ratio',
-                'model.hidden_size', 'model.output_size', 'model.param_budget', 'model.tie_embeddings',
-                'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.mos.components',
-                'data.name', 'data.batch_size', 'optimizer.name',
-                'averaging.trigger')
-
-
-def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-  """Raises ConfigError when `workdir` holds a run whose shapes `config` changes."""
-  saved = json.loads(load_config(workdir).to_json_best_effort())
-  now = json.loads(config.to_json_best_effort())
-  for field in SHAPE_FIELDS:
-    old, new = saved, now
-    for part in field.split('.'):
-      old, new = old[part], new[part]
-    if old != new:
-      raise ConfigError(
-          f'{workdir} holds a run with a different {field} ({old} there, {new} '
-          'now): its checkpoints cannot be resumed with this config. Use a new '
-          '--workdir, or the same config to resume.')
 
 
 def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
@@ -112,19 +64,6 @@ def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
       opt_state=optimizer.init(params),
       carries=model.initialize_carry(config.data.batch_size),
       rng=jax.random.key_data(jax.random.fold_in(key, 1)))
-
-
-def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
-  """The best weights of the run in `workdir`, shaped as `like` (a fine-tuning
-  stage starts from them)."""
-  if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
-    raise ConfigError(f'train.init_from={workdir} is not a work directory of launch/train.py')
-  with Checkpoints(workdir) as checkpoints:  # closed: no orbax threads left behind
-    best = checkpoints.restore_best(like)
-  if best is None:
-    raise ConfigError(f'train.init_from={workdir} has no best checkpoint: its run has '
-                      'not finished an epoch')
-  return best[0]
 
 
 def evaluate_split(model: RecurrentLM, params: Any, corpus: Corpus, split: str,
@@ -143,24 +82,6 @@ def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
   ids = generation.sample(model, params, prompt, num_tokens, jax.random.key(seed),
                           temperature)
   return [corpus.vocab.decode(row).strip().replace('\n', ' | ') for row in ids]
-
-
-class _Throughput:
-  """Tokens and steps per second between log lines."""
-
-  def __init__(self):
-    self.reset()
-
-  def reset(self):
-    self.start, self.tokens, self.steps = time.perf_counter(), 0, 0
-
-  def rate(self) -> float:
-    return self.tokens / max(time.perf_counter() - self.start, 1e-9)
-
-  def eta(self, steps_left: int) -> str:
-    """The time `steps_left` take at this interval's rate (the first
-    interval includes compilation, so its ETA is high)."""
-    return eta(time.perf_counter() - self.start, self.steps, self.steps + steps_left)
 
 
 # on_validation(step, epoch, result): told each validation turn's result.
@@ -245,78 +166,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     log.info('Model: %s, %s parameters; train %s tokens, vocab %d', config.model.cell,
              f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
 
-    step, throughput = int(state.step), _Throughput()
-    pending = []  # (step, loss, finite) of the updates not yet read back
+    step, throughput = int(state.step), Throughput()
+    updates = PendingUpdates(train_cfg, metrics, workdir)
     total_steps = planned_steps(config, batched)
     tokens_trained = 0
     step_lr = None  # the rate in opt_state, once this process has set it
-    skips_in_a_row = 0
-
-    def fetch_losses() -> np.ndarray:
-      """The finite losses of the updates since the last fetch, once
-      `train.nonfinite` has dealt with the others (it may raise TrainingError,
-      or roll back and raise _RolledBack)."""
-      nonlocal skips_in_a_row
-      fetched = jax.device_get(pending)
-      pending.clear()
-      for at, _, finite in fetched:
-        if finite:
-          skips_in_a_row = 0
-        elif train_cfg.nonfinite == 'skip':
-          skip(at)
-        elif train_cfg.nonfinite == 'rollback':
-          roll_back(at)
-        else:
-          metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop')
-          raise TrainingError(
-              f'the training loss or gradient is not finite at or before step {at} '
-              f'(epoch {progress.epoch}). The latest checkpoint in {workdir}/checkpoints '
-              'holds finite weights: lower the learning rate or clip gradients '
-              'harder, then run the same command again to resume from it (or set '
-              '--config.train.nonfinite=skip or rollback).')
-      return np.array([loss for _, loss, finite in fetched if finite], np.float64)
-
-    def skip(at: int) -> None:
-      nonlocal skips_in_a_row
-      progress.skipped_updates += 1
-      skips_in_a_row += 1
-      log.warning('step %d: non-finite loss or gradient, update skipped (%d skipped so far)',
-                  at, progress.skipped_updates)
-      metrics.write('nonfinite', step=at, epoch=progress.epoch, action='skip',
-                    skipped_updates=progress.skipped_updates)
-      if skips_in_a_row > train_cfg.max_consecutive_skips:
-        raise TrainingError(
-            f'{skips_in_a_row} updates in a row up to step {at} had a non-finite loss '
-            f'or gradient (more than train.max_consecutive_skips='
-            f'{train_cfg.max_consecutive_skips}): the weights have diverged. Lower the '
-            'learning rate or clip gradients harder, and train again in a new --workdir.')
 
     def roll_back(at: int) -> None:
+      """Restores the latest checkpoint after update `at` was not finite."""
       nonlocal state, progress, step, step_lr
-      if progress.rollbacks >= train_cfg.max_rollbacks:
-        metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop',
-                      rollbacks=progress.rollbacks)
-        raise TrainingError(
-            f'the training loss or gradient is not finite at step {at} after '
-            f'{progress.rollbacks} rollbacks (train.max_rollbacks='
-            f'{train_cfg.max_rollbacks}): lower optimizer.learning_rate or clip '
-            'gradients harder (optimizer.clip_norm), then train again.')
       rollbacks = progress.rollbacks + 1
       restored, meta = checkpoints.restore_latest(state)
       state, progress = place(restored), Progress(**meta)
       progress.rollbacks = rollbacks
       step, step_lr = int(state.step), None
-      pending.clear()
       scale = train_cfg.rollback_lr_factor ** rollbacks
       log.warning('step %d: non-finite loss or gradient, rolled back to the checkpoint of '
                   'step %d with the learning rate x %g (rollback %d of at most %d)', at,
                   step, scale, rollbacks, train_cfg.max_rollbacks)
       metrics.write('nonfinite', step=at, epoch=progress.epoch, action='rollback',
                     to_step=step, learning_rate_scale=scale, rollbacks=rollbacks)
-      raise _RolledBack
 
     def save() -> None:
-      fetch_losses()  # never checkpoint non-finite weights
+      updates.fetch(progress)  # never checkpoint non-finite weights
       progress.train_seconds = trained_before + time.perf_counter() - train_start
       checkpoints.save_latest(step, state, dataclasses.asdict(progress))
 
@@ -391,12 +263,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                 state, *shard_batch(mesh, window.inputs, window.targets, window.weights))
             progress.position = window.start + window.length
             step += 1
-            pending.append((step, step_metrics['loss'], step_metrics['finite']))
+            updates.add(step, step_metrics)
             throughput.tokens += window.inputs.size
             throughput.steps += 1
             tokens_trained += window.inputs.size
             if step % train_cfg.log_every == 0:
-              losses = fetch_losses()
+              losses = updates.fetch(progress)
               loss = float(losses.mean()) if losses.size else math.nan
               rate = throughput.rate()
               log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  lr %.4g  '
@@ -412,7 +284,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
             # so that a resumed run knows its best score.
             if (train_cfg.eval_every > 0 and progress.position < batched.row_length
                 and (step % train_cfg.eval_every == 0 or stopping)):
-              fetch_losses()  # validate finite weights only
+              updates.fetch(progress)  # validate finite weights only
               validate(f'epoch {progress.epoch} step {step}')
               throughput.reset()
             if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
@@ -422,11 +294,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
             if stopping:
               break
           if progress.position >= batched.row_length:
-            fetch_losses()  # validate finite weights only
+            updates.fetch(progress)  # validate finite weights only
             end_epoch()
             throughput.reset()
           save()
-        except _RolledBack:
+        except RollBack as fault:
+          roll_back(fault.step)
           throughput.reset()
     train_seconds = time.perf_counter() - train_start
 

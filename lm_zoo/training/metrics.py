@@ -116,3 +116,21 @@ class ProgressLog:
     self.last = time.perf_counter()
     log.info('%s: %d/%d %s (%.0f%%), ETA %s', self.what, done, self.total, self.unit,
              100 * done / self.total, eta(self.last - self.start, done, self.total))
+
+
+class Throughput:
+  """Tokens and steps per second between log lines."""
+
+  def __init__(self):
+    self.reset()
+
+  def reset(self):
+    self.start, self.tokens, self.steps = time.perf_counter(), 0, 0
+
+  def rate(self) -> float:
+    return self.tokens / max(time.perf_counter() - self.start, 1e-9)
+
+  def eta(self, steps_left: int) -> str:
+    """The time `steps_left` take at this interval's rate (the first
+    interval includes compilation, so its ETA is high)."""
+    return eta(time.perf_counter() - self.start, self.steps, self.steps + steps_left)

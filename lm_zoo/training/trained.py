@@ -15,7 +15,8 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
-from lm_zoo.training.loop import load_config, load_data
+from lm_zoo.training.loop import load_data
+from lm_zoo.training.workdir import load_config
 from lm_zoo.training.steps import (make_eval_step, make_mc_dropout_eval_step,
                                    mc_dropout_carries, with_dropout_scaled)
 

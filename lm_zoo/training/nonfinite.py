@@ -1,0 +1,96 @@
+"""What training does with an update whose loss or gradient is not finite:
+`train.nonfinite` stops, skips it, or rolls back (lm_zoo/configs.py)."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from lm_zoo.errors import TrainingError
+from lm_zoo.training.metrics import MetricsWriter
+
+log = logging.getLogger(__name__)
+
+
+class RollBack(Exception):
+  """Under the rollback policy update `step` was not finite: the loop restores
+  its latest checkpoint and goes on from that checkpoint's position."""
+
+  def __init__(self, step: int):
+    super().__init__(step)
+    self.step = step
+
+
+class PendingUpdates:
+  """The updates a loop has dispatched and not yet read back.
+
+  The loop does not wait for each step's loss: it keeps the device arrays and
+  `fetch`es them every few steps (and before it validates or checkpoints, so
+  that neither sees non-finite weights). A non-finite one is dealt with there:
+  'stop' raises TrainingError; 'skip' counts it (the step itself dropped the
+  update) and raises TrainingError after `max_consecutive_skips` in a row;
+  'rollback' raises `RollBack`, or TrainingError after `max_rollbacks`.
+  Each is also recorded as a 'nonfinite' metrics record.
+  """
+
+  def __init__(self, train_cfg: ml_collections.ConfigDict, metrics: MetricsWriter,
+               workdir: pathlib.Path):
+    self._cfg, self._metrics, self._workdir = train_cfg, metrics, workdir
+    self._pending: list[tuple[int, Any, Any]] = []  # (step, loss, finite) on the device
+    self._skips_in_a_row = 0
+
+  def add(self, step: int, step_metrics: dict[str, Any]) -> None:
+    self._pending.append((step, step_metrics['loss'], step_metrics['finite']))
+
+  def fetch(self, progress) -> np.ndarray:
+    """The finite losses of the updates added since the last fetch, once the
+    policy has dealt with the others. `progress` (the loop's `Progress`)
+    counts the skipped updates and rollbacks."""
+    fetched = jax.device_get(self._pending)
+    self._pending.clear()
+    for at, _, finite in fetched:
+      if finite:
+        self._skips_in_a_row = 0
+      elif self._cfg.nonfinite == 'skip':
+        self._skip(at, progress)
+      elif self._cfg.nonfinite == 'rollback':
+        self._roll_back(at, progress)
+      else:
+        self._metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop')
+        raise TrainingError(
+            f'the training loss or gradient is not finite at or before step {at} '
+            f'(epoch {progress.epoch}). The latest checkpoint in {self._workdir}/checkpoints '
+            'holds finite weights: lower the learning rate or clip gradients '
+            'harder, then run the same command again to resume from it (or set '
+            '--config.train.nonfinite=skip or rollback).')
+    return np.array([loss for _, loss, finite in fetched if finite], np.float64)
+
+  def _skip(self, at: int, progress) -> None:
+    progress.skipped_updates += 1
+    self._skips_in_a_row += 1
+    log.warning('step %d: non-finite loss or gradient, update skipped (%d skipped so far)',
+                at, progress.skipped_updates)
+    self._metrics.write('nonfinite', step=at, epoch=progress.epoch, action='skip',
+                        skipped_updates=progress.skipped_updates)
+    if self._skips_in_a_row > self._cfg.max_consecutive_skips:
+      raise TrainingError(
+          f'{self._skips_in_a_row} updates in a row up to step {at} had a non-finite loss '
+          f'or gradient (more than train.max_consecutive_skips='
+          f'{self._cfg.max_consecutive_skips}): the weights have diverged. Lower the '
+          'learning rate or clip gradients harder, and train again in a new --workdir.')
+
+  def _roll_back(self, at: int, progress) -> None:
+    if progress.rollbacks >= self._cfg.max_rollbacks:
+      self._metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop',
+                          rollbacks=progress.rollbacks)
+      raise TrainingError(
+          f'the training loss or gradient is not finite at step {at} after '
+          f'{progress.rollbacks} rollbacks (train.max_rollbacks='
+          f'{self._cfg.max_rollbacks}): lower optimizer.learning_rate or clip '
+          'gradients harder (optimizer.clip_norm), then train again.')
+    raise RollBack(at)

@@ -1,0 +1,72 @@
+"""A training run's work directory: its config, whether a config may resume
+it, and its best weights as the start of another run."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import ml_collections
+
+from lm_zoo.configs import base_config
+from lm_zoo.errors import ConfigError
+from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
+
+CONFIG_FILE = 'config.json'
+
+# Fields that fix the shapes of a checkpoint: a run cannot resume across them.
+SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.embed_ratio',
+                'model.hidden_size', 'model.output_size', 'model.param_budget', 'model.tie_embeddings',
+                'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.mos.components',
+                'data.name', 'data.batch_size', 'optimizer.name',
+                'averaging.trigger')
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+  write_text_atomically(workdir / CONFIG_FILE, config.to_json_best_effort(indent=2))
+
+
+def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
+  """The config a work directory was trained with, over today's defaults
+  (so work directories from before a field existed still load)."""
+  path = pathlib.Path(workdir) / CONFIG_FILE
+  if not path.is_file():
+    raise ConfigError(f'{path} not found: is {workdir} a work directory written '
+                      'by launch/train.py?')
+  try:
+    saved = json.loads(path.read_text())
+  except ValueError as err:
+    raise ConfigError(f'{path} is corrupt or truncated ({err}): restore it, or train '
+                      'again in a new --workdir') from None
+  config = base_config()
+  config.update(saved)
+  return config
+
+
+def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+  """Raises ConfigError when `workdir` holds a run whose shapes `config` changes."""
+  saved = json.loads(load_config(workdir).to_json_best_effort())
+  now = json.loads(config.to_json_best_effort())
+  for field in SHAPE_FIELDS:
+    old, new = saved, now
+    for part in field.split('.'):
+      old, new = old[part], new[part]
+    if old != new:
+      raise ConfigError(
+          f'{workdir} holds a run with a different {field} ({old} there, {new} '
+          'now): its checkpoints cannot be resumed with this config. Use a new '
+          '--workdir, or the same config to resume.')
+
+
+def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
+  """The best weights of the run in `workdir`, shaped as `like` (a fine-tuning
+  stage starts from them)."""
+  if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
+    raise ConfigError(f'train.init_from={workdir} is not a work directory of launch/train.py')
+  with Checkpoints(workdir) as checkpoints:  # closed: no orbax threads left behind
+    best = checkpoints.restore_best(like)
+  if best is None:
+    raise ConfigError(f'train.init_from={workdir} has no best checkpoint: its run has '
+                      'not finished an epoch')
+  return best[0]

@@ -1,0 +1,82 @@
+"""The train.nonfinite policies as `PendingUpdates` applies them to fetched
+updates (the loop's side, with real training, is tests/test_faults.py)."""
+
+import math
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from lm_zoo.errors import TrainingError
+from lm_zoo.training.loop import Progress
+from lm_zoo.training.nonfinite import PendingUpdates, RollBack
+
+
+class _Records:
+  def __init__(self):
+    self.records = []
+
+  def write(self, kind, **values):
+    self.records.append({'kind': kind, **values})
+
+
+def _updates(policy, tmp_path, max_consecutive_skips=2, max_rollbacks=1):
+  cfg = ml_collections.ConfigDict({'nonfinite': policy,
+                                   'max_consecutive_skips': max_consecutive_skips,
+                                   'max_rollbacks': max_rollbacks})
+  records = _Records()
+  return PendingUpdates(cfg, records, tmp_path), records
+
+
+def _add(updates, step, loss):
+  loss = jnp.float32(loss)
+  updates.add(step, {'loss': loss, 'finite': jnp.isfinite(loss)})
+
+
+@pytest.mark.parametrize('policy', ['stop', 'skip', 'rollback'])
+def test_finite_losses_come_back_in_order_and_once(policy, tmp_path):
+  updates, records = _updates(policy, tmp_path)
+  for step, loss in enumerate([2.5, 1.25, 0.5], start=1):
+    _add(updates, step, loss)
+  np.testing.assert_array_equal(updates.fetch(Progress()), [2.5, 1.25, 0.5])
+  assert updates.fetch(Progress()).size == 0
+  assert records.records == []
+
+
+def test_stop_names_the_step_and_records_it(tmp_path):
+  updates, records = _updates('stop', tmp_path)
+  _add(updates, 1, 1.0)
+  _add(updates, 2, math.nan)
+  with pytest.raises(TrainingError, match='not finite at or before step 2 .epoch 3.'):
+    updates.fetch(Progress(epoch=3))
+  assert records.records == [{'kind': 'nonfinite', 'step': 2, 'epoch': 3, 'action': 'stop'}]
+
+
+def test_skip_counts_and_stops_after_too_many_in_a_row(tmp_path):
+  updates, records = _updates('skip', tmp_path, max_consecutive_skips=2)
+  progress = Progress()
+  for step, loss in enumerate([math.inf, 1.0, math.nan, math.nan], start=1):
+    _add(updates, step, loss)
+  # A finite update between two faults resets the run of skips.
+  np.testing.assert_array_equal(updates.fetch(progress), [1.0])
+  assert progress.skipped_updates == 3
+  assert [r['step'] for r in records.records] == [1, 3, 4]
+  _add(updates, 5, math.nan)  # the third in a row
+  with pytest.raises(TrainingError, match='3 updates in a row up to step 5'):
+    updates.fetch(progress)
+
+
+def test_rollback_asks_the_loop_then_stops_past_the_limit(tmp_path):
+  updates, records = _updates('rollback', tmp_path, max_rollbacks=1)
+  _add(updates, 1, 1.0)
+  _add(updates, 2, math.nan)
+  _add(updates, 3, 1.0)
+  with pytest.raises(RollBack) as fault:
+    updates.fetch(Progress())
+  assert fault.value.step == 2
+  assert records.records == []  # the loop records the rollback once it has restored
+  _add(updates, 4, math.nan)
+  with pytest.raises(TrainingError, match='at step 4 after 1 rollbacks'):
+    updates.fetch(Progress(rollbacks=1))
+  assert records.records[-1]['action'] == 'stop'
