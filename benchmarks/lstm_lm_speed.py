@@ -9,9 +9,9 @@ batch 20, BPTT 35, plain SGD with gradient clipping (`base_config`):
   summed in float32, `lm_zoo.layers.products`), `lstm_unroll2|5`
   (scan unroll), `lstm_remat` (each step recomputed in the backward pass), the
   Mogrifier LSTM (r = 5, k = 40; `mogrifier_r5_k40_autodiff` without its
-  hand-written backward pass, `mogrifier_r5_k40_bf16` in bfloat16), the aLSTM (recurrent, static and LSTM-RHN
+  hand-written backward pass), the aLSTM (recurrent, static and LSTM-RHN
   adaptation models), AWD-LSTM's dropouts, the dual connection and a
-  5-component MoS;
+  5-component MoS; `*_bf16`: the same in bfloat16 products;
 - baselines: PyTorch's `nn.LSTM` LM (oneDNN's fused kernel; skipped with a
   message when torch is not installed: `pip install torch`), the same under
   `torch.autocast` to bfloat16 (`torch_lstm_bf16`, to compare with
@@ -61,12 +61,16 @@ MODELS = {
                                   'fused_recurrence': False},
     'mogrifier_r5_k40_bf16': {'mogrifier': {'rounds': 5, 'rank': 40}, 'dtype': 'bfloat16'},
     'alstm': {'cell': 'alstm'},
+    'alstm_bf16': {'cell': 'alstm', 'dtype': 'bfloat16'},
     'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static'}},
     'alstm_rhn': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn'}},
     'awd_lstm': {'dropout_embedding': 0.1, 'weight_drop': 0.5, 'dropout_input': 0.4,
                  'dropout_hidden': 0.25, 'dropout_output': 0.4},
     'dual_lstm': lambda hidden: {'tie_embeddings': True, 'dual': {'size': hidden}},
+    'dual_lstm_bf16': lambda hidden: {'tie_embeddings': True, 'dual': {'size': hidden},
+                                      'dtype': 'bfloat16'},
     'mos_lstm': {'tie_embeddings': True, 'mos': {'components': 5}},
+    'mos_lstm_bf16': {'tie_embeddings': True, 'mos': {'components': 5}, 'dtype': 'bfloat16'},
     'flax_lstm': {'cell': 'flax_lstm'},
 }
 TORCH = 'torch_lstm'

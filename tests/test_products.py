@@ -1,12 +1,12 @@
 """products: bfloat16 operands with float32 sums, forward and backward."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxprs import dot_equations
+from lm_zoo.layers.products import dense as products_dense
 from lm_zoo.layers.products import dense_dot_general, einsum, is_low_precision, matmul
 
 
@@ -79,8 +79,8 @@ def test_matmul_flattens_leading_axes():
   np.testing.assert_allclose(out, _rounded(a) @ _rounded(b), rtol=1e-6, atol=1e-6)
 
 
-def test_dense_with_the_dot_general_adds_its_bias_in_float32():
-  dense = nn.Dense(3, dtype=jnp.float32, dot_general=dense_dot_general(jnp.bfloat16))
+def test_dense_multiplies_rounded_operands_and_adds_its_bias_in_float32():
+  dense = products_dense(3, jnp.bfloat16)
   x = jax.random.normal(jax.random.key(0), (4, 5))
   params = dense.init(jax.random.key(1), x)['params']
   params = {**params, 'bias': jnp.array([1e-3, 1.0, 1000.0])}

@@ -14,20 +14,22 @@ from lm_zoo.cells.base import carry_output, replace_carry_output
 from lm_zoo.cells.lstm import LSTMCell, gate_bias_init, lstm_update, per_gate_init
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers.adaptive import AdaptiveDense, split_sizes
+from lm_zoo.layers.products import dense
 
 
 class StaticLatent(nn.RNNCellBase):
   """The static adaptation model of eq. (6): z_t = ReLU(W v_t + b).
 
   A cell with an empty carry, so that it stands where the recurrent model
-  (eq. 7, an `LSTMCell`) does.
+  (eq. 7, an `LSTMCell`) does. `dtype` is its product's (`products.dense`).
   """
 
   features: int
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, carry, v: jax.Array):
-    return carry, nn.relu(nn.Dense(self.features)(v))
+    return carry, nn.relu(dense(self.features, self.dtype)(v))
 
   @nn.nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
@@ -57,10 +59,14 @@ class ALSTMCell(nn.RNNCellBase):
 
   Attributes:
     features: hidden size n.
-    latent: the adaptation model, any cell constructor taking `features=`:
-      `LSTMCell` (recurrent, eq. 7) or `StaticLatent` (eq. 6).
+    latent: the adaptation model, any cell constructor taking `features=`
+      and `dtype=`: `LSTMCell` (recurrent, eq. 7) or `StaticLatent` (eq. 6).
     latent_size: the size of z (100 in the paper).
     forget_bias: initial forget-gate bias.
+    dtype: the products' dtype of the adaptation model, the policy and the
+      adaptive layers (None: from the inputs; bfloat16 sums and returns
+      float32, `lm_zoo.layers.products`); gates and states stay float32.
+    param_dtype: parameter dtype.
   """
 
   features: int
@@ -77,17 +83,17 @@ class ALSTMCell(nn.RNNCellBase):
     latent_carry, c, h = carry
     n, m = self.features, x.shape[-1]
     v = jnp.concatenate([x, h] if context is None else [x, h, context], axis=-1)
-    latent_carry, z = self.latent(features=self.latent_size, name='latent')(
-        latent_carry, v)
-    pi = jnp.tanh(nn.Dense(m + 13 * n, use_bias=False, dtype=self.dtype,
-                           param_dtype=self.param_dtype, name='policy')(z))
+    latent_carry, z = self.latent(features=self.latent_size, dtype=self.dtype,
+                                  name='latent')(latent_carry, v)
+    pi = jnp.tanh(dense(m + 13 * n, self.dtype, use_bias=False,
+                        param_dtype=self.param_dtype, name='policy')(z))
     x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(
         pi, (m, n, 4 * n, 4 * n, 4 * n))
-    dense = lambda name, **kw: AdaptiveDense(
+    adaptive = lambda name, **kw: AdaptiveDense(
         4 * n, 'io', kernel_init=per_gate_init(nn.initializers.orthogonal(), n),
         dtype=self.dtype, param_dtype=self.param_dtype, name=name, **kw)
-    gates = (dense('input', use_bias=False)(x, policies=(x_scale, w_scale))
-             + dense('recurrent', bias_init=gate_bias_init(n, self.forget_bias))(
+    gates = (adaptive('input', use_bias=False)(x, policies=(x_scale, w_scale))
+             + adaptive('recurrent', bias_init=gate_bias_init(n, self.forget_bias))(
                  h, policies=(h_scale, v_scale, b_scale)))
     new_c, new_h = lstm_update(gates, c)
     return (latent_carry, new_c, new_h), new_h

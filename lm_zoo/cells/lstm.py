@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.lstm_recurrence import Mix, lstm_recurrence, mixed_lstm_recurrence
-from lm_zoo.layers.products import accumulation_dtype, dense_dot_general, matmul
+from lm_zoo.layers.products import accumulation_dtype, dense, matmul
 
 Initializer = Callable[..., jax.Array]
 
@@ -79,11 +79,9 @@ class LSTMCell(nn.RNNCellBase):
         'recurrent_kernel', per_gate_init(self.recurrent_kernel_init, n), (n, 4 * n),
         self.param_dtype)
     # W and b live in a Dense so that the input size is inferred on first use.
-    self.input = nn.Dense(4 * n, kernel_init=per_gate_init(self.kernel_init, n),
-                          bias_init=gate_bias_init(n, self.forget_bias),
-                          dtype=accumulation_dtype(self.dtype),
-                          dot_general=dense_dot_general(self.dtype),
-                          param_dtype=self.param_dtype)
+    self.input = dense(4 * n, self.dtype, kernel_init=per_gate_init(self.kernel_init, n),
+                       bias_init=gate_bias_init(n, self.forget_bias),
+                       param_dtype=self.param_dtype)
 
   def project_inputs(self, inputs: jax.Array) -> jax.Array:
     """W x + b for any leading shape (all time steps at once)."""

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.lstm import LSTMCell
+from lm_zoo.layers.products import dense
 
 
 class MLSTMCell(nn.RNNCellBase):
@@ -31,9 +32,9 @@ class MLSTMCell(nn.RNNCellBase):
   @nn.compact
   def __call__(self, carry, inputs: jax.Array):
     c, h = carry
-    dense = lambda name: nn.Dense(self.features, use_bias=False, dtype=self.dtype,
-                                  param_dtype=self.param_dtype, name=name)
-    h_m = dense('mx')(inputs) * dense('mh')(h)
+    factor = lambda name: dense(self.features, self.dtype, use_bias=False,
+                                param_dtype=self.param_dtype, name=name)
+    h_m = factor('mx')(inputs) * factor('mh')(h)
     return LSTMCell(self.features, self.forget_bias, dtype=self.dtype,
                     param_dtype=self.param_dtype, name='lstm')((c, h_m), inputs)
 

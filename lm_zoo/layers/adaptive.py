@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lm_zoo.errors import ConfigError
+from lm_zoo.layers.products import matmul
 
 Initializer = Callable[..., jax.Array]
 
@@ -106,6 +107,10 @@ class AdaptiveDense(nn.Module):
     kernel_init: initialiser of every W (orthogonal: semi-orthogonal as in
       the paper's SVA).
     bias_init: initialiser of b.
+    dtype: the weight products' dtype (None: from the inputs; bfloat16 sums
+      and returns float32, `products.matmul`); the policies scale the float32
+      results.
+    param_dtype: parameter dtype.
   """
 
   features: int
@@ -151,8 +156,7 @@ class AdaptiveDense(nn.Module):
       if j > 0:
         kernel = self.param(f'kernel_{j}', self.kernel_init,
                             (slot_sizes[j - 1], slot_sizes[j]), self.param_dtype)
-        x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
-        x = x @ kernel
+        x = matmul(x, kernel, self.dtype)
       if adapts:
         x = x * next(policies)
     if self.use_bias:

@@ -3,11 +3,13 @@ MODELS.md section 4)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from lm_zoo.layers.products import dense
 
 
 class DualConnection(nn.Module):
@@ -27,12 +29,15 @@ class DualConnection(nn.Module):
     dropout_input: rate on [e_t; h_t].
     dropout_output: rate on d_t.
     broadcast_dims: axes along which a dropout mask is shared.
+    dtype: the product's dtype (None: from the inputs; bfloat16 sums and
+      returns float32, `products.dense`).
   """
 
   features: int
   dropout_input: float = 0.0
   dropout_output: float = 0.0
   broadcast_dims: Sequence[int] = ()
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, e: jax.Array, h: jax.Array, *,
@@ -43,6 +48,6 @@ class DualConnection(nn.Module):
     x = jnp.concatenate([e, h], axis=-1)
     x = nn.Dropout(self.dropout_input, broadcast_dims=self.broadcast_dims,
                    deterministic=deterministic)(x)
-    d = nn.relu(nn.Dense(self.features, name='dense')(x))
+    d = nn.relu(dense(self.features, self.dtype, name='dense')(x))
     return nn.Dropout(self.dropout_output, broadcast_dims=self.broadcast_dims,
                       deterministic=deterministic)(d)

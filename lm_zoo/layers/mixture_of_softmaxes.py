@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from lm_zoo.layers.products import dense, einsum
 
 
 class MixtureOfSoftmaxes(nn.Module):
@@ -33,6 +35,8 @@ class MixtureOfSoftmaxes(nn.Module):
     dropout_latent: dropout rate on the latents.
     broadcast_dims: axes of g along which a dropout mask is shared (time, for
       variational dropout).
+    dtype: the products' dtype (None: from the inputs; bfloat16 sums and
+      returns float32, `products`); the mixture is float32 then.
   """
 
   vocab_size: int
@@ -40,6 +44,7 @@ class MixtureOfSoftmaxes(nn.Module):
   latent_size: int
   dropout_latent: float = 0.0
   broadcast_dims: Sequence[int] = ()
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, g: jax.Array, embedding: jax.Array | None = None, *,
@@ -50,16 +55,17 @@ class MixtureOfSoftmaxes(nn.Module):
     if embedding is not None and embedding.shape != (v, d):
       raise ValueError(f'a tied embedding must be (vocab_size, latent_size) = '
                        f'({v}, {d}), got {embedding.shape}')
-    log_prior = jax.nn.log_softmax(nn.Dense(k, use_bias=False, name='prior')(g))
-    latents = jnp.tanh(nn.Dense(k * d, name='latent')(g))
+    log_prior = jax.nn.log_softmax(dense(k, self.dtype, use_bias=False, name='prior')(g))
+    latents = jnp.tanh(dense(k * d, self.dtype, name='latent')(g))
     latents = latents.reshape(*g.shape[:-1], k, d)
     # The component axis is new, so the caller's broadcast dims stay valid.
     latents = nn.Dropout(self.dropout_latent, broadcast_dims=self.broadcast_dims,
                          deterministic=deterministic, name='latent_dropout')(latents)
     if embedding is None:
-      logits = nn.Dense(v, name='softmax')(latents)
+      logits = dense(v, self.dtype, name='softmax')(latents)
     else:
       bias = self.param('softmax_bias', nn.initializers.zeros_init(), (v,))
-      logits = latents @ embedding.T.astype(latents.dtype) + bias
+      flat = einsum('md,vd->mv', latents.reshape(-1, d), embedding, self.dtype)
+      logits = flat.reshape(*latents.shape[:-1], v) + bias.astype(flat.dtype)
     log_probs = jax.nn.log_softmax(logits, axis=-1)  # (..., K, V)
     return jax.nn.logsumexp(log_prior[..., None] + log_probs, axis=-2)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -141,3 +142,11 @@ def dense_dot_general(dtype: Any):
       raise ValueError(f'dense_dot_general: unsupported dimension numbers {dimension_numbers}')
     return matmul(lhs, rhs, dtype)
   return dot_general
+
+
+def dense(features: int, dtype: Any = None, **kwargs) -> nn.Dense:
+  """`nn.Dense(features, **kwargs)` whose product is a `matmul` in `dtype`
+  and whose bias is added in `accumulation_dtype(dtype)` (float32 for
+  bfloat16): every dense layer of a model with `dtype` set is built so."""
+  return nn.Dense(features, dtype=accumulation_dtype(dtype),
+                  dot_general=dense_dot_general(dtype), **kwargs)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from lm_zoo.cells import LSTMCell, LSTMRHNStack
 from lm_zoo.layers import DualConnection, MixtureOfSoftmaxes, OutputEmbedding
-from lm_zoo.layers.products import accumulation_dtype, dense_dot_general, einsum
+from lm_zoo.layers.products import dense, einsum
 from lm_zoo.models.recurrent import RecurrentLayer, RecurrentStack
 from lm_zoo.models.regularisation import drop_recurrent_weights
 
@@ -78,11 +78,12 @@ class RecurrentLM(nn.Module):
     remat: recompute each time step in the backward pass from its input and
       carry instead of storing its activations (a third of the memory for
       long BPTT windows, at the cost of a second, slower forward pass).
-    dtype: computation dtype of the embedding output, the softmax and the
-      projection (the cells take theirs from `cell_factory`); None computes
-      in the parameters' dtype. With bfloat16 the softmax's and projection's
-      products take bfloat16 operands and sum in float32
-      (`products.einsum`). Logits are always float32 or wider.
+    dtype: computation dtype of the embedding output and of the products
+      of the projection, the dual layer and the softmax or mixture (the
+      cells take theirs from `cell_factory`); None computes in the
+      parameters' dtype. With bfloat16 those products take bfloat16
+      operands and sum in float32 (`lm_zoo.layers.products`). Logits are
+      always float32 or wider.
     lstm_rhn: wire the layers as `LSTMRHNStack` (aLSTM cells only).
     dual_size: > 0 adds the dual connection of that size (`DualConnection`)
       between the stack and the softmax; 0 is the ERS architecture.
@@ -176,14 +177,14 @@ class RecurrentLM(nn.Module):
     if self.dual_size:
       h = DualConnection(self.dual_size, self.dropout_dual_input,
                          self.dropout_dual_output, broadcast_dims=time_shared,
-                         name='dual')(embedded, h, deterministic=not train)
+                         dtype=self.dtype, name='dual')(embedded, h, deterministic=not train)
     h = h.transpose(1, 0, 2)  # batch-major from here: time is axis 1
     if self.mos_components:
       log_probs = MixtureOfSoftmaxes(
           self.vocab_size, self.mos_components, self.embed_size,
           dropout_latent=self.dropout_mos_latent,
           broadcast_dims=(1,) if self.variational_dropout else (),
-          name='mos')(h, embed.embedding if self.tie_embeddings else None,
+          dtype=self.dtype, name='mos')(h, embed.embedding if self.tie_embeddings else None,
                       deterministic=not train)
       return _at_least_float32(log_probs), new_carries
     # The softmax's products on (B·T, features): XLA's CPU backend runs the
@@ -191,8 +192,7 @@ class RecurrentLM(nn.Module):
     batch_time, h = h.shape[:2], h.reshape(-1, h.shape[-1])
     if self.tie_embeddings:
       if h.shape[-1] != self.embed_size:
-        h = nn.Dense(self.embed_size, use_bias=False, dtype=accumulation_dtype(self.dtype),
-                     dot_general=dense_dot_general(self.dtype), name='projection')(h)
+        h = dense(self.embed_size, self.dtype, use_bias=False, name='projection')(h)
       bias = self.param('softmax_bias', nn.initializers.zeros_init(),
                         (self.vocab_size,))
       logits = einsum('mh,vh->mv', h, embed.embedding, self.dtype) + bias
