@@ -7,7 +7,8 @@ import pytest
 
 from jaxprs import dot_equations
 from lm_zoo.layers.products import dense as products_dense
-from lm_zoo.layers.products import dense_dot_general, einsum, is_low_precision, matmul
+from lm_zoo.layers.products import (attend, dense_dot_general, einsum, is_low_precision,
+                                    matmul)
 
 
 def _rounded(x):
@@ -78,6 +79,16 @@ def test_matmul_flattens_leading_axes():
   assert out.shape == (2, 3, 5)
   np.testing.assert_allclose(out, _rounded(a) @ _rounded(b), rtol=1e-6, atol=1e-6)
 
+
+
+def test_attend_scores_every_row_of_the_table():
+  x = jax.random.normal(jax.random.key(0), (2, 3, 4))
+  table = jax.random.normal(jax.random.key(1), (5, 4))
+  out = attend(x, table, jnp.bfloat16)
+  assert out.shape == (2, 3, 5) and out.dtype == jnp.float32
+  np.testing.assert_allclose(out, _rounded(x) @ _rounded(table).T, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(attend(x, table), np.asarray(x) @ np.asarray(table).T,
+                             rtol=1e-5, atol=1e-5)
 
 def test_dense_multiplies_rounded_operands_and_adds_its_bias_in_float32():
   dense = products_dense(3, jnp.bfloat16)

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.layers.products import dense, einsum
+from lm_zoo.layers.products import attend, dense
 
 
 class MixtureOfSoftmaxes(nn.Module):
@@ -65,7 +65,7 @@ class MixtureOfSoftmaxes(nn.Module):
       logits = dense(v, self.dtype, name='softmax')(latents)
     else:
       bias = self.param('softmax_bias', nn.initializers.zeros_init(), (v,))
-      flat = einsum('md,vd->mv', latents.reshape(-1, d), embedding, self.dtype)
-      logits = flat.reshape(*latents.shape[:-1], v) + bias.astype(flat.dtype)
+      logits = attend(latents, embedding, self.dtype)
+      logits = logits + bias.astype(logits.dtype)
     log_probs = jax.nn.log_softmax(logits, axis=-1)  # (..., K, V)
     return jax.nn.logsumexp(log_prior[..., None] + log_probs, axis=-2)

@@ -7,7 +7,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from lm_zoo.layers.products import einsum
+from lm_zoo.layers.products import attend
 
 
 class OutputEmbedding(nn.Module):
@@ -18,7 +18,7 @@ class OutputEmbedding(nn.Module):
   Attributes:
     vocab_size: number of outputs.
     dtype: the product's dtype (None: from the inputs and parameters;
-      bfloat16 sums and returns float32 logits, `products.einsum`).
+      bfloat16 sums and returns float32 logits, `products.attend`).
   """
 
   vocab_size: int
@@ -29,5 +29,5 @@ class OutputEmbedding(nn.Module):
     kernel = self.param('kernel', nn.initializers.lecun_normal(in_axis=1, out_axis=0),
                         (self.vocab_size, h.shape[-1]))
     bias = self.param('bias', nn.initializers.zeros_init(), (self.vocab_size,))
-    logits = einsum('mh,vh->mv', h.reshape(-1, h.shape[-1]), kernel, self.dtype)
-    return logits.reshape(*h.shape[:-1], -1) + bias.astype(logits.dtype)
+    logits = attend(h, kernel, self.dtype)
+    return logits + bias.astype(logits.dtype)

@@ -132,6 +132,14 @@ def matmul(a: jax.Array, b: jax.Array, dtype: Any = None) -> jax.Array:
   return flat.reshape(*a.shape[:-1], b.shape[-1])
 
 
+def attend(x: jax.Array, table: jax.Array, dtype: Any = None) -> jax.Array:
+  """x (..., d) against every row of table (v, d): (..., v), as `einsum` in
+  `dtype` (a softmax over an embedding-like matrix); the leading axes of x
+  are flattened into one, as in `matmul`."""
+  flat = einsum('md,vd->mv', x.reshape(-1, x.shape[-1]), table, dtype)
+  return flat.reshape(*x.shape[:-1], table.shape[0])
+
+
 def dense_dot_general(dtype: Any):
   """A `dot_general` for `flax.linen.Dense(dot_general=...)` whose products
   are `matmul`s in `dtype` (give the Dense the float32 dtype then, so that

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from lm_zoo.cells import LSTMCell, LSTMRHNStack
 from lm_zoo.layers import DualConnection, MixtureOfSoftmaxes, OutputEmbedding
-from lm_zoo.layers.products import dense, einsum
+from lm_zoo.layers.products import attend, dense
 from lm_zoo.models.recurrent import RecurrentLayer, RecurrentStack
 from lm_zoo.models.regularisation import drop_recurrent_weights
 
@@ -195,7 +195,7 @@ class RecurrentLM(nn.Module):
         h = dense(self.embed_size, self.dtype, use_bias=False, name='projection')(h)
       bias = self.param('softmax_bias', nn.initializers.zeros_init(),
                         (self.vocab_size,))
-      logits = einsum('mh,vh->mv', h, embed.embedding, self.dtype) + bias
+      logits = attend(h, embed.embedding, self.dtype) + bias
     else:
       logits = OutputEmbedding(self.vocab_size, dtype=self.dtype, name='softmax')(h)
     return _at_least_float32(logits).reshape(*batch_time, -1), new_carries
