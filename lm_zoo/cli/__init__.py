@@ -44,8 +44,10 @@ def run(job: Callable[[], T]) -> T:
   logging.getLogger('lm_zoo').setLevel(logging.INFO)
   if not flags.FLAGS['verbose'].value:
     # A failed orbax restore leaves reads in flight whose callbacks fail on its
-    # closed event loop; Python would print each one's traceback.
+    # closed event loop, and failed reads nobody awaited; Python and asyncio
+    # would print each one's traceback after the error's line.
     sys.unraisablehook = _log_unraisable
+    logging.getLogger('asyncio').addFilter(_unretrieved_task_errors_to_debug)
   try:
     return job()
   except Preempted as err:
@@ -62,6 +64,14 @@ def run(job: Callable[[], T]) -> T:
 def _log_unraisable(unraisable) -> None:
   logging.getLogger(__name__).debug('ignored in %r: %r', unraisable.object,
                                     unraisable.exc_value)
+
+
+def _unretrieved_task_errors_to_debug(record: logging.LogRecord) -> bool:
+  if not record.getMessage().startswith('Task exception was never retrieved'):
+    return True
+  logging.getLogger(__name__).debug('ignored: %s', record.getMessage(),
+                                    exc_info=record.exc_info)
+  return False
 
 
 def _report(line: str, status: int) -> NoReturn:

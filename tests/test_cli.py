@@ -1,0 +1,39 @@
+"""`lm_zoo.cli.run`: an error is one line on stderr, whatever the failed job
+left behind."""
+
+import asyncio
+import gc
+import logging
+
+import pytest
+
+from lm_zoo import cli
+from lm_zoo.errors import CheckpointError
+
+
+def _job_leaving_a_failed_task_nobody_awaited():
+  """What a failed orbax restore does: of its concurrent reads, the first
+  error is raised and the others' are never retrieved."""
+  async def read():
+    raise ValueError('OUT_OF_RANGE: Error reading "softmax.bias/0"')
+
+  loop = asyncio.new_event_loop()
+  task = loop.create_task(read())
+  loop.run_until_complete(asyncio.sleep(0))
+  loop.close()
+  del task
+  gc.collect()  # asyncio reports the never-retrieved error when the task is freed
+  raise CheckpointError('the checkpoint run/best/10 is corrupt or truncated')
+
+
+def test_errors_of_tasks_nobody_awaited_go_to_debug_not_stderr(capsys, caplog):
+  with (caplog.at_level(logging.DEBUG, logger='lm_zoo.cli'),
+        pytest.raises(SystemExit) as stopped):
+    cli.run(_job_leaving_a_failed_task_nobody_awaited)
+  assert stopped.value.code == 1
+  assert capsys.readouterr().err == (
+      'error: the checkpoint run/best/10 is corrupt or truncated\n')
+  assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+  ignored = [r for r in caplog.records if r.name == 'lm_zoo.cli']
+  assert len(ignored) == 1 and 'Task exception was never retrieved' in ignored[0].message
+  assert 'OUT_OF_RANGE' in caplog.text
