@@ -23,13 +23,16 @@ flags.DEFINE_integer('batch_size', 4, 'Stream positions per meta-step.')
 flags.DEFINE_integer('hidden', 16, 'Hidden units of the coordinate-wise gate network.')
 flags.DEFINE_enum('prior', 'sgd', ['sgd', 'rms'], 'The rule a fresh meta-learner starts as: '
                   'SGD with a pull toward the trained weights, or RMS dynamic evaluation '
-                  "(lamb's decay, MS from theta_0's Fisher) that it learns to modulate.")
+                  "(MS from theta_0's Fisher) that it learns to modulate.")
 flags.DEFINE_float('initial_lr', 0.03, 'The learning rate of the rule it starts as.')
 flags.DEFINE_float('initial_decay', 0.0067, 'The pull toward the trained weights per update '
                    'the rule starts from (sgd: COPY 1 - d, FLUSH d; rms: its lambda). With '
                    'sgd on PTB, 1e-3 after 100 meta-steps diverged on the validation stream '
                    '(WORKSPACE.md).')
 flags.DEFINE_float('initial_eps', 1e-3, 'Epsilon of the RMS rule it starts as (rms only).')
+flags.DEFINE_enum('decay_mean', 'coordinates', ['coordinates', 'tensors'], 'rms: the '
+                  'mean(MS) in its decay rate min(1, lambda MS / mean(MS)), over every '
+                  "coordinate (lamb) or over the parameter tensors (Krause's code).")
 flags.DEFINE_bool('carry_over', False, 'Continue along the training stream from one '
                   'meta-step to the next (weights and recurrent state carried over) instead '
                   'of restarting from the trained weights at random positions.')
@@ -55,7 +58,8 @@ def main(argv):
       FLAGS.workdir, FLAGS.meta_steps, FLAGS.num_updates, FLAGS.segment_length,
       FLAGS.batch_size, FLAGS.hidden, FLAGS.initial_lr, FLAGS.initial_decay, FLAGS.meta_lr,
       FLAGS.fisher_batches, FLAGS.fisher_batch_size, FLAGS.first_order, FLAGS.seed,
-      FLAGS.data_dir, FLAGS.log_every, FLAGS.prior, FLAGS.initial_eps, FLAGS.carry_over))
+      FLAGS.data_dir, FLAGS.log_every, FLAGS.prior, FLAGS.initial_eps, FLAGS.carry_over,
+      FLAGS.decay_mean))
   if len(losses):
     tenth = max(1, len(losses) // 10)
     print(f'meta-training: L_meta / K {losses[:tenth].mean():.4f} over the first '

@@ -45,6 +45,11 @@ def data_dir() -> pathlib.Path:
 @pytest.fixture
 def tiny_config(data_dir):
   """A config that trains in seconds: a few hundred PTB tokens, 2 x 16 LSTM."""
+  return tiny_lm_config(data_dir)
+
+
+def tiny_lm_config(data_dir):
+  """`tiny_config`'s config, for fixtures of a wider scope."""
   from lm_zoo.configs import base_config
   c = base_config()
   c.data.data_dir = str(data_dir)

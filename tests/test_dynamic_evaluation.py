@@ -11,7 +11,7 @@ from conftest import perturb
 from lm_zoo.errors import TrainingError
 from lm_zoo.models import RecurrentLM, init_params
 from lm_zoo.optim import (dynamic_evaluate, dynamic_rms, dynamic_sgd, learned_update_rule,
-                          rms_training_gradients)
+                          mean_ms, rms_training_gradients)
 from lm_zoo.training import evaluate_stream, make_eval_step
 from lm_zoo.training.steps import token_nll
 
@@ -37,19 +37,68 @@ def test_sgd_step_by_hand():
   np.testing.assert_allclose(_flat(updates), -0.1 * _flat(GRADS), rtol=1e-6)
 
 
-@pytest.mark.parametrize('clip', ['lamb', 'krause'])
-def test_rms_step_by_hand(clip):
-  eta, lam, eps = 0.01, 0.5, 1e-3
-  tx = dynamic_rms(eta, lam, eps, MS, decay_clip=clip)
+def _lamb_update(grads, variables, saves, mss, learning_rate, decay_rate, epsilon):
+  """lamb's `dyneval.py` `_make_update`, restated over lists of NumPy arrays."""
+  gsum, count = 0.0, 0
+  for ms in mss:
+    gsum += np.sum(ms)
+    count += ms.size
+  gsum = gsum / count
+  deltas = []
+  for grad, var, save, ms in zip(grads, variables, saves, mss):
+    rate = np.minimum(1.0, decay_rate * (ms / gsum))
+    deltas.append(-learning_rate * grad / (ms + epsilon) + rate * (save - var))
+  return deltas
+
+
+def _krause_update(grads, variables, saves, mss, lr, lamb, epsilon):
+  """Krause's `dynamiceval.py` (gradstat's decrate, evaluate's clip at 1/lamb
+  and update), restated over lists of NumPy arrays."""
+  gsum, count = 0.0, 0
+  for ms in mss:
+    gsum += np.mean(ms)
+    count += 1
+  gsum /= count
+  deltas = []
+  for grad, var, data0, ms in zip(grads, variables, saves, mss):
+    decrate = ms / gsum
+    decrate[decrate > 1 / lamb] = 1 / lamb
+    deltas.append(lamb * decrate * (data0 - var) - lr * grad / (ms + epsilon))
+  return deltas
+
+
+def _leaves(tree):
+  return [np.array(x, np.float64) for x in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize('decay_mean, reference', [('coordinates', _lamb_update),
+                                                   ('tensors', _krause_update)])
+def test_rms_step_is_the_authors_update(decay_mean, reference):
+  # MS's mean is 0.5 over the 4 coordinates and 0.7 over the 2 tensors; at
+  # lambda 0.8 the largest MS's rate reaches the clip at 1 under both.
+  eta, lam, eps = 0.01, 0.8, 1e-3
+  tx = dynamic_rms(eta, lam, eps, MS, decay_mean=decay_mean)
   updates, _ = tx.update(GRADS, tx.init(TRAINED), PARAMS)
-  ms = _flat(MS)
-  ratio = ms / ms.mean()  # (0.2, 0.4, 1.2, 2.2)
-  rate = np.minimum(1.0 if clip == 'lamb' else 1 / lam, ratio)
-  expected = (-eta * _flat(GRADS) / (ms + eps)
-              + lam * rate * (_flat(TRAINED) - _flat(PARAMS)))
-  np.testing.assert_allclose(_flat(updates), expected, rtol=1e-5)
-  # The clips differ only where MS / mean(MS) > 1: the last two coordinates.
-  assert (rate[2:] != ratio[2:]).all() == (clip == 'lamb')
+  expected = reference(_leaves(GRADS), _leaves(PARAMS), _leaves(TRAINED), _leaves(MS),
+                       eta, lam, eps)
+  np.testing.assert_allclose(_flat(updates), np.concatenate([np.ravel(x) for x in expected]),
+                             rtol=1e-5)
+
+
+def test_rms_decay_rates_clip_the_product_with_lambda():
+  # lamb clips lambda * MS / mean(MS) at 1: (0.16, 0.32, 0.96, 1.76 -> 1). The
+  # form lm_zoo had before, lambda * min(1, MS / mean(MS)), gives 0.8 for the
+  # last two coordinates.
+  lam = 0.8
+  tx = dynamic_rms(1.0, lam, 0.0, MS)
+  zeros = jax.tree.map(jnp.zeros_like, GRADS)
+  away = jax.tree.map(lambda p: p + 1.0, TRAINED)
+  updates, _ = tx.update(zeros, tx.init(TRAINED), away)  # the decay step is -rate
+  np.testing.assert_allclose(-_flat(updates), [0.16, 0.32, 0.96, 1.0], rtol=1e-6)
+  assert float(mean_ms(MS, 'coordinates')) == pytest.approx(0.5)
+  assert float(mean_ms(MS, 'tensors')) == pytest.approx(0.7)
+  with pytest.raises(ValueError, match='coordinates'):
+    dynamic_rms(1.0, lam, 0.0, MS, decay_mean='lamb')
 
 
 @pytest.mark.parametrize('make', [lambda: dynamic_sgd(0.1, decay=0.3),
@@ -191,28 +240,34 @@ def test_an_evaluator_scores_new_settings_as_fresh_transformations_do_without_co
   train_and_evaluate(tiny_config, tmp_path)
   evaluator = DynamicEvaluator(tmp_path, 'rms', ms_batches=2, ms_batch_size=2)
   compiled = _scan_segments._cache_size()
-  for lr, decay, eps, clip in ((1e-3, 1e-2, 1e-3, 'krause'), (3e-2, 1e-1, 1e-2, 'krause'),
-                               (1e-2, 1e-2, 1e-3, 'lamb')):
-    shared = evaluator.run(DynamicEvalSettings('rms', lr, decay, eps, 4, clip), 'valid')
+  for lr, decay, eps, mean in ((1e-3, 1e-2, 1e-3, 'tensors'), (3e-2, 1e-1, 1e-2, 'tensors'),
+                               (1e-2, 1e-2, 1e-3, 'coordinates')):
+    shared = evaluator.run(DynamicEvalSettings('rms', lr, decay, eps, 4, mean), 'valid')
     fresh = dynamic_evaluate(evaluator.model, evaluator.params,
-                             dynamic_rms(lr, decay, eps, evaluator.rms, clip),
+                             dynamic_rms(lr, decay, eps, evaluator.rms, mean),
                              evaluator.corpus.valid, 4)
     np.testing.assert_allclose(shared.segment_nll, fresh.segment_nll, rtol=1e-5)
-  # One compile per decay clip for the shared transformations, one per fresh one.
+  # One compile per kind of mean for the shared transformations, one per fresh one.
   assert _scan_segments._cache_size() - compiled == 2 + 3
 
 
-def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
-    tiny_config, tmp_path):
+@pytest.fixture(scope='module')
+def trained_workdir(tmp_path_factory, data_dir):
+  from conftest import tiny_lm_config
   from lm_zoo.training import train_and_evaluate
+  workdir = tmp_path_factory.mktemp('trained')
+  config = tiny_lm_config(data_dir)
+  config.train.update(num_epochs=1)
+  train_and_evaluate(config, workdir)
+  return workdir
+
+
+def _learned_and_rms_updates(workdir, decay_mean):
+  """One update of the meta-learner saved in `workdir`, and the RMS rule's
+  ingredients: its ms and the arguments of the update."""
   from lm_zoo.optim.learned_update import PRECISION_FLOOR
-  from lm_zoo.training.dynamic_evaluation import load_meta_learner, meta_train_workdir
-  tiny_config.train.update(num_epochs=1)
-  train_and_evaluate(tiny_config, tmp_path)
-  meta_train_workdir(tmp_path, meta_steps=0, prior='rms', initial_learning_rate=1e-2,
-                     initial_decay=0.05, initial_eps=1e-3, fisher_batches=2,
-                     fisher_batch_size=2, hidden=4)
-  learned, extra = load_meta_learner(tmp_path)
+  from lm_zoo.training.dynamic_evaluation import load_meta_learner
+  learned, extra = load_meta_learner(workdir)
   precision = learned.transformation.init(None).precision  # the model's Fisher, saved
   params = jax.tree.map(lambda x: jnp.linspace(-1.0, 1.0, x.size).reshape(x.shape), precision)
   trained = jax.tree.map(lambda p: p + 0.01, params)
@@ -221,7 +276,39 @@ def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
                                              params, loss=4.0, **extra)
   # The rule's ms: weights no gradient reached have a floor, not 0.
   ms = jax.tree.map(lambda x: jnp.sqrt(x + PRECISION_FLOOR), precision)
-  rms = dynamic_rms(1e-2, 0.05, 1e-3, ms)
+  return updates, ms, params, trained, grads
+
+
+@pytest.mark.parametrize('decay_mean', ['coordinates', 'tensors'])
+def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
+    trained_workdir, decay_mean):
+  from lm_zoo.training.dynamic_evaluation import meta_train_workdir
+  meta_train_workdir(trained_workdir, meta_steps=0, prior='rms', initial_learning_rate=1e-2,
+                     initial_decay=0.5, initial_eps=1e-3, fisher_batches=2,
+                     fisher_batch_size=2, hidden=4, decay_mean=decay_mean)
+  updates, ms, params, trained, grads = _learned_and_rms_updates(trained_workdir, decay_mean)
+  rms = dynamic_rms(1e-2, 0.5, 1e-3, ms, decay_mean)
   expected, _ = rms.update(grads, rms.init(trained), params)
   np.testing.assert_allclose(_flat_params(updates), _flat_params(expected), rtol=1e-4,
                              atol=1e-6)
+
+
+def test_a_meta_learner_saved_before_the_decay_fix_keeps_its_rate(trained_workdir):
+  """Saved without 'decay_clip', an RMS prior was meta-trained around
+  lambda * min(1, ms / mean(ms)): it loads with that rate."""
+  from lm_zoo.training.checkpoints import restore_tree, save_tree
+  from lm_zoo.training.dynamic_evaluation import META_LEARNER_DIR, meta_train_workdir
+  meta_train_workdir(trained_workdir, meta_steps=0, prior='rms', initial_learning_rate=1e-2,
+                     initial_decay=0.5, initial_eps=1e-3, fisher_batches=2,
+                     fisher_batch_size=2, hidden=4)
+  folder = trained_workdir / META_LEARNER_DIR
+  tree, meta = restore_tree(folder)
+  del meta['decay_clip'], meta['decay_mean']
+  save_tree(folder, tree, meta)
+  updates, ms, params, trained, grads = _learned_and_rms_updates(trained_workdir,
+                                                                 'coordinates')
+  ms, g, theta, theta0 = (_flat_params(t) for t in (ms, grads, params, trained))
+  rate = 0.5 * np.minimum(1.0, ms / ms.mean())
+  expected = -1e-2 * g / (ms + 1e-3) + rate * (theta0 - theta)
+  np.testing.assert_allclose(_flat_params(updates), expected, rtol=1e-4, atol=1e-6)
+  assert np.any(0.5 * ms / ms.mean() > 1)  # where the two rates differ

@@ -90,25 +90,35 @@ def test_decay_logits_start_the_rule_as_sgd_with_that_decay_to_theta0(decay):
     decay_logits(0.0)
 
 
-def test_fresh_rms_gate_network_is_rms_dynamic_evaluation():
-  eta, decay, eps = 0.01, 0.05, 1e-2
-  net = RMSGateNetwork(learning_rate=eta, decay=decay, eps=eps, mean_ms=mean_rms(PRECISION))
+# ms = sqrt(PRECISION) / mean: about (0.26, 1.45, 1.11, 0.84, 0.59, 1.67) over
+# coordinates; at decay 0.9 the largest reaches the clip at 1.
+@pytest.mark.parametrize('decay', [0.05, 0.9])
+@pytest.mark.parametrize('decay_mean', ['coordinates', 'tensors'])
+def test_fresh_rms_gate_network_is_rms_dynamic_evaluation(decay, decay_mean):
+  eta, eps = 0.01, 1e-2
+  net = RMSGateNetwork(learning_rate=eta, decay=decay, eps=eps,
+                       mean_ms=mean_rms(PRECISION, decay_mean))
   meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
   rule = learned_update_rule(net.apply, precision=PRECISION)
   updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta, loss=4.0)
-  rms = dynamic_rms(eta, decay, eps, jax.tree.map(jnp.sqrt, PRECISION), 'lamb')
+  rms = dynamic_rms(eta, decay, eps, jax.tree.map(jnp.sqrt, PRECISION), decay_mean)
   expected, _ = rms.update(GRADS, rms.init(THETA0), PARAMS)
   np.testing.assert_allclose(_flat(updates), _flat(expected), rtol=1e-5, atol=1e-7)
   ms = np.sqrt(_flat(PRECISION))
   assert mean_rms(PRECISION) == pytest.approx(ms.mean())
+  b, w = np.sqrt(np.asarray(PRECISION['b'])), np.sqrt(np.asarray(PRECISION['w']))
+  assert mean_rms(PRECISION, 'tensors') == pytest.approx((b.mean() + w.mean()) / 2)
   with pytest.raises(ValueError, match='decay'):
     RMSGateNetwork(learning_rate=eta, decay=0.0, eps=eps, mean_ms=1.0).init(
         jax.random.key(0), jnp.zeros((1, 5)))
 
 
-def test_rms_gate_network_against_numpy():
-  eta, decay, eps, mean_ms = 0.02, 0.1, 1e-3, 1.2
-  net = RMSGateNetwork(learning_rate=eta, decay=decay, eps=eps, mean_ms=mean_ms, hidden=4)
+@pytest.mark.parametrize('decay_clip', ['rate', 'ratio'])
+def test_rms_gate_network_against_numpy(decay_clip):
+  # At decay 0.9 and mean_ms 1.2 the two clips differ where ms > 1.2.
+  eta, decay, eps, mean_ms = 0.02, 0.9, 1e-3, 1.2
+  net = RMSGateNetwork(learning_rate=eta, decay=decay, eps=eps, mean_ms=mean_ms, hidden=4,
+                       decay_clip=decay_clip)
   meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
   rng = np.random.default_rng(1)
   meta = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, jnp.float32),
@@ -124,7 +134,9 @@ def test_rms_gate_network_against_numpy():
     theta, g, t0, prec = (np.ravel(np.asarray(t[name], np.float64))
                           for t in (PARAMS, GRADS, THETA0, PRECISION))
     ms = np.sqrt(prec)
-    step, rate = eta / (ms + eps), decay * np.minimum(1, ms / mean_ms)
+    step = eta / (ms + eps)
+    rate = (np.minimum(1, decay * ms / mean_ms) if decay_clip == 'rate'
+            else decay * np.minimum(1, ms / mean_ms))
     features = np.stack([slog(g / (ms + eps)), slog((theta - t0) / step), slog(t0 / step),
                          np.log(ms / mean_ms), slog(np.full_like(theta, loss))], -1)
     out = np.tanh(features @ p['hidden'] + p['hidden_bias']) @ p['gates'] + p['gates_bias']

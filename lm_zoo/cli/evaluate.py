@@ -50,8 +50,10 @@ flags.DEFINE_list('dyneval_decay', ['0'], 'Decay rates toward the trained weight
 flags.DEFINE_list('dyneval_eps', ['1e-3'], 'RMS epsilon values, added to the RMS of '
                   'training gradients.')
 flags.DEFINE_list('dyneval_segment', ['5'], 'Segment lengths (tokens per update).')
-flags.DEFINE_enum('dyneval_clip', 'lamb', ['lamb', 'krause'], "RMS decay clip: the "
-                  "per-coordinate decay rate at most 1 (lamb) or 1/decay (Krause).")
+flags.DEFINE_enum('dyneval_decay_mean', 'coordinates', ['coordinates', 'tensors'],
+                  'RMS: the mean(MS) in the decay rate min(1, decay MS / mean(MS)), over '
+                  "every coordinate (lamb's dyneval.py) or over the parameter tensors "
+                  "(Krause's dynamiceval.py).")
 flags.DEFINE_integer('dyneval_ms_batches', 100, 'RMS: training windows the gradient '
                      'statistics are estimated from.')
 flags.DEFINE_integer('dyneval_ms_batch_size', 64, 'RMS: rows of those windows.')
@@ -87,7 +89,7 @@ def dynamic_evaluation() -> None:
     raise app.UsageError('--dyneval does not combine with --mc_samples or --temperature')
   report = cli.run(lambda: dynamic_evaluate_workdir(
       FLAGS.workdir, FLAGS.dyneval, _numbers('dyneval_lr'), _numbers('dyneval_decay'),
-      _numbers('dyneval_eps'), _numbers('dyneval_segment', int), FLAGS.dyneval_clip,
+      _numbers('dyneval_eps'), _numbers('dyneval_segment', int), FLAGS.dyneval_decay_mean,
       FLAGS.splits, FLAGS.batch_size or 1, FLAGS.dyneval_ms_batches,
       FLAGS.dyneval_ms_batch_size, FLAGS.dyneval_search_tokens, FLAGS.dyneval_max_tokens,
       FLAGS.data_dir))

@@ -24,13 +24,15 @@ from lm_zoo.errors import TrainingError
 from lm_zoo.training.evaluation import EvalResult
 from lm_zoo.training.steps import token_nll
 
-DECAY_CLIPS = ('lamb', 'krause')
+# What mean(MS) of the RMS decay rate is taken over (`dynamic_rms`).
+DECAY_MEANS = ('coordinates', 'tensors')
 log = logging.getLogger(__name__)
 
 
 class DynamicEvalState(NamedTuple):
   """The trained weights theta_g that the update decays toward, and the
-  per-coordinate scale of that decay (ones for SGD)."""
+  per-coordinate scale s of that decay: the decay rate is lambda * s (SGD,
+  s = 1) or min(1, lambda * s) (RMS, s = MS / mean(MS))."""
   trained: optax.Params
   decay_scale: optax.Updates
 
@@ -52,58 +54,70 @@ def dynamic_sgd(learning_rate: float, decay: float = 0.0) -> optax.GradientTrans
                             decay_scale=jax.tree.map(jnp.ones_like, params))
 
   def update_fn(grads, state, params):
-    return _step(grads, state, params, learning_rate, decay), state
+    rates = jax.tree.map(lambda s: decay * s, state.decay_scale)
+    return _step(grads, state, params, learning_rate, rates), state
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+def mean_ms(rms_gradients: optax.Updates, over: str = 'coordinates') -> jax.Array:
+  """mean(MS) of the RMS decay rate: over every coordinate of the model
+  ('coordinates', lamb's `dyneval.py`), or over the parameter tensors of each
+  tensor's mean ('tensors', Krause's `dynamiceval.py`, where a tensor is a
+  leaf of the tree)."""
+  if over not in DECAY_MEANS:
+    raise ValueError(f'the mean of the decay rate must be over one of {DECAY_MEANS}, '
+                     f'got {over!r}')
+  leaves = jax.tree.leaves(rms_gradients)
+  if over == 'tensors':
+    return sum(jnp.mean(x) for x in leaves) / len(leaves)
+  return sum(jnp.sum(x) for x in leaves) / sum(x.size for x in leaves)
+
+
 def dynamic_rms(learning_rate: float, decay: float, eps: float,
                 rms_gradients: optax.Updates,
-                decay_clip: str = 'lamb') -> optax.GradientTransformation:
+                decay_mean: str = 'coordinates') -> optax.GradientTransformation:
   """Dynamic evaluation with RMS-normalised steps and decay toward the
-  trained weights (Krause et al. 2018; lamb's `dyneval.py`):
+  trained weights (Krause et al. 2018; MODELS.md section 7):
 
-    theta <- theta - eta * g / (MS + eps) + lambda * r * (theta_g - theta)
+    theta <- theta - eta * g / (MS + eps) + min(1, lambda * MS / mean(MS)) * (theta_g - theta)
 
-  where MS is the root mean square of training gradients
-  (`rms_gradients`, from `rms_training_gradients`) and the decay rate r of
-  each coordinate grows with its MS: with 'lamb' r = min(1, MS / mean(MS)),
-  with 'krause' r = min(1 / lambda, MS / mean(MS)) (Krause's code clips the
-  rate at 1 / lambda). mean(MS) is over every coordinate of the model.
+  where MS is the root mean square of training gradients (`rms_gradients`,
+  from `rms_training_gradients`): each coordinate decays at a rate that grows
+  with its MS, clipped at 1 so that no step overshoots theta_g. mean(MS) is
+  over every coordinate of the model with 'coordinates' (lamb's
+  `dyneval.py`, `_make_update`) and over the parameter tensors of each
+  tensor's mean with 'tensors' (Krause's `dynamiceval.py`); `mean_ms`.
 
   Args:
     learning_rate: eta.
     decay: lambda.
     eps: epsilon, added to MS.
     rms_gradients: MS, a tree like the parameters.
-    decay_clip: 'lamb' or 'krause'.
+    decay_mean: 'coordinates' or 'tensors'.
   Returns:
     An `optax.GradientTransformation`; `update` needs `params`.
   """
-  if decay_clip not in DECAY_CLIPS:
-    raise ValueError(f'decay_clip must be one of {DECAY_CLIPS}, got {decay_clip!r}')
-  leaves = jax.tree.leaves(rms_gradients)
-  mean_ms = sum(jnp.sum(x) for x in leaves) / sum(x.size for x in leaves)
-  limit = 1.0 if decay_clip == 'lamb' else 1.0 / decay
+  mean = mean_ms(rms_gradients, decay_mean)
 
   def init_fn(params):
-    decay_scale = jax.tree.map(lambda ms: jnp.minimum(limit, ms / mean_ms), rms_gradients)
-    return DynamicEvalState(trained=params, decay_scale=decay_scale)
+    return DynamicEvalState(trained=params,
+                            decay_scale=jax.tree.map(lambda ms: ms / mean, rms_gradients))
 
   def update_fn(grads, state, params):
     scaled = jax.tree.map(lambda g, ms: g / (ms + eps), grads, rms_gradients)
-    return _step(scaled, state, params, learning_rate, decay), state
+    rates = jax.tree.map(lambda s: jnp.minimum(1.0, decay * s), state.decay_scale)
+    return _step(scaled, state, params, learning_rate, rates), state
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _step(direction, state: DynamicEvalState, params, learning_rate, decay):
+def _step(direction, state: DynamicEvalState, params, learning_rate, decay_rates):
   if params is None:
     raise ValueError('dynamic evaluation decays toward the trained weights: pass '
                      'params to update')
-  return jax.tree.map(
-      lambda d, p, p0, r: -learning_rate * d + decay * r * (p0 - p),
-      direction, params, state.trained, state.decay_scale)
+  return jax.tree.map(lambda d, p, p0, r: -learning_rate * d + r * (p0 - p),
+                      direction, params, state.trained, decay_rates)
 
 
 def _segments(stream: np.ndarray, batch_size: int, segment_length: int):

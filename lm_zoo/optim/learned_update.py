@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 from lm_zoo.errors import TrainingError
-from lm_zoo.optim.dynamic_evaluation import rms_training_gradients
+from lm_zoo.optim.dynamic_evaluation import mean_ms, rms_training_gradients
 from lm_zoo.training.steps import token_nll
 
 # (meta-parameters, features (..., NUM_FEATURES)) -> gates (f, i, z), each (...).
@@ -33,6 +33,10 @@ NUM_FEATURES = 5
 # Added to the precision before its log, so that a weight no gradient ever
 # reached (precision 0) still has a finite feature.
 PRECISION_FLOOR = 1e-12
+# Where `RMSGateNetwork` clips its decay rate: 'rate' = min(1, lambda * ms / mean_ms)
+# (lamb's and Krause's rule); 'ratio' = lambda * min(1, ms / mean_ms), the form
+# that meta-learners saved before that rule was corrected were trained with.
+DECAY_CLIPS = ('rate', 'ratio')
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +80,13 @@ class GateNetwork(nn.Module):
 
 class RMSGateNetwork(nn.Module):
   """g_phi as a learned modulation of RMS dynamic evaluation (Krause et al.
-  2018, lamb's decay): a fresh network is exactly `dynamic_rms(learning_rate,
-  decay, eps, sqrt(precision))`, and meta-training reshapes it per coordinate.
+  2018; MODELS.md section 7): a fresh network is exactly
+  `dynamic_rms(learning_rate, decay, eps, sqrt(precision))`, and
+  meta-training reshapes it per coordinate.
 
   With ms = sqrt(precision + PRECISION_FLOOR) (the RMS training gradient,
   the square root of theta_0's diagonal Fisher), the step s = learning_rate / (ms + eps) and the
-  decay rate r = decay * min(1, ms / mean_ms), the gates are
+  decay rate r = min(1, decay * ms / mean_ms), the gates are
 
     i = -s exp(o_i),  f = 1 - min(1, r exp(o_f)),  z = min(1, r exp(o_z))
 
@@ -94,8 +99,12 @@ class RMSGateNetwork(nn.Module):
 
   Attributes:
     learning_rate, decay, eps: the RMS rule it starts as (decay > 0).
-    mean_ms: the mean of ms over every coordinate of the model (`mean_rms`).
+    mean_ms: mean(MS) of that rule (`mean_rms`: over coordinates as lamb,
+      or over tensors as Krause).
     hidden: width of the hidden layer.
+    decay_clip: 'rate' clips the decay rate as above; 'ratio' computes
+      decay * min(1, ms / mean_ms), which is what meta-learners saved before
+      the rate was corrected were trained with (they load with it).
   """
 
   learning_rate: float
@@ -103,17 +112,22 @@ class RMSGateNetwork(nn.Module):
   eps: float
   mean_ms: float
   hidden: int = 8
+  decay_clip: str = 'rate'
 
   @nn.compact
   def __call__(self, features: jax.Array):
     if not self.decay > 0:
       raise ValueError(f'the decay of RMSGateNetwork must be positive, got {self.decay}')
+    if self.decay_clip not in DECAY_CLIPS:
+      raise ValueError(f'decay_clip must be one of {DECAY_CLIPS}, got {self.decay_clip!r}')
     moved, grad, theta0, log_precision, loss = (features[..., k] for k in range(NUM_FEATURES))
     ms = jnp.exp(0.5 * log_precision)
     step = self.learning_rate / (ms + self.eps)
-    rate = self.decay * jnp.minimum(1.0, ms / self.mean_ms)
+    relative = ms / self.mean_ms
+    rate = (jnp.minimum(1.0, self.decay * relative) if self.decay_clip == 'rate'
+            else self.decay * jnp.minimum(1.0, relative))
     inputs = [_signed_log(grad / (ms + self.eps)), _signed_log(moved / step),
-              _signed_log(theta0 / step), jnp.log(ms / self.mean_ms), _signed_log(loss)]
+              _signed_log(theta0 / step), jnp.log(relative), _signed_log(loss)]
     out = _coordinatewise_mlp(self, inputs, self.hidden, jnp.zeros(3))
     copy_decay = jnp.minimum(1.0, rate * jnp.exp(out[0]))
     flush = jnp.minimum(1.0, rate * jnp.exp(out[2]))
@@ -142,12 +156,11 @@ def _coordinatewise_mlp(module: nn.Module, inputs: list[jax.Array], hidden: int,
           for m in range(3)]
 
 
-def mean_rms(precision: optax.Params) -> float:
-  """mean_ms of `RMSGateNetwork`: the mean over every coordinate of its ms,
-  sqrt(precision + PRECISION_FLOOR), the RMS training gradient."""
-  leaves = jax.tree.leaves(precision)
-  return float(sum(jnp.sum(jnp.sqrt(x + PRECISION_FLOOR)) for x in leaves)
-               / sum(x.size for x in leaves))
+def mean_rms(precision: optax.Params, over: str = 'coordinates') -> float:
+  """mean_ms of `RMSGateNetwork`: `mean_ms` of its ms, sqrt(precision +
+  PRECISION_FLOOR) (the RMS training gradient), over every coordinate or
+  over the parameter tensors (`over`)."""
+  return float(mean_ms(jax.tree.map(lambda p: jnp.sqrt(p + PRECISION_FLOOR), precision), over))
 
 
 def decay_logits(decay: float) -> dict[str, float]:

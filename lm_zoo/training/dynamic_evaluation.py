@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from lm_zoo.errors import ConfigError, TrainingError
-from lm_zoo.optim import (DECAY_CLIPS, GateNetwork, NUM_FEATURES, RMSGateNetwork, decay_logits,
+from lm_zoo.optim import (DECAY_MEANS, GateNetwork, NUM_FEATURES, RMSGateNetwork, decay_logits,
                           diagonal_fisher, dynamic_evaluate, dynamic_rms, dynamic_sgd,
                           learned_update_rule, mean_rms, meta_train, rms_training_gradients)
 from lm_zoo.training.checkpoints import restore_tree, save_tree
@@ -40,15 +40,15 @@ META_LEARNER_DIR = 'meta_learner'
 class DynamicEvalSettings:
   """One dynamic-evaluation setting: `method` 'sgd', 'rms' or 'learned', the
   learning rate eta, the decay lambda toward the trained weights, RMS's
-  epsilon, the segment length and the decay clip ('lamb' or 'krause', RMS
-  only). The learned rule uses only the segment length it was meta-trained
-  with."""
+  epsilon, the segment length and what RMS's mean(MS) is over ('coordinates'
+  as lamb, or 'tensors' as Krause; `dynamic_rms`). The learned rule uses only
+  the segment length it was meta-trained with."""
   method: str
   learning_rate: float
   decay: float
   eps: float
   segment_length: int
-  decay_clip: str = 'lamb'
+  decay_mean: str = 'coordinates'
 
 
 @dataclasses.dataclass
@@ -78,7 +78,7 @@ class DynamicEvaluator:
     self.method, self.batch_size = method, batch_size
     self.config, self.corpus, self.model, self.params = load_trained(workdir, data_dir)
     self.rms, self.learned, self.extra_args = None, None, {}
-    self._injected = {}  # decay clip -> the transformation every setting shares
+    self._injected = {}  # decay mean -> the transformation every setting shares
     if method == 'rms':
       self.rms = rms_training_gradients(self.model, self.params, self.corpus.train,
                                         ms_batch_size, self.config.data.bptt, ms_batches)
@@ -88,27 +88,24 @@ class DynamicEvaluator:
   def transformation(self, settings: DynamicEvalSettings
                      ) -> tuple[optax.GradientTransformation, Any]:
     """The transformation of `settings` and its initial state. SGD and RMS
-    settings share one transformation object per decay clip, their values in
-    its state (`optax.inject_hyperparams`), so a search or a tuner compiles
-    the scan once per segment length, not once per setting."""
+    settings share one transformation object per kind of mean(MS), their
+    values in its state (`optax.inject_hyperparams`), so a search or a tuner
+    compiles the scan once per segment length, not once per setting."""
     if settings.method == 'learned':
       return self.learned.transformation, None
     factory, values = ((dynamic_sgd, {'learning_rate': settings.learning_rate,
                                       'decay': settings.decay})
                        if settings.method == 'sgd' else
                        (functools.partial(dynamic_rms, rms_gradients=self.rms,
-                                          decay_clip=settings.decay_clip),
+                                          decay_mean=settings.decay_mean),
                         {'learning_rate': settings.learning_rate, 'decay': settings.decay,
                          'eps': settings.eps}))
-    if settings.decay_clip not in self._injected:
-      self._injected[settings.decay_clip] = optax.inject_hyperparams(factory)(**values)
-    injected = self._injected[settings.decay_clip]
-    state = injected.init(self.params)
-    # The inner state is what `init` computes from these values (Krause's
-    # decay clip depends on the decay), not from the first setting's.
-    return injected, state._replace(
-        hyperparams={k: jnp.asarray(v, jnp.float32) for k, v in values.items()},
-        inner_state=factory(**values).init(self.params))
+    if settings.decay_mean not in self._injected:
+      self._injected[settings.decay_mean] = optax.inject_hyperparams(factory)(**values)
+    injected = self._injected[settings.decay_mean]
+    # The inner state (theta_g and MS / mean(MS)) does not depend on the values.
+    return injected, injected.init(self.params)._replace(
+        hyperparams={k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
 
   def run(self, settings: DynamicEvalSettings, split: str, num_tokens: int = 0):
     """Scores `split` (its first `num_tokens` tokens when > 0) from the
@@ -132,7 +129,7 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
                              decays: Sequence[float] = (0.0,),
                              epsilons: Sequence[float] = (1e-3,),
                              segment_lengths: Sequence[int] = (5,),
-                             decay_clip: str = 'lamb', splits=('valid', 'test'),
+                             decay_mean: str = 'coordinates', splits=('valid', 'test'),
                              batch_size: int = 1, ms_batches: int = 100,
                              ms_batch_size: int = 64, search_tokens: int = 0,
                              max_tokens: int = 0, data_dir: str | None = None
@@ -150,13 +147,15 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
   rule updates every weight through its gate network, at several times
   the cost of an SGD step). RMS normalises by the root
   mean square of training gradients,
-  estimated once from `ms_batches` windows of `ms_batch_size` rows.
+  estimated once from `ms_batches` windows of `ms_batch_size` rows, and
+  takes the mean(MS) of its decay rate over `decay_mean` ('coordinates' or
+  'tensors', `dynamic_rms`).
   'learned' runs the rule `meta_train_workdir` left in the work directory,
   with its own segment length; the other arguments do not apply to it.
   """
-  if decay_clip not in DECAY_CLIPS:
-    raise ConfigError(f'decay clip must be one of {", ".join(DECAY_CLIPS)}, got '
-                      f'{decay_clip!r}')
+  if decay_mean not in DECAY_MEANS:
+    raise ConfigError(f'the decay mean must be over one of {", ".join(DECAY_MEANS)}, got '
+                      f'{decay_mean!r}')
   evaluator = DynamicEvaluator(workdir, method, batch_size, ms_batches, ms_batch_size,
                                data_dir)
   if method == 'learned':
@@ -167,7 +166,7 @@ def dynamic_evaluate_workdir(workdir: str | pathlib.Path, method: str = 'rms',
   def run(settings: DynamicEvalSettings, split: str, num_tokens: int = max_tokens):
     return evaluator.run(settings, split, num_tokens)
 
-  grid = [DynamicEvalSettings(method, lr, decay, eps, length, decay_clip)
+  grid = [DynamicEvalSettings(method, lr, decay, eps, length, decay_mean)
           for lr, decay, eps, length in itertools.product(
               learning_rates, decays, epsilons if method == 'rms' else (0.0,),
               segment_lengths)]
@@ -218,7 +217,8 @@ def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
                        first_order: bool = False, seed: int = 0,
                        data_dir: str | None = None, log_every: int = 50,
                        prior: str = 'sgd', initial_eps: float = 1e-3,
-                       carry_over: bool = False) -> np.ndarray:
+                       carry_over: bool = False,
+                       decay_mean: str = 'coordinates') -> np.ndarray:
   """Meta-trains the learned update rule (Wolf et al. 2018) for a work
   directory's best weights on its training split, and saves it to
   `workdir/meta_learner` for `dynamic_evaluate_workdir(method='learned')`.
@@ -228,8 +228,8 @@ def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
   starts as the `prior` rule: 'sgd', SGD with step `initial_learning_rate`
   and a decay toward theta_0 of `initial_decay` per update (`GateNetwork`,
   `decay_logits`), or 'rms', RMS dynamic evaluation with that learning rate,
-  decay and `initial_eps`, its MS the square root of the Fisher
-  (`RMSGateNetwork`). Each of `meta_steps` Adam steps (`meta_learning_rate`)
+  decay and `initial_eps`, its MS the square root of the Fisher and its
+  mean(MS) over `decay_mean` (`RMSGateNetwork`). Each of `meta_steps` Adam steps (`meta_learning_rate`)
   backpropagates through `num_updates` updates of `segment_length` tokens at
   `batch_size` stream positions, from the trained weights at random
   positions or, with `carry_over`, continuing along the stream
@@ -237,13 +237,17 @@ def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
   """
   if prior not in PRIORS:
     raise ConfigError(f'prior must be one of {", ".join(PRIORS)}, got {prior!r}')
+  if decay_mean not in DECAY_MEANS:
+    raise ConfigError(f'the decay mean must be over one of {", ".join(DECAY_MEANS)}, got '
+                      f'{decay_mean!r}')
   config, corpus, model, params = load_trained(workdir, data_dir)
   precision = diagonal_fisher(model, params, corpus.train, fisher_batch_size,
                               config.data.bptt, fisher_batches)
   meta = {'prior': prior, 'hidden': hidden, 'initial_learning_rate': initial_learning_rate,
           'initial_decay': initial_decay, 'initial_eps': initial_eps}
   if prior == 'rms':
-    meta['mean_ms'] = mean_rms(precision)
+    meta.update(mean_ms=mean_rms(precision, decay_mean), decay_mean=decay_mean,
+                decay_clip='rate')
   net = _gate_network(meta)
   meta_params = net.init(jax.random.key(seed), jnp.zeros((1, NUM_FEATURES)))
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(meta_learning_rate))
@@ -261,12 +265,14 @@ def meta_train_workdir(workdir: str | pathlib.Path, meta_steps: int = 300,
 
 
 def _gate_network(meta: dict[str, Any]):
-  """The gate network a saved meta-learner's description names (meta-learners
-  saved before priors existed start as SGD)."""
+  """The gate network a saved meta-learner's description names. Meta-learners
+  saved before priors existed start as SGD; RMS priors saved before the decay
+  rate was corrected keep the rate they were meta-trained with ('ratio')."""
   if meta.get('prior', 'sgd') == 'rms':
     return RMSGateNetwork(learning_rate=meta['initial_learning_rate'],
                           decay=meta['initial_decay'], eps=meta['initial_eps'],
-                          mean_ms=meta['mean_ms'], hidden=meta['hidden'])
+                          mean_ms=meta['mean_ms'], hidden=meta['hidden'],
+                          decay_clip=meta.get('decay_clip', 'ratio'))
   return GateNetwork(hidden=meta['hidden'], learning_rate=meta['initial_learning_rate'],
                      **decay_logits(meta.get('initial_decay', 0.0067)))
 

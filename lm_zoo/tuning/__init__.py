@@ -29,6 +29,7 @@ def tuning_config() -> ml_collections.ConfigDict:
   c.dyneval.batch_size = 1
   c.dyneval.ms_batches = 100  # rms: training windows of the gradient statistics
   c.dyneval.ms_batch_size = 64
+  c.dyneval.decay_mean = 'coordinates'  # rms: mean(MS) over coordinates (lamb) or tensors (Krause)
   c.study = ml_collections.ConfigDict()
   c.study.name = 'study'
   c.study.storage = ''  # a database URL; '': sqlite in the tuning work directory

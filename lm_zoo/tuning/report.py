@@ -77,6 +77,8 @@ def write_report(study: optuna.Study, tune: ml_collections.ConfigDict,
     if tune.kind == 'dyneval':
       values = {tune.space[name].field: value for name, value in best.params.items()}
       flags = ' '.join(f'--{EVAL_FLAGS[field]}={value:.4g}' for field, value in values.items())
+      if tune.dyneval.method == 'rms' and tune.dyneval.decay_mean != 'coordinates':
+        flags += f' --dyneval_decay_mean={tune.dyneval.decay_mean}'
       lines += ['Score valid and test with it:', '',
                 f'    lm-zoo-eval --workdir={tune.dyneval.workdir} '
                 f'--dyneval={tune.dyneval.method} {flags}']

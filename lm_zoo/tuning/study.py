@@ -39,6 +39,7 @@ import optuna
 import sqlalchemy
 
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
+from lm_zoo.optim import DECAY_MEANS
 from lm_zoo.training import train_and_evaluate
 from lm_zoo.tuning.spaces import check_space, set_fields, suggest
 
@@ -126,8 +127,9 @@ def _identity(tune: ml_collections.ConfigDict) -> str:
 def validate_tuning(tune: ml_collections.ConfigDict) -> None:
   """Raises ConfigError for a tuning config that cannot run."""
   for field, names in (('kind', KINDS), ('study.sampler', SAMPLERS),
-                       ('study.pruner', PRUNERS)):
-    value = tune.kind if field == 'kind' else tune.study[field.split('.')[1]]
+                       ('study.pruner', PRUNERS), ('dyneval.decay_mean', DECAY_MEANS)):
+    section, _, name = field.rpartition('.')
+    value = tune[section][name] if section else tune[name]
     if value not in names:
       raise ConfigError(f'tune.{field}={value!r} is not known: choose one of '
                         f'{", ".join(names)}')
@@ -269,7 +271,8 @@ def dyneval_objective(tune: ml_collections.ConfigDict) -> Callable[[optuna.Trial
     fields = dict(DYNEVAL_FIELDS, **{tune.space[name].field: value
                                      for name, value in values.items()})
     settings = DynamicEvalSettings(cfg.method, fields['learning_rate'], fields['decay'],
-                                   fields['eps'], int(fields['segment_length']))
+                                   fields['eps'], int(fields['segment_length']),
+                                   cfg.decay_mean)
     try:
       result = evaluator.run(settings, 'valid', cfg.search_tokens).result
     except TrainingError as err:
