@@ -44,6 +44,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.output_size = 0  # > 0: the last layer's size (AWD-LSTM: the embedding size)
   c.model.tie_embeddings = False
   c.model.forget_bias = 1.0  # lstm, mlstm and alstm cells
+  # lstm, mlstm and alstm cells: c' = f c + min(1 - f, i) j, the input gate capped at
+  # one minus the forget gate (lamb's cap_input_gate, set in every published
+  # Mogrifier-paper config).
+  c.model.cap_input_gate = False
   c.model.dropout_embedding = 0.0  # whole words: rows of the embedding matrix
   c.model.dropout_input = 0.0  # on the embedding output, shared over time
   c.model.dropout_hidden = 0.0  # between layers, shared over time
@@ -51,6 +55,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dropout_output = 0.0  # on the last layer's output, shared over time
   c.model.weight_drop = 0.0  # DropConnect on the recurrent matrices, per window
   c.model.variational_dropout = True  # False: new masks every step (not the state's)
+  # The stack's output is the sum of every layer's output (lamb's lstm_skip_connection);
+  # the layers must be of one size (model.output_size 0 or the hidden size).
+  c.model.skip_connections = False
   c.model.init_scale = 0.0  # > 0: every parameter U(±init_scale) (Zaremba)
   c.model.unroll = 1  # lax.scan unroll
   # LSTM layers: hand-written backward pass with one recurrent weight-gradient
@@ -133,6 +140,9 @@ def base_config() -> ml_collections.ConfigDict:
   # A work directory whose best weights start this run (AWD-LSTM's fine-tuning
   # stage: with averaging.trigger=always); '' starts from initialisation.
   c.train.init_from = ''
+  # Probability that each batch row's carried state is zeroed before a training
+  # window (lamb's drop_state_probability; evaluation starts from zero states).
+  c.train.drop_state = 0.0
   # On a non-finite training loss or gradient (found on the device, read with
   # the losses at each log line and checkpoint): stop (an error; the latest
   # checkpoint is finite), skip (drop that update: weights, optimizer state and

@@ -10,7 +10,7 @@ import ml_collections
 
 from lm_zoo.data.corpora import CORPORA, Corpus
 from lm_zoo.errors import ConfigError
-from lm_zoo.models.factory import CELLS, DTYPES, LATENTS, embed_size
+from lm_zoo.models.factory import CELLS, DTYPES, LATENTS, LSTM_FAMILY, embed_size
 from lm_zoo.training.averaging import TRIGGERS
 from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
 
@@ -42,7 +42,7 @@ RULES = (
     (('model.dropout_embedding', 'model.dropout_input', 'model.dropout_hidden',
       'model.dropout_state', 'model.dropout_output', 'model.weight_drop',
       'model.dual.dropout_input', 'model.dual.dropout_output', 'model.mos.dropout_latent',
-      'optimizer.momentum', 'optimizer.beta1', 'optimizer.beta2'),
+      'optimizer.momentum', 'optimizer.beta1', 'optimizer.beta2', 'train.drop_state'),
      lambda x: 0 <= x < 1, 'in [0, 1) (a rate of 1 would drop or keep everything)'),
     (('optimizer.eps', 'schedule.factor', 'generate.temperature'),
      lambda x: x > 0, 'positive'),
@@ -79,6 +79,14 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not test(value):
         raise _fail(field, value, f'must be {must_be}')
   model = config.model
+  if model.cap_input_gate and model.cell not in LSTM_FAMILY:
+    raise _fail('model.cap_input_gate', True, f'applies to the cells {", ".join(LSTM_FAMILY)}, '
+                f'not model.cell={model.cell!r}: set it False or choose one of them')
+  if (model.skip_connections and model.num_layers > 1 and model.output_size
+      and (model.param_budget or model.output_size != model.hidden_size)):
+    raise _fail('model.skip_connections', True, 'sums the layers\' outputs, which needs '
+                f'layers of one size, but model.output_size={model.output_size} sets the '
+                'last one apart: set model.output_size=0')
   if model.mogrifier.rounds > 0 and model.mogrifier.rank > 0 and model.param_budget == 0:
     # Q^i, R^i map between each layer's input and hidden state (Melis et al. 2020).
     sizes = {'model.embed_size': embed_size(model, model.hidden_size),

@@ -7,8 +7,9 @@ def sigmoid(x):
   return 1 / (1 + np.exp(-x))
 
 
-def lstm_step(params, c, h, x):
-  """MODELS.md section 1, gate by gate; params as `LSTMCell`'s (gate order i f j o)."""
+def lstm_step(params, c, h, x, cap_input_gate=False):
+  """MODELS.md section 1, gate by gate; params as `LSTMCell`'s (gate order i f j o).
+  `cap_input_gate`: lamb's `tiled_lstm.py`, c' = f c + min(1 - f, i) j."""
   W = np.asarray(params['input']['kernel'])
   b = np.asarray(params['input']['bias'])
   U = np.asarray(params['recurrent_kernel'])
@@ -16,6 +17,8 @@ def lstm_step(params, c, h, x):
   gate = lambda k: (x @ W[:, k * n:(k + 1) * n] + h @ U[:, k * n:(k + 1) * n]
                     + b[k * n:(k + 1) * n])
   i, f, j, o = sigmoid(gate(0)), sigmoid(gate(1)), np.tanh(gate(2)), sigmoid(gate(3))
+  if cap_input_gate:
+    i = np.minimum(1 - f, i)
   c_new = f * c + i * j
   return c_new, o * np.tanh(c_new)
 

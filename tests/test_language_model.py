@@ -150,6 +150,57 @@ def test_per_step_dropout_when_not_variational():
   assert not np.all(zero == zero[:1])  # masks differ between steps
 
 
+def test_non_variational_masks_are_lambs():
+  """lamb's shared_mask_dropout=False: the input, between-layer and output
+  masks are new at every step, each layer's state mask is drawn once per
+  window, and the layers' state masks differ."""
+  model = _lm(cell_factory=EchoCell, hidden_sizes=(3, 4), dropout_input=0.5,
+              dropout_hidden=0.5, dropout_state=0.5, dropout_output=0.5,
+              variational_dropout=False)
+  tokens = np.random.default_rng(5).integers(1, 31, (16, 12)).astype(np.int32)
+  carries = [jnp.ones((16, 3)), jnp.ones((16, 4))]
+  params = model.init(jax.random.key(0), tokens, carries)['params']
+  _, sown = model.apply({'params': params}, tokens, carries, train=True,
+                        rngs={'dropout': jax.random.key(1)}, mutable=['intermediates'])
+  out = np.asarray(sown['intermediates']['output'][0])  # (T, B, 6 + 3 + 4), undropped
+  dropped = np.asarray(sown['intermediates']['dropped_output'][0])
+  per_step = lambda zero: not np.all(zero == zero[:1])
+  # Layer 2's output: [dropped layer-1 output [dropped embedding, state mask 1], state mask 2].
+  assert per_step(out[..., :6] == 0)  # input (and between-layer) masks
+  assert per_step(out[..., 6:9] == 0)  # between-layer mask times layer 1's state mask
+  state_2 = out[..., 9:] == 0
+  assert np.all(state_2 == state_2[:1]) and 0.2 < state_2.mean() < 0.8  # once per window
+  assert per_step((dropped == 0) & (out != 0))  # output mask
+  _, sown_2 = model.apply({'params': params}, tokens, carries, train=True,
+                          rngs={'dropout': jax.random.key(2)}, mutable=['intermediates'])
+  assert not np.array_equal(np.asarray(sown_2['intermediates']['output'][0])[..., 9:] == 0,
+                            state_2)  # a new window, a new state mask
+
+
+def test_skip_connections_sum_every_layers_output():
+  from numpy_reference import lstm_step
+  model = _lm(hidden_sizes=(5, 5, 5), skip_connections=True)
+  tokens = np.random.default_rng(6).integers(0, 31, (3, 7)).astype(np.int32)
+  params = jax.tree.map(lambda x: x + 0.1, init_params(model, jax.random.key(0)))
+  logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(3))
+  x = np.asarray(params['embed']['embedding'])[tokens]  # (B, T, 6)
+  total = 0
+  for layer in range(3):
+    c = h = np.zeros((3, 5))
+    outputs = []
+    for t in range(7):
+      c, h = lstm_step(params[f'cell_{layer}'], c, h, x[:, t])
+      outputs.append(h)
+    x = np.stack(outputs, 1)
+    total = total + x
+  expected = total @ np.asarray(params['softmax']['kernel']).T + np.asarray(
+      params['softmax']['bias'])
+  np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ConfigError, match='give every layer one size'):
+    _lm(hidden_sizes=(5, 4), skip_connections=True).init(
+        jax.random.key(0), tokens, _lm(hidden_sizes=(5, 4)).initialize_carry(3))
+
+
 def test_dual_connection_feeds_the_softmax():
   """Dual: logits = W_o ReLU(W_d [e_t; h_t] + b_d) + b_o, with h_t the ERS
   model's stack output and e_t the embedded word."""

@@ -87,3 +87,46 @@ def test_carry_output_helpers(carry):
   assert carry_output(replaced) == 9.0
   if isinstance(carry, tuple):
     assert replaced[0] == 1.0
+
+
+@pytest.mark.parametrize('path', ['step', 'hoisted', 'fused', 'remat'])
+@pytest.mark.parametrize('dtype', [None, jnp.bfloat16])
+def test_capped_input_gate_in_every_path_matches_numpy(path, dtype):
+  """c' = f c + min(1 - f, i) j (lamb's `tiled_lstm.py`) over a window, run
+  step by step (`nn.RNN`), with W x hoisted, as a fused window, and
+  rematerialised; bfloat16 products within their rounding."""
+  from lm_zoo.models.recurrent import RecurrentLayer
+  m, n, batch, steps = 3, 6, 4, 7
+  cell = LSTMCell(n, cap_input_gate=True, dtype=dtype)
+  params = _random_params(LSTMCell(n), m)
+  rng = np.random.default_rng(3)
+  xs = rng.normal(size=(steps, batch, m)).astype(np.float32)
+  carry = tuple(rng.normal(size=(batch, n)).astype(np.float32) for _ in range(2))
+  if path == 'step':
+    rnn = nn.RNN(cell, return_carry=True, time_major=True)
+    (c_last, _), ys = rnn.apply({'params': {'cell': params}}, xs, initial_carry=carry)
+  else:
+    layer = RecurrentLayer(cell, fused=path == 'fused', remat=path == 'remat')
+    assert (path == 'hoisted') == (not layer.fused and not layer.remat)
+    (c_last, _), ys = layer.apply({'params': {'cell': params}}, carry, jnp.asarray(xs))
+  c, h = carry[0].astype(np.float64), carry[1].astype(np.float64)
+  tol = 1e-5 if dtype is None else 3e-2
+  for t in range(steps):
+    c, h = numpy_lstm_step(params, c, h, xs[t], cap_input_gate=True)
+    np.testing.assert_allclose(ys[t], h, rtol=tol, atol=tol)
+  np.testing.assert_allclose(c_last, c, rtol=tol, atol=tol)
+
+
+def test_the_cap_binds_where_the_gates_sum_past_one():
+  m, n = 3, 6
+  params = _random_params(LSTMCell(n), m)
+  rng = np.random.default_rng(4)
+  c, h, x = (rng.normal(size=(5, d)).astype(np.float32) for d in (n, n, m))
+  capped = LSTMCell(n, cap_input_gate=True).apply({'params': params}, (c, h), x)[0][0]
+  plain = LSTMCell(n).apply({'params': params}, (c, h), x)[0][0]
+  gate = lambda k: x @ params['input']['kernel'][:, k * n:(k + 1) * n] + h @ params[
+      'recurrent_kernel'][:, k * n:(k + 1) * n] + params['input']['bias'][k * n:(k + 1) * n]
+  over = np.asarray(jax.nn.sigmoid(gate(0)) + jax.nn.sigmoid(gate(1)) > 1)
+  assert over.any() and not over.all()
+  np.testing.assert_allclose(np.asarray(capped)[~over], np.asarray(plain)[~over], rtol=1e-6)
+  assert np.all(np.abs(np.asarray(capped) - np.asarray(plain))[over] > 0)

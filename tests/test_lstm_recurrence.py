@@ -1,5 +1,6 @@
 """lstm_recurrence and mixed_lstm_recurrence: their custom VJPs against
-autodiff of the plain scans of their equations."""
+autodiff of the plain scans of their equations, with and without the capped
+input gate."""
 
 import jax
 import jax.numpy as jnp
@@ -12,13 +13,26 @@ from lm_zoo.cells.mogrifier import MogrifierRounds
 from lm_zoo.layers.products import einsum
 
 
-def reference(projected, kernel, c0, h0, mask):
+def reference(projected, kernel, c0, h0, mask, cap=False):
   """The same recurrence as a plain scan, differentiated by autodiff."""
   def step(carry, p):
     c, h = carry
-    new_c, new_h = lstm_update(p + (h * mask) @ kernel, c)
+    new_c, new_h = lstm_update(p + (h * mask) @ kernel, c, cap)
     return (new_c, new_h), new_h
   return jax.lax.scan(step, (c0, h0), projected)
+
+
+def capped_reference(*args):
+  return reference(*args, cap=True)
+
+
+def cap_binds_somewhere_but_not_everywhere(projected):
+  """σ(i) > 1 - σ(f) at some gates of the first step's projections and not
+  at others, so both branches of the capped gate's derivative are checked."""
+  n = projected.shape[-1] // 4
+  i, f = jax.nn.sigmoid(projected[..., :n]), jax.nn.sigmoid(projected[..., n:2 * n])
+  binds = np.asarray(i > 1 - f)
+  return binds.any() and not binds.all()
 
 
 def inputs(dtype=jnp.float64, batch=3, n=4, steps=6, seed=0):
@@ -40,41 +54,49 @@ def objective(recurrence):
   return loss
 
 
-def fused(projected, kernel, c0, h0, mask, unroll=1):
-  return lstm_recurrence(projected, kernel, (c0, h0), mask, unroll=unroll)
+def fused(projected, kernel, c0, h0, mask, unroll=1, cap=False):
+  return lstm_recurrence(projected, kernel, (c0, h0), mask, unroll=unroll, cap_input_gate=cap)
 
 
+@pytest.mark.parametrize('cap', [False, True])
 @pytest.mark.parametrize('unroll', [1, 4])
-def test_outputs_equal_the_plain_scan(unroll):
+def test_outputs_equal_the_plain_scan(unroll, cap):
   with jax.enable_x64():
     args = inputs()
-    (c, h), hs = fused(*args, unroll=unroll)
-    (c_ref, h_ref), hs_ref = reference(*args)
+    (c, h), hs = fused(*args, unroll=unroll, cap=cap)
+    (c_ref, h_ref), hs_ref = reference(*args, cap=cap)
     np.testing.assert_allclose(hs, hs_ref, rtol=1e-12)
     np.testing.assert_allclose(c, c_ref, rtol=1e-12)
     np.testing.assert_allclose(h, h_ref, rtol=1e-12)
 
 
+@pytest.mark.parametrize('cap', [False, True])
 @pytest.mark.parametrize('unroll', [1, 3])
-def test_custom_vjp_equals_autodiff_for_every_input(unroll):
+def test_custom_vjp_equals_autodiff_for_every_input(unroll, cap):
   with jax.enable_x64():
     args = inputs()
-    grads = jax.grad(objective(lambda *a: fused(*a, unroll=unroll)), argnums=range(5))(*args)
-    expected = jax.grad(objective(reference), argnums=range(5))(*args)
+    assert cap_binds_somewhere_but_not_everywhere(args[0])
+    grads = jax.grad(objective(lambda *a: fused(*a, unroll=unroll, cap=cap)),
+                     argnums=range(5))(*args)
+    expected = jax.grad(objective(capped_reference if cap else reference),
+                        argnums=range(5))(*args)
     for name, got, want in zip(['projected', 'kernel', 'c0', 'h0', 'mask'], grads, expected):
       np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=name)
 
 
-def test_custom_vjp_matches_finite_differences_of_the_kernel():
+@pytest.mark.parametrize('cap', [False, True])
+def test_custom_vjp_matches_finite_differences(cap):
   with jax.enable_x64():
-    projected, kernel, c0, h0, mask = inputs(seed=3)
-    loss = objective(fused)
-    grad = jax.grad(loss, argnums=1)(projected, kernel, c0, h0, mask)
-    direction = jax.random.normal(jax.random.key(9), kernel.shape, kernel.dtype)
-    eps = 1e-6
-    numeric = (loss(projected, kernel + eps * direction, c0, h0, mask)
-               - loss(projected, kernel - eps * direction, c0, h0, mask)) / (2 * eps)
-    np.testing.assert_allclose(jnp.vdot(grad, direction), numeric, rtol=1e-7)
+    args = inputs(seed=3)
+    loss = objective(lambda *a: fused(*a, cap=cap))
+    grads = jax.grad(loss, argnums=range(4))(*args)
+    for k, name in enumerate(['projected', 'kernel', 'c0', 'h0']):
+      direction = jax.random.normal(jax.random.key(9 + k), args[k].shape, args[k].dtype)
+      along = lambda eps: loss(*args[:k], args[k] + eps * direction, *args[k + 1:])
+      eps = 1e-6
+      np.testing.assert_allclose(jnp.vdot(grads[k], direction),
+                                 (along(eps) - along(-eps)) / (2 * eps), rtol=1e-6,
+                                 err_msg=name)
 
 
 def test_float32_gradients_match_autodiff_and_no_mask_means_ones():
@@ -87,7 +109,8 @@ def test_float32_gradients_match_autodiff_and_no_mask_means_ones():
     np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
 
 
-def test_bfloat16_products_match_autodiff_of_the_same_rounded_products():
+@pytest.mark.parametrize('cap', [False, True])
+def test_bfloat16_products_match_autodiff_of_the_same_rounded_products(cap):
   """dtype=bfloat16: the gates and states stay float32 and every product
   takes bfloat16 operands, so the hand-written backward pass equals autodiff
   of a plain scan whose products are `products.einsum` in bfloat16 (which
@@ -98,22 +121,26 @@ def test_bfloat16_products_match_autodiff_of_the_same_rounded_products():
   def rounded_reference(projected, kernel, c0, h0, mask):
     def step(carry, p):
       c, h = carry
-      new_c, new_h = lstm_update(p + einsum('bn,nk->bk', h * mask, kernel, jnp.bfloat16), c)
+      new_c, new_h = lstm_update(p + einsum('bn,nk->bk', h * mask, kernel, jnp.bfloat16), c,
+                                 cap)
       return (new_c, new_h), new_h
     return jax.lax.scan(step, (c0, h0), projected)
 
   fused = objective(lambda p, k, c, h, m: lstm_recurrence(p, k, (c, h), m,
-                                                          dtype=jnp.bfloat16))
-  (c, h), hs = lstm_recurrence(projected, kernel, (c0, h0), mask, dtype=jnp.bfloat16)
+                                                          dtype=jnp.bfloat16,
+                                                          cap_input_gate=cap))
+  (c, h), hs = lstm_recurrence(projected, kernel, (c0, h0), mask, dtype=jnp.bfloat16,
+                               cap_input_gate=cap)
   assert hs.dtype == c.dtype == h.dtype == jnp.float32
   got = jax.grad(fused, argnums=(0, 1, 2, 3, 4))(projected, kernel, c0, h0, mask)
   want = jax.grad(objective(rounded_reference), argnums=(0, 1, 2, 3, 4))(
       projected, kernel, c0, h0, mask)
-  full = jax.grad(objective(reference), argnums=(0, 1, 2, 3, 4))(
+  full = jax.grad(objective(lambda *a: reference(*a, cap=cap)), argnums=(0, 1, 2, 3, 4))(
       projected, kernel, c0, h0, mask)
   for g, w, f in zip(got, want, full):
     assert g.dtype == jnp.float32
-    np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+    # float32 sums in different orders; the capped gate's c_{t-1} - tanh(j) cancels more.
+    np.testing.assert_allclose(g, w, rtol=2e-4, atol=5e-5)
     np.testing.assert_allclose(g, f, rtol=0.1, atol=0.03)
   assert max(float(jnp.abs(g - f).max()) for g, f in zip(got, full)) > 1e-3
 
@@ -147,20 +174,20 @@ def mixed_inputs(rounds, rank, seed=0, dtype=jnp.float64, batch=3, n=4, steps=6)
 
 
 def mixed_reference(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0,
-                    mask):
+                    mask, cap=False):
   """The mixed LSTM as a plain scan of its equations, differentiated by autodiff."""
   def step(carry, x):
     c, h = carry
     x_up, h_up, _ = mix.forward(round_params, x, h * mask)
-    new_c, new_h = lstm_update(x_up @ input_kernel + h_up @ recurrent_kernel + bias, c)
+    new_c, new_h = lstm_update(x_up @ input_kernel + h_up @ recurrent_kernel + bias, c, cap)
     return (new_c, new_h), new_h
   return jax.lax.scan(step, (c0, h0), inputs)
 
 
 def mixed_fused(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask,
-                unroll=1):
+                unroll=1, cap=False):
   return mixed_lstm_recurrence(inputs, input_kernel, bias, recurrent_kernel, (c0, h0), mix,
-                               round_params, mask, unroll=unroll)
+                               round_params, mask, unroll=unroll, cap_input_gate=cap)
 
 
 MIXED_ARGS = ['round_params', 'inputs', 'input_kernel', 'bias', 'recurrent_kernel', 'c0', 'h0',
@@ -175,21 +202,22 @@ def mixed_objective(recurrence, mix):
   return loss
 
 
-@pytest.mark.parametrize('rounds, rank, zigzag, unroll',
-                         [(1, 0, True, 1), (5, 3, True, 2), (5, 0, False, 1), (4, 2, False, 3)])
+@pytest.mark.parametrize('rounds, rank, zigzag, unroll, cap',
+                         [(1, 0, True, 1, False), (5, 3, True, 2, False), (5, 0, False, 1, True),
+                          (4, 2, False, 3, False), (5, 3, True, 1, True)])
 def test_mixed_recurrence_equals_the_plain_scan_with_every_gradient(rounds, rank, zigzag,
-                                                                    unroll):
+                                                                    unroll, cap):
   with jax.enable_x64():
     args = mixed_inputs(rounds, rank, seed=rounds)
     values = [args[name] for name in MIXED_ARGS]
     mix = MogrifierRounds(rounds, zigzag)
-    (c, h), hs = mixed_fused(mix, *values, unroll=unroll)
-    (c_ref, h_ref), hs_ref = mixed_reference(mix, *values)
+    (c, h), hs = mixed_fused(mix, *values, unroll=unroll, cap=cap)
+    (c_ref, h_ref), hs_ref = mixed_reference(mix, *values, cap=cap)
     for got, want in ((hs, hs_ref), (c, c_ref), (h, h_ref)):
       np.testing.assert_allclose(got, want, rtol=1e-12)
-    grads = jax.grad(mixed_objective(lambda *a: mixed_fused(*a, unroll=unroll), mix),
+    grads = jax.grad(mixed_objective(lambda *a: mixed_fused(*a, unroll=unroll, cap=cap), mix),
                      argnums=range(len(MIXED_ARGS)))(*values)
-    expected = jax.grad(mixed_objective(mixed_reference, mix),
+    expected = jax.grad(mixed_objective(lambda *a: mixed_reference(*a, cap=cap), mix),
                         argnums=range(len(MIXED_ARGS)))(*values)
     for name, got, want in zip(MIXED_ARGS, grads, expected):
       jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12,

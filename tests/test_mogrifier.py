@@ -46,6 +46,28 @@ def test_mogrified_lstm_matches_equations(rounds, rank, zigzag):
   np.testing.assert_array_equal(out, h_new)
 
 
+@pytest.mark.parametrize('inner', ['lstm', 'mlstm'])
+def test_capped_input_gate_inside_mogrify_matches_equations(inner):
+  """lamb's published Mogrifier configs: rounds, then c' = f c + min(1 - f, i) j."""
+  base = (LSTMCell(N, cap_input_gate=True) if inner == 'lstm'
+          else MLSTMCell(N, cap_input_gate=True))
+  cell = Mogrify(base, rounds=5, rank=3)
+  params = _init(cell, seed=2)
+  c, h, x = _inputs(2)
+  (c_new, h_new), _ = jax.jit(cell.apply)({'params': params}, (c, h), x)
+  x_up, h_up = mogrify(params, x, h, 5)
+  inner_params = params['cell']
+  if inner == 'mlstm':
+    h_up = (x_up @ np.asarray(inner_params['mx']['kernel'])) * (
+        h_up @ np.asarray(inner_params['mh']['kernel']))
+    inner_params = inner_params['lstm']
+  c_ref, h_ref = lstm_step(inner_params, c, h_up, x_up, cap_input_gate=True)
+  np.testing.assert_allclose(c_new, c_ref, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(h_new, h_ref, rtol=2e-5, atol=2e-5)
+  c_plain, _ = lstm_step(inner_params, c, h_up, x_up)
+  assert not np.allclose(c_ref, c_plain)  # the cap binds for some units
+
+
 def test_zigzag_and_no_zigzag_differ_from_round_two():
   c, h, x = _inputs()
   outs = {}
@@ -212,9 +234,10 @@ def test_rounds_backward_and_parameter_gradient_equal_autodiff(rounds, rank, zig
                  d_params, want[0])
 
 
-@pytest.mark.parametrize('rank, zigzag', [(0, True), (2, False)])
-def test_window_scan_equals_the_step_by_step_scan(rank, zigzag):
-  cell = Mogrify(LSTMCell(N), rounds=5, rank=rank, zigzag=zigzag)
+@pytest.mark.parametrize('rank, zigzag, cap', [(0, True, False), (2, False, False),
+                                               (3, True, True)])
+def test_window_scan_equals_the_step_by_step_scan(rank, zigzag, cap):
+  cell = Mogrify(LSTMCell(N, cap_input_gate=cap), rounds=5, rank=rank, zigzag=zigzag)
   assert supports_window_scan(cell)
   xs = jax.random.normal(jax.random.key(1), (6, B, M))
   carry = (jax.random.normal(jax.random.key(2), (B, N)), jnp.tanh(

@@ -63,6 +63,7 @@ class ALSTMCell(nn.RNNCellBase):
       and `dtype=`: `LSTMCell` (recurrent, eq. 7) or `StaticLatent` (eq. 6).
     latent_size: the size of z (100 in the paper).
     forget_bias: initial forget-gate bias.
+    cap_input_gate: cap the input gate at one minus the forget gate (`LSTMCell`).
     dtype: the products' dtype of the adaptation model, the policy and the
       adaptive layers (None: from the inputs; bfloat16 sums and returns
       float32, `lm_zoo.layers.products`); gates and states stay float32.
@@ -73,6 +74,7 @@ class ALSTMCell(nn.RNNCellBase):
   latent: Callable[..., nn.RNNCellBase] = LSTMCell
   latent_size: int = 100
   forget_bias: float = 1.0
+  cap_input_gate: bool = False
   dtype: Any = None
   param_dtype: Any = jnp.float32
 
@@ -95,7 +97,7 @@ class ALSTMCell(nn.RNNCellBase):
     gates = (adaptive('input', use_bias=False)(x, policies=(x_scale, w_scale))
              + adaptive('recurrent', bias_init=gate_bias_init(n, self.forget_bias))(
                  h, policies=(h_scale, v_scale, b_scale)))
-    new_c, new_h = lstm_update(gates, c)
+    new_c, new_h = lstm_update(gates, c, self.cap_input_gate)
     return (latent_carry, new_c, new_h), new_h
 
   def __call__(self, carry, inputs: jax.Array):

@@ -31,10 +31,15 @@ def gate_bias_init(features: int, forget_bias: float) -> Initializer:
   return init_fn
 
 
-def lstm_update(gates: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(c', h') from the pre-activations [i, f, j, o] (..., 4n) and c."""
+def lstm_update(gates: jax.Array, c: jax.Array,
+                cap_input_gate: bool = False) -> tuple[jax.Array, jax.Array]:
+  """(c', h') from the pre-activations [i, f, j, o] (..., 4n) and c; with
+  `cap_input_gate` the input gate is min(1 - σ(f), σ(i)) (lamb)."""
   i, f, j, o = jnp.split(gates, 4, axis=-1)
-  new_c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(j)
+  forget, write = nn.sigmoid(f), nn.sigmoid(i)
+  if cap_input_gate:
+    write = jnp.minimum(1 - forget, write)
+  new_c = forget * c + write * jnp.tanh(j)
   return new_c, nn.sigmoid(o) * jnp.tanh(new_c)
 
 
@@ -44,7 +49,10 @@ class LSTMCell(nn.RNNCellBase):
       [i, f, j, o] = W x + U h + b
       c' = σ(f) ⊙ c + σ(i) ⊙ tanh(j),   h' = σ(o) ⊙ tanh(c')
 
-  Gate order in the fused (…, 4n) parameters is i, f, j, o. The forget-gate
+  or, with `cap_input_gate`, c' = σ(f) ⊙ c + min(1 - σ(f), σ(i)) ⊙ tanh(j):
+  the input gate capped at one minus the forget gate, which keeps c in
+  [-1, 1] (lamb's `tiled_lstm.py`; every published Mogrifier-paper config
+  sets it). Gate order in the fused (…, 4n) parameters is i, f, j, o. The forget-gate
   bias starts at `forget_bias` (+1 as in alstm and lamb). W x can be computed
   for all time steps at once (`project_inputs`) and fed to `step_projected`,
   which is what our stacks do; `__call__` does both for one step, so the cell
@@ -56,6 +64,7 @@ class LSTMCell(nn.RNNCellBase):
   Attributes:
     features: the hidden size n.
     forget_bias: added to the forget gate's initial bias.
+    cap_input_gate: cap σ(i) at 1 - σ(f) (see above).
     kernel_init: initialiser of W (m, 4n), applied per gate.
     recurrent_kernel_init: initialiser of U (n, 4n), applied per gate.
     dtype: computation dtype (None: from the inputs). bfloat16 is mixed
@@ -67,6 +76,7 @@ class LSTMCell(nn.RNNCellBase):
 
   features: int
   forget_bias: float = 1.0
+  cap_input_gate: bool = False
   kernel_init: Initializer = nn.initializers.lecun_normal()
   recurrent_kernel_init: Initializer = nn.initializers.orthogonal()
   dtype: Any = None
@@ -93,7 +103,8 @@ class LSTMCell(nn.RNNCellBase):
   def step_projected(self, carry, projected: jax.Array):
     """One step given W x + b; returns ((c', h'), h')."""
     c, h = carry
-    new_c, new_h = lstm_update(projected + matmul(h, self.recurrent_kernel, self.dtype), c)
+    new_c, new_h = lstm_update(projected + matmul(h, self.recurrent_kernel, self.dtype), c,
+                               self.cap_input_gate)
     return (new_c, new_h), new_h
 
   def scan_projected(self, carry, projected: jax.Array, state_mask: jax.Array | None = None,
@@ -102,7 +113,8 @@ class LSTMCell(nn.RNNCellBase):
     recurrent weight gradient of `lstm_recurrence`; returns (carry, (T, B, n))."""
     dtype = self.dtype or jnp.result_type(projected, self.recurrent_kernel)
     projected = projected.astype(accumulation_dtype(dtype))
-    return lstm_recurrence(projected, self.recurrent_kernel, carry, state_mask, unroll, dtype)
+    return lstm_recurrence(projected, self.recurrent_kernel, carry, state_mask, unroll, dtype,
+                           self.cap_input_gate)
 
   def scan_window(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None,
                   unroll: int = 1):
@@ -122,7 +134,7 @@ class LSTMCell(nn.RNNCellBase):
     dtype = self.dtype or jnp.result_type(inputs, dense['kernel'])
     return mixed_lstm_recurrence(inputs, dense['kernel'], dense['bias'],
                                  self.recurrent_kernel, carry, mix, mix_params, state_mask,
-                                 dtype, unroll)
+                                 dtype, unroll, self.cap_input_gate)
 
   def __call__(self, carry, inputs: jax.Array):
     return self.step_projected(carry, self.project_inputs(inputs))

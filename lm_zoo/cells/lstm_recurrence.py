@@ -7,7 +7,8 @@ kernel U (n, 4n) and the carry (c_0, h_0), `lstm_recurrence` runs
     c_t = σ(f) ⊙ c_{t-1} + σ(i) ⊙ tanh(j),   h_t = σ(o) ⊙ tanh(c_t)
 
 (MODELS.md section 1; m is an optional dropout mask on the fed-back state)
-as one `lax.scan`. Autodiff of that scan would add the rank-B product
+as one `lax.scan`; with the capped input gate of lamb's `tiled_lstm.py`,
+c_t = σ(f) ⊙ c_{t-1} + min(1 - σ(f), σ(i)) ⊙ tanh(j). Autodiff of that scan would add the rank-B product
 (m ⊙ h_{t-1})ᵀ dG_t into the (n, 4n) gradient of U at every step, a pass over
 the whole matrix per time step. The custom VJP here keeps only dh_{t-1} =
 dG_t Uᵀ in the backward scan and computes dU = Hᵀ dG as one (n, T·B) x
@@ -39,9 +40,12 @@ def _activations(gates: jax.Array) -> jax.Array:
   return jnp.tanh(gates * scale) * scale + jnp.where(is_sigmoid, 0.5, 0.0).astype(gates.dtype)
 
 
-def _cell_update(act: jax.Array, c: jax.Array, h: jax.Array):
-  """(c', h') from the gate activations and the carry, in the carry's dtypes."""
+def _cell_update(act: jax.Array, c: jax.Array, h: jax.Array, cap_input_gate: bool):
+  """(c', h') from the gate activations and the carry, in the carry's dtypes;
+  `cap_input_gate` writes with min(1 - σ(f), σ(i)) in place of σ(i)."""
   i, f, j, o = jnp.split(act, 4, axis=-1)
+  if cap_input_gate:
+    i = jnp.minimum(1 - f, i)
   new_c = (f * c + i * j).astype(c.dtype)
   return new_c, (o * jnp.tanh(new_c)).astype(h.dtype)
 
@@ -51,16 +55,27 @@ def _shifted(first, rest):
   return jnp.concatenate([first[None], rest[:-1]], axis=0)
 
 
-def _backward_factors(acts, cs, c0):
+def _backward_factors(acts, cs, c0, cap_input_gate):
   """Everything the backward pass needs that does not depend on the incoming
   gradients, for all steps at once (the scan then only chains d_c and d_h):
-  σ(f), dc/dh through h = σ(o) tanh(c), and each gate's derivative factor."""
+  σ(f), dc/dh through h = σ(o) tanh(c), and each gate's derivative factor.
+
+  With the capped gate, dc/dσ(i) = tanh(j) where σ(i) < 1 - σ(f) and 0
+  elsewhere, and dc/dσ(f) = c_{t-1} - tanh(j) where the cap binds (ties go
+  to the cap, as TensorFlow's `minimum` sends them to its first argument)."""
   i, f, j, o = jnp.split(acts, 4, axis=-1)
   tanh_c = jnp.tanh(cs)
   c_prev = _shifted(c0, cs)
   d_c_from_h = o * (1 - tanh_c * tanh_c)
+  d_i, d_f, written = j, c_prev, i
+  if cap_input_gate:
+    below_cap = i < 1 - f
+    d_i = jnp.where(below_cap, j, 0)
+    d_f = c_prev - jnp.where(below_cap, 0, j)
+    written = jnp.where(below_cap, i, 1 - f)
   gate_scales = jnp.concatenate(
-      [j * i * (1 - i), c_prev * f * (1 - f), i * (1 - j * j), tanh_c * o * (1 - o)], axis=-1)
+      [d_i * i * (1 - i), d_f * f * (1 - f), written * (1 - j * j), tanh_c * o * (1 - o)],
+      axis=-1)
   return f, d_c_from_h, gate_scales
 
 
@@ -78,7 +93,8 @@ def _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d
           (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
 
 
-def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll):
+def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
+                  cap_input_gate):
   """Returns the outputs h_1..h_T (T, B, n), the final carry, and per step
   the gate activations (T, B, 4n) and cell states c_1..c_T (T, B, n). Few
   arrays per step: each is a separate write in every loop iteration."""
@@ -87,30 +103,33 @@ def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll
   def step(carry, p):
     c, h = carry
     act = _activations(p + contract('bn,nk->bk', h * state_mask, kernel, dtype))
-    new_c, new_h = _cell_update(act, c, h)
+    new_c, new_h = _cell_update(act, c, h, cap_input_gate)
     return (new_c, new_h), (new_h, act, new_c)
 
   (c, h), (hs, acts, cs) = jax.lax.scan(step, (c0, h0), projected, unroll=unroll)
   return hs, (c, h), (acts, cs)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _recurrence(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll):
-  hs, carry, _ = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _recurrence(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
+                cap_input_gate):
+  hs, carry, _ = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
+                               cap_input_gate)
   return hs, carry
 
 
-def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll):
+def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
+                    cap_input_gate):
   hs, carry, (acts, cs) = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask,
-                                        dtype, unroll)
+                                        dtype, unroll, cap_input_gate)
   return (hs, carry), (recurrent_kernel, state_mask, c0, h0, hs, acts, cs)
 
 
-def _recurrence_bwd(dtype, unroll, saved, cotangents):
+def _recurrence_bwd(dtype, unroll, cap_input_gate, saved, cotangents):
   recurrent_kernel, state_mask, c0, h0, hs, acts, cs = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev = _shifted(h0, hs)
-  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0)
+  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
   kernel_t = recurrent_kernel.astype(dtype).T
 
   def step(carry, xs):
@@ -140,7 +159,7 @@ def _state_mask(state_mask, h0):
 
 def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
                     carry: tuple[jax.Array, jax.Array], state_mask: jax.Array | None = None,
-                    unroll: int = 1, dtype: Any = None):
+                    unroll: int = 1, dtype: Any = None, cap_input_gate: bool = False):
   """The LSTM over a window, differentiated with the batched weight gradient.
 
   Args:
@@ -153,6 +172,7 @@ def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
     unroll: scan steps per loop iteration, forward and backward.
     dtype: the matrix products' operand dtype (None: the projections');
       bfloat16 sums in float32 (`products.contract`).
+    cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
 
   Returns:
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
@@ -162,7 +182,7 @@ def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
     raise ValueError(f'projected inputs {projected.shape} do not match the recurrent kernel '
                      f'{recurrent_kernel.shape}: expected (T, B, {recurrent_kernel.shape[-1]})')
   hs, new_carry = _recurrence(projected, recurrent_kernel, c0, h0, _state_mask(state_mask, h0),
-                              jnp.dtype(dtype or projected.dtype), unroll)
+                              jnp.dtype(dtype or projected.dtype), unroll, cap_input_gate)
   return new_carry, hs
 
 
@@ -186,7 +206,8 @@ class Mix(Protocol):
     """dL/dθ from every step's inputs, residuals and stash, each (T, B, ...)."""
 
 
-def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mask, unroll):
+def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mask, unroll,
+                        cap_input_gate):
   """The forward scan of `mixed_lstm_recurrence`; per step it also keeps
   mix's residuals and [x', h'], the input of the gates' one matrix product."""
 
@@ -195,7 +216,7 @@ def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mas
     mixed_x, mixed_h, residuals = mix.forward(mix_params, x, h * state_mask)
     mixed = jnp.concatenate([mixed_x, mixed_h], axis=-1).astype(kernel.dtype)
     act = _activations(contract('bm,mk->bk', mixed, kernel, kernel.dtype) + bias)
-    new_c, new_h = _cell_update(act, c, h)
+    new_c, new_h = _cell_update(act, c, h, cap_input_gate)
     return (new_c, new_h), (new_h, act, new_c, mixed, residuals)
 
   (c, h), (hs, acts, cs, mixed, residuals) = jax.lax.scan(step, (c0, h0), inputs,
@@ -207,33 +228,33 @@ def _stacked_kernel(input_kernel, recurrent_kernel, dtype):
   return jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 9, 10))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 9, 10, 11))
 def _mixed_recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
-                      state_mask, dtype, unroll):
+                      state_mask, dtype, unroll, cap_input_gate):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
   hs, carry, _ = _mixed_forward_scan(mix, mix_params, kernel,
                                      bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
-                                     state_mask, unroll)
+                                     state_mask, unroll, cap_input_gate)
   return hs, carry
 
 
 def _mixed_recurrence_fwd(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0,
-                          h0, state_mask, dtype, unroll):
+                          h0, state_mask, dtype, unroll, cap_input_gate):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
   hs, carry, (acts, cs, mixed, residuals) = _mixed_forward_scan(
       mix, mix_params, kernel, bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
-      state_mask, unroll)
+      state_mask, unroll, cap_input_gate)
   saved = (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0,
            h0, hs, acts, cs, mixed, residuals)
   return (hs, carry), saved
 
 
-def _mixed_recurrence_bwd(mix, dtype, unroll, saved, cotangents):
+def _mixed_recurrence_bwd(mix, dtype, unroll, cap_input_gate, saved, cotangents):
   (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0, h0, hs,
    acts, cs, mixed, residuals) = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev = _shifted(h0, hs)
-  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0)
+  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
   kernel_t = kernel.T
   m = input_kernel.shape[0]
 
@@ -269,7 +290,7 @@ _mixed_recurrence.defvjp(_mixed_recurrence_fwd, _mixed_recurrence_bwd)
 def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.Array,
                           recurrent_kernel: jax.Array, carry: tuple[jax.Array, jax.Array],
                           mix: Mix, mix_params: Any, state_mask: jax.Array | None = None,
-                          dtype: Any = None, unroll: int = 1):
+                          dtype: Any = None, unroll: int = 1, cap_input_gate: bool = False):
   """The LSTM over a window whose gates read (x'_t, h'_{t-1}) = mix(θ, x_t, m ⊙ h_{t-1}):
 
       [i, f, j, o] = x'_t W + h'_{t-1} U + b,
@@ -293,6 +314,7 @@ def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.
       bfloat16 sums in float32 and computes the gates in float32
       (`products.contract`).
     unroll: scan steps per loop iteration, forward and backward.
+    cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
 
   Returns:
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
@@ -306,5 +328,5 @@ def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.
                      f'{n} units: expected (T, B, m), ({m}, {4 * n}), ({n}, {4 * n}), ({4 * n},)')
   hs, new_carry = _mixed_recurrence(
       mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
-      _state_mask(state_mask, h0), jnp.dtype(dtype or inputs.dtype), unroll)
+      _state_mask(state_mask, h0), jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate)
   return new_carry, hs

@@ -21,11 +21,13 @@ class MLSTMCell(nn.RNNCellBase):
   Attributes:
     features: hidden size n (also the size of h_m).
     forget_bias: the inner LSTM's initial forget-gate bias.
+    cap_input_gate: the inner LSTM's capped input gate (`LSTMCell`).
     dtype, param_dtype: as for `LSTMCell`.
   """
 
   features: int
   forget_bias: float = 1.0
+  cap_input_gate: bool = False
   dtype: Any = None
   param_dtype: Any = jnp.float32
 
@@ -35,7 +37,7 @@ class MLSTMCell(nn.RNNCellBase):
     factor = lambda name: dense(self.features, self.dtype, use_bias=False,
                                 param_dtype=self.param_dtype, name=name)
     h_m = factor('mx')(inputs) * factor('mh')(h)
-    return LSTMCell(self.features, self.forget_bias, dtype=self.dtype,
+    return LSTMCell(self.features, self.forget_bias, self.cap_input_gate, dtype=self.dtype,
                     param_dtype=self.param_dtype, name='lstm')((c, h_m), inputs)
 
   @nn.nowrap

@@ -31,6 +31,9 @@ def _lstm_rhn(cfg: ml_collections.ConfigDict) -> bool:
   if not cfg.variational_dropout:
     raise ConfigError('model.alstm.latent=lstm_rhn has variational dropout only: '
                       'set model.variational_dropout=True')
+  if cfg.skip_connections:
+    raise ConfigError('model.alstm.latent=lstm_rhn steps the layers together and has no '
+                      'skip connections: set model.skip_connections=False')
   return True
 
 
@@ -39,18 +42,26 @@ def _alstm(cfg: ml_collections.ConfigDict):
     raise ConfigError(f'unknown aLSTM adaptation model {cfg.alstm.latent!r} '
                       f'(model.alstm.latent): choose one of {", ".join(LATENTS)}')
   return functools.partial(ALSTMCell, latent=LATENTS[cfg.alstm.latent],
-                           latent_size=cfg.alstm.latent_size, forget_bias=cfg.forget_bias)
+                           latent_size=cfg.alstm.latent_size, forget_bias=cfg.forget_bias,
+                           cap_input_gate=cfg.cap_input_gate)
+
+
+def _lstm_family(cell_class):
+  return lambda cfg: functools.partial(cell_class, forget_bias=cfg.forget_bias,
+                                       cap_input_gate=cfg.cap_input_gate)
 
 
 # Cell name -> (model config -> constructor taking `features=`). New cells register here.
 CELLS = {
-    'lstm': lambda cfg: functools.partial(LSTMCell, forget_bias=cfg.forget_bias),
-    'mlstm': lambda cfg: functools.partial(MLSTMCell, forget_bias=cfg.forget_bias),
+    'lstm': _lstm_family(LSTMCell),
+    'mlstm': _lstm_family(MLSTMCell),
     'alstm': _alstm,
     'flax_lstm': lambda cfg: nn.OptimizedLSTMCell,
     'gru': lambda cfg: nn.GRUCell,
     'simple': lambda cfg: nn.SimpleCell,
 }
+# The cells that take model.forget_bias and model.cap_input_gate.
+LSTM_FAMILY = ('lstm', 'mlstm', 'alstm')
 
 
 # model.dtype -> computation dtype (None: float32 from the float32 parameters).
@@ -70,6 +81,9 @@ def cell_factory(cfg: ml_collections.ConfigDict):
   if cfg.cell not in CELLS:
     raise ConfigError(f'unknown cell {cfg.cell!r} (model.cell): choose one of '
                       f'{", ".join(CELLS)}')
+  if cfg.cap_input_gate and cfg.cell not in LSTM_FAMILY:
+    raise ConfigError(f'model.cap_input_gate applies to the cells {", ".join(LSTM_FAMILY)}, '
+                      f'not {cfg.cell!r}: set it False or choose one of them')
   dtype = compute_dtype(cfg)
   make_cell = functools.partial(CELLS[cfg.cell](cfg), dtype=dtype)
   mog = cfg.mogrifier
@@ -108,6 +122,7 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
       fused_recurrence=cfg.fused_recurrence,
       remat=cfg.remat,
       dtype=compute_dtype(cfg),
+      skip_connections=cfg.skip_connections,
       lstm_rhn=_lstm_rhn(cfg),
       dual_size=cfg.dual.size,
       dropout_dual_input=cfg.dual.dropout_input,

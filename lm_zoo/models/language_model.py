@@ -55,6 +55,9 @@ class RecurrentLM(nn.Module):
   The last layer's output is sown into the 'intermediates' collection as
   `output` (undropped) and `dropped_output`, for AR and TAR.
 
+  With `skip_connections` the stack's output is the sum of every layer's
+  undropped output (lamb's `lstm_skip_connection`; layers of one size).
+
   With `lstm_rhn` the layers (aLSTM cells with recurrent adaptation models)
   are stepped together as the LSTM-RHN of the aLSTM paper's eq. (9) instead
   of one after another; its dropout is always variational.
@@ -84,6 +87,7 @@ class RecurrentLM(nn.Module):
       parameters' dtype. With bfloat16 those products take bfloat16
       operands and sum in float32 (`lm_zoo.layers.products`). Logits are
       always float32 or wider.
+    skip_connections: the stack returns the sum of its layers' outputs.
     lstm_rhn: wire the layers as `LSTMRHNStack` (aLSTM cells only).
     dual_size: > 0 adds the dual connection of that size (`DualConnection`)
       between the stack and the softmax; 0 is the ERS architecture.
@@ -111,6 +115,7 @@ class RecurrentLM(nn.Module):
   fused_recurrence: bool = True
   remat: bool = False
   dtype: Any = None
+  skip_connections: bool = False
   lstm_rhn: bool = False
   dual_size: int = 0
   dropout_dual_input: float = 0.0
@@ -169,7 +174,7 @@ class RecurrentLM(nn.Module):
           dropout_state=self.dropout_state,
           variational_dropout=self.variational_dropout, unroll=self.unroll,
           fused=self.fused_recurrence, remat=self.remat,
-          name='stack')(carries, x, train=train)
+          skip_connections=self.skip_connections, name='stack')(carries, x, train=train)
     self.sow('intermediates', 'output', h)
     h = nn.Dropout(self.dropout_output, broadcast_dims=time_shared,
                    deterministic=not train)(h)

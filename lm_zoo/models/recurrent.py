@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.base import (carry_output, replace_carry_output, supports_hoisting,
                                supports_window_scan)
+from lm_zoo.errors import ConfigError
 
 
 def _step(cell, carry, x, state_mask):
@@ -72,8 +73,11 @@ class RecurrentStack(nn.Module):
   `dropout_hidden` drops each layer's output that feeds the next layer,
   `dropout_state` the h each layer feeds back to itself, with masks drawn once
   per call and shared over time (Gal & Ghahramani 2016); with
-  `variational_dropout=False` the between-layer mask is new at every step.
-  The last layer's output is returned undropped.
+  `variational_dropout=False` the between-layer mask is new at every step
+  (the state's stays one per call, as lamb's `shared_mask_dropout=False`).
+  The stack returns the last layer's output undropped or, with
+  `skip_connections`, the sum of every layer's undropped output
+  (lamb's `skip_multi_rnn_cell.py`; all layers must then be of one size).
 
   Attributes:
     cells: one `nn.RNNCellBase` per layer.
@@ -83,6 +87,7 @@ class RecurrentStack(nn.Module):
     unroll: scan unroll.
     fused: run each window with the cell's `scan_window` when it has one.
     remat: recompute each step in the backward pass (`RecurrentLayer`).
+    skip_connections: return the sum of the layers' outputs.
   """
 
   cells: Sequence[nn.RNNCellBase]
@@ -92,11 +97,12 @@ class RecurrentStack(nn.Module):
   unroll: int = 1
   fused: bool = True
   remat: bool = False
+  skip_connections: bool = False
 
   @nn.compact
   def __call__(self, carries: Sequence[Any], inputs: jax.Array, *, train: bool):
     """inputs (T, B, m) time-major; returns (new carries, outputs (T, B, n))."""
-    new_carries, x = [], inputs
+    new_carries, x, total = [], inputs, None
     for layer, (cell, carry) in enumerate(zip(self.cells, carries)):
       if layer > 0:
         x = nn.Dropout(self.dropout_hidden,
@@ -111,4 +117,10 @@ class RecurrentStack(nn.Module):
                                 remat=self.remat, name=f'layer_{layer}')(
           carry, x, state_mask)
       new_carries.append(carry)
-    return new_carries, x
+      if self.skip_connections:
+        if total is not None and x.shape != total.shape:
+          raise ConfigError(f'skip connections sum the layers\' outputs, but layer {layer} '
+                            f'has {x.shape[-1]} units and the layers below '
+                            f'{total.shape[-1]}: give every layer one size')
+        total = x if total is None else total + x
+    return new_carries, x if total is None else total

@@ -1,7 +1,8 @@
-"""AWD-LSTM's regularisers that act on weights and activations rather than
-inside the model's layers (Merity et al. 2018; MODELS.md section 5): weight
-drop (DropConnect on the hidden-to-hidden matrices), activation
-regularisation (AR) and temporal activation regularisation (TAR).
+"""Regularisers that act on weights, activations and carried states rather
+than inside the model's layers: AWD-LSTM's (Merity et al. 2018; MODELS.md
+section 5) weight drop (DropConnect on the hidden-to-hidden matrices),
+activation regularisation (AR) and temporal activation regularisation (TAR),
+and lamb's state dropping (MODELS.md section 2).
 
 Weight drop transforms the parameter pytree before the model is applied, so
 it works with every cell whose recurrent matrix `is_recurrent_kernel` finds,
@@ -73,3 +74,19 @@ def temporal_activation_penalty(outputs: jax.Array, beta: float) -> jax.Array:
   """TAR: beta * mean((h_t - h_{t-1})²) over the last layer's undropped
   outputs (T, B, n), time first."""
   return beta * jnp.mean(jnp.square(outputs[1:] - outputs[:-1]))
+
+
+def drop_carried_state(carries: Any, rate: float, rng: jax.Array) -> Any:
+  """Each batch row's carried state zeroed with probability `rate`, as lamb's
+  `drop_state_probability` does before every training window (`training.py`):
+  one draw per row, shared by every layer and every part of its carry (c and
+  h alike), and no rescaling of the rows kept. Every leaf of `carries` has the
+  batch as its first axis."""
+  if not 0 <= rate < 1:
+    raise ValueError(f'the state drop rate must be in [0, 1), got {rate}')
+  leaves = jax.tree.leaves(carries)
+  if rate == 0 or not leaves:
+    return carries
+  keep = jax.random.bernoulli(rng, 1.0 - rate, (leaves[0].shape[0],))
+  return jax.tree.map(
+      lambda x: x * keep.reshape(-1, *(1,) * (x.ndim - 1)).astype(x.dtype), carries)

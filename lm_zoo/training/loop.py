@@ -134,7 +134,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   data_cfg, train_cfg = config.data, config.train
   train_step = make_train_step(model, optimizer, sum_over_time, config.optimizer.ar,
                                config.optimizer.tar, mesh,
-                               skip_nonfinite=train_cfg.nonfinite == 'skip')
+                               skip_nonfinite=train_cfg.nonfinite == 'skip',
+                               drop_state=train_cfg.drop_state)
   eval_step = make_eval_step(model)
   batched = BatchedStream(corpus.train, data_cfg.batch_size)
   checkpoints, metrics = Checkpoints(workdir), None

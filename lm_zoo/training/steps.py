@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lm_zoo.models.regularisation import activation_penalty, temporal_activation_penalty
+from lm_zoo.models.regularisation import (activation_penalty, drop_carried_state,
+                                          temporal_activation_penalty)
 from lm_zoo.training.parallel import state_shardings
 
 
@@ -44,7 +45,7 @@ def token_nll(logits: jax.Array, targets: jax.Array, weights: jax.Array):
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
                     sum_over_time: bool = False, ar: float = 0.0,
                     tar: float = 0.0, mesh: jax.sharding.Mesh | None = None,
-                    skip_nonfinite: bool = False) -> Callable:
+                    skip_nonfinite: bool = False, drop_state: float = 0.0) -> Callable:
   """Returns jitted `train_step(state, inputs, targets, weights) -> (state, metrics)`.
 
   The objective is the mean NLL per token, or with `sum_over_time` the NLL
@@ -52,8 +53,10 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   al.'s convention, under which their lr 1 and clip 5 were tuned), plus
   AWD-LSTM's AR (`ar` = alpha) and TAR (`tar` = beta) penalties on the last
   layer's outputs that the model sows. The model sees its weights after
-  weight drop (`model.dropped_weights`, when it has one). The new carries are
-  returned with gradients stopped; the state is donated.
+  weight drop (`model.dropped_weights`, when it has one), and with
+  `drop_state` > 0 carries in which each batch row's state was zeroed with
+  that probability (`drop_carried_state`, lamb's drop_state_probability).
+  The new carries are returned with gradients stopped; the state is donated.
 
   With a `mesh` (`lm_zoo.training.parallel.data_mesh`) the step is data
   parallel: it expects the batch and the carries split by row over the mesh's
@@ -69,14 +72,15 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   penalised = ar > 0 or tar > 0
 
   def train_step(state: TrainState, inputs, targets, weights):
-    dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    weight_key, dropout_key = jax.random.split(dropout_key)
+    step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    weight_key, dropout_key = jax.random.split(step_key)
+    carries = drop_carried_state(state.carries, drop_state, jax.random.fold_in(step_key, 1))
 
     def objective(params):
       if hasattr(model, 'dropped_weights'):
         params = model.dropped_weights(params, weight_key)
-      (logits, carries), sown = model.apply(
-          {'params': params}, inputs, state.carries, train=True,
+      (logits, new_carries), sown = model.apply(
+          {'params': params}, inputs, carries, train=True,
           rngs={'dropout': dropout_key}, mutable=['intermediates'] if penalised else [])
       total, count = token_nll(logits, targets, weights)
       mean = total / jnp.maximum(count, 1.0)
@@ -86,13 +90,13 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
         outputs = sown['intermediates']
         objective += (activation_penalty(outputs['dropped_output'][0], ar)
                       + temporal_activation_penalty(outputs['output'][0], tar))
-      return objective, (mean, carries)
+      return objective, (mean, new_carries)
 
-    grads, (loss, carries) = jax.grad(objective, has_aux=True)(state.params)
+    grads, (loss, new_carries) = jax.grad(objective, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              carries=jax.lax.stop_gradient(carries))
+                              carries=jax.lax.stop_gradient(new_carries))
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if skip_nonfinite:
