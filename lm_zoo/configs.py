@@ -79,6 +79,9 @@ def base_config() -> ml_collections.ConfigDict:
   # across layers as eq. 9)
   c.model.alstm.latent = 'lstm'
   c.model.alstm.latent_size = 100  # size of the latent z the policies are made from
+  # Dropout on z after the adaptation model, one mask per window, kept in the
+  # latent carry (the authors' --dropouta).
+  c.model.alstm.dropout_latent = 0.0
 
   # The dual connection between the stack and the softmax (dual paper); size 0: ERS.
   c.model.dual = ml_collections.ConfigDict()

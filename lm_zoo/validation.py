@@ -42,6 +42,7 @@ RULES = (
     (('model.dropout_embedding', 'model.dropout_input', 'model.dropout_hidden',
       'model.dropout_state', 'model.dropout_output', 'model.weight_drop',
       'model.dual.dropout_input', 'model.dual.dropout_output', 'model.mos.dropout_latent',
+      'model.alstm.dropout_latent',
       'optimizer.momentum', 'optimizer.beta1', 'optimizer.beta2', 'train.drop_state'),
      lambda x: 0 <= x < 1, 'in [0, 1) (a rate of 1 would drop or keep everything)'),
     (('optimizer.eps', 'schedule.factor', 'generate.temperature'),

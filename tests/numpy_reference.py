@@ -69,9 +69,10 @@ def dense(params, x):
   return x @ np.asarray(params['kernel']) + np.asarray(params.get('bias', 0.0))
 
 
-def alstm_step(params, carry, x, context=None, latent='lstm'):
+def alstm_step(params, carry, x, context=None, latent='lstm', latent_mask=None):
   """Eq. (8) gate by gate with tied input adaptations, π = tanh(U z), the
-  latent z from an LSTM (eq. 7) or ReLU layer (eq. 6) of v = [x; h; context]."""
+  latent z from an LSTM (eq. 7) or ReLU layer (eq. 6) of v = [x; h; context].
+  `latent_mask`: the authors' `dropout_adapt`, z ⊙ mask, kept in the carry."""
   latent_carry, c, h = carry
   v = np.concatenate([x, h] + ([] if context is None else [context]), axis=-1)
   if latent == 'lstm':
@@ -79,6 +80,10 @@ def alstm_step(params, carry, x, context=None, latent='lstm'):
     z = latent_carry[1]
   else:
     z = np.maximum(dense(params['latent']['Dense_0'], v), 0.0)
+  if latent_mask is not None:
+    z = z * latent_mask
+    if latent == 'lstm':
+      latent_carry = (latent_carry[0], z)
   pi = np.tanh(z @ np.asarray(params['policy']['kernel']))
   m, n = x.shape[-1], h.shape[-1]
   d3, d1 = pi[:, :m], pi[:, m:m + n]

@@ -23,9 +23,9 @@ def _cell(latent='lstm', **kw):
   return ALSTMCell(N, latent_size=K, **kw)
 
 
-def _random_carry(cell, seed):
+def _random_carry(cell, seed, batch=B):
   """A carry with random values (zeros would hide the h and c paths)."""
-  carry = cell.initialize_carry(jax.random.key(0), (B, M))
+  carry = cell.initialize_carry(jax.random.key(0), (batch, M))
   leaves, tree = jax.tree.flatten(carry)
   rng = np.random.default_rng(seed)
   return jax.tree.unflatten(tree, [rng.normal(size=x.shape).astype(np.float32) * 0.5
@@ -52,6 +52,31 @@ def test_step_matches_equation_8(latent):
   for got, want in zip(jax.tree.leaves(new_carry), jax.tree.leaves(expected)):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
   np.testing.assert_array_equal(out, new_carry[-1])
+
+
+def test_latent_dropout_is_one_mask_per_window_kept_in_the_latent_carry():
+  """The authors' dropout_adapt: z ⊙ m makes the policy and is what the latent
+  LSTM carries, with one mask m per call; none without a dropout RNG."""
+  from lm_zoo.models.recurrent import RecurrentLayer
+  cell = ALSTMCell(N, latent_size=8, dropout_latent=0.5)
+  xs = np.random.default_rng(3).normal(size=(T, 16, M)).astype(np.float32)  # 16 x 8 z's
+  params = _init(cell.clone(dropout_latent=0.0), xs[0])
+  carry = _random_carry(cell, 4, batch=16)
+  layer = RecurrentLayer(cell)
+  (latent_carry, c, h), ys = layer.apply({'params': {'cell': params}}, carry, xs,
+                                         rngs={'dropout': jax.random.key(5)})
+  z_dropped = np.asarray(latent_carry[1])
+  mask = (z_dropped != 0) * 2.0  # 1 / (1 - 0.5) where kept
+  assert 0.2 < (mask == 0).mean() < 0.8
+  expected = _np(carry)
+  for t in range(T):
+    expected = alstm_step(_np(params), expected, xs[t], latent_mask=mask)
+    np.testing.assert_allclose(ys[t], expected[-1], rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(c, expected[1], rtol=2e-5, atol=2e-5)
+  _, ys_eval = layer.apply({'params': {'cell': params}}, carry, xs)  # no RNG: no dropout
+  plain = RecurrentLayer(cell.clone(dropout_latent=0.0)).apply(
+      {'params': {'cell': params}}, carry, xs)[1]
+  np.testing.assert_array_equal(ys_eval, plain)
 
 
 def test_params_are_those_of_the_paper():

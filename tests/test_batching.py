@@ -49,17 +49,36 @@ def test_resume_from_a_window_start_gives_the_rest():
     next(batched.windows(35, start=full[4].start + 1, variable=True, seed=(0, 2)))
 
 
-def test_variable_lengths_within_bounds_and_cover_the_rows():
+def _awd_lengths(num_steps, bptt, seed):
+  """awd-lstm-lm's main.py draw (alstm's is the same), on our generator:
+  bptt w.p. 0.95 else bptt / 2, then max(5, int(N(base, 5))); the last window
+  cut to what is left (get_batch's min with the data left)."""
+  rng, lengths, i = np.random.default_rng(seed), [], 0
+  while i < num_steps:
+    base = bptt if rng.random() < 0.95 else bptt / 2.
+    seq_len = max(5, int(rng.normal(base, 5)))
+    seq_len = min(seq_len, num_steps - i)
+    lengths.append(seq_len)
+    i += seq_len
+  return lengths
+
+
+def test_variable_lengths_are_the_authors_draw():
   bptt = 70
   lengths = variable_bptt_lengths(1_000_000, bptt, seed=0)
-  assert sum(lengths) == 1_000_000
-  assert min(lengths[:-1]) >= 5 and max(lengths) <= bptt + 20
+  assert lengths == _awd_lengths(1_000_000, bptt, seed=0)
+  assert sum(lengths) == 1_000_000 and min(lengths[:-1]) >= 5
   lengths = np.array(lengths[:-1])
-  # ~5% of windows are drawn around bptt / 2, the rest around bptt
+  # ~5% of windows are drawn around bptt / 2, the rest around bptt, truncated
+  # toward zero: their mean is bptt - 1/2
   half = np.mean(lengths < (bptt * 3 / 4))
   assert 0.03 < half < 0.07
-  assert abs(np.mean(lengths[lengths >= bptt * 3 / 4]) - bptt) < 0.5
+  assert abs(np.mean(lengths[lengths >= bptt * 3 / 4]) - (bptt - 0.5)) < 0.2
   assert variable_bptt_lengths(500, bptt, seed=1) == variable_bptt_lengths(500, bptt, seed=1)
+  # no upper limit unless asked for one
+  wide = variable_bptt_lengths(100_000, bptt, seed=2, stddev=20.0)
+  assert max(wide) > bptt + 40
+  assert max(variable_bptt_lengths(100_000, bptt, seed=2, stddev=20.0, max_len=80)) == 80
 
 
 def test_bad_batching_arguments():

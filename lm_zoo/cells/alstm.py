@@ -57,6 +57,14 @@ class ALSTMCell(nn.RNNCellBase):
   The carry is (latent carry, c, h): h last, so state dropout and `Mogrify`
   (an adaptive Mogrifier) apply unchanged.
 
+  `dropout_latent` drops z after the adaptation model, as the authors'
+  `aLSTM` does (`dropout_adapt`, their `--dropouta`): the dropped z makes the
+  policy and is what the latent carry keeps (so a recurrent adaptation model
+  and the layer above in the LSTM-RHN stack read it too). Its mask is drawn
+  when the call has a 'dropout' RNG (training and MC dropout; evaluation has
+  none) and, under `nn.scan` with that RNG not split over steps (as our
+  stacks run cells), it is the same at every step: variational.
+
   Attributes:
     features: hidden size n.
     latent: the adaptation model, any cell constructor taking `features=`
@@ -64,6 +72,7 @@ class ALSTMCell(nn.RNNCellBase):
     latent_size: the size of z (100 in the paper).
     forget_bias: initial forget-gate bias.
     cap_input_gate: cap the input gate at one minus the forget gate (`LSTMCell`).
+    dropout_latent: dropout rate on z (see above).
     dtype: the products' dtype of the adaptation model, the policy and the
       adaptive layers (None: from the inputs; bfloat16 sums and returns
       float32, `lm_zoo.layers.products`); gates and states stay float32.
@@ -75,6 +84,7 @@ class ALSTMCell(nn.RNNCellBase):
   latent_size: int = 100
   forget_bias: float = 1.0
   cap_input_gate: bool = False
+  dropout_latent: float = 0.0
   dtype: Any = None
   param_dtype: Any = jnp.float32
 
@@ -87,6 +97,10 @@ class ALSTMCell(nn.RNNCellBase):
     v = jnp.concatenate([x, h] if context is None else [x, h, context], axis=-1)
     latent_carry, z = self.latent(features=self.latent_size, dtype=self.dtype,
                                   name='latent')(latent_carry, v)
+    if self.dropout_latent > 0 and self.has_rng('dropout'):
+      z = nn.Dropout(self.dropout_latent, deterministic=False, name='latent_dropout')(z)
+      if jax.tree.leaves(latent_carry):
+        latent_carry = replace_carry_output(latent_carry, z)
     pi = jnp.tanh(dense(m + 13 * n, self.dtype, use_bias=False,
                         param_dtype=self.param_dtype, name='policy')(z))
     x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(

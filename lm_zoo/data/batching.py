@@ -43,18 +43,21 @@ def variable_bptt_lengths(num_steps: int, bptt: int, seed: int,
   """AWD-LSTM's variable window lengths covering `num_steps` time steps.
 
   base = bptt with probability 1 - half_prob, else bptt / 2;
-  length = clip(round(N(base, stddev)), min_len, max_len) (max_len defaults to
-  bptt + 4 * stddev), and the last window is cut to what is left.
-  The lengths are a function of `seed`, so an epoch can be replayed exactly.
+  length = max(min_len, int(N(base, stddev))), truncated toward zero with no
+  upper limit, as awd-lstm-lm's and alstm's `main.py` draw it (`max_len`
+  caps it where memory must be bounded); the last window is cut to what is
+  left. The lengths are a function of `seed`, so an epoch can be replayed
+  exactly.
   """
-  max_len = bptt + int(4 * stddev) if max_len is None else max_len
-  if not 1 <= min_len <= max_len:
+  if not 1 <= min_len <= (max_len or min_len):
     raise DataError(f'variable BPTT needs 1 <= min_len <= max_len, got {min_len}, {max_len}')
   rng = np.random.default_rng(seed)
   lengths, total = [], 0
   while total < num_steps:
-    base = bptt if rng.random() >= half_prob else bptt / 2
-    length = int(np.clip(round(rng.normal(base, stddev)), min_len, max_len))
+    base = bptt if rng.random() < 1 - half_prob else bptt / 2
+    length = max(min_len, int(rng.normal(base, stddev)))
+    if max_len is not None:
+      length = min(length, max_len)
     length = min(length, num_steps - total)
     lengths.append(length)
     total += length

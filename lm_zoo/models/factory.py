@@ -43,7 +43,8 @@ def _alstm(cfg: ml_collections.ConfigDict):
                       f'(model.alstm.latent): choose one of {", ".join(LATENTS)}')
   return functools.partial(ALSTMCell, latent=LATENTS[cfg.alstm.latent],
                            latent_size=cfg.alstm.latent_size, forget_bias=cfg.forget_bias,
-                           cap_input_gate=cfg.cap_input_gate)
+                           cap_input_gate=cfg.cap_input_gate,
+                           dropout_latent=cfg.alstm.dropout_latent)
 
 
 def _lstm_family(cell_class):
@@ -174,7 +175,7 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
       raise ConfigError(f'model.{field} must be >= 0, got {cfg[field]}')
   for field in ('dropout_embedding', 'dropout_input', 'dropout_hidden', 'dropout_state',
                 'dropout_output', 'weight_drop', 'dual.dropout_input',
-                'dual.dropout_output', 'mos.dropout_latent'):
+                'dual.dropout_output', 'mos.dropout_latent', 'alstm.dropout_latent'):
     if not 0 <= cfg[field] < 1:
       raise ConfigError(f'model.{field} must be in [0, 1), got {cfg[field]}')
   hidden_size = cfg.hidden_size
