@@ -107,6 +107,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.eps = 1e-8
   c.optimizer.clip_norm = 5.0  # global norm; <= 0 disables
   c.optimizer.l2 = 0.0  # L2 penalty coefficient (added to the gradient)
+  # True: the L2 gradient is added before the clipping, as lamb's penalty in the
+  # objective is; False: after it, as torch's weight_decay (AWD-LSTM, alstm).
+  c.optimizer.l2_before_clip = False
   c.optimizer.dual_l2 = 0.0  # the dual layer's own L2, on top of l2
   c.optimizer.ar = 0.0  # AR: alpha * mean(dropped last-layer output²)
   c.optimizer.tar = 0.0  # TAR: beta * mean((h_t - h_{t-1})²), undropped output
@@ -117,9 +120,14 @@ def base_config() -> ml_collections.ConfigDict:
   # Averaged SGD (lm_zoo.training.averaging): after the trigger, evaluation
   # and checkpoints use the running mean of the parameters.
   c.averaging = ml_collections.ConfigDict()
-  c.averaging.trigger = 'none'  # none | always | nonmonotone (NT-ASGD) | plateau | fraction
+  # none | always | nonmonotone (NT-ASGD) | plateau | fraction | patience (lamb)
+  c.averaging.trigger = 'none'
   c.averaging.nonmono = 5  # nonmonotone: epochs the loss may fail to beat
   c.averaging.start_fraction = 0.5  # fraction: of train.num_epochs
+  # patience, checked at every validation turn: updates since the best validation
+  # loss, or the update by which averaging starts anyway (0: none).
+  c.averaging.patience_steps = 0
+  c.averaging.latest_step = 0
 
   c.schedule = ml_collections.ConfigDict()
   c.schedule.kind = 'constant'  # constant | exponential | milestones | plateau
@@ -134,8 +142,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.log_every = 100
   c.train.checkpoint_every = 1000  # steps; the epoch end and the stop also save
   # > 0: also validate every this many steps within an epoch (the best
-  # checkpoint and a tuner's pruner see each turn; the schedule and weight
-  # averaging still decide on the epoch-end validations only).
+  # checkpoint, a tuner's pruner and the patience trigger see each turn; the
+  # schedule and the other averaging triggers decide on the epoch-end
+  # validations only).
   c.train.eval_every = 0
   # > 0: stop training after this many seconds of it in this process (a wall
   # time budget, as a tuning trial's); the best weights are then evaluated.

@@ -37,7 +37,7 @@ RULES = (
       'schedule.min_lr', 'train.max_steps', 'train.max_consecutive_skips',
       'train.max_rollbacks', 'generate.num_lines', 'generate.num_tokens',
       'optimizer.learning_rate', 'train.eval_every',
-      'train.max_seconds'),
+      'train.max_seconds', 'averaging.patience_steps', 'averaging.latest_step'),
      lambda x: x >= 0, '>= 0'),
     (('model.dropout_embedding', 'model.dropout_input', 'model.dropout_hidden',
       'model.dropout_state', 'model.dropout_output', 'model.weight_drop',

@@ -11,7 +11,8 @@ from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.training import read_metrics, train_and_evaluate
 from lm_zoo.training.averaging import (averaged_params, is_averaging, parameter_averaging,
-                                       should_start_averaging, start_averaging)
+                                       patience_reached, should_start_averaging,
+                                       start_averaging)
 
 
 def _descend(tx, params, steps):
@@ -84,6 +85,31 @@ def test_plateau_fraction_and_unknown_triggers():
     assert not should_start_averaging(_averaging(trigger), 9.0, [1.0] * 9, 10, 10)
   with pytest.raises(ConfigError, match="unknown averaging trigger 'asgd'"):
     should_start_averaging(_averaging('asgd'), 1.0, [], 1, 1)
+
+
+def test_patience_trigger_is_lambs():
+  """trigger_averaging_turns and trigger_averaging_at_the_latest in updates:
+  so many updates since the best validation, or a given update."""
+  cfg = _averaging('patience', patience_steps=400, latest_step=1600)
+  assert not patience_reached(cfg, step=1000, best_step=601)
+  assert patience_reached(cfg, step=1000, best_step=600)
+  assert patience_reached(cfg, step=1600, best_step=1590)  # at the latest
+  assert not patience_reached(_averaging('patience', patience_steps=400, latest_step=0),
+                              step=1600, best_step=1590)
+  assert not patience_reached(_averaging('plateau', patience_steps=1, latest_step=1), 9, 0)
+  assert not should_start_averaging(cfg, 9.0, [1.0] * 9, 10, 10)  # decided per turn
+
+
+def test_patience_starts_averaging_at_a_validation_turn(tiny_config, tmp_path):
+  """Validating every 4 updates of 10-update epochs, with a patience longer
+  than the run and averaging at update 12 at the latest: the turns after
+  update 12 score averaged weights."""
+  tiny_config.averaging.update(trigger='patience', patience_steps=1000, latest_step=12)
+  tiny_config.train.update(num_epochs=2, eval_every=4)
+  train_and_evaluate(tiny_config, tmp_path / 'run')
+  valid = [(r['step'], r['averaged']) for r in read_metrics(tmp_path / 'run' / 'metrics.jsonl')
+           if r['kind'] == 'valid' and not r.get('final')]
+  assert valid == [(4, False), (8, False), (10, False), (12, False), (16, True), (20, True)]
 
 
 def test_training_switches_to_averaged_weights_after_the_trigger(tiny_config, tmp_path):

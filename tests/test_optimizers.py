@@ -49,6 +49,21 @@ def test_sgd_with_clipping_and_l2_matches_hand_computation():
   np.testing.assert_allclose(updates['w'], expected / 2, rtol=1e-6)
 
 
+def test_l2_before_clip_clips_the_penalty_with_the_loss():
+  """lamb's L2 is part of the objective: the clipped gradient is g + l2 theta."""
+  cfg = base_config().optimizer
+  cfg.update(name='sgd', learning_rate=0.1, clip_norm=1.0, l2=0.5, l2_before_clip=True)
+  tx = make_optimizer(cfg)
+  params = {'w': jnp.array([2.0, -2.0])}
+  grads = {'w': jnp.array([2.0, 5.0])}  # + 0.5 theta = (3, 4): norm 5 -> (0.6, 0.8)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  np.testing.assert_allclose(updates['w'], -0.1 * np.array([0.6, 0.8]), rtol=1e-6)
+  cfg.l2_before_clip = False  # clipped (2, 5) / sqrt(29), then + 0.5 theta
+  updates, _ = make_optimizer(cfg).update(grads, tx.init(params), params)
+  np.testing.assert_allclose(
+      updates['w'], -0.1 * (np.array([2.0, 5.0]) / np.sqrt(29) + [1.0, -1.0]), rtol=1e-6)
+
+
 def test_adam_beta1_zero_is_rmsprop_like():
   cfg = base_config().optimizer
   cfg.update(name='adam', learning_rate=1e-3, beta1=0.0, beta2=0.999, clip_norm=0.0)

@@ -1,6 +1,7 @@
 """Parameter averaging (averaged SGD) as an optax transformation, and the
 triggers that switch it on: AWD-LSTM's non-monotone trigger (NT-ASGD,
-Merity et al. 2018), a validation plateau, or a fraction of training (lamb).
+Merity et al. 2018), a validation plateau, a fraction of training, or lamb's
+patience (so many steps without a new best, or a given step at the latest).
 
 `parameter_averaging()` goes last in an optax chain: it passes the updates
 through unchanged and, once switched on with `start_averaging`, keeps the
@@ -21,7 +22,7 @@ from optax import tree_utils
 
 from lm_zoo.errors import ConfigError
 
-TRIGGERS = ('none', 'always', 'nonmonotone', 'plateau', 'fraction')
+TRIGGERS = ('none', 'always', 'nonmonotone', 'plateau', 'fraction', 'patience')
 
 
 class ParameterAveragingState(NamedTuple):
@@ -110,6 +111,8 @@ def should_start_averaging(cfg: ml_collections.ConfigDict, valid_loss: float,
       the last `nonmono` epochs (and there are more than `nonmono`).
     plateau: the loss does not improve on the best so far.
     fraction: `epoch` has reached `start_fraction` of `num_epochs`.
+    patience: never here; it is decided at every validation turn
+      (`patience_reached`).
   """
   if cfg.trigger not in TRIGGERS:
     raise ConfigError(f'unknown averaging trigger {cfg.trigger!r} (averaging.trigger): '
@@ -122,3 +125,13 @@ def should_start_averaging(cfg: ml_collections.ConfigDict, valid_loss: float,
   if cfg.trigger == 'fraction':
     return epoch >= math.ceil(cfg.start_fraction * num_epochs)
   return False
+
+
+def patience_reached(cfg: ml_collections.ConfigDict, step: int, best_step: int) -> bool:
+  """The 'patience' trigger of `config.averaging`, checked after each
+  validation turn: the best validation loss is at least `patience_steps`
+  updates old, or training reached `latest_step` (when > 0). lamb's
+  trigger_averaging_turns and trigger_averaging_at_the_latest, in turns of
+  steps_per_turn updates (`training.py`)."""
+  return cfg.trigger == 'patience' and (
+      step - best_step >= cfg.patience_steps or 0 < cfg.latest_step <= step)

@@ -19,7 +19,8 @@ from lm_zoo import generation
 from lm_zoo.data import BatchedStream, Corpus, load_corpus
 from lm_zoo.errors import Preempted
 from lm_zoo.models import RecurrentLM, build_model, init_params
-from lm_zoo.training.averaging import averaged_params, should_start_averaging, start_averaging
+from lm_zoo.training.averaging import (averaged_params, patience_reached, should_start_averaging,
+                                      start_averaging)
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
 from lm_zoo.training.evaluation import EvalResult, evaluate_stream
 from lm_zoo.training.metrics import MetricsWriter, Throughput, format_duration
@@ -43,6 +44,7 @@ class Progress:
   position: int = 0  # time index within the epoch's rows of the next window
   valid_losses: list[float] = dataclasses.field(default_factory=list)
   best_valid: float = math.inf
+  best_step: int = 0  # the update after which best_valid was scored
   skipped_updates: int = 0  # dropped for a non-finite loss or gradient (train.nonfinite=skip)
   rollbacks: int = 0  # restores of a checkpoint after one (train.nonfinite=rollback)
   train_seconds: float = 0.0  # spent training up to this checkpoint (train.max_seconds)
@@ -203,7 +205,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     def validate(what: str) -> tuple[EvalResult, bool]:
       """One validation turn: scores the weights evaluation uses (averaged
       ones once averaging started), keeps them when they are the best so far,
-      and tells on_validation. Returns the result and whether averaged."""
+      tells on_validation, and starts averaging when the patience trigger
+      says so. Returns the result and whether the weights scored were averaged."""
+      nonlocal state
       averaged = averaged_params(state.opt_state)
       params = state.params if averaged is None else averaged
       result = evaluate_split(model, params, corpus, 'valid', data_cfg.eval_batch_size,
@@ -213,22 +217,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       metrics.write('valid', step=step, epoch=progress.epoch, averaged=averaged is not None,
                     **result.as_dict())
       if result.loss < progress.best_valid:
-        progress.best_valid = result.loss
+        progress.best_valid, progress.best_step = result.loss, step
         checkpoints.save_best(step, params, {'epoch': progress.epoch,
                                              'valid_loss': result.loss})
       if on_validation is not None:
         on_validation(step, progress.epoch, result)
+      if averaged is None and patience_reached(config.averaging, step, progress.best_step):
+        average_from_now(f'step {step}')
       return result, averaged is not None
 
-    def end_epoch() -> None:
+    def average_from_now(when: str) -> None:
       nonlocal state
+      state = state.replace(opt_state=start_averaging(state.opt_state))
+      log.info('%s: averaging the weights from now on (%s trigger)', when,
+               config.averaging.trigger)
+
+    def end_epoch() -> None:
       result, averaged = validate(f'epoch {progress.epoch} done')
       if not averaged and should_start_averaging(
           config.averaging, result.loss, progress.valid_losses, progress.epoch,
           train_cfg.num_epochs):
-        state = state.replace(opt_state=start_averaging(state.opt_state))
-        log.info('epoch %d: averaging the weights from now on (%s trigger)',
-                 progress.epoch, config.averaging.trigger)
+        average_from_now(f'epoch {progress.epoch}')
       progress.valid_losses.append(result.loss)
       progress.epoch += 1
       progress.position = 0

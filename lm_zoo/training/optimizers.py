@@ -21,7 +21,8 @@ LOSS_REDUCTIONS = ('mean', 'sum_over_time')  # optimizer.loss_reduction (make_tr
 def make_optimizer(cfg: ml_collections.ConfigDict,
                    averaging: str = 'none') -> optax.GradientTransformation:
   """clip by global norm -> L2 penalties (all parameters; the dual layer's
-  own) -> SGD, Adam or Nadam -> parameter averaging,
+  own) -> SGD, Adam or Nadam -> parameter averaging (with `l2_before_clip`
+  the L2 penalties come before the clipping, as a penalty in the objective),
   from `config.optimizer` and `config.averaging.trigger` (`averaging`):
   'none' keeps no average, 'always' averages from the first step, any other
   trigger keeps an average that `start_averaging` switches on.
@@ -38,13 +39,13 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
                       f'choose one of {", ".join(TRIGGERS)}')
 
   def build(learning_rate):
-    parts = []
-    if cfg.clip_norm > 0:
-      parts.append(optax.clip_by_global_norm(cfg.clip_norm))
+    penalties = []
     if cfg.l2 > 0:
-      parts.append(optax.add_decayed_weights(cfg.l2))
+      penalties.append(optax.add_decayed_weights(cfg.l2))
     if cfg.dual_l2 > 0:
-      parts.append(optax.add_decayed_weights(cfg.dual_l2, mask=module_mask('dual')))
+      penalties.append(optax.add_decayed_weights(cfg.dual_l2, mask=module_mask('dual')))
+    clip = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []
+    parts = penalties + clip if cfg.l2_before_clip else clip + penalties
     if cfg.name == 'sgd':
       parts.append(optax.sgd(learning_rate, momentum=cfg.momentum or None))
     else:  # Nadam: Adam with Nesterov momentum (the dual paper's optimizer)
