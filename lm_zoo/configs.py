@@ -257,3 +257,66 @@ def small_ptb_config() -> ml_collections.ConfigDict:
   c.schedule.update(kind='plateau', factor=0.5)
   c.train.update(num_epochs=2, log_every=200, checkpoint_every=2000)
   return c
+
+
+def lamb_config(data: str, *, num_params: int, num_layers: int, feature_mask_rounds: int,
+                feature_mask_rank: int, share_input_and_output_embeddings: bool,
+                input_embedding_ratio: float, mos_num_components: int, input_dropout: float,
+                inter_layer_dropout: float, state_dropout: float, output_dropout: float,
+                l2_penalty: float, learning_rate: float, batch_size: int,
+                max_time_steps: int, steps_per_turn: int, turns: int,
+                trigger_averaging_turns: int,
+                trigger_averaging_at_the_latest: int) -> ml_collections.ConfigDict:
+  """A config file of deepmind/lamb's tuned models (the Mogrifier paper's,
+  `lamb/experiment/mogrifier/config/*/trial_*/config`), as our config.
+
+  The keyword arguments are the fields in which those files differ, under
+  lamb's names; `data` is our corpus name. What all 13 files share is set
+  here, with lamb's code for how it acts:
+
+  - `cap_input_gate=True`, `lstm_skip_connection=True`,
+    `drop_state_probability=0.01`, `forget_bias=1.0`;
+  - `shared_mask_dropout=False`: the input, inter-layer and output masks are
+    new at every step, the state's once per window (our non-variational
+    mode); `downprojected_output_dropout=-1`: the mixture's latents are
+    dropped at the output rate;
+  - `optimizer_type='rmsprop'`: TF's Adam with beta1 = 0 (`utils.py`),
+    beta2 0.999, epsilon 1e-8, a constant learning rate
+    (`learning_rate_decay=1.0`, no drops);
+  - the loss is summed over the window and averaged over the batch
+    (`lm.py`), the L2 penalty (sum of squares / 2 over every weight) is part
+    of it, and the gradient of both is clipped to norm 10
+    (`max_grad_norm=10`);
+  - evaluation at the training batch size; `model_average='arithmetic'`.
+
+  A turn is `steps_per_turn` updates: training runs `turns` of them, with a
+  validation every turn, and averaging starts after
+  `trigger_averaging_turns` turns without improvement or at turn
+  `trigger_averaging_at_the_latest` (`training.py`). The hidden size is the
+  largest that fits `num_params` (`lamb_flags._budget_hidden_size`), the
+  embedding `input_embedding_ratio` (at most 1) times it.
+  """
+  c = base_config()
+  c.data.update(name=data, batch_size=batch_size, bptt=max_time_steps,
+                eval_batch_size=batch_size, test_batch_size=batch_size)
+  c.model.update(num_layers=num_layers, embed_size=0, embed_ratio=input_embedding_ratio,
+                 param_budget=num_params, tie_embeddings=share_input_and_output_embeddings,
+                 forget_bias=1.0, cap_input_gate=True, skip_connections=True,
+                 variational_dropout=False, dropout_input=input_dropout,
+                 dropout_hidden=inter_layer_dropout, dropout_state=state_dropout,
+                 dropout_output=output_dropout)
+  c.model.mogrifier.update(rounds=feature_mask_rounds, rank=feature_mask_rank)
+  c.model.mos.update(components=mos_num_components, dropout_latent=output_dropout)
+  c.optimizer.update(name='adam', learning_rate=learning_rate, beta1=0.0, beta2=0.999,
+                     eps=1e-8, clip_norm=10.0, l2=l2_penalty, l2_before_clip=True,
+                     loss_reduction='sum_over_time')
+  c.averaging.update(trigger='patience',
+                     patience_steps=trigger_averaging_turns * steps_per_turn,
+                     latest_step=trigger_averaging_at_the_latest * steps_per_turn)
+  c.schedule.kind = 'constant'
+  # Turns end training: on these corpora an epoch holds at least one turn, so
+  # `turns` epochs only bound it.
+  c.train.update(max_steps=turns * steps_per_turn, num_epochs=turns,
+                 eval_every=steps_per_turn, drop_state=0.01, log_every=steps_per_turn,
+                 checkpoint_every=steps_per_turn)
+  return c

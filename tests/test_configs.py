@@ -61,6 +61,78 @@ def test_tuning_configs_are_valid_and_their_extremes_fit_the_budget(name, varian
     assert 0.95 * config.model.param_budget < count <= config.model.param_budget
 
 
+# Vocabulary sizes of our corpora (enwik8: its 205 byte values).
+VOCAB = {'ptb': 10_000, 'wikitext2': 33_278, 'ptb_char': 50, 'enwik8': 205}
+LAMB_VARIANTS = ['ptb_lstm', 'ptb_mogrifier', 'wikitext2_lstm', 'wikitext2_mogrifier',
+                 'ptb_char_mogrifier', 'enwik8_48m_lstm', 'enwik8_48m_mogrifier',
+                 'enwik8_96m_lstm', 'enwik8_96m_mogrifier']
+
+
+def lamb_params(fields, vocab, hidden):
+  """Trainable variables of lamb's LM (lm.py, tiled_lstm.py, utils.py) at a
+  hidden size: the embedding; per layer W [x; h] -> 4 gates and their biases,
+  and per Mogrifier round a low-rank (or full) map with a bias onto the x
+  (odd rounds) or h (even rounds) it gates; the softmax (its weights tied or
+  not, and its bias), or the mixture's projection to K latents (with a bias)
+  and its mixture weights (without)."""
+  embed = max(1, round(min(fields['input_embedding_ratio'], 1.0) * hidden))
+  rounds, rank = fields['feature_mask_rounds'], fields['feature_mask_rank']
+  total = vocab * embed
+  for layer in range(fields['num_layers']):
+    m = embed if layer == 0 else hidden
+    total += 4 * hidden * (m + hidden) + 4 * hidden
+    for i in range(1, rounds + 1):
+      source, target = (hidden, m) if i % 2 else (m, hidden)
+      total += (rank * (source + target) if rank else source * target) + target
+  components = fields['mos_num_components']
+  if components:
+    total += hidden * components * embed + components * embed + hidden * components
+  elif embed != hidden:
+    total += hidden * embed  # the projection to the output embedding
+  if not fields['share_input_and_output_embeddings']:
+    total += embed * vocab
+  return total + vocab
+
+
+@pytest.mark.parametrize('variant', LAMB_VARIANTS)
+def test_mogrifier_paper_configs_build_lambs_model_at_its_budget(variant):
+  from runpy import run_path
+  fields = run_path(str(REPO / 'experiments' / 'mogrifier_paper.py'))['VARIANTS'][variant]
+  config = load_experiment('mogrifier_paper', variant)
+  vocab, budget = VOCAB[config.data.name], fields['num_params']
+  # lamb's budgeting: the largest hidden size within num_params.
+  hidden = max(h for h in range(1, 4000) if lamb_params(fields, vocab, h) <= budget)
+  assert lamb_params(fields, vocab, hidden + 1) > budget
+  model_config = config.model.copy_and_resolve_references()
+  model_config.update(param_budget=0, hidden_size=hidden)
+  count = count_params(build_model(model_config, vocab))
+  assert count == lamb_params(fields, vocab, hidden)
+  assert budget * 0.99 < count <= budget  # the published size: 24M, 35M, 48M, 96M
+  assert config.model.param_budget == budget
+  c = config
+  assert (c.model.cap_input_gate, c.model.skip_connections, c.train.drop_state,
+          c.model.variational_dropout) == (True, True, 0.01, False)
+  assert (c.optimizer.clip_norm, c.optimizer.loss_reduction, c.optimizer.l2_before_clip,
+          c.optimizer.beta1) == (10.0, 'sum_over_time', True, 0.0)
+  assert c.train.max_steps == fields['turns'] * fields['steps_per_turn']
+  assert c.averaging.latest_step == (fields['trigger_averaging_at_the_latest']
+                                     * fields['steps_per_turn'])
+  assert (c.model.dropout_input, c.model.dropout_hidden, c.model.dropout_state,
+          c.model.dropout_output) == tuple(fields[k] for k in (
+              'input_dropout', 'inter_layer_dropout', 'state_dropout', 'output_dropout'))
+
+
+def test_lamb_budget_solving_finds_lambs_hidden_size():
+  from runpy import run_path
+  for variant in ('ptb_mogrifier', 'wikitext2_mogrifier'):
+    fields = run_path(str(REPO / 'experiments' / 'mogrifier_paper.py'))['VARIANTS'][variant]
+    config = load_experiment('mogrifier_paper', variant)
+    vocab = VOCAB[config.data.name]
+    hidden = solve_hidden_size(config.model, vocab, config.model.param_budget)
+    assert lamb_params(fields, vocab, hidden) <= fields['num_params']
+    assert lamb_params(fields, vocab, hidden + 1) > fields['num_params']
+
+
 def test_ablation_variants_share_the_budget():
   variants = [('ptb_mogrifier_ablation', v) for v in ('lstm', 'r1', 'nozigzag',
                                                      'fullrank', 'mlstm')]

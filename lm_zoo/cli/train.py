@@ -1,7 +1,7 @@
 """Trains a language model (`lm-zoo-train`, or `python launch/train.py`):
 
   lm-zoo-train --config=experiments/ptb_lstm_small.py --workdir=runs/small
-  lm-zoo-train --config=experiments/ptb_mogrifier.py --config.model.hidden_size=300
+  lm-zoo-train --config=experiments/mogrifier_paper.py:ptb_mogrifier --config.model.param_budget=10000000
 
 Re-running the same command resumes from the work directory's latest checkpoint.
 `--config.parallel.num_devices=0` trains data-parallel over every device;
