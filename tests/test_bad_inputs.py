@@ -123,6 +123,17 @@ CASES = {
         '(model.embed_size is 16)'),
     'negative Mogrifier rounds': (_train(**{'model.mogrifier.rounds': -1}),
                                   'model.mogrifier.rounds=-1 must be >= 0'),
+    'capped gate on a GRU': (_train(**{'model.cell': 'gru', 'model.cap_input_gate': True}),
+                             "model.cap_input_gate=True applies to the cells lstm, mlstm, "
+                             "alstm, not model.cell='gru'"),
+    'skip connections over layers of two sizes': (
+        _train(**{'model.skip_connections': True, 'model.output_size': 8}),
+        'model.skip_connections=True sums the layers\' outputs, which needs layers of one '
+        'size'),
+    'state drop 1.0': (_train(**{'train.drop_state': 1.0}),
+                       r'train.drop_state=1.0 must be in [0, 1)'),
+    'negative averaging patience': (_train(**{'averaging.patience_steps': -5}),
+                                    'averaging.patience_steps=-5 must be >= 0'),
     'unknown dtype': (_train(**{'model.dtype': 'float16'}), "model.dtype='float16' is not known"),
     'unknown dataset': (_train(**{'data.name': 'ptb2'}),
                         "data.name='ptb2' is not known: choose one of ptb, wikitext2"),
