@@ -241,10 +241,16 @@ def test_lstm_rhn_dropout_is_off_at_evaluation_and_on_in_training():
 
 @pytest.mark.parametrize('field, value, match', [
     ('mogrifier.rounds', 2, 'Mogrifier rounds'),
-    ('variational_dropout', False, 'variational dropout only')])
+    ('variational_dropout', False, 'variational dropout only'),
+    ('skip_connections', True, 'no skip connections')])
 def test_lstm_rhn_rejects_what_it_cannot_wire(field, value, match):
   cfg = _rhn_lm_config()
   section, _, name = field.rpartition('.')
   (cfg[section] if section else cfg)[name] = value
   with pytest.raises(ConfigError, match=match):
     build_model(cfg, 20)
+  if field == 'skip_connections':  # the module itself refuses too
+    cfg.skip_connections = False
+    model = build_model(cfg, 20).clone(skip_connections=True)
+    with pytest.raises(ValueError, match='LSTM-RHN'):
+      init_params(model, jax.random.key(0))

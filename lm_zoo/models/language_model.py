@@ -163,6 +163,9 @@ class RecurrentLM(nn.Module):
     cells = [self.cell_factory(features=n, name=f'cell_{i}')
              for i, n in enumerate(self.hidden_sizes)]
     if self.lstm_rhn:
+      if self.skip_connections:
+        raise ValueError('skip_connections do not apply to the LSTM-RHN stack (lstm_rhn), '
+                         'which steps its layers together: set one of them False')
       rhn = LSTMRHNStack(cells, self.dropout_hidden, self.dropout_state,
                          deterministic=not train, name='lstm_rhn')
       new_carries, h = RecurrentLayer(rhn, unroll=self.unroll, name='stack')(
