@@ -1,5 +1,6 @@
-"""Runs an experiment of `lm_zoo.tasks` (reverse copy, tail regression, MNIST),
-prints its result table and writes the rows as JSON:
+"""Runs an experiment of `lm_zoo.tasks` (reverse copy, tail regression, MNIST,
+the robustness study, seed studies), prints its result table (and a seed
+study's summary) and writes the rows as JSON:
 
   python launch/run_task.py --config=experiments/tail_regression.py \
       --output=runs/tail_regression.json
@@ -13,7 +14,7 @@ from ml_collections import config_flags
 
 from lm_zoo import cli
 from lm_zoo.errors import ConfigError
-from lm_zoo.tasks import TASKS
+from lm_zoo.tasks import REPORTS, TASKS
 
 config_flags.DEFINE_config_file('config', None, 'An experiments/*.py config with a '
                                 '`task` field; override fields with --config.field=v.',
@@ -39,6 +40,9 @@ def main(argv):
   for row in rows:
     print('  '.join(f'{row[c]:>16.4f}' if isinstance(row[c], float) else f'{row[c]:>16}'
                     for c in columns))
+  if FLAGS.config.task in REPORTS:
+    print()
+    print(REPORTS[FLAGS.config.task](rows, FLAGS.config))
   path = pathlib.Path(FLAGS.output)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(rows, indent=2))

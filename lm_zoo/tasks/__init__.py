@@ -1,5 +1,6 @@
 """Experiments beyond one training run (reverse copy, the adaptive feed-forward
-tasks, the robustness study): each a function config -> result rows."""
+tasks, the robustness study, seed studies): each a function config -> result
+rows."""
 
 from lm_zoo.tasks.adaptive_ff import (build_feedforward, feedforward_spec, run_mnist,
                                       run_tail_regression, tail_regression_data)
@@ -7,6 +8,7 @@ from lm_zoo.tasks.robustness import offset_rates, run_robustness, sample_offsets
 from lm_zoo.tasks.reverse_copy import (EncoderDecoder, ReverseCopyData, fit,
                                        reverse_copy_data, run_experiment,
                                        sequence_cross_entropy)
+from lm_zoo.tasks.seeds import run_seed_study, seed_report, summarise
 
 # config.task -> the function that runs it (launch/run_task.py).
 TASKS = {
@@ -14,9 +16,17 @@ TASKS = {
     'tail_regression': run_tail_regression,
     'mnist': run_mnist,
     'robustness': run_robustness,
+    'seeds': run_seed_study,
 }
 
-__all__ = ['TASKS', 'EncoderDecoder', 'ReverseCopyData', 'build_feedforward', 'feedforward_spec', 'fit',
+# config.task -> a function (rows, config) -> the Markdown summary printed
+# after the rows.
+REPORTS = {
+    'seeds': lambda rows, config: seed_report(rows, config.reference),
+}
+
+__all__ = ['REPORTS', 'TASKS', 'EncoderDecoder', 'ReverseCopyData', 'build_feedforward', 'feedforward_spec', 'fit',
            'offset_rates', 'reverse_copy_data', 'run_experiment', 'run_mnist',
-           'run_robustness', 'run_tail_regression', 'sample_offsets',
+           'run_robustness', 'run_seed_study', 'run_tail_regression', 'sample_offsets',
+           'seed_report', 'summarise',
            'sequence_cross_entropy', 'tail_regression_data']

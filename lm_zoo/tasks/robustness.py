@@ -11,7 +11,6 @@ read back, the unfinished one resumes from its checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import pathlib
@@ -19,8 +18,8 @@ import pathlib
 import ml_collections
 import numpy as np
 
-from lm_zoo.errors import ConfigError, TrainingError
-from lm_zoo.training import train_and_evaluate
+from lm_zoo.errors import ConfigError
+from lm_zoo.tasks.runs import train_or_read
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +37,6 @@ def sample_offsets(fields, radius: float, num_samples: int,
 def offset_rates(centres: dict[str, float], offsets: dict[str, float]) -> dict[str, float]:
   """centre + offset per rate, clipped to [0, 0.95] so a rate stays a rate."""
   return {f: float(np.clip(centres[f] + offsets[f], 0.0, 0.95)) for f in offsets}
-
-
-def _train(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
-  """The run's summary; a run that ended before read back from summary.json."""
-  summary_path = workdir / 'summary.json'
-  if summary_path.is_file():
-    return json.loads(summary_path.read_text())
-  try:
-    return train_and_evaluate(config, workdir)
-  except TrainingError as err:  # a data point of the study, not its end
-    log.warning('%s diverged: %s', workdir, err)
-    summary = {'diverged': True, 'error': str(err)}
-    summary_path.write_text(json.dumps(summary, indent=2))
-    return summary
 
 
 def run_robustness(config: ml_collections.ConfigDict) -> list[dict]:
@@ -77,7 +62,7 @@ def run_robustness(config: ml_collections.ConfigDict) -> list[dict]:
       rates = offset_rates(model_config.model, offsets)
       run_config.model.update(rates)
       workdir = pathlib.Path(config.workdir) / f'{name}_{sample}'
-      summary = _train(run_config, workdir)
+      summary = train_or_read(run_config, workdir)
       diverged = summary.get('diverged', False)
       row = {'model': name, 'sample': sample, **rates,
              'valid_perplexity': math.inf if diverged else summary['valid']['perplexity'],

@@ -1,0 +1,59 @@
+"""The small-scale comparisons of WORKSPACE.md over several seeds (issue #26):
+every model on `lm_zoo.configs.small_ptb_config()` (3M parameters, hidden
+size solved for the budget, 2 epochs), trained once per seed and compared
+with the LSTM over the same seeds (`lm_zoo.tasks.seeds`).
+
+  lstm            the plain LSTM (ptb_mogrifier_ablation.py:lstm)
+  mogrifier_r2    Mogrifier, 2 rounds, rank 40 (ptb_mogrifier_ablation.py:r2)
+  mogrifier_r5    Mogrifier, 5 rounds, rank 40 (ptb_mogrifier_ablation.py:r5)
+  mlstm           multiplicative LSTM (ptb_mogrifier_ablation.py:mlstm)
+  alstm           aLSTM, LSTM adaptation model of size 100 (ptb_alstm_small.py:recurrent)
+  lstm_dual       the LSTM with the dual connection (dual.py:lstm_dual)
+  mogrifier_lamb  mogrifier_r5 with lamb's recipe features: capped input
+                  gate, skip connections, state dropped with probability 0.01
+
+Each run is in its own work directory `{workdir}/{model}_s{seed}`: re-running
+the command resumes the study.
+
+  LM_ZOO_DATA=../shared/data taskset -c 1 python launch/run_task.py \
+      --config=experiments/seed_study.py --config.workdir=/work/runs/seeds \
+      --output=/work/runs/seeds.json
+"""
+
+import pathlib
+import runpy
+
+import ml_collections
+
+# The single-run configs in the sibling files (experiments/ is not a package).
+_HERE = pathlib.Path(__file__).parent
+ablation = runpy.run_path(str(_HERE / 'ptb_mogrifier_ablation.py'))['get_config']
+alstm_small = runpy.run_path(str(_HERE / 'ptb_alstm_small.py'))['get_config']
+dual = runpy.run_path(str(_HERE / 'dual.py'))['get_config']
+
+
+def _lamb_features(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  c.model.update(cap_input_gate=True, skip_connections=True)
+  c.train.drop_state = 0.01
+  return c
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.task = 'seeds'
+  models = {
+      'lstm': ablation('lstm'),
+      'mogrifier_r2': ablation('r2'),
+      'mogrifier_r5': ablation('r5'),
+      'mlstm': ablation('mlstm'),
+      'alstm': alstm_small('recurrent'),
+      'lstm_dual': dual('lstm_dual'),
+      'mogrifier_lamb': _lamb_features(ablation('r5')),
+  }
+  for model in models.values():
+    model.generate.num_lines = 0
+  c.models = ml_collections.ConfigDict(models)
+  c.seeds = (0, 1, 2)
+  c.reference = 'lstm'
+  c.workdir = 'runs/seeds'
+  return c

@@ -1,0 +1,142 @@
+"""Seed studies: train every model of a set once per seed, then report each
+model's mean and spread and its paired difference to a reference model.
+
+A seed draws the initial parameters and every dropout mask; the data order is
+fixed. Seed s of every model is one pair: the difference of two models over
+the same seeds removes what the seeds share. With n seeds a paired difference
+d_1..d_n has the two-sided 95% interval mean(d) ± t(0.975, n-1) sd(d) / sqrt(n)
+(Student's t); an ordering holds beyond the seed spread when that interval
+excludes zero.
+
+Runs go seed by seed (every model of seed 0 first), each in its own work
+directory `{workdir}/{model}_s{seed}`, so a study stopped at any point resumes
+with the same command and its finished seeds are already complete pairs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pathlib
+from typing import Mapping, Sequence
+
+import ml_collections
+import numpy as np
+from scipy import stats
+
+from lm_zoo.errors import ConfigError
+from lm_zoo.tasks.runs import train_or_read
+
+log = logging.getLogger(__name__)
+
+SPLITS = ('valid', 'test')
+
+
+def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:
+  """One row per (seed, model): valid and test perplexity (inf when the run
+  diverged), parameter count, training time and work directory.
+
+  `config` (experiments/seed_study.py): `models` maps names to full training
+  configs; `seeds` lists the seeds; `reference` names the model the others are
+  compared with; `workdir` holds one directory per run.
+  """
+  if not config.models:
+    raise ConfigError('config.models is empty: name at least one training config')
+  if config.reference not in config.models:
+    raise ConfigError(f'config.reference is {config.reference!r}: name one of '
+                      f'config.models ({", ".join(config.models)})')
+  seeds = list(config.seeds)
+  if not seeds or len(set(seeds)) != len(seeds):
+    raise ConfigError(f'config.seeds must list distinct seeds, got {seeds}')
+  rows = []
+  for seed in seeds:
+    for name, model_config in config.models.items():
+      run_config = ml_collections.ConfigDict(model_config.to_dict())
+      run_config.seed = seed
+      workdir = pathlib.Path(config.workdir) / f'{name}_s{seed}'
+      summary = train_or_read(run_config, workdir)
+      diverged = summary.get('diverged', False)
+      row = {'model': name, 'seed': seed,
+             **{f'{split}_perplexity': math.inf if diverged else summary[split]['perplexity']
+                for split in SPLITS},
+             'num_params': summary.get('num_params', 0),
+             'train_seconds': summary.get('train_seconds', math.nan),
+             'workdir': str(workdir)}
+      log.info('%s', row)
+      rows.append(row)
+  return rows
+
+
+def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:
+  """Mean and sample standard deviation (n - 1 in the denominator; nan for
+  one value)."""
+  values = np.asarray(values, dtype=np.float64)
+  return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan
+
+
+def paired_difference(values: Mapping[int, float],
+                      reference: Mapping[int, float]) -> dict[str, float]:
+  """values - reference over the seeds both have: mean, sample std, n, and
+  the half-width of the two-sided 95% Student-t interval of the mean (nan
+  below two pairs). `resolved` says whether the interval excludes zero."""
+  seeds = sorted(set(values) & set(reference))
+  d = np.array([values[s] - reference[s] for s in seeds], dtype=np.float64)
+  mean, spread = mean_and_spread(d) if len(d) else (math.nan, math.nan)
+  half = (float(stats.t.ppf(0.975, len(d) - 1)) * spread / math.sqrt(len(d))
+          if len(d) > 1 else math.nan)
+  return {'mean': mean, 'std': spread, 'n': len(d), 'half_width': half,
+          'resolved': bool(abs(mean) > half) if len(d) > 1 else False}
+
+
+def summarise(rows: Sequence[Mapping], reference: str) -> dict[str, dict]:
+  """Per model (the reference first, then in the rows' order): the seeds, `{split}` mean ± std over the
+  runs that converged, the number that diverged, and `{split}_vs_reference`,
+  the paired difference to `reference` (`paired_difference`)."""
+  models = list(dict.fromkeys(r['model'] for r in rows))
+  if reference not in models:
+    raise ConfigError(f'reference {reference!r} has no runs: choose one of {", ".join(models)}')
+  models.remove(reference)
+  models.insert(0, reference)
+  per_seed = {m: {split: {r['seed']: r[f'{split}_perplexity'] for r in rows
+                          if r['model'] == m and math.isfinite(r[f'{split}_perplexity'])}
+                  for split in SPLITS} for m in models}
+  summary = {}
+  for m in models:
+    entry = {'seeds': sorted(r['seed'] for r in rows if r['model'] == m),
+             'diverged': sum(1 for r in rows
+                             if r['model'] == m and not math.isfinite(r['valid_perplexity']))}
+    for split in SPLITS:
+      values = list(per_seed[m][split].values())
+      entry[split] = mean_and_spread(values) if values else (math.nan, math.nan)
+      if m != reference:
+        entry[f'{split}_vs_reference'] = paired_difference(per_seed[m][split],
+                                                           per_seed[reference][split])
+    summary[m] = entry
+  return summary
+
+
+def seed_report(rows: Sequence[Mapping], reference: str) -> str:
+  """Markdown tables: each model's mean ± std, and its paired difference to
+  `reference` with the 95% interval and whether it excludes zero."""
+  summary = summarise(rows, reference)
+  lines = ['| model | seeds | valid, mean ± std | test, mean ± std |', '|---|---|---|---|']
+  for m, e in summary.items():
+    diverged = f' ({e["diverged"]} diverged)' if e['diverged'] else ''
+    lines.append(f'| {m} | {len(e["seeds"])}{diverged} | '
+                 + ' | '.join(f'{e[s][0]:.2f} ± {e[s][1]:.2f}' for s in SPLITS) + ' |')
+  lines += ['', f'| model − {reference} (same seeds) | pairs | valid: mean ± std [95% interval] '
+            '| test: mean ± std [95% interval] | beyond the seed spread |',
+            '|---|---|---|---|---|']
+  for m, e in summary.items():
+    if m == reference:
+      continue
+    cells = []
+    for split in SPLITS:
+      d = e[f'{split}_vs_reference']
+      cells.append(f'{d["mean"]:+.2f} ± {d["std"]:.2f} '
+                   f'[{d["mean"] - d["half_width"]:+.2f}, {d["mean"] + d["half_width"]:+.2f}]')
+    verdict = {(True, True): 'yes, both splits', (True, False): 'valid only',
+               (False, True): 'test only', (False, False): 'no'}[
+                   tuple(e[f'{s}_vs_reference']['resolved'] for s in SPLITS)]
+    lines.append(f'| {m} | {e["valid_vs_reference"]["n"]} | {" | ".join(cells)} | {verdict} |')
+  return '\n'.join(lines)

@@ -1,0 +1,122 @@
+"""Seed studies: the paired statistics against scipy's paired t-test, and a
+tiny study of real runs (resumable, seeded, one work directory per run)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from lm_zoo.errors import ConfigError
+from lm_zoo.tasks import run_seed_study, seed_report, summarise
+from lm_zoo.tasks.seeds import mean_and_spread, paired_difference
+
+
+def test_paired_interval_excludes_zero_exactly_when_the_paired_t_test_rejects():
+  rng = np.random.default_rng(0)
+  for n in (2, 3, 5):
+    for shift in (0.0, 0.5, 2.0):
+      ref = rng.normal(100, 3, n)
+      other = ref + shift + rng.normal(0, 1, n)
+      d = paired_difference(dict(enumerate(other)), dict(enumerate(ref)))
+      assert d['n'] == n
+      np.testing.assert_allclose(d['mean'], np.mean(other - ref), rtol=1e-12)
+      np.testing.assert_allclose(d['std'], np.std(other - ref, ddof=1), rtol=1e-12)
+      # The interval's edge is where the two-sided p-value crosses 0.05.
+      p = stats.ttest_rel(other, ref).pvalue
+      assert d['resolved'] == (p < 0.05)
+      edge = d['mean'] - math.copysign(d['half_width'], d['mean'])
+      np.testing.assert_allclose(stats.ttest_1samp(other - ref, edge).pvalue, 0.05, rtol=1e-6)
+
+
+def test_pairs_are_the_seeds_both_models_have():
+  d = paired_difference({0: 10.0, 1: 12.0, 5: 99.0}, {0: 9.0, 1: 9.0, 2: 50.0})
+  assert (d['n'], d['mean']) == (2, 2.0)
+  assert math.isnan(paired_difference({0: 1.0}, {0: 2.0})['half_width'])
+  assert math.isnan(mean_and_spread([3.0])[1])
+
+
+def _row(model, seed, valid, test):
+  return {'model': model, 'seed': seed, 'valid_perplexity': valid, 'test_perplexity': test}
+
+
+def test_summary_puts_the_reference_first_and_leaves_diverged_runs_out_of_the_means():
+  rows = [_row('mog', 0, 150.0, 140.0), _row('lstm', 0, 160.0, 150.0),
+          _row('mog', 1, math.inf, math.inf), _row('lstm', 1, 162.0, 153.0),
+          _row('mog', 2, 154.0, 146.0), _row('lstm', 2, 161.0, 152.0)]
+  summary = summarise(rows, 'lstm')
+  assert list(summary) == ['lstm', 'mog']
+  assert summary['mog']['diverged'] == 1 and summary['mog']['seeds'] == [0, 1, 2]
+  assert summary['mog']['valid'] == (152.0, pytest.approx(math.sqrt(8)))
+  assert summary['mog']['valid_vs_reference']['n'] == 2  # seed 1 has no pair
+  assert summary['mog']['valid_vs_reference']['mean'] == -8.5
+  report = seed_report(rows, 'lstm')
+  assert '| mog | 3 (1 diverged) | 152.00 ± 2.83 | 143.00 ± 4.24 |' in report
+  with pytest.raises(ConfigError, match='reference'):
+    summarise(rows, 'gru')
+
+
+@pytest.fixture
+def study(tiny_config, tmp_path):
+  import ml_collections
+  tiny_config.train.num_epochs = 1
+  tiny_config.generate.num_lines = 0
+  wider = ml_collections.ConfigDict(tiny_config.to_dict())
+  wider.model.hidden_size = 24
+  c = ml_collections.ConfigDict()
+  c.task = 'seeds'
+  c.models = ml_collections.ConfigDict({'lstm': tiny_config, 'wider': wider})
+  c.seeds = (3, 4)
+  c.reference = 'lstm'
+  c.workdir = str(tmp_path / 'study')
+  return c
+
+
+def test_study_trains_each_model_per_seed_and_resumes(study, tmp_path):
+  rows = run_seed_study(study)
+  assert [(r['model'], r['seed']) for r in rows] == [
+      ('lstm', 3), ('wider', 3), ('lstm', 4), ('wider', 4)]
+  for row in rows:
+    config = json.loads((tmp_path / 'study' / f'{row["model"]}_s{row["seed"]}' /
+                         'config.json').read_text())
+    assert config['seed'] == row['seed']
+    assert math.isfinite(row['valid_perplexity']) and math.isfinite(row['test_perplexity'])
+  # Seeds draw different models; the seed is the only difference between runs.
+  assert rows[0]['valid_perplexity'] != rows[2]['valid_perplexity']
+  # A second call reads finished runs back instead of training them again.
+  path = tmp_path / 'study' / 'wider_s4' / 'summary.json'
+  summary = json.loads(path.read_text())
+  summary['test']['perplexity'] = 1.5
+  path.write_text(json.dumps(summary))
+  assert run_seed_study(study)[3]['test_perplexity'] == 1.5
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('reference', 'gru', 'config.reference'),
+    ('seeds', (1, 1), 'distinct seeds'),
+    ('seeds', (), 'distinct seeds'),
+])
+def test_bad_study_settings_are_named(study, field, value, message):
+  study[field] = value
+  with pytest.raises(ConfigError, match=message):
+    run_seed_study(study)
+
+
+def test_experiment_models_share_the_budget_and_the_recipe():
+  from conftest import load_experiment
+  config = load_experiment('seed_study')
+  models = config.models
+  assert config.reference == 'lstm' and len(config.seeds) >= 3
+  assert {models[m].model.param_budget for m in models if m != 'lstm_dual'} == {3_000_000}
+  assert (models.mogrifier_r2.model.mogrifier.rounds, models.mogrifier_r5.model.mogrifier.rounds,
+          models.mogrifier_lamb.model.mogrifier.rounds) == (2, 5, 5)
+  assert (models.mlstm.model.cell, models.alstm.model.cell,
+          models.alstm.model.alstm.latent) == ('mlstm', 'alstm', 'lstm')
+  assert models.lstm_dual.model.dual.size > 0
+  lamb = models.mogrifier_lamb
+  assert lamb.model.cap_input_gate and lamb.model.skip_connections and lamb.train.drop_state == 0.01
+  # Apart from the model, every run trains with the same recipe.
+  for m in models:
+    assert models[m].optimizer == models.lstm.optimizer
+    assert models[m].data == models.lstm.data
