@@ -6,6 +6,9 @@ import ctypes
 import logging
 import os
 
+import jax
+import jaxlib
+
 _log = logging.getLogger(__name__)
 
 # mallopt(3) parameters of glibc's malloc.h
@@ -49,3 +52,19 @@ def retain_host_memory() -> bool:
       _log.warning('glibc refused mallopt(%d, %d); malloc left as it was', parameter, value)
       return False
   return True
+
+
+def environment() -> dict:
+  """What a run's floating-point results depend on beyond its config and
+  seed, for its summary: the jax and jaxlib versions, the backend, its
+  devices, and the CPU threads XLA may use (the cores this process may run
+  on: XLA sizes its thread pool by them, and a matrix product split over
+  another number of threads sums in another order, so one seed trains to
+  other weights on 1 core than on 2; WORKSPACE.md, "Determinism")."""
+  devices = jax.devices()
+  threads = (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
+             else os.cpu_count())
+  return {'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
+          'backend': jax.default_backend(), 'devices': len(devices),
+          'device_kind': devices[0].device_kind, 'cpu_threads': threads,
+          'xla_flags': os.environ.get('XLA_FLAGS', '')}

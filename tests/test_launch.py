@@ -5,23 +5,51 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 from conftest import run_script
+
+from lm_zoo.training import load_trained, read_metrics
+
+
+# A tiny run of experiments/default.py: 200 training windows of 2 x 16 LSTM.
+TINY = ['--config=experiments/default.py', '--config.data.train_tokens=2001',
+        '--config.data.valid_tokens=300', '--config.data.test_tokens=200',
+        '--config.model.hidden_size=16', '--config.model.embed_size=16',
+        '--config.data.bptt=10', '--config.train.log_every=4',
+        '--config.generate.num_tokens=5']
+
+
+def _train_tiny(workdir, data_dir, *overrides, env=None) -> subprocess.CompletedProcess:
+  return run_script(['launch/train.py', *TINY, f'--workdir={workdir}', *overrides],
+                    {'LM_ZOO_DATA': str(data_dir), **(env or {})})
 
 
 @pytest.fixture(scope='module')
 def trained_run(data_dir, tmp_path_factory):
   """A tiny training run of launch/train.py: (workdir, its stderr)."""
   workdir = tmp_path_factory.mktemp('launch') / 'run'
-  overrides = ['--config.data.train_tokens=2001', '--config.data.valid_tokens=300',
-               '--config.data.test_tokens=200', '--config.model.hidden_size=16',
-               '--config.model.embed_size=16', '--config.data.bptt=10',
-               '--config.train.log_every=4', '--config.generate.num_tokens=5']
-  train = run_script(['launch/train.py', '--config=experiments/default.py',
-                      f'--workdir={workdir}', *overrides],
-                     {'LM_ZOO_DATA': str(data_dir)})
+  train = _train_tiny(workdir, data_dir, env={'PYTHONHASHSEED': '1'})
   assert train.returncode == 0, train.stderr
   return workdir, train.stderr
+
+
+def test_the_same_command_and_seed_give_bit_identical_parameters(trained_run, data_dir,
+                                                                  tmp_path):
+  # Another process (another hash seed, so no set or dict order is shared by
+  # chance) with the same seed; and one with another seed, which must differ.
+  workdir, _ = trained_run
+  again, other = tmp_path / 'again', tmp_path / 'other'
+  assert _train_tiny(again, data_dir, env={'PYTHONHASHSEED': '2'}).returncode == 0
+  assert _train_tiny(other, data_dir, '--config.seed=1').returncode == 0
+  params = [jax.tree.leaves(load_trained(w, str(data_dir))[3]) for w in (workdir, again, other)]
+  for a, b in zip(params[0], params[1]):
+    np.testing.assert_array_equal(a, b)
+  assert not all(np.array_equal(a, c) for a, c in zip(params[0], params[2]))
+  losses = [[r['loss'] for r in read_metrics(w / 'metrics.jsonl') if 'loss' in r]
+            for w in (workdir, again)]
+  assert losses[0] == losses[1]
 
 
 def test_train_then_evaluate(trained_run, data_dir):

@@ -1,9 +1,11 @@
-"""retain_host_memory: with it a jitted step stops faulting its buffers in."""
+"""retain_host_memory: with it a jitted step stops faulting its buffers in;
+environment: what a run's numbers depend on beyond its config."""
 
 import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from lm_zoo import runtime
@@ -45,3 +47,16 @@ def test_retained_memory_stops_the_page_faults_of_each_step():
 def test_opt_out_leaves_malloc_alone(monkeypatch):
   monkeypatch.setenv(runtime.OPT_OUT, '1')
   assert not runtime.retain_host_memory()
+
+
+@pytest.mark.skipif(not hasattr(os, 'sched_setaffinity'), reason='CPU affinity is Linux only')
+def test_environment_counts_the_cores_this_process_may_use():
+  # Pinned to one core (as `taskset -c 0` does), XLA gets one thread.
+  program = ('import os; os.sched_setaffinity(0, {0}); from lm_zoo.runtime import environment; '
+             'e = environment(); print(e["cpu_threads"], e["backend"], e["devices"])')
+  out = subprocess.run([sys.executable, '-c', program], capture_output=True, text=True,
+                       check=True, env={**os.environ, 'XLA_FLAGS': ''}).stdout.split()
+  assert out == ['1', 'cpu', '1']
+  env = runtime.environment()
+  assert env['cpu_threads'] == len(os.sched_getaffinity(0))
+  assert env['jax'] == jax.__version__

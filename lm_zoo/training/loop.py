@@ -18,6 +18,7 @@ import numpy as np
 from lm_zoo import generation
 from lm_zoo.data import BatchedStream, Corpus, load_corpus
 from lm_zoo.errors import Preempted
+from lm_zoo.runtime import environment
 from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.training.averaging import (averaged_params, patience_reached, should_start_averaging,
                                       start_averaging)
@@ -323,7 +324,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         'train_seconds': round(train_seconds, 1),
         'tokens_per_second': round(tokens_trained / max(train_seconds, 1e-9), 1),
         'num_params': int(num_params), 'unit': corpus.unit,
-        'skipped_updates': progress.skipped_updates, 'rollbacks': progress.rollbacks}
+        'skipped_updates': progress.skipped_updates, 'rollbacks': progress.rollbacks,
+        'environment': environment()}
     batch_sizes = {'valid': data_cfg.eval_batch_size, 'test': data_cfg.test_batch_size}
     for split in final_splits:
       batch_size = batch_sizes[split]
