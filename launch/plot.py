@@ -27,14 +27,16 @@ from lm_zoo.training import load_trained, token_losses
 
 FIGURES = {'reverse_copy': plots.reverse_copy_figure,
            'tail_regression': plots.tail_regression_figure,
-           'robustness': plots.robustness_figure}
+           'robustness': plots.robustness_figure,
+           'seeds': plots.seed_study_figure}
 flags.DEFINE_enum('figure', None, ['mogrifier_ablation', *FIGURES, 'curves',
                                     'dyneval_gain', 'token_loss_difference'],
                   'mogrifier_ablation: validation perplexity against rounds from '
                   'the ablation work directories; reverse_copy: cross-entropy against '
                   'length; tail_regression: predictions against truth; robustness: '
-                  'the spread of validation perplexity over sampled dropout rates '
-                  '(all three from --results); curves: training and validation perplexity of work '
+                  'the spread of validation perplexity over sampled dropout rates; '
+                  'seeds: valid and test perplexity per model over the seeds of a seed '
+                  'study (all four from --results); curves: training and validation perplexity of work '
                   'directories against step; dyneval_gain: the perplexity gain of '
                   'dynamic evaluation along the test stream, from --results: the JSON '
                   'files of launch/evaluate.py --dyneval_output, the static one (learning '
@@ -44,7 +46,7 @@ flags.DEFINE_enum('figure', None, ['mogrifier_ablation', *FIGURES, 'curves',
 flags.DEFINE_string('output', None, 'PNG file to write.')
 flags.DEFINE_string('workdir_prefix', 'runs/abl_', 'mogrifier_ablation: work '
                     'directories are PREFIX + variant (lstm, r1..r6, nozigzag, ...).')
-flags.DEFINE_string('results', None, 'reverse_copy, tail_regression, robustness: the JSON '
+flags.DEFINE_string('results', None, 'reverse_copy, tail_regression, robustness, seeds: the JSON '
                     'written by launch/run_task.py; dyneval_gain: a comma-separated list '
                     'of launch/evaluate.py --dyneval_output files.')
 flags.DEFINE_list('workdirs', [], 'curves: work directories to draw; '

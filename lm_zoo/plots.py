@@ -2,9 +2,9 @@
 Mogrifier paper's Fig. 3), cross-entropy against sequence length (its reverse
 copy task), predictions against truth (the aLSTM paper's tail regression),
 the spread of validation perplexity over sampled hyper-parameters (its
-robustness study), training curves of work directories, the gain of dynamic
-evaluation along a stream and the per-token loss difference of two models
-along a text.
+robustness study), perplexity over seeds per model (a seed study), training
+curves of work directories, the gain of dynamic evaluation along a stream and
+the per-token loss difference of two models along a text.
 
 Needs matplotlib (`pip install 'lm_zoo[plot]'`). Figures are drawn on
 `matplotlib.figure.Figure` objects, never through pyplot, so calling these
@@ -25,13 +25,18 @@ from lm_zoo.training.metrics import METRICS_FILE, read_metrics
 Series = tuple[Sequence[float], Sequence[float]]
 
 
-def _axes():
-  """A new figure and its axes; matplotlib imported here, as it is optional."""
+def _figure(width: float = 6, height: float = 4):
+  """A new figure; matplotlib imported here, as it is optional."""
   try:
     from matplotlib.figure import Figure
   except ImportError as e:
     raise ConfigError("plots need matplotlib: pip install 'lm_zoo[plot]'") from e
-  fig = Figure(figsize=(6, 4), dpi=120, layout='constrained')
+  return Figure(figsize=(width, height), dpi=120, layout='constrained')
+
+
+def _axes():
+  """A new figure and its one axes."""
+  fig = _figure()
   return fig, fig.add_subplot()
 
 
@@ -144,6 +149,55 @@ def robustness_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
     series[label] = (finite, [(i + 1) / len(values) for i in range(len(finite))])
   return line_figure(series, path, xlabel='validation perplexity',
                      ylabel='fraction of sampled configurations', title=title)
+
+
+def seed_study_points(rows: Sequence[Mapping], split: str
+                      ) -> dict[str, tuple[dict[int, float], float, float]]:
+  """Per model, ordered from the worst mean to the best: {seed: perplexity}
+  of its converged runs, their mean and sample standard deviation (nan for
+  one run), from the rows of `lm_zoo.tasks.run_seed_study`."""
+  per_seed: dict[str, dict[int, float]] = {}
+  for row in rows:
+    value = row[f'{split}_perplexity']
+    per_seed.setdefault(row['model'], {})
+    if math.isfinite(value):
+      per_seed[row['model']][row['seed']] = value
+  stats = {}
+  for model, values in per_seed.items():
+    v = np.array(list(values.values()), dtype=np.float64)
+    stats[model] = (values, float(v.mean()) if len(v) else math.nan,
+                    float(v.std(ddof=1)) if len(v) > 1 else math.nan)
+  return dict(sorted(stats.items(), key=lambda kv: -kv[1][1]))
+
+
+def seed_study_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
+                      title: str = '') -> pathlib.Path:
+  """Valid and test perplexity per model over seeds, from the rows of
+  `lm_zoo.tasks.run_seed_study`: one point per seed (a colour per seed, so
+  that the pairs across models show), the mean with a bar of ± one standard
+  deviation."""
+  fig = _figure(10, 4.5)
+  seeds = sorted({row['seed'] for row in rows})
+  colours = {s: f'C{i % 10}' for i, s in enumerate(seeds)}
+  for column, split in enumerate(('valid', 'test')):
+    ax = fig.add_subplot(1, 2, column + 1)
+    points = seed_study_points(rows, split)
+    for x, (values, mean, spread) in enumerate(points.values()):
+      for seed, value in values.items():
+        ax.plot([x + 0.12], [value], marker='o', markersize=4, linestyle='none',
+                color=colours[seed], label=f'seed {seed}' if x == 0 else None)
+      ax.errorbar([x - 0.12], [mean], yerr=[0.0 if math.isnan(spread) else spread],
+                  marker='_', markersize=12, color='black', capsize=3,
+                  label='mean ± std' if x == 0 else None)
+    ax.set_xticks(range(len(points)), list(points), rotation=30, ha='right')
+    ax.set(ylabel=f'{split} perplexity', title=f'{title} ({split})' if title else split)
+    ax.grid(alpha=0.3)
+    if column == 0:
+      ax.legend(fontsize='small')
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path)
+  return path
 
 
 def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathlib.Path,

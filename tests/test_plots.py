@@ -153,3 +153,15 @@ def test_parallel_coordinates_figure_scales_each_axis_to_its_range(monkeypatch, 
   np.testing.assert_allclose(lines[('0.75', 0.8)], [1.0, 1.0, 1.0])
   with pytest.raises(ConfigError, match='no trials'):
     plots.parallel_coordinates_figure(axes, [], 'loss', tmp_path / 'p.png')
+
+
+def test_seed_study_figure_orders_models_and_leaves_diverged_runs_out(tmp_path):
+  rows = [{'model': m, 'seed': s, 'valid_perplexity': v, 'test_perplexity': v - 5}
+          for m, s, v in (('lstm', 0, 160.0), ('lstm', 1, 164.0), ('mog', 0, 150.0),
+                          ('mog', 1, math.inf), ('mlstm', 0, 170.0), ('mlstm', 1, 172.0))]
+  points = plots.seed_study_points(rows, 'test')
+  assert list(points) == ['mlstm', 'lstm', 'mog']  # worst mean first
+  assert points['lstm'] == ({0: 155.0, 1: 159.0}, 157.0, pytest.approx(2 * math.sqrt(2)))
+  values, mean, spread = points['mog']
+  assert values == {0: 145.0} and mean == 145.0 and math.isnan(spread)
+  assert png_size(plots.seed_study_figure(rows, tmp_path / 'f.png', 'PTB')) == (1200, 540)
