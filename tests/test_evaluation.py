@@ -1,6 +1,7 @@
 """Evaluation scores every token once at any batch size, as a direct sum would;
 softmax temperature and Monte-Carlo dropout evaluation."""
 
+import functools
 import math
 
 import jax
@@ -9,6 +10,7 @@ import optax
 import pytest
 
 from conftest import perturb
+from lm_zoo.cells import ALSTMCell
 from lm_zoo.generation import sample
 from lm_zoo.models import RecurrentLM, init_params
 from lm_zoo.training import (EvalResult, evaluate_stream, make_eval_step, token_losses,
@@ -132,6 +134,13 @@ def test_dropout_multiplier_scales_every_rate():
           scaled.dropout_output) == pytest.approx((0.3, 0.15, 0.6, 0.0))
   with pytest.raises(ValueError, match='outside'):
     with_dropout_scaled(model, 3.0)
+  # The aLSTM's latent dropout is an argument of its cells, not a field of the model.
+  alstm = _model(cell_factory=functools.partial(ALSTMCell, latent_size=4, dropout_latent=0.3))
+  scaled = with_dropout_scaled(alstm, 2.0)
+  assert scaled.cell_factory.keywords == {'latent_size': 4, 'dropout_latent': 0.6}
+  assert alstm.cell_factory.keywords['dropout_latent'] == 0.3
+  with pytest.raises(ValueError, match='dropout_latent'):
+    with_dropout_scaled(alstm, 4.0)
   with pytest.raises(ValueError, match='at least one'):
     make_mc_dropout_eval_step(model, 0)
 

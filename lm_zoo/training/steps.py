@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax
@@ -126,12 +127,21 @@ def make_eval_step(model: nn.Module) -> Callable:
 
 def with_dropout_scaled(model: nn.Module, factor: float) -> nn.Module:
   """`model` with each of its dropout rates (fields named dropout_* and
-  weight_drop) multiplied by `factor`: MC-dropout's rate multiplier."""
+  weight_drop, and the dropout_* arguments its cells are built with, such as
+  the aLSTM's dropout_latent) multiplied by `factor`: MC-dropout's rate
+  multiplier."""
   rates = {f.name: getattr(model, f.name) * factor for f in dataclasses.fields(model)
            if f.name.startswith('dropout_') or f.name == 'weight_drop'}
-  too_high = {name: rate for name, rate in rates.items() if not 0 <= rate < 1}
+  factory = getattr(model, 'cell_factory', None)
+  cell_rates = ({k: v * factor for k, v in factory.keywords.items() if k.startswith('dropout_')}
+                if isinstance(factory, functools.partial) else {})
+  too_high = {name: rate for name, rate in {**rates, **cell_rates}.items()
+              if not 0 <= rate < 1}
   if too_high:
     raise ValueError(f'dropout scaled by {factor} leaves rates outside [0, 1): {too_high}')
+  if cell_rates:
+    rates['cell_factory'] = functools.partial(factory.func, *factory.args,
+                                              **{**factory.keywords, **cell_rates})
   return model.clone(**rates)
 
 
