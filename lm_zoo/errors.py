@@ -24,6 +24,10 @@ class CheckpointError(LMZooError):
   """A checkpoint is corrupt or truncated and cannot be read."""
 
 
+class WorkdirInUse(LMZooError):
+  """Another process holds the work directory's lock (it is training there)."""
+
+
 class Preempted(LMZooError):
   """Training stopped on a signal (SIGTERM, SIGINT) after saving a checkpoint.
 

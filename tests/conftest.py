@@ -123,3 +123,22 @@ def read_scalar_events(logdir) -> dict[str, list[tuple[int, float]]]:
       for value in event.summary.value:
         scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
   return scalars
+
+
+# Holds WORKDIR's lock until the file RELEASE exists, then exits.
+HOLDER = '''
+import pathlib, sys, time
+from lm_zoo.training.workdir import workdir_lock
+with workdir_lock(pathlib.Path(sys.argv[1])):
+  print('held', flush=True)
+  while not pathlib.Path(sys.argv[2]).exists():
+    time.sleep(0.05)
+'''
+
+
+def hold_lock(workdir, release) -> subprocess.Popen:
+  """A process holding `workdir`'s lock until `release` is created."""
+  holder = subprocess.Popen([sys.executable, '-c', HOLDER, str(workdir), str(release)],
+                            stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == 'held'
+  return holder

@@ -3,9 +3,11 @@ tiny study of real runs (resumable, seeded, one work directory per run)."""
 
 import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
+from conftest import hold_lock
 from scipy import stats
 
 from lm_zoo.errors import ConfigError
@@ -90,6 +92,22 @@ def test_study_trains_each_model_per_seed_and_resumes(study, tmp_path):
   summary['test']['perplexity'] = 1.5
   path.write_text(json.dumps(summary))
   assert run_seed_study(study)[3]['test_perplexity'] == 1.5
+
+
+def test_a_run_another_worker_holds_is_left_to_it_then_waited_for(study, tmp_path):
+  # Another worker holds lstm_s3 and stops (without finishing it) once this
+  # one has trained the three other runs; this one then resumes lstm_s3.
+  study.seeds = (3, 4)
+  holder = hold_lock(tmp_path / 'study' / 'lstm_s3',
+                     tmp_path / 'study' / 'wider_s4' / 'summary.json')
+  rows = run_seed_study(study)
+  holder.wait(timeout=30)
+  assert [(r['model'], r['seed']) for r in rows] == [
+      ('lstm', 3), ('wider', 3), ('lstm', 4), ('wider', 4)]
+  finished = {r['workdir']: (pathlib.Path(r['workdir']) / 'summary.json').stat().st_mtime_ns
+              for r in rows}
+  assert max(finished, key=finished.get).endswith('lstm_s3')
+  assert all(math.isfinite(r['test_perplexity']) for r in rows)
 
 
 @pytest.mark.parametrize('field, value, message', [

@@ -1,13 +1,45 @@
-"""A run's work directory: its saved config, and which configs may resume it."""
+"""A run's work directory: its lock, its saved config, and which configs may resume it."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
+from conftest import hold_lock
 
 from lm_zoo.configs import base_config
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, WorkdirInUse
+from lm_zoo.training import train_and_evaluate
 from lm_zoo.training.workdir import (SHAPE_FIELDS, check_resumable, initial_params,
-                                     load_config, save_config)
+                                     load_config, save_config, workdir_lock)
+
+def test_a_second_process_is_refused_with_the_holders_pid_and_host(tiny_config, tmp_path):
+  release = tmp_path / 'release'
+  holder = hold_lock(tmp_path / 'run', release)
+  with pytest.raises(WorkdirInUse, match=f'pid {holder.pid} on host {socket.gethostname()}'):
+    train_and_evaluate(tiny_config, tmp_path / 'run')
+  assert not (tmp_path / 'run' / 'checkpoints').exists()  # refused before writing anything
+  release.touch()
+  holder.wait(timeout=30)
+  # The kernel dropped the lock with its process: the run can start.
+  with workdir_lock(tmp_path / 'run'):
+    assert ((tmp_path / 'run' / 'lock').read_text()
+            == f'pid {os.getpid()} on host {socket.gethostname()}\n')
+
+
+def test_waiting_for_the_lock_returns_once_its_holder_is_gone(tmp_path):
+  release = tmp_path / 'release'
+  holder = hold_lock(tmp_path / 'run', release)
+  subprocess.Popen([sys.executable, '-c',
+                    f'import time, pathlib; time.sleep(1); pathlib.Path({str(release)!r}).touch()'])
+  start = time.perf_counter()
+  with workdir_lock(tmp_path / 'run', wait=True):
+    assert time.perf_counter() - start > 0.5
+    assert release.exists()  # the holder let go only after it was told to
+  holder.wait(timeout=30)
 
 
 def test_config_of_an_older_run_loads_over_defaults(tmp_path):

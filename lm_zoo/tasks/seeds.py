@@ -11,6 +11,9 @@ excludes zero.
 Runs go seed by seed (every model of seed 0 first), each in its own work
 directory `{workdir}/{model}_s{seed}`, so a study stopped at any point resumes
 with the same command and its finished seeds are already complete pairs.
+Several workers (the same command on other cores or hosts sharing the
+folder) split the study: each skips the runs another holds (a work
+directory's lock), and waits for them once its own are done.
 """
 
 from __future__ import annotations
@@ -48,23 +51,34 @@ def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:
   seeds = list(config.seeds)
   if not seeds or len(set(seeds)) != len(seeds):
     raise ConfigError(f'config.seeds must list distinct seeds, got {seeds}')
+  runs = [(seed, name) for seed in seeds for name in config.models]
+  summaries = {}
+  # Runs another worker holds are left to it at first, then waited for.
+  for wait in (False, True):
+    for seed, name in runs:
+      if (seed, name) not in summaries:
+        run_config = ml_collections.ConfigDict(config.models[name].to_dict())
+        run_config.seed = seed
+        summary = train_or_read(run_config, _workdir(config, name, seed), wait=wait)
+        if summary is not None:
+          summaries[seed, name] = summary
   rows = []
-  for seed in seeds:
-    for name, model_config in config.models.items():
-      run_config = ml_collections.ConfigDict(model_config.to_dict())
-      run_config.seed = seed
-      workdir = pathlib.Path(config.workdir) / f'{name}_s{seed}'
-      summary = train_or_read(run_config, workdir)
-      diverged = summary.get('diverged', False)
-      row = {'model': name, 'seed': seed,
-             **{f'{split}_perplexity': math.inf if diverged else summary[split]['perplexity']
-                for split in SPLITS},
-             'num_params': summary.get('num_params', 0),
-             'train_seconds': summary.get('train_seconds', math.nan),
-             'workdir': str(workdir)}
-      log.info('%s', row)
-      rows.append(row)
+  for seed, name in runs:
+    summary = summaries[seed, name]
+    diverged = summary.get('diverged', False)
+    row = {'model': name, 'seed': seed,
+           **{f'{split}_perplexity': math.inf if diverged else summary[split]['perplexity']
+              for split in SPLITS},
+           'num_params': summary.get('num_params', 0),
+           'train_seconds': summary.get('train_seconds', math.nan),
+           'workdir': str(_workdir(config, name, seed))}
+    log.info('%s', row)
+    rows.append(row)
   return rows
+
+
+def _workdir(config: ml_collections.ConfigDict, name: str, seed: int) -> pathlib.Path:
+  return pathlib.Path(config.workdir) / f'{name}_s{seed}'
 
 
 def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:

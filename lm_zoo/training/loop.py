@@ -30,7 +30,8 @@ from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_
 from lm_zoo.training.parallel import check_batch, data_mesh, shard_batch, state_shardings
 from lm_zoo.training.preemption import StopRequest
 from lm_zoo.training.steps import TrainState, make_eval_step, make_train_step
-from lm_zoo.training.workdir import check_resumable, initial_params, save_config
+from lm_zoo.training.workdir import (check_resumable, initial_params, save_config,
+                                     workdir_lock)
 from lm_zoo.validation import validate_config
 
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
@@ -119,14 +120,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   Raises:
     ConfigError: the config is invalid (`validate_config`), or does not fit
       the checkpoints in `workdir`.
+    WorkdirInUse: another process is training in `workdir`.
     TrainingError: a non-finite loss or gradient that the policy does not
       absorb.
     Preempted: stopped by a signal, after saving a checkpoint.
   """
-  run_start = time.perf_counter()
   validate_config(config)  # before reading data or compiling anything
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  with workdir_lock(workdir):
+    return _train_and_evaluate(config, workdir, on_validation, final_splits)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+                        on_validation: ValidationCallback | None,
+                        final_splits: Sequence[str]) -> dict[str, Any]:
+  """`train_and_evaluate` once the work directory is locked."""
+  run_start = time.perf_counter()
   corpus = load_data(config)
   validate_config(config, corpus)
   model = build_model(config.model, len(corpus.vocab))

@@ -1,19 +1,25 @@
-"""A training run's work directory: its config, whether a config may resume
-it, and its best weights as the start of another run."""
+"""A training run's work directory: the lock that keeps it to one process,
+its config, whether a config may resume it, and its best weights as the
+start of another run."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import pathlib
-from typing import Any
+import socket
+from typing import Any, Iterator
 
 import ml_collections
 
 from lm_zoo.configs import base_config
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, WorkdirInUse
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
 
 CONFIG_FILE = 'config.json'
+LOCK_FILE = 'lock'
 
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
 SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.embed_ratio',
@@ -21,6 +27,40 @@ SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.emb
                 'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.mos.components',
                 'data.name', 'data.batch_size', 'optimizer.name',
                 'averaging.trigger')
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
+  """Holds `workdir`'s lock (an flock on WORKDIR/lock, which names the holder's
+  host and pid) for the duration: two processes training in one work
+  directory would overwrite each other's checkpoints and metrics. The
+  kernel releases the lock when its process ends, however it ends, so a
+  killed run leaves nothing to clean up. (flock is per host: on a network
+  file system mounted by several hosts it may not exclude them.)
+
+  Args:
+    wait: block until the lock is free instead of raising.
+
+  Raises:
+    WorkdirInUse: another process holds it (and `wait` is False).
+  """
+  workdir.mkdir(parents=True, exist_ok=True)
+  with open(workdir / LOCK_FILE, 'a+') as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or 'another process'
+      raise WorkdirInUse(f'{workdir} is in use by {holder}: wait for that run to end, '
+                         'or train in another --workdir') from None
+    try:
+      f.seek(0)
+      f.truncate()
+      f.write(f'pid {os.getpid()} on host {socket.gethostname()}\n')
+      f.flush()
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
