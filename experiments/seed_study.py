@@ -12,8 +12,15 @@ with the LSTM over the same seeds (`lm_zoo.tasks.seeds`).
   mogrifier_lamb  mogrifier_r5 with lamb's recipe features: capped input
                   gate, skip connections, state dropped with probability 0.01
 
+Variant `lamb_features` (`--config=experiments/seed_study.py:lamb_features`)
+takes them one at a time against mogrifier_r5: `r5_cap_input_gate`,
+`r5_skip_connections`, `r5_drop_state`, beside `mogrifier_r5` and
+`mogrifier_lamb` (the same runs as the main study's when both share
+`workdir`).
+
 Each run is in its own work directory `{workdir}/{model}_s{seed}`: re-running
-the command resumes the study.
+the command resumes the study, and the same command on other cores or hosts
+adds workers to it.
 
   LM_ZOO_DATA=../shared/data taskset -c 1 python launch/run_task.py \
       --config=experiments/seed_study.py --config.workdir=/work/runs/seeds \
@@ -32,28 +39,45 @@ alstm_small = runpy.run_path(str(_HERE / 'ptb_alstm_small.py'))['get_config']
 dual = runpy.run_path(str(_HERE / 'dual.py'))['get_config']
 
 
-def _lamb_features(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  c.model.update(cap_input_gate=True, skip_connections=True)
-  c.train.drop_state = 0.01
+VARIANTS = ('models', 'lamb_features')
+
+
+def _with(c: ml_collections.ConfigDict, cap_input_gate: bool = False,
+          skip_connections: bool = False, drop_state: float = 0.0) -> ml_collections.ConfigDict:
+  c.model.update(cap_input_gate=cap_input_gate, skip_connections=skip_connections)
+  c.train.drop_state = drop_state
   return c
 
 
-def get_config():
+def get_config(variant: str = 'models'):
+  if variant not in VARIANTS:
+    raise ValueError(f'variant must be one of {", ".join(VARIANTS)}, got {variant!r}')
   c = ml_collections.ConfigDict()
   c.task = 'seeds'
-  models = {
-      'lstm': ablation('lstm'),
-      'mogrifier_r2': ablation('r2'),
-      'mogrifier_r5': ablation('r5'),
-      'mlstm': ablation('mlstm'),
-      'alstm': alstm_small('recurrent'),
-      'lstm_dual': dual('lstm_dual'),
-      'mogrifier_lamb': _lamb_features(ablation('r5')),
-  }
+  lamb = _with(ablation('r5'), cap_input_gate=True, skip_connections=True, drop_state=0.01)
+  if variant == 'models':
+    models = {
+        'lstm': ablation('lstm'),
+        'mogrifier_r2': ablation('r2'),
+        'mogrifier_r5': ablation('r5'),
+        'mlstm': ablation('mlstm'),
+        'alstm': alstm_small('recurrent'),
+        'lstm_dual': dual('lstm_dual'),
+        'mogrifier_lamb': lamb,
+    }
+    c.reference = 'lstm'
+  else:
+    models = {
+        'mogrifier_r5': ablation('r5'),
+        'r5_cap_input_gate': _with(ablation('r5'), cap_input_gate=True),
+        'r5_skip_connections': _with(ablation('r5'), skip_connections=True),
+        'r5_drop_state': _with(ablation('r5'), drop_state=0.01),
+        'mogrifier_lamb': lamb,
+    }
+    c.reference = 'mogrifier_r5'
   for model in models.values():
     model.generate.num_lines = 0
   c.models = ml_collections.ConfigDict(models)
   c.seeds = (0, 1, 2)
-  c.reference = 'lstm'
   c.workdir = 'runs/seeds'
   return c

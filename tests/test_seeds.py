@@ -138,3 +138,21 @@ def test_experiment_models_share_the_budget_and_the_recipe():
   for m in models:
     assert models[m].optimizer == models.lstm.optimizer
     assert models[m].data == models.lstm.data
+
+
+def test_lamb_feature_variant_adds_one_feature_at_a_time_to_the_same_runs():
+  from conftest import load_experiment
+  main, features = load_experiment('seed_study'), load_experiment('seed_study', 'lamb_features')
+  assert features.reference == 'mogrifier_r5' and features.workdir == main.workdir
+  # Shared names are the same runs, so both studies read them from one folder.
+  for name in ('mogrifier_r5', 'mogrifier_lamb'):
+    assert features.models[name] == main.models[name]
+  base = features.models.mogrifier_r5
+  for name, (field, value) in {'r5_cap_input_gate': ('model.cap_input_gate', True),
+                               'r5_skip_connections': ('model.skip_connections', True),
+                               'r5_drop_state': ('train.drop_state', 0.01)}.items():
+    changed = features.models[name].copy_and_resolve_references()
+    section, key = field.split('.')
+    assert changed[section][key] == value
+    changed[section][key] = base[section][key]
+    assert changed == base
