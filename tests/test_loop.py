@@ -54,10 +54,14 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tiny_config, tmp_path)
   for other in ('split', 'killed'):
     b, meta_b = _final_params(full, tmp_path / other)
     assert int(a.step) == int(b.step) == 25
-    assert meta_b.pop('train_seconds') > 0
+    seconds_b = meta_b.pop('train_seconds')
+    assert seconds_b > 0
     assert meta_a == meta_b
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
       np.testing.assert_array_equal(x, y)
+    # the summary's training time is the whole run's, every process's part
+    summary = json.loads((tmp_path / other / 'summary.json').read_text())
+    assert summary['train_seconds'] >= round(seconds_b, 1) - 0.1
     # the metrics read as one run: no step logged twice, one final evaluation
     records = read_metrics(tmp_path / other / 'metrics.jsonl')
     train_steps = [r['step'] for r in records if r['kind'] == 'train']

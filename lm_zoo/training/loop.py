@@ -330,7 +330,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
       params, best_meta = best
     summary: dict[str, Any] = {
         'step': step, 'best_epoch': best_meta['epoch'],
-        'train_seconds': round(train_seconds, 1),
+        # the whole run's, over the processes it was resumed by; the rate is this one's
+        'train_seconds': round(trained_before + train_seconds, 1),
         'tokens_per_second': round(tokens_trained / max(train_seconds, 1e-9), 1),
         'num_params': int(num_params), 'unit': corpus.unit,
         'skipped_updates': progress.skipped_updates, 'rollbacks': progress.rollbacks,
