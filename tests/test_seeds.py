@@ -55,6 +55,11 @@ def test_summary_puts_the_reference_first_and_leaves_diverged_runs_out_of_the_me
   assert summary['mog']['valid_vs_reference']['mean'] == -8.5
   report = seed_report(rows, 'lstm')
   assert '| mog | 3 (1 diverged) | 152.00 ± 2.83 | 143.00 ± 4.24 |' in report
+  # differences -10 and -7: std 2.12, t(0.975, 1) = 12.71, half-width 19.06
+  assert '| mog | 2 | -8.50 ± 2.12 [-27.56, +10.56] |' in report
+  one_seed = seed_report(rows[:2], 'lstm')
+  assert '| mog | 1 | 150.00 | 140.00 |' in one_seed
+  assert '| mog | 1 | -10.00 (one pair: no interval) |' in one_seed
   with pytest.raises(ConfigError, match='reference'):
     summarise(rows, 'gru')
 

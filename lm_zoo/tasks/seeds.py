@@ -137,7 +137,7 @@ def seed_report(rows: Sequence[Mapping], reference: str) -> str:
   for m, e in summary.items():
     diverged = f' ({e["diverged"]} diverged)' if e['diverged'] else ''
     lines.append(f'| {m} | {len(e["seeds"])}{diverged} | '
-                 + ' | '.join(f'{e[s][0]:.2f} ± {e[s][1]:.2f}' for s in SPLITS) + ' |')
+                 + ' | '.join(_mean_and_spread_text(*e[s]) for s in SPLITS) + ' |')
   lines += ['', f'| model − {reference} (same seeds) | pairs | valid: mean ± std [95% interval] '
             '| test: mean ± std [95% interval] | beyond the seed spread |',
             '|---|---|---|---|---|']
@@ -148,9 +148,14 @@ def seed_report(rows: Sequence[Mapping], reference: str) -> str:
     for split in SPLITS:
       d = e[f'{split}_vs_reference']
       cells.append(f'{d["mean"]:+.2f} ± {d["std"]:.2f} '
-                   f'[{d["mean"] - d["half_width"]:+.2f}, {d["mean"] + d["half_width"]:+.2f}]')
+                   f'[{d["mean"] - d["half_width"]:+.2f}, {d["mean"] + d["half_width"]:+.2f}]'
+                   if d['n'] > 1 else f'{d["mean"]:+.2f} (one pair: no interval)')
     verdict = {(True, True): 'yes, both splits', (True, False): 'valid only',
                (False, True): 'test only', (False, False): 'no'}[
                    tuple(e[f'{s}_vs_reference']['resolved'] for s in SPLITS)]
     lines.append(f'| {m} | {e["valid_vs_reference"]["n"]} | {" | ".join(cells)} | {verdict} |')
   return '\n'.join(lines)
+
+
+def _mean_and_spread_text(mean: float, spread: float) -> str:
+  return f'{mean:.2f}' if math.isnan(spread) else f'{mean:.2f} ± {spread:.2f}'
