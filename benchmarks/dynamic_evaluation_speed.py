@@ -21,9 +21,9 @@ from absl import app, flags
 
 from lm_zoo.models import RecurrentLM, init_params
 from lm_zoo.runtime import retain_host_memory
-from lm_zoo.optim import (NUM_FEATURES, GateNetwork, dynamic_evaluate, dynamic_rms, dynamic_sgd,
+from lm_zoo.optim import (NUM_FEATURES, GateNetwork, dynamic_rms, dynamic_sgd,
                           learned_update_rule)
-from lm_zoo.training import evaluate_stream, make_eval_step
+from lm_zoo.evaluation import dynamic_evaluate, evaluate_stream, make_eval_step
 
 flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
 flags.DEFINE_integer('vocab', 10_000, 'Vocabulary size.')

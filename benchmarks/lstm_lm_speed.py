@@ -45,7 +45,8 @@ from absl import app, flags
 from lm_zoo.configs import base_config
 from lm_zoo.models import build_model
 from lm_zoo.runtime import retain_host_memory
-from lm_zoo.training import create_train_state, make_eval_step, make_optimizer, make_train_step
+from lm_zoo.training import create_train_state, make_optimizer, make_train_step
+from lm_zoo.evaluation import make_eval_step
 
 flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
 # name -> model config fields, or a function of the hidden size giving them

@@ -1,7 +1,7 @@
 """Tuning dynamic evaluation of a trained model over the Mogrifier paper's
 Table 6 ranges (segment length, learning rate, decay, epsilon), RMS variant
 with the decay toward the trained weights. Each trial scores the first
-`dyneval.search_tokens` validation tokens at batch 1.
+`dyneval.evaluation.dynamic.search_tokens` validation tokens at batch 1.
 
   lm-zoo-tune --tune=experiments/tune_dyneval.py --tune.dyneval.workdir=runs/x \
       --workdir=runs/x/tune_dyneval
@@ -17,6 +17,6 @@ def get_config(unit: str = 'word'):
   c = tuning_config()
   c.kind = 'dyneval'
   c.space = dyneval_table6(unit)
-  c.dyneval.update(method='rms', search_tokens=10_000)
+  c.dyneval.evaluation.dynamic.update(rule='rms', search_tokens=10_000)
   c.study.update(name=f'dyneval_{unit}', num_trials=20, pruner='none')
   return c

@@ -6,9 +6,6 @@ Each field is overridable from the command line:
 
 from __future__ import annotations
 
-import inspect
-import re
-
 import ml_collections
 
 
@@ -169,39 +166,99 @@ def base_config() -> ml_collections.ConfigDict:
   c.generate.num_lines = 3  # text samples printed at the end
   c.generate.num_tokens = 30
   c.generate.temperature = 1.0
+
+  # How the best weights are scored at the end (evaluation_config's fields;
+  # valid at data.eval_batch_size and test at data.test_batch_size unless
+  # evaluation.batch_size > 0).
+  c.evaluation = evaluation_config()
   return c
 
 
-# `c.section.field = default  # comment` in base_config's source.
-_ASSIGNMENT = re.compile(r'c\.([\w.]+) = ([^#]*?)\s*(?:#\s*(.*))?$')
+EVALUATORS = ('static', 'mc_dropout', 'temperature', 'dynamic', 'learned', 'token_losses')
 
 
-def describe_fields() -> str:
-  """Every field of `base_config` as `--config.FIELD=DEFAULT` and its comment.
+def evaluation_config(evaluator: str = 'static') -> ml_collections.ConfigDict:
+  """How a trained model is scored (`lm-zoo-eval --config=...`, a training
+  run's final evaluation, the tuner): `evaluator` names the way, and its
+  section of the same name holds that way's settings."""
+  c = ml_collections.ConfigDict()
+  # static | mc_dropout | temperature | dynamic | learned | token_losses
+  c.evaluator = evaluator
+  c.splits = ('valid', 'test')
+  c.batch_size = 0  # 0: the run's data.test_batch_size (dynamic, learned: 1)
+  c.max_tokens = 0  # > 0: score only the first this many tokens of each split
+  c.data_dir = ''  # '' -> the run's data.data_dir, else $LM_ZOO_DATA
 
-  The comments are base_config's own (beside a field or on the lines above
-  it), so `--help` and the code say the same.
-  """
-  defaults = base_config().to_dict()
-  lines, comments = [], []
-  for line in inspect.getsource(base_config).splitlines():
-    line = line.strip()
-    if line.startswith('#'):
-      comments.append(line.lstrip('# '))
-      continue
-    match = _ASSIGNMENT.match(line)
-    if match:
-      field, _, beside = match.groups()
-      value = defaults
-      for part in field.split('.'):
-        value = value[part]
-      text = ' '.join(comments + [beside] * bool(beside))
-      if isinstance(value, dict):  # a section: its comment applies to its fields
-        lines.append(f'  {field}:' + (f' {text}' if text else ''))
-      else:
-        lines.append(f'    --config.{field}={value!r}' + (f'  # {text}' if text else ''))
-    comments = []
-  return '\n'.join(lines)
+  c.static = ml_collections.ConfigDict()  # dropout off, the state carried through the split
+  c.static.temperature = 1.0  # the logits are divided by it
+
+  # Monte-Carlo dropout: the probabilities averaged over dropout masks (the Mogrifier paper: 200)
+  c.mc_dropout = ml_collections.ConfigDict()
+  c.mc_dropout.samples = 50
+  c.mc_dropout.dropout_scale = 1.0  # every dropout rate of the model times this
+  c.mc_dropout.seed = 0  # of the masks
+  c.mc_dropout.temperature = 1.0
+
+  # The softmax temperature that minimises the loss on valid, by golden-section
+  # search in [low, high], then used on every split.
+  c.temperature = ml_collections.ConfigDict()
+  c.temperature.base = 'static'  # static | mc_dropout: the evaluator whose temperature is tuned
+  c.temperature.low = 0.5
+  c.temperature.high = 2.0
+  c.temperature.tolerance = 0.01
+
+  # Dynamic evaluation (Krause et al. 2018): score each segment, then step on it.
+  # With several values in the tuples, every combination is scored on valid and
+  # the best one is used on every split.
+  c.dynamic = ml_collections.ConfigDict()
+  c.dynamic.rule = 'sgd'  # sgd | rms (RMS-normalised steps decaying toward the trained weights)
+  c.dynamic.learning_rate = (1e-4,)
+  c.dynamic.decay = (0.0,)  # toward the trained weights
+  c.dynamic.eps = (1e-3,)  # rms: added to the RMS training gradient
+  c.dynamic.segment_length = (5,)  # tokens per update
+  # rms: the mean(MS) of the decay rate min(1, decay MS / mean(MS)), over every
+  # coordinate (lamb's dyneval.py) or over the parameter tensors (Krause's code)
+  c.dynamic.decay_mean = 'coordinates'
+  c.dynamic.ms_batches = 100  # rms: training windows of the gradient statistics
+  c.dynamic.ms_batch_size = 64  # rms: rows of those windows
+  c.dynamic.search_tokens = 0  # > 0: the search scores only the first this many valid tokens
+
+  # The meta-learned update rule (lm-zoo-meta-train), run as dynamic evaluation
+  c.learned = ml_collections.ConfigDict()
+  c.learned.meta_learner = ''  # '' -> WORKDIR/meta_learner
+  return c
+
+
+def meta_training_config() -> ml_collections.ConfigDict:
+  """Meta-training the learned update rule for a trained model
+  (`lm-zoo-meta-train`), then scoring with it (`evaluation`)."""
+  c = ml_collections.ConfigDict()
+  c.meta_steps = 300  # meta-optimizer (Adam) steps
+  c.num_updates = 40  # updates of the rule unrolled per meta-step (the paper: >= 40)
+  c.segment_length = 5  # tokens per update; evaluation uses the same
+  c.batch_size = 4  # stream positions per meta-step
+  c.hidden = 16  # hidden units of the coordinate-wise gate network
+  # sgd | rms: the rule a fresh meta-learner starts as (SGD pulled toward the
+  # trained weights, or RMS dynamic evaluation with MS from theta_0's Fisher)
+  c.prior = 'sgd'
+  c.initial_learning_rate = 0.03
+  # the pull toward the trained weights per update it starts from (sgd: COPY
+  # 1 - d, FLUSH d; rms: its lambda)
+  c.initial_decay = 0.0067
+  c.initial_eps = 1e-3  # rms only
+  c.decay_mean = 'coordinates'  # rms: mean(MS) over coordinates (lamb) or tensors (Krause)
+  # continue along the training stream from one meta-step to the next instead
+  # of restarting from the trained weights at random positions
+  c.carry_over = False
+  c.meta_learning_rate = 1e-3
+  c.fisher_batches = 100  # training windows of theta_0's diagonal Fisher precision
+  c.fisher_batch_size = 64
+  c.first_order = False  # no second derivatives through the LM gradient
+  c.seed = 0  # of the gate network and the stream positions
+  c.log_every = 10  # meta-steps between progress lines
+  c.data_dir = ''  # '' -> the run's data.data_dir, else $LM_ZOO_DATA
+  c.evaluation = evaluation_config('learned')  # scoring with the rule afterwards; splits=() skips it
+  return c
 
 
 def zaremba_config(size: str) -> ml_collections.ConfigDict:

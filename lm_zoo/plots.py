@@ -239,10 +239,10 @@ def dyneval_gain_figure(runs: Mapping[str, Mapping], static: Mapping,
                         title: str = '') -> pathlib.Path:
   """Perplexity gain of dynamic evaluation along a stream (the meta-learning
   paper's Fig. 2, left): per bin of tokens, static perplexity minus each
-  run's, from the JSON of `launch/evaluate.py --dyneval_output` (`static`:
-  a run with learning rate 0, or any baseline). Runs that scored only a
-  prefix of the stream (`--dyneval_max_tokens`) are compared over the
-  shortest one."""
+  run's, from the JSON of `lm-zoo-eval --output` with a dynamic or learned
+  evaluator (`static`: a run with learning rate 0, or any baseline). Runs
+  that scored only a prefix of the stream (`max_tokens`) are compared over
+  the shortest one."""
   def segments(run):
     if split not in run['segments']:
       raise ConfigError(f'a dynamic evaluation result has no {split!r} split')
@@ -279,7 +279,7 @@ def token_loss_difference_figure(losses: Mapping[str, Sequence[float]],
 
   Args:
     losses: two labelled per-token NLL arrays over the same text (from
-      `lm_zoo.training.token_losses`).
+      `lm_zoo.evaluation.token_losses`).
     tokens: the predicted tokens, one per loss.
   """
   if len(losses) != 2:

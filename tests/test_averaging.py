@@ -10,9 +10,8 @@ import pytest
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.training import read_metrics, train_and_evaluate
-from lm_zoo.training.averaging import (averaged_params, is_averaging, parameter_averaging,
-                                       patience_reached, should_start_averaging,
-                                       start_averaging)
+from lm_zoo.optim import averaged_params, is_averaging, parameter_averaging, start_averaging
+from lm_zoo.training.averaging import patience_reached, should_start_averaging
 
 
 def _descend(tx, params, steps):

@@ -12,10 +12,9 @@ import pytest
 from conftest import run_script
 
 from lm_zoo import cli
-from lm_zoo.configs import base_config
+from lm_zoo.configs import base_config, evaluation_config
 from lm_zoo.data import load_corpus
 from lm_zoo.training import evaluate_workdir, train_and_evaluate
-from lm_zoo.training.dynamic_evaluation import dynamic_evaluate_workdir
 from lm_zoo.tuning import param, run_worker, tuning_config
 
 TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
@@ -23,6 +22,12 @@ TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
         'data.test_tokens': 90, 'model.embed_size': 16, 'model.hidden_size': 16,
         'model.dropout_input': 0.2, 'train.max_steps': 10, 'train.log_every': 5,
         'generate.num_lines': 0}
+
+
+def _evaluation(evaluator, **fields):
+  config = evaluation_config(evaluator)
+  config.update_from_flattened_dict(fields)
+  return config
 
 
 def _config(data_dir, **fields):
@@ -188,10 +193,12 @@ CASES = {
     'truncated config.json': (_truncate_config, 'config.json is corrupt or truncated'),
     'evaluate a non-workdir': (lambda d, t, w: lambda: evaluate_workdir(t / 'empty'),
                                'is {t}/empty a work directory written by launch/train.py?'),
-    'bad temperature': (lambda d, t, w: lambda: evaluate_workdir(w, temperature=-1.0),
+    'bad temperature': (lambda d, t, w: lambda: evaluate_workdir(
+        w, _evaluation('static', **{'static.temperature': -1.0})),
                         'temperature must be a positive number'),
     'dropout scaled past 1': (
-        lambda d, t, w: lambda: evaluate_workdir(w, mc_samples=2, dropout_scale=10.0),
+        lambda d, t, w: lambda: evaluate_workdir(w, _evaluation(
+            'mc_dropout', **{'mc_dropout.samples': 2, 'mc_dropout.dropout_scale': 10.0})),
         'dropout_scale: dropout scaled by 10.0 leaves rates outside [0, 1)'),
     'unknown pruner': (_tune(**{'study.pruner': 'asha'}),
                        "tune.study.pruner='asha' is not known: choose one of median"),
@@ -203,8 +210,9 @@ CASES = {
     'dyneval tuning without a model': (_tune(kind='dyneval'),
                                        'tune.dyneval.workdir must name a trained'),
     'unknown dynamic evaluation': (
-        lambda d, t, w: lambda: dynamic_evaluate_workdir(w, 'adam'),
-        "unknown dynamic evaluation 'adam'"),
+        lambda d, t, w: lambda: evaluate_workdir(
+            w, _evaluation('dynamic', **{'dynamic.rule': 'adam'})),
+        "unknown dynamic.rule 'adam'"),
 }
 
 

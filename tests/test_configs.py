@@ -7,12 +7,13 @@ from lm_zoo.models import build_model, count_params, solve_hidden_size
 from lm_zoo.training import epoch_learning_rate
 
 # Language-model configs; task configs (a `task` field) are tested in
-# test_adaptive_ff.py and test_reverse_copy.py, tuning configs below, and
-# from_workdir.py (a run's own config) in test_tuning_study.py.
+# test_adaptive_ff.py and test_reverse_copy.py, tuning and evaluation configs
+# below, and from_workdir.py (a run's own config) in test_tuning_study.py.
 TUNING = sorted(p.stem for p in (REPO / 'experiments').glob('tune_*.py'))
+EVALUATION = ['dyneval_learned', 'dyneval_rms', 'dyneval_sgd', 'evaluate']
 CONFIGS = sorted(p.stem for p in (REPO / 'experiments').glob('*.py')
                  if 'c.task = ' not in p.read_text()
-                 and p.stem not in TUNING and p.stem != 'from_workdir')
+                 and p.stem not in [*TUNING, *EVALUATION, 'from_workdir'])
 
 
 def lstm_lm_params(vocab, embed, hidden, layers):
@@ -35,6 +36,24 @@ def test_config_builds_a_model(name):
     assert m.tie_embeddings
   else:
     assert count == lstm_lm_params(10_000, m.embed_size, m.hidden_size, m.num_layers)
+
+
+@pytest.mark.parametrize('name, variant', [
+    ('evaluate', 'static'), ('evaluate', 'mc_dropout'), ('evaluate', 'temperature'),
+    ('evaluate', 'token_losses'), ('dyneval_sgd', None), ('dyneval_rms', 'lamb'),
+    ('dyneval_rms', 'krause'), ('dyneval_learned', 'sgd'), ('dyneval_learned', 'rms')])
+def test_evaluation_configs_build_their_evaluators(name, variant):
+  from lm_zoo.evaluation import MetaLearner, build_evaluator
+  config = load_experiment(name, *[variant] * bool(variant))
+  evaluation = config.evaluation if 'evaluation' in config else config
+  learned = MetaLearner(None, None, 5, 0.1) if evaluation.evaluator == 'learned' else None
+  evaluator = build_evaluator(evaluation, bptt=35, batch_size=1, meta_learner=learned)
+  assert type(evaluator).__name__ == {
+      'static': 'Static', 'mc_dropout': 'MCDropout', 'temperature': 'TunedTemperature',
+      'token_losses': 'TokenLosses', 'dynamic': 'Dynamic', 'learned': 'Learned'}[
+          evaluation.evaluator]
+  if name == 'dyneval_rms':
+    assert evaluator.decay_mean == {'lamb': 'coordinates', 'krause': 'tensors'}[variant]
 
 
 # The LSTM variants' spaces are the Mogrifier's without rounds and rank; Enwik8's

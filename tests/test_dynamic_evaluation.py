@@ -10,10 +10,10 @@ import pytest
 from conftest import perturb
 from lm_zoo.errors import TrainingError
 from lm_zoo.models import RecurrentLM, init_params
-from lm_zoo.optim import (dynamic_evaluate, dynamic_rms, dynamic_sgd, learned_update_rule,
-                          mean_ms, rms_training_gradients)
-from lm_zoo.training import evaluate_stream, make_eval_step
-from lm_zoo.training.steps import token_nll
+from lm_zoo.evaluation import (dynamic_evaluate, evaluate_stream, make_eval_step,
+                               rms_training_gradients)
+from lm_zoo.models.objective import token_nll
+from lm_zoo.optim import dynamic_rms, dynamic_sgd, learned_update_rule, mean_ms
 
 V = 11
 STREAM = np.random.default_rng(0).integers(0, V, 61).astype(np.int32)
@@ -229,86 +229,3 @@ def test_a_non_finite_update_is_skipped_inside_the_scan(lm, caplog):
   np.testing.assert_array_equal(_flat_params(out.params), _flat_params(params))
   assert f'{out.skipped_updates} of {out.skipped_updates} updates were not finite' in caplog.text
   assert dynamic_evaluate(model, params, dynamic_sgd(0.1), STREAM, 9).skipped_updates == 0
-
-
-def test_an_evaluator_scores_new_settings_as_fresh_transformations_do_without_compiling(
-    tiny_config, tmp_path):
-  from lm_zoo.optim.dynamic_evaluation import _scan_segments
-  from lm_zoo.training import train_and_evaluate
-  from lm_zoo.training.dynamic_evaluation import DynamicEvalSettings, DynamicEvaluator
-  tiny_config.train.update(num_epochs=1)
-  train_and_evaluate(tiny_config, tmp_path)
-  evaluator = DynamicEvaluator(tmp_path, 'rms', ms_batches=2, ms_batch_size=2)
-  compiled = _scan_segments._cache_size()
-  for lr, decay, eps, mean in ((1e-3, 1e-2, 1e-3, 'tensors'), (3e-2, 1e-1, 1e-2, 'tensors'),
-                               (1e-2, 1e-2, 1e-3, 'coordinates')):
-    shared = evaluator.run(DynamicEvalSettings('rms', lr, decay, eps, 4, mean), 'valid')
-    fresh = dynamic_evaluate(evaluator.model, evaluator.params,
-                             dynamic_rms(lr, decay, eps, evaluator.rms, mean),
-                             evaluator.corpus.valid, 4)
-    np.testing.assert_allclose(shared.segment_nll, fresh.segment_nll, rtol=1e-5)
-  # One compile per kind of mean for the shared transformations, one per fresh one.
-  assert _scan_segments._cache_size() - compiled == 2 + 3
-
-
-@pytest.fixture(scope='module')
-def trained_workdir(tmp_path_factory, data_dir):
-  from conftest import tiny_lm_config
-  from lm_zoo.training import train_and_evaluate
-  workdir = tmp_path_factory.mktemp('trained')
-  config = tiny_lm_config(data_dir)
-  config.train.update(num_epochs=1)
-  train_and_evaluate(config, workdir)
-  return workdir
-
-
-def _learned_and_rms_updates(workdir, decay_mean):
-  """One update of the meta-learner saved in `workdir`, and the RMS rule's
-  ingredients: its ms and the arguments of the update."""
-  from lm_zoo.optim.learned_update import PRECISION_FLOOR
-  from lm_zoo.training.dynamic_evaluation import load_meta_learner
-  learned, extra = load_meta_learner(workdir)
-  precision = learned.transformation.init(None).precision  # the model's Fisher, saved
-  params = jax.tree.map(lambda x: jnp.linspace(-1.0, 1.0, x.size).reshape(x.shape), precision)
-  trained = jax.tree.map(lambda p: p + 0.01, params)
-  grads = jax.tree.map(lambda p: jnp.cos(3.0 * p), params)
-  updates, _ = learned.transformation.update(grads, learned.transformation.init(trained),
-                                             params, loss=4.0, **extra)
-  # The rule's ms: weights no gradient reached have a floor, not 0.
-  ms = jax.tree.map(lambda x: jnp.sqrt(x + PRECISION_FLOOR), precision)
-  return updates, ms, params, trained, grads
-
-
-@pytest.mark.parametrize('decay_mean', ['coordinates', 'tensors'])
-def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
-    trained_workdir, decay_mean):
-  from lm_zoo.training.dynamic_evaluation import meta_train_workdir
-  meta_train_workdir(trained_workdir, meta_steps=0, prior='rms', initial_learning_rate=1e-2,
-                     initial_decay=0.5, initial_eps=1e-3, fisher_batches=2,
-                     fisher_batch_size=2, hidden=4, decay_mean=decay_mean)
-  updates, ms, params, trained, grads = _learned_and_rms_updates(trained_workdir, decay_mean)
-  rms = dynamic_rms(1e-2, 0.5, 1e-3, ms, decay_mean)
-  expected, _ = rms.update(grads, rms.init(trained), params)
-  np.testing.assert_allclose(_flat_params(updates), _flat_params(expected), rtol=1e-4,
-                             atol=1e-6)
-
-
-def test_a_meta_learner_saved_before_the_decay_fix_keeps_its_rate(trained_workdir):
-  """Saved without 'decay_clip', an RMS prior was meta-trained around
-  lambda * min(1, ms / mean(ms)): it loads with that rate."""
-  from lm_zoo.training.checkpoints import restore_tree, save_tree
-  from lm_zoo.training.dynamic_evaluation import META_LEARNER_DIR, meta_train_workdir
-  meta_train_workdir(trained_workdir, meta_steps=0, prior='rms', initial_learning_rate=1e-2,
-                     initial_decay=0.5, initial_eps=1e-3, fisher_batches=2,
-                     fisher_batch_size=2, hidden=4)
-  folder = trained_workdir / META_LEARNER_DIR
-  tree, meta = restore_tree(folder)
-  del meta['decay_clip'], meta['decay_mean']
-  save_tree(folder, tree, meta)
-  updates, ms, params, trained, grads = _learned_and_rms_updates(trained_workdir,
-                                                                 'coordinates')
-  ms, g, theta, theta0 = (_flat_params(t) for t in (ms, grads, params, trained))
-  rate = 0.5 * np.minimum(1.0, ms / ms.mean())
-  expected = -1e-2 * g / (ms + 1e-3) + rate * (theta0 - theta)
-  np.testing.assert_allclose(_flat_params(updates), expected, rtol=1e-4, atol=1e-6)
-  assert np.any(0.5 * ms / ms.mean() > 1)  # where the two rates differ

@@ -13,10 +13,9 @@ from conftest import perturb
 from lm_zoo.cells import ALSTMCell
 from lm_zoo.generation import sample
 from lm_zoo.models import RecurrentLM, init_params
-from lm_zoo.training import (EvalResult, evaluate_stream, make_eval_step, token_losses,
-                             tune_temperature)
-from lm_zoo.training.steps import (make_mc_dropout_eval_step, mc_dropout_carries,
-                                   with_dropout_scaled)
+from lm_zoo.evaluation import (EvalResult, evaluate_stream, make_eval_step,
+                               make_mc_dropout_eval_step, mc_dropout_carries, token_losses,
+                               tune_temperature, with_dropout_scaled)
 
 V = 13
 STREAM = np.random.default_rng(0).integers(0, V, 101).astype(np.int32)

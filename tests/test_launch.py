@@ -67,8 +67,10 @@ def test_train_then_evaluate(trained_run, data_dir):
   assert evaluate.returncode == 0, evaluate.stderr
   assert f"test: perplexity {summary['test']['perplexity']:.2f}" in evaluate.stdout
 
-  extras = run_script(['launch/evaluate.py', f'--workdir={workdir}', '--splits=valid',
-                       '--mc_samples=2', '--dropout_scale=0', '--temperature=tune'],
+  extras = run_script(['launch/evaluate.py', f'--workdir={workdir}',
+                       '--config=experiments/evaluate.py:temperature',
+                       '--config.temperature.base=mc_dropout', '--config.splits=valid',
+                       '--config.mc_dropout.samples=2', '--config.mc_dropout.dropout_scale=0'],
                       {'LM_ZOO_DATA': str(data_dir)})
   assert extras.returncode == 0, extras.stderr
   assert 'MC dropout: 2 samples, rates x 0' in extras.stdout
@@ -87,9 +89,11 @@ def test_train_then_evaluate(trained_run, data_dir):
                      '--num_tokens=6'], {'LM_ZOO_DATA': str(data_dir)})
   assert beam.returncode == 0 and len(beam.stdout.strip().splitlines()) == 1
 
-  dyneval = run_script(['launch/evaluate.py', f'--workdir={workdir}', '--dyneval=rms',
-                        '--dyneval_lr=0,1e-3', '--dyneval_decay=0', '--dyneval_segment=5',
-                        '--dyneval_ms_batches=2', '--dyneval_ms_batch_size=2'],
+  dyneval = run_script(['launch/evaluate.py', f'--workdir={workdir}',
+                        '--config=experiments/dyneval_rms.py',
+                        '--config.dynamic.learning_rate=0,1e-3', '--config.dynamic.decay=0',
+                        '--config.dynamic.segment_length=5', '--config.dynamic.ms_batches=2',
+                        '--config.dynamic.ms_batch_size=2'],
                        {'LM_ZOO_DATA': str(data_dir)})
   assert dyneval.returncode == 0, dyneval.stderr
   out = dyneval.stdout
@@ -107,20 +111,26 @@ def test_meta_train_then_score_and_plot_the_gain(trained_run, data_dir, tmp_path
   workdir, _ = trained_run
   summary = json.loads((workdir / 'summary.json').read_text())
   env = {'LM_ZOO_DATA': str(data_dir)}
-  meta = run_script(['launch/meta_train.py', f'--workdir={workdir}', '--meta_steps=2',
-                     '--num_updates=3', '--segment_length=4', '--batch_size=2',
-                     '--fisher_batches=2', '--fisher_batch_size=2', '--splits=valid'], env)
+  meta = run_script(['launch/meta_train.py', f'--workdir={workdir}',
+                     '--config=experiments/dyneval_learned.py', '--config.meta_steps=2',
+                     '--config.num_updates=3', '--config.segment_length=4',
+                     '--config.batch_size=2', '--config.fisher_batches=2',
+                     '--config.fisher_batch_size=2', '--config.evaluation.splits=valid'], env)
   assert meta.returncode == 0, meta.stderr
   assert 'meta-training: L_meta / K' in meta.stdout and 'valid: perplexity' in meta.stdout
   runs = {}
   # The static run searches lr 0 against a huge one on the first 150 valid
   # tokens only; lr 0 must win.
-  for name, flags in (('static', ['--dyneval=sgd', '--dyneval_lr=0,30', '--dyneval_segment=4',
-                                  '--dyneval_search_tokens=150']),
-                      ('learned', ['--dyneval=learned', '--dyneval_max_tokens=120'])):
+  for name, flags in (('static', ['--config=experiments/dyneval_sgd.py',
+                                  '--config.dynamic.learning_rate=0,30',
+                                  '--config.dynamic.segment_length=4',
+                                  '--config.dynamic.search_tokens=150', '--config.splits=test']),
+                      ('learned', ['--config=experiments/dyneval_learned.py',
+                                   '--config.evaluation.max_tokens=120',
+                                   '--config.evaluation.splits=test'])):
     path = tmp_path / f'{name}.json'
-    scored = run_script(['launch/evaluate.py', f'--workdir={workdir}', '--splits=test',
-                         *flags, f'--dyneval_output={path}'], env)
+    scored = run_script(['launch/evaluate.py', f'--workdir={workdir}', *flags,
+                         f'--output={path}'], env)
     assert scored.returncode == 0, scored.stderr
     runs[name] = json.loads(path.read_text())
   assert runs['learned']['settings']['segment_length'] == 4  # as meta-trained
@@ -161,11 +171,13 @@ def test_clear_errors_instead_of_tracebacks(tmp_path):
   not_a_run = run_script(['launch/evaluate.py', f'--workdir={tmp_path / "empty"}'])
   assert not_a_run.returncode != 0 and 'error:' in not_a_run.stderr
   assert 'Traceback' not in not_a_run.stderr
-  for script, bad_flags in (('evaluate', ['--temperature=warm']),
-                            ('evaluate', ['--dropout_scale=0.5']),
-                            ('generate', ['--beam_width=3', '--top_k=5'])):
+  for script, bad_flags, named in (
+      ('evaluate', ['--config.static.temperature=warm'], '--config.static.temperature'),
+      ('evaluate', ['--config.evaluator=mc_dropout', '--config.mc_dropout.samples=0'],
+       'mc_dropout.samples must be at least 1'),
+      ('generate', ['--beam_width=3', '--top_k=5'], '--top_k')):
     refused = run_script([f'launch/{script}.py', f'--workdir={tmp_path}', *bad_flags])
-    assert refused.returncode != 0 and bad_flags[-1].split('=')[0] in refused.stderr
+    assert refused.returncode != 0 and named in refused.stderr
     assert 'Traceback' not in refused.stderr
   no_run = run_script(['launch/generate.py', f'--workdir={tmp_path / "empty"}'])
   assert no_run.returncode != 0 and 'error:' in no_run.stderr
@@ -174,7 +186,8 @@ def test_clear_errors_instead_of_tracebacks(tmp_path):
 @pytest.mark.parametrize('program, flags', [
     ('lm-zoo-train', ['--workdir', '--config.model.hidden_size=200',
                       'DropConnect on the recurrent matrices']),
-    ('lm-zoo-eval', ['--workdir', '--dyneval_lr', 'Monte-Carlo dropout']),
+    ('lm-zoo-eval', ['--workdir', '--config.dynamic.learning_rate', 'Monte-Carlo dropout']),
+    ('lm-zoo-meta-train', ['--workdir', '--config.meta_steps', '--config.evaluation']),
     ('lm-zoo-generate', ['--workdir', '--beam_width', '--top_k'])])
 def test_console_scripts_explain_their_flags(program, flags, tmp_path):
   """The installed programs run from any folder and --help documents them."""
@@ -189,5 +202,5 @@ def test_console_scripts_explain_their_flags(program, flags, tmp_path):
 
 def test_launch_scripts_show_the_same_help():
   shown = run_script(['launch/evaluate.py', '--help'])
-  assert '--dyneval_lr' in shown.stdout
+  assert '--config.dynamic.learning_rate' in shown.stdout
   assert 'lm-zoo-eval' in shown.stdout

@@ -9,9 +9,9 @@ import pytest
 from jax.test_util import check_grads
 
 from lm_zoo.optim import (GateNetwork, RMSGateNetwork, coordinate_features, decay_logits,
-                          diagonal_fisher, dynamic_rms, learned_update_rule, mean_rms,
-                          meta_loss, meta_train, stream_windows)
-from lm_zoo.optim import rms_training_gradients
+                          dynamic_rms, learned_update_rule, mean_rms)
+from lm_zoo.evaluation import (diagonal_fisher, meta_loss, meta_train, rms_training_gradients,
+                               stream_windows)
 from lm_zoo.models import RecurrentLM, init_params
 
 PARAMS = {'w': jnp.array([[0.5, -1.0], [2.0, 0.1]]), 'b': jnp.array([0.3, -0.2])}

@@ -143,7 +143,7 @@ def test_run_writes_metrics_checkpoints_and_evaluates(tiny_config, tmp_path):
   assert summary['step'] == 30 and len(summary['samples']) == 1
   assert math.isclose(summary['test']['perplexity'], math.exp(summary['test']['loss']))
   # evaluate.py's path gives the same numbers from the best checkpoint
-  results = evaluate_workdir(tmp_path, batch_size=tiny_config.data.test_batch_size)
+  results = evaluate_workdir(tmp_path)  # at the run's test batch size
   assert results['test'].loss == pytest.approx(summary['test']['loss'], rel=1e-6)
   assert json.loads((tmp_path / 'summary.json').read_text())['step'] == 30
   assert summary['tokens_per_second'] > 0

@@ -1,13 +1,9 @@
-"""Metrics files, TensorBoard scalars and progress lines."""
+"""Metrics files and TensorBoard scalars."""
 
-import logging
-
-import numpy as np
 import pytest
 from conftest import read_scalar_events
 
-from lm_zoo.training.metrics import (MetricsWriter, ProgressLog, eta, format_duration,
-                                     read_metrics)
+from lm_zoo.training.metrics import MetricsWriter, read_metrics
 
 
 def test_records_are_json_lines_and_tensorboard_scalars(tmp_path):
@@ -43,31 +39,3 @@ def test_a_resumed_writer_hides_what_the_stopped_run_logged_past_its_checkpoint(
   assert steps == expected  # the final evaluation of the stopped run is gone too
   assert read_scalar_events(tmp_path / 'tensorboard')['train/loss'] == expected
   assert not read_scalar_events(tmp_path / 'tensorboard')['test_final/loss']
-
-
-@pytest.mark.parametrize('seconds, text', [(0, '0s'), (12.4, '12s'), (59.6, '1m00s'),
-                                           (245, '4m05s'), (3720, '1h02m'),
-                                           (float('inf'), '?')])
-def test_format_duration(seconds, text):
-  assert format_duration(seconds) == text
-
-
-def test_eta_extrapolates_the_rate_so_far():
-  assert eta(10.0, 25, 100) == '30s'  # 0.4 s each, 75 left
-  assert eta(10.0, 0, 100) == '?'
-  assert eta(10.0, 100, 100) == '0s'
-
-
-def test_progress_log_waits_for_the_work_and_reports_it(caplog):
-  progress = ProgressLog('valid evaluation', total=4, interval=0.0)
-  with caplog.at_level(logging.INFO, logger='lm_zoo'):
-    for done in range(1, 5):
-      progress.update(done, np.zeros(3))
-  lines = [r.getMessage() for r in caplog.records]
-  # The last update is the loop's end, which the caller reports itself.
-  assert len(lines) == 3 and lines[0].startswith('valid evaluation: 1/4 windows (25%), ETA')
-  quiet = ProgressLog('x', total=10, interval=3600.0)
-  caplog.clear()
-  with caplog.at_level(logging.INFO, logger='lm_zoo'):
-    quiet.update(5)
-  assert not caplog.records

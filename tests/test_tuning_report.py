@@ -70,6 +70,9 @@ def test_a_dyneval_report_gives_the_evaluation_command(study, tmp_path):
              key=lambda t: t.value)
   text = write_report(study, tune, tmp_path)
   command = next(line for line in text.splitlines() if 'lm-zoo-eval' in line)
-  assert command.split()[:3] == ['lm-zoo-eval', '--workdir=runs/x', '--dyneval=rms']
-  assert f'--dyneval_lr={best.params["lr"]:.4g}' in command
-  assert f'--dyneval_segment={best.params["dropout"]:.4g}' in command
+  assert command.split()[:3] == ['lm-zoo-eval', '--workdir=runs/x',
+                                 '--config=experiments/dyneval_rms.py']
+  assert f'--config.dynamic.learning_rate={best.params["lr"]:.4g}' in command
+  assert f'--config.dynamic.segment_length={best.params["dropout"]:.4g}' in command
+  # The settings the space leaves out are the ones every trial ran with.
+  assert '--config.dynamic.decay=0 ' in command and '--config.dynamic.eps=0.001' in command

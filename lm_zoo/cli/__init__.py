@@ -6,18 +6,29 @@ imported, so import one per process (through `main`), never two. Every
 program also takes --verbose (defined here), for tracebacks.
 """
 
+import inspect
 import logging
+import pathlib
+import re
 import signal
 import sys
 import traceback
 import types
 from typing import Callable, NoReturn, TypeVar
 
+import ml_collections
 from absl import app, flags
 from absl import logging as absl_logging
 
+from lm_zoo import configs
+from lm_zoo.configs import base_config
 from lm_zoo.errors import LMZooError, Preempted
 from lm_zoo.runtime import retain_host_memory
+
+# The repository's experiments/ folder, where the programs' default configs
+# are, so that they work from any directory with the (editable) install of
+# the README.
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[2] / 'experiments'
 
 # Shared by every program: one program module is imported per process, so the
 # flag is defined once.
@@ -96,3 +107,46 @@ def main(command: types.ModuleType, program: Callable[[list[str]], None],
     flags.FLAGS.register_key_flag_for_module(program_path, flag)
   sys.modules['__main__'].__doc__ = command.__doc__ + more_help
   app.run(program)
+
+
+# `c.section.field = default  # comment` in a config builder's source.
+_ASSIGNMENT = re.compile(r'c\.([\w.]+) = ([^#]*?)\s*(?:#\s*(.*))?$')
+# A section another builder of lm_zoo.configs makes: `c.evaluation = evaluation_config()`.
+_BUILT = re.compile(r'(\w+)\(')
+
+
+def describe_fields(builder: Callable[[], ml_collections.ConfigDict] = base_config) -> str:
+  """Every field of the config `builder` returns (`base_config`,
+  `evaluation_config`, ...) as `--config.FIELD=DEFAULT` and its comment,
+  the fields of a section another builder makes included.
+
+  The comments are the builders' own (beside a field or on the lines above
+  it), so `--help` and the code say the same.
+  """
+  return '\n'.join(_field_lines(builder, builder().to_dict(), ''))
+
+
+def _field_lines(builder, defaults: dict, prefix: str) -> list[str]:
+  lines, comments = [], []
+  for line in inspect.getsource(builder).splitlines():
+    line = line.strip()
+    if line.startswith('#'):
+      comments.append(line.lstrip('# '))
+      continue
+    match = _ASSIGNMENT.match(line)
+    if match:
+      field, assigned, beside = match.groups()
+      value = defaults
+      for part in field.split('.'):
+        value = value[part]
+      text = ' '.join(comments + [beside] * bool(beside))
+      if isinstance(value, dict):  # a section: its comment applies to its fields
+        lines.append(f'  {prefix}{field}:' + (f' {text}' if text else ''))
+        built = _BUILT.match(assigned)
+        section_builder = built and getattr(configs, built.group(1), None)
+        if callable(section_builder):
+          lines += _field_lines(section_builder, value, f'{prefix}{field}.')
+      else:
+        lines.append(f'    --config.{prefix}{field}={value!r}' + (f'  # {text}' if text else ''))
+    comments = []
+  return lines

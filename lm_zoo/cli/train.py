@@ -10,22 +10,16 @@ Every config field can be set with --config.SECTION.FIELD=VALUE; they are
 listed under 'Config fields' below.
 """
 
-import pathlib
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from lm_zoo import cli
-from lm_zoo.configs import describe_fields
 from lm_zoo.training import initialize_distributed, train_and_evaluate
 
-# The repository's experiments/ folder, so that the default works from any
-# directory with the (editable) install of the README.
-EXPERIMENTS = pathlib.Path(__file__).resolve().parents[2] / 'experiments'
-
 config_flags.DEFINE_config_file(
-    'config', str(EXPERIMENTS / 'default.py'), 'An experiments/*.py config file; '
+    'config', str(cli.EXPERIMENTS / 'default.py'), 'An experiments/*.py config file; '
     'override fields with --config.SECTION.FIELD=VALUE.', lock_config=True)
 flags.DEFINE_string('workdir', 'runs/default', 'Where checkpoints, metrics.jsonl, '
                     'TensorBoard events, config.json and summary.json are written.')
@@ -47,4 +41,4 @@ def main():
   """The `lm-zoo-train` console script."""
   cli.main(sys.modules[__name__], _train_program,
            '\nConfig fields (defaults of lm_zoo/configs.py; experiments change some):\n'
-           + describe_fields() + '\n')
+           + cli.describe_fields() + '\n')

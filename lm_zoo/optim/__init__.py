@@ -1,16 +1,19 @@
-"""Optimizer-like transformations over parameter trees (optax style)."""
+"""Optimizer-like transformations over parameter trees, in optax's style:
+dynamic evaluation's SGD and RMS rules, the meta-learned update rule and its
+gate networks, and parameter averaging. Nothing here reads data or runs a
+model; `lm_zoo.evaluation` drives these along token streams."""
 
-from lm_zoo.optim.dynamic_evaluation import (DECAY_MEANS, DynamicEvalResult,
-                                             DynamicEvalState, dynamic_evaluate,
-                                             dynamic_rms, dynamic_sgd, mean_ms,
-                                             rms_training_gradients)
-from lm_zoo.optim.learned_update import (DECAY_CLIPS, NUM_FEATURES, GateNetwork, LearnedUpdateState,
-                                         MetaTrainResult, RMSGateNetwork, coordinate_features,
-                                         decay_logits, diagonal_fisher, learned_update_rule,
-                                         mean_rms, meta_loss, meta_train, stream_windows)
+from lm_zoo.optim.averaging import (ParameterAveragingState, averaged_params, is_averaging,
+                                    parameter_averaging, start_averaging)
+from lm_zoo.optim.dynamic_evaluation import (DECAY_MEANS, DynamicEvalState, dynamic_rms,
+                                             dynamic_sgd, mean_ms)
+from lm_zoo.optim.learned_update import (DECAY_CLIPS, NUM_FEATURES, PRECISION_FLOOR, GateFn,
+                                         GateNetwork, LearnedUpdateState, RMSGateNetwork,
+                                         coordinate_features, decay_logits, learned_update_rule,
+                                         mean_rms)
 
-__all__ = ['DECAY_CLIPS', 'DECAY_MEANS', 'DynamicEvalResult', 'DynamicEvalState', 'dynamic_evaluate',
-           'dynamic_rms', 'dynamic_sgd', 'mean_ms', 'rms_training_gradients', 'GateNetwork',
-           'LearnedUpdateState', 'coordinate_features', 'decay_logits', 'diagonal_fisher',
-           'learned_update_rule', 'meta_loss', 'MetaTrainResult', 'NUM_FEATURES', 'meta_train',
-           'stream_windows', 'RMSGateNetwork', 'mean_rms']
+__all__ = ['DECAY_CLIPS', 'DECAY_MEANS', 'DynamicEvalState', 'GateFn', 'GateNetwork',
+           'LearnedUpdateState', 'NUM_FEATURES', 'PRECISION_FLOOR', 'ParameterAveragingState',
+           'RMSGateNetwork', 'averaged_params', 'coordinate_features', 'decay_logits',
+           'dynamic_rms', 'dynamic_sgd', 'is_averaging', 'learned_update_rule', 'mean_ms',
+           'mean_rms', 'parameter_averaging', 'start_averaging']

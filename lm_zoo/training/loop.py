@@ -20,16 +20,17 @@ from lm_zoo.data import BatchedStream, Corpus, load_corpus
 from lm_zoo.errors import Preempted
 from lm_zoo.runtime import environment
 from lm_zoo.models import RecurrentLM, build_model, init_params
-from lm_zoo.training.averaging import (averaged_params, patience_reached, should_start_averaging,
-                                      start_averaging)
+from lm_zoo.optim import averaged_params, start_averaging
+from lm_zoo.training.averaging import patience_reached, should_start_averaging
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
-from lm_zoo.training.evaluation import EvalResult, evaluate_stream
-from lm_zoo.training.metrics import MetricsWriter, Throughput, format_duration
+from lm_zoo.evaluation import EvalResult, evaluate_split, make_eval_step
+from lm_zoo.progress import Throughput, format_duration
+from lm_zoo.training.metrics import MetricsWriter
 from lm_zoo.training.nonfinite import PendingUpdates, RollBack
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, shard_batch, state_shardings
 from lm_zoo.training.preemption import StopRequest
-from lm_zoo.training.steps import TrainState, make_eval_step, make_train_step
+from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.workdir import (check_resumable, initial_params, save_config,
                                      workdir_lock)
 from lm_zoo.validation import validate_config
@@ -68,15 +69,6 @@ def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
       opt_state=optimizer.init(params),
       carries=model.initialize_carry(config.data.batch_size),
       rng=jax.random.key_data(jax.random.fold_in(key, 1)))
-
-
-def evaluate_split(model: RecurrentLM, params: Any, corpus: Corpus, split: str,
-                   batch_size: int, bptt: int, eval_step=None) -> EvalResult:
-  """Perplexity / bits per character of one split, state carried throughout."""
-  eval_step = eval_step or make_eval_step(model)
-  return evaluate_stream(eval_step, params, model.initialize_carry(batch_size),
-                         corpus.split(split), batch_size, bptt, corpus.unit,
-                         what=f'{split} evaluation')
 
 
 def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,

@@ -11,7 +11,8 @@ import ml_collections
 import optax
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.training.averaging import TRIGGERS, parameter_averaging
+from lm_zoo.optim import parameter_averaging
+from lm_zoo.training.averaging import TRIGGERS
 
 OPTIMIZERS = ('sgd', 'adam', 'nadam')
 SCHEDULES = ('constant', 'exponential', 'milestones', 'plateau')

@@ -1,26 +1,29 @@
 """A finished work directory: its model with the best weights
-(`load_trained`), scored on any split (`evaluate_workdir`)."""
+(`load_trained`), scored by any evaluator (`evaluate_workdir`), and the
+learned update rule meta-trained for it (`meta_train_workdir`)."""
 
 from __future__ import annotations
 
-import logging
 import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
+import optax
 
+from lm_zoo.configs import evaluation_config
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError
+from lm_zoo.evaluation import EvalResult, Evaluator, build_evaluator, diagonal_fisher, meta_train
 from lm_zoo.models import RecurrentLM, build_model, init_params
+from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
 from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
 from lm_zoo.training.loop import load_data
+from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network,
+                                          load_meta_learner, save_meta_learner)
 from lm_zoo.training.workdir import load_config
-from lm_zoo.training.steps import (make_eval_step, make_mc_dropout_eval_step,
-                                   mc_dropout_carries, with_dropout_scaled)
-
-log = logging.getLogger(__name__)
 
 
 def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
@@ -40,45 +43,97 @@ def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
   return config, corpus, model, best[0]
 
 
-def evaluate_workdir(workdir: str | pathlib.Path, splits=('valid', 'test'),
-                     batch_size: int = 0, data_dir: str | None = None,
-                     mc_samples: int = 0, dropout_scale: float = 1.0,
-                     temperature: float | str = 1.0, seed: int = 0
+def workdir_evaluator(workdir: str | pathlib.Path, run_config: ml_collections.ConfigDict,
+                      config: ml_collections.ConfigDict, batch_size: int = 0) -> Evaluator:
+  """The evaluator `config` (`evaluation_config`) names for a work
+  directory's model: windows of the run's BPTT, `config.batch_size` rows
+  or else `batch_size` or else the run's `data.test_batch_size`, and for
+  'learned' the meta-learner `config.learned.meta_learner` (default:
+  WORKDIR/meta_learner)."""
+  meta_learner = None
+  if config.evaluator == 'learned':
+    meta_learner = load_meta_learner(config.learned.meta_learner
+                                     or pathlib.Path(workdir) / META_LEARNER_DIR)
+  return build_evaluator(
+      config, bptt=run_config.data.bptt,
+      batch_size=config.batch_size or batch_size or run_config.data.test_batch_size,
+      meta_learner=meta_learner)
+
+
+def evaluate_workdir(workdir: str | pathlib.Path,
+                     config: ml_collections.ConfigDict | None = None
                      ) -> dict[str, EvalResult]:
-  """Evaluates the best checkpoint of a work directory on `splits`.
+  """The best checkpoint of a work directory scored on `config.splits` by
+  the evaluator `config` names (`lm_zoo.configs.evaluation_config`; default:
+  static evaluation of valid and test at the run's test batch size)."""
+  config = evaluation_config() if config is None else config
+  splits = _splits(config.splits)
+  if config.evaluator != 'learned':  # its meta-learner is read with the model
+    build_evaluator(config, bptt=1, batch_size=1)  # a bad field fails before any loading
+  run_config, corpus, model, params = load_trained(workdir, config.data_dir or None)
+  evaluator = workdir_evaluator(workdir, run_config, config)
+  return {split: evaluator(model, params, corpus, split) for split in splits}
 
-  Args:
-    batch_size: evaluation batch size; 0 takes the config's test_batch_size.
-    mc_samples: > 0 averages the predicted probabilities over that many
-      dropout masks (Monte-Carlo dropout), the model's dropout rates
-      multiplied by `dropout_scale`; 0 evaluates with dropout off.
-    temperature: the softmax temperature, or 'tune' for the one that
-      minimises the validation loss (`tune_temperature`), then used on every
-      split; each result records its temperature.
-    seed: the MC-dropout masks' seed.
+
+def _splits(splits) -> tuple[str, ...]:
+  """`evaluation.splits` as names; 'valid,test' from a command line counts
+  as two."""
+  names = tuple(name.strip() for entry in splits for name in entry.split(',') if name.strip())
+  unknown = [name for name in names if name not in ('train', 'valid', 'test')]
+  if unknown:
+    raise ConfigError(f'splits: unknown split {unknown[0]!r}; choose from train, valid, test')
+  return names
+
+
+def meta_train_workdir(workdir: str | pathlib.Path,
+                       config: ml_collections.ConfigDict) -> np.ndarray:
+  """Meta-trains the learned update rule (Wolf et al. 2018) for a work
+  directory's best weights on its training split, as `config` says
+  (`lm_zoo.configs.meta_training_config`), and saves it to
+  WORKDIR/meta_learner for the 'learned' evaluator.
+
+  theta_0's precision is the diagonal Fisher of `fisher_batches` training
+  windows of `fisher_batch_size` rows. The gate network (`hidden` units)
+  starts as the `prior` rule: 'sgd', SGD with step `initial_learning_rate`
+  and a decay toward theta_0 of `initial_decay` per update (`GateNetwork`,
+  `decay_logits`), or 'rms', RMS dynamic evaluation with that learning
+  rate, decay and `initial_eps`, its MS the square root of the Fisher and
+  its mean(MS) over `decay_mean` (`RMSGateNetwork`). Each of `meta_steps`
+  Adam steps (`meta_learning_rate`) backpropagates through `num_updates`
+  updates of `segment_length` tokens at `batch_size` stream positions, from
+  the trained weights at random positions or, with `carry_over`, continuing
+  along the stream (`lm_zoo.evaluation.meta_train`). Returns L_meta / K per
+  meta-step.
   """
-  config, corpus, model, params = load_trained(workdir, data_dir)
-  batch_size = batch_size or config.data.test_batch_size
-  if mc_samples > 0:
-    try:
-      model = with_dropout_scaled(model, dropout_scale)
-    except ValueError as err:
-      raise ConfigError(f'dropout_scale: {err}') from err
-    eval_step = make_mc_dropout_eval_step(model, mc_samples)
-    carries = lambda: mc_dropout_carries(model, batch_size, mc_samples,
-                                         jax.random.key(seed))
-  else:
-    eval_step = make_eval_step(model)
-    carries = lambda: model.initialize_carry(batch_size)
+  if config.prior not in PRIORS:
+    raise ConfigError(f'prior must be one of {", ".join(PRIORS)}, got {config.prior!r}')
+  if config.decay_mean not in DECAY_MEANS:
+    raise ConfigError(f'decay_mean must be one of {", ".join(DECAY_MEANS)}, got '
+                      f'{config.decay_mean!r}')
+  run_config, corpus, model, params = load_trained(workdir, config.data_dir or None)
+  precision = diagonal_fisher(model, params, corpus.train, config.fisher_batch_size,
+                              run_config.data.bptt, config.fisher_batches)
+  meta = {'prior': config.prior, 'hidden': config.hidden,
+          'initial_learning_rate': config.initial_learning_rate,
+          'initial_decay': config.initial_decay, 'initial_eps': config.initial_eps}
+  if config.prior == 'rms':
+    meta.update(mean_ms=mean_rms(precision, config.decay_mean),
+                decay_mean=config.decay_mean, decay_clip='rate')
+  net = gate_network(meta)
+  meta_params = net.init(jax.random.key(config.seed), jnp.zeros((1, NUM_FEATURES)))
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0),
+                          optax.adam(config.meta_learning_rate))
+  result = meta_train(model, net.apply, meta_params, params, precision, corpus.train,
+                      config.meta_steps, config.num_updates, config.segment_length,
+                      config.batch_size, optimizer, config.seed,
+                      first_order=config.first_order, log_every=config.log_every,
+                      carry_over=config.carry_over)
+  save_meta_learner(pathlib.Path(workdir) / META_LEARNER_DIR, result.meta_params, precision,
+                    {**meta, 'segment_length': config.segment_length,
+                     'num_updates': config.num_updates, 'batch_size': config.batch_size,
+                     'meta_steps': config.meta_steps,
+                     'meta_learning_rate': config.meta_learning_rate,
+                     'first_order': config.first_order, 'carry_over': config.carry_over,
+                     'seed': config.seed, 'losses': [float(x) for x in result.losses]})
+  return result.losses
 
-  def evaluate(split: str, temperature: float) -> EvalResult:
-    return evaluate_stream(eval_step, params, carries(), corpus.split(split), batch_size,
-                           config.data.bptt, corpus.unit, temperature,
-                           what=f'{split} evaluation')
-
-  if temperature == 'tune':
-    temperature = tune_temperature(lambda t: evaluate('valid', t).loss)
-    log.info('softmax temperature %.3f minimises the validation loss', temperature)
-  elif isinstance(temperature, str) or temperature <= 0:
-    raise ConfigError(f"temperature must be a positive number or 'tune', got {temperature!r}")
-  return {split: evaluate(split, temperature) for split in splits}

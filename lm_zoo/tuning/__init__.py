@@ -8,7 +8,7 @@ of the best one on parallel coordinates (the Mogrifier paper's Figs. 5, 6).
 
 import ml_collections
 
-from lm_zoo.configs import base_config
+from lm_zoo.configs import base_config, evaluation_config
 from lm_zoo.tuning.report import neighbourhood, write_report
 from lm_zoo.tuning.spaces import (dyneval_table6, mogrifier_table4, mogrifier_table5, param,
                                   set_fields, suggest)
@@ -24,12 +24,11 @@ def tuning_config() -> ml_collections.ConfigDict:
   c.base = base_config()  # kind train: what each trial trains
   c.dyneval = ml_collections.ConfigDict()  # kind dyneval
   c.dyneval.workdir = ''  # the trained model whose dynamic evaluation is tuned
-  c.dyneval.method = 'rms'  # sgd | rms
-  c.dyneval.search_tokens = 10_000  # validation tokens each trial scores (0: all)
-  c.dyneval.batch_size = 1
-  c.dyneval.ms_batches = 100  # rms: training windows of the gradient statistics
-  c.dyneval.ms_batch_size = 64
-  c.dyneval.decay_mean = 'coordinates'  # rms: mean(MS) over coordinates (lamb) or tensors (Krause)
+  # Each trial scores valid with the 'dynamic' evaluator of this evaluation
+  # config, the sampled values in place of its dynamic.* tuples, on the first
+  # dynamic.search_tokens tokens (0: all).
+  c.dyneval.evaluation = evaluation_config('dynamic')
+  c.dyneval.evaluation.dynamic.update(rule='rms', search_tokens=10_000)
   c.study = ml_collections.ConfigDict()
   c.study.name = 'study'
   c.study.storage = ''  # a database URL; '': sqlite in the tuning work directory

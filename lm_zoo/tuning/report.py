@@ -14,12 +14,9 @@ import optuna
 
 from lm_zoo import plots
 from lm_zoo.tuning.spaces import position
-from lm_zoo.tuning.study import best_trial, study_counts
+from lm_zoo.tuning.study import DYNEVAL_FIELDS, best_trial, study_counts
 
 REPORT_FILE = 'report.md'
-# A dynamic-evaluation setting -> the lm-zoo-eval flag that sets it.
-EVAL_FLAGS = {'learning_rate': 'dyneval_lr', 'decay': 'dyneval_decay', 'eps': 'dyneval_eps',
-              'segment_length': 'dyneval_segment'}
 FIGURE_FILE = 'parallel_coordinates.png'
 
 
@@ -75,13 +72,18 @@ def write_report(study: optuna.Study, tune: ml_collections.ConfigDict,
                 '', f'    lm-zoo-train --config=experiments/from_workdir.py:'
                 f'{best.user_attrs["workdir"]} --workdir=runs/best_of_{study.study_name}']
     if tune.kind == 'dyneval':
-      values = {tune.space[name].field: value for name, value in best.params.items()}
-      flags = ' '.join(f'--{EVAL_FLAGS[field]}={value:.4g}' for field, value in values.items())
-      if tune.dyneval.method == 'rms' and tune.dyneval.decay_mean != 'coordinates':
-        flags += f' --dyneval_decay_mean={tune.dyneval.decay_mean}'
+      evaluation = tune.dyneval.evaluation
+      tuned = {tune.space[name].field: value for name, value in best.params.items()}
+      # Every setting the trials ran with, so that the command searches nothing.
+      flags = ' '.join(f'--config.dynamic.{field}=' + (
+          f'{tuned[field]:.4g}' if field in tuned
+          else ','.join(f'{v:.4g}' for v in evaluation.dynamic[field]))
+          for field in DYNEVAL_FIELDS)
+      if evaluation.dynamic.rule == 'rms' and evaluation.dynamic.decay_mean != 'coordinates':
+        flags += f' --config.dynamic.decay_mean={evaluation.dynamic.decay_mean}'
       lines += ['Score valid and test with it:', '',
                 f'    lm-zoo-eval --workdir={tune.dyneval.workdir} '
-                f'--dyneval={tune.dyneval.method} {flags}']
+                f'--config=experiments/dyneval_{evaluation.dynamic.rule}.py {flags}']
     near = neighbourhood(done, best, tune.space, width)
     lines += ['', f'{len(near)} complete trials lie within {width:.0%} of each range '
               'around the best (red in the figure): validation loss '

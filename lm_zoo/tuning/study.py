@@ -11,8 +11,8 @@ A tuning config (`experiments/tune_*.py`) has these sections:
   base:    the training config every trial starts from (kind 'train'); its
            train.max_steps / train.max_seconds are each trial's budget and its
            train.eval_every how often the pruner sees the validation loss.
-  dyneval: method, search_tokens, batch_size, ms_batches, ms_batch_size and
-           workdir (kind 'dyneval').
+  dyneval: workdir and evaluation (kind 'dyneval'), an evaluation config
+           whose 'dynamic' evaluator each trial runs with its sampled values.
   study:   num_trials (in total, over every worker), sampler (tpe | random),
            seed (-1: random per worker), pruner (median | hyperband | halving
            | none), pruner_startup_trials, pruner_warmup_steps,
@@ -26,6 +26,7 @@ checkpoint; lower is better.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -39,7 +40,7 @@ import optuna
 import sqlalchemy
 
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
-from lm_zoo.optim import DECAY_MEANS
+from lm_zoo.evaluation import build_evaluator
 from lm_zoo.training import train_and_evaluate
 from lm_zoo.tuning.spaces import check_space, set_fields, suggest
 
@@ -48,8 +49,9 @@ log = logging.getLogger(__name__)
 KINDS = ('train', 'dyneval')
 SAMPLERS = ('tpe', 'random')
 PRUNERS = ('median', 'hyperband', 'halving', 'none')
-# What a kind 'dyneval' space may set, with the value of a field it leaves out.
-DYNEVAL_FIELDS = {'learning_rate': 1e-4, 'decay': 0.0, 'eps': 1e-3, 'segment_length': 5}
+# What a kind 'dyneval' space may set: fields of the 'dynamic' evaluator, whose
+# config value stands where the space sets none.
+DYNEVAL_FIELDS = ('learning_rate', 'decay', 'eps', 'segment_length')
 STUDY_FILE = 'study.db'
 TRIALS_DIR = 'trials'
 # Trials still to be settled: they may yet finish, or fail and be retried.
@@ -127,7 +129,7 @@ def _identity(tune: ml_collections.ConfigDict) -> str:
 def validate_tuning(tune: ml_collections.ConfigDict) -> None:
   """Raises ConfigError for a tuning config that cannot run."""
   for field, names in (('kind', KINDS), ('study.sampler', SAMPLERS),
-                       ('study.pruner', PRUNERS), ('dyneval.decay_mean', DECAY_MEANS)):
+                       ('study.pruner', PRUNERS)):
     section, _, name = field.rpartition('.')
     value = tune[section][name] if section else tune[name]
     if value not in names:
@@ -139,6 +141,10 @@ def validate_tuning(tune: ml_collections.ConfigDict) -> None:
   if tune.kind == 'train':  # each field must exist: a first trial would fail on it
     set_fields(tune.base, tune.space, {name: spec.low for name, spec in tune.space.items()})
   else:
+    if tune.dyneval.evaluation.evaluator != 'dynamic':
+      raise ConfigError("tune.dyneval.evaluation.evaluator must be 'dynamic', got "
+                        f'{tune.dyneval.evaluation.evaluator!r}')
+    build_evaluator(tune.dyneval.evaluation, bptt=1, batch_size=1)  # checks its fields
     for name, spec in tune.space.items():
       if spec.field not in DYNEVAL_FIELDS:
         raise ConfigError(f'tune.space.{name} sets {spec.field}, which is not a dynamic '
@@ -257,24 +263,26 @@ def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.P
 
 
 def dyneval_objective(tune: ml_collections.ConfigDict) -> Callable[[optuna.Trial], float]:
-  """Each trial scores the first `dyneval.search_tokens` validation tokens of
+  """Each trial scores the first `dynamic.search_tokens` validation tokens of
   `dyneval.workdir`'s best weights with its sampled settings (the Mogrifier
-  paper's Table 6) and returns that loss; a diverged setting is pruned."""
-  from lm_zoo.training.dynamic_evaluation import DynamicEvalSettings, DynamicEvaluator
+  paper's Table 6) and returns that loss; a diverged setting is pruned. The
+  trials share one evaluator: RMS statistics are estimated once, and a
+  segment length compiles once."""
+  from lm_zoo.training import load_trained, workdir_evaluator
   cfg = tune.dyneval
-  evaluator = DynamicEvaluator(cfg.workdir, cfg.method, cfg.batch_size, cfg.ms_batches,
-                               cfg.ms_batch_size)
+  run_config, corpus, model, params = load_trained(cfg.workdir, cfg.evaluation.data_dir or None)
+  evaluator = workdir_evaluator(cfg.workdir, run_config, cfg.evaluation, batch_size=1)
 
   def objective(trial: optuna.Trial) -> float:
     _check_not_surplus(trial.study, trial, tune.study.num_trials)
     values = suggest(trial, tune.space)
-    fields = dict(DYNEVAL_FIELDS, **{tune.space[name].field: value
-                                     for name, value in values.items()})
-    settings = DynamicEvalSettings(cfg.method, fields['learning_rate'], fields['decay'],
-                                   fields['eps'], int(fields['segment_length']),
-                                   cfg.decay_mean)
+    fields = {tune.space[name].field: value for name, value in values.items()}
+    settings = dataclasses.replace(
+        evaluator, **{field: (int(v) if field == 'segment_length' else v,)
+                      for field, v in fields.items()}).grid()[0]
     try:
-      result = evaluator.run(settings, 'valid', cfg.search_tokens).result
+      result = evaluator.score(settings, model, params, corpus, 'valid',
+                               cfg.evaluation.dynamic.search_tokens)
     except TrainingError as err:
       trial.set_user_attr('diverged', str(err))
       raise optuna.TrialPruned(f'diverged: {err}') from None

@@ -1,46 +1,39 @@
-"""Perplexity and bits per character of a token stream."""
+"""Scoring a token stream with the state carried across windows: the jitted
+evaluation step, whole splits, per-token losses and the softmax temperature
+that minimises a loss."""
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import math
 from typing import Any, Callable
+
+import flax.linen as nn
 
 import jax
 import numpy as np
 import optax
 
-from lm_zoo.data import BatchedStream
-from lm_zoo.training.metrics import ProgressLog
+from lm_zoo.data import BatchedStream, Corpus
+from lm_zoo.evaluation.results import EvalResult
+from lm_zoo.models.objective import window_loss
+from lm_zoo.progress import ProgressLog
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalResult:
-  """Mean NLL in nats per token over `num_tokens` scored tokens, at a
-  softmax `temperature`."""
+@functools.lru_cache(maxsize=16)
+def make_eval_step(model: nn.Module) -> Callable:
+  """Returns jitted `eval_step(params, carries, inputs, targets, weights,
+  temperature=1.0)` -> (nll sum, token count, new carries), with dropout off
+  and the logits divided by the softmax temperature (a traced argument, so
+  tuning it does not recompile). Equal models share one step, so every
+  evaluation of a model compiles once per shape."""
 
-  loss: float
-  num_tokens: int
-  unit: str = 'word'
-  temperature: float = 1.0
+  def eval_step(params, carries, inputs, targets, weights, temperature=1.0):
+    _, (total, count, carries) = window_loss(model, params, carries, inputs, targets,
+                                             weights, temperature, train=False)
+    return total, count, carries
 
-  @property
-  def perplexity(self) -> float:
-    return math.exp(self.loss)
-
-  @property
-  def bits_per_token(self) -> float:
-    return self.loss / math.log(2)
-
-  def summary(self) -> str:
-    if self.unit == 'word':
-      return f'perplexity {self.perplexity:.2f}'
-    return f'bits per character {self.bits_per_token:.4f}'
-
-  def as_dict(self) -> dict[str, float]:
-    return {'loss': self.loss, 'perplexity': self.perplexity,
-            'bits_per_token': self.bits_per_token, 'num_tokens': self.num_tokens,
-            'temperature': self.temperature}
+  return jax.jit(eval_step)
 
 
 def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
@@ -65,6 +58,15 @@ def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
   total, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
   return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit,
                     temperature=float(temperature))
+
+
+def evaluate_split(model: nn.Module, params: Any, corpus: Corpus, split: str,
+                   batch_size: int, bptt: int, eval_step=None) -> EvalResult:
+  """Perplexity / bits per character of one split, state carried throughout."""
+  eval_step = eval_step or make_eval_step(model)
+  return evaluate_stream(eval_step, params, model.initialize_carry(batch_size),
+                         corpus.split(split), batch_size, bptt, corpus.unit,
+                         what=f'{split} evaluation')
 
 
 def token_losses(model, params: Any, ids: np.ndarray, bptt: int = 35) -> np.ndarray:

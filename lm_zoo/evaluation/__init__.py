@@ -1,0 +1,24 @@
+"""Scoring trained models: perplexity and bits per character of token
+streams, MC dropout, tuned temperatures, dynamic evaluation and the learned
+rule along a stream, the gradient statistics they need, meta-training the
+learned rule, and the evaluators that run each way from a config."""
+
+from lm_zoo.evaluation.dynamic import DynamicEvalResult, dynamic_evaluate
+from lm_zoo.evaluation.evaluators import (Dynamic, DynamicEvalSettings, Evaluator, Learned,
+                                          MCDropout, Static, TokenLosses, TunedTemperature,
+                                          build_evaluator)
+from lm_zoo.evaluation.mc_dropout import (make_mc_dropout_eval_step, mc_dropout_carries,
+                                          with_dropout_scaled)
+from lm_zoo.evaluation.meta_training import (MetaLearner, MetaTrainResult, meta_loss,
+                                             meta_train, stream_windows)
+from lm_zoo.evaluation.results import EvalResult
+from lm_zoo.evaluation.statistics import diagonal_fisher, rms_training_gradients
+from lm_zoo.evaluation.streams import (evaluate_split, evaluate_stream, make_eval_step,
+                                       token_losses, tune_temperature)
+
+__all__ = ['Dynamic', 'DynamicEvalResult', 'DynamicEvalSettings', 'EvalResult', 'Evaluator',
+           'Learned', 'MCDropout', 'MetaLearner', 'MetaTrainResult', 'Static', 'TokenLosses',
+           'TunedTemperature', 'build_evaluator', 'diagonal_fisher', 'dynamic_evaluate',
+           'evaluate_split', 'evaluate_stream', 'make_eval_step', 'make_mc_dropout_eval_step',
+           'mc_dropout_carries', 'meta_loss', 'meta_train', 'rms_training_gradients',
+           'stream_windows', 'token_losses', 'tune_temperature', 'with_dropout_scaled']

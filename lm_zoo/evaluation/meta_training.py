@@ -1,0 +1,167 @@
+"""Meta-training the learned weight-update rule (Wolf et al. 2018; MODELS.md
+section 8) along a training stream: truncated backpropagation through K
+updates of `lm_zoo.optim.learned_update_rule`."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+
+from lm_zoo.errors import TrainingError
+from lm_zoo.models.objective import window_loss
+from lm_zoo.optim.learned_update import GateFn, LearnedUpdateState, learned_update_rule
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class MetaLearner:
+  """A meta-trained update rule: its transformation (theta_0's precision
+  inside), meta-parameters, the segment length it was trained for and the
+  learning rate it started from."""
+  transformation: optax.GradientTransformationExtraArgs
+  meta_params: Any
+  segment_length: int
+  initial_learning_rate: float
+
+
+def meta_loss(model, gate_fn: GateFn, meta_params: Any, params: Any,
+              state: LearnedUpdateState, carries: Any, segments: tuple[jax.Array, ...],
+              checkpoint: bool = True, first_order: bool = False):
+  """The meta-training objective L_meta = sum_i L_i along a training stream.
+
+  `segments` = (inputs, targets, weights), each (K, B, T): K mini-batches of
+  the stream. Segment i is scored with theta_{i-1} (its loss L_i), then the
+  learned rule (meta-parameters `meta_params`) updates the weights on it, so
+  L_meta depends on phi through every update before it; the recurrent state
+  carries across segments. Its gradient with respect to `meta_params` is
+  truncated backpropagation through the K updates.
+
+  Args:
+    checkpoint: recompute each update's forward pass in the backward pass
+      (`jax.checkpoint`) instead of storing its activations.
+    first_order: treat the LM gradient and loss fed to the meta-learner as
+      constants (Andrychowicz et al.'s simplification: no second derivatives).
+  Returns:
+    (L_meta, (theta_K, final carries, the K losses)).
+  """
+  rule = learned_update_rule(gate_fn, state.precision)
+
+  value_and_grad = jax.value_and_grad(window_loss, argnums=1, has_aux=True)
+
+  def step(carry, segment):
+    theta, carries = carry
+    (loss, (_, _, carries)), grads = value_and_grad(model, theta, carries, *segment)
+    seen_grads, seen_loss = grads, loss
+    if first_order:
+      seen_grads, seen_loss = jax.lax.stop_gradient((grads, loss))
+    updates, _ = rule.update(seen_grads, state, theta, meta_params=meta_params,
+                             loss=seen_loss)
+    return (optax.apply_updates(theta, updates), carries), loss
+
+  if checkpoint:
+    step = jax.checkpoint(step)
+  (theta, carries), losses = jax.lax.scan(step, (params, carries), segments)
+  return losses.sum(), (theta, carries, losses)
+
+
+def stream_windows(stream: np.ndarray, offsets: np.ndarray, num_updates: int,
+                   segment_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """K = `num_updates` consecutive mini-batches of M = `segment_length` tokens
+  of `stream`, one row per offset: (inputs, targets, weights), each (K, B, M),
+  row b reading stream[offsets[b] : offsets[b] + K M + 1]."""
+  span = num_updates * segment_length
+  if np.any(offsets < 0) or np.any(offsets + span + 1 > len(stream)):
+    raise ValueError(f'windows of {span + 1} tokens at offsets {offsets} do not fit a '
+                     f'stream of {len(stream)}')
+  index = offsets[None, :, None] + (np.arange(num_updates)[:, None, None] * segment_length
+                                    + np.arange(segment_length)[None, None, :])
+  stream = np.asarray(stream, np.int32)
+  return stream[index], stream[index + 1], np.ones(index.shape, np.float32)
+
+
+class MetaTrainResult(NamedTuple):
+  """The trained meta-parameters and, per meta-step, L_meta / K (nats)."""
+  meta_params: Any
+  losses: np.ndarray
+
+
+def meta_train(model, gate_fn: GateFn, meta_params: Any, params: Any, precision: Any,
+               stream: np.ndarray, meta_steps: int, num_updates: int = 40,
+               segment_length: int = 5, batch_size: int = 4,
+               optimizer: optax.GradientTransformation | None = None, seed: int = 0,
+               first_order: bool = False, checkpoint: bool = True,
+               log_every: int = 0, carry_over: bool = False) -> MetaTrainResult:
+  """Meta-trains the learned rule's `meta_params` along a training stream.
+
+  Each meta-step runs the rule through K = `num_updates` consecutive
+  mini-batches of `segment_length` tokens at `batch_size` stream positions
+  and steps `optimizer` (default: Adam 1e-3 after clipping the
+  meta-gradient's global norm at 1) along the gradient of L_meta
+  (`meta_loss`: truncated backpropagation through the K updates, with
+  `jax.checkpoint` so memory holds one copy of the weights per update).
+
+  Without `carry_over`, every meta-step starts from the trained weights
+  `params` (theta_0, with `precision`) and a zero recurrent state at random
+  stream positions, so the rule only ever sees its first K updates. With
+  `carry_over`, the rows walk along the stream from evenly spaced positions
+  and each meta-step starts where the last ended, from the weights and
+  recurrent state it left (truncated backpropagation along the stream): the
+  rule meets weights it has moved through thousands of updates, as in
+  evaluation, and pays for steps that drift or diverge there. Weights and
+  positions go back to the start when a row reaches the next row's start.
+
+  Raises:
+    TrainingError: L_meta is not finite.
+  """
+  if num_updates < 1 or segment_length < 1 or batch_size < 1 or meta_steps < 0:
+    raise ValueError('num_updates, segment_length and batch_size must be positive and '
+                     'meta_steps non-negative')
+  span = num_updates * segment_length
+  last = len(stream) - span - 1
+  if last < 0:
+    raise ValueError(f'a stream of {len(stream)} tokens is shorter than one window of '
+                     f'{num_updates} x {segment_length} tokens')
+  optimizer = optimizer or optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+  state = learned_update_rule(gate_fn, precision).init(params)
+  zero_carries = model.initialize_carry(batch_size)
+
+  @jax.jit
+  def step(meta_params, opt_state, state, theta, carries, segments):
+    def objective(m):
+      return meta_loss(model, gate_fn, m, theta, state, carries, segments,
+                       checkpoint=checkpoint, first_order=first_order)
+    (loss, (theta, carries, _)), grads = jax.value_and_grad(objective, has_aux=True)(
+        meta_params)
+    updates, opt_state = optimizer.update(grads, opt_state, meta_params)
+    return (optax.apply_updates(meta_params, updates), opt_state, theta, carries,
+            loss / num_updates)
+
+  rng = np.random.default_rng(seed)
+  row_length = (len(stream) - 1) // batch_size
+  starts = np.arange(batch_size) * row_length
+  opt_state, losses = optimizer.init(meta_params), []
+  theta, carries, offsets = params, zero_carries, starts
+  for i in range(meta_steps):
+    if not carry_over:
+      theta, carries, offsets = params, zero_carries, rng.integers(0, last + 1, batch_size)
+    elif offsets[0] + span > row_length:
+      theta, carries, offsets = params, zero_carries, starts
+    segments = stream_windows(stream, offsets, num_updates, segment_length)
+    meta_params, opt_state, theta, carries, loss = step(meta_params, opt_state, state,
+                                                        theta, carries, segments)
+    offsets = offsets + span
+    losses.append(float(loss))
+    if not math.isfinite(losses[-1]):
+      raise TrainingError(f'meta-training diverged at step {i}: L_meta is not finite; '
+                          'lower the meta learning rate or the initial UPDATE step')
+    if log_every and (i + 1) % log_every == 0:
+      log.info('meta-step %d/%d: L_meta / K %.4f (mean of the last %d)', i + 1, meta_steps,
+               np.mean(losses[-log_every:]), log_every)
+  return MetaTrainResult(meta_params, np.asarray(losses))

@@ -1,0 +1,39 @@
+"""What scoring a text gives: the mean NLL per token and its perplexity or
+bits per character."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+  """Mean NLL in nats per token over `num_tokens` scored tokens, at a
+  softmax `temperature`; `details` holds what an evaluator adds (dynamic
+  evaluation's settings and per-segment scores, per-token losses)."""
+
+  loss: float
+  num_tokens: int
+  unit: str = 'word'
+  temperature: float = 1.0
+  details: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+  @property
+  def perplexity(self) -> float:
+    return math.exp(self.loss)
+
+  @property
+  def bits_per_token(self) -> float:
+    return self.loss / math.log(2)
+
+  def summary(self) -> str:
+    if self.unit == 'word':
+      return f'perplexity {self.perplexity:.2f}'
+    return f'bits per character {self.bits_per_token:.4f}'
+
+  def as_dict(self) -> dict[str, float]:
+    return {'loss': self.loss, 'perplexity': self.perplexity,
+            'bits_per_token': self.bits_per_token, 'num_tokens': self.num_tokens,
+            'temperature': self.temperature}

@@ -1,0 +1,182 @@
+"""Evaluators built from evaluation configs, each held against the function
+it is made of run by hand, or against a property its scores must have."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import perturb
+from lm_zoo.configs import evaluation_config
+from lm_zoo.data import Corpus
+from lm_zoo.data.vocab import Vocab
+from lm_zoo.errors import ConfigError
+from lm_zoo.evaluation import (Dynamic, DynamicEvalSettings, MCDropout, MetaLearner, Static,
+                               TunedTemperature, build_evaluator, dynamic_evaluate,
+                               token_losses, tune_temperature)
+from lm_zoo.evaluation.dynamic import _scan_segments
+from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.optim import GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
+
+V = 11
+_rng = np.random.default_rng(0)
+CORPUS = Corpus('toy', Vocab(tuple(f'w{i}' for i in range(V))),
+                *(_rng.integers(0, V, n).astype(np.int32) for n in (301, 121, 91)), 'word')
+
+
+@pytest.fixture(scope='module')
+def lm():
+  model = RecurrentLM(vocab_size=V, embed_size=6, hidden_sizes=(7,), dropout_output=0.3)
+  return model, perturb(init_params(model, jax.random.key(0)))
+
+
+def _nll(model, params, stream):
+  """Mean NLL of stream[1:] in one pass from a zero state, the log-softmax in NumPy."""
+  logits, _ = model.apply({'params': params}, stream[None, :-1], model.initialize_carry(1))
+  z = np.asarray(logits[0], np.float64)
+  z = z - z.max(-1, keepdims=True)
+  log_probs = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  return -log_probs[np.arange(len(stream) - 1), stream[1:]].mean()
+
+
+def test_static_scores_the_first_max_tokens_as_one_pass(lm):
+  model, params = lm
+  result = Static(bptt=7, batch_size=1, max_tokens=50)(model, params, CORPUS, 'valid')
+  assert result.num_tokens == 50
+  np.testing.assert_allclose(result.loss, _nll(model, params, CORPUS.valid[:51]), rtol=1e-5)
+  whole = Static(bptt=7, batch_size=3)(model, params, CORPUS, 'test')
+  assert whole.num_tokens == len(CORPUS.test) - 1
+
+
+def test_mc_dropout_at_scale_zero_is_static_evaluation(lm):
+  model, params = lm
+  static = Static(bptt=9, batch_size=2)(model, params, CORPUS, 'valid')
+  mc = MCDropout(bptt=9, batch_size=2, samples=3, dropout_scale=0.0)(model, params, CORPUS,
+                                                                     'valid')
+  np.testing.assert_allclose(mc.loss, static.loss, rtol=1e-5)
+  dropped = MCDropout(bptt=9, batch_size=2, samples=3)(model, params, CORPUS, 'valid')
+  assert dropped.loss != pytest.approx(static.loss, rel=1e-5)
+
+
+def test_a_tuned_temperature_is_tuned_once_on_valid_and_used_on_every_split(lm, monkeypatch):
+  model, params = lm
+  base = Static(bptt=9, batch_size=1)
+  expected = tune_temperature(
+      lambda t: dataclasses.replace(base, temperature=t)(model, params, CORPUS, 'valid').loss)
+  calls = []
+  evaluator = TunedTemperature(base)
+  original = Static.__call__
+  monkeypatch.setattr(Static, '__call__', lambda self, *args: calls.append(args[-1])
+                      or original(self, *args))
+  results = {split: evaluator(model, params, CORPUS, split) for split in ('valid', 'test')}
+  assert results['test'].temperature == results['valid'].temperature == expected
+  assert calls.count('test') == 1 and calls.count('valid') == len(calls) - 1
+  np.testing.assert_allclose(
+      results['test'].loss,
+      dataclasses.replace(base, temperature=expected)(model, params, CORPUS, 'test').loss)
+
+
+def test_dynamic_searches_valid_and_scores_each_split_with_the_best_setting(lm):
+  model, params = lm
+  evaluator = Dynamic(bptt=9, rule='sgd', learning_rate=(0.0, 0.3, 30.0), decay=(0.0,),
+                      segment_length=(4,))
+  test = evaluator(model, params, CORPUS, 'test')
+  losses = {lr: loss for settings, loss in test.details['search']
+            for lr in [settings['learning_rate']]}
+  fresh = {lr: dynamic_evaluate(model, params, dynamic_sgd(lr), CORPUS.valid, 4).result.loss
+           for lr in (0.0, 0.3)}
+  for lr, loss in fresh.items():
+    np.testing.assert_allclose(losses[lr], loss, rtol=1e-5)
+  best = min(losses, key=losses.get)
+  assert test.details['settings']['learning_rate'] == best
+  np.testing.assert_allclose(
+      test.loss, dynamic_evaluate(model, params, dynamic_sgd(best), CORPUS.test, 4).result.loss,
+      rtol=1e-5)
+  assert test.details['segment_tokens'].sum() == test.num_tokens == len(CORPUS.test) - 1
+  # The search scored the whole of valid: valid's result is the search's.
+  assert evaluator(model, params, CORPUS, 'valid').loss == pytest.approx(losses[best])
+
+
+def test_learning_rate_zero_is_the_static_score_at_batch_one(lm):
+  model, params = lm
+  dynamic = Dynamic(bptt=9, learning_rate=(0.0,), segment_length=(5,), max_tokens=60)
+  static = Static(bptt=9, batch_size=1, max_tokens=60)
+  np.testing.assert_allclose(dynamic(model, params, CORPUS, 'test').loss,
+                             static(model, params, CORPUS, 'test').loss, rtol=1e-5)
+
+
+def test_settings_share_one_compiled_scan_per_kind_of_mean(lm):
+  """RMS settings scored by one evaluator equal fresh transformations', and
+  compile once per kind of mean(MS) where fresh ones compile each time."""
+  model, params = lm
+  evaluator = Dynamic(bptt=9, rule='rms', ms_batches=2, ms_batch_size=2)
+  ms = evaluator.rms_gradients(model, params, CORPUS)
+  compiled = _scan_segments._cache_size()
+  for lr, decay, eps, mean in ((1e-3, 1e-2, 1e-3, 'tensors'), (3e-2, 1e-1, 1e-2, 'tensors'),
+                               (1e-2, 1e-2, 1e-3, 'coordinates')):
+    shared = evaluator.score(DynamicEvalSettings('rms', lr, decay, eps, 4, mean), model,
+                             params, CORPUS, 'valid')
+    fresh = dynamic_evaluate(model, params, dynamic_rms(lr, decay, eps, ms, mean),
+                             CORPUS.valid, 4)
+    np.testing.assert_allclose(shared.details['segment_nll'], fresh.segment_nll, rtol=1e-5)
+  assert _scan_segments._cache_size() - compiled == 2 + 3
+
+
+def test_the_learned_evaluator_runs_the_rule_at_its_segment_length(lm):
+  model, params = lm
+  net = GateNetwork(hidden=3, learning_rate=0.05)
+  meta_params = net.init(jax.random.key(1), np.zeros((1, 5), np.float32))
+  rule = learned_update_rule(net.apply)
+  learned = MetaLearner(rule, meta_params, segment_length=3, initial_learning_rate=0.05)
+  config = evaluation_config('learned')
+  config.max_tokens = 40
+  result = build_evaluator(config, bptt=9, batch_size=1, meta_learner=learned)(
+      model, params, CORPUS, 'valid')
+  by_hand = dynamic_evaluate(model, params, rule, CORPUS.valid[:41], 3,
+                             extra_args={'meta_params': meta_params})
+  np.testing.assert_allclose(result.loss, by_hand.result.loss, rtol=1e-6)
+  assert result.details['settings']['segment_length'] == 3
+
+
+def test_token_losses_are_the_per_token_losses_and_their_mean(lm):
+  model, params = lm
+  config = evaluation_config('token_losses')
+  result = build_evaluator(config, bptt=8, batch_size=4)(model, params, CORPUS, 'test')
+  expected = token_losses(model, params, CORPUS.test, 8)
+  np.testing.assert_allclose(result.details['token_losses'], expected)
+  np.testing.assert_allclose(result.loss, _nll(model, params, CORPUS.test), rtol=1e-5)
+
+
+@pytest.mark.parametrize('evaluator, field, value, message', [
+    ('bayes', 'evaluator', 'bayes', 'unknown evaluator'),
+    ('static', 'static.temperature', float('nan'), 'static.temperature must be a positive'),
+    ('static', 'static.temperature', -1.0, 'static.temperature must be a positive'),
+    ('mc_dropout', 'mc_dropout.samples', -2, 'mc_dropout.samples must be at least 1'),
+    ('dynamic', 'dynamic.rule', 'adam', 'unknown dynamic.rule'),
+    ('dynamic', 'dynamic.learning_rate', (float('nan'),), 'dynamic.learning_rate must be'),
+    ('dynamic', 'dynamic.decay_mean', 'rows', 'dynamic.decay_mean must be one of'),
+    ('static', 'max_tokens', -5, 'max_tokens must be >= 0'),
+    ('temperature', 'temperature.low', 3.0, 'need 0 < low < high'),
+])
+def test_bad_settings_are_refused_naming_the_field(evaluator, field, value, message):
+  config = evaluation_config(evaluator)
+  section, _, name = field.rpartition('.')
+  (config[section] if section else config)[name] = value
+  with pytest.raises(ConfigError, match=message):
+    build_evaluator(config, bptt=5, batch_size=1)
+
+
+def test_the_learned_evaluator_without_a_meta_learner_says_how_to_get_one():
+  with pytest.raises(ConfigError, match='lm-zoo-meta-train'):
+    build_evaluator(evaluation_config('learned'), bptt=5, batch_size=1)
+
+
+def test_every_evaluator_of_the_config_is_built_with_the_run_s_windows(lm):
+  model, params = lm
+  for name in ('static', 'mc_dropout', 'temperature', 'dynamic', 'token_losses'):
+    config = evaluation_config(name)
+    config.mc_dropout.samples = 2
+    config.max_tokens = 30
+    result = build_evaluator(config, bptt=6, batch_size=2)(model, params, CORPUS, 'test')
+    assert result.num_tokens == 30 and np.isfinite(result.loss), name

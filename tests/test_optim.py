@@ -1,0 +1,82 @@
+"""Every transformation of lm_zoo.optim behaves as optax's own do: its state
+is a NamedTuple, and the same update comes out of it called directly, under
+jit, inside `optax.chain` (which hands extra arguments on) and from an
+`optax.inject_hyperparams` copy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from lm_zoo.optim import (GateNetwork, RMSGateNetwork, dynamic_rms, dynamic_sgd,
+                          learned_update_rule, parameter_averaging, start_averaging)
+
+PARAMS = {'w': jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), 'b': jnp.array([0.5, -0.25])}
+TRAINED = jax.tree.map(lambda p: p + 0.1, PARAMS)
+GRADS = jax.tree.map(lambda p: jnp.cos(2.0 * p), PARAMS)
+MS = jax.tree.map(lambda p: 0.1 + jnp.abs(p), PARAMS)
+FEATURES = np.zeros((1, 5), np.float32)
+GATES = GateNetwork(hidden=3, learning_rate=0.1)
+RMS_GATES = RMSGateNetwork(learning_rate=0.1, decay=0.2, eps=1e-3, mean_ms=0.6, hidden=3)
+
+
+def _transformations():
+  """name -> (transformation, extra arguments of its update)."""
+  meta = GATES.init(jax.random.key(0), FEATURES)
+  rms_meta = RMS_GATES.init(jax.random.key(1), FEATURES)
+  return {
+      'dynamic_sgd': (dynamic_sgd(0.1, 0.05), {}),
+      'dynamic_rms': (dynamic_rms(0.1, 0.2, 1e-3, MS), {}),
+      'dynamic_rms_tensors': (dynamic_rms(0.1, 0.2, 1e-3, MS, 'tensors'), {}),
+      'learned_sgd_prior': (learned_update_rule(GATES.apply), {'meta_params': meta,
+                                                                'loss': 3.0}),
+      'learned_rms_prior': (learned_update_rule(RMS_GATES.apply, MS),
+                            {'meta_params': rms_meta, 'loss': 3.0}),
+      'parameter_averaging': (parameter_averaging(start=True), {}),
+  }
+
+
+@pytest.mark.parametrize('name', list(_transformations()))
+def test_direct_jitted_and_chained_updates_agree(name):
+  transformation, extra = _transformations()[name]
+  state = transformation.init(TRAINED)
+  assert isinstance(state, tuple) and hasattr(state, '_fields'), 'a NamedTuple state'
+  direct, _ = (transformation.update(GRADS, state, PARAMS, **extra) if extra
+               else transformation.update(GRADS, state, PARAMS))
+  jitted, _ = jax.jit(lambda g, s, p, e: transformation.update(g, s, p, **e))(
+      GRADS, state, PARAMS, extra)
+  chain = optax.chain(optax.identity(), transformation)
+  chained, _ = chain.update(GRADS, chain.init(TRAINED), PARAMS, **extra)
+  for other in (jitted, chained):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                 direct, other)
+  assert any(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(direct))
+
+
+@pytest.mark.parametrize('factory, values', [
+    (dynamic_sgd, {'learning_rate': 0.1, 'decay': 0.05}),
+    (lambda learning_rate, decay, eps: dynamic_rms(learning_rate, decay, eps, MS),
+     {'learning_rate': 0.1, 'decay': 0.2, 'eps': 1e-3})])
+def test_injected_hyperparameters_give_the_same_update(factory, values):
+  plain = factory(**values)
+  injected = optax.inject_hyperparams(factory)(**values)
+  expected, _ = plain.update(GRADS, plain.init(TRAINED), PARAMS)
+  updates, state = injected.update(GRADS, injected.init(TRAINED), PARAMS)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), expected, updates)
+  assert set(state.hyperparams) == set(values)
+
+
+@pytest.mark.parametrize('transformation', [dynamic_sgd(0.1), dynamic_rms(0.1, 0.2, 1e-3, MS),
+                                            learned_update_rule(GATES.apply)])
+def test_updates_without_params_are_refused(transformation):
+  with pytest.raises((ValueError, TypeError)):
+    transformation.update(GRADS, transformation.init(TRAINED))
+
+
+def test_averaging_is_switched_on_inside_a_chain():
+  chain = optax.chain(optax.sgd(0.5), parameter_averaging())
+  state = start_averaging(chain.init(PARAMS))
+  updates, state = chain.update(GRADS, state, PARAMS)
+  new = optax.apply_updates(PARAMS, updates)
+  jax.tree.map(np.testing.assert_allclose, state[1].average, new)

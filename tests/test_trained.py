@@ -1,0 +1,120 @@
+"""Finished work directories: scoring them by evaluation configs, the
+meta-learned rule trained for them and stored beside them, and work
+directories that older code wrote."""
+
+import json
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lm_zoo.configs import evaluation_config, meta_training_config
+from lm_zoo.evaluation import Static
+from lm_zoo.optim import PRECISION_FLOOR, dynamic_rms
+from lm_zoo.training import evaluate_workdir, load_trained, meta_train_workdir
+from lm_zoo.training.checkpoints import restore_tree, save_tree
+from lm_zoo.training.meta_learner import META_LEARNER_DIR, load_meta_learner
+
+OLD_WORKDIR = pathlib.Path(__file__).parent / 'data' / 'workdir_0fa17a5'
+
+
+@pytest.fixture(scope='module')
+def trained_workdir(tmp_path_factory, data_dir):
+  from conftest import tiny_lm_config
+  from lm_zoo.training import train_and_evaluate
+  workdir = tmp_path_factory.mktemp('trained')
+  config = tiny_lm_config(data_dir)
+  config.train.update(num_epochs=1)
+  train_and_evaluate(config, workdir)
+  return workdir
+
+
+def _flat_params(tree):
+  return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+
+
+def test_evaluate_workdir_is_the_evaluator_on_the_best_weights(trained_workdir):
+  config, corpus, model, params = load_trained(trained_workdir)
+  results = evaluate_workdir(trained_workdir)
+  assert list(results) == ['valid', 'test']
+  static = Static(config.data.bptt, config.data.test_batch_size)
+  for split, result in results.items():
+    assert result.loss == static(model, params, corpus, split).loss
+  one = evaluation_config()
+  one.splits = ('test,valid',)  # as a command line gives it
+  assert list(evaluate_workdir(trained_workdir, one)) == ['test', 'valid']
+
+
+def _meta_train(workdir, **fields):
+  config = meta_training_config()
+  config.update(meta_steps=0, prior='rms', initial_learning_rate=1e-2, initial_decay=0.5,
+                initial_eps=1e-3, fisher_batches=2, fisher_batch_size=2, hidden=4, **fields)
+  meta_train_workdir(workdir, config)
+
+
+def _learned_and_rms_updates(workdir):
+  """One update of the meta-learner saved in `workdir`, and the RMS rule's
+  ingredients: its ms and the arguments of the update."""
+  learned = load_meta_learner(workdir / META_LEARNER_DIR)
+  precision = learned.transformation.init(None).precision  # the model's Fisher, saved
+  params = jax.tree.map(lambda x: jnp.linspace(-1.0, 1.0, x.size).reshape(x.shape), precision)
+  trained = jax.tree.map(lambda p: p + 0.01, params)
+  grads = jax.tree.map(lambda p: jnp.cos(3.0 * p), params)
+  updates, _ = learned.transformation.update(grads, learned.transformation.init(trained),
+                                             params, loss=4.0, meta_params=learned.meta_params)
+  # The rule's ms: weights no gradient reached have a floor, not 0.
+  ms = jax.tree.map(lambda x: jnp.sqrt(x + PRECISION_FLOOR), precision)
+  return updates, ms, params, trained, grads
+
+
+@pytest.mark.parametrize('decay_mean', ['coordinates', 'tensors'])
+def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
+    trained_workdir, decay_mean):
+  _meta_train(trained_workdir, decay_mean=decay_mean)
+  updates, ms, params, trained, grads = _learned_and_rms_updates(trained_workdir)
+  rms = dynamic_rms(1e-2, 0.5, 1e-3, ms, decay_mean)
+  expected, _ = rms.update(grads, rms.init(trained), params)
+  np.testing.assert_allclose(_flat_params(updates), _flat_params(expected), rtol=1e-4,
+                             atol=1e-6)
+
+
+def test_a_meta_learner_saved_before_the_decay_fix_keeps_its_rate(trained_workdir):
+  """Saved without 'decay_clip', an RMS prior was meta-trained around
+  lambda * min(1, ms / mean(ms)): it loads with that rate."""
+  _meta_train(trained_workdir)
+  folder = trained_workdir / META_LEARNER_DIR
+  tree, meta = restore_tree(folder)
+  del meta['decay_clip'], meta['decay_mean']
+  save_tree(folder, tree, meta)
+  updates, ms, params, trained, grads = _learned_and_rms_updates(trained_workdir)
+  ms, g, theta, theta0 = (_flat_params(t) for t in (ms, grads, params, trained))
+  rate = 0.5 * np.minimum(1.0, ms / ms.mean())
+  expected = -1e-2 * g / (ms + 1e-3) + rate * (theta0 - theta)
+  np.testing.assert_allclose(_flat_params(updates), expected, rtol=1e-4, atol=1e-6)
+  assert np.any(0.5 * ms / ms.mean() > 1)  # where the two rates differ
+
+
+@pytest.fixture(scope='module')
+def old_workdir(tmp_path_factory):
+  """A copy of the work directory the code of 0fa17a5 wrote (README there)."""
+  copy = tmp_path_factory.mktemp('old') / 'workdir'
+  shutil.copytree(OLD_WORKDIR, copy)
+  return copy
+
+
+@pytest.mark.parametrize('evaluator', ['static', 'mc_dropout', 'sgd', 'rms', 'learned'])
+def test_a_work_directory_of_older_code_scores_as_that_code_scored_it(old_workdir, evaluator):
+  """Its config, best checkpoint and meta-learner load, and every evaluator
+  computes what the code of 0fa17a5 computed from them (its score.py)."""
+  expected = json.loads((OLD_WORKDIR / 'scores_at_0fa17a5.json').read_text())[evaluator]
+  name = {'sgd': 'dynamic', 'rms': 'dynamic'}.get(evaluator, evaluator)
+  config = evaluation_config(name)
+  config.mc_dropout.update(samples=3, seed=1)
+  config.dynamic.update(rule=evaluator, learning_rate=(0.1 if evaluator == 'sgd' else 0.01,),
+                        decay=(0.01,), segment_length=(3,), ms_batches=2, ms_batch_size=2)
+  results = evaluate_workdir(old_workdir, config)
+  for split, loss in expected.items():
+    np.testing.assert_allclose(results[split].loss, loss, rtol=1e-5, err_msg=split)
