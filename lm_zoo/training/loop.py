@@ -23,6 +23,7 @@ from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.training.averaging import (averaged_params, patience_reached, should_start_averaging,
                                       start_averaging)
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
+from lm_zoo.training.config_checks import validate_config
 from lm_zoo.training.evaluation import EvalResult, evaluate_stream
 from lm_zoo.training.metrics import MetricsWriter, Throughput, format_duration
 from lm_zoo.training.nonfinite import PendingUpdates, RollBack
@@ -32,7 +33,6 @@ from lm_zoo.training.preemption import StopRequest
 from lm_zoo.training.steps import TrainState, make_eval_step, make_train_step
 from lm_zoo.training.workdir import (check_resumable, initial_params, save_config,
                                      workdir_lock)
-from lm_zoo.validation import validate_config
 
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
 log = logging.getLogger(__name__)

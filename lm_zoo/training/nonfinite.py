@@ -14,6 +14,7 @@ import numpy as np
 from lm_zoo.errors import TrainingError
 from lm_zoo.training.metrics import MetricsWriter
 
+NONFINITE_POLICIES = ('stop', 'skip', 'rollback')  # train.nonfinite
 log = logging.getLogger(__name__)
 
 

@@ -12,9 +12,8 @@ from lm_zoo.data.corpora import CORPORA, Corpus
 from lm_zoo.errors import ConfigError
 from lm_zoo.models.factory import CELLS, DTYPES, LATENTS, LSTM_FAMILY, embed_size
 from lm_zoo.training.averaging import TRIGGERS
+from lm_zoo.training.nonfinite import NONFINITE_POLICIES
 from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
-
-NONFINITE_POLICIES = ('stop', 'skip', 'rollback')  # train.nonfinite
 
 # field -> the names it may take
 CHOICES = {
