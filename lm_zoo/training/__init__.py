@@ -3,12 +3,13 @@
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.evaluation import (EvalResult, evaluate_stream, token_losses,
                                         tune_temperature)
-from lm_zoo.training.loop import (Progress, create_train_state, evaluate_split, load_data,
-                                  sample_text, train_and_evaluate)
+from lm_zoo.training.loop import train_and_evaluate
 from lm_zoo.training.metrics import MetricsWriter, read_metrics
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import (data_mesh, initialize_distributed, shard_batch,
                                       state_shardings)
+from lm_zoo.training.run import Progress, create_train_state, load_data
+from lm_zoo.training.scoring import evaluate_split, sample_text
 from lm_zoo.training.steps import TrainState, make_eval_step, make_train_step, token_nll
 from lm_zoo.training.trained import evaluate_workdir, load_trained
 from lm_zoo.training.workdir import load_config
