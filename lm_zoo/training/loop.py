@@ -107,9 +107,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
     save_config(config, workdir)
     # Drops what a stopped run logged past its checkpoint.
     metrics = MetricsWriter(workdir, resume_step=int(state.step) if resumed else None)
-    trainer = Trainer(config, workdir, corpus, model, mesh, train_step, make_eval_step(model),
-                      batched, planned_steps(config, batched), checkpoints, metrics,
-                      on_validation, started)
+    trainer = Trainer(
+        config=config, workdir=workdir, corpus=corpus, model=model, mesh=mesh,
+        train_step=train_step, eval_step=make_eval_step(model), batched=batched,
+        total_steps=planned_steps(config, batched), checkpoints=checkpoints, metrics=metrics,
+        on_validation=on_validation, started=started)
     run = start_run(trainer, state, progress)
     train(trainer, run)
     return finish(trainer, run, final_splits)
