@@ -249,7 +249,8 @@ def test_the_programs_print_one_line_and_verbose_adds_the_traceback(tmp_path, tr
   verbose = run_script([*args, '--verbose'])
   assert verbose.returncode == 1
   assert 'Traceback (most recent call last)' in verbose.stderr
-  assert 'lm_zoo/validation.py' in verbose.stderr and 'error: config field' in verbose.stderr
+  assert 'lm_zoo/training/config_checks.py' in verbose.stderr
+  assert 'error: config field' in verbose.stderr
   workdir = _copy(trained, tmp_path)
   _truncate_best(None, tmp_path, workdir)
   broken = run_script(['launch/evaluate.py', f'--workdir={workdir}'])

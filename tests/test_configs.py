@@ -64,7 +64,7 @@ def test_evaluation_configs_build_their_evaluators(name, variant):
 def test_tuning_configs_are_valid_and_their_extremes_fit_the_budget(name, variant):
   from lm_zoo.tuning import set_fields
   from lm_zoo.tuning.study import validate_tuning
-  from lm_zoo.validation import validate_config
+  from lm_zoo.training.config_checks import validate_config
   tune = load_experiment(name, variant)
   tune.dyneval.workdir = tune.dyneval.workdir or 'runs/x'
   validate_tuning(tune)

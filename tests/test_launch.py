@@ -204,3 +204,13 @@ def test_launch_scripts_show_the_same_help():
   shown = run_script(['launch/evaluate.py', '--help'])
   assert '--config.dynamic.learning_rate' in shown.stdout
   assert 'lm-zoo-eval' in shown.stdout
+
+
+@pytest.mark.parametrize('script, program, flags', [
+    ('plot', 'lm-zoo-plot', ['--figure', '--workdirs', '--results']),
+    ('run_task', 'lm-zoo-task', ['--config', '--output'])])
+def test_plot_and_task_shims_show_their_programs_help(script, program, flags):
+  shown = run_script([f'launch/{script}.py', '--help'])
+  assert program in shown.stdout and 'Traceback' not in shown.stderr
+  for text in flags:
+    assert text in shown.stdout, text

@@ -39,8 +39,8 @@ def test_finite_losses_come_back_in_order_and_once(policy, tmp_path):
   updates, records = _updates(policy, tmp_path)
   for step, loss in enumerate([2.5, 1.25, 0.5], start=1):
     _add(updates, step, loss)
-  np.testing.assert_array_equal(updates.fetch(Progress()), [2.5, 1.25, 0.5])
-  assert updates.fetch(Progress()).size == 0
+  np.testing.assert_array_equal(updates.fetch(Progress()).losses, [2.5, 1.25, 0.5])
+  assert updates.fetch(Progress()).losses.size == 0
   assert records.records == []
 
 
@@ -59,7 +59,7 @@ def test_skip_counts_and_stops_after_too_many_in_a_row(tmp_path):
   for step, loss in enumerate([math.inf, 1.0, math.nan, math.nan], start=1):
     _add(updates, step, loss)
   # A finite update between two faults resets the run of skips.
-  np.testing.assert_array_equal(updates.fetch(progress), [1.0])
+  np.testing.assert_array_equal(updates.fetch(progress).losses, [1.0])
   assert progress.skipped_updates == 3
   assert [r['step'] for r in records.records] == [1, 3, 4]
   _add(updates, 5, math.nan)  # the third in a row
@@ -72,9 +72,9 @@ def test_rollback_asks_the_loop_then_stops_past_the_limit(tmp_path):
   _add(updates, 1, 1.0)
   _add(updates, 2, math.nan)
   _add(updates, 3, 1.0)
-  with pytest.raises(RollBack) as fault:
-    updates.fetch(Progress())
-  assert fault.value.step == 2
+  fetched = updates.fetch(Progress())
+  assert fetched.rollback == RollBack(step=2)
+  np.testing.assert_array_equal(fetched.losses, [1.0])  # of the updates before it
   assert records.records == []  # the loop records the rollback once it has restored
   _add(updates, 4, math.nan)
   with pytest.raises(TrainingError, match='at step 4 after 1 rollbacks'):

@@ -1,5 +1,6 @@
 """The command-line programs (`lm-zoo-train`, `lm-zoo-eval`, `lm-zoo-generate`,
-`lm-zoo-download`, also run as `python launch/NAME.py`) and their shared set-up.
+`lm-zoo-download`, `lm-zoo-tune`, `lm-zoo-plot`, `lm-zoo-task`, also run as
+`python launch/NAME.py`) and their shared set-up.
 
 Each program is a module of this package that defines its absl flags when
 imported, so import one per process (through `main`), never two. Every

@@ -384,3 +384,13 @@ def _dynamic(config: ml_collections.ConfigDict, bptt: int) -> Dynamic:
                  tuple(int(n) for n in cfg.segment_length), cfg.decay_mean, cfg.ms_batches,
                  cfg.ms_batch_size, cfg.search_tokens, config.batch_size or 1,
                  config.max_tokens)
+
+
+def split_names(splits) -> tuple[str, ...]:
+  """`evaluation.splits` as names; 'valid,test' from a command line counts
+  as two."""
+  names = tuple(name.strip() for entry in splits for name in entry.split(',') if name.strip())
+  unknown = [name for name in names if name not in ('train', 'valid', 'test')]
+  if unknown:
+    raise ConfigError(f'splits: unknown split {unknown[0]!r}; choose from train, valid, test')
+  return names

@@ -10,7 +10,7 @@ from lm_zoo.tasks.reverse_copy import (EncoderDecoder, ReverseCopyData, fit,
                                        sequence_cross_entropy)
 from lm_zoo.tasks.seeds import run_seed_study, seed_report, summarise
 
-# config.task -> the function that runs it (launch/run_task.py).
+# config.task -> the function that runs it (lm-zoo-task).
 TASKS = {
     'reverse_copy': run_experiment,
     'tail_regression': run_tail_regression,

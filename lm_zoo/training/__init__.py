@@ -1,12 +1,13 @@
 """Training, checkpoints and work directories."""
 
 from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.loop import (Progress, create_train_state, load_data, sample_text,
-                                  train_and_evaluate)
+from lm_zoo.training.loop import train_and_evaluate
 from lm_zoo.training.metrics import MetricsWriter, read_metrics
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import (data_mesh, initialize_distributed, shard_batch,
                                       state_shardings)
+from lm_zoo.training.run import Progress, create_train_state, load_data
+from lm_zoo.training.scoring import sample_text
 from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.trained import (evaluate_workdir, load_trained, meta_train_workdir,
                                      workdir_evaluator)

@@ -1,92 +1,54 @@
-"""`train_and_evaluate(config, workdir)`: training with resumable checkpoints."""
+"""`train_and_evaluate(config, workdir)`: training with resumable checkpoints.
+
+The run goes through phases, each a function of the `Trainer` (what the run
+trains with) and the `Run` (its state; lm_zoo/training/run.py): restore or
+init, train an epoch window by window, validate, end an epoch, roll back,
+save, finish. A phase that reads back the updates (`PendingUpdates.fetch`)
+returns the `RollBack` a non-finite one asks for, and `train` restores the
+latest checkpoint.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import pathlib
 import signal
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-import jax
 import ml_collections
-import numpy as np
+import optax
 
-from lm_zoo import generation
-from lm_zoo.data import BatchedStream, Corpus, load_corpus
+from lm_zoo.data import BatchedStream, Window
 from lm_zoo.errors import Preempted
-from lm_zoo.runtime import environment
-from lm_zoo.models import RecurrentLM, build_model, init_params
+from lm_zoo.models import RecurrentLM, build_model
+from lm_zoo.evaluation import EvalResult, make_eval_step, split_names
 from lm_zoo.optim import averaged_params, start_averaging
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
-from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
-from lm_zoo.evaluation import EvalResult, evaluate_split, make_eval_step
-from lm_zoo.progress import Throughput, format_duration
+from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.training.config_checks import validate_config
 from lm_zoo.training.metrics import MetricsWriter
 from lm_zoo.training.nonfinite import PendingUpdates, RollBack
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
-from lm_zoo.training.parallel import check_batch, data_mesh, shard_batch, state_shardings
+from lm_zoo.training.parallel import check_batch, data_mesh, place_state, shard_batch
 from lm_zoo.training.preemption import StopRequest
+from lm_zoo.training.run import (Progress, Run, Trainer, ValidationCallback, create_train_state,
+                                 load_data)
+from lm_zoo.training.scoring import score_split
 from lm_zoo.training.steps import TrainState, make_train_step
+from lm_zoo.training.summary import count_params, finish
 from lm_zoo.training.workdir import (check_resumable, initial_params, save_config,
                                      workdir_lock)
-from lm_zoo.validation import validate_config
 
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class Progress:
-  """Where training stands, saved as JSON beside each checkpoint."""
-
-  epoch: int = 1
-  position: int = 0  # time index within the epoch's rows of the next window
-  valid_losses: list[float] = dataclasses.field(default_factory=list)
-  best_valid: float = math.inf
-  best_step: int = 0  # the update after which best_valid was scored
-  skipped_updates: int = 0  # dropped for a non-finite loss or gradient (train.nonfinite=skip)
-  rollbacks: int = 0  # restores of a checkpoint after one (train.nonfinite=rollback)
-  train_seconds: float = 0.0  # spent training up to this checkpoint (train.max_seconds)
-
-
-def load_data(config: ml_collections.ConfigDict) -> Corpus:
-  """The corpus of `config.data`, cut to the `*_tokens` limits when they are > 0."""
-  corpus = load_corpus(config.data.name, config.data.data_dir or None)
-  limits = {s: config.data.get(f'{s}_tokens', 0) for s in ('train', 'valid', 'test')}
-  return dataclasses.replace(corpus, **{
-      s: getattr(corpus, s)[:n] for s, n in limits.items() if n > 0})
-
-
-def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
-  key = jax.random.key(config.seed)
-  params = init_params(model, key, config.model.init_scale)
-  return TrainState(
-      step=jax.numpy.zeros((), jax.numpy.int32), params=params,
-      opt_state=optimizer.init(params),
-      carries=model.initialize_carry(config.data.batch_size),
-      rng=jax.random.key_data(jax.random.fold_in(key, 1)))
-
-
-def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
-                num_tokens: int, seed: int, temperature: float) -> list[str]:
-  """`num_lines` samples, each started after an end of sentence."""
-  prompt = np.full((num_lines, 1), generation.start_id(corpus.vocab), np.int32)
-  ids = generation.sample(model, params, prompt, num_tokens, jax.random.key(seed),
-                          temperature)
-  return [corpus.vocab.decode(row).strip().replace('\n', ' | ') for row in ids]
-
-
-# on_validation(step, epoch, result): told each validation turn's result.
-ValidationCallback = Callable[[int, int, EvalResult], None]
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                        on_validation: ValidationCallback | None = None,
-                       final_splits: Sequence[str] = ('valid', 'test')) -> dict[str, Any]:
+                       final_splits: Sequence[str] | None = None) -> dict[str, Any]:
   """Trains, evaluates the best checkpoint on `final_splits`, samples text.
 
   Re-running with the same workdir resumes from the latest checkpoint: the
@@ -103,8 +65,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       every `train.eval_every` steps) once the best checkpoint is saved; an
       exception it raises stops the run there (a tuner's pruner), with the
       checkpoints kept.
-    final_splits: the splits the best weights are scored on at the end (a
-      tuning trial leaves out test).
+    final_splits: the splits the best weights are scored on at the end by
+      the evaluator of `config.evaluation` (None: its `splits`; a tuning
+      trial leaves out test).
 
   Returns:
     The run summary that is also written to `workdir/summary.json`.
@@ -119,6 +82,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """
   validate_config(config)  # before reading data or compiling anything
   workdir = pathlib.Path(workdir)
+  final_splits = split_names(config.evaluation.splits if final_splits is None
+                             else final_splits)
   with workdir_lock(workdir):
     return _train_and_evaluate(config, workdir, on_validation, final_splits)
 
@@ -127,230 +92,267 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
                         on_validation: ValidationCallback | None,
                         final_splits: Sequence[str]) -> dict[str, Any]:
   """`train_and_evaluate` once the work directory is locked."""
-  run_start = time.perf_counter()
+  started = time.perf_counter()
   corpus = load_data(config)
   validate_config(config, corpus)
   model = build_model(config.model, len(corpus.vocab))
   optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
-  sum_over_time = config.optimizer.loss_reduction == 'sum_over_time'
   mesh = data_mesh(config.parallel.num_devices)
   check_batch(config.data.batch_size, mesh)
-  data_cfg, train_cfg = config.data, config.train
-  train_step = make_train_step(model, optimizer, sum_over_time, config.optimizer.ar,
-                               config.optimizer.tar, mesh,
-                               skip_nonfinite=train_cfg.nonfinite == 'skip',
-                               drop_state=train_cfg.drop_state)
-  eval_step = make_eval_step(model)
-  batched = BatchedStream(corpus.train, data_cfg.batch_size)
+  train_step = make_train_step(
+      model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
+      config.optimizer.ar, config.optimizer.tar, mesh,
+      skip_nonfinite=config.train.nonfinite == 'skip', drop_state=config.train.drop_state)
+  batched = BatchedStream(corpus.train, config.data.batch_size)
   checkpoints, metrics = Checkpoints(workdir), None
   try:
-    state = create_train_state(model, optimizer, config)
-    progress = Progress()
-    resume_step = None
-    if checkpoints.has_latest():
-      check_resumable(config, workdir)
-      state, meta = checkpoints.restore_latest(state)
-      progress = Progress(**meta)
-      resume_step = int(state.step)
-      log.info('Resumed from step %d (epoch %d, position %d) in %s',
-               int(state.step), progress.epoch, progress.position, workdir)
-    elif train_cfg.init_from:
-      params = initial_params(train_cfg.init_from, state.params)
-      state = state.replace(params=params, opt_state=optimizer.init(params))
-      log.info('Fine-tuning the best weights of %s', train_cfg.init_from)
+    state, progress, resumed = restore_or_init(config, workdir, checkpoints, model, optimizer)
     save_config(config, workdir)
     # Drops what a stopped run logged past its checkpoint.
-    metrics = MetricsWriter(workdir, resume_step=resume_step)
-    place = ((lambda state: state) if mesh is None else
-             (lambda state: jax.device_put(state, state_shardings(state, mesh))))
-    state = place(state)
-    if mesh is not None:
-      log.info('Data parallel over %d devices: %d rows each', mesh.size,
-               data_cfg.batch_size // mesh.size)
-    num_params = sum(x.size for x in jax.tree.leaves(state.params))
-    log.info('Model: %s, %s parameters; train %s tokens, vocab %d', config.model.cell,
-             f'{num_params:,}', f'{len(corpus.train):,}', len(corpus.vocab))
-
-    step, throughput = int(state.step), Throughput()
-    updates = PendingUpdates(train_cfg, metrics, workdir)
-    total_steps = planned_steps(config, batched)
-    tokens_trained = 0
-    step_lr = None  # the rate in opt_state, once this process has set it
-
-    def roll_back(at: int) -> None:
-      """Restores the latest checkpoint after update `at` was not finite."""
-      nonlocal state, progress, step, step_lr
-      rollbacks = progress.rollbacks + 1
-      restored, meta = checkpoints.restore_latest(state)
-      state, progress = place(restored), Progress(**meta)
-      progress.rollbacks = rollbacks
-      step, step_lr = int(state.step), None
-      scale = train_cfg.rollback_lr_factor ** rollbacks
-      log.warning('step %d: non-finite loss or gradient, rolled back to the checkpoint of '
-                  'step %d with the learning rate x %g (rollback %d of at most %d)', at,
-                  step, scale, rollbacks, train_cfg.max_rollbacks)
-      metrics.write('nonfinite', step=at, epoch=progress.epoch, action='rollback',
-                    to_step=step, learning_rate_scale=scale, rollbacks=rollbacks)
-
-    def save() -> None:
-      updates.fetch(progress)  # never checkpoint non-finite weights
-      progress.train_seconds = trained_before + time.perf_counter() - train_start
-      checkpoints.save_latest(step, state, dataclasses.asdict(progress))
-
-    def preempt(signum: int) -> None:
-      save()
-      raise Preempted(
-          f'{signal.Signals(signum).name} received: training stopped at step {step} '
-          f'(epoch {progress.epoch}) with a checkpoint in {workdir}/checkpoints; run '
-          'the same command to resume', signum)
-
-    def validate(what: str) -> tuple[EvalResult, bool]:
-      """One validation turn: scores the weights evaluation uses (averaged
-      ones once averaging started), keeps them when they are the best so far,
-      tells on_validation, and starts averaging when the patience trigger
-      says so. Returns the result and whether the weights scored were averaged."""
-      nonlocal state
-      averaged = averaged_params(state.opt_state)
-      params = state.params if averaged is None else averaged
-      result = evaluate_split(model, params, corpus, 'valid', data_cfg.eval_batch_size,
-                              data_cfg.bptt, eval_step)
-      log.info('%s: valid %s%s', what, result.summary(),
-               '' if averaged is None else ' (averaged weights)')
-      metrics.write('valid', step=step, epoch=progress.epoch, averaged=averaged is not None,
-                    **result.as_dict())
-      if result.loss < progress.best_valid:
-        progress.best_valid, progress.best_step = result.loss, step
-        checkpoints.save_best(step, params, {'epoch': progress.epoch,
-                                             'valid_loss': result.loss})
-      if on_validation is not None:
-        on_validation(step, progress.epoch, result)
-      if averaged is None and patience_reached(config.averaging, step, progress.best_step):
-        average_from_now(f'step {step}')
-      return result, averaged is not None
-
-    def average_from_now(when: str) -> None:
-      nonlocal state
-      state = state.replace(opt_state=start_averaging(state.opt_state))
-      log.info('%s: averaging the weights from now on (%s trigger)', when,
-               config.averaging.trigger)
-
-    def end_epoch() -> None:
-      result, averaged = validate(f'epoch {progress.epoch} done')
-      if not averaged and should_start_averaging(
-          config.averaging, result.loss, progress.valid_losses, progress.epoch,
-          train_cfg.num_epochs):
-        average_from_now(f'epoch {progress.epoch}')
-      progress.valid_losses.append(result.loss)
-      progress.epoch += 1
-      progress.position = 0
-
-    max_steps = train_cfg.max_steps if train_cfg.max_steps > 0 else math.inf
-    train_start = time.perf_counter()
-    trained_before = progress.train_seconds  # by the runs this one resumes
-    out_of_time = lambda: (train_cfg.max_seconds > 0
-                           and trained_before + time.perf_counter() - train_start
-                           >= train_cfg.max_seconds)
-    if train_cfg.nonfinite == 'rollback' and not checkpoints.has_latest():
-      save()  # a finite state to roll back to before the first checkpoint
-    with StopRequest() as stop:
-      while progress.epoch <= train_cfg.num_epochs and step < max_steps and not out_of_time():
-        # A rollback lowers the rate for the rest of the run.
-        lr = (epoch_learning_rate(config.schedule, config.optimizer.learning_rate,
-                                  progress.epoch, progress.valid_losses)
-              * train_cfg.rollback_lr_factor ** progress.rollbacks)
-        if progress.position == 0:
-          state = state.replace(carries=model.initialize_carry(data_cfg.batch_size))
-        windows = batched.windows(data_cfg.bptt, progress.position, data_cfg.variable_bptt,
-                                  seed=(config.seed, progress.epoch))
-        try:
-          for window in windows:
-            # AWD-LSTM scales a window's learning rate by its length / bptt; a loss
-            # summed over time already grows with the length.
-            scale = (window.length / data_cfg.bptt
-                     if data_cfg.variable_bptt and not sum_over_time else 1.0)
-            if lr * scale != step_lr:  # no host-to-device copy while the rate holds
-              step_lr = lr * scale
-              state = state.replace(opt_state=set_learning_rate(state.opt_state, step_lr))
-            state, step_metrics = train_step(
-                state, *shard_batch(mesh, window.inputs, window.targets, window.weights))
-            progress.position = window.start + window.length
-            step += 1
-            updates.add(step, step_metrics)
-            throughput.tokens += window.inputs.size
-            throughput.steps += 1
-            tokens_trained += window.inputs.size
-            if step % train_cfg.log_every == 0:
-              losses = updates.fetch(progress)
-              loss = float(losses.mean()) if losses.size else math.nan
-              rate = throughput.rate()
-              log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  lr %.4g  '
-                       '%.0f tokens/s  ETA %s', progress.epoch, step, total_steps,
-                       100 * step / total_steps, loss, math.exp(min(loss, 700.0)), lr, rate,
-                       throughput.eta(total_steps - step))
-              metrics.write('train', step=step, epoch=progress.epoch, loss=loss,
-                            learning_rate=lr, tokens_per_second=rate)
-              throughput.reset()
-            stopping = step >= max_steps or out_of_time()
-            # A turn every eval_every steps, and one for the weights a budget
-            # stops at (the epoch end validates anyway); before the checkpoint,
-            # so that a resumed run knows its best score.
-            if (train_cfg.eval_every > 0 and progress.position < batched.row_length
-                and (step % train_cfg.eval_every == 0 or stopping)):
-              updates.fetch(progress)  # validate finite weights only
-              validate(f'epoch {progress.epoch} step {step}')
-              throughput.reset()
-            if train_cfg.checkpoint_every > 0 and step % train_cfg.checkpoint_every == 0:
-              save()
-            if stop.signum is not None:
-              preempt(stop.signum)
-            if stopping:
-              break
-          if progress.position >= batched.row_length:
-            updates.fetch(progress)  # validate finite weights only
-            end_epoch()
-            throughput.reset()
-          save()
-        except RollBack as fault:
-          roll_back(fault.step)
-          throughput.reset()
-    train_seconds = time.perf_counter() - train_start
-
-    best = checkpoints.restore_best(state.params)
-    if best is None:  # stopped before the first epoch ended: use the last params
-      params, best_meta = state.params, {'epoch': progress.epoch}
-    else:
-      params, best_meta = best
-    summary: dict[str, Any] = {
-        'step': step, 'best_epoch': best_meta['epoch'],
-        # the whole run's, over the processes it was resumed by; the rate is this one's
-        'train_seconds': round(trained_before + train_seconds, 1),
-        'tokens_per_second': round(tokens_trained / max(train_seconds, 1e-9), 1),
-        'num_params': int(num_params), 'unit': corpus.unit,
-        'skipped_updates': progress.skipped_updates, 'rollbacks': progress.rollbacks,
-        'environment': environment()}
-    batch_sizes = {'valid': data_cfg.eval_batch_size, 'test': data_cfg.test_batch_size}
-    for split in final_splits:
-      batch_size = batch_sizes[split]
-      result = evaluate_split(model, params, corpus, split, batch_size, data_cfg.bptt,
-                              eval_step)  # compiled already for the validation shapes
-      log.info('%s %s (%d tokens, batch %d)', split, result.summary(),
-                   result.num_tokens, batch_size)
-      metrics.write(split, step=step, final=True, **result.as_dict())
-      summary[split] = result.as_dict()
-    gen = config.generate
-    if gen.num_lines > 0:
-      summary['samples'] = sample_text(model, params, corpus, gen.num_lines,
-                                       gen.num_tokens, config.seed, gen.temperature)
-      for line in summary['samples']:
-        log.info('sample: %s', line)
-    summary['wall_seconds'] = round(time.perf_counter() - run_start, 1)
-    write_text_atomically(workdir / 'summary.json', json.dumps(summary, indent=2))
-    log.info('%s', run_summary(summary, workdir))
-    return summary
+    metrics = MetricsWriter(workdir, resume_step=int(state.step) if resumed else None)
+    trainer = Trainer(
+        config=config, workdir=workdir, corpus=corpus, model=model, mesh=mesh,
+        train_step=train_step, eval_step=make_eval_step(model), batched=batched,
+        total_steps=planned_steps(config, batched), checkpoints=checkpoints, metrics=metrics,
+        on_validation=on_validation, started=started)
+    run = start_run(trainer, state, progress)
+    train(trainer, run)
+    return finish(trainer, run, final_splits)
   finally:  # also when on_validation or a fault stops the run
     checkpoints.close()
     if metrics is not None:
       metrics.close()
+
+
+def restore_or_init(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+                    checkpoints: Checkpoints, model: RecurrentLM,
+                    optimizer: optax.GradientTransformation
+                    ) -> tuple[TrainState, Progress, bool]:
+  """The latest checkpoint's state and progress, or a new state (from the
+  best weights of `train.init_from`, when set); and whether it resumed."""
+  state = create_train_state(model, optimizer, config)
+  if checkpoints.has_latest():
+    check_resumable(config, workdir)
+    state, meta = checkpoints.restore_latest(state)
+    progress = Progress(**meta)
+    log.info('Resumed from step %d (epoch %d, position %d) in %s',
+             int(state.step), progress.epoch, progress.position, workdir)
+    return state, progress, True
+  if config.train.init_from:
+    params = initial_params(config.train.init_from, state.params)
+    state = state.replace(params=params, opt_state=optimizer.init(params))
+    log.info('Fine-tuning the best weights of %s', config.train.init_from)
+  return state, Progress(), False
+
+
+def start_run(t: Trainer, state: TrainState, progress: Progress) -> Run:
+  """The run, its state placed on the devices it trains on."""
+  state = place_state(state, t.mesh)
+  if t.mesh is not None:
+    log.info('Data parallel over %d devices: %d rows each', t.mesh.size,
+             t.config.data.batch_size // t.mesh.size)
+  log.info('Model: %s, %s parameters; train %s tokens, vocab %d', t.config.model.cell,
+           f'{count_params(state):,}', f'{len(t.corpus.train):,}', len(t.corpus.vocab))
+  return Run(state, progress, PendingUpdates(t.config.train, t.metrics, t.workdir),
+             step=int(state.step), trained_before=progress.train_seconds)
+
+
+def train(t: Trainer, run: Run) -> None:
+  """Trains until the epochs or a budget (train.max_steps, train.max_seconds)
+  run out, rolling back where a non-finite update asks for it."""
+  if t.config.train.nonfinite == 'rollback' and not t.checkpoints.has_latest():
+    save(t, run)  # a finite state to roll back to before the first checkpoint
+  with StopRequest() as stop:
+    while run.progress.epoch <= t.config.train.num_epochs and not budget_spent(t, run):
+      fault = train_epoch(t, run, stop)
+      if fault is not None:
+        roll_back(t, run, fault)
+
+
+def train_epoch(t: Trainer, run: Run, stop: StopRequest) -> RollBack | None:
+  """Trains on the epoch's windows from `progress.position` to its end (then
+  validates) or to a budget or a signal's stop, and checkpoints. Returns the
+  rollback a non-finite update asks for."""
+  data, progress = t.config.data, run.progress
+  # A rollback lowers the rate for the rest of the run.
+  lr = (epoch_learning_rate(t.config.schedule, t.config.optimizer.learning_rate,
+                            progress.epoch, progress.valid_losses)
+        * t.config.train.rollback_lr_factor ** progress.rollbacks)
+  if progress.position == 0:
+    run.state = run.state.replace(carries=t.model.initialize_carry(data.batch_size))
+  for window in t.batched.windows(data.bptt, progress.position, data.variable_bptt,
+                                  seed=(t.config.seed, progress.epoch)):
+    train_window(t, run, window, lr)
+    stopping = budget_spent(t, run)
+    fault = after_update(t, run, lr, stopping, stop)
+    if fault is not None:
+      return fault
+    if stopping:
+      break
+  if progress.position >= t.batched.row_length:
+    fault = run.updates.fetch(progress).rollback  # validate finite weights only
+    if fault is not None:
+      return fault
+    end_epoch(t, run)
+    run.throughput.reset()
+  return save(t, run)
+
+
+def train_window(t: Trainer, run: Run, window: Window, lr: float) -> None:
+  """One update on `window`, at the epoch's rate `lr`."""
+  data = t.config.data
+  sum_over_time = t.config.optimizer.loss_reduction == 'sum_over_time'
+  # AWD-LSTM scales a window's learning rate by its length / bptt; a loss
+  # summed over time already grows with the length.
+  scale = window.length / data.bptt if data.variable_bptt and not sum_over_time else 1.0
+  if lr * scale != run.step_lr:  # no host-to-device copy while the rate holds
+    run.step_lr = lr * scale
+    run.state = run.state.replace(opt_state=set_learning_rate(run.state.opt_state, run.step_lr))
+  run.state, step_metrics = t.train_step(
+      run.state, *shard_batch(t.mesh, window.inputs, window.targets, window.weights))
+  run.progress.position = window.start + window.length
+  run.step += 1
+  run.updates.add(run.step, step_metrics)
+  run.throughput.tokens += window.inputs.size
+  run.throughput.steps += 1
+  run.tokens_trained += window.inputs.size
+
+
+def after_update(t: Trainer, run: Run, lr: float, stopping: bool,
+                 stop: StopRequest) -> RollBack | None:
+  """What is due after an update, in turn: a log line, a validation turn, a
+  checkpoint, the stop a signal asks for. Each reads back the pending updates
+  first, so none sees non-finite weights; a rollback ends the turn."""
+  cfg, progress = t.config.train, run.progress
+  if run.step % cfg.log_every == 0:
+    fault = log_training(t, run, lr)
+    if fault is not None:
+      return fault
+  # A turn every eval_every steps, and one for the weights a budget stops at
+  # (the epoch end validates anyway); before the checkpoint, so that a
+  # resumed run knows its best score.
+  if (cfg.eval_every > 0 and progress.position < t.batched.row_length
+      and (run.step % cfg.eval_every == 0 or stopping)):
+    fault = run.updates.fetch(progress).rollback
+    if fault is not None:
+      return fault
+    validate(t, run, f'epoch {progress.epoch} step {run.step}')
+    run.throughput.reset()
+  if cfg.checkpoint_every > 0 and run.step % cfg.checkpoint_every == 0:
+    fault = save(t, run)
+    if fault is not None:
+      return fault
+  if stop.signum is not None:
+    return preempt(t, run, stop.signum)
+  return None
+
+
+def log_training(t: Trainer, run: Run, lr: float) -> RollBack | None:
+  """Logs and records the mean loss of the updates since the last line."""
+  fetched = run.updates.fetch(run.progress)
+  if fetched.rollback is not None:
+    return fetched.rollback
+  loss = float(fetched.losses.mean()) if fetched.losses.size else math.nan
+  rate, total = run.throughput.rate(), t.total_steps
+  log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  lr %.4g  '
+           '%.0f tokens/s  ETA %s', run.progress.epoch, run.step, total,
+           100 * run.step / total, loss, math.exp(min(loss, 700.0)), lr, rate,
+           run.throughput.eta(total - run.step))
+  t.metrics.write('train', step=run.step, epoch=run.progress.epoch, loss=loss,
+                  learning_rate=lr, tokens_per_second=rate)
+  run.throughput.reset()
+  return None
+
+
+def validate(t: Trainer, run: Run, what: str) -> tuple[EvalResult, bool]:
+  """One validation turn: scores the weights evaluation uses (averaged ones
+  once averaging started), keeps them when they are the best so far, tells
+  on_validation, and starts averaging when the patience trigger says so.
+  Returns the result and whether the weights scored were averaged."""
+  progress = run.progress
+  averaged = averaged_params(run.state.opt_state)
+  params = run.state.params if averaged is None else averaged
+  result = score_split(t, 'valid', params)
+  log.info('%s: valid %s%s', what, result.summary(),
+           '' if averaged is None else ' (averaged weights)')
+  t.metrics.write('valid', step=run.step, epoch=progress.epoch, averaged=averaged is not None,
+                  **result.as_dict())
+  if result.loss < progress.best_valid:
+    progress.best_valid, progress.best_step = result.loss, run.step
+    t.checkpoints.save_best(run.step, params, {'epoch': progress.epoch,
+                                               'valid_loss': result.loss})
+  if t.on_validation is not None:
+    t.on_validation(run.step, progress.epoch, result)
+  if averaged is None and patience_reached(t.config.averaging, run.step, progress.best_step):
+    average_from_now(t, run, f'step {run.step}')
+  return result, averaged is not None
+
+
+def average_from_now(t: Trainer, run: Run, when: str) -> None:
+  run.state = run.state.replace(opt_state=start_averaging(run.state.opt_state))
+  log.info('%s: averaging the weights from now on (%s trigger)', when,
+           t.config.averaging.trigger)
+
+
+def end_epoch(t: Trainer, run: Run) -> None:
+  """Validates, starts averaging when the epoch trigger says so, and moves
+  on to the next epoch."""
+  progress = run.progress
+  result, averaged = validate(t, run, f'epoch {progress.epoch} done')
+  if not averaged and should_start_averaging(
+      t.config.averaging, result.loss, progress.valid_losses, progress.epoch,
+      t.config.train.num_epochs):
+    average_from_now(t, run, f'epoch {progress.epoch}')
+  progress.valid_losses.append(result.loss)
+  progress.epoch += 1
+  progress.position = 0
+
+
+def save(t: Trainer, run: Run) -> RollBack | None:
+  """Checkpoints the run, unless reading back its updates asks for a rollback."""
+  fault = run.updates.fetch(run.progress).rollback  # never checkpoint non-finite weights
+  if fault is not None:
+    return fault
+  run.progress.train_seconds = run.seconds_trained()
+  t.checkpoints.save_latest(run.step, run.state, dataclasses.asdict(run.progress))
+  return None
+
+
+def preempt(t: Trainer, run: Run, signum: int) -> RollBack:
+  """Checkpoints the run and raises `Preempted`; returns the rollback that
+  reading back its updates asks for instead."""
+  fault = save(t, run)
+  if fault is not None:
+    return fault
+  raise Preempted(
+      f'{signal.Signals(signum).name} received: training stopped at step {run.step} '
+      f'(epoch {run.progress.epoch}) with a checkpoint in {t.workdir}/checkpoints; run '
+      'the same command to resume', signum)
+
+
+def roll_back(t: Trainer, run: Run, fault: RollBack) -> None:
+  """Restores the latest checkpoint, with the learning rate lowered for the
+  rest of the run (train.rollback_lr_factor)."""
+  cfg = t.config.train
+  rollbacks = run.progress.rollbacks + 1
+  restored, meta = t.checkpoints.restore_latest(run.state)
+  run.state, run.progress = place_state(restored, t.mesh), Progress(**meta)
+  run.progress.rollbacks = rollbacks
+  run.step, run.step_lr = int(run.state.step), None
+  scale = cfg.rollback_lr_factor ** rollbacks
+  log.warning('step %d: non-finite loss or gradient, rolled back to the checkpoint of '
+              'step %d with the learning rate x %g (rollback %d of at most %d)', fault.step,
+              run.step, scale, rollbacks, cfg.max_rollbacks)
+  t.metrics.write('nonfinite', step=fault.step, epoch=run.progress.epoch, action='rollback',
+                  to_step=run.step, learning_rate_scale=scale, rollbacks=rollbacks)
+  run.throughput.reset()
+
+
+def budget_spent(t: Trainer, run: Run) -> bool:
+  """Whether train.max_steps or train.max_seconds (when > 0) is used up."""
+  cfg = t.config.train
+  return ((cfg.max_steps > 0 and run.step >= cfg.max_steps)
+          or (cfg.max_seconds > 0 and run.seconds_trained() >= cfg.max_seconds))
 
 
 def planned_steps(config: ml_collections.ConfigDict, batched: BatchedStream) -> int:
@@ -360,14 +362,3 @@ def planned_steps(config: ml_collections.ConfigDict, batched: BatchedStream) -> 
                                   seed=(config.seed, epoch))
               for epoch in range(1, config.train.num_epochs + 1))
   return min(total, config.train.max_steps) if config.train.max_steps > 0 else total
-
-
-def run_summary(summary: dict[str, Any], workdir: pathlib.Path) -> str:
-  """The lines printed when a run ends: its scores, time and speed."""
-  scores = '  '.join(f"{split} {EvalResult(summary[split]['loss'], 0, summary['unit']).summary()}"
-                     for split in ('valid', 'test') if split in summary)
-  return (f'Run summary ({workdir}): {summary["step"]} steps, best epoch '
-          f'{summary["best_epoch"]}\n  {scores}\n  wall time '
-          f'{format_duration(summary["wall_seconds"])} (training '
-          f'{format_duration(summary["train_seconds"])}, '
-          f'{summary["tokens_per_second"]:,.0f} tokens/s)')

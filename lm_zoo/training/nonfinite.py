@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -14,16 +15,23 @@ import numpy as np
 from lm_zoo.errors import TrainingError
 from lm_zoo.training.metrics import MetricsWriter
 
+NONFINITE_POLICIES = ('stop', 'skip', 'rollback')  # train.nonfinite
 log = logging.getLogger(__name__)
 
 
-class RollBack(Exception):
+@dataclasses.dataclass(frozen=True)
+class RollBack:
   """Under the rollback policy update `step` was not finite: the loop restores
   its latest checkpoint and goes on from that checkpoint's position."""
 
-  def __init__(self, step: int):
-    super().__init__(step)
-    self.step = step
+  step: int
+
+
+class Fetched(NamedTuple):
+  """What `PendingUpdates.fetch` read back."""
+
+  losses: np.ndarray  # the finite losses, in order
+  rollback: RollBack | None  # asked for by a non-finite update (train.nonfinite=rollback)
 
 
 class PendingUpdates:
@@ -34,7 +42,7 @@ class PendingUpdates:
   that neither sees non-finite weights). A non-finite one is dealt with there:
   'stop' raises TrainingError; 'skip' counts it (the step itself dropped the
   update) and raises TrainingError after `max_consecutive_skips` in a row;
-  'rollback' raises `RollBack`, or TrainingError after `max_rollbacks`.
+  'rollback' returns a `RollBack`, or raises TrainingError after `max_rollbacks`.
   Each is also recorded as a 'nonfinite' metrics record.
   """
 
@@ -47,19 +55,23 @@ class PendingUpdates:
   def add(self, step: int, step_metrics: dict[str, Any]) -> None:
     self._pending.append((step, step_metrics['loss'], step_metrics['finite']))
 
-  def fetch(self, progress) -> np.ndarray:
+  def fetch(self, progress) -> Fetched:
     """The finite losses of the updates added since the last fetch, once the
-    policy has dealt with the others. `progress` (the loop's `Progress`)
-    counts the skipped updates and rollbacks."""
+    policy has dealt with the others; under 'rollback', up to the first that
+    is not finite, with the `RollBack` it asks for. `progress` (the loop's
+    `Progress`) counts the skipped updates and rollbacks."""
     fetched = jax.device_get(self._pending)
     self._pending.clear()
-    for at, _, finite in fetched:
+    losses = []
+    for at, loss, finite in fetched:
       if finite:
         self._skips_in_a_row = 0
+        losses.append(loss)
       elif self._cfg.nonfinite == 'skip':
         self._skip(at, progress)
       elif self._cfg.nonfinite == 'rollback':
-        self._roll_back(at, progress)
+        self._check_rollbacks_left(at, progress)
+        return Fetched(np.array(losses, np.float64), RollBack(at))
       else:
         self._metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop')
         raise TrainingError(
@@ -68,7 +80,7 @@ class PendingUpdates:
             'holds finite weights: lower the learning rate or clip gradients '
             'harder, then run the same command again to resume from it (or set '
             '--config.train.nonfinite=skip or rollback).')
-    return np.array([loss for _, loss, finite in fetched if finite], np.float64)
+    return Fetched(np.array(losses, np.float64), None)
 
   def _skip(self, at: int, progress) -> None:
     progress.skipped_updates += 1
@@ -84,7 +96,7 @@ class PendingUpdates:
           f'{self._cfg.max_consecutive_skips}): the weights have diverged. Lower the '
           'learning rate or clip gradients harder, and train again in a new --workdir.')
 
-  def _roll_back(self, at: int, progress) -> None:
+  def _check_rollbacks_left(self, at: int, progress) -> None:
     if progress.rollbacks >= self._cfg.max_rollbacks:
       self._metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop',
                           rollbacks=progress.rollbacks)
@@ -93,4 +105,3 @@ class PendingUpdates:
           f'{progress.rollbacks} rollbacks (train.max_rollbacks='
           f'{self._cfg.max_rollbacks}): lower optimizer.learning_rate or clip '
           'gradients harder (optimizer.clip_norm), then train again.')
-    raise RollBack(at)

@@ -70,6 +70,11 @@ def state_shardings(state: Any, mesh: Mesh) -> Any:
   return shardings.replace(carries=jax.tree.map(lambda _: by_row, state.carries))
 
 
+def place_state(state: Any, mesh: Mesh | None) -> Any:
+  """`state` laid out over the mesh by `state_shardings`; as it is without one."""
+  return state if mesh is None else jax.device_put(state, state_shardings(state, mesh))
+
+
 def shard_batch(mesh: Mesh | None, *arrays: np.ndarray) -> tuple[Any, ...]:
   """Global batch arrays (rows first) split over the mesh's data axis. On
   several hosts each host passes the same global arrays and contributes the

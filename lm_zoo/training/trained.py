@@ -16,11 +16,12 @@ import optax
 from lm_zoo.configs import evaluation_config
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError
-from lm_zoo.evaluation import EvalResult, Evaluator, build_evaluator, diagonal_fisher, meta_train
+from lm_zoo.evaluation import (EvalResult, Evaluator, build_evaluator, diagonal_fisher,
+                               meta_train, split_names)
 from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
 from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.loop import load_data
+from lm_zoo.training.run import load_data
 from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network,
                                           load_meta_learner, save_meta_learner)
 from lm_zoo.training.workdir import load_config
@@ -67,22 +68,12 @@ def evaluate_workdir(workdir: str | pathlib.Path,
   the evaluator `config` names (`lm_zoo.configs.evaluation_config`; default:
   static evaluation of valid and test at the run's test batch size)."""
   config = evaluation_config() if config is None else config
-  splits = _splits(config.splits)
+  splits = split_names(config.splits)
   if config.evaluator != 'learned':  # its meta-learner is read with the model
     build_evaluator(config, bptt=1, batch_size=1)  # a bad field fails before any loading
   run_config, corpus, model, params = load_trained(workdir, config.data_dir or None)
   evaluator = workdir_evaluator(workdir, run_config, config)
   return {split: evaluator(model, params, corpus, split) for split in splits}
-
-
-def _splits(splits) -> tuple[str, ...]:
-  """`evaluation.splits` as names; 'valid,test' from a command line counts
-  as two."""
-  names = tuple(name.strip() for entry in splits for name in entry.split(',') if name.strip())
-  unknown = [name for name in names if name not in ('train', 'valid', 'test')]
-  if unknown:
-    raise ConfigError(f'splits: unknown split {unknown[0]!r}; choose from train, valid, test')
-  return names
 
 
 def meta_train_workdir(workdir: str | pathlib.Path,

@@ -10,11 +10,11 @@ import ml_collections
 
 from lm_zoo.data.corpora import CORPORA, Corpus
 from lm_zoo.errors import ConfigError
+from lm_zoo.evaluation import build_evaluator
 from lm_zoo.models.factory import CELLS, DTYPES, LATENTS, LSTM_FAMILY, embed_size
 from lm_zoo.training.averaging import TRIGGERS
+from lm_zoo.training.nonfinite import NONFINITE_POLICIES
 from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
-
-NONFINITE_POLICIES = ('stop', 'skip', 'rollback')  # train.nonfinite
 
 # field -> the names it may take
 CHOICES = {
@@ -99,8 +99,21 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
       raise _fail('model.mogrifier.rank', model.mogrifier.rank,
                   f'is larger than the matrices it factorises ({field} is {sizes[field]}): '
                   f'a rank of at most {sizes[field]}, or 0 for full rank, is meaningful')
+  _check_evaluation(config.evaluation)
   if corpus is not None:
     _check_fit(config, corpus)
+
+
+def _check_evaluation(evaluation: ml_collections.ConfigDict) -> None:
+  """The final evaluation's config can run: a bad field fails before
+  training, not after it."""
+  if evaluation.evaluator == 'learned':
+    raise _fail('evaluation.evaluator', 'learned', 'needs a meta-learner, which is trained '
+                'for a finished run (lm-zoo-meta-train): evaluate with it afterwards')
+  try:
+    build_evaluator(evaluation, bptt=1, batch_size=1)
+  except ConfigError as err:
+    raise ConfigError(f'config section evaluation (--config.evaluation.*): {err}') from None
 
 
 def _check_fit(config: ml_collections.ConfigDict, corpus: Corpus) -> None:

@@ -1,0 +1,59 @@
+"""Runs an experiment of `lm_zoo.tasks` (reverse copy, tail regression, MNIST,
+the robustness study, seed studies), prints its result table (and a seed
+study's summary) and writes the rows as JSON (`lm-zoo-task`, or
+`python launch/run_task.py`):
+
+  lm-zoo-task --config=experiments/tail_regression.py --output=runs/tail_regression.json
+"""
+
+import json
+import pathlib
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from lm_zoo import cli
+from lm_zoo.errors import ConfigError
+from lm_zoo.tasks import REPORTS, TASKS
+
+config_flags.DEFINE_config_file('config', None, 'An experiments/*.py config with a '
+                                '`task` field; override fields with --config.field=v.',
+                                lock_config=True)
+flags.DEFINE_string('output', None, 'JSON file for the result rows.')
+flags.mark_flags_as_required(['config', 'output'])
+FLAGS = flags.FLAGS
+
+
+def run_task() -> list[dict]:
+  task = FLAGS.config.get('task')
+  if task not in TASKS:
+    raise ConfigError(f'config.task is {task!r}: choose one of {", ".join(TASKS)}')
+  return TASKS[task](FLAGS.config)
+
+
+def result_table(rows: list[dict]) -> str:
+  """The rows' scalar columns, one line a row under a header."""
+  columns = [k for k, v in rows[0].items() if not isinstance(v, list)]
+  lines = ['  '.join(f'{c:>16}' for c in columns)]
+  lines += ['  '.join(f'{row[c]:>16.4f}' if isinstance(row[c], float) else f'{row[c]:>16}'
+                      for c in columns) for row in rows]
+  return '\n'.join(lines)
+
+
+def _task_program(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  rows = cli.run(run_task)
+  print(result_table(rows))
+  if FLAGS.config.task in REPORTS:
+    print()
+    print(REPORTS[FLAGS.config.task](rows, FLAGS.config))
+  path = pathlib.Path(FLAGS.output)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(rows, indent=2))
+
+
+def main():
+  """The `lm-zoo-task` console script."""
+  cli.main(sys.modules[__name__], _task_program)

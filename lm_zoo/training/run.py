@@ -1,0 +1,97 @@
+"""What the training loop's phases (lm_zoo/training/loop.py) take: a `Trainer`,
+the parts of a run fixed once it starts, and a `Run`, the state that changes
+as it trains; also where training stands (`Progress`), and a run's data and
+first train state from its config."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import time
+from typing import Callable
+
+import jax
+import ml_collections
+
+from lm_zoo.data import BatchedStream, Corpus, load_corpus
+from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.evaluation import EvalResult
+from lm_zoo.progress import Throughput
+from lm_zoo.training.metrics import MetricsWriter
+from lm_zoo.training.nonfinite import PendingUpdates
+from lm_zoo.training.steps import TrainState
+
+# on_validation(step, epoch, result): told each validation turn's result.
+ValidationCallback = Callable[[int, int, EvalResult], None]
+
+
+@dataclasses.dataclass
+class Progress:
+  """Where training stands, saved as JSON beside each checkpoint."""
+
+  epoch: int = 1
+  position: int = 0  # time index within the epoch's rows of the next window
+  valid_losses: list[float] = dataclasses.field(default_factory=list)
+  best_valid: float = math.inf
+  best_step: int = 0  # the update after which best_valid was scored
+  skipped_updates: int = 0  # dropped for a non-finite loss or gradient (train.nonfinite=skip)
+  rollbacks: int = 0  # restores of a checkpoint after one (train.nonfinite=rollback)
+  train_seconds: float = 0.0  # spent training up to this checkpoint (train.max_seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+  """What a run trains and scores with, fixed once it starts."""
+
+  config: ml_collections.ConfigDict
+  workdir: pathlib.Path
+  corpus: Corpus
+  model: RecurrentLM
+  mesh: jax.sharding.Mesh | None  # data parallel over it (None: one device)
+  train_step: Callable  # make_train_step's
+  eval_step: Callable  # make_eval_step's, compiled once for every split scored
+  batched: BatchedStream  # the training split in rows
+  total_steps: int  # planned for the whole run (loop.planned_steps)
+  checkpoints: Checkpoints
+  metrics: MetricsWriter
+  on_validation: ValidationCallback | None
+  started: float  # perf_counter() when this process began the run (wall_seconds)
+
+
+@dataclasses.dataclass
+class Run:
+  """The state of a run that the phases hand on and change."""
+
+  state: TrainState
+  progress: Progress
+  updates: PendingUpdates  # dispatched, not yet read back
+  step: int  # the updates done, state.step on the host
+  step_lr: float | None = None  # the rate in opt_state, once this process has set it
+  tokens_trained: int = 0  # by this process
+  throughput: Throughput = dataclasses.field(default_factory=Throughput)
+  trained_before: float = 0.0  # seconds, by the processes this one resumes
+  train_start: float = dataclasses.field(default_factory=time.perf_counter)
+
+  def seconds_trained(self) -> float:
+    """The whole run's training time: this process's and the ones it resumes."""
+    return self.trained_before + time.perf_counter() - self.train_start
+
+
+def load_data(config: ml_collections.ConfigDict) -> Corpus:
+  """The corpus of `config.data`, cut to the `*_tokens` limits when they are > 0."""
+  corpus = load_corpus(config.data.name, config.data.data_dir or None)
+  limits = {s: config.data.get(f'{s}_tokens', 0) for s in ('train', 'valid', 'test')}
+  return dataclasses.replace(corpus, **{
+      s: getattr(corpus, s)[:n] for s, n in limits.items() if n > 0})
+
+
+def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
+  key = jax.random.key(config.seed)
+  params = init_params(model, key, config.model.init_scale)
+  return TrainState(
+      step=jax.numpy.zeros((), jax.numpy.int32), params=params,
+      opt_state=optimizer.init(params),
+      carries=model.initialize_carry(config.data.batch_size),
+      rng=jax.random.key_data(jax.random.fold_in(key, 1)))

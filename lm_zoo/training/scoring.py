@@ -1,0 +1,59 @@
+"""How a run scores and samples a model: each validation turn
+(`score_split`), the final evaluation by the evaluator the config's
+`evaluation` section names (`final_scores`), and `sample_text`."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from lm_zoo import generation
+from lm_zoo.data import Corpus
+from lm_zoo.evaluation import EvalResult, evaluate_split
+from lm_zoo.models import RecurrentLM
+from lm_zoo.training.run import Trainer
+from lm_zoo.training.trained import workdir_evaluator
+
+
+def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
+                num_tokens: int, seed: int, temperature: float) -> list[str]:
+  """`num_lines` samples, each started after an end of sentence."""
+  prompt = np.full((num_lines, 1), generation.start_id(corpus.vocab), np.int32)
+  ids = generation.sample(model, params, prompt, num_tokens, jax.random.key(seed),
+                          temperature)
+  return [corpus.vocab.decode(row).strip().replace('\n', ' | ') for row in ids]
+
+
+def score_split(t: Trainer, split: str, params: Any) -> EvalResult:
+  """The static score of `params` on `split`: each validation turn's."""
+  data = t.config.data
+  return evaluate_split(t.model, params, t.corpus, split, eval_batch_size(t.config, split),
+                        data.bptt, t.eval_step)
+
+
+def final_scores(t: Trainer, params: Any, splits: Sequence[str]) -> dict[str, EvalResult]:
+  """The best weights scored on `splits` by the evaluator of
+  `config.evaluation` (static by default), each split at its batch size
+  (`eval_batch_size`) unless `evaluation.batch_size` sets one."""
+  evaluators = {}  # one per batch size, so that what it tunes or searches is kept
+  results = {}
+  for split in splits:
+    batch_size = final_batch_size(t.config, split)
+    if batch_size not in evaluators:
+      evaluators[batch_size] = workdir_evaluator(t.workdir, t.config, t.config.evaluation,
+                                                 batch_size)
+    results[split] = evaluators[batch_size](t.model, params, t.corpus, split)
+  return results
+
+
+def final_batch_size(config: ml_collections.ConfigDict, split: str) -> int:
+  """The batch size `split` is scored at in the final evaluation."""
+  return config.evaluation.batch_size or eval_batch_size(config, split)
+
+
+def eval_batch_size(config: ml_collections.ConfigDict, split: str) -> int:
+  """The batch size `split` is scored at during and after training."""
+  return {'valid': config.data.eval_batch_size, 'test': config.data.test_batch_size}[split]
