@@ -1,0 +1,38 @@
+"""A run's final evaluation is the evaluator its config's evaluation section
+names, each split at its own batch size."""
+
+import pytest
+
+from lm_zoo.errors import ConfigError
+from lm_zoo.evaluation import Static, TunedTemperature
+from lm_zoo.training import load_trained, read_metrics, train_and_evaluate
+
+
+def test_the_final_evaluation_runs_the_configured_evaluator(tiny_config, tmp_path):
+  tiny_config.train.num_epochs = 1
+  tiny_config.evaluation.evaluator = 'temperature'
+  summary = train_and_evaluate(tiny_config, tmp_path)
+  config, corpus, model, params = load_trained(tmp_path)
+  for split, batch_size in (('valid', config.data.eval_batch_size),
+                            ('test', config.data.test_batch_size)):
+    expected = TunedTemperature(Static(config.data.bptt, batch_size))(model, params, corpus,
+                                                                      split)
+    assert summary[split]['temperature'] == expected.temperature != 1.0
+    assert summary[split]['loss'] == pytest.approx(expected.loss, rel=1e-6)
+  finals = [r for r in read_metrics(tmp_path / 'metrics.jsonl') if r.get('final')]
+  assert [r['kind'] for r in finals] == ['valid', 'test']
+  assert finals[1]['temperature'] == summary['test']['temperature']
+
+
+def test_splits_and_a_bad_evaluation_are_checked_before_training(tiny_config, tmp_path):
+  tiny_config.evaluation.splits = ('test',)
+  tiny_config.train.max_steps = 3
+  assert 'valid' not in train_and_evaluate(tiny_config, tmp_path / 'a')
+  tiny_config.evaluation.evaluator = 'learned'
+  with pytest.raises(ConfigError, match='evaluation.evaluator'):
+    train_and_evaluate(tiny_config, tmp_path / 'b')
+  tiny_config.evaluation.update(evaluator='mc_dropout')
+  tiny_config.evaluation.mc_dropout.samples = 0
+  with pytest.raises(ConfigError, match='mc_dropout.samples must be at least 1'):
+    train_and_evaluate(tiny_config, tmp_path / 'c')
+  assert not (tmp_path / 'b' / 'checkpoints').exists()
