@@ -19,7 +19,7 @@ from lm_zoo import generation
 from lm_zoo.data import BatchedStream, Corpus, load_corpus
 from lm_zoo.errors import Preempted
 from lm_zoo.runtime import environment
-from lm_zoo.models import RecurrentLM, build_model, init_params
+from lm_zoo.models import RecurrentLM, build_model, init_params, legacy_transposed
 from lm_zoo.training.averaging import (averaged_params, patience_reached, should_start_averaging,
                                       start_averaging)
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
@@ -150,7 +150,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
                                drop_state=train_cfg.drop_state)
   eval_step = make_eval_step(model)
   batched = BatchedStream(corpus.train, data_cfg.batch_size)
-  checkpoints, metrics = Checkpoints(workdir), None
+  checkpoints, metrics = Checkpoints(workdir, legacy_transposed=legacy_transposed), None
   try:
     state = create_train_state(model, optimizer, config)
     progress = Progress()

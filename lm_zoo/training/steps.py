@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Any, Callable
 
 import flax
@@ -54,7 +52,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   al.'s convention, under which their lr 1 and clip 5 were tuned), plus
   AWD-LSTM's AR (`ar` = alpha) and TAR (`tar` = beta) penalties on the last
   layer's outputs that the model sows. The model sees its weights after
-  weight drop (`model.dropped_weights`, when it has one), and with
+  weight drop (`model.dropped_weights`), and with
   `drop_state` > 0 carries in which each batch row's state was zeroed with
   that probability (`drop_carried_state`, lamb's drop_state_probability).
   The new carries are returned with gradients stopped; the state is donated.
@@ -78,8 +76,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
     carries = drop_carried_state(state.carries, drop_state, jax.random.fold_in(step_key, 1))
 
     def objective(params):
-      if hasattr(model, 'dropped_weights'):
-        params = model.dropped_weights(params, weight_key)
+      params = model.dropped_weights(params, weight_key)
       (logits, new_carries), sown = model.apply(
           {'params': params}, inputs, carries, train=True,
           rngs={'dropout': dropout_key}, mutable=['intermediates'] if penalised else [])
@@ -126,23 +123,9 @@ def make_eval_step(model: nn.Module) -> Callable:
 
 
 def with_dropout_scaled(model: nn.Module, factor: float) -> nn.Module:
-  """`model` with each of its dropout rates (fields named dropout_* and
-  weight_drop, and the dropout_* arguments its cells are built with, such as
-  the aLSTM's dropout_latent) multiplied by `factor`: MC-dropout's rate
-  multiplier."""
-  rates = {f.name: getattr(model, f.name) * factor for f in dataclasses.fields(model)
-           if f.name.startswith('dropout_') or f.name == 'weight_drop'}
-  factory = getattr(model, 'cell_factory', None)
-  cell_rates = ({k: v * factor for k, v in factory.keywords.items() if k.startswith('dropout_')}
-                if isinstance(factory, functools.partial) else {})
-  too_high = {name: rate for name, rate in {**rates, **cell_rates}.items()
-              if not 0 <= rate < 1}
-  if too_high:
-    raise ValueError(f'dropout scaled by {factor} leaves rates outside [0, 1): {too_high}')
-  if cell_rates:
-    rates['cell_factory'] = functools.partial(factory.func, *factory.args,
-                                              **{**factory.keywords, **cell_rates})
-  return model.clone(**rates)
+  """`model` with every dropout rate multiplied by `factor` (MC dropout's rate
+  multiplier): `model.with_dropout_scaled(factor)`."""
+  return model.with_dropout_scaled(factor)
 
 
 def make_mc_dropout_eval_step(model: nn.Module, num_samples: int) -> Callable:
@@ -161,8 +144,7 @@ def make_mc_dropout_eval_step(model: nn.Module, num_samples: int) -> Callable:
 
   def one_sample(params, carries, inputs, key):
     weight_key, dropout_key = jax.random.split(key)
-    if hasattr(model, 'dropped_weights'):
-      params = model.dropped_weights(params, weight_key)
+    params = model.dropped_weights(params, weight_key)
     logits, carries = model.apply({'params': params}, inputs, carries, train=True,
                                   rngs={'dropout': dropout_key})
     return logits, carries

@@ -12,7 +12,7 @@ import ml_collections
 
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError
-from lm_zoo.models import RecurrentLM, build_model, init_params
+from lm_zoo.models import RecurrentLM, build_model, init_params, legacy_transposed
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.evaluation import EvalResult, evaluate_stream, tune_temperature
 from lm_zoo.training.loop import load_data
@@ -32,7 +32,7 @@ def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
   corpus = load_data(config)
   model = build_model(config.model, len(corpus.vocab))
   like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  with Checkpoints(workdir) as checkpoints:  # closed: no orbax threads left behind
+  with Checkpoints(workdir, legacy_transposed=legacy_transposed) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:
     raise ConfigError(f'no best checkpoint in {workdir}/best: training has not '
