@@ -13,8 +13,8 @@ import pytest
 
 from lm_zoo.configs import base_config, upgrade_config
 from lm_zoo.errors import ConfigError
-from lm_zoo.models import Dual, LSTMRHN, MixtureHead, Softmax, Stack, TiedSoftmax, build_model
-from lm_zoo.models import init_params
+from lm_zoo.models import (LSTMRHN, Dual, MixtureHead, Softmax, Stack, TiedSoftmax, build_model,
+                           init_params)
 
 RECORD = pathlib.Path(__file__).parent / 'data' / 'models_34a235f'
 # The recorder's configurations and fingerprints, computed by today's code here.
