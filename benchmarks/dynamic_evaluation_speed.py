@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.cells import LSTMCell
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.runtime import retain_host_memory
 from lm_zoo.optim import (NUM_FEATURES, GateNetwork, dynamic_rms, dynamic_sgd,
                           learned_update_rule)
@@ -42,7 +43,8 @@ def _tokens_per_second(fn) -> float:
 
 
 def measure(hidden: int) -> list[dict]:
-  model = RecurrentLM(vocab_size=FLAGS.vocab, embed_size=hidden, hidden_sizes=(hidden, hidden))
+  model = RecurrentLM(Embedding(FLAGS.vocab, hidden), Stack([LSTMCell(hidden), LSTMCell(hidden)]),
+                      Softmax(FLAGS.vocab))
   params = init_params(model, jax.random.key(0))
   stream = np.random.default_rng(0).integers(0, FLAGS.vocab, FLAGS.tokens + 1).astype(np.int32)
   step = make_eval_step(model)

@@ -5,9 +5,10 @@ batch 20, BPTT 35, plain SGD with gradient clipping (`base_config`):
 
 - ours: `lstm` (`LSTMCell`, input projection hoisted, hand-written backward
   pass with one recurrent weight-gradient product per window), `lstm_autodiff`
-  (the same with autodiff of the plain scan), `lstm_bf16` (bfloat16 products
-  summed in float32, `lm_zoo.layers.products`), `lstm_unroll2|5`
-  (scan unroll), `lstm_remat` (each step recomputed in the backward pass), the
+  (the same with autodiff of the hoisted scan: `model.scan='hoisted'`),
+  `lstm_bf16` (bfloat16 products summed in float32, `lm_zoo.layers.products`),
+  `lstm_unroll2|5` (scan unroll), `lstm_remat` (each step recomputed in the
+  backward pass: `model.scan='remat'`), the
   Mogrifier LSTM (r = 5, k = 40; `mogrifier_r5_k40_autodiff` without its
   hand-written backward pass), the aLSTM (recurrent, static and LSTM-RHN
   adaptation models), AWD-LSTM's dropouts, the dual connection and a
@@ -52,14 +53,13 @@ flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
 # name -> model config fields, or a function of the hidden size giving them
 MODELS = {
     'lstm': {},
-    'lstm_autodiff': {'fused_recurrence': False},
+    'lstm_autodiff': {'scan': 'hoisted'},
     'lstm_bf16': {'dtype': 'bfloat16'},
     'lstm_unroll2': {'unroll': 2},
     'lstm_unroll5': {'unroll': 5},
-    'lstm_remat': {'remat': True},
+    'lstm_remat': {'scan': 'remat'},
     'mogrifier_r5_k40': {'mogrifier': {'rounds': 5, 'rank': 40}},
-    'mogrifier_r5_k40_autodiff': {'mogrifier': {'rounds': 5, 'rank': 40},
-                                  'fused_recurrence': False},
+    'mogrifier_r5_k40_autodiff': {'mogrifier': {'rounds': 5, 'rank': 40}, 'scan': 'scan'},
     'mogrifier_r5_k40_bf16': {'mogrifier': {'rounds': 5, 'rank': 40}, 'dtype': 'bfloat16'},
     'alstm': {'cell': 'alstm'},
     'alstm_bf16': {'cell': 'alstm', 'dtype': 'bfloat16'},

@@ -57,10 +57,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.skip_connections = False
   c.model.init_scale = 0.0  # > 0: every parameter U(±init_scale) (Zaremba)
   c.model.unroll = 1  # lax.scan unroll
-  # LSTM layers: hand-written backward pass with one recurrent weight-gradient
-  # product per window (False: autodiff of the plain scan; same gradients).
-  c.model.fused_recurrence = True
-  c.model.remat = False  # recompute each step in the backward pass: memory for long BPTT
+  # How each layer runs a window (lm_zoo.cells.scans; same outputs and gradients):
+  # auto (fused where the cell has a kernel, else hoisted where it can, else
+  # scan), fused (a hand-written backward pass with one weight-gradient product
+  # per window: lstm and Mogrifier-lstm layers), hoisted (W x for every step
+  # before the scan: lstm), scan (JAX differentiates the step), or remat
+  # (each step recomputed in the backward pass: memory for long BPTT).
+  c.model.scan = 'auto'
   # Computation dtype: float32, or bfloat16: matrix products on bfloat16
   # operands summed in float32 (GPU/TPU, and CPUs with AVX512-BF16/AMX), with
   # float32 parameters, gates, carries, logits and loss.
@@ -172,6 +175,20 @@ def base_config() -> ml_collections.ConfigDict:
   # evaluation.batch_size > 0).
   c.evaluation = evaluation_config()
   return c
+
+
+def upgrade_config(saved: dict) -> dict:
+  """A config dict written by an earlier lm_zoo (a work directory's
+  config.json) in today's fields, meaning the same: model.fused_recurrence
+  and model.remat became model.scan."""
+  model = dict(saved.get('model', {}))
+  if 'fused_recurrence' not in model and 'remat' not in model:
+    return saved
+  fused, remat = model.pop('fused_recurrence', True), model.pop('remat', False)
+  # Unfused, only a plain LSTM hoisted; every other cell ran the plain scan.
+  hoists = model.get('cell', 'lstm') == 'lstm' and not model.get('mogrifier', {}).get('rounds')
+  model['scan'] = 'remat' if remat else 'auto' if fused else 'hoisted' if hoists else 'scan'
+  return {**saved, 'model': model}
 
 
 EVALUATORS = ('static', 'mc_dropout', 'temperature', 'dynamic', 'learned', 'token_losses')

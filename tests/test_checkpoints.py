@@ -6,6 +6,7 @@ import optax
 import pytest
 
 from lm_zoo.errors import ConfigError
+from lm_zoo.models import legacy_transposed
 from lm_zoo.training.checkpoints import Checkpoints, restore_tree, save_tree
 
 
@@ -19,7 +20,8 @@ def params(vocab=7, features=3, transposed=False):
 
 def test_a_softmax_kernel_saved_as_features_by_vocab_restores_transposed(tmp_path):
   """Checkpoints written before `OutputEmbedding` hold the untied softmax
-  kernel as (features, vocab); Adam's statistics of it too."""
+  kernel as (features, vocab); Adam's statistics of it too. The model's side
+  says which leaf that is (`legacy_transposed`)."""
   old = params(transposed=True)
   optimizer = optax.adam(1e-3)
   saved = Checkpoints(tmp_path)
@@ -28,12 +30,14 @@ def test_a_softmax_kernel_saved_as_features_by_vocab_restores_transposed(tmp_pat
   saved.close()
 
   now = params()
-  restored, meta = Checkpoints(tmp_path).restore_best(now)
+  with pytest.raises(ConfigError, match=r'softmax/kernel: saved \(3, 7\), this model \(7, 3\)'):
+    Checkpoints(tmp_path).restore_best(now)  # without the model's word, a mismatch
+  restored, meta = Checkpoints(tmp_path, legacy_transposed=legacy_transposed).restore_best(now)
   assert meta == {'epoch': 1}
   np.testing.assert_array_equal(restored['softmax']['kernel'], now['softmax']['kernel'])
   np.testing.assert_array_equal(restored['mos']['softmax']['kernel'],
                                 now['mos']['softmax']['kernel'])  # MoS' own stays
-  state, _ = Checkpoints(tmp_path).restore_latest(
+  state, _ = Checkpoints(tmp_path, legacy_transposed=legacy_transposed).restore_latest(
       {'params': now, 'opt_state': optimizer.init(now)})
   np.testing.assert_array_equal(state['params']['softmax']['kernel'], now['softmax']['kernel'])
   assert state['opt_state'][0].mu['softmax']['kernel'].shape == (7, 3)

@@ -8,10 +8,11 @@ import optax
 import pytest
 
 from conftest import perturb
+from lm_zoo.cells import LSTMCell
 from lm_zoo.errors import TrainingError
-from lm_zoo.models import RecurrentLM, init_params
 from lm_zoo.evaluation import (dynamic_evaluate, evaluate_stream, make_eval_step,
                                rms_training_gradients)
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.models.objective import token_nll
 from lm_zoo.optim import dynamic_rms, dynamic_sgd, learned_update_rule, mean_ms
 
@@ -115,7 +116,7 @@ def test_decay_with_zero_gradients_returns_to_the_trained_weights(make):
 
 @pytest.fixture(scope='module')
 def lm():
-  model = RecurrentLM(vocab_size=V, embed_size=5, hidden_sizes=(6,))
+  model = RecurrentLM(Embedding(V, 5), Stack([LSTMCell(6)]), Softmax(V))
   return model, perturb(init_params(model, jax.random.key(0)))
 
 

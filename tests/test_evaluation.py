@@ -10,19 +10,20 @@ import optax
 import pytest
 
 from conftest import perturb
-from lm_zoo.cells import ALSTMCell
+from lm_zoo.cells import ALSTMCell, LSTMCell
 from lm_zoo.generation import sample
-from lm_zoo.models import RecurrentLM, init_params
 from lm_zoo.evaluation import (EvalResult, evaluate_stream, make_eval_step,
                                make_mc_dropout_eval_step, mc_dropout_carries, token_losses,
-                               tune_temperature, with_dropout_scaled)
+                               tune_temperature)
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 
 V = 13
 STREAM = np.random.default_rng(0).integers(0, V, 101).astype(np.int32)
 
 
-def _model(**dropout):
-  return RecurrentLM(vocab_size=V, embed_size=5, hidden_sizes=(6, 6), **dropout)
+def _model(dropout_input=0.0, make_cell=LSTMCell, **stack):
+  return RecurrentLM(Embedding(V, 5, dropout=dropout_input),
+                     Stack([make_cell(6), make_cell(6)], **stack), Softmax(V))
 
 
 def _log_softmax(z):
@@ -31,7 +32,7 @@ def _log_softmax(z):
 
 
 def test_batch_sizes_agree_with_one_pass():
-  model = RecurrentLM(vocab_size=13, embed_size=5, hidden_sizes=(6,))
+  model = RecurrentLM(Embedding(13, 5), Stack([LSTMCell(6)]), Softmax(13))
   params = init_params(model, jax.random.key(0))
   stream = np.random.default_rng(0).integers(0, 13, 101).astype(np.int32)
   logits, _ = model.apply({'params': params}, stream[None, :-1], model.initialize_carry(1))
@@ -128,18 +129,18 @@ def test_mc_dropout_averages_probabilities_over_masks():
 
 def test_dropout_multiplier_scales_every_rate():
   model = _model(dropout_input=0.2, dropout_state=0.1, weight_drop=0.4)
-  scaled = with_dropout_scaled(model, 1.5)
-  assert (scaled.dropout_input, scaled.dropout_state, scaled.weight_drop,
-          scaled.dropout_output) == pytest.approx((0.3, 0.15, 0.6, 0.0))
+  scaled = model.with_dropout_scaled(1.5)
+  assert (scaled.embedding.dropout, scaled.stack.dropout_state, scaled.stack.weight_drop,
+          scaled.stack.dropout_output) == pytest.approx((0.3, 0.15, 0.6, 0.0))
   with pytest.raises(ValueError, match='outside'):
-    with_dropout_scaled(model, 3.0)
-  # The aLSTM's latent dropout is an argument of its cells, not a field of the model.
-  alstm = _model(cell_factory=functools.partial(ALSTMCell, latent_size=4, dropout_latent=0.3))
-  scaled = with_dropout_scaled(alstm, 2.0)
-  assert scaled.cell_factory.keywords == {'latent_size': 4, 'dropout_latent': 0.6}
-  assert alstm.cell_factory.keywords['dropout_latent'] == 0.3
+    model.with_dropout_scaled(3.0)
+  # The aLSTM's latent dropout is a field of its cells, not of the model.
+  alstm = _model(make_cell=functools.partial(ALSTMCell, latent_size=4, dropout_latent=0.3))
+  scaled = alstm.with_dropout_scaled(2.0)
+  assert [(c.latent_size, c.dropout_latent) for c in scaled.stack.cells] == [(4, 0.6)] * 2
+  assert alstm.stack.cells[0].dropout_latent == 0.3
   with pytest.raises(ValueError, match='dropout_latent'):
-    with_dropout_scaled(alstm, 4.0)
+    alstm.with_dropout_scaled(4.0)
   with pytest.raises(ValueError, match='at least one'):
     make_mc_dropout_eval_step(model, 0)
 

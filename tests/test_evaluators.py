@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import perturb
+from lm_zoo.cells import LSTMCell
 from lm_zoo.configs import evaluation_config
 from lm_zoo.data import Corpus
 from lm_zoo.data.vocab import Vocab
@@ -16,7 +17,7 @@ from lm_zoo.evaluation import (Dynamic, DynamicEvalSettings, MCDropout, MetaLear
                                TunedTemperature, build_evaluator, dynamic_evaluate,
                                token_losses, tune_temperature)
 from lm_zoo.evaluation.dynamic import _scan_segments
-from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.optim import GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
 
 V = 11
@@ -27,7 +28,7 @@ CORPUS = Corpus('toy', Vocab(tuple(f'w{i}' for i in range(V))),
 
 @pytest.fixture(scope='module')
 def lm():
-  model = RecurrentLM(vocab_size=V, embed_size=6, hidden_sizes=(7,), dropout_output=0.3)
+  model = RecurrentLM(Embedding(V, 6), Stack([LSTMCell(7)], dropout_output=0.3), Softmax(V))
   return model, perturb(init_params(model, jax.random.key(0)))
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from lm_zoo.cells import LSTMCell
 from lm_zoo.errors import TrainingError
-from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.training import TrainState, loop, make_train_step, read_metrics, train_and_evaluate
 
 
@@ -94,8 +94,7 @@ def test_rollback_stops_when_the_fault_comes_back(tiny_config, tmp_path, monkeyp
 
 
 def test_a_skipped_update_leaves_the_state_as_it_was():
-  model = RecurrentLM(vocab_size=7, embed_size=4, hidden_sizes=(4,),
-                      cell_factory=LSTMCell)
+  model = RecurrentLM(Embedding(7, 4), Stack([LSTMCell(4)]), Softmax(7))
   params = init_params(model, jax.random.key(0))
   optimizer = optax.adam(0.1)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,

@@ -4,14 +4,15 @@ import jax
 import numpy as np
 import pytest
 
+from lm_zoo.cells import LSTMCell
 from lm_zoo.data import Vocab
 from lm_zoo.generation import beam_search, encode_prompt, generate_text, greedy, sample
-from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 
 
 @pytest.fixture(scope='module')
 def lm():
-  model = RecurrentLM(vocab_size=7, embed_size=4, hidden_sizes=(5,))
+  model = RecurrentLM(Embedding(7, 4), Stack([LSTMCell(5)]), Softmax(7))
   return model, init_params(model, jax.random.key(0))
 
 
@@ -62,7 +63,7 @@ def _sequence_log_prob(model, params, prompt, continuations):
 @pytest.fixture(scope='module')
 def peaked_lm():
   """A bigger random model, with logits scaled so that decoders disagree."""
-  model = RecurrentLM(vocab_size=13, embed_size=6, hidden_sizes=(8,))
+  model = RecurrentLM(Embedding(13, 6), Stack([LSTMCell(8)]), Softmax(13))
   params = init_params(model, jax.random.key(3))
   params['softmax']['kernel'] = params['softmax']['kernel'] * 8
   return model, params
@@ -138,7 +139,7 @@ def test_prompts_from_text():
 
 def test_generate_text_continues_the_prompt():
   vocab = Vocab(('<unk>', '<eos>', 'a', 'b', 'c', 'd', 'e'))
-  model = RecurrentLM(vocab_size=7, embed_size=4, hidden_sizes=(5,))
+  model = RecurrentLM(Embedding(7, 4), Stack([LSTMCell(5)]), Softmax(7))
   params = init_params(model, jax.random.key(0))
   texts = generate_text(model, params, vocab, 'a b', num_tokens=4, num_samples=2, seed=1)
   assert len(texts) == 2 and all(t.startswith('a b') for t in texts)

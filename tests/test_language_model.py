@@ -10,7 +10,8 @@ from jaxprs import dot_equations
 from lm_zoo.cells import LSTMCell
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
-from lm_zoo.models import RecurrentLM, RecurrentStack, build_model, init_params
+from lm_zoo.models import (Dual, Embedding, MixtureHead, RecurrentLM, RecurrentStack, Softmax,
+                           Stack, TiedSoftmax, build_model, init_params)
 
 
 class EchoCell(nn.RNNCellBase):
@@ -33,9 +34,10 @@ class EchoCell(nn.RNNCellBase):
     return 1
 
 
-def _lm(**kw):
-  defaults = dict(vocab_size=31, embed_size=6, hidden_sizes=(5, 4))
-  return RecurrentLM(**{**defaults, **kw})
+def _lm(sizes=(5, 4), make_cell=LSTMCell, embedding=None, head=None, bridge=None, **stack):
+  """31 token types embedded in 6 dimensions, a layer of each size, a softmax."""
+  return RecurrentLM(embedding or Embedding(31, 6), Stack([make_cell(n) for n in sizes], **stack),
+                     head or Softmax(31), bridge)
 
 
 def test_stack_equals_nn_rnn_layers():
@@ -81,7 +83,7 @@ def test_dropout_masks_are_shared_over_time():
 
 
 def test_dropout_off_at_evaluation_and_on_in_training():
-  model = _lm(dropout_input=0.5, dropout_hidden=0.5, dropout_state=0.5,
+  model = _lm(embedding=Embedding(31, 6, dropout=0.5), dropout_hidden=0.5, dropout_state=0.5,
               dropout_output=0.5)
   tokens = jnp.zeros((2, 5), jnp.int32)
   params = init_params(model, jax.random.key(0))
@@ -95,14 +97,14 @@ def test_dropout_off_at_evaluation_and_on_in_training():
 
 
 def test_tied_softmax_with_projection():
-  model = _lm(tie_embeddings=True)
+  model = _lm(head=TiedSoftmax(31))
   params = init_params(model, jax.random.key(0))
   assert params['projection']['kernel'].shape == (4, 6)
   assert 'softmax' not in params
   tokens = jnp.arange(6, dtype=jnp.int32).reshape(2, 3)
   logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(2))
   assert logits.shape == (2, 3, 31)
-  same_size = _lm(tie_embeddings=True, hidden_sizes=(5, 6))
+  same_size = _lm((5, 6), head=TiedSoftmax(31))
   assert 'projection' not in init_params(same_size, jax.random.key(0))
 
 
@@ -154,9 +156,8 @@ def test_non_variational_masks_are_lambs():
   """lamb's shared_mask_dropout=False: the input, between-layer and output
   masks are new at every step, each layer's state mask is drawn once per
   window, and the layers' state masks differ."""
-  model = _lm(cell_factory=EchoCell, hidden_sizes=(3, 4), dropout_input=0.5,
-              dropout_hidden=0.5, dropout_state=0.5, dropout_output=0.5,
-              variational_dropout=False)
+  model = _lm((3, 4), EchoCell, Embedding(31, 6, dropout=0.5, variational=False),
+              dropout_hidden=0.5, dropout_state=0.5, dropout_output=0.5, variational=False)
   tokens = np.random.default_rng(5).integers(1, 31, (16, 12)).astype(np.int32)
   carries = [jnp.ones((16, 3)), jnp.ones((16, 4))]
   params = model.init(jax.random.key(0), tokens, carries)['params']
@@ -179,7 +180,7 @@ def test_non_variational_masks_are_lambs():
 
 def test_skip_connections_sum_every_layers_output():
   from numpy_reference import lstm_step
-  model = _lm(hidden_sizes=(5, 5, 5), skip_connections=True)
+  model = _lm((5, 5, 5), skip_connections=True)
   tokens = np.random.default_rng(6).integers(0, 31, (3, 7)).astype(np.int32)
   params = jax.tree.map(lambda x: x + 0.1, init_params(model, jax.random.key(0)))
   logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(3))
@@ -197,14 +198,14 @@ def test_skip_connections_sum_every_layers_output():
       params['softmax']['bias'])
   np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
   with pytest.raises(ConfigError, match='give every layer one size'):
-    _lm(hidden_sizes=(5, 4), skip_connections=True).init(
-        jax.random.key(0), tokens, _lm(hidden_sizes=(5, 4)).initialize_carry(3))
+    _lm((5, 4), skip_connections=True).init(
+        jax.random.key(0), tokens, _lm((5, 4)).initialize_carry(3))
 
 
 def test_dual_connection_feeds_the_softmax():
   """Dual: logits = W_o ReLU(W_d [e_t; h_t] + b_d) + b_o, with h_t the ERS
   model's stack output and e_t the embedded word."""
-  model = _lm(dual_size=7)
+  model = _lm(bridge=Dual(7))
   tokens = np.random.default_rng(2).integers(0, 31, (3, 5)).astype(np.int32)
   params = init_params(model, jax.random.key(0))
   logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(3))
@@ -216,13 +217,13 @@ def test_dual_connection_feeds_the_softmax():
   d = np.maximum(e @ w[:6] + h @ w[6:] + b, 0)
   expected = d @ np.asarray(params['softmax']['kernel']).T + np.asarray(params['softmax']['bias'])
   np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
-  tied = init_params(_lm(dual_size=7, tie_embeddings=True), jax.random.key(0))
+  tied = init_params(_lm(bridge=Dual(7), head=TiedSoftmax(31)), jax.random.key(0))
   assert tied['projection']['kernel'].shape == (7, 6)  # dual size -> embedding
 
 
 @pytest.mark.parametrize('tie', [False, True])
 def test_mixture_of_softmaxes_head(tie):
-  model = _lm(mos_components=3, tie_embeddings=tie, hidden_sizes=(5, 6))
+  model = _lm((5, 6), head=MixtureHead(31, 3, tied=tie))
   tokens = np.random.default_rng(3).integers(0, 31, (2, 4)).astype(np.int32)
   params = init_params(model, jax.random.key(0))
   assert params['mos']['latent']['kernel'].shape == (6, 3 * 6)
@@ -242,8 +243,8 @@ def test_dual_and_mos_from_the_config():
   cfg.dual.update(size=8, dropout_input=0.3, dropout_output=0.2)
   cfg.mos.update(components=2, dropout_latent=0.1)
   model = build_model(cfg, 20)
-  assert (model.dual_size, model.dropout_dual_input, model.dropout_dual_output) == (8, 0.3, 0.2)
-  assert (model.mos_components, model.dropout_mos_latent) == (2, 0.1)
+  assert model.bridge == Dual(8, 0.3, 0.2)
+  assert (model.head.components, model.head.dropout_latent, model.head.tied) == (2, 0.1, True)
   params = init_params(model, jax.random.key(0))
   # 16 -> 8 dual layer; prior 8 x 2; latent 8 -> 2 x 8; tied, so one bias of 20.
   assert sum(x.size for x in jax.tree.leaves(params['dual'])) == 16 * 8 + 8
@@ -268,16 +269,17 @@ def _loss_and_grads(model, params, tokens, train=False):
   return jax.value_and_grad(loss)(params)
 
 
-@pytest.mark.parametrize('variant', [{'fused_recurrence': False}, {'remat': True}])
-def test_fused_recurrence_and_remat_keep_the_gradients(variant):
-  """The hand-written LSTM backward pass and recomputation in the backward pass
-  change how the gradient is computed, not its value (dropout on the state
-  included)."""
+@pytest.mark.parametrize('scan', ['hoisted', 'remat'])
+def test_each_scan_keeps_the_gradients_of_the_fused_one(scan):
+  """The hand-written LSTM backward pass ('auto' is 'fused' here) and
+  recomputation in the backward pass change how the gradient is computed, not
+  its value (dropout on the state included)."""
   tokens = np.random.default_rng(2).integers(0, 31, (4, 12)).astype(np.int32)
   model = _lm(dropout_state=0.3, dropout_hidden=0.2)
   params = init_params(model, jax.random.key(1))
   loss, grads = _loss_and_grads(model, params, tokens, train=True)
-  other_loss, other_grads = _loss_and_grads(model.clone(**variant), params, tokens, train=True)
+  other = _lm(dropout_state=0.3, dropout_hidden=0.2, scan=scan)
+  other_loss, other_grads = _loss_and_grads(other, params, tokens, train=True)
   np.testing.assert_allclose(other_loss, loss, rtol=1e-6)
   for got, want in zip(jax.tree.leaves(other_grads), jax.tree.leaves(grads)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
@@ -294,8 +296,8 @@ def test_remat_keeps_a_third_of_the_memory_of_a_long_window():
     compiled = jax.jit(lambda p: _loss_and_grads(model, p, tokens)).lower(params).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
-  model = _lm(embed_size=32, hidden_sizes=(64, 64))
-  assert temp_bytes(model.clone(remat=True)) < 0.45 * temp_bytes(model)
+  model = lambda scan: _lm((64, 64), embedding=Embedding(31, 32), scan=scan)
+  assert temp_bytes(model('remat')) < 0.45 * temp_bytes(model('auto'))
 
 
 def _descend(model, params, tokens, steps=60, learning_rate=1.0):

@@ -10,9 +10,10 @@ from jax.test_util import check_grads
 
 from lm_zoo.optim import (GateNetwork, RMSGateNetwork, coordinate_features, decay_logits,
                           dynamic_rms, learned_update_rule, mean_rms)
+from lm_zoo.cells import LSTMCell
 from lm_zoo.evaluation import (diagonal_fisher, meta_loss, meta_train, rms_training_gradients,
                                stream_windows)
-from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 
 PARAMS = {'w': jnp.array([[0.5, -1.0], [2.0, 0.1]]), 'b': jnp.array([0.3, -0.2])}
 THETA0 = {'w': jnp.array([[0.4, -0.9], [1.5, 0.0]]), 'b': jnp.array([0.0, 0.1])}
@@ -148,7 +149,7 @@ def test_rms_gate_network_against_numpy(decay_clip):
 
 
 def test_fisher_is_the_squared_rms_gradient():
-  model = RecurrentLM(vocab_size=9, embed_size=4, hidden_sizes=(5,))
+  model = RecurrentLM(Embedding(9, 4), Stack([LSTMCell(5)]), Softmax(9))
   params = init_params(model, jax.random.key(0))
   stream = np.random.default_rng(1).integers(0, 9, 41).astype(np.int32)
   fisher = diagonal_fisher(model, params, stream, 2, 5, 3)
@@ -157,7 +158,7 @@ def test_fisher_is_the_squared_rms_gradient():
 
 
 def _tiny_meta_problem(dtype):
-  model = RecurrentLM(vocab_size=7, embed_size=3, hidden_sizes=(4,))
+  model = RecurrentLM(Embedding(7, 3), Stack([LSTMCell(4)]), Softmax(7))
   params = jax.tree.map(lambda x: x.astype(dtype), init_params(model, jax.random.key(0)))
   stream = np.random.default_rng(2).integers(0, 7, 13)
   segments = (stream[:12].reshape(4, 1, 3), stream[1:13].reshape(4, 1, 3),
@@ -200,7 +201,7 @@ def test_checkpointed_meta_training_stores_only_the_weights_per_update():
   """Compiled memory of the meta-gradient: with jax.checkpoint each extra
   unrolled update costs about one copy of the carried weights (what reverse
   mode through a scan must keep), not the update's activations."""
-  model = RecurrentLM(vocab_size=200, embed_size=16, hidden_sizes=(32,))
+  model = RecurrentLM(Embedding(200, 16), Stack([LSTMCell(32)]), Softmax(200))
   params = init_params(model, jax.random.key(0))
   net = GateNetwork(hidden=2)  # the memory does not depend on it; compile time does
   meta = net.init(jax.random.key(1), jnp.zeros((1, 5)))
@@ -253,7 +254,7 @@ def test_meta_train_steps_adam_along_the_meta_gradient():
 def test_meta_training_lowers_the_meta_loss_on_a_repeating_stream():
   """An untrained LM on a stream with period 5 gains from adapting fast: the
   rule must learn larger steps than its small initial one."""
-  model = RecurrentLM(vocab_size=5, embed_size=4, hidden_sizes=(8,))
+  model = RecurrentLM(Embedding(5, 4), Stack([LSTMCell(8)]), Softmax(5))
   params = init_params(model, jax.random.key(0))
   net = GateNetwork(hidden=4, learning_rate=0.01)
   meta = net.init(jax.random.key(1), jnp.zeros((1, 5)))

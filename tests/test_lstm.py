@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from lm_zoo.cells import LSTMCell, carry_output, replace_carry_output, supports_hoisting
+from lm_zoo.cells import LSTMCell, carry_output, replace_carry_output, resolve_scan
 from conftest import perturb
 from numpy_reference import lstm_step as numpy_lstm_step
 
@@ -37,7 +37,7 @@ def test_forget_bias_and_zero_carry():
   assert all(np.all(np.asarray(t) == 0) and t.shape == (2, 4) for t in carry)
   params = cell.init(jax.random.key(0), carry, jnp.zeros((2, 3)))['params']
   np.testing.assert_array_equal(params['input']['bias'], [0] * 4 + [1] * 4 + [0] * 8)
-  assert cell.num_feature_axes == 1 and supports_hoisting(cell)
+  assert cell.num_feature_axes == 1 and resolve_scan(cell, 'hoisted') == 'hoisted'
 
 
 def test_gradients_match_finite_differences():
@@ -106,8 +106,8 @@ def test_capped_input_gate_in_every_path_matches_numpy(path, dtype):
     rnn = nn.RNN(cell, return_carry=True, time_major=True)
     (c_last, _), ys = rnn.apply({'params': {'cell': params}}, xs, initial_carry=carry)
   else:
-    layer = RecurrentLayer(cell, fused=path == 'fused', remat=path == 'remat')
-    assert (path == 'hoisted') == (not layer.fused and not layer.remat)
+    layer = RecurrentLayer(cell, scan=path)
+    assert resolve_scan(cell, layer.scan) == path
     (c_last, _), ys = layer.apply({'params': {'cell': params}}, carry, jnp.asarray(xs))
   c, h = carry[0].astype(np.float64), carry[1].astype(np.float64)
   tol = 1e-5 if dtype is None else 3e-2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import perturb
-from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify, supports_window_scan
+from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify, resolve_scan
 from lm_zoo.cells.mogrifier import MogrifierRounds
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
@@ -191,7 +191,7 @@ def test_solve_hidden_size_fits_the_budget():
   count = lambda size: count_params(build_model(_with(cfg, hidden_size=size), 1000))
   assert count(n) <= budget < count(n + 1)
   model = build_model(_with(cfg, param_budget=budget), 1000)
-  assert model.hidden_sizes == (n, n)
+  assert [mogrify.cell.features for mogrify in model.stack.cells] == [n, n]
   with pytest.raises(ConfigError, match='below the smallest model'):
     solve_hidden_size(cfg, 1000, 10)
 
@@ -238,29 +238,23 @@ def test_rounds_backward_and_parameter_gradient_equal_autodiff(rounds, rank, zig
                                                (3, True, True)])
 def test_window_scan_equals_the_step_by_step_scan(rank, zigzag, cap):
   cell = Mogrify(LSTMCell(N, cap_input_gate=cap), rounds=5, rank=rank, zigzag=zigzag)
-  assert supports_window_scan(cell)
+  assert resolve_scan(cell, 'auto') == 'fused'
   xs = jax.random.normal(jax.random.key(1), (6, B, M))
   carry = (jax.random.normal(jax.random.key(2), (B, N)), jnp.tanh(
       jax.random.normal(jax.random.key(3), (B, N))))
   mask = jax.random.bernoulli(jax.random.key(4), 0.7, (B, N)) / 0.7
-  init = lambda fused: RecurrentLayer(cell, fused=fused).init(
+  init = lambda scan: RecurrentLayer(cell, scan=scan).init(
       jax.random.key(0), carry, xs, mask)['params']
-  params = init(True)
-  jax.tree.map(np.testing.assert_array_equal, params, init(False))  # same parameters
+  params = init('fused')
+  jax.tree.map(np.testing.assert_array_equal, params, init('scan'))  # same parameters
   params = perturb(params)
 
-  def run(p, fused):
-    (c, h), out = RecurrentLayer(cell, fused=fused).apply({'params': p}, carry, xs, mask)
+  def run(p, scan):
+    (c, h), out = RecurrentLayer(cell, scan=scan).apply({'params': p}, carry, xs, mask)
     return jnp.sum(jnp.sin(out)) + jnp.sum(c ** 2) + jnp.sum(h), out
 
-  (loss, out), grads = jax.value_and_grad(run, has_aux=True)(params, True)
-  (loss_ref, out_ref), grads_ref = jax.value_and_grad(run, has_aux=True)(params, False)
+  (loss, out), grads = jax.value_and_grad(run, has_aux=True)(params, 'fused')
+  (loss_ref, out_ref), grads_ref = jax.value_and_grad(run, has_aux=True)(params, 'scan')
   np.testing.assert_allclose(out, out_ref, rtol=1e-5, atol=1e-6)
   jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5),
                grads, grads_ref)
-
-
-def test_only_cells_with_a_mixed_scan_take_the_window_scan():
-  assert not supports_window_scan(Mogrify(nn.GRUCell(N), rounds=3))
-  assert supports_window_scan(Mogrify(LSTMCell(N), rounds=0))  # the LSTM's own window scan
-  assert not supports_window_scan(Mogrify(nn.GRUCell(N), rounds=0))

@@ -11,9 +11,9 @@ import pytest
 from conftest import perturb
 from lm_zoo.cells import ALSTMCell, LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.configs import base_config
-from lm_zoo.models import RecurrentLM, init_params
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.models.regularisation import (activation_penalty, drop_carried_state,
-                                          drop_recurrent_weights, recurrent_kernel_paths,
+                                          drop_recurrent_weights, hidden_to_hidden,
                                           temporal_activation_penalty)
 from lm_zoo.training import create_train_state, make_optimizer, make_train_step
 
@@ -38,7 +38,7 @@ def test_weight_drop_finds_each_cells_hidden_to_hidden_matrices(cell):
   x = jnp.asarray(np.random.default_rng(0).normal(size=(B, M)), jnp.float32)
   zero_state = cell.initialize_carry(jax.random.key(0), (B, M))
   params = perturb(cell.init(jax.random.key(0), zero_state, x)['params'])
-  found = recurrent_kernel_paths(params)
+  found = hidden_to_hidden(cell)
   assert sorted(found) == sorted(RECURRENT[type(cell).__name__])
   # Independent of names: from a zero state the output cannot depend on a
   # hidden-to-hidden matrix, while it does on the input matrices.
@@ -55,19 +55,21 @@ def test_weight_drop_finds_each_cells_hidden_to_hidden_matrices(cell):
 def test_weight_drop_masks_and_scales_only_recurrent_matrices():
   params = {'cell': {'recurrent_kernel': jnp.ones((200, 400)),
                      'input': {'kernel': jnp.ones((5, 400))}}, 'embed': jnp.ones((3, 2))}
-  dropped = drop_recurrent_weights(params, 0.3, jax.random.key(0))
+  paths = ['cell/recurrent_kernel']
+  dropped = drop_recurrent_weights(params, paths, 0.3, jax.random.key(0))
   w = np.asarray(dropped['cell']['recurrent_kernel'])
   np.testing.assert_allclose(np.unique(w), [0.0, 1 / 0.7], rtol=1e-6)
   assert abs((w == 0).mean() - 0.3) < 0.01
   np.testing.assert_array_equal(dropped['cell']['input']['kernel'], 1.0)
   np.testing.assert_array_equal(dropped['embed'], 1.0)
-  assert drop_recurrent_weights(params, 0.0, jax.random.key(0)) is params
+  assert drop_recurrent_weights(params, paths, 0.0, jax.random.key(0)) is params
   with pytest.raises(ValueError, match='weight drop rate'):
-    drop_recurrent_weights(params, 1.0, jax.random.key(0))
+    drop_recurrent_weights(params, paths, 1.0, jax.random.key(0))
 
 
-def _lm(hidden=N, **kw):
-  return RecurrentLM(vocab_size=V, embed_size=M, hidden_sizes=(hidden, hidden), **kw)
+def _lm(hidden=N, embedding=None, **stack):
+  return RecurrentLM(embedding or Embedding(V, M), Stack([LSTMCell(hidden)] * 2, **stack),
+                     Softmax(V))
 
 
 def _tokens(seed=1, batch=B, length=T):
@@ -99,7 +101,7 @@ def test_weight_drop_mask_is_shared_over_time_and_batch():
 
 
 def test_embedding_dropout_drops_whole_words_in_training_only():
-  model = _lm(dropout_embedding=0.5, embed_init=nn.initializers.ones)
+  model = _lm(embedding=Embedding(V, M, dropout_words=0.5, embedding_init=nn.initializers.ones))
   params = init_params(model, jax.random.key(0))
   tokens = _tokens()
   _, captured = model.apply({'params': params}, tokens, model.initialize_carry(B), train=True,
@@ -111,7 +113,7 @@ def test_embedding_dropout_drops_whole_words_in_training_only():
   assert all(set(row) in ({0.0}, {2.0}) for row in table)
   assert 0 < (table[:, 0] == 0).sum() < V
   evaluated = model.apply({'params': params}, tokens, model.initialize_carry(B))[0]
-  plain = _lm(embed_init=nn.initializers.ones).apply(
+  plain = _lm(embedding=Embedding(V, M, embedding_init=nn.initializers.ones)).apply(
       {'params': params}, tokens, model.initialize_carry(B))[0]
   np.testing.assert_array_equal(evaluated, plain)
 
@@ -154,12 +156,45 @@ def test_train_step_adds_ar_on_dropped_and_tar_on_undropped_outputs():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_weight_drop_refuses_parameters_without_a_recurrent_matrix():
+class ElmanCell(nn.RNNCellBase):
+  """h' = tanh(W x + U h), with U named 'w_hh' and not declared."""
+  features: int
+
+  @nn.compact
+  def __call__(self, h, x):
+    w_hh = self.param('w_hh', nn.initializers.orthogonal(), (self.features, self.features))
+    h = jnp.tanh(nn.Dense(self.features)(x) + h @ w_hh)
+    return h, h
+
+  @nn.nowrap
+  def initialize_carry(self, rng, input_shape):
+    return jnp.zeros((*input_shape[:-1], self.features))
+
+  @property
+  def num_feature_axes(self):
+    return 1
+
+
+class DeclaredElmanCell(ElmanCell):
+  declared: tuple = ()
+
+  @nn.nowrap
+  def hidden_to_hidden(self, of):
+    return self.declared
+
+
+def test_weight_drop_refuses_cells_that_declare_no_recurrent_matrix():
   # e.g. a custom cell whose hidden-to-hidden matrix is named 'w_hh'
-  params = {'cell': {'w_hh': jnp.ones((3, 3)), 'bias': jnp.zeros(3)}}
-  with pytest.raises(ValueError, match="no hidden-to-hidden matrix.*'recurrent_kernel'"):
-    drop_recurrent_weights(params, 0.5, jax.random.key(0))
-  assert drop_recurrent_weights(params, 0.0, jax.random.key(0)) is params
+  model = lambda cell: RecurrentLM(Embedding(V, M), Stack([cell], weight_drop=0.5), Softmax(V))
+  params = init_params(model(ElmanCell(N)), jax.random.key(0))
+  with pytest.raises(ValueError, match='ElmanCell does not declare its hidden-to-hidden'):
+    model(ElmanCell(N)).dropped_weights(params, jax.random.key(0))
+  with pytest.raises(ValueError, match='no hidden-to-hidden matrix'):
+    model(DeclaredElmanCell(N, ())).dropped_weights(params, jax.random.key(0))
+  dropped = model(DeclaredElmanCell(N, ('w_hh',))).dropped_weights(params, jax.random.key(0))
+  assert 0 < np.mean(np.asarray(dropped['cell_0']['w_hh']) == 0) < 1
+  no_drop = RecurrentLM(Embedding(V, M), Stack([ElmanCell(N)]), Softmax(V))
+  assert no_drop.dropped_weights(params, jax.random.key(0)) is params
 
 
 def test_state_drop_zeroes_whole_rows_at_its_rate():

@@ -96,10 +96,10 @@ def test_the_embedding_ratio_holds_under_a_parameter_budget(ratio):
   config = base_config()
   config.model.update(tie_embeddings=True, param_budget=400_000, embed_ratio=ratio)
   model = build_model(config.model, 1000)
-  hidden = model.hidden_sizes[0]
+  hidden = model.stack.cells[0].features
   # Ratios of 1 and more mean equal sizes (the paper: no projection then); 0
   # is the smallest embedding.
-  assert model.embed_size == max(1, round(min(ratio, 1.0) * hidden))
+  assert model.embedding.features == max(1, round(min(ratio, 1.0) * hidden))
   assert count_params(model) <= 400_000
   config.model.hidden_size = hidden + 1
   config.model.param_budget = 0

@@ -52,6 +52,23 @@ def test_config_of_an_older_run_loads_over_defaults(tmp_path):
     load_config(tmp_path / 'elsewhere')
 
 
+def test_the_work_directory_of_0fa17a5_loads_with_its_scan_and_best_weights():
+  """A config.json with model.fused_recurrence and model.remat reads as
+  model.scan, and the best checkpoint restores into today's model."""
+  import jax
+  from conftest import REPO
+  from lm_zoo.models import build_model, init_params
+  from lm_zoo.training.workdir import initial_params
+  workdir = REPO / 'tests' / 'data' / 'workdir_0fa17a5'
+  assert 'fused_recurrence' in (workdir / 'config.json').read_text()
+  config = load_config(workdir)
+  assert config.model.scan == 'auto' and 'fused_recurrence' not in config.model
+  model = build_model(config.model, 10000)
+  like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+  restored = initial_params(workdir, like)
+  assert jax.tree.map(lambda x: x.shape, restored) == jax.tree.map(lambda x: x.shape, like)
+
+
 def test_a_truncated_config_is_named(tmp_path):
   (tmp_path / 'config.json').write_text('{"data": {"bptt": 2')
   with pytest.raises(ConfigError, match='corrupt or truncated'):

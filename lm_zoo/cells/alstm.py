@@ -4,7 +4,7 @@ LSTM-RHN wiring of eq. 9."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import flax.linen as nn
 import jax
@@ -30,6 +30,11 @@ class StaticLatent(nn.RNNCellBase):
   @nn.compact
   def __call__(self, carry, v: jax.Array):
     return carry, nn.relu(dense(self.features, self.dtype)(v))
+
+  @nn.nowrap
+  def hidden_to_hidden(self, of) -> tuple[str, ...]:
+    del of
+    return ()  # it has no recurrence
 
   @nn.nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
@@ -88,6 +93,8 @@ class ALSTMCell(nn.RNNCellBase):
   dtype: Any = None
   param_dtype: Any = jnp.float32
 
+  dropout_rates: ClassVar[tuple[str, ...]] = ('dropout_latent',)  # `lm_zoo.cells.base`
+
   @nn.compact
   def step(self, carry, x: jax.Array, context: jax.Array | None = None):
     """One step with an extra summary input `context` (eq. 9); returns
@@ -116,6 +123,12 @@ class ALSTMCell(nn.RNNCellBase):
 
   def __call__(self, carry, inputs: jax.Array):
     return self.step(carry, inputs)
+
+  @nn.nowrap
+  def hidden_to_hidden(self, of) -> tuple[str, ...]:
+    """V, and the adaptation model's own (weight drop, `lm_zoo.cells.base`)."""
+    latent = self.latent(features=self.latent_size, parent=None)
+    return ('recurrent/kernel_1', *(f'latent/{path}' for path in of(latent)))
 
   @nn.nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):

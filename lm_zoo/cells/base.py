@@ -7,16 +7,24 @@ it out, or to mogrify it): in flax's cells and ours it is the carry itself
 (`GRUCell`, `SimpleCell`) or the carry tuple's last element (`LSTMCell`'s
 `(c, h)`).
 
-A cell whose input projection W x does not depend on the carry may also offer
-`project_inputs(xs)` (for all time steps at once) and
-`step_projected(carry, projected_x)`; stacks then hoist W x out of the scan.
-A cell that can run a whole window with a backward pass of its own offers
-`scan_window(carry, inputs, state_mask, unroll)`; a wrapper whose fast path
-depends on the cell inside it says so in `scans_windows`.
+A cell may also declare, for the regularisers:
+
+- `dropout_rates`, a class attribute: the names of its fields that are
+  dropout rates (`ALSTMCell`'s `dropout_latent`), which MC dropout's rate
+  multiplier scales (`dropout_scaled`);
+- `hidden_to_hidden(of)`, an `nn.nowrap` method: the '/'-joined paths, under
+  the cell's own parameters, of its hidden-to-hidden matrices, which weight
+  drop masks; `of(inner)` gives those of a cell it wraps
+  (`lm_zoo.models.regularisation.hidden_to_hidden`, where flax's cells are
+  declared for them).
+
+How a cell type runs whole windows faster than step by step (hoisting W x,
+a fused kernel) is registered in `lm_zoo.cells.scans`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -34,11 +42,47 @@ def replace_carry_output(carry: Carry, h) -> Carry:
   return (*carry[:-1], h) if isinstance(carry, tuple) else h
 
 
-def supports_hoisting(cell: nn.Module) -> bool:
-  """Whether the cell can compute its input projection outside the scan."""
-  return hasattr(cell, 'project_inputs') and hasattr(cell, 'step_projected')
+def describe(cell: nn.Module) -> str:
+  """The cell's class, with the cells it wraps: 'Mogrify(GRUCell)'."""
+  inner = [describe(getattr(cell, f.name)) for f in dataclasses.fields(cell)
+           if f.name != 'parent' and isinstance(getattr(cell, f.name), nn.Module)]
+  return type(cell).__name__ + (f'({", ".join(inner)})' if inner else '')
 
 
-def supports_window_scan(cell: nn.Module) -> bool:
-  """Whether the cell runs whole windows itself (`scan_window`)."""
-  return hasattr(cell, 'scan_window') and getattr(cell, 'scans_windows', True)
+def _scaled(value: Any, factor: float) -> Any:
+  if isinstance(value, tuple):
+    scaled = tuple(_scaled(v, factor) for v in value)
+    return value if all(a is b for a, b in zip(scaled, value)) else scaled
+  if isinstance(value, nn.Module) or (dataclasses.is_dataclass(value)
+                                      and not isinstance(value, type)):
+    return dropout_scaled(value, factor)
+  return value
+
+
+def dropout_scaled(obj: Any, factor: float) -> Any:
+  """A copy of `obj` (an unbound cell, a model, or a model's part: any
+  dataclass) with each rate its class names in `dropout_rates` multiplied
+  by `factor`, and so every cell or part among its fields (a wrapped cell,
+  a stack's cells): MC dropout's rate multiplier.
+
+  Raises:
+    ValueError: a scaled rate leaves [0, 1), naming it.
+  """
+  rates = {name: getattr(obj, name) * factor
+           for name in getattr(type(obj), 'dropout_rates', ())}
+  outside = {f'{type(obj).__name__}.{name}': rate for name, rate in rates.items()
+             if not 0 <= rate < 1}
+  if outside:
+    raise ValueError(f'dropout scaled by {factor} leaves rates outside [0, 1): {outside}')
+  changes = dict(rates)
+  for field in dataclasses.fields(obj):
+    if field.name not in ('parent', 'name') and field.init:
+      value = getattr(obj, field.name)
+      scaled = _scaled(value, factor)
+      if scaled is not value:
+        changes[field.name] = scaled
+  if not changes:
+    return obj
+  if isinstance(obj, nn.Module):
+    return obj.clone(**changes)
+  return dataclasses.replace(obj, **changes)

@@ -8,8 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.lstm_recurrence import Mix, lstm_recurrence, mixed_lstm_recurrence
-from lm_zoo.layers.products import accumulation_dtype, dense, matmul
+from lm_zoo.layers.products import dense, matmul
 
 Initializer = Callable[..., jax.Array]
 
@@ -56,10 +55,9 @@ class LSTMCell(nn.RNNCellBase):
   bias starts at `forget_bias` (+1 as in alstm and lamb). W x can be computed
   for all time steps at once (`project_inputs`) and fed to `step_projected`,
   which is what our stacks do; `__call__` does both for one step, so the cell
-  also runs in `nn.RNN`. `scan_window` (and `scan_projected`, from W x + b)
-  runs a whole window with a hand-written backward pass (`lstm_recurrence`);
-  `scan_mixed` does so when the gates read transformed inputs and states
-  (`mixed_lstm_recurrence`, for `Mogrify`).
+  also runs in `nn.RNN`. Its fused window kernels (`lstm_recurrence`, and
+  `mixed_lstm_recurrence` inside `Mogrify`) are registered in
+  `lm_zoo.cells.scans`.
 
   Attributes:
     features: the hidden size n.
@@ -107,37 +105,14 @@ class LSTMCell(nn.RNNCellBase):
                                self.cap_input_gate)
     return (new_c, new_h), new_h
 
-  def scan_projected(self, carry, projected: jax.Array, state_mask: jax.Array | None = None,
-                     unroll: int = 1):
-    """All steps of a window given W x + b (T, B, 4n), with the batched
-    recurrent weight gradient of `lstm_recurrence`; returns (carry, (T, B, n))."""
-    dtype = self.dtype or jnp.result_type(projected, self.recurrent_kernel)
-    projected = projected.astype(accumulation_dtype(dtype))
-    return lstm_recurrence(projected, self.recurrent_kernel, carry, state_mask, unroll, dtype,
-                           self.cap_input_gate)
-
-  def scan_window(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None,
-                  unroll: int = 1):
-    """All steps of a window of inputs (T, B, m): `scan_projected` of
-    `project_inputs`. Returns (carry, outputs (T, B, n))."""
-    return self.scan_projected(carry, self.project_inputs(inputs), state_mask, unroll)
-
-  def scan_mixed(self, carry, inputs: jax.Array, mix: Mix, mix_params,
-                 state_mask: jax.Array | None = None, unroll: int = 1):
-    """All steps of a window whose gates read (x', h') = mix.forward(mix_params,
-    x_t, h_{t-1}) in place of x_t and h_{t-1} (`Mogrify`'s rounds), with the
-    hand-written backward pass of `mixed_lstm_recurrence`. Returns (carry,
-    outputs (T, B, n))."""
-    if self.is_initializing():
-      self.project_inputs(inputs[0])  # creates W and b
-    dense = self.input.variables['params']
-    dtype = self.dtype or jnp.result_type(inputs, dense['kernel'])
-    return mixed_lstm_recurrence(inputs, dense['kernel'], dense['bias'],
-                                 self.recurrent_kernel, carry, mix, mix_params, state_mask,
-                                 dtype, unroll, self.cap_input_gate)
-
   def __call__(self, carry, inputs: jax.Array):
     return self.step_projected(carry, self.project_inputs(inputs))
+
+  @nn.nowrap
+  def hidden_to_hidden(self, of) -> tuple[str, ...]:
+    """U is the hidden-to-hidden matrix (weight drop, `lm_zoo.cells.base`)."""
+    del of  # wraps no cell
+    return ('recurrent_kernel',)
 
   @nn.nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):

@@ -41,6 +41,13 @@ class MLSTMCell(nn.RNNCellBase):
                     param_dtype=self.param_dtype, name='lstm')((c, h_m), inputs)
 
   @nn.nowrap
+  def hidden_to_hidden(self, of) -> tuple[str, ...]:
+    """The inner LSTM's U (weight drop, `lm_zoo.cells.base`); W_mh, which
+    also reads h, is not dropped."""
+    del of  # its LSTM is built inside, not wrapped
+    return ('lstm/recurrent_kernel',)
+
+  @nn.nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
     return LSTMCell(self.features, param_dtype=self.param_dtype,
                     parent=None).initialize_carry(rng, input_shape)

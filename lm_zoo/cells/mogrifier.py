@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.base import carry_output, replace_carry_output, supports_window_scan
+from lm_zoo.cells.base import carry_output, replace_carry_output
 from lm_zoo.layers import LowRankDense, low_rank_linear
 from lm_zoo.layers.products import contract
 
@@ -58,9 +58,9 @@ class Mogrify(nn.RNNCellBase):
   no-zigzag ablation) every round looks at the original inputs:
   x^i = 2σ(Q^i h) ⊙ x^{i-2}, h^i = 2σ(R^i x) ⊙ h^{i-2}. Only h in the carry
   is touched (an LSTM's c is not); apply dropout to x and h before this cell,
-  as our stacks do. Around a cell with `scan_mixed` (`LSTMCell`), stacks run
-  whole windows through `scan_window`, whose backward pass is written by hand
-  (`MogrifierRounds`).
+  as our stacks do. Around an `LSTMCell`, stacks run whole windows with a
+  fused kernel whose backward pass is written by hand (`MogrifierRounds`,
+  registered in `lm_zoo.cells.scans`).
 
   Attributes:
     cell: the inner cell; its carry is h or a tuple ending in h.
@@ -89,28 +89,11 @@ class Mogrify(nn.RNNCellBase):
     x, h, _ = mogrify_rounds(inputs, h, round_gate, self.rounds, self.zigzag)
     return self.cell(replace_carry_output(carry, h), x)
 
-  @property
-  def scans_windows(self) -> bool:
-    """Whether `scan_window` has a fast path: the inner cell offers
-    `scan_mixed`, or, with no rounds, runs windows itself."""
-    return hasattr(self.cell, 'scan_mixed') or (self.rounds == 0
-                                                and supports_window_scan(self.cell))
-
-  def scan_window(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None,
-                  unroll: int = 1):
-    """All steps of a window (T, B, m) through the inner cell's `scan_mixed`
-    with the rounds as its mix (`MogrifierRounds`): every weight gradient of
-    the layer is then one matrix product per window. Returns (carry,
-    outputs (T, B, n))."""
-    if self.rounds == 0:
-      return self.cell.scan_window(carry, inputs, state_mask, unroll)
-    if self.is_initializing():
-      self(carry, inputs[0])  # creates the rounds' and the inner cell's parameters
-    round_params = {name: value for name, value in self.variables['params'].items()
-                    if name != 'cell'}
-    return self.cell.scan_mixed(carry, inputs, MogrifierRounds(self.rounds, self.zigzag,
-                                                               self.dtype),
-                                round_params, state_mask, unroll)
+  @nn.nowrap
+  def hidden_to_hidden(self, of) -> tuple[str, ...]:
+    """The inner cell's (weight drop, `lm_zoo.cells.base`); the rounds'
+    matrices are not dropped."""
+    return tuple(f'cell/{path}' for path in of(self.cell))
 
   @nn.nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):

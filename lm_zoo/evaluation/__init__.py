@@ -7,8 +7,7 @@ from lm_zoo.evaluation.dynamic import DynamicEvalResult, dynamic_evaluate
 from lm_zoo.evaluation.evaluators import (Dynamic, DynamicEvalSettings, Evaluator, Learned,
                                           MCDropout, Static, TokenLosses, TunedTemperature,
                                           build_evaluator, split_names)
-from lm_zoo.evaluation.mc_dropout import (make_mc_dropout_eval_step, mc_dropout_carries,
-                                          with_dropout_scaled)
+from lm_zoo.evaluation.mc_dropout import make_mc_dropout_eval_step, mc_dropout_carries
 from lm_zoo.evaluation.meta_training import (MetaLearner, MetaTrainResult, meta_loss,
                                              meta_train, stream_windows)
 from lm_zoo.evaluation.results import EvalResult
@@ -21,4 +20,4 @@ __all__ = ['Dynamic', 'DynamicEvalResult', 'DynamicEvalSettings', 'EvalResult', 
            'TunedTemperature', 'build_evaluator', 'diagonal_fisher', 'dynamic_evaluate',
            'evaluate_split', 'evaluate_stream', 'make_eval_step', 'make_mc_dropout_eval_step',
            'mc_dropout_carries', 'meta_loss', 'meta_train', 'rms_training_gradients',
-           'split_names', 'stream_windows', 'token_losses', 'tune_temperature', 'with_dropout_scaled']
+           'split_names', 'stream_windows', 'token_losses', 'tune_temperature']

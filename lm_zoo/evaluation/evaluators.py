@@ -31,8 +31,7 @@ from lm_zoo.configs import EVALUATORS
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation.dynamic import dynamic_evaluate
-from lm_zoo.evaluation.mc_dropout import (make_mc_dropout_eval_step, mc_dropout_carries,
-                                          with_dropout_scaled)
+from lm_zoo.evaluation.mc_dropout import make_mc_dropout_eval_step, mc_dropout_carries
 from lm_zoo.evaluation.meta_training import MetaLearner
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.evaluation.statistics import rms_training_gradients
@@ -86,7 +85,7 @@ class MCDropout:
 
   def __call__(self, model, params, corpus: Corpus, split: str) -> EvalResult:
     try:
-      model = with_dropout_scaled(model, self.dropout_scale)
+      model = model.with_dropout_scaled(self.dropout_scale)
     except ValueError as err:
       raise ConfigError(f'mc_dropout.dropout_scale: {err}') from err
     carries = mc_dropout_carries(model, self.batch_size, self.samples,

@@ -1,10 +1,9 @@
 """Monte-Carlo dropout evaluation (Gal & Ghahramani 2016): the predicted
-probabilities averaged over dropout masks."""
+probabilities averaged over dropout masks. The model scales its own rates
+for a multiplier (`RecurrentLM.with_dropout_scaled`)."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -12,26 +11,6 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.models.objective import token_nll
-
-
-def with_dropout_scaled(model: nn.Module, factor: float) -> nn.Module:
-  """`model` with each of its dropout rates (fields named dropout_* and
-  weight_drop, and the dropout_* arguments its cells are built with, such as
-  the aLSTM's dropout_latent) multiplied by `factor`: MC-dropout's rate
-  multiplier."""
-  rates = {f.name: getattr(model, f.name) * factor for f in dataclasses.fields(model)
-           if f.name.startswith('dropout_') or f.name == 'weight_drop'}
-  factory = getattr(model, 'cell_factory', None)
-  cell_rates = ({k: v * factor for k, v in factory.keywords.items() if k.startswith('dropout_')}
-                if isinstance(factory, functools.partial) else {})
-  too_high = {name: rate for name, rate in {**rates, **cell_rates}.items()
-              if not 0 <= rate < 1}
-  if too_high:
-    raise ValueError(f'dropout scaled by {factor} leaves rates outside [0, 1): {too_high}')
-  if cell_rates:
-    rates['cell_factory'] = functools.partial(factory.func, *factory.args,
-                                              **{**factory.keywords, **cell_rates})
-  return model.clone(**rates)
 
 
 def make_mc_dropout_eval_step(model: nn.Module, num_samples: int) -> Callable:
@@ -50,8 +29,7 @@ def make_mc_dropout_eval_step(model: nn.Module, num_samples: int) -> Callable:
 
   def one_sample(params, carries, inputs, key):
     weight_key, dropout_key = jax.random.split(key)
-    if hasattr(model, 'dropped_weights'):
-      params = model.dropped_weights(params, weight_key)
+    params = model.dropped_weights(params, weight_key)
     logits, carries = model.apply({'params': params}, inputs, carries, train=True,
                                   rngs={'dropout': dropout_key})
     return logits, carries

@@ -152,6 +152,15 @@ def dense_dot_general(dtype: Any):
   return dot_general
 
 
+def linear(x: jax.Array, kernel: jax.Array, bias: jax.Array, dtype: Any = None) -> jax.Array:
+  """What `dense(features, dtype)` computes from its kernel and bias, for
+  kernels that take parameters explicitly: x @ kernel + b, the product a
+  `matmul` in `dtype` and the bias added in `accumulation_dtype(dtype)`."""
+  x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=accumulation_dtype(dtype))
+  y = matmul(x, kernel, dtype)
+  return y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+
+
 def dense(features: int, dtype: Any = None, **kwargs) -> nn.Dense:
   """`nn.Dense(features, **kwargs)` whose product is a `matmul` in `dtype`
   and whose bias is added in `accumulation_dtype(dtype)` (float32 for

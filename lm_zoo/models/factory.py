@@ -10,9 +10,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from lm_zoo.cells import ALSTMCell, LSTMCell, MLSTMCell, StaticLatent, mogrified
+from lm_zoo.cells import (ALSTMCell, LSTMCell, LSTMRHNStack, MLSTMCell, StaticLatent, mogrified,
+                          resolve_scan)
 from lm_zoo.errors import ConfigError
-from lm_zoo.models.language_model import RecurrentLM
+from lm_zoo.models.heads import Dual, MixtureHead, Softmax, TiedSoftmax
+from lm_zoo.models.language_model import Embedding, RecurrentLM
+from lm_zoo.models.stacks import LSTMRHN, Stack
 
 log = logging.getLogger(__name__)
 
@@ -104,33 +107,42 @@ def embed_size(cfg: ml_collections.ConfigDict, hidden_size: int) -> int:
   return cfg.embed_size or hidden_size
 
 
-def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int):
+def _stack(cfg: ml_collections.ConfigDict, cells) -> Stack | LSTMRHN:
+  rates = dict(dropout_hidden=cfg.dropout_hidden, dropout_state=cfg.dropout_state,
+               dropout_output=cfg.dropout_output, weight_drop=cfg.weight_drop)
+  if _lstm_rhn(cfg):
+    stack, layer = LSTMRHN(cells, **rates, unroll=cfg.unroll, scan=cfg.scan), LSTMRHNStack(cells)
+  else:
+    stack = Stack(cells, **rates, variational=cfg.variational_dropout,
+                  skip_connections=cfg.skip_connections, unroll=cfg.unroll, scan=cfg.scan)
+    layer = cells[0]
+  try:  # refused now, not when the model first runs
+    resolve_scan(layer, cfg.scan)
+  except ValueError as err:
+    raise ConfigError(f'model.{err} (--config.model.scan)') from None
+  return stack
+
+
+def _head(cfg: ml_collections.ConfigDict, vocab_size: int, dtype):
+  if cfg.mos.components:
+    return MixtureHead(vocab_size, cfg.mos.components, cfg.mos.dropout_latent,
+                       cfg.variational_dropout, cfg.tie_embeddings, dtype)
+  return (TiedSoftmax if cfg.tie_embeddings else Softmax)(vocab_size, dtype)
+
+
+def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int) -> RecurrentLM:
+  dtype = compute_dtype(cfg)
+  make_cell = cell_factory(cfg)
+  sizes = (hidden_size,) * (cfg.num_layers - 1) + (cfg.output_size or hidden_size,)
+  cells = tuple(make_cell(features=n, parent=None) for n in sizes)
+  dual = cfg.dual
   return RecurrentLM(
-      vocab_size=vocab_size,
-      embed_size=embed_size(cfg, hidden_size),
-      hidden_sizes=((hidden_size,) * (cfg.num_layers - 1)
-                    + (cfg.output_size or hidden_size,)),
-      cell_factory=cell_factory(cfg),
-      tie_embeddings=cfg.tie_embeddings,
-      dropout_embedding=cfg.dropout_embedding,
-      dropout_input=cfg.dropout_input,
-      dropout_hidden=cfg.dropout_hidden,
-      dropout_state=cfg.dropout_state,
-      dropout_output=cfg.dropout_output,
-      weight_drop=cfg.weight_drop,
-      variational_dropout=cfg.variational_dropout,
-      unroll=cfg.unroll,
-      fused_recurrence=cfg.fused_recurrence,
-      remat=cfg.remat,
-      dtype=compute_dtype(cfg),
-      skip_connections=cfg.skip_connections,
-      lstm_rhn=_lstm_rhn(cfg),
-      dual_size=cfg.dual.size,
-      dropout_dual_input=cfg.dual.dropout_input,
-      dropout_dual_output=cfg.dual.dropout_output,
-      mos_components=cfg.mos.components,
-      dropout_mos_latent=cfg.mos.dropout_latent,
-  )
+      embedding=Embedding(vocab_size, embed_size(cfg, hidden_size), cfg.dropout_embedding,
+                          cfg.dropout_input, cfg.variational_dropout, dtype=dtype),
+      stack=_stack(cfg, cells),
+      bridge=(Dual(dual.size, dual.dropout_input, dual.dropout_output,
+                   cfg.variational_dropout, dtype) if dual.size else None),
+      head=_head(cfg, vocab_size, dtype))
 
 
 def count_params(model: nn.Module) -> int:

@@ -8,63 +8,58 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.base import (carry_output, replace_carry_output, supports_hoisting,
-                               supports_window_scan)
+from lm_zoo.cells.base import carry_output, replace_carry_output
+from lm_zoo.cells.scans import cell_scans, fused_kernel, resolve_scan
 from lm_zoo.errors import ConfigError
 
 
+def _masked(carry, state_mask):
+  if state_mask is None:
+    return carry
+  return replace_carry_output(carry, carry_output(carry) * state_mask)
+
+
 def _step(cell, carry, x, state_mask):
-  if state_mask is not None:
-    carry = replace_carry_output(carry, carry_output(carry) * state_mask)
-  return cell(carry, x)
+  return cell(_masked(carry, state_mask), x)
 
 
 def _step_projected(cell, carry, projected_x, state_mask):
-  if state_mask is not None:
-    carry = replace_carry_output(carry, carry_output(carry) * state_mask)
-  return cell.step_projected(carry, projected_x)
+  return cell_scans(cell).step(cell, _masked(carry, state_mask), projected_x)
 
 
 class RecurrentLayer(nn.Module):
-  """Runs `cell` over time-major inputs (T, B, m) with `lax.scan`.
-
-  When the cell offers `project_inputs` / `step_projected`, W x for all steps
-  is one matrix product before the scan and only the recurrent part is scanned.
-  When it runs whole windows with its own backward pass (`scan_window`, as
-  `LSTMCell` and `Mogrify(LSTMCell(...))` do) and `fused` is on, that runs
-  the window. With
-  `remat` each step is recomputed in the backward pass from its input and
-  carry, the only per-step values kept: the memory for long windows, at the
-  cost of a second forward pass (W x stays inside the scan then).
-  `state_mask`, if given, multiplies the previous output h fed back into the
-  cell at every step (variational dropout on the state: one mask per window).
+  """Runs `cell` over time-major inputs (T, B, m) in the way `scan` asks for
+  (`lm_zoo.cells.scans`: 'auto', 'scan', 'hoisted', 'fused' or 'remat'; a way
+  the cell cannot take is refused). `state_mask`, if given, multiplies the
+  previous output h fed back into the cell at every step (variational
+  dropout on the state: one mask per window).
 
   Attributes:
     cell: any `nn.RNNCellBase`.
     unroll: scan steps unrolled per loop iteration.
-    fused: use the cell's `scan_window` when it has one.
-    remat: keep only each step's input and carry for the backward pass.
+    scan: one of `lm_zoo.cells.scans.SCANS`.
   """
 
   cell: nn.RNNCellBase
   unroll: int = 1
-  fused: bool = True
-  remat: bool = False
+  scan: str = 'auto'
 
   @nn.compact
   def __call__(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None):
-    if self.remat:
-      step, xs = nn.remat(_step), inputs
-    elif self.fused and supports_window_scan(self.cell):
-      return self.cell.scan_window(carry, inputs, state_mask, self.unroll)
-    elif supports_hoisting(self.cell):
-      step, xs = _step_projected, self.cell.project_inputs(inputs)
+    scan = resolve_scan(self.cell, self.scan)
+    if scan == 'fused':
+      if self.is_initializing():
+        self.cell(carry, inputs[0])  # creates the cell's parameters
+      return fused_kernel(self.cell)(self.cell, self.cell.variables['params'], carry, inputs,
+                                     state_mask, self.unroll)
+    if scan == 'hoisted':
+      step, xs = _step_projected, cell_scans(self.cell).project(self.cell, inputs)
     else:
-      step, xs = _step, inputs
-    scan = nn.scan(step, variable_broadcast='params',
-                   split_rngs={'params': False, 'dropout': False},
-                   in_axes=(0, nn.broadcast), out_axes=0, unroll=self.unroll)
-    return scan(self.cell, carry, xs, state_mask)
+      step, xs = (nn.remat(_step) if scan == 'remat' else _step), inputs
+    scanned = nn.scan(step, variable_broadcast='params',
+                      split_rngs={'params': False, 'dropout': False},
+                      in_axes=(0, nn.broadcast), out_axes=0, unroll=self.unroll)
+    return scanned(self.cell, carry, xs, state_mask)
 
 
 class RecurrentStack(nn.Module):
@@ -85,8 +80,7 @@ class RecurrentStack(nn.Module):
     dropout_state: rate on the recurrent h.
     variational_dropout: share the between-layer mask over time.
     unroll: scan unroll.
-    fused: run each window with the cell's `scan_window` when it has one.
-    remat: recompute each step in the backward pass (`RecurrentLayer`).
+    scan: how each layer runs a window (`RecurrentLayer`).
     skip_connections: return the sum of the layers' outputs.
   """
 
@@ -95,8 +89,7 @@ class RecurrentStack(nn.Module):
   dropout_state: float = 0.0
   variational_dropout: bool = True
   unroll: int = 1
-  fused: bool = True
-  remat: bool = False
+  scan: str = 'auto'
   skip_connections: bool = False
 
   @nn.compact
@@ -113,9 +106,8 @@ class RecurrentStack(nn.Module):
         h = carry_output(carry)
         state_mask = nn.Dropout(self.dropout_state, deterministic=False)(
             jnp.ones(h.shape, h.dtype))
-      carry, x = RecurrentLayer(cell, unroll=self.unroll, fused=self.fused,
-                                remat=self.remat, name=f'layer_{layer}')(
-          carry, x, state_mask)
+      carry, x = RecurrentLayer(cell, unroll=self.unroll, scan=self.scan,
+                                name=f'layer_{layer}')(carry, x, state_mask)
       new_carries.append(carry)
       if self.skip_connections:
         if total is not None and x.shape != total.shape:

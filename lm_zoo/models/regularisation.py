@@ -5,64 +5,77 @@ activation regularisation (AR) and temporal activation regularisation (TAR),
 and lamb's state dropping (MODELS.md section 2).
 
 Weight drop transforms the parameter pytree before the model is applied, so
-it works with every cell whose recurrent matrix `is_recurrent_kernel` finds,
-and its mask is drawn once per forward pass: shared over time and batch.
+it works with every cell that declares its hidden-to-hidden matrices
+(`hidden_to_hidden`), and its mask is drawn once per forward pass: shared
+over time and batch.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-# Where the zoo's cells keep their hidden-to-hidden matrices: ours as
-# `recurrent_kernel` (LSTMCell) or under a module named `recurrent` (the
-# aLSTM's AdaptiveDense), flax's under h* modules (OptimizedLSTMCell hi, hf,
-# hg, ho; GRUCell hr, hz, hn; SimpleCell h).
-RECURRENT_MODULES = frozenset({'recurrent', 'hi', 'hf', 'hg', 'ho', 'hr', 'hz', 'hn', 'h'})
+# flax's cells keep each hidden-to-hidden matrix in a Dense of its own; ours
+# declare theirs (`hidden_to_hidden`, lm_zoo.cells.base).
+FLAX_HIDDEN_TO_HIDDEN = {
+    nn.OptimizedLSTMCell: ('hi/kernel', 'hf/kernel', 'hg/kernel', 'ho/kernel'),
+    nn.LSTMCell: ('hi/kernel', 'hf/kernel', 'hg/kernel', 'ho/kernel'),
+    nn.GRUCell: ('hr/kernel', 'hz/kernel', 'hn/kernel'),
+    nn.SimpleCell: ('h/kernel',),
+}
 
 
-def is_recurrent_kernel(path: Sequence[str]) -> bool:
-  """Whether the parameter at `path` (module names, then the leaf's name) is
-  a cell's hidden-to-hidden matrix."""
-  *modules, leaf = path
-  return leaf == 'recurrent_kernel' or (
-      bool(modules) and modules[-1] in RECURRENT_MODULES and leaf.startswith('kernel'))
+def hidden_to_hidden(cell: nn.Module) -> tuple[str, ...]:
+  """The '/'-joined paths, under `cell`'s own parameters, of its
+  hidden-to-hidden matrices: what weight drop masks.
+
+  Raises:
+    ValueError: the cell declares none (a custom cell's matrix would
+      otherwise go undropped silently).
+  """
+  if type(cell) in FLAX_HIDDEN_TO_HIDDEN:
+    return FLAX_HIDDEN_TO_HIDDEN[type(cell)]
+  declare = getattr(cell, 'hidden_to_hidden', None)
+  if declare is None:
+    raise ValueError(f'{type(cell).__name__} does not declare its hidden-to-hidden matrices '
+                     'for weight drop: give it an nn.nowrap method hidden_to_hidden(of) '
+                     'returning their paths (lm_zoo.cells.base)')
+  return tuple(declare(hidden_to_hidden))
 
 
-def _names(path) -> list[str]:
-  return [str(getattr(k, 'key', k)) for k in path]
+def _names(path) -> str:
+  return '/'.join(str(getattr(k, 'key', k)) for k in path)
 
 
-def drop_recurrent_weights(params: Any, rate: float, rng: jax.Array) -> Any:
-  """Weight drop: every hidden-to-hidden matrix with entries zeroed with
-  probability `rate` and the rest scaled by 1 / (1 - rate); other
-  parameters unchanged. Gradients reach the kept entries through the mask."""
+def drop_recurrent_weights(params: Any, paths: Sequence[str], rate: float,
+                           rng: jax.Array) -> Any:
+  """Weight drop: the matrices of `params` at `paths` ('/'-joined) with
+  entries zeroed with probability `rate` and the rest scaled by
+  1 / (1 - rate); other parameters unchanged. Gradients reach the kept
+  entries through the mask."""
   if not 0 <= rate < 1:
     raise ValueError(f'weight drop rate must be in [0, 1), got {rate}')
   if rate == 0:
     return params
+  if not paths:
+    raise ValueError('weight drop found no hidden-to-hidden matrix: the cells declare none '
+                     '(hidden_to_hidden, lm_zoo.cells.base); set the rate to 0')
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-  if not any(is_recurrent_kernel(_names(path)) for path, _ in flat):
-    # A custom cell's matrix under another name would silently go undropped.
-    raise ValueError('weight drop found no hidden-to-hidden matrix: name it '
-                     "'recurrent_kernel', or put it in a submodule named one of "
-                     f'{", ".join(sorted(RECURRENT_MODULES))}')
+  missing = set(paths) - {_names(path) for path, _ in flat}
+  if missing:
+    raise ValueError(f'weight drop: no parameter at {", ".join(sorted(missing))}')
+  # One key per leaf, whether dropped or not, so the masks follow the tree.
   keys = jax.random.split(rng, len(flat))
   leaves = []
   for key, (path, x) in zip(keys, flat):
-    if is_recurrent_kernel(_names(path)):
+    if _names(path) in paths:
       keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
       x = jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
     leaves.append(x)
   return jax.tree.unflatten(treedef, leaves)
-
-
-def recurrent_kernel_paths(params: Any) -> list[str]:
-  """The '/'-joined paths that weight drop acts on (to check a model)."""
-  return ['/'.join(_names(path)) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
-          if is_recurrent_kernel(_names(path))]
 
 
 def activation_penalty(outputs: jax.Array, alpha: float) -> jax.Array:

@@ -13,7 +13,7 @@ import json
 import os
 import pathlib
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -34,13 +34,18 @@ class Checkpoints:
   """`workdir/checkpoints` (latest train states) and `workdir/best` (params).
 
   `meta` is a JSON-able dict that travels with each state: the data position,
-  the epoch, the validation history.
+  the epoch, the validation history. `legacy_transposed(keys)`, given by the
+  model's side (`lm_zoo.models.legacy_transposed`), says which leaves (their
+  key paths) older checkpoints may hold transposed: those restore into
+  today's shape.
   """
 
-  def __init__(self, workdir: str | pathlib.Path, max_to_keep: int = 2):
+  def __init__(self, workdir: str | pathlib.Path, max_to_keep: int = 2,
+               legacy_transposed: Callable[[tuple[str, ...]], bool] | None = None):
     workdir = pathlib.Path(workdir)
     self._latest = _manager(workdir / 'checkpoints', max_to_keep)
     self._best = _manager(workdir / 'best', 1)
+    self._legacy_transposed = legacy_transposed or (lambda keys: False)
 
   @staticmethod
   def _save(manager, step: int, tree: Any, meta: dict) -> None:
@@ -50,8 +55,7 @@ class Checkpoints:
         state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)), force=True)
     manager.wait_until_finished()
 
-  @staticmethod
-  def _restore(manager, like: Any, step: int | None = None):
+  def _restore(self, manager, like: Any, step: int | None = None):
     step = manager.latest_step() if step is None else step
     if step is None:
       return None
@@ -62,10 +66,8 @@ class Checkpoints:
              jax.tree_util.tree_flatten_with_path(metadata)[0]}
     wanted = {_keys(path): tuple(leaf.shape) for path, leaf in
               jax.tree_util.tree_flatten_with_path(abstract)[0]}
-    # Checkpoints from before the untied softmax kernel was stored as (vocab,
-    # features) hold it, and its optimizer statistics, as (features, vocab).
     legacy = {keys for keys, shape in wanted.items()
-              if _is_output_kernel(keys) and saved.get(keys) == shape[::-1] != shape}
+              if self._legacy_transposed(keys) and saved.get(keys) == shape[::-1] != shape}
     differ = {keys: (saved.get(keys), shape) for keys, shape in wanted.items()
               if keys not in legacy and saved.get(keys) != shape}
     if differ or set(saved) != set(wanted):
@@ -170,12 +172,6 @@ def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
 def _keys(path) -> tuple[str, ...]:
   """A tree path as strings: dict keys, attribute names and sequence indices."""
   return tuple(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
-
-
-def _is_output_kernel(keys: tuple[str, ...]) -> bool:
-  """Whether a leaf is the LM's untied softmax kernel (`OutputEmbedding`),
-  or an optimizer statistic of it (a mixture of softmaxes' is not)."""
-  return keys[-2:] == ('softmax', 'kernel') and 'mos' not in keys
 
 
 def save_tree(directory: str | pathlib.Path, tree: Any, meta: dict) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import ml_collections
 
+from lm_zoo.cells.scans import SCANS
 from lm_zoo.data.corpora import CORPORA, Corpus
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import build_evaluator
@@ -19,7 +20,7 @@ from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
 # field -> the names it may take
 CHOICES = {
     'data.name': tuple(CORPORA), 'model.cell': tuple(CELLS),
-    'model.alstm.latent': tuple(LATENTS), 'model.dtype': tuple(DTYPES),
+    'model.alstm.latent': tuple(LATENTS), 'model.dtype': tuple(DTYPES), 'model.scan': SCANS,
     'optimizer.name': OPTIMIZERS, 'optimizer.loss_reduction': LOSS_REDUCTIONS,
     'averaging.trigger': TRIGGERS, 'schedule.kind': SCHEDULES,
     'train.nonfinite': NONFINITE_POLICIES,

@@ -23,7 +23,7 @@ import optax
 
 from lm_zoo.data import BatchedStream, Window
 from lm_zoo.errors import Preempted
-from lm_zoo.models import RecurrentLM, build_model
+from lm_zoo.models import RecurrentLM, build_model, legacy_transposed
 from lm_zoo.evaluation import EvalResult, make_eval_step, split_names
 from lm_zoo.optim import averaged_params, start_averaging
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
@@ -104,7 +104,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
       config.optimizer.ar, config.optimizer.tar, mesh,
       skip_nonfinite=config.train.nonfinite == 'skip', drop_state=config.train.drop_state)
   batched = BatchedStream(corpus.train, config.data.batch_size)
-  checkpoints, metrics = Checkpoints(workdir), None
+  checkpoints, metrics = Checkpoints(workdir, legacy_transposed=legacy_transposed), None
   try:
     state, progress, resumed = restore_or_init(config, workdir, checkpoints, model, optimizer)
     save_config(config, workdir)

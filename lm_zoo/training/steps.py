@@ -47,7 +47,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   al.'s convention, under which their lr 1 and clip 5 were tuned), plus
   AWD-LSTM's AR (`ar` = alpha) and TAR (`tar` = beta) penalties on the last
   layer's outputs that the model sows. The model sees its weights after
-  weight drop (`model.dropped_weights`, when it has one), and with
+  weight drop (`model.dropped_weights`), and with
   `drop_state` > 0 carries in which each batch row's state was zeroed with
   that probability (`drop_carried_state`, lamb's drop_state_probability).
   The new carries are returned with gradients stopped; the state is donated.
@@ -71,8 +71,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
     carries = drop_carried_state(state.carries, drop_state, jax.random.fold_in(step_key, 1))
 
     def objective(params):
-      if hasattr(model, 'dropped_weights'):
-        params = model.dropped_weights(params, weight_key)
+      params = model.dropped_weights(params, weight_key)
       (logits, new_carries), sown = model.apply(
           {'params': params}, inputs, carries, train=True,
           rngs={'dropout': dropout_key}, mutable=['intermediates'] if penalised else [])

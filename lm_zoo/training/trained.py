@@ -18,7 +18,7 @@ from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import (EvalResult, Evaluator, build_evaluator, diagonal_fisher,
                                meta_train, split_names)
-from lm_zoo.models import RecurrentLM, build_model, init_params
+from lm_zoo.models import RecurrentLM, build_model, init_params, legacy_transposed
 from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.run import load_data
@@ -36,7 +36,7 @@ def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
   corpus = load_data(config)
   model = build_model(config.model, len(corpus.vocab))
   like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  with Checkpoints(workdir) as checkpoints:  # closed: no orbax threads left behind
+  with Checkpoints(workdir, legacy_transposed=legacy_transposed) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:
     raise ConfigError(f'no best checkpoint in {workdir}/best: training has not '

@@ -14,8 +14,9 @@ from typing import Any, Iterator
 
 import ml_collections
 
-from lm_zoo.configs import base_config
+from lm_zoo.configs import base_config, upgrade_config
 from lm_zoo.errors import ConfigError, WorkdirInUse
+from lm_zoo.models import legacy_transposed
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
 
 CONFIG_FILE = 'config.json'
@@ -80,7 +81,7 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
     raise ConfigError(f'{path} is corrupt or truncated ({err}): restore it, or train '
                       'again in a new --workdir') from None
   config = base_config()
-  config.update(saved)
+  config.update(upgrade_config(saved))
   return config
 
 
@@ -104,7 +105,7 @@ def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
   stage starts from them)."""
   if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
     raise ConfigError(f'train.init_from={workdir} is not a work directory of launch/train.py')
-  with Checkpoints(workdir) as checkpoints:  # closed: no orbax threads left behind
+  with Checkpoints(workdir, legacy_transposed=legacy_transposed) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:
     raise ConfigError(f'train.init_from={workdir} has no best checkpoint: its run has '
