@@ -1,10 +1,12 @@
 """A run's final evaluation is the evaluator its config's evaluation section
 names, each split at its own batch size."""
 
+import math
+
 import pytest
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.evaluation import Static, TunedTemperature
+from lm_zoo.evaluation import EvalResult, Static, TunedTemperature
 from lm_zoo.training import load_trained, read_metrics, train_and_evaluate
 
 
@@ -36,3 +38,16 @@ def test_splits_and_a_bad_evaluation_are_checked_before_training(tiny_config, tm
   with pytest.raises(ConfigError, match='mc_dropout.samples must be at least 1'):
     train_and_evaluate(tiny_config, tmp_path / 'c')
   assert not (tmp_path / 'b' / 'checkpoints').exists()
+
+
+def test_a_finite_loss_past_the_float_range_scores_an_infinite_perplexity(tiny_config,
+                                                                          tmp_path):
+  """SGD at lr 1e30 keeps the loss finite (the non-finite guard never fires)
+  but past 709 nats, where exp overflows: the run ends with its scores."""
+  tiny_config.train.num_epochs = 1
+  tiny_config.optimizer.update(learning_rate=1e30, clip_norm=0.0)
+  summary = train_and_evaluate(tiny_config, tmp_path)
+  assert 709.8 < summary['valid']['loss'] < math.inf
+  assert summary['valid']['perplexity'] == math.inf
+  assert 'perplexity inf' in EvalResult(summary['test']['loss'], 1).summary()
+  assert EvalResult(709.0, 1).perplexity == pytest.approx(math.exp(709.0))

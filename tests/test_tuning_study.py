@@ -120,6 +120,40 @@ def test_workers_must_share_the_search_space(tune_file, tmp_path):
     open_study(tune, tmp_path)
 
 
+def _sampled(tune, workdir, trials: int) -> list[dict]:
+  """Opens the study as a (re)started worker does and samples `trials`
+  trials of it, each told a made-up loss."""
+  from lm_zoo.tuning import suggest
+  study = open_study(tune, workdir)
+  values = []
+  for _ in range(trials):
+    trial = study.ask()
+    values.append(suggest(trial, tune.space))
+    study.tell(trial, values[-1]['learning_rate'])
+  return values
+
+
+def test_a_seeded_study_is_reproducible_and_a_restart_does_not_repeat_it(tune_file, tmp_path):
+  tune = _tune_config(tune_file)
+  tune.study.sampler = 'random'
+  first, restarted = _sampled(tune, tmp_path / 'a', 3), _sampled(tune, tmp_path / 'a', 3)
+  assert all(a != b for a, b in zip(first, restarted)), 'the restart repeated the study'
+  again = _sampled(tune, tmp_path / 'b', 3) + _sampled(tune, tmp_path / 'b', 3)
+  assert again == first + restarted  # the same seed and history, the same values
+
+
+def test_a_trial_whose_loss_overflows_the_perplexity_is_pruned_as_diverged(tune_file,
+                                                                            tmp_path):
+  tune = _tune_config(tune_file)
+  tune.base.optimizer.update(name='sgd', clip_norm=0.0)
+  tune.space.learning_rate.update(low=1e29, high=1e30)
+  tune.study.num_trials = 1
+  study = run_worker(tune, tmp_path)
+  [trial] = study.get_trials(deepcopy=False)
+  assert trial.state == optuna.trial.TrialState.PRUNED
+  assert 'nats per token' in trial.user_attrs['diverged']
+
+
 def test_two_workers_share_one_sqlite_study_and_run_no_trial_twice(tune_file, tmp_path):
   workers = [_worker(tune_file, tmp_path, f'--worker={k}', '--tune.study.num_trials=4')
              for k in (0, 1)]

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any, Mapping
+
+
+# log of the largest float64: exp of more overflows.
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +27,9 @@ class EvalResult:
 
   @property
   def perplexity(self) -> float:
-    return math.exp(self.loss)
+    """exp(loss); infinite where that overflows (a loss above about 709.8
+    nats, which a diverged model or a tiny temperature gives)."""
+    return math.exp(self.loss) if self.loss < _LOG_FLOAT_MAX else math.inf
 
   @property
   def bits_per_token(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import time
 from numbers import Real
@@ -45,8 +46,9 @@ class MetricsWriter:
       f.write(json.dumps(record) + '\n')
     tag = f'{kind}_final' if values.get('final') else kind
     for name, value in values.items():
+      # A diverged run's infinite perplexity stays in the JSON record only.
       if (name not in _INDEX_FIELDS and isinstance(value, Real)
-          and not isinstance(value, bool)):
+          and not isinstance(value, bool) and math.isfinite(value)):
         self.events.add_scalar(f'{tag}/{name}', value, values.get('step', 0))
     self.events.flush()  # records are rare; a killed run keeps every one
 

@@ -36,6 +36,7 @@ import warnings
 from typing import Callable
 
 import ml_collections
+import numpy as np
 import optuna
 import sqlalchemy
 
@@ -94,8 +95,14 @@ def _storage(tune: ml_collections.ConfigDict, url: str) -> optuna.storages.RDBSt
         grace_period=tune.study.grace_period, heartbeat_stale_trial_callback=retry)
 
 
-def _sampler(study_cfg: ml_collections.ConfigDict, worker: int) -> optuna.samplers.BaseSampler:
-  seed = None if study_cfg.seed < 0 else study_cfg.seed + worker
+def _sampler(study_cfg: ml_collections.ConfigDict, worker: int,
+             trials_before: int = 0) -> optuna.samplers.BaseSampler:
+  """The study's sampler for one worker. A seeded one draws from (seed,
+  worker, the trials the study already holds): the same study again from an
+  empty database samples the same values, and a worker restarted on a study
+  samples on where it stopped instead of repeating its first values."""
+  seed = None if study_cfg.seed < 0 else int(np.random.SeedSequence(
+      [study_cfg.seed, worker, trials_before]).generate_state(1)[0])
   if study_cfg.sampler == 'tpe':
     # constant_liar: running trials count as bad, so parallel workers spread out.
     return optuna.samplers.TPESampler(seed=seed, constant_liar=True,
@@ -183,6 +190,7 @@ def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
       if attempt == 4:
         raise
       time.sleep(1 + attempt)
+  study.sampler = _sampler(tune.study, worker, len(study.get_trials(deepcopy=False)))
   identity = study.user_attrs.get('tune_config')
   if identity is None:
     study.set_user_attr('tune_config', _identity(tune))
@@ -227,8 +235,8 @@ def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.P
                        ) -> Callable[[optuna.Trial], float]:
   """Each trial trains `tune.base` with its sampled values in its own work
   directory, reports every validation turn to the pruner, and returns the
-  best checkpoint's validation loss. A run whose loss stops being finite is
-  pruned (marked `diverged`)."""
+  best checkpoint's validation loss. A run whose loss stops being finite, or
+  whose perplexity overflows, is pruned (marked `diverged`)."""
   def objective(trial: optuna.Trial) -> float:
     _check_not_surplus(trial.study, trial, tune.study.num_trials)
     values = suggest(trial, tune.space)
@@ -254,6 +262,10 @@ def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.P
     except TrainingError as err:
       trial.set_user_attr('diverged', str(err))
       raise optuna.TrialPruned(f'diverged: {err}') from None
+    if not math.isfinite(summary['valid']['perplexity']):  # a loss past 709 nats
+      reason = f"valid loss {summary['valid']['loss']:.4g} nats per token"
+      trial.set_user_attr('diverged', reason)
+      raise optuna.TrialPruned(f'diverged: {reason}')
     trial.set_user_attr('perplexity', summary['valid']['perplexity'])
     trial.set_user_attr('steps', summary['step'])
     trial.set_user_attr('num_params', summary['num_params'])
