@@ -1,13 +1,17 @@
 """Checkpoints: restoring into the current model's shapes."""
 
+import types
+
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import legacy_transposed
-from lm_zoo.training.checkpoints import Checkpoints, restore_tree, save_tree
+from lm_zoo.training import checkpoints as checkpoints_module
+from lm_zoo.training.checkpoints import ORBAX_TMP, Checkpoints, restore_tree, save_tree
 
 
 def params(vocab=7, features=3, transposed=False):
@@ -63,3 +67,34 @@ def test_save_tree_then_restore_tree_gives_the_tree_and_meta_back(tmp_path):
   np.testing.assert_array_equal(restored['meta_params']['w'], tree['meta_params']['w'])
   np.testing.assert_array_equal(restored['precision'][0], tree['precision'][0])
   assert restore_tree(tmp_path / 'nothing') is None
+
+
+def _state(value: float):
+  return {'w': np.full((3, 2), value, np.float32)}
+
+
+@pytest.mark.parametrize('killed_after', ['previous set aside', 'new one written'])
+def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(tmp_path, monkeypatch,
+                                                                      killed_after):
+  """The epoch's end saves the step of a periodic checkpoint again; a kill
+  in the middle of that leaves the previous checkpoint of the step or the
+  new one, never neither (it was deleted before the new one was written)."""
+  with Checkpoints(tmp_path) as checkpoints:
+    checkpoints.save_latest(7, _state(1.0), {'epoch': 1})
+  def killed(*args, **kwargs):
+    raise KeyboardInterrupt('SIGKILL')
+
+  with monkeypatch.context() as patched:
+    if killed_after == 'previous set aside':
+      patched.setattr(ocp.CheckpointManager, 'save', killed)
+    else:  # before the previous checkpoint is removed
+      patched.setattr(checkpoints_module, 'shutil', types.SimpleNamespace(rmtree=killed))
+    checkpoints = Checkpoints(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+      checkpoints.save_latest(7, _state(2.0), {'epoch': 2})
+  (tmp_path / 'checkpoints' / f'9{ORBAX_TMP}-123').mkdir()  # orbax's folder in the making
+  with Checkpoints(tmp_path) as reopened:
+    state, meta = reopened.restore_latest(_state(0.0))
+  expected = (1.0, 1) if killed_after == 'previous set aside' else (2.0, 2)
+  assert (float(state['w'][0, 0]), meta['epoch']) == expected
+  assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['7']

@@ -1,7 +1,10 @@
 """Checkpoints with orbax: the latest train state, and the best parameters.
 
 Orbax writes each checkpoint into a temporary folder and renames it when it is
-complete, so a kill at any moment leaves the previous checkpoint loadable. The
+complete, so a kill at any moment leaves the previous checkpoint loadable; a
+step saved again keeps its previous checkpoint until the new one is
+complete, and what a kill leaves half done is finished or removed when the
+folder is opened again. The
 work directory's other files are replaced whole too (`write_text_atomically`).
 A checkpoint that cannot be read (a file corrupted or cut short after it was
 written) is a `CheckpointError` naming its folder and what failed.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import tempfile
 from typing import Any, Callable
 
@@ -21,7 +25,31 @@ import orbax.checkpoint as ocp
 from lm_zoo.errors import CheckpointError, ConfigError
 
 
+# A step's previous checkpoint while the same step is saved again; orbax's own
+# folders in the making end in ORBAX_TMP.
+_PREVIOUS = '.previous'
+ORBAX_TMP = '.orbax-checkpoint-tmp'
+
+
+def _recover(directory: pathlib.Path) -> None:
+  """Finishes what a kill interrupted in `directory`: a step saved again
+  whose new checkpoint never completed gets its previous one back (a
+  completed one makes the previous one go), and orbax's unfinished folders
+  are removed."""
+  if not directory.is_dir():
+    return
+  for previous in directory.glob(f'*{_PREVIOUS}'):
+    step = previous.with_name(previous.name[:-len(_PREVIOUS)])
+    if step.exists():
+      shutil.rmtree(previous)
+    else:
+      os.replace(previous, step)
+  for unfinished in directory.glob(f'*{ORBAX_TMP}*'):
+    shutil.rmtree(unfinished, ignore_errors=True)
+
+
 def _manager(directory: pathlib.Path, max_to_keep: int) -> ocp.CheckpointManager:
+  _recover(directory)
   return ocp.CheckpointManager(
       directory.absolute(),
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
@@ -49,11 +77,21 @@ class Checkpoints:
 
   @staticmethod
   def _save(manager, step: int, tree: Any, meta: dict) -> None:
-    if step in manager.all_steps():  # same step, newer meta (e.g. epoch end)
-      manager.delete(step)
+    """Saves `step`. A step saved again (the epoch's end after a periodic
+    save of its last update, a SIGTERM there) keeps its previous checkpoint
+    aside until the new one is complete: a kill at any point leaves one of
+    the two whole (`_recover`)."""
+    previous = None
+    if step in manager.all_steps():
+      folder = pathlib.Path(manager.directory) / str(step)
+      previous = folder.with_name(folder.name + _PREVIOUS)
+      os.replace(folder, previous)
+      manager.reload()
     manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)), force=True)
     manager.wait_until_finished()
+    if previous is not None:
+      shutil.rmtree(previous)
 
   def _restore(self, manager, like: Any, step: int | None = None):
     step = manager.latest_step() if step is None else step

@@ -108,8 +108,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
   try:
     state, progress, resumed = restore_or_init(config, workdir, checkpoints, model, optimizer)
     save_config(config, workdir)
-    # Drops what a stopped run logged past its checkpoint.
-    metrics = MetricsWriter(workdir, resume_step=int(state.step) if resumed else None)
+    # Keeps what the run had logged at its checkpoint (a new run: nothing).
+    metrics = MetricsWriter(workdir, keep=progress.metrics_records if resumed else 0,
+                            resume_step=int(state.step) if resumed else None)
     trainer = Trainer(
         config=config, workdir=workdir, corpus=corpus, model=model, mesh=mesh,
         train_step=train_step, eval_step=make_eval_step(model), batched=batched,
@@ -314,6 +315,7 @@ def save(t: Trainer, run: Run) -> RollBack | None:
   if fault is not None:
     return fault
   run.progress.train_seconds = run.seconds_trained()
+  run.progress.metrics_records = t.metrics.count
   t.checkpoints.save_latest(run.step, run.state, dataclasses.asdict(run.progress))
   return None
 
@@ -339,6 +341,7 @@ def roll_back(t: Trainer, run: Run, fault: RollBack) -> None:
   run.state, run.progress = place_state(restored, t.mesh), Progress(**meta)
   run.progress.rollbacks = rollbacks
   run.step, run.step_lr = int(run.state.step), None
+  t.metrics.truncate(run.progress.metrics_records, run.step)  # the abandoned steps' records go
   scale = cfg.rollback_lr_factor ** rollbacks
   log.warning('step %d: non-finite loss or gradient, rolled back to the checkpoint of '
               'step %d with the learning rate x %g (rollback %d of at most %d)', fault.step,

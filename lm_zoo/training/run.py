@@ -39,6 +39,9 @@ class Progress:
   skipped_updates: int = 0  # dropped for a non-finite loss or gradient (train.nonfinite=skip)
   rollbacks: int = 0  # restores of a checkpoint after one (train.nonfinite=rollback)
   train_seconds: float = 0.0  # spent training up to this checkpoint (train.max_seconds)
+  # metrics.jsonl's records up to this checkpoint; -1: a checkpoint from before
+  # they were counted
+  metrics_records: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
