@@ -1,14 +1,16 @@
 """Checkpoints: restoring into the current model's shapes."""
 
+import pathlib
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import CheckpointError, ConfigError
 from lm_zoo.models import legacy_transposed
 from lm_zoo.training import checkpoints as checkpoints_module
 from lm_zoo.training.checkpoints import ORBAX_TMP, Checkpoints, restore_tree, save_tree
@@ -98,3 +100,46 @@ def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(tmp_path, 
   expected = (1.0, 1) if killed_after == 'previous set aside' else (2.0, 2)
   assert (float(state['w'][0, 0]), meta['epoch']) == expected
   assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['7']
+
+
+def test_damage_that_still_decodes_is_found_by_the_digests(tmp_path):
+  """Single flipped bits and 200 garbled bytes in the array files of best/:
+  every restore either gives the saved arrays bit for bit or fails naming
+  the checkpoint; none gives other weights."""
+  weights = {'w': np.random.default_rng(0).normal(size=(64, 32)).astype(np.float32),
+             'b': np.arange(32, dtype=np.float32)}
+  with Checkpoints(tmp_path) as checkpoints:
+    checkpoints.save_best(3, weights, {'epoch': 1})
+  files = sorted(p for p in (tmp_path / 'best' / '3' / 'state').rglob('*')
+                 if p.is_file() and p.parent.name == 'd')
+  rng = np.random.default_rng(1)
+  refused = 0
+  for case in range(12):
+    path = files[case % len(files)]
+    original = path.read_bytes()
+    damaged = bytearray(original)
+    if case == 11:
+      start = int(rng.integers(0, max(1, len(damaged) - 200)))
+      damaged[start:start + 200] = rng.integers(0, 256, 200, dtype=np.uint8).tobytes()
+    else:
+      damaged[int(rng.integers(0, len(damaged)))] ^= 1 << int(rng.integers(0, 8))
+    path.write_bytes(bytes(damaged))
+    try:
+      with Checkpoints(tmp_path) as checkpoints:
+        restored, meta = checkpoints.restore_best(weights)
+      for name in weights:
+        np.testing.assert_array_equal(restored[name], weights[name])
+      assert meta == {'epoch': 1}
+    except CheckpointError as err:
+      refused += 1
+      assert f'the checkpoint {tmp_path / "best" / "3"} is ' in str(err)
+      assert 'keeps no other copy' in str(err) or 'corrupt or truncated' in str(err)
+    path.write_bytes(original)
+  assert refused >= 3
+
+
+def test_checkpoints_written_before_digests_restore_unverified():
+  from lm_zoo.training import load_trained
+  config, corpus, model, params = load_trained(
+      pathlib.Path(__file__).parent / 'data' / 'workdir_0fa17a5')
+  assert sum(x.size for x in jax.tree.leaves(params)) > 0

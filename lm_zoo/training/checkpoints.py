@@ -7,11 +7,14 @@ complete, and what a kill leaves half done is finished or removed when the
 folder is opened again. The
 work directory's other files are replaced whole too (`write_text_atomically`).
 A checkpoint that cannot be read (a file corrupted or cut short after it was
-written) is a `CheckpointError` naming its folder and what failed.
+written) is a `CheckpointError` naming its folder and what failed; each
+checkpoint also keeps a sha256 digest of every array, checked on restore, so
+damage that still decodes is found too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -20,11 +23,14 @@ import tempfile
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from lm_zoo.errors import CheckpointError, ConfigError
 
 
+# The key of a checkpoint's meta that holds its arrays' digests.
+_DIGESTS = 'array_digests'
 # A step's previous checkpoint while the same step is saved again; orbax's own
 # folders in the making end in ORBAX_TMP.
 _PREVIOUS = '.previous'
@@ -87,6 +93,7 @@ class Checkpoints:
       previous = folder.with_name(folder.name + _PREVIOUS)
       os.replace(folder, previous)
       manager.reload()
+    meta = {**meta, _DIGESTS: _digests(tree)}
     manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)), force=True)
     manager.wait_until_finished()
@@ -120,12 +127,14 @@ class Checkpoints:
     target = jax.tree_util.tree_map_with_path(
         lambda path, x: (jax.ShapeDtypeStruct(x.shape[::-1], x.dtype)
                          if _keys(path) in legacy else x), abstract)
-    with _readable(manager.directory / str(step)):
+    folder = pathlib.Path(manager.directory) / str(step)
+    with _readable(folder):
       restored = manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    meta = _verified(folder, restored.state, restored.meta, keeps_older=manager is self._latest)
     state = jax.tree_util.tree_map_with_path(
         lambda path, x: x.T if _keys(path) in legacy else x, restored.state)
-    return state, restored.meta
+    return state, meta
 
   def save_latest(self, step: int, state: Any, meta: dict) -> None:
     self._save(self._latest, step, state, meta)
@@ -182,6 +191,40 @@ class _readable:
         'use a new --workdir.') from err
 
 
+def _digests(tree: Any) -> dict[str, str]:
+  """sha256 of each array's dtype, shape and bytes, by its '/'-joined path:
+  orbax keeps no checksum of the data, so a flipped bit would restore."""
+  digests = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      continue  # other processes hold parts of it
+    array = np.ascontiguousarray(jax.device_get(leaf))
+    digest = hashlib.sha256(f'{array.dtype.str}{array.shape}'.encode())
+    digest.update(array.tobytes())
+    digests['/'.join(_keys(path))] = digest.hexdigest()
+  return digests
+
+
+def _verified(folder: pathlib.Path, tree: Any, meta: dict, keeps_older: bool) -> dict:
+  """`meta` without the digests once every array of `tree` matches its
+  digest; else a CheckpointError naming the checkpoint and the array.
+  Checkpoints written before digests were kept restore unverified."""
+  meta = dict(meta)
+  expected = meta.pop(_DIGESTS, None)
+  if expected is None:
+    return meta
+  got = _digests(tree)
+  damaged = sorted(name for name in expected if got.get(name, expected[name]) != expected[name])
+  if damaged:
+    advice = (f'delete {folder} to resume from the checkpoint before it'
+              if keeps_older else f'{folder.parent.name}/ keeps no other copy: train again '
+              'in a new --workdir, or put a backup of the folder back')
+    raise CheckpointError(f'the checkpoint {folder} is damaged: {damaged[0]}'
+                          + (f' and {len(damaged) - 1} more arrays' if len(damaged) > 1 else '')
+                          + f' differ from the digests saved with them; {advice}.')
+  return meta
+
+
 def _is_broken_json(path: pathlib.Path) -> bool:
   """Whether `path` is one of orbax's JSON files (metadata, not array data)
   and does not parse."""
@@ -228,7 +271,11 @@ def restore_tree(directory: str | pathlib.Path) -> tuple[Any, dict] | None:
     return None
   manager = _manager(directory, 1)
   step = manager.latest_step()
-  restored = None if step is None else manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+  folder = directory / str(step)
+  with _readable(folder):
+    restored = None if step is None else manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
   manager.close()
-  return None if restored is None else (restored.state, restored.meta)
+  if restored is None:
+    return None
+  return restored.state, _verified(folder, restored.state, restored.meta, keeps_older=False)
