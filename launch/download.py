@@ -1,6 +1,6 @@
 """`python launch/download.py` runs `lm-zoo-download` (lm_zoo/cli/download.py); --help lists its flags."""
 
-from lm_zoo.cli import download
+from lm_zoo import programs
 
 if __name__ == '__main__':
-  download.main()
+  programs.download()

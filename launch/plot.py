@@ -1,6 +1,6 @@
 """`python launch/plot.py` runs `lm-zoo-plot` (lm_zoo/cli/plot.py); --help lists its flags."""
 
-from lm_zoo.cli import plot
+from lm_zoo import programs
 
 if __name__ == '__main__':
-  plot.main()
+  programs.plot()

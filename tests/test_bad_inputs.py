@@ -7,9 +7,13 @@ import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
-from conftest import run_script
+from conftest import REPO, run_script
 
 from lm_zoo import cli
 from lm_zoo.configs import base_config, evaluation_config
@@ -256,3 +260,51 @@ def test_the_programs_print_one_line_and_verbose_adds_the_traceback(tmp_path, tr
   broken = run_script(['launch/evaluate.py', f'--workdir={workdir}'])
   assert broken.returncode == 1 and 'Traceback' not in broken.stderr
   assert f'error: the checkpoint {workdir}/best/10 is corrupt or truncated' in broken.stderr
+
+
+# Command lines the flag parsers refuse, run as the programs (absl's and
+# ml_collections' parsing included): (program, flags, the line's text).
+COMMAND_LINES = {
+    'config field typo': ('train', ['--config=experiments/default.py',
+                                    '--config.model.hiden_size=3'],
+                          'error: --config.model.hiden_size: no such config field; did you '
+                          'mean hidden_size?'),
+    'missing config file': ('train', ['--config=experiments/nope.py'],
+                            "error: --config: [Errno 2] No such file or directory: "
+                            "'experiments/nope.py'"),
+    'missing config file, overrides': ('train', ['--config=experiments/nope.py',
+                                                 '--config.model.hidden_size=3'],
+                                       'error: --config: [Errno 2] No such file'),
+    'unknown variant': ('evaluate', ['--config=experiments/dyneval_rms.py:nope'],
+                        "error: --config: ValueError: variant must be one of lamb, krause"),
+    'unknown section': ('evaluate', ['--config.nosection.x=1'],
+                        'error: --config.nosection.x: no such config field'),
+    'not a number': ('evaluate', ['--config.static.temperature=warm'],
+                     "error: --config.static.temperature: could not convert string to float"),
+    'unknown flag': ('generate', ['--top_p=0.9'], "error: Unknown command line flag 'top_p'"),
+}
+
+
+@pytest.mark.parametrize('case', COMMAND_LINES)
+def test_a_bad_command_line_is_one_error_line(case, tmp_path):
+  program, bad_flags, expected = COMMAND_LINES[case]
+  refused = run_script([f'launch/{program}.py', f'--workdir={tmp_path}', *bad_flags])
+  assert refused.returncode == 1 and 'Traceback' not in refused.stderr
+  assert refused.stderr.startswith(expected), refused.stderr
+  assert len(refused.stderr.strip().splitlines()) == 2  # and where to find the flags
+
+
+def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
+  """SIGINT during the imports (JAX takes seconds to load) exits 130 with
+  one line, before any training."""
+  process = subprocess.Popen(
+      [sys.executable, 'launch/train.py', '--config=experiments/default.py',
+       f'--workdir={tmp_path}'], cwd=REPO, stderr=subprocess.PIPE, text=True,
+      env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+  time.sleep(0.5)
+  process.send_signal(signal.SIGINT)
+  _, err = process.communicate(timeout=120)
+  assert process.returncode == 130, err
+  assert 'Traceback' not in err and err.strip().splitlines()[-1] in ('interrupted',
+                                                                    'stopped: SIGINT')
+  assert not (tmp_path / 'checkpoints').exists()

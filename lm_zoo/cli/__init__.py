@@ -107,7 +107,40 @@ def main(command: types.ModuleType, program: Callable[[list[str]], None],
   for flag in [*flags.FLAGS.get_flags_for_module(command.__name__), flags.FLAGS['verbose']]:
     flags.FLAGS.register_key_flag_for_module(program_path, flag)
   sys.modules['__main__'].__doc__ = command.__doc__ + more_help
-  app.run(program)
+  app.run(program, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every error as one line: a bad flag value, a
+  --config file that does not load (a missing file, an unknown variant) or
+  a --config.FIELD override that names no field. The config file is loaded
+  here, so that its errors are the command line's, not the program's."""
+  try:
+    argv = flags.FLAGS(argv)
+    if 'config' in flags.FLAGS:
+      flags.FLAGS.config.keys()  # a file that failed to load raises on first use
+    return argv
+  except Exception as err:  # flags.Error, and whatever a config file raises
+    print(f'error: {flag_error(err, argv)}\nPass --help to see the flags.', file=sys.stderr)
+    sys.exit(1)
+
+
+def flag_error(err: Exception, argv: list[str]) -> str:
+  """The flag that `err` is about, and why, in one line."""
+  text = str(err)
+  suggested = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
+  missing = re.search(r"KeyError: '([\w.]+)'|^[\"']+([\w.]+)[\"']+$", text.replace('\\', ''))
+  bad_field = suggested.group(2) if suggested else missing and (missing.group(1) or missing.group(2))
+  if bad_field:
+    flag = next((arg.split('=')[0] for arg in argv if arg.startswith('--config.')
+                 and f'.{bad_field}.' in arg.split('=')[0] + '.'), '--config')
+    return (f'{flag}: no such config field' + (f'; did you mean {suggested.group(1)}?'
+                                                if suggested else ''))
+  lines = [line.strip() for line in text.replace('\\n', '\n').splitlines() if line.strip()]
+  named = re.match(r'flag (--[^=\s]+)', lines[0]) if lines else None
+  flag = named.group(1) if named else ('--config' if 'config file' in text else '')
+  reason = re.sub(r'^flag --\S+?=\S*: ', '', lines[-1]) if lines else type(err).__name__
+  return f'{flag}: {reason}' if flag else reason
 
 
 # `c.section.field = default  # comment` in a config builder's source.

@@ -1,0 +1,72 @@
+"""The console scripts (`lm-zoo-train`, `lm-zoo-eval`, ...) and the
+launch/ shims start here. Each program's module reads its absl flags and
+its --config file (with the --config.FIELD overrides) as it is imported, and
+importing it loads JAX, which takes seconds: both happen inside the error
+handling here, so that a bad --config file, variant or field, and Ctrl-C
+while the libraries load, are one line and not a traceback. This module
+imports nothing else at the top, so that Ctrl-C is handled from the start.
+"""
+
+import importlib
+import signal
+import sys
+
+
+def _launch(name: str) -> None:
+  """Imports `lm_zoo.cli.NAME` and runs its `main()`."""
+  sys.unraisablehook = _interrupt_from_unraisable
+  try:
+    program = importlib.import_module(f'lm_zoo.cli.{name}')
+  except KeyboardInterrupt:
+    print('interrupted', file=sys.stderr)
+    sys.exit(128 + signal.SIGINT)
+  except Exception as err:  # the flags and the --config file, read on import
+    if '--verbose' in sys.argv[1:]:
+      raise
+    from lm_zoo.cli import flag_error
+    print(f'error: {flag_error(err, sys.argv)}\nPass --help to see the flags.',
+          file=sys.stderr)
+    sys.exit(1)
+  program.main()
+
+
+def _interrupt_from_unraisable(unraisable) -> None:
+  """Ctrl-C that lands in a finaliser or a garbage-collection callback is
+  raised again in the program, rather than printed and ignored (the run
+  would train on to its end)."""
+  if isinstance(unraisable.exc_value, KeyboardInterrupt):
+    signal.raise_signal(signal.SIGINT)
+  else:
+    sys.__unraisablehook__(unraisable)
+
+
+def train() -> None:
+  _launch('train')
+
+
+def evaluate() -> None:
+  _launch('evaluate')
+
+
+def generate() -> None:
+  _launch('generate')
+
+
+def download() -> None:
+  _launch('download')
+
+
+def tune() -> None:
+  _launch('tune')
+
+
+def meta_train() -> None:
+  _launch('meta_train')
+
+
+def plot() -> None:
+  _launch('plot')
+
+
+def task() -> None:
+  _launch('task')
