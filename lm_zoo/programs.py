@@ -7,9 +7,11 @@ while the libraries load, are one line and not a traceback. This module
 imports nothing else at the top, so that Ctrl-C is handled from the start.
 """
 
+import _thread
 import importlib
 import signal
 import sys
+import threading
 
 
 def _launch(name: str) -> None:
@@ -31,13 +33,23 @@ def _launch(name: str) -> None:
 
 
 def _interrupt_from_unraisable(unraisable) -> None:
-  """Ctrl-C that lands in a finaliser or a garbage-collection callback is
-  raised again in the program, rather than printed and ignored (the run
-  would train on to its end)."""
   if isinstance(unraisable.exc_value, KeyboardInterrupt):
-    signal.raise_signal(signal.SIGINT)
+    interrupt_again()
   else:
     sys.__unraisablehook__(unraisable)
+
+
+def interrupt_again() -> None:
+  """Raises KeyboardInterrupt in the main thread again, a moment from now.
+
+  Ctrl-C that lands in a finaliser or a garbage-collection callback is
+  printed and ignored by Python (a run would train on to its end). Raised
+  from the hook that is told of it, it would land in the hook itself; a
+  timer thread raises it once the main thread has left the finaliser.
+  """
+  timer = threading.Timer(0.01, _thread.interrupt_main)
+  timer.daemon = True
+  timer.start()
 
 
 def train() -> None:

@@ -4,6 +4,7 @@ left behind."""
 import asyncio
 import gc
 import logging
+import time
 
 import pytest
 
@@ -37,3 +38,24 @@ def test_errors_of_tasks_nobody_awaited_go_to_debug_not_stderr(capsys, caplog):
   ignored = [r for r in caplog.records if r.name == 'lm_zoo.cli']
   assert len(ignored) == 1 and 'Task exception was never retrieved' in ignored[0].message
   assert 'OUT_OF_RANGE' in caplog.text
+
+
+class _InterruptedFinaliser:
+  def __del__(self):
+    raise KeyboardInterrupt  # where Ctrl-C lands when a finaliser is running
+
+
+def test_ctrl_c_that_lands_in_a_finaliser_still_stops_the_program(capsys):
+  """Python prints such an interrupt and ignores it; the program would run
+  on to its end. It is raised again, and the program stops with 130."""
+  def job():
+    finaliser = _InterruptedFinaliser()
+    del finaliser
+    for _ in range(500):  # a job that would otherwise finish in ~5 s
+      time.sleep(0.01)
+    return 'finished'
+
+  with pytest.raises(SystemExit) as stopped:
+    cli.run(job)
+  assert stopped.value.code == 130
+  assert capsys.readouterr().err.strip() == 'interrupted'

@@ -24,6 +24,7 @@ from absl import logging as absl_logging
 from lm_zoo import configs
 from lm_zoo.configs import base_config
 from lm_zoo.errors import LMZooError, Preempted
+from lm_zoo.programs import interrupt_again
 from lm_zoo.runtime import retain_host_memory
 
 # The repository's experiments/ folder, where the programs' default configs
@@ -74,6 +75,9 @@ def run(job: Callable[[], T]) -> T:
 
 
 def _log_unraisable(unraisable) -> None:
+  if isinstance(unraisable.exc_value, KeyboardInterrupt):
+    interrupt_again()  # Ctrl-C that landed in a finaliser
+    return
   logging.getLogger(__name__).debug('ignored in %r: %r', unraisable.object,
                                     unraisable.exc_value)
 
