@@ -9,6 +9,7 @@ reproducible: the same `rng` gives the same text.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -17,11 +18,13 @@ import numpy as np
 
 from lm_zoo.data.vocab import EOS, Vocab
 from lm_zoo.models import RecurrentLM
+from lm_zoo.models.objective import check_token_ids
 
 UNK = '<unk>'
 
 
-def _check_prompt(prompt) -> jax.Array:
+def _check_prompt(prompt, vocab_size: int) -> jax.Array:
+  check_token_ids(prompt, vocab_size, 'prompt')
   prompt = jnp.asarray(prompt, jnp.int32)
   if prompt.ndim != 2 or prompt.shape[1] == 0:
     raise ValueError(f'prompt must be (batch, length>0) ids, got {prompt.shape}')
@@ -67,11 +70,11 @@ def sample(model: RecurrentLM, params: Any, prompt: np.ndarray, num_tokens: int,
   Each next token is drawn from softmax(logits / temperature), restricted to
   the `top_k` most likely tokens when `top_k` > 0.
   """
-  if temperature <= 0:
-    raise ValueError(f'temperature must be positive, got {temperature}')
+  if not (math.isfinite(temperature) and temperature > 0):
+    raise ValueError(f'temperature must be a positive number, got {temperature}')
   if top_k < 0:
     raise ValueError(f'top_k must be >= 0 (0: no restriction), got {top_k}')
-  return np.asarray(_sample(model, params, _check_prompt(prompt), rng,
+  return np.asarray(_sample(model, params, _check_prompt(prompt, model.vocab_size), rng,
                             jnp.float32(temperature), num_tokens, top_k))
 
 
@@ -90,7 +93,8 @@ def _greedy(model: RecurrentLM, params, prompt, num_tokens):
 def greedy(model: RecurrentLM, params: Any, prompt: np.ndarray,
            num_tokens: int) -> np.ndarray:
   """Greedy decoding: the most likely next token, `num_tokens` times per row."""
-  return np.asarray(_greedy(model, params, _check_prompt(prompt), num_tokens))
+  prompt = _check_prompt(prompt, model.vocab_size)
+  return np.asarray(_greedy(model, params, prompt, num_tokens))
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'num_tokens', 'beam_width', 'eos_id'))
@@ -141,7 +145,7 @@ def beam_search(model: RecurrentLM, params: Any, prompt: np.ndarray, num_tokens:
   Returns:
     (the `num_tokens` ids, their total log-probability given the prompt).
   """
-  prompt = _check_prompt(np.reshape(prompt, (1, -1)))
+  prompt = _check_prompt(np.reshape(prompt, (1, -1)), model.vocab_size)
   if not 1 <= beam_width <= model.vocab_size:
     raise ValueError(f'beam_width must be in [1, vocab size {model.vocab_size}], '
                      f'got {beam_width}')

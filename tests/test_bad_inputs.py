@@ -308,3 +308,69 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
   assert 'Traceback' not in err and err.strip().splitlines()[-1] in ('interrupted',
                                                                     'stopped: SIGINT')
   assert not (tmp_path / 'checkpoints').exists()
+
+
+def _api_cases():
+  """Calls of the library with one wrong argument: (call, the message's text)."""
+  import jax
+  import numpy as np
+  from lm_zoo.cells import LSTMCell, Mogrify
+  from lm_zoo.evaluation import token_losses
+  from lm_zoo.generation import sample
+  from lm_zoo.layers import LowRankDense
+  from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
+  from lm_zoo.optim import dynamic_rms, dynamic_sgd
+  model = RecurrentLM(Embedding(7, 4), Stack([LSTMCell(4)]), Softmax(7))
+  params = init_params(model, jax.random.key(0))
+  prompt = np.zeros((1, 2), np.int32)
+  return {
+      'NaN sampling temperature': (
+          lambda: sample(model, params, prompt, 3, jax.random.key(0), float('nan')),
+          'temperature must be a positive number, got nan'),
+      'prompt id past the vocabulary': (
+          lambda: sample(model, params, np.array([[1, 7]]), 3, jax.random.key(0)),
+          'prompt: token ids must be in [0, 7)'),
+      'stream id past the vocabulary': (lambda: token_losses(model, params, np.array([1, 9, 2])),
+                                        'ids: token ids must be in [0, 7)'),
+      'NaN dynamic learning rate': (lambda: dynamic_sgd(float('nan')),
+                                    'learning_rate must be a number >= 0, got nan'),
+      'negative dynamic decay': (lambda: dynamic_sgd(0.1, -0.5),
+                                 'decay must be a number >= 0, got -0.5'),
+      'RMS epsilon 0': (lambda: dynamic_rms(0.1, 0.0, 0.0, params), 'eps must be positive'),
+      'negative rounds': (lambda: Mogrify(LSTMCell(4), rounds=-1),
+                          'rounds must be an integer >= 0'),
+      'rank past the matrix': (
+          lambda: LowRankDense(3, rank=5).init(jax.random.key(0), np.zeros((1, 4))),
+          'rank 5 is larger than the (4, 3) matrix'),
+  }
+
+
+@pytest.mark.parametrize('case', ['NaN sampling temperature', 'prompt id past the vocabulary',
+                                  'stream id past the vocabulary', 'NaN dynamic learning rate',
+                                  'negative dynamic decay', 'RMS epsilon 0', 'negative rounds',
+                                  'rank past the matrix'])
+def test_a_wrong_argument_of_the_library_is_refused_naming_it(case):
+  call, expected = _api_cases()[case]
+  with pytest.raises(ValueError) as refused:
+    call()
+  assert expected in str(refused.value)
+
+
+@pytest.mark.parametrize('field, value, expected', [
+    ('optimizer.clip_norm', 'nan', 'config field optimizer.clip_norm=nan must be a number'),
+    ('model.init_scale', 'nan', 'config field model.init_scale=nan must be a number >= 0'),
+    ('model.init_scale', '-0.1', 'config field model.init_scale=-0.1 must be a number >= 0'),
+    ('data.test_tokens', '-5', 'config field data.test_tokens=-5 must be >= 0'),
+])
+def test_a_wrong_config_value_is_refused_by_the_program(field, value, expected, tmp_path):
+  refused = run_script(['launch/train.py', '--config=experiments/default.py',
+                        f'--workdir={tmp_path}', f'--config.{field}={value}'])
+  assert refused.returncode == 1 and 'Traceback' not in refused.stderr
+  assert refused.stderr.strip().startswith(f'error: {expected}'), refused.stderr
+
+
+def test_a_negative_tuning_timeout_is_refused(tmp_path):
+  refused = run_script(['launch/tune.py', '--tune=experiments/tune_ptb_small.py:mogrifier',
+                        f'--workdir={tmp_path}', '--timeout=-1'])
+  assert refused.returncode == 1 and 'Traceback' not in refused.stderr
+  assert 'error: timeout must be >= 0 seconds' in refused.stderr

@@ -91,7 +91,7 @@ def test_rms_decay_rates_clip_the_product_with_lambda():
   # form lm_zoo had before, lambda * min(1, MS / mean(MS)), gives 0.8 for the
   # last two coordinates.
   lam = 0.8
-  tx = dynamic_rms(1.0, lam, 0.0, MS)
+  tx = dynamic_rms(1.0, lam, 1e-3, MS)  # zero gradients: eps plays no part
   zeros = jax.tree.map(jnp.zeros_like, GRADS)
   away = jax.tree.map(lambda p: p + 1.0, TRAINED)
   updates, _ = tx.update(zeros, tx.init(TRAINED), away)  # the decay step is -rate
@@ -99,7 +99,7 @@ def test_rms_decay_rates_clip_the_product_with_lambda():
   assert float(mean_ms(MS, 'coordinates')) == pytest.approx(0.5)
   assert float(mean_ms(MS, 'tensors')) == pytest.approx(0.7)
   with pytest.raises(ValueError, match='coordinates'):
-    dynamic_rms(1.0, lam, 0.0, MS, decay_mean='lamb')
+    dynamic_rms(1.0, lam, 1e-3, MS, decay_mean='lamb')
 
 
 @pytest.mark.parametrize('make', [lambda: dynamic_sgd(0.1, decay=0.3),
@@ -217,16 +217,37 @@ def test_rms_training_gradients_by_hand(lm):
                              atol=1e-7)
 
 
+def _nan_on_update(bad: int, learning_rate: float = 0.1) -> optax.GradientTransformation:
+  """SGD whose update number `bad` (0-based) is NaN, and so is every later
+  one: a skipped update keeps the rule's state, its count included."""
+  def update(grads, count, params=None):
+    scale = jnp.where(count == bad, jnp.nan, -learning_rate)
+    return jax.tree.map(lambda g: scale * g, grads), count + 1
+  return optax.GradientTransformation(lambda params: jnp.zeros([], jnp.int32), update)
+
+
 def test_a_non_finite_update_is_skipped_inside_the_scan(lm, caplog):
   model, params = lm
-  # An infinite rate makes every update non-finite (inf * g, and inf * 0 = NaN):
-  # all are skipped, so the weights stay trained and the scores are static.
-  out = dynamic_evaluate(model, params, dynamic_sgd(float('inf')), STREAM, segment_length=9,
-                         batch_size=2)
-  static = evaluate_stream(make_eval_step(model), params, model.initialize_carry(2),
-                           STREAM, 2, 9)
-  np.testing.assert_allclose(out.result.loss, static.loss, rtol=1e-5)
-  assert out.skipped_updates == len(out.segment_nll)
-  np.testing.assert_array_equal(_flat_params(out.params), _flat_params(params))
-  assert f'{out.skipped_updates} of {out.skipped_updates} updates were not finite' in caplog.text
+  skipping = dynamic_evaluate(model, params, _nan_on_update(1), STREAM, segment_length=9,
+                              batch_size=2)
+  updates = len(skipping.segment_nll)
+  assert skipping.skipped_updates == updates - 1
+  assert f'{updates - 1} of {updates} updates were not finite' in caplog.text
+  assert np.all(np.isfinite(_flat_params(skipping.params)))
   assert dynamic_evaluate(model, params, dynamic_sgd(0.1), STREAM, 9).skipped_updates == 0
+
+
+def test_a_dynamic_evaluation_whose_every_update_was_skipped_is_an_error(lm):
+  """It would report the static score as its result."""
+  model, params = lm
+  with pytest.raises(TrainingError, match='every one of the'):
+    dynamic_evaluate(model, params, optax.scale(float('inf')), STREAM, segment_length=9,
+                     batch_size=2)
+  with pytest.raises(ValueError, match='learning_rate must be a number >= 0, got inf'):
+    dynamic_sgd(float('inf'))
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(lm):
+  model, params = lm
+  with pytest.raises(ValueError, match=f'token ids must be in \\[0, {V}\\)'):
+    dynamic_evaluate(model, params, dynamic_sgd(0.1), np.array([1, 2, V, 3]), 2)

@@ -77,6 +77,12 @@ class Mogrify(nn.RNNCellBase):
   zigzag: bool = True
   dtype: Any = None
 
+  def __post_init__(self):
+    if not isinstance(self.rounds, int) or self.rounds < 0:
+      raise ValueError(f'Mogrify: rounds must be an integer >= 0 (0: the inner cell '
+                       f'unchanged), got {self.rounds!r}')
+    super().__post_init__()
+
   @nn.compact
   def __call__(self, carry, inputs: jax.Array):
     h = carry_output(carry)

@@ -19,7 +19,7 @@ import optax
 from lm_zoo.data import BatchedStream
 from lm_zoo.errors import TrainingError
 from lm_zoo.evaluation.results import EvalResult
-from lm_zoo.models.objective import window_loss
+from lm_zoo.models.objective import check_token_ids, window_loss
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
   """
   if segment_length < 1:
     raise ValueError(f'segment_length must be at least 1, got {segment_length}')
+  check_token_ids(stream, model.vocab_size)
   inputs, targets, weights = _segments(stream, batch_size, segment_length)
   opt_state = transformation.init(params) if opt_state is None else opt_state
   totals, counts, skipped, final = _scan_segments(
@@ -121,6 +122,10 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
       targets, weights, extra_args or {})
   totals, counts = np.asarray(totals, np.float64), np.asarray(counts, np.float64)
   skipped = int(np.sum(skipped))
+  if skipped == len(totals):
+    raise TrainingError(f'dynamic evaluation: every one of the {skipped} updates was not '
+                        'finite and was skipped, so the score would be the static one; '
+                        'lower the learning rate')
   if skipped:
     log.warning('dynamic evaluation: %d of %d updates were not finite and were skipped',
                 skipped, len(totals))

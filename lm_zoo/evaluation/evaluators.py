@@ -36,6 +36,7 @@ from lm_zoo.evaluation.meta_training import MetaLearner
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.evaluation.statistics import rms_training_gradients
 from lm_zoo.evaluation.streams import evaluate_stream, make_eval_step, token_losses, tune_temperature
+from lm_zoo.models.objective import check_token_ids
 from lm_zoo.optim import DECAY_MEANS, dynamic_rms, dynamic_sgd
 from lm_zoo.progress import eta
 
@@ -45,10 +46,14 @@ Evaluator = Callable[[nn.Module, Any, Corpus, str], EvalResult]
 RULES = ('sgd', 'rms')
 
 
-def _first_tokens(corpus: Corpus, split: str, max_tokens: int) -> np.ndarray:
-  """The split's stream, cut to its first `max_tokens` scored tokens when > 0."""
+def _first_tokens(corpus: Corpus, split: str, max_tokens: int, model=None) -> np.ndarray:
+  """The split's stream, cut to its first `max_tokens` scored tokens when > 0,
+  its ids checked against `model`'s vocabulary."""
   stream = corpus.split(split)
-  return stream[:max_tokens + 1] if max_tokens > 0 else stream
+  stream = stream[:max_tokens + 1] if max_tokens > 0 else stream
+  if model is not None:
+    check_token_ids(stream, model.vocab_size, f'the {split} split')
+  return stream
 
 
 @dataclasses.dataclass
@@ -64,7 +69,7 @@ class Static:
   def __call__(self, model, params, corpus: Corpus, split: str) -> EvalResult:
     return evaluate_stream(make_eval_step(model), params,
                            model.initialize_carry(self.batch_size),
-                           _first_tokens(corpus, split, self.max_tokens), self.batch_size,
+                           _first_tokens(corpus, split, self.max_tokens, model), self.batch_size,
                            self.bptt, corpus.unit, self.temperature,
                            what=f'{split} evaluation')
 
@@ -91,7 +96,7 @@ class MCDropout:
     carries = mc_dropout_carries(model, self.batch_size, self.samples,
                                  jax.random.key(self.seed))
     return evaluate_stream(_mc_dropout_step(model, self.samples), params, carries,
-                           _first_tokens(corpus, split, self.max_tokens), self.batch_size,
+                           _first_tokens(corpus, split, self.max_tokens, model), self.batch_size,
                            self.bptt, corpus.unit, self.temperature,
                            what=f'{split} evaluation')
 
@@ -294,7 +299,7 @@ class TokenLosses:
   max_tokens: int = 0
 
   def __call__(self, model, params, corpus: Corpus, split: str) -> EvalResult:
-    losses = token_losses(model, params, _first_tokens(corpus, split, self.max_tokens),
+    losses = token_losses(model, params, _first_tokens(corpus, split, self.max_tokens, model),
                           self.bptt)
     return EvalResult(float(np.mean(losses)), len(losses), corpus.unit,
                       details={'token_losses': losses})

@@ -16,7 +16,7 @@ import optax
 
 from lm_zoo.data import BatchedStream, Corpus
 from lm_zoo.evaluation.results import EvalResult
-from lm_zoo.models.objective import window_loss
+from lm_zoo.models.objective import check_token_ids, window_loss
 from lm_zoo.progress import ProgressLog
 
 
@@ -63,6 +63,7 @@ def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
 def evaluate_split(model: nn.Module, params: Any, corpus: Corpus, split: str,
                    batch_size: int, bptt: int, eval_step=None) -> EvalResult:
   """Perplexity / bits per character of one split, state carried throughout."""
+  check_token_ids(corpus.split(split), model.vocab_size, f'the {split} split')
   eval_step = eval_step or make_eval_step(model)
   return evaluate_stream(eval_step, params, model.initialize_carry(batch_size),
                          corpus.split(split), batch_size, bptt, corpus.unit,
@@ -76,6 +77,8 @@ def token_losses(model, params: Any, ids: np.ndarray, bptt: int = 35) -> np.ndar
   Summed, it is `evaluate_stream`'s total at batch size 1; per token, it
   shows where two models differ along a text.
   """
+
+  check_token_ids(ids, model.vocab_size, 'ids')
 
   @jax.jit
   def window_losses(params, carries, inputs, targets):

@@ -47,6 +47,10 @@ class LowRankDense(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     m = x.shape[-1]
+    if self.rank > min(m, self.features):
+      raise ValueError(f'LowRankDense: rank {self.rank} is larger than the ({m}, '
+                       f'{self.features}) matrix it factorises: use a rank of at most '
+                       f'{min(m, self.features)}, or 0 for full rank')
     if self.rank > 0:
       params = {'kernel_in': self.param('kernel_in', factor_init(m, self.rank),
                                         (m, self.rank), self.param_dtype),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Callable
 import logging
 
 import flax.linen as nn
@@ -160,17 +161,30 @@ def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int,
   ties the embedding size to the hidden size, as for tied softmaxes, and
   `model.embed_ratio` >= 0 keeps it a fixed fraction of the hidden size.
   """
-  count = lambda n: count_params(_model(cfg, vocab_size, n))
-  low, high = 1, 2
+  @functools.cache
+  def count(n: int) -> int | None:
+    try:
+      return count_params(_model(cfg, vocab_size, n))
+    except ValueError:  # too small for the Mogrifier's rank
+      return None
+
+  low = _first_true(lambda n: count(n) is not None)
   if count(low) > budget:
     raise ConfigError(f'model.param_budget {budget:,} is below the smallest model '
                       f'({count(low):,} parameters)')
-  while count(high) <= budget:
-    low, high = high, high * 2
-  while high - low > 1:  # count(low) <= budget < count(high)
+  return _first_true(lambda n: count(n) > budget, start=low) - 1
+
+
+def _first_true(test: Callable[[int], bool], start: int = 1) -> int:
+  """The smallest n >= `start` for which `test` holds, where it fails below
+  some n and holds from there on: doubling, then bisection."""
+  low, high = start - 1, start  # test(low) fails, or low is below start
+  while not test(high):
+    low, high = high, 2 * high
+  while high - low > 1:
     mid = (low + high) // 2
-    low, high = (mid, high) if count(mid) <= budget else (low, mid)
-  return low
+    low, high = (low, mid) if test(mid) else (mid, high)
+  return high
 
 
 def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:

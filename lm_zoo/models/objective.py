@@ -10,6 +10,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -40,3 +41,12 @@ def window_loss(model: nn.Module, params: Any, carries: Any, inputs: jax.Array,
   logits, new_carries = model.apply({'params': params}, inputs, carries, **apply_kwargs)
   total, count = token_nll(logits / temperature, targets, weights)
   return total / jnp.maximum(count, 1.0), (total, count, new_carries)
+
+
+def check_token_ids(ids: Any, vocab_size: int, name: str = 'stream') -> None:
+  """Refuses ids outside the model's vocabulary [0, vocab_size): the
+  embedding would read NaN for them, and every score would be NaN."""
+  ids = np.asarray(ids)
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    raise ValueError(f'{name}: token ids must be in [0, {vocab_size}), the model\'s '
+                     f'vocabulary; got ids from {ids.min()} to {ids.max()}')

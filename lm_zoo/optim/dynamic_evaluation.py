@@ -27,6 +27,15 @@ class DynamicEvalState(NamedTuple):
   decay_scale: optax.Updates
 
 
+def _check(**values) -> None:
+  """Refuses a NaN, infinite or negative setting given as a number (values
+  inside `optax.inject_hyperparams`' state are arrays, checked where they
+  were chosen)."""
+  for name, value in values.items():
+    if isinstance(value, (int, float)) and not (0 <= value < float('inf')):
+      raise ValueError(f'{name} must be a number >= 0, got {value}')
+
+
 def dynamic_sgd(learning_rate: float, decay: float = 0.0) -> optax.GradientTransformation:
   """Dynamic evaluation by SGD, optionally decaying toward the trained weights:
 
@@ -39,6 +48,8 @@ def dynamic_sgd(learning_rate: float, decay: float = 0.0) -> optax.GradientTrans
     An `optax.GradientTransformation`; `update` needs `params`. Its state
     keeps theta_g, the parameters `init` is called with.
   """
+  _check(learning_rate=learning_rate, decay=decay)
+
   def init_fn(params):
     return DynamicEvalState(trained=params,
                             decay_scale=jax.tree.map(jnp.ones_like, params))
@@ -88,6 +99,9 @@ def dynamic_rms(learning_rate: float, decay: float, eps: float,
   Returns:
     An `optax.GradientTransformation`; `update` needs `params`.
   """
+  _check(learning_rate=learning_rate, decay=decay, eps=eps)
+  if isinstance(eps, (int, float)) and eps == 0:
+    raise ValueError('eps must be positive: it keeps g / (MS + eps) finite where MS is 0')
   mean = mean_ms(rms_gradients, decay_mean)
 
   def init_fn(params):

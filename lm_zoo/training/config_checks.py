@@ -48,6 +48,9 @@ RULES = (
      lambda x: 0 <= x < 1, 'in [0, 1) (a rate of 1 would drop or keep everything)'),
     (('optimizer.eps', 'schedule.factor', 'generate.temperature'),
      lambda x: x > 0, 'positive'),
+    (('optimizer.clip_norm',), lambda x: x == x, 'a number (<= 0 turns clipping off)'),
+    (('model.init_scale',), lambda x: 0 <= x < math.inf,
+     'a number >= 0 (0: the cells\' own initialisers)'),
     (('averaging.start_fraction', 'train.rollback_lr_factor'),
      lambda x: 0 < x <= 1, 'in (0, 1]'),
 )

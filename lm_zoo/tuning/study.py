@@ -328,6 +328,8 @@ def run_worker(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, wor
   one may belong to a worker that died, and is retried once its heartbeat is
   `study.grace_period` seconds old.
   """
+  if not timeout >= 0:
+    raise ConfigError(f'timeout must be >= 0 seconds (0: none), got {timeout}')
   study = open_study(tune, workdir, worker)
   objective = (training_objective(tune, workdir) if tune.kind == 'train'
                else dyneval_objective(tune))
