@@ -12,8 +12,8 @@ from conftest import hold_lock
 
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError, WorkdirInUse
-from lm_zoo.training import train_and_evaluate
-from lm_zoo.training.workdir import (SHAPE_FIELDS, check_resumable, initial_params,
+from lm_zoo.training import load_trained, train_and_evaluate
+from lm_zoo.training.workdir import (DATA_FILE, SHAPE_FIELDS, check_resumable, initial_params,
                                      load_config, save_config, workdir_lock)
 
 def test_a_second_process_is_refused_with_the_holders_pid_and_host(tiny_config, tmp_path):
@@ -110,3 +110,34 @@ def test_init_from_a_directory_without_a_run_is_a_config_error(tmp_path):
   save_config(base_config(), tmp_path)
   with pytest.raises(ConfigError, match='no best checkpoint'):
     initial_params(tmp_path, like=None)
+
+
+def _copy_of_ptb(data_dir, tmp_path, valid: bytes | None = None):
+  folder = tmp_path / 'data' / 'ptb'
+  folder.mkdir(parents=True)
+  for split in ('train', 'valid', 'test'):
+    text = (data_dir / 'ptb' / f'{split}.txt').read_bytes()
+    (folder / f'{split}.txt').write_bytes(valid if split == 'valid' and valid else text)
+  return folder.parent
+
+
+def test_a_run_is_scored_and_resumed_only_on_the_data_it_trained_on(tiny_config, data_dir,
+                                                                    tmp_path):
+  tiny_config.train.num_epochs = 1
+  train_and_evaluate(tiny_config, tmp_path / 'run')
+  saved = json.loads((tmp_path / 'run' / DATA_FILE).read_text())
+  assert saved['vocab_size'] == 10_000 and saved['valid']['tokens'] == 120
+  same = _copy_of_ptb(data_dir, tmp_path / 'same')
+  load_trained(tmp_path / 'run', str(same))  # the same files elsewhere: fine
+  # Two words of valid swapped: the vocabulary keeps its ids, the split does not.
+  valid = (data_dir / 'ptb' / 'valid.txt').read_text().split('\n')
+  first = valid[0].split()
+  valid[0] = ' '.join([first[1], first[0], *first[2:]])
+  other = _copy_of_ptb(data_dir, tmp_path / 'other', '\n'.join(valid).encode())
+  with pytest.raises(ConfigError, match=r'the ptb data differs from what .* was trained on: '
+                                        r'the valid split'):
+    load_trained(tmp_path / 'run', str(other))
+  tiny_config.data.data_dir = str(other)
+  tiny_config.train.num_epochs = 2
+  with pytest.raises(ConfigError, match='the valid split'):
+    train_and_evaluate(tiny_config, tmp_path / 'run')  # nor resumed on it

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import os
 import pathlib
+
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +58,19 @@ class Corpus:
     if name not in SPLITS:
       raise DataError(f'unknown split {name!r}: choose one of {", ".join(SPLITS)}')
     return getattr(self, name)
+
+  def fingerprint(self) -> dict[str, Any]:
+    """What a model trained on this corpus depends on: the vocabulary (its
+    size and a sha256 of its tokens in id order) and each split's token
+    count and sha256 of its ids. Two loads of the same files agree; a
+    changed file changes the ids or the vocabulary's order, and so this."""
+    tokens = '\n'.join(self.vocab.tokens).encode('utf-8', 'surrogatepass')
+    return {'name': self.name, 'vocab_size': len(self.vocab),
+            'vocab_sha256': hashlib.sha256(tokens).hexdigest(),
+            **{split: {'tokens': int(len(self.split(split))),
+                       'sha256': hashlib.sha256(np.ascontiguousarray(
+                           self.split(split), np.int32).tobytes()).hexdigest()}
+               for split in SPLITS}}
 
 
 def _read_lines(path: pathlib.Path) -> list[list[str]]:

@@ -184,11 +184,14 @@ class _readable:
     cause = str(cause).strip().splitlines()[0].split(' [tensorstore_spec=')[0][:400]
     broken = [str(path) for path in sorted(self.folder.rglob('*'))
               if path.is_file() and _is_broken_json(path)]
+    advice = (f'Delete {self.folder} to resume from the checkpoint before it, or use a '
+              'new --workdir' if self.folder.parent.name == 'checkpoints' else
+              f'{self.folder.parent.name}/ keeps no other copy: train again in a new '
+              '--workdir, or put a backup of the folder back')
     raise CheckpointError(
         f'the checkpoint {self.folder} is corrupt or truncated: '
         + (f'unreadable JSON in {", ".join(broken)}' if broken else cause)
-        + f'. Delete {self.folder} to resume from the checkpoint before it, or '
-        'use a new --workdir.') from err
+        + f'. {advice}.') from err
 
 
 def _digests(tree: Any) -> dict[str, str]:

@@ -39,8 +39,8 @@ from lm_zoo.training.run import (Progress, Run, Trainer, ValidationCallback, cre
 from lm_zoo.training.scoring import score_split
 from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.summary import count_params, finish
-from lm_zoo.training.workdir import (check_resumable, initial_params, save_config,
-                                     workdir_lock)
+from lm_zoo.training.workdir import (check_resumable, initial_params, record_data,
+                                     save_config, workdir_lock)
 
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
 log = logging.getLogger(__name__)
@@ -108,6 +108,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
   try:
     state, progress, resumed = restore_or_init(config, workdir, checkpoints, model, optimizer)
     save_config(config, workdir)
+    record_data(corpus, workdir)
     # Keeps what the run had logged at its checkpoint (a new run: nothing).
     metrics = MetricsWriter(workdir, keep=progress.metrics_records if resumed else 0,
                             resume_step=int(state.step) if resumed else None)

@@ -24,7 +24,7 @@ from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.run import load_data
 from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network,
                                           load_meta_learner, save_meta_learner)
-from lm_zoo.training.workdir import load_config
+from lm_zoo.training.workdir import check_data, load_config
 
 
 def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
@@ -34,6 +34,7 @@ def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
   if data_dir:
     config.data.data_dir = data_dir
   corpus = load_data(config)
+  check_data(corpus, workdir)
   model = build_model(config.model, len(corpus.vocab))
   like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
   with Checkpoints(workdir, legacy_transposed=legacy_transposed) as checkpoints:  # closed

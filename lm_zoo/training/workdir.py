@@ -14,12 +14,16 @@ from typing import Any, Iterator
 
 import ml_collections
 
+from lm_zoo.data import Corpus
+from lm_zoo.data.corpora import SPLITS
 from lm_zoo.configs import base_config, upgrade_config
 from lm_zoo.errors import ConfigError, WorkdirInUse
 from lm_zoo.models import legacy_transposed
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
 
 CONFIG_FILE = 'config.json'
+# The fingerprint of the data a run trained on (`record_data`).
+DATA_FILE = 'data.json'
 LOCK_FILE = 'lock'
 
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
@@ -66,6 +70,36 @@ def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
 
 def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
   write_text_atomically(workdir / CONFIG_FILE, config.to_json_best_effort(indent=2))
+
+
+def record_data(corpus: Corpus, workdir: pathlib.Path) -> None:
+  """Writes the corpus' fingerprint to WORKDIR/data.json (`Corpus.fingerprint`),
+  or, when the run has one, refuses a corpus that differs from it."""
+  path = workdir / DATA_FILE
+  if path.is_file():
+    check_data(corpus, workdir)
+  else:
+    write_text_atomically(path, json.dumps(corpus.fingerprint(), indent=2))
+
+
+def check_data(corpus: Corpus, workdir: str | pathlib.Path) -> None:
+  """Raises ConfigError when `corpus` is not the data the run in `workdir`
+  was trained on (its vocabulary, or a split, differs from data.json): the
+  ids would map to other words, and the scores mean nothing. Runs from
+  before data.json was written pass."""
+  path = pathlib.Path(workdir) / DATA_FILE
+  if not path.is_file():
+    return
+  saved, now = json.loads(path.read_text()), corpus.fingerprint()
+  differ = [key for key in ('vocab_sha256', *SPLITS) if saved.get(key) != now[key]]
+  if differ:
+    what = ('the vocabulary' if differ[0] == 'vocab_sha256' else
+            f'the {differ[0]} split ({now[differ[0]]["tokens"]:,} tokens, the run\'s had '
+            f'{saved[differ[0]]["tokens"]:,})')
+    raise ConfigError(f'the {corpus.name} data differs from what {workdir} was trained on: '
+                      f'{what} is another ({path} has the fingerprint of the run\'s '
+                      'data). Point LM_ZOO_DATA or --config.data_dir at the files the run '
+                      'used.')
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
