@@ -26,7 +26,10 @@ os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='lm_zoo_test_jax_cache_')
   atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], True)
-os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+# Only compilations of a second or more are cached: writing every tiny
+# executable hit a rare abort inside XLA's executable.serialize() (twice in
+# full runs), and those cost little to compile again.
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '1')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -300,7 +300,9 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
   process = subprocess.Popen(
       [sys.executable, 'launch/train.py', '--config=experiments/default.py',
        f'--workdir={tmp_path}'], cwd=REPO, stderr=subprocess.PIPE, text=True,
-      env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+      env={**os.environ, 'PYTHONUNBUFFERED': '1'},
+      # pytest-xdist workers ignore SIGINT, and children inherit that.
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   time.sleep(0.5)
   process.send_signal(signal.SIGINT)
   _, err = process.communicate(timeout=120)

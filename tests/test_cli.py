@@ -4,6 +4,7 @@ left behind."""
 import asyncio
 import gc
 import logging
+import signal
 import time
 
 import pytest
@@ -40,12 +41,20 @@ def test_errors_of_tasks_nobody_awaited_go_to_debug_not_stderr(capsys, caplog):
   assert 'OUT_OF_RANGE' in caplog.text
 
 
+@pytest.fixture
+def python_sigint():
+  """Python's own SIGINT handler, as in a program: pytest-xdist workers ignore SIGINT."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, previous)
+
+
 class _InterruptedFinaliser:
   def __del__(self):
     raise KeyboardInterrupt  # where Ctrl-C lands when a finaliser is running
 
 
-def test_ctrl_c_that_lands_in_a_finaliser_still_stops_the_program(capsys):
+def test_ctrl_c_that_lands_in_a_finaliser_still_stops_the_program(capsys, python_sigint):
   """Python prints such an interrupt and ignores it; the program would run
   on to its end. It is raised again, and the program stops with 130."""
   def job():
