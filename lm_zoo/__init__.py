@@ -1,3 +1,15 @@
-"""lm_zoo: recurrent language models in JAX/Flax."""
+"""lm_zoo: recurrent language models in JAX/Flax.
+
+`lm_zoo.load(workdir)` gives a trained model ready to score and generate
+text (lm_zoo/pretrained.py); the rest is imported from its modules.
+"""
 
 __version__ = '0.1.0'
+
+
+def __getattr__(name: str):
+  # Lazily, so that `import lm_zoo.optim` or `lm_zoo.cells` loads no more than they need.
+  if name == 'load':
+    from lm_zoo.pretrained import load
+    return load
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

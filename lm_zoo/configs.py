@@ -15,8 +15,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
 
   c.data = ml_collections.ConfigDict()
-  c.data.name = 'ptb'  # ptb | wikitext2 | ptb_char | enwik8
-  c.data.data_dir = ''  # '' -> $LM_ZOO_DATA
+  # ptb | wikitext2 | ptb_char | enwik8, or one's own text: text (data_dir holds
+  # train.txt, valid.txt and test.txt, a sentence a line) | tfds (a TFDS dataset's text)
+  c.data.name = 'ptb'
+  c.data.data_dir = ''  # '' -> $LM_ZOO_DATA (tfds: TFDS' own default)
+  c.data.level = 'word'  # text, tfds: word (split on whitespace) | char
+  c.data.tfds_name = ''  # tfds: the dataset, e.g. lm_zoo_corpus/ptb (lm-zoo-download --tfds_dir)
+  c.data.tfds_feature = 'text'  # tfds: its text feature, a sentence an example
+  c.data.tfds_splits = ('train', 'valid', 'test')  # tfds: its train, valid and test splits
   c.data.batch_size = 20
   c.data.bptt = 35
   c.data.variable_bptt = False  # AWD-LSTM window lengths, lr scaled by length / bptt

@@ -9,6 +9,7 @@ imports nothing else at the top, so that Ctrl-C is handled from the start.
 
 import _thread
 import importlib
+import pathlib
 import signal
 import sys
 import threading
@@ -17,6 +18,7 @@ import threading
 def _launch(name: str) -> None:
   """Imports `lm_zoo.cli.NAME` and runs its `main()`."""
   sys.unraisablehook = _interrupt_from_unraisable
+  sys.argv[1:] = installed_configs(sys.argv[1:])
   try:
     program = importlib.import_module(f'lm_zoo.cli.{name}')
   except KeyboardInterrupt:
@@ -30,6 +32,28 @@ def _launch(name: str) -> None:
           file=sys.stderr)
     sys.exit(1)
   program.main()
+
+
+# The flags that name a config file, in the --flag=PATH[:VARIANT] form.
+_CONFIG_FLAGS = ('--config=', '--tune=')
+
+
+def installed_configs(args: list[str]) -> list[str]:
+  """`args` with each --config=experiments/NAME.py[:VARIANT] (or --tune=)
+  that names no file here naming the config installed with the package
+  instead: the README's commands work outside a checkout too."""
+  experiments = pathlib.Path(__file__).resolve().parent / 'experiments'
+  rewritten = []
+  for arg in args:
+    flag = next((f for f in _CONFIG_FLAGS if arg.startswith(f)), None)
+    if flag is not None:
+      path, colon, variant = arg[len(flag):].partition(':')
+      local = pathlib.Path(path)
+      if (not local.exists() and local.parts[:1] == ('experiments',)
+          and (experiments / local.relative_to('experiments')).is_file()):
+        arg = f'{flag}{experiments / local.relative_to("experiments")}{colon}{variant}'
+    rewritten.append(arg)
+  return rewritten
 
 
 def _interrupt_from_unraisable(unraisable) -> None:

@@ -103,8 +103,13 @@ def test_learning_rate_zero_is_the_static_score_at_batch_one(lm):
   model, params = lm
   dynamic = Dynamic(bptt=9, learning_rate=(0.0,), segment_length=(5,), max_tokens=60)
   static = Static(bptt=9, batch_size=1, max_tokens=60)
-  np.testing.assert_allclose(dynamic(model, params, CORPUS, 'test').loss,
-                             static(model, params, CORPUS, 'test').loss, rtol=1e-5)
+  result = dynamic(model, params, CORPUS, 'test')
+  np.testing.assert_allclose(result.loss, static(model, params, CORPUS, 'test').loss,
+                             rtol=1e-5)
+  # The static score of the same tokens travels with every dynamic result.
+  assert result.details['static_loss'] == static(model, params, CORPUS, 'test').loss
+  assert DynamicEvalSettings(**result.details['settings']).used() == {
+      'rule': 'sgd', 'learning_rate': 0.0, 'decay': 0.0, 'segment_length': 5}
 
 
 def test_settings_share_one_compiled_scan_per_kind_of_mean(lm):

@@ -101,6 +101,12 @@ def test_train_then_evaluate(trained_run, data_dir):
   # Learning rate 0 is static evaluation at batch 1; the search keeps the best.
   valid_ppl = float(out.split('valid: perplexity ')[1].split()[0])
   assert valid_ppl <= summary['valid']['perplexity'] + 0.01
+  # Beside it, the static score of the same tokens and the gain; only the
+  # settings the rule reads.
+  assert out.count('static on the same tokens: perplexity') == 2
+  assert 'rule=rms, learning_rate=' in out and 'decay_mean=coordinates' in out
+  kept = json.loads((workdir / 'evaluations' / 'dynamic.json').read_text())
+  assert kept['results']['test']['num_tokens'] == kept['static']['test']['num_tokens']
 
 
 

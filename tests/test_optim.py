@@ -69,9 +69,26 @@ def test_injected_hyperparameters_give_the_same_update(factory, values):
 
 @pytest.mark.parametrize('transformation', [dynamic_sgd(0.1), dynamic_rms(0.1, 0.2, 1e-3, MS),
                                             learned_update_rule(GATES.apply)])
-def test_updates_without_params_are_refused(transformation):
-  with pytest.raises((ValueError, TypeError)):
+def test_updates_without_params_are_refused_with_a_message(transformation):
+  with pytest.raises(ValueError, match='params'):
     transformation.update(GRADS, transformation.init(TRAINED))
+
+
+@pytest.mark.parametrize('factory', [
+    dynamic_sgd, lambda learning_rate: dynamic_rms(learning_rate, 0.0, 1e-3, MS)])
+def test_a_learning_rate_schedule_is_called_with_the_updates_taken(factory):
+  """As optax takes a number or a schedule: update k steps at schedule(k)."""
+  schedule = optax.linear_schedule(0.3, 0.1, transition_steps=2)
+  scheduled = factory(schedule)
+  state = scheduled.init(TRAINED)
+  params = PARAMS
+  for k in range(4):
+    fixed = factory(float(schedule(k)))
+    expected, _ = fixed.update(GRADS, fixed.init(TRAINED), params)
+    updates, state = jax.jit(scheduled.update)(GRADS, state, params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), updates, expected)
+    params = optax.apply_updates(params, updates)
+  assert int(state.count) == 4
 
 
 def test_averaging_is_switched_on_inside_a_chain():

@@ -27,10 +27,9 @@ from lm_zoo.errors import LMZooError, Preempted
 from lm_zoo.programs import interrupt_again
 from lm_zoo.runtime import retain_host_memory
 
-# The repository's experiments/ folder, where the programs' default configs
-# are, so that they work from any directory with the (editable) install of
-# the README.
-EXPERIMENTS = pathlib.Path(__file__).resolve().parents[2] / 'experiments'
+# The experiment configs installed with the package (lm_zoo/experiments),
+# where the programs' default configs are.
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / 'experiments'
 
 # Shared by every program: one program module is imported per process, so the
 # flag is defined once.

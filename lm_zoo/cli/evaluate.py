@@ -10,9 +10,12 @@ r"""Scores a work directory's best checkpoint (`lm-zoo-eval`, or
       --output=runs/x/dyneval_rms.json
   lm-zoo-eval --workdir=runs/x --config=experiments/dyneval_learned.py  # after lm-zoo-meta-train
 
---output writes the results as JSON (for dynamic evaluation also the chosen
-setting, the search and each segment's NLL: the input of
+The results are written as JSON to WORKDIR/evaluations/EVALUATOR.json and to
+--output (for dynamic evaluation also the chosen setting, the search, each
+segment's NLL and the static score of the same tokens: the input of
 `lm-zoo-plot --figure=dyneval_gain`; for token_losses every token's loss).
+Dynamic evaluation prints the static score of the same tokens beside its
+own, and the gain.
 Every field of the config can be set with --config.FIELD=VALUE; they are
 listed under 'Config fields' below.
 """
@@ -27,6 +30,7 @@ from ml_collections import config_flags
 
 from lm_zoo import cli
 from lm_zoo.configs import evaluation_config
+from lm_zoo.evaluation import DynamicEvalSettings, EvalResult
 from lm_zoo.training import evaluate_workdir
 from lm_zoo.training.checkpoints import write_text_atomically
 
@@ -36,17 +40,30 @@ config_flags.DEFINE_config_file(
     'evaluation of valid and test. Fields: --config.FIELD=VALUE.', lock_config=True)
 flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.',
                     required=True)
-flags.DEFINE_string('output', None, 'JSON file for the results.')
+flags.DEFINE_string('output', None, 'JSON file for the results, besides '
+                    'WORKDIR/evaluations/EVALUATOR.json.')
+# Where each evaluator's latest results are kept in the work directory.
+EVALUATIONS_DIR = 'evaluations'
 FLAGS = flags.FLAGS
 
 
 def _describe(config, split: str, result) -> str:
-  """One split's line: the score, its loss and tokens, and how it was scored."""
+  """One split's line: the score, its loss and tokens, and how it was scored;
+  for dynamic evaluation also the static score of the same tokens and the gain."""
   line = (f'{split}: {result.summary()}  (loss {result.loss:.4f} nats/token, '
           f'{result.num_tokens:,} tokens; ')
   if 'settings' in result.details:
-    settings = ', '.join(f'{k}={v}' for k, v in result.details['settings'].items())
-    return line + f'dynamic evaluation: {settings})'
+    used = DynamicEvalSettings(**result.details['settings']).used()
+    static = EvalResult(result.details['static_loss'], result.num_tokens, result.unit)
+    if result.unit == 'word':
+      gain = (f'perplexity {static.perplexity:.2f}: a gain of '
+              f'{static.perplexity - result.perplexity:.2f} '
+              f'({1 - result.perplexity / static.perplexity:.1%})')
+    else:
+      gain = (f'bits per character {static.bits_per_token:.4f}: a gain of '
+              f'{static.bits_per_token - result.bits_per_token:.4f}')
+    settings = ', '.join(f'{k}={v}' for k, v in used.items())
+    return line + f'dynamic evaluation: {settings})\n  static on the same tokens: {gain}'
   mc_dropout = ''
   if config.evaluator == 'mc_dropout' or (config.evaluator == 'temperature'
                                           and config.temperature.base == 'mc_dropout'):
@@ -65,6 +82,9 @@ def _as_json(config, results) -> dict:
     if 'settings' in first:
       output.update(settings=first['settings'], search=[[s, loss] for s, loss in
                                                         first.get('search', [])])
+      output['static'] = {split: EvalResult(d['static_loss'], results[split].num_tokens,
+                                            results[split].unit).as_dict()
+                          for split, d in details.items()}
       output['segments'] = {split: {'nll': d['segment_nll'].tolist(),
                                     'tokens': d['segment_tokens'].tolist()}
                             for split, d in details.items()}
@@ -96,8 +116,9 @@ def _evaluate_program(argv):
       for settings, loss in search:
         print(f'search: valid loss {loss:.4f} with {settings}')
     print(_describe(config, split, result))
-  if FLAGS.output:
-    output = pathlib.Path(FLAGS.output)
+  # The results go beside the run, and to --output when given.
+  outputs = [pathlib.Path(FLAGS.workdir) / EVALUATIONS_DIR / f'{config.evaluator}.json']
+  for output in outputs + ([pathlib.Path(FLAGS.output)] if FLAGS.output else []):
     output.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(output, json.dumps(_as_json(config, results)))
 

@@ -14,6 +14,8 @@ from lm_zoo import cli
 from lm_zoo.errors import ConfigError
 from lm_zoo.generation import generate_text
 from lm_zoo.training import load_trained
+from lm_zoo.training.trained import load_model
+from lm_zoo.training.workdir import load_vocab
 
 flags.DEFINE_string('workdir', None, 'A work directory written by launch/train.py.',
                     required=True)
@@ -29,7 +31,8 @@ flags.DEFINE_integer('top_k', 0, 'Sampling: draw only from the k most likely tok
 flags.DEFINE_integer('beam_width', 0, '> 1: beam search with this many beams, the '
                      'most likely continuation; 0 or 1: sampling.')
 flags.DEFINE_integer('seed', 0, 'Sampling seed: the same seed gives the same text.')
-flags.DEFINE_string('data_dir', None, "Data folder; default: the training run's, "
+flags.DEFINE_string('data_dir', None, "Data folder, for runs that predate vocab.json "
+                    "(newer ones carry their vocabulary); default: the training run's, "
                     'else $LM_ZOO_DATA.')
 FLAGS = flags.FLAGS
 
@@ -42,9 +45,13 @@ def _generate_program(argv):
                          'search (--beam_width > 1)')
 
   def generate():
-    _, corpus, model, params = load_trained(FLAGS.workdir, FLAGS.data_dir)
+    if FLAGS.data_dir or load_vocab(FLAGS.workdir) is None:  # a run from before vocab.json
+      _, corpus, model, params = load_trained(FLAGS.workdir, FLAGS.data_dir)
+      vocab = corpus.vocab
+    else:  # the run's own vocabulary: no data needed
+      _, vocab, model, params = load_model(FLAGS.workdir)
     try:
-      return generate_text(model, params, corpus.vocab, FLAGS.prompt, FLAGS.num_tokens,
+      return generate_text(model, params, vocab, FLAGS.prompt, FLAGS.num_tokens,
                            FLAGS.num_samples, FLAGS.seed, FLAGS.temperature,
                            FLAGS.top_k, FLAGS.beam_width)
     except ValueError as err:  # a flag out of range, a word the vocabulary lacks

@@ -22,7 +22,6 @@ marks it failed and queues it again, and the retry resumes from its
 checkpoints. Run the same command to resume a stopped study.
 """
 
-import pathlib
 import sys
 
 from absl import app, flags
@@ -31,10 +30,9 @@ from ml_collections import config_flags
 from lm_zoo import cli
 from lm_zoo.tuning import open_study, run_worker, write_report
 
-EXPERIMENTS = pathlib.Path(__file__).resolve().parents[2] / 'experiments'
 
 config_flags.DEFINE_config_file(
-    'tune', str(EXPERIMENTS / 'tune_ptb_small.py'), 'An experiments/tune_*.py '
+    'tune', str(cli.EXPERIMENTS / 'tune_ptb_small.py'), 'An experiments/tune_*.py '
     'tuning config; override fields with --tune.SECTION.FIELD=VALUE (the search '
     'space too: --tune.space.learning_rate.high=0.01).', lock_config=True)
 flags.DEFINE_string('workdir', 'runs/tune', 'Where the trials, the SQLite study '

@@ -142,6 +142,14 @@ class DynamicEvalSettings:
   segment_length: int
   decay_mean: str = 'coordinates'
 
+  def used(self) -> dict[str, Any]:
+    """The settings its rule reads (SGD has no epsilon; the learned rule only
+    its segment length)."""
+    names = {'sgd': ('learning_rate', 'decay', 'segment_length'),
+             'rms': ('learning_rate', 'decay', 'eps', 'segment_length', 'decay_mean'),
+             'learned': ('segment_length',)}[self.rule]
+    return {'rule': self.rule, **{name: getattr(self, name) for name in names}}
+
 
 @dataclasses.dataclass
 class Dynamic:
@@ -196,7 +204,10 @@ class Dynamic:
       result = scored
     else:
       result = self.score(best, model, params, corpus, split, self.max_tokens)
-    return dataclasses.replace(result, details={**result.details, 'search': trials})
+    static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens)
+    return _beside_static(dataclasses.replace(result, details={**result.details,
+                                                               'search': trials}),
+                          static(model, params, corpus, split))
 
   def rms_gradients(self, model, params, corpus: Corpus) -> Any:
     """MS of `dynamic_rms` for these weights (`rms_training_gradients`),
@@ -271,6 +282,7 @@ class Learned:
   2018), at the segment length it was meta-trained for."""
 
   meta_learner: MetaLearner
+  bptt: int
   batch_size: int = 1
   max_tokens: int = 0
 
@@ -284,10 +296,18 @@ class Learned:
                            extra_args={'meta_params': learned.meta_params})
     settings = DynamicEvalSettings('learned', learned.initial_learning_rate, 0.0, 0.0,
                                    learned.segment_length)
-    return dataclasses.replace(run.result, details={
+    result = dataclasses.replace(run.result, details={
         'settings': dataclasses.asdict(settings), 'search': [],
         'segment_nll': run.segment_nll, 'segment_tokens': run.segment_tokens,
         'skipped_updates': run.skipped_updates})
+    static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens)
+    return _beside_static(result, static(model, params, corpus, split))
+
+
+def _beside_static(result: EvalResult, static: EvalResult) -> EvalResult:
+  """A dynamic evaluation's result with the static score of the same tokens
+  at the same batch size in its details, the measure of its gain."""
+  return dataclasses.replace(result, details={**result.details, 'static_loss': static.loss})
 
 
 @dataclasses.dataclass
@@ -339,7 +359,7 @@ def build_evaluator(config: ml_collections.ConfigDict, *, bptt: int, batch_size:
     if meta_learner is None:
       raise ConfigError('the learned evaluator needs a meta-learner: run lm-zoo-meta-train '
                         'first, or set learned.meta_learner')
-    return Learned(meta_learner, config.batch_size or 1, config.max_tokens)
+    return Learned(meta_learner, bptt, config.batch_size or 1, config.max_tokens)
   return TokenLosses(bptt, config.max_tokens)
 
 

@@ -20,29 +20,33 @@ DECAY_MEANS = ('coordinates', 'tensors')
 
 
 class DynamicEvalState(NamedTuple):
-  """The trained weights theta_g that the update decays toward, and the
-  per-coordinate scale s of that decay: the decay rate is lambda * s (SGD,
-  s = 1) or min(1, lambda * s) (RMS, s = MS / mean(MS))."""
+  """The trained weights theta_g that the update decays toward, the
+  per-coordinate scale s of that decay (the decay rate is lambda * s for
+  SGD, s = 1, or min(1, lambda * s) for RMS, s = MS / mean(MS)), and the
+  number of updates taken (a learning-rate schedule's step)."""
   trained: optax.Params
   decay_scale: optax.Updates
+  count: jax.Array
 
 
 def _check(**values) -> None:
   """Refuses a NaN, infinite or negative setting given as a number (values
   inside `optax.inject_hyperparams`' state are arrays, checked where they
-  were chosen)."""
+  were chosen; a schedule is checked by what it returns)."""
   for name, value in values.items():
     if isinstance(value, (int, float)) and not (0 <= value < float('inf')):
       raise ValueError(f'{name} must be a number >= 0, got {value}')
 
 
-def dynamic_sgd(learning_rate: float, decay: float = 0.0) -> optax.GradientTransformation:
+def dynamic_sgd(learning_rate: optax.ScalarOrSchedule,
+                decay: float = 0.0) -> optax.GradientTransformation:
   """Dynamic evaluation by SGD, optionally decaying toward the trained weights:
 
     theta <- theta - eta * g + lambda * (theta_g - theta)
 
   Args:
-    learning_rate: eta.
+    learning_rate: eta, or a schedule of it (`optax.linear_schedule`, ...),
+      called with the number of updates taken.
     decay: lambda; 0 is plain SGD (Krause et al. 2018, section 5).
   Returns:
     An `optax.GradientTransformation`; `update` needs `params`. Its state
@@ -51,12 +55,12 @@ def dynamic_sgd(learning_rate: float, decay: float = 0.0) -> optax.GradientTrans
   _check(learning_rate=learning_rate, decay=decay)
 
   def init_fn(params):
-    return DynamicEvalState(trained=params,
-                            decay_scale=jax.tree.map(jnp.ones_like, params))
+    return DynamicEvalState(trained=params, decay_scale=jax.tree.map(jnp.ones_like, params),
+                            count=jnp.zeros([], jnp.int32))
 
-  def update_fn(grads, state, params):
+  def update_fn(grads, state, params=None):
     rates = jax.tree.map(lambda s: decay * s, state.decay_scale)
-    return _step(grads, state, params, learning_rate, rates), state
+    return _step(grads, state, params, learning_rate, rates)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -75,7 +79,7 @@ def mean_ms(rms_gradients: optax.Updates, over: str = 'coordinates') -> jax.Arra
   return sum(jnp.sum(x) for x in leaves) / sum(x.size for x in leaves)
 
 
-def dynamic_rms(learning_rate: float, decay: float, eps: float,
+def dynamic_rms(learning_rate: optax.ScalarOrSchedule, decay: float, eps: float,
                 rms_gradients: optax.Updates,
                 decay_mean: str = 'coordinates') -> optax.GradientTransformation:
   """Dynamic evaluation with RMS-normalised steps and decay toward the
@@ -91,7 +95,8 @@ def dynamic_rms(learning_rate: float, decay: float, eps: float,
   tensor's mean with 'tensors' (Krause's `dynamiceval.py`); `mean_ms`.
 
   Args:
-    learning_rate: eta.
+    learning_rate: eta, or a schedule of it, called with the number of
+      updates taken.
     decay: lambda.
     eps: epsilon, added to MS.
     rms_gradients: MS, a tree like the parameters.
@@ -106,19 +111,23 @@ def dynamic_rms(learning_rate: float, decay: float, eps: float,
 
   def init_fn(params):
     return DynamicEvalState(trained=params,
-                            decay_scale=jax.tree.map(lambda ms: ms / mean, rms_gradients))
+                            decay_scale=jax.tree.map(lambda ms: ms / mean, rms_gradients),
+                            count=jnp.zeros([], jnp.int32))
 
-  def update_fn(grads, state, params):
+  def update_fn(grads, state, params=None):
     scaled = jax.tree.map(lambda g, ms: g / (ms + eps), grads, rms_gradients)
     rates = jax.tree.map(lambda s: jnp.minimum(1.0, decay * s), state.decay_scale)
-    return _step(scaled, state, params, learning_rate, rates), state
+    return _step(scaled, state, params, learning_rate, rates)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
 def _step(direction, state: DynamicEvalState, params, learning_rate, decay_rates):
+  """The update -eta g + rate (theta_g - theta), and the state one update on."""
   if params is None:
     raise ValueError('dynamic evaluation decays toward the trained weights: pass '
-                     'params to update')
-  return jax.tree.map(lambda d, p, p0, r: -learning_rate * d + r * (p0 - p),
-                      direction, params, state.trained, decay_rates)
+                     'params to update (update(grads, state, params))')
+  eta = learning_rate(state.count) if callable(learning_rate) else learning_rate
+  updates = jax.tree.map(lambda d, p, p0, r: -eta * d + r * (p0 - p),
+                         direction, params, state.trained, decay_rates)
+  return updates, state._replace(count=optax.safe_increment(state.count))

@@ -10,6 +10,7 @@ import ml_collections
 
 from lm_zoo.cells.scans import SCANS
 from lm_zoo.data.corpora import CORPORA, Corpus
+from lm_zoo.data.text import LEVELS
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import build_evaluator
 from lm_zoo.models.factory import CELLS, DTYPES, LATENTS, LSTM_FAMILY, embed_size
@@ -19,7 +20,7 @@ from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
 
 # field -> the names it may take
 CHOICES = {
-    'data.name': tuple(CORPORA), 'model.cell': tuple(CELLS),
+    'data.name': (*CORPORA, 'text', 'tfds'), 'data.level': LEVELS, 'model.cell': tuple(CELLS),
     'model.alstm.latent': tuple(LATENTS), 'model.dtype': tuple(DTYPES), 'model.scan': SCANS,
     'optimizer.name': OPTIMIZERS, 'optimizer.loss_reduction': LOSS_REDUCTIONS,
     'averaging.trigger': TRIGGERS, 'schedule.kind': SCHEDULES,

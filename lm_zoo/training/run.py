@@ -15,6 +15,8 @@ import jax
 import ml_collections
 
 from lm_zoo.data import BatchedStream, Corpus, load_corpus
+from lm_zoo.data.text import load_text_folder, load_tfds_text
+from lm_zoo.errors import ConfigError
 from lm_zoo.models import RecurrentLM, init_params
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.evaluation import EvalResult
@@ -83,8 +85,21 @@ class Run:
 
 
 def load_data(config: ml_collections.ConfigDict) -> Corpus:
-  """The corpus of `config.data`, cut to the `*_tokens` limits when they are > 0."""
-  corpus = load_corpus(config.data.name, config.data.data_dir or None)
+  """The corpus of `config.data` (a standard corpus, a folder of text files,
+  a TFDS dataset's text), cut to the `*_tokens` limits when they are > 0."""
+  data = config.data
+  if data.name == 'text':
+    if not data.data_dir:
+      raise ConfigError('data.name=text reads data.data_dir/{train,valid,test}.txt: set '
+                        '--config.data.data_dir to that folder')
+    corpus = load_text_folder(data.data_dir, data.level)
+  elif data.name == 'tfds':
+    if not data.tfds_name:
+      raise ConfigError('data.name=tfds needs the dataset: set --config.data.tfds_name')
+    corpus = load_tfds_text(data.tfds_name, data.data_dir or None, data.tfds_feature,
+                            data.tfds_splits, data.level)
+  else:
+    corpus = load_corpus(data.name, data.data_dir or None)
   limits = {s: config.data.get(f'{s}_tokens', 0) for s in ('train', 'valid', 'test')}
   return dataclasses.replace(corpus, **{
       s: getattr(corpus, s)[:n] for s, n in limits.items() if n > 0})

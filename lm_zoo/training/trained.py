@@ -14,7 +14,7 @@ import numpy as np
 import optax
 
 from lm_zoo.configs import evaluation_config
-from lm_zoo.data import Corpus
+from lm_zoo.data import Corpus, Vocab
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import (EvalResult, Evaluator, build_evaluator, diagonal_fisher,
                                meta_train, split_names)
@@ -24,7 +24,7 @@ from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.run import load_data
 from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network,
                                           load_meta_learner, save_meta_learner)
-from lm_zoo.training.workdir import check_data, load_config
+from lm_zoo.training.workdir import check_data, load_config, load_vocab
 
 
 def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
@@ -36,13 +36,30 @@ def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
   corpus = load_data(config)
   check_data(corpus, workdir)
   model = build_model(config.model, len(corpus.vocab))
+  return config, corpus, model, _best_params(workdir, model)
+
+
+def load_model(workdir: str | pathlib.Path
+               ) -> tuple[ml_collections.ConfigDict, Vocab, RecurrentLM, Any]:
+  """(config, vocabulary, model, best parameters) of a work directory,
+  without its training data: the vocabulary is the one the run saved."""
+  config = load_config(workdir)
+  vocab = load_vocab(workdir)
+  if vocab is None:
+    raise ConfigError(f'{workdir} was trained before runs kept their vocabulary '
+                      '(vocab.json): load it with its data, load_trained(workdir, data_dir)')
+  model = build_model(config.model, len(vocab))
+  return config, vocab, model, _best_params(workdir, model)
+
+
+def _best_params(workdir: str | pathlib.Path, model: RecurrentLM) -> Any:
   like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
   with Checkpoints(workdir, legacy_transposed=legacy_transposed) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:
     raise ConfigError(f'no best checkpoint in {workdir}/best: training has not '
                       'finished an epoch yet')
-  return config, corpus, model, best[0]
+  return best[0]
 
 
 def workdir_evaluator(workdir: str | pathlib.Path, run_config: ml_collections.ConfigDict,

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import ml_collections
 
-from lm_zoo.data import Corpus
+from lm_zoo.data import Corpus, Vocab
 from lm_zoo.data.corpora import SPLITS
 from lm_zoo.configs import base_config, upgrade_config
 from lm_zoo.errors import ConfigError, WorkdirInUse
@@ -24,6 +24,8 @@ from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
 CONFIG_FILE = 'config.json'
 # The fingerprint of the data a run trained on (`record_data`).
 DATA_FILE = 'data.json'
+# Its vocabulary, id order (`load_vocab`).
+VOCAB_FILE = 'vocab.json'
 LOCK_FILE = 'lock'
 
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
@@ -73,13 +75,27 @@ def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Non
 
 
 def record_data(corpus: Corpus, workdir: pathlib.Path) -> None:
-  """Writes the corpus' fingerprint to WORKDIR/data.json (`Corpus.fingerprint`),
-  or, when the run has one, refuses a corpus that differs from it."""
+  """Writes the corpus' fingerprint to WORKDIR/data.json (`Corpus.fingerprint`)
+  and its vocabulary to WORKDIR/vocab.json, so that the run can be used
+  without its data (`lm_zoo.load`); or, when the run has them, refuses a
+  corpus that differs."""
   path = workdir / DATA_FILE
   if path.is_file():
     check_data(corpus, workdir)
   else:
+    write_text_atomically(workdir / VOCAB_FILE, json.dumps(
+        {'kind': corpus.vocab.kind, 'tokens': list(corpus.vocab.tokens)}))
     write_text_atomically(path, json.dumps(corpus.fingerprint(), indent=2))
+
+
+def load_vocab(workdir: str | pathlib.Path) -> Vocab | None:
+  """The vocabulary a run trained with (WORKDIR/vocab.json), or None for a
+  run from before vocabularies were kept."""
+  path = pathlib.Path(workdir) / VOCAB_FILE
+  if not path.is_file():
+    return None
+  saved = json.loads(path.read_text())
+  return Vocab(tuple(saved['tokens']), kind=saved['kind'])
 
 
 def check_data(corpus: Corpus, workdir: str | pathlib.Path) -> None:

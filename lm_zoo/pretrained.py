@@ -1,0 +1,114 @@
+"""A trained model from its work directory, without its training data
+(`lm_zoo.load(workdir)`): it scores text, gives each token's loss,
+generates from a prompt, and runs dynamic evaluation along a text.
+
+  model = lm_zoo.load('runs/small')
+  model.score('the company said it expects higher sales').perplexity
+  model.generate('the company said', num_tokens=20, num_samples=3)
+  model.dynamic_evaluate(long_text, learning_rate=0.01).details['static_loss']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+
+from lm_zoo import generation
+from lm_zoo.data import EOS, Vocab
+from lm_zoo.evaluation import EvalResult, dynamic_evaluate, evaluate_stream, make_eval_step
+from lm_zoo.evaluation import token_losses as stream_token_losses
+from lm_zoo.models import RecurrentLM
+from lm_zoo.optim import dynamic_sgd
+from lm_zoo.training.trained import load_model
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+  """A work directory's model with its best weights and vocabulary.
+
+  Text is tokenised as the corpus files were (`Vocab.tokenize`), each line
+  ending in an end of sentence where the vocabulary has one, and scored
+  after an end of sentence: as a sentence of the corpus is. A word outside
+  the vocabulary is `<unk>` where the vocabulary has it, else an error.
+
+  Attributes:
+    config: the run's config.
+    vocab: its vocabulary.
+    model: the language model.
+    params: the best parameters.
+    workdir: where they were read from.
+  """
+
+  config: ml_collections.ConfigDict
+  vocab: Vocab
+  model: RecurrentLM
+  params: Any
+  workdir: pathlib.Path
+
+  @property
+  def unit(self) -> str:
+    return 'word' if self.vocab.kind == 'word' else 'char'
+
+  def encode(self, text: str) -> np.ndarray:
+    """The ids of `text`, after the start token (`generation.start_id`);
+    each line ends in an end of sentence where the vocabulary has one (a
+    byte vocabulary reads the newlines as bytes)."""
+    if EOS not in self.vocab:
+      return generation.encode_prompt(self.vocab, text)
+    eos = self.vocab.id(EOS)
+    lines = [np.append(generation.encode_prompt(self.vocab, line)[1:], eos)
+             for line in text.splitlines()]
+    return np.concatenate([[eos], *lines]).astype(np.int32)
+
+  def score(self, text: str) -> EvalResult:
+    """Perplexity (or bits per character) of `text`, dropout off."""
+    ids = self.encode(text)
+    return evaluate_stream(make_eval_step(self.model), self.params,
+                           self.model.initialize_carry(1), ids, 1, self.config.data.bptt,
+                           self.unit)
+
+  def token_losses(self, text: str) -> tuple[list[str], np.ndarray]:
+    """Each token of `text` and its loss in nats given every token before it."""
+    ids = self.encode(text)
+    losses = stream_token_losses(self.model, self.params, ids, self.config.data.bptt)
+    return [self.vocab.tokens[i] for i in ids[1:]], losses
+
+  def generate(self, prompt: str = '', num_tokens: int = 30, num_samples: int = 1,
+               seed: int = 0, temperature: float = 1.0, top_k: int = 0,
+               beam_width: int = 0) -> list[str]:
+    """Continuations of `prompt` (`generation.generate_text`)."""
+    return generation.generate_text(self.model, self.params, self.vocab, prompt, num_tokens,
+                                    num_samples, seed, temperature, top_k, beam_width)
+
+  def dynamic_evaluate(self, text: str, learning_rate: float = 1e-2, decay: float = 0.0,
+                       segment_length: int = 5,
+                       transformation: optax.GradientTransformation | None = None
+                       ) -> EvalResult:
+    """`text` scored with dynamic evaluation from the trained weights: each
+    segment of `segment_length` tokens scored, then a step on it, by SGD
+    with `learning_rate` and `decay` toward the trained weights, or by
+    `transformation` (any of lm_zoo.optim's, `dynamic_rms` with its MS
+    included). The result's details hold the static loss of the same tokens
+    and the adapted weights."""
+    ids = self.encode(text)
+    run = dynamic_evaluate(self.model, self.params,
+                           transformation or dynamic_sgd(learning_rate, decay), ids,
+                           segment_length, 1, self.unit)
+    static = self.score(text)
+    return dataclasses.replace(run.result, details={
+        'static_loss': static.loss, 'segment_nll': run.segment_nll,
+        'segment_tokens': run.segment_tokens, 'skipped_updates': run.skipped_updates,
+        'params': run.params})
+
+
+def load(workdir: str | pathlib.Path) -> TrainedModel:
+  """The model a work directory holds, with its best weights and its
+  vocabulary, ready to use without the data it was trained on."""
+  config, vocab, model, params = load_model(workdir)
+  return TrainedModel(config, vocab, model, jax.device_put(params), pathlib.Path(workdir))

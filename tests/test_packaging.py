@@ -1,0 +1,57 @@
+"""lm_zoo installed from its wheel, not from the checkout: the programs and
+their configs work from any folder (the Colab cell's `pip install`)."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+
+@pytest.fixture(scope='module')
+def installed(tmp_path_factory):
+  """lm_zoo from a wheel built from the checkout, in a folder of its own
+  (its dependencies are this environment's)."""
+  folder = tmp_path_factory.mktemp('install')
+  subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-deps',
+                  '-q', '-w', str(folder / 'wheel'), str(REPO)], check=True,
+                 capture_output=True)
+  [wheel] = (folder / 'wheel').glob('lm_zoo-*.whl')
+  subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', '-q', '--target',
+                  str(folder / 'site'), str(wheel)], check=True, capture_output=True)
+  return folder / 'site'
+
+
+def _program(site: pathlib.Path, program: str, args: list[str], cwd: pathlib.Path, env):
+  """Runs an installed program as its console script does, from `cwd`."""
+  code = (f'import sys; sys.argv = ["lm-zoo-{program}", *sys.argv[1:]]; '
+          f'import lm_zoo, lm_zoo.programs as p; print("lm_zoo at", lm_zoo.__file__); '
+          f'p.{program.replace("-", "_")}()')
+  return subprocess.run([sys.executable, '-c', code, *args], cwd=cwd, capture_output=True,
+                        text=True, timeout=600, env={**env, 'PYTHONPATH': str(site)})
+
+
+def test_the_installed_programs_train_and_evaluate_outside_the_checkout(installed, data_dir,
+                                                                        tmp_path):
+  import os
+  env = {**os.environ, 'LM_ZOO_DATA': str(data_dir)}
+  tiny = ['--config.data.train_tokens=401', '--config.data.valid_tokens=120',
+          '--config.data.test_tokens=90', '--config.data.batch_size=4',
+          '--config.data.bptt=10', '--config.data.eval_batch_size=3',
+          '--config.model.embed_size=8', '--config.model.hidden_size=8',
+          '--config.generate.num_lines=0']
+  # The README's config path, from a folder without experiments/ in it.
+  trained = _program(installed, 'train', ['--config=experiments/default.py',
+                                         '--workdir=run', *tiny], tmp_path, env)
+  assert trained.returncode == 0, trained.stderr[-2000:]
+  assert f'lm_zoo at {installed}' in trained.stdout
+  assert (tmp_path / 'run' / 'summary.json').is_file()
+  scored = _program(installed, 'evaluate', ['--workdir=run',
+                                        '--config=experiments/evaluate.py:static'],
+                    tmp_path, env)
+  assert scored.returncode == 0 and 'test: perplexity' in scored.stdout, scored.stderr[-2000:]
+  # Generation needs no data: the run carries its vocabulary.
+  generated = _program(installed, 'generate', ['--workdir=run', '--num_tokens=3'], tmp_path,
+                       {**env, 'LM_ZOO_DATA': str(tmp_path / 'nothing')})
+  assert generated.returncode == 0, generated.stderr[-2000:]
