@@ -54,18 +54,39 @@ class ProgressLog:
 
 
 class Throughput:
-  """Tokens and steps per second between log lines."""
+  """Tokens per second between log lines, and the time left at the pace kept
+  since the first line.
+
+  The rate of a line is its interval's training alone (`reset` after a
+  validation turn leaves that out). The ETA is the pace from the first line
+  on, validation and checkpoints included, so it neither counts the first
+  interval's compilation nor jumps with each interval's noise.
+  """
 
   def __init__(self):
+    self.updates = 0  # by this process
+    self.paced_from: tuple[float, int] | None = None  # (time, updates) at the first line
     self.reset()
 
   def reset(self):
     self.start, self.tokens, self.steps = time.perf_counter(), 0, 0
 
+  def add(self, tokens: int) -> None:
+    """Counts one update of `tokens` tokens."""
+    self.tokens += tokens
+    self.steps += 1
+    self.updates += 1
+
   def rate(self) -> float:
     return self.tokens / max(time.perf_counter() - self.start, 1e-9)
 
   def eta(self, steps_left: int) -> str:
-    """The time `steps_left` take at this interval's rate (the first
-    interval includes compilation, so its ETA is high)."""
-    return eta(time.perf_counter() - self.start, self.steps, self.steps + steps_left)
+    """The time `steps_left` updates take at the pace since the first line;
+    at the first line, at its interval's rate (with compilation: high)."""
+    now = time.perf_counter()
+    if self.paced_from is None:
+      self.paced_from = (now, self.updates)
+      return eta(now - self.start, self.steps, self.steps + steps_left)
+    since, updates_then = self.paced_from
+    done = self.updates - updates_then
+    return eta(now - since, done, done + steps_left)

@@ -1,6 +1,7 @@
 """Training end to end on real PTB tokens: resume equivalence, metrics, errors."""
 
 import json
+import logging
 import math
 import shutil
 
@@ -151,6 +152,28 @@ def test_run_writes_metrics_checkpoints_and_evaluates(tiny_config, tmp_path):
   events = read_scalar_events(tmp_path / 'tensorboard')
   assert [p for p, _ in events['valid/perplexity']] == [10, 20, 30]
   assert events['test_final/perplexity'] == [(30, pytest.approx(summary['test']['perplexity']))]
+
+
+def test_a_finished_run_run_again_is_left_as_it_is(tiny_config, tmp_path, caplog):
+  """Not scored again, its summary's times kept; more epochs train on from
+  where it ended, and the summary's rate is the whole run's."""
+  tiny_config.train.num_epochs = 1
+  first = train_and_evaluate(tiny_config, tmp_path)
+  metrics = (tmp_path / 'metrics.jsonl').read_text()
+  with caplog.at_level(logging.INFO, logger='lm_zoo'):
+    again = train_and_evaluate(tiny_config, tmp_path)
+  assert again == first == json.loads((tmp_path / 'summary.json').read_text())
+  assert (tmp_path / 'metrics.jsonl').read_text() == metrics  # nothing scored again
+  assert 'already complete (10 steps, epoch 1)' in caplog.text
+
+  tiny_config.train.num_epochs = 2
+  longer = train_and_evaluate(tiny_config, tmp_path)
+  assert longer['step'] == 20 and longer['train_seconds'] > first['train_seconds']
+  _, meta = _final_params(tiny_config, tmp_path)
+  tokens = 20 * tiny_config.data.batch_size * tiny_config.data.bptt
+  assert meta['train_tokens'] == tokens
+  assert longer['tokens_per_second'] == pytest.approx(tokens / longer['train_seconds'],
+                                                      rel=0.02)
 
 
 def test_planned_steps_are_the_steps_the_run_takes(tiny_config, tmp_path):

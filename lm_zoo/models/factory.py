@@ -146,6 +146,36 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int) ->
       head=_head(cfg, vocab_size, dtype))
 
 
+def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
+  """The model in words, for the line a run starts with: its cell with the
+  transforms around it, layer sizes and head, e.g. 'Mogrifier lstm (5 rounds,
+  rank 84) 2 x 650, embedding 650, skip connections, tied softmax'."""
+  cell = cfg.cell
+  if cfg.cell == 'alstm':
+    cell = f'alstm ({cfg.alstm.latent} adaptation, latent {cfg.alstm.latent_size})'
+  if cfg.mogrifier.rounds > 0:
+    rank = f', rank {cfg.mogrifier.rank}' if cfg.mogrifier.rank > 0 else ''
+    zigzag = '' if cfg.mogrifier.zigzag else ', no zigzag'
+    cell = f'Mogrifier {cell} ({cfg.mogrifier.rounds} rounds{rank}{zigzag})'
+  # A transform (Mogrify) keeps the cell it wraps in `cell`.
+  sizes = [getattr(c, 'cell', c).features for c in model.stack.cells]
+  layers = (f'{len(sizes)} x {sizes[0]}' if len(set(sizes)) == 1
+            else ' + '.join(map(str, sizes)))
+  parts = [f'{cell} {layers}', f'embedding {model.embedding.features}']
+  if cfg.cap_input_gate:
+    parts.append('capped input gate')
+  if cfg.skip_connections:
+    parts.append('skip connections')
+  if cfg.dual.size:
+    parts.append(f'dual connection {cfg.dual.size}')
+  softmax = 'tied softmax' if cfg.tie_embeddings else 'softmax'
+  parts.append(f'mixture of {cfg.mos.components} {softmax}es' if cfg.mos.components
+               else softmax)
+  if cfg.dtype != 'float32':
+    parts.append(f'{cfg.dtype} products')
+  return ', '.join(parts)
+
+
 def count_params(model: nn.Module) -> int:
   """Number of parameters, computed from shapes only (nothing is allocated)."""
   shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))

@@ -11,6 +11,7 @@ latest checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import pathlib
@@ -23,7 +24,7 @@ import optax
 
 from lm_zoo.data import BatchedStream, Window
 from lm_zoo.errors import Preempted
-from lm_zoo.models import RecurrentLM, build_model, legacy_transposed
+from lm_zoo.models import RecurrentLM, build_model, describe_model, legacy_transposed
 from lm_zoo.evaluation import EvalResult, make_eval_step, split_names
 from lm_zoo.optim import averaged_params, start_averaging
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
@@ -107,6 +108,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
   checkpoints, metrics = Checkpoints(workdir, legacy_transposed=legacy_transposed), None
   try:
     state, progress, resumed = restore_or_init(config, workdir, checkpoints, model, optimizer)
+    summary = completed_summary(config, workdir, int(state.step), progress) if resumed else None
+    if summary is not None:
+      return summary
     save_config(config, workdir)
     record_data(corpus, workdir)
     # Keeps what the run had logged at its checkpoint (a new run: nothing).
@@ -144,7 +148,7 @@ def restore_or_init(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     params = initial_params(config.train.init_from, state.params)
     state = state.replace(params=params, opt_state=optimizer.init(params))
     log.info('Fine-tuning the best weights of %s', config.train.init_from)
-  return state, Progress(), False
+  return state, Progress(train_tokens=0), False  # a new run counts from zero
 
 
 def start_run(t: Trainer, state: TrainState, progress: Progress) -> Run:
@@ -153,10 +157,37 @@ def start_run(t: Trainer, state: TrainState, progress: Progress) -> Run:
   if t.mesh is not None:
     log.info('Data parallel over %d devices: %d rows each', t.mesh.size,
              t.config.data.batch_size // t.mesh.size)
-  log.info('Model: %s, %s parameters; train %s tokens, vocab %d', t.config.model.cell,
+  log.info('Model: %s; %s parameters; train %s tokens, vocab %d',
+           describe_model(t.config.model, t.model),
            f'{count_params(state):,}', f'{len(t.corpus.train):,}', len(t.corpus.vocab))
   return Run(state, progress, PendingUpdates(t.config.train, t.metrics, t.workdir),
-             step=int(state.step), trained_before=progress.train_seconds)
+             step=int(state.step), trained_before=progress.train_seconds,
+             tokens_before=progress.train_tokens)
+
+
+def training_done(config: ml_collections.ConfigDict, progress: Progress, step: int,
+                  seconds: float) -> bool:
+  """Whether the epochs or a budget (train.max_steps, train.max_seconds) ran
+  out, `step` updates and `seconds` of training into the run."""
+  return progress.epoch > config.train.num_epochs or budget_spent(config, step, seconds)
+
+
+def completed_summary(config: ml_collections.ConfigDict, workdir: pathlib.Path, step: int,
+                      progress: Progress) -> dict[str, Any] | None:
+  """The summary of a run that finished at the restored `step`, or None: a
+  finished run run again is left as it is (not scored again, its times and
+  metrics kept), unless it stopped before its summary was written."""
+  summary_file = workdir / 'summary.json'
+  if not training_done(config, progress, step, progress.train_seconds):
+    return None
+  summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+  if summary.get('step') != step:
+    return None
+  log.info('The run in %s is already complete (%d steps, epoch %d); its summary is in %s. '
+           'To train for longer, raise train.num_epochs (or the budget) in the same '
+           'command; to score it, use lm-zoo-eval', workdir, step, progress.epoch - 1,
+           summary_file)
+  return summary
 
 
 def train(t: Trainer, run: Run) -> None:
@@ -165,7 +196,7 @@ def train(t: Trainer, run: Run) -> None:
   if t.config.train.nonfinite == 'rollback' and not t.checkpoints.has_latest():
     save(t, run)  # a finite state to roll back to before the first checkpoint
   with StopRequest() as stop:
-    while run.progress.epoch <= t.config.train.num_epochs and not budget_spent(t, run):
+    while not training_done(t.config, run.progress, run.step, run.seconds_trained()):
       fault = train_epoch(t, run, stop)
       if fault is not None:
         roll_back(t, run, fault)
@@ -185,7 +216,7 @@ def train_epoch(t: Trainer, run: Run, stop: StopRequest) -> RollBack | None:
   for window in t.batched.windows(data.bptt, progress.position, data.variable_bptt,
                                   seed=(t.config.seed, progress.epoch)):
     train_window(t, run, window, lr)
-    stopping = budget_spent(t, run)
+    stopping = budget_spent(t.config, run.step, run.seconds_trained())
     fault = after_update(t, run, lr, stopping, stop)
     if fault is not None:
       return fault
@@ -215,8 +246,7 @@ def train_window(t: Trainer, run: Run, window: Window, lr: float) -> None:
   run.progress.position = window.start + window.length
   run.step += 1
   run.updates.add(run.step, step_metrics)
-  run.throughput.tokens += window.inputs.size
-  run.throughput.steps += 1
+  run.throughput.add(window.inputs.size)
   run.tokens_trained += window.inputs.size
 
 
@@ -316,6 +346,7 @@ def save(t: Trainer, run: Run) -> RollBack | None:
   if fault is not None:
     return fault
   run.progress.train_seconds = run.seconds_trained()
+  run.progress.train_tokens = run.all_tokens_trained()
   run.progress.metrics_records = t.metrics.count
   t.checkpoints.save_latest(run.step, run.state, dataclasses.asdict(run.progress))
   return None
@@ -352,11 +383,12 @@ def roll_back(t: Trainer, run: Run, fault: RollBack) -> None:
   run.throughput.reset()
 
 
-def budget_spent(t: Trainer, run: Run) -> bool:
-  """Whether train.max_steps or train.max_seconds (when > 0) is used up."""
-  cfg = t.config.train
-  return ((cfg.max_steps > 0 and run.step >= cfg.max_steps)
-          or (cfg.max_seconds > 0 and run.seconds_trained() >= cfg.max_seconds))
+def budget_spent(config: ml_collections.ConfigDict, step: int, seconds: float) -> bool:
+  """Whether train.max_steps or train.max_seconds (when > 0) is used up,
+  `step` updates and `seconds` of training into the run."""
+  cfg = config.train
+  return ((cfg.max_steps > 0 and step >= cfg.max_steps)
+          or (cfg.max_seconds > 0 and seconds >= cfg.max_seconds))
 
 
 def planned_steps(config: ml_collections.ConfigDict, batched: BatchedStream) -> int:

@@ -32,11 +32,15 @@ def finish(t: Trainer, run: Run, final_splits: Sequence[str]) -> dict[str, Any]:
     params, best_meta = run.state.params, {'epoch': run.progress.epoch}
   else:
     params, best_meta = best
+  # the whole run's, over the processes it was resumed by (the rate is this
+  # one's when one of them did not count its tokens)
+  seconds, tokens = run.trained_before + train_seconds, run.all_tokens_trained()
+  if tokens < 0:
+    seconds, tokens = train_seconds, run.tokens_trained
   summary: dict[str, Any] = {
       'step': run.step, 'best_epoch': best_meta['epoch'],
-      # the whole run's, over the processes it was resumed by; the rate is this one's
       'train_seconds': round(run.trained_before + train_seconds, 1),
-      'tokens_per_second': round(run.tokens_trained / max(train_seconds, 1e-9), 1),
+      'tokens_per_second': round(tokens / max(seconds, 1e-9), 1),
       'num_params': count_params(run.state), 'unit': t.corpus.unit,
       'skipped_updates': run.progress.skipped_updates, 'rollbacks': run.progress.rollbacks,
       'environment': environment()}
