@@ -1,4 +1,5 @@
-# `make train`: create .venv when missing, install, run the Quick-start training job.
+# `make train`: create .venv when missing, install with the extras every program
+#               needs (train), run the Quick-start training job.
 # `make test`:  create .venv when missing, install with test extras, run the test suite
 #               on one pytest-xdist worker per core.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -7,19 +8,20 @@ export LM_ZOO_DATA ?= $(abspath ../shared/data)
 
 .PHONY: train test bench clean
 
-$(VENV)/.installed: pyproject.toml
+# One stamp per extra installed: `make train` does not install the test tools.
+$(VENV)/.installed-%: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[$*]'
 	touch $@
 
-train: $(VENV)/.installed
+train: $(VENV)/.installed-train
 	$(VENV)/bin/python launch/train.py --config=experiments/default.py --workdir=runs/default
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m pytest -q -n auto
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/lstm_lm_speed.py
 
 clean:

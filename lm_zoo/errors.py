@@ -39,3 +39,20 @@ class Preempted(LMZooError):
   def __init__(self, message: str, signum: int):
     super().__init__(message)
     self.signum = signum
+
+
+# The optional dependencies' top-level modules -> the extra of pyproject.toml
+# that installs them.
+OPTIONAL_MODULES = {'optuna': 'tune', 'sqlalchemy': 'tune', 'matplotlib': 'plot',
+                    'tensorboardX': 'tensorboard', 'tensorflow_datasets': 'tfds',
+                    'array_record': 'tfds'}
+
+
+def missing_extra(err: ImportError) -> str | None:
+  """What to install when `err` is an optional dependency that is missing
+  (one line), else None: a missing module of its own is a bug."""
+  module = (getattr(err, 'name', None) or '').split('.')[0]
+  if not isinstance(err, ModuleNotFoundError) or module not in OPTIONAL_MODULES:
+    return None
+  extra = OPTIONAL_MODULES[module]
+  return f"this needs {module}, which is not installed: pip install 'lm_zoo[{extra}]'"

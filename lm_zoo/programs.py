@@ -27,6 +27,10 @@ def _launch(name: str) -> None:
   except Exception as err:  # the flags and the --config file, read on import
     if '--verbose' in sys.argv[1:]:
       raise
+    from lm_zoo.errors import missing_extra
+    if missing_extra(err):
+      print(f'error: {missing_extra(err)}', file=sys.stderr)
+      sys.exit(1)
     from lm_zoo.cli import flag_error
     print(f'error: {flag_error(err, sys.argv)}\nPass --help to see the flags.',
           file=sys.stderr)

@@ -2,6 +2,7 @@
 left behind."""
 
 import asyncio
+import errno
 import gc
 import logging
 import signal
@@ -68,3 +69,36 @@ def test_ctrl_c_that_lands_in_a_finaliser_still_stops_the_program(capsys, python
     cli.run(job)
   assert stopped.value.code == 130
   assert capsys.readouterr().err.strip() == 'interrupted'
+
+
+_ORBAX_FULL_DISK = ValueError(
+    'RESOURCE_EXHAUSTED: Error writing "cell_0.kernel/0.0" in OCDBT database at local file '
+    '"/runs/a/best/29.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/": '
+    'Failed writing: "/runs/a/best/29.orbax-checkpoint-tmp/d/80": Failed to write 14946304 '
+    "bytes to file 21: No space left on device [os_error_code='28']")
+
+
+@pytest.mark.parametrize('error, line', [
+    (OSError(errno.ENOSPC, 'No space left on device', '/runs/a/metrics.jsonl'),
+     'error: no space left on device: /runs/a/metrics.jsonl. Nothing written before is lost'),
+    (OSError(errno.EROFS, 'Read-only file system', '/runs/a'),
+     'error: read-only file system: /runs/a. Nothing written before is lost'),
+    (_ORBAX_FULL_DISK, 'error: no space left on device: /runs/a/best/29. Nothing'),
+    (ValueError("os_error_code='2' missing"), 'error: unexpected ValueError'),
+], ids=['full disk', 'read-only', 'orbax full disk', 'not the disk'])
+def test_a_refused_write_is_one_line_and_not_called_a_bug(error, line, capsys):
+  def job():
+    # orbax logs each failed writer thread's traceback before the error reaches the job
+    try:
+      raise error
+    except Exception:
+      logging.getLogger('absl').error('[thread=array_type_handler] _SignalingThread.run() '
+                                      'raised an exception: %s', error, exc_info=True)
+    raise error
+
+  with pytest.raises(SystemExit) as stopped:
+    cli.run(job)
+  assert stopped.value.code == 1
+  err = capsys.readouterr().err
+  assert err.startswith(line) and 'Traceback' not in err, err
+  assert ('please report it' in err) == line.startswith('error: unexpected')

@@ -1,9 +1,14 @@
 """Metrics files and TensorBoard scalars."""
 
+import logging
+import pathlib
+import sys
+
 import pytest
 from conftest import read_scalar_events
 
-from lm_zoo.training.metrics import MetricsWriter, read_metrics
+from lm_zoo.configs import base_config
+from lm_zoo.training.metrics import MetricsWriter, flat_fields, read_metrics
 
 
 def test_records_are_json_lines_and_tensorboard_scalars(tmp_path):
@@ -65,3 +70,86 @@ def test_the_file_is_one_trajectory_after_a_torn_line_a_rollback_or_a_new_start(
   again = MetricsWriter(tmp_path)  # checkpoints deleted: a new run starts an empty log
   assert again.count == 0 and read_metrics(tmp_path / 'metrics.jsonl') == []
   again.close()
+
+
+def _summary_values(logdir):
+  """(tag, plugin name, text) of every summary value in a TensorBoard folder."""
+  import struct
+  from tensorboardX.proto import event_pb2
+  values = []
+  for path in sorted(pathlib.Path(logdir).glob('events.out.tfevents.*')):
+    data, offset = path.read_bytes(), 0
+    while offset < len(data):
+      (length,) = struct.unpack_from('<Q', data, offset)
+      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+      offset += 12 + length + 4
+      for value in event.summary.value:
+        text = (b''.join(value.tensor.string_val).decode()
+                if value.HasField('tensor') else '')
+        values.append((value.tag, value.metadata.plugin_data.plugin_name, text))
+  return values
+
+
+def test_the_config_and_samples_reach_tensorboard(tmp_path):
+  config = base_config()
+  config.model.mogrifier.rounds = 5
+  writer = MetricsWriter(tmp_path)
+  writer.hyperparameters(config)
+  writer.text('samples', 'the cat sat', 30)
+  writer.close()
+  values = _summary_values(tmp_path / 'tensorboard')
+  plugins = {plugin for _, plugin, _ in values}
+  assert {'hparams', 'text'} <= plugins
+  texts = {tag.split('/')[0]: text for tag, plugin, text in values if plugin == 'text'}
+  assert 'the cat sat' in texts['samples']
+  assert '"rounds": 5' in texts['config']
+  start = next(v for v in _hparams_data(tmp_path / 'tensorboard')
+               if v.HasField('session_start_info'))
+  assert start.session_start_info.hparams['model.mogrifier.rounds'].number_value == 5
+  assert start.session_start_info.hparams['model.cell'].string_value == 'lstm'
+  assert flat_fields(config)['optimizer.learning_rate'] == config.optimizer.learning_rate
+
+
+def _hparams_data(logdir):
+  import struct
+  from tensorboardX.proto import event_pb2
+  from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+  for path in sorted(pathlib.Path(logdir).glob('events.out.tfevents.*')):
+    data, offset = path.read_bytes(), 0
+    while offset < len(data):
+      (length,) = struct.unpack_from('<Q', data, offset)
+      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+      offset += 12 + length + 4
+      for value in event.summary.value:
+        if value.metadata.plugin_data.plugin_name == 'hparams':
+          yield HParamsPluginData.FromString(value.metadata.plugin_data.content)
+
+
+def test_only_the_writing_process_writes_and_every_process_counts(tmp_path):
+  """On many hosts, processes other than 0 write nothing, but their record
+  counts (stored in checkpoints) agree with process 0's."""
+  for folder in ('p0', 'p1'):
+    (tmp_path / folder).mkdir()
+  primary, other = MetricsWriter(tmp_path / 'p0'), MetricsWriter(tmp_path / 'p1', writes=False)
+  for writer in (primary, other):
+    writer.write('train', step=1, loss=1.0)
+    writer.write('valid', step=1, perplexity=3.0)
+    writer.text('samples', 'x', 1)
+    writer.close()
+  assert primary.count == other.count == 2
+  assert (tmp_path / 'p0' / 'metrics.jsonl').exists() and (tmp_path / 'p0' / 'tensorboard').exists()
+  assert not list((tmp_path / 'p1').iterdir())
+  resumed = MetricsWriter(tmp_path / 'p1', keep=1, resume_step=1, writes=False)
+  assert resumed.count == 1 and not list((tmp_path / 'p1').iterdir())
+
+
+def test_without_tensorboardx_the_records_are_still_written(tmp_path, monkeypatch, caplog):
+  monkeypatch.setitem(sys.modules, 'tensorboardX', None)  # as if not installed
+  with caplog.at_level(logging.INFO, logger='lm_zoo'):
+    writer = MetricsWriter(tmp_path)
+  writer.write('train', step=1, loss=1.0)
+  writer.hyperparameters(base_config())
+  writer.close()
+  assert [r['loss'] for r in read_metrics(tmp_path / 'metrics.jsonl')] == [1.0]
+  assert not (tmp_path / 'tensorboard').exists()
+  assert "pip install 'lm_zoo[tensorboard]'" in caplog.text

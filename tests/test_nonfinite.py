@@ -31,7 +31,9 @@ def _updates(policy, tmp_path, max_consecutive_skips=2, max_rollbacks=1):
 
 def _add(updates, step, loss):
   loss = jnp.float32(loss)
-  updates.add(step, {'loss': loss, 'finite': jnp.isfinite(loss)})
+  # a stand-in gradient norm that tells the updates apart
+  updates.add(step, {'loss': loss, 'grad_norm': jnp.float32(10 * step),
+                     'finite': jnp.isfinite(loss)})
 
 
 @pytest.mark.parametrize('policy', ['stop', 'skip', 'rollback'])
@@ -39,7 +41,9 @@ def test_finite_losses_come_back_in_order_and_once(policy, tmp_path):
   updates, records = _updates(policy, tmp_path)
   for step, loss in enumerate([2.5, 1.25, 0.5], start=1):
     _add(updates, step, loss)
-  np.testing.assert_array_equal(updates.fetch(Progress()).losses, [2.5, 1.25, 0.5])
+  fetched = updates.fetch(Progress())
+  np.testing.assert_array_equal(fetched.losses, [2.5, 1.25, 0.5])
+  np.testing.assert_array_equal(fetched.grad_norms, [10, 20, 30])
   assert updates.fetch(Progress()).losses.size == 0
   assert records.records == []
 

@@ -55,3 +55,33 @@ def test_the_installed_programs_train_and_evaluate_outside_the_checkout(installe
   generated = _program(installed, 'generate', ['--workdir=run', '--num_tokens=3'], tmp_path,
                        {**env, 'LM_ZOO_DATA': str(tmp_path / 'nothing')})
   assert generated.returncode == 0, generated.stderr[-2000:]
+
+
+def test_the_library_imports_no_optional_dependency():
+  """A user of the cells, models, transforms or training loop installs no
+  database layer, plotting or TensorBoard (pyproject.toml's extras)."""
+  code = ('import sys, lm_zoo.cells, lm_zoo.models, lm_zoo.optim, lm_zoo.training, '
+          'lm_zoo.evaluation, lm_zoo.pretrained; from lm_zoo.errors import OPTIONAL_MODULES; '
+          'print(sorted(m for m in OPTIONAL_MODULES if m in sys.modules))')
+  imported = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                            text=True, timeout=300, check=True)
+  assert imported.stdout.strip() == '[]'
+
+
+@pytest.mark.parametrize('program, module, extra', [
+    ('tune', 'optuna', 'tune'), ('plot', 'matplotlib', 'plot')])
+def test_a_program_without_its_extra_names_the_extra(program, module, extra, tmp_path):
+  # As if `module` were not installed: its import raises ModuleNotFoundError.
+  code = (f'import sys; sys.modules[{module!r}] = None; sys.argv = ["lm-zoo-{program}", '
+          f'*sys.argv[1:]]; import lm_zoo.programs as p; p.{program}()')
+  (tmp_path / 'metrics.jsonl').write_text(
+      '{"kind": "valid", "step": 1, "epoch": 1, "loss": 4.0, "perplexity": 54.6}\n')
+  args = {'tune': ['--tune=experiments/tune_ptb_small.py', f'--workdir={tmp_path}'],
+          'plot': ['--figure=curves', f'--workdirs={tmp_path}',
+                   f'--output={tmp_path}/plot.png']}[program]
+  stopped = subprocess.run([sys.executable, '-c', code, *args], cwd=REPO, capture_output=True,
+                           text=True, timeout=300)
+  assert stopped.returncode == 1
+  [line] = stopped.stderr.strip().splitlines()
+  assert line.startswith('error: ') and module in line, line
+  assert line.endswith(f"pip install 'lm_zoo[{extra}]'"), line

@@ -7,8 +7,10 @@ imported, so import one per process (through `main`), never two. Every
 program also takes --verbose (defined here), for tracebacks.
 """
 
+import errno
 import inspect
 import logging
+import os
 import pathlib
 import re
 import signal
@@ -23,7 +25,7 @@ from absl import logging as absl_logging
 
 from lm_zoo import configs
 from lm_zoo.configs import base_config
-from lm_zoo.errors import LMZooError, Preempted
+from lm_zoo.errors import LMZooError, Preempted, missing_extra
 from lm_zoo.programs import interrupt_again
 from lm_zoo.runtime import retain_host_memory
 
@@ -60,6 +62,9 @@ def run(job: Callable[[], T]) -> T:
     # would print each one's traceback after the error's line.
     sys.unraisablehook = _log_unraisable
     logging.getLogger('asyncio').addFilter(_unretrieved_task_errors_to_debug)
+    # A failed orbax write (a full disk) logs each of its threads' traceback;
+    # the error itself reaches the job, and is reported below in one line.
+    logging.getLogger('absl').addFilter(_thread_failures_to_debug)
   try:
     return job()
   except Preempted as err:
@@ -68,9 +73,41 @@ def run(job: Callable[[], T]) -> T:
     _report('interrupted', signal.SIGINT + 128)
   except LMZooError as err:
     _report(f'error: {err}', 1)
-  except Exception as err:  # a bug: say so, and how to see where it happened
-    _report(f'error: unexpected {type(err).__name__}: {err}\n(run again with --verbose '
-            'for the traceback, and please report it)', 1)
+  except ModuleNotFoundError as err:
+    _report(f'error: {missing_extra(err) or _unexpected(err)}', 1)
+  except Exception as err:  # a bug, unless the disk failed: say which
+    _report(f'error: {storage_fault(err) or _unexpected(err)}', 1)
+
+
+# What the disk or the file system refused: the machine's state, not a bug.
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                   errno.EIO)
+
+
+def storage_fault(err: BaseException) -> str | None:
+  """A write the disk or file system refused (full, over quota, read-only,
+  not permitted, failing), in one line with what to do; None for anything
+  else. orbax reports its writes' failures as ValueError with the OS error's
+  number in the text."""
+  if isinstance(err, OSError) and err.errno in _STORAGE_ERRNOS:
+    number, where = err.errno, err.filename
+  else:
+    code = re.search(r"os_error_code='(\d+)'", str(err))
+    if code is None or int(code.group(1)) not in _STORAGE_ERRNOS:
+      return None
+    number = int(code.group(1))
+    path = re.search(r'(?:at local file|Failed writing:) "([^"]+)"', str(err))
+    # the checkpoint, not orbax's temporary folder inside it
+    where = path and re.sub(r'\.orbax-checkpoint-tmp.*', '', path.group(1))
+  return (f'{os.strerror(number).lower()}' + (f': {where}' if where else '') + '. '
+          'Nothing written before is lost: free space or fix the folder (or choose '
+          'another), then run the same command again (training resumes from its '
+          'latest checkpoint)')
+
+
+def _unexpected(err: Exception) -> str:
+  return (f'unexpected {type(err).__name__}: {err}\n(run again with --verbose for the '
+          'traceback, and please report it)')
 
 
 def _log_unraisable(unraisable) -> None:
@@ -79,6 +116,13 @@ def _log_unraisable(unraisable) -> None:
     return
   logging.getLogger(__name__).debug('ignored in %r: %r', unraisable.object,
                                     unraisable.exc_value)
+
+
+def _thread_failures_to_debug(record: logging.LogRecord) -> bool:
+  if 'raised an exception' not in record.getMessage() or record.levelno < logging.ERROR:
+    return True
+  logging.getLogger(__name__).debug('%s', record.getMessage(), exc_info=record.exc_info)
+  return False
 
 
 def _unretrieved_task_errors_to_debug(record: logging.LogRecord) -> bool:

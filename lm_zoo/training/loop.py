@@ -116,6 +116,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
     # Keeps what the run had logged at its checkpoint (a new run: nothing).
     metrics = MetricsWriter(workdir, keep=progress.metrics_records if resumed else 0,
                             resume_step=int(state.step) if resumed else None)
+    metrics.hyperparameters(config)
     trainer = Trainer(
         config=config, workdir=workdir, corpus=corpus, model=model, mesh=mesh,
         train_step=train_step, eval_step=make_eval_step(model), batched=batched,
@@ -280,18 +281,22 @@ def after_update(t: Trainer, run: Run, lr: float, stopping: bool,
 
 
 def log_training(t: Trainer, run: Run, lr: float) -> RollBack | None:
-  """Logs and records the mean loss of the updates since the last line."""
+  """Logs and records the mean loss and gradient norm of the updates since
+  the last line."""
   fetched = run.updates.fetch(run.progress)
   if fetched.rollback is not None:
     return fetched.rollback
   loss = float(fetched.losses.mean()) if fetched.losses.size else math.nan
+  grad_norm = float(fetched.grad_norms.mean()) if fetched.grad_norms.size else math.nan
+  perplexity = math.exp(min(loss, 700.0))
   rate, total = run.throughput.rate(), t.total_steps
-  log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  lr %.4g  '
+  log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  grad norm %.3g  lr %.4g  '
            '%.0f tokens/s  ETA %s', run.progress.epoch, run.step, total,
-           100 * run.step / total, loss, math.exp(min(loss, 700.0)), lr, rate,
+           100 * run.step / total, loss, perplexity, grad_norm, lr, rate,
            run.throughput.eta(total - run.step))
   t.metrics.write('train', step=run.step, epoch=run.progress.epoch, loss=loss,
-                  learning_rate=lr, tokens_per_second=rate)
+                  perplexity=perplexity, grad_norm=grad_norm, learning_rate=lr,
+                  tokens_per_second=rate)
   run.throughput.reset()
   return None
 

@@ -31,6 +31,7 @@ class Fetched(NamedTuple):
   """What `PendingUpdates.fetch` read back."""
 
   losses: np.ndarray  # the finite losses, in order
+  grad_norms: np.ndarray  # their updates' gradient norms (before clipping)
   rollback: RollBack | None  # asked for by a non-finite update (train.nonfinite=rollback)
 
 
@@ -49,11 +50,13 @@ class PendingUpdates:
   def __init__(self, train_cfg: ml_collections.ConfigDict, metrics: MetricsWriter,
                workdir: pathlib.Path):
     self._cfg, self._metrics, self._workdir = train_cfg, metrics, workdir
-    self._pending: list[tuple[int, Any, Any]] = []  # (step, loss, finite) on the device
+    # (step, loss, gradient norm, finite) on the device
+    self._pending: list[tuple[int, Any, Any, Any]] = []
     self._skips_in_a_row = 0
 
   def add(self, step: int, step_metrics: dict[str, Any]) -> None:
-    self._pending.append((step, step_metrics['loss'], step_metrics['finite']))
+    self._pending.append((step, step_metrics['loss'], step_metrics['grad_norm'],
+                          step_metrics['finite']))
 
   def fetch(self, progress) -> Fetched:
     """The finite losses of the updates added since the last fetch, once the
@@ -62,16 +65,17 @@ class PendingUpdates:
     `Progress`) counts the skipped updates and rollbacks."""
     fetched = jax.device_get(self._pending)
     self._pending.clear()
-    losses = []
-    for at, loss, finite in fetched:
+    losses, norms = [], []
+    for at, loss, norm, finite in fetched:
       if finite:
         self._skips_in_a_row = 0
         losses.append(loss)
+        norms.append(norm)
       elif self._cfg.nonfinite == 'skip':
         self._skip(at, progress)
       elif self._cfg.nonfinite == 'rollback':
         self._check_rollbacks_left(at, progress)
-        return Fetched(np.array(losses, np.float64), RollBack(at))
+        return Fetched(np.array(losses, np.float64), np.array(norms, np.float64), RollBack(at))
       else:
         self._metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop')
         raise TrainingError(
@@ -80,7 +84,7 @@ class PendingUpdates:
             'holds finite weights: lower the learning rate or clip gradients '
             'harder, then run the same command again to resume from it (or set '
             '--config.train.nonfinite=skip or rollback).')
-    return Fetched(np.array(losses, np.float64), None)
+    return Fetched(np.array(losses, np.float64), np.array(norms, np.float64), None)
 
   def _skip(self, at: int, progress) -> None:
     progress.skipped_updates += 1

@@ -55,6 +55,7 @@ def finish(t: Trainer, run: Run, final_splits: Sequence[str]) -> dict[str, Any]:
                                      gen.num_tokens, t.config.seed, gen.temperature)
     for line in summary['samples']:
       log.info('sample: %s', line)
+    t.metrics.text('samples', '\n\n'.join(summary['samples']), run.step)
   summary['wall_seconds'] = round(time.perf_counter() - t.started, 1)
   write_text_atomically(t.workdir / 'summary.json', json.dumps(summary, indent=2))
   log.info('%s', run_summary(summary, t.workdir))
