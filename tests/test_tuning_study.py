@@ -1,8 +1,9 @@
 """Tuning studies with real (few-step) training trials: the best trial's config
 trains to the same score again, the pruner stops a bad trial early, two
-worker processes share one SQLite study without running a trial twice, and a
+worker processes share one study without running a trial twice, and a
 killed worker's trial is failed, retried from its checkpoints, and the study
-goes on."""
+goes on; the last two in SQLite and in a real PostgreSQL server (skipped,
+saying why, where none is installed)."""
 
 import json
 import os
@@ -14,6 +15,7 @@ import time
 import optuna
 import pytest
 from conftest import REPO
+from postgres_server import find_server, new_database, postgres_server
 
 from lm_zoo.errors import ConfigError
 from lm_zoo.training import load_config, train_and_evaluate
@@ -72,6 +74,26 @@ def _wait_for_checkpoint(worker: subprocess.Popen, tmp_path):
     assert time.monotonic() < deadline and worker.poll() is None, worker.stdout.read()
     time.sleep(0.05)
   return checkpoints
+
+
+@pytest.fixture(scope='session')
+def postgres():
+  """A PostgreSQL server for the session: the URL of its default database."""
+  binaries, why = find_server()
+  if binaries is None:
+    pytest.skip(why)
+  with postgres_server(binaries) as url:
+    yield url
+
+
+@pytest.fixture(params=['sqlite', 'postgresql'])
+def database(request, tmp_path):
+  """The study's `study.storage`: '' (SQLite in the tuning folder) or a new
+  PostgreSQL database."""
+  if request.param == 'sqlite':
+    return ''
+  return new_database(request.getfixturevalue('postgres'), f'study_{tmp_path.name.lower()}'
+                      .replace('-', '_')[:60])
 
 
 def _trials(study, state):
@@ -154,13 +176,13 @@ def test_a_trial_whose_loss_overflows_the_perplexity_is_pruned_as_diverged(tune_
   assert 'nats per token' in trial.user_attrs['diverged']
 
 
-def test_two_workers_share_one_sqlite_study_and_run_no_trial_twice(tune_file, tmp_path):
-  workers = [_worker(tune_file, tmp_path, f'--worker={k}', '--tune.study.num_trials=4')
-             for k in (0, 1)]
+def test_two_workers_share_one_study_and_run_no_trial_twice(tune_file, tmp_path, database):
+  workers = [_worker(tune_file, tmp_path, f'--worker={k}', '--tune.study.num_trials=4',
+                     f'--tune.study.storage={database}') for k in (0, 1)]
   outputs = [w.communicate(timeout=300)[0] for w in workers]
   assert [w.returncode for w in workers] == [0, 0], outputs
   tune = _tune_config(tune_file)
-  tune.study.num_trials = 4
+  tune.study.num_trials, tune.study.storage = 4, database
   study = open_study(tune, tmp_path)
   finished = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE,
                                                      optuna.trial.TrialState.PRUNED)]
@@ -179,9 +201,10 @@ def test_two_workers_share_one_sqlite_study_and_run_no_trial_twice(tune_file, tm
   assert len(ran) == 4
 
 
-def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_file, tmp_path):
+def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_file, tmp_path,
+                                                                        database):
   flags = ('--tune.base.train.max_steps=200', '--tune.study.num_trials=1',
-           '--tune.study.grace_period=3')
+           '--tune.study.grace_period=3', f'--tune.study.storage={database}')
   killed = _worker(tune_file, tmp_path, *flags)  # 200 steps: long enough to be killed
   checkpoints = _wait_for_checkpoint(killed, tmp_path)
   os.kill(killed.pid, signal.SIGKILL)
@@ -189,6 +212,7 @@ def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_fi
   killed.stdout.close()
   tune = _tune_config(tune_file)
   tune.base.train.max_steps, tune.study.num_trials, tune.study.grace_period = 200, 1, 3
+  tune.study.storage = database
   study = open_study(tune, tmp_path)
   assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING]
   time.sleep(tune.study.grace_period + 1)  # its heartbeat goes stale
