@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
 import os
 
@@ -36,12 +37,15 @@ def retain_host_memory() -> bool:
   heaps they have. Every lm_zoo program does (`lm_zoo.cli.run`), and so do
   the benchmarks. Setting LM_ZOO_SYSTEM_MALLOC=1 leaves malloc as it is.
   Preloading tcmalloc or jemalloc (LD_PRELOAD) instead has the same effect.
+  Where JAX will run on a GPU or TPU (`accelerator_expected`) it is left as
+  it is: the buffers live on the device, and the host would hold its peak
+  for nothing.
 
   Returns:
-    Whether the settings were applied: False with the opt-out set or a C
-    library other than glibc.
+    Whether the settings were applied: False with the opt-out set, a GPU or
+    TPU expected, or a C library other than glibc.
   """
-  if os.environ.get(OPT_OUT, '') not in ('', '0'):
+  if os.environ.get(OPT_OUT, '') not in ('', '0') or accelerator_expected():
     return False
   libc = ctypes.CDLL(None)
   if not hasattr(libc, 'gnu_get_libc_version'):
@@ -52,6 +56,20 @@ def retain_host_memory() -> bool:
       _log.warning('glibc refused mallopt(%d, %d); malloc left as it was', parameter, value)
       return False
   return True
+
+
+# The packages that give JAX a GPU or TPU backend (pip extras cuda, cuda13, tpu).
+ACCELERATOR_PLUGINS = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm7_plugin', 'libtpu')
+
+
+def accelerator_expected() -> bool:
+  """Whether JAX will pick a GPU or TPU backend: a plugin for one is installed
+  and JAX_PLATFORMS does not ask for the CPU. Decided without starting JAX's
+  backends, which `retain_host_memory` must precede."""
+  platforms = os.environ.get('JAX_PLATFORMS', '') or os.environ.get('JAX_PLATFORM_NAME', '')
+  if platforms:
+    return platforms.split(',')[0].strip().lower() not in ('cpu', '')
+  return any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS)
 
 
 def environment() -> dict:

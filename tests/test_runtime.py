@@ -1,11 +1,13 @@
 """retain_host_memory: with it a jitted step stops faulting its buffers in;
 environment: what a run's numbers depend on beyond its config."""
 
+import importlib.util
 import os
 import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from lm_zoo import runtime
@@ -47,6 +49,53 @@ def test_retained_memory_stops_the_page_faults_of_each_step():
 def test_opt_out_leaves_malloc_alone(monkeypatch):
   monkeypatch.setenv(runtime.OPT_OUT, '1')
   assert not runtime.retain_host_memory()
+
+
+@pytest.mark.parametrize('plugin, platforms, expected', [
+    (None, '', False), ('jax_cuda12_plugin', '', True), ('libtpu', '', True),
+    ('jax_cuda12_plugin', 'cpu', False), (None, 'cuda', True), (None, 'tpu,cpu', True)])
+def test_the_cpu_malloc_settings_stay_off_where_a_gpu_or_tpu_runs(plugin, platforms, expected,
+                                                                  monkeypatch):
+  """An installed GPU or TPU plugin (or JAX_PLATFORMS naming one first) means
+  the arrays live on the device: malloc is left alone."""
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec',
+                      lambda name, *a: object() if name == plugin else find_spec(name, *a))
+  monkeypatch.setenv('JAX_PLATFORMS', platforms)
+  monkeypatch.delenv(runtime.OPT_OUT, raising=False)
+  assert runtime.accelerator_expected() == expected
+  mallopt_calls = []
+  monkeypatch.setattr(runtime.ctypes, 'CDLL', lambda _: _Libc(mallopt_calls))
+  assert runtime.retain_host_memory() == (not expected)
+  assert bool(mallopt_calls) == (not expected)
+
+
+class _Libc:
+  """glibc as retain_host_memory sees it, recording mallopt's calls."""
+
+  def __init__(self, calls):
+    self.calls = calls
+
+  def gnu_get_libc_version(self):
+    return b'2.36'
+
+  def mallopt(self, parameter, value):
+    self.calls.append((parameter, value))
+    return 1
+
+
+def test_the_cpu_layout_of_bfloat16_products_is_for_the_cpu_only(monkeypatch):
+  """On a GPU or TPU the weight-gradient product is the plain einsum: the
+  transposes that help XLA's CPU backend would only cost there."""
+  from lm_zoo.layers import products
+  a, b = jnp.ones((3, 4)), jnp.ones((3, 5))
+  def primitives():
+    jaxpr = jax.make_jaxpr(lambda a, b: products.contract('ti,tj->ij', a, b, jnp.bfloat16))(a, b)
+    return {e.primitive.name for e in jaxpr.eqns}
+  assert 'layout_constraint' in primitives()
+  for backend in ('gpu', 'tpu'):
+    monkeypatch.setattr(products.jax, 'default_backend', lambda: backend)
+    assert primitives() == {'convert_element_type', 'dot_general'}
 
 
 @pytest.mark.skipif(not hasattr(os, 'sched_setaffinity'), reason='CPU affinity is Linux only')
