@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from baselines import random_batch, seconds_per_call, torch_lm
 from lm_zoo.configs import base_config
 from lm_zoo.models import build_model
 from lm_zoo.runtime import retain_host_memory
@@ -113,13 +114,6 @@ def train_flops_per_token(hidden: int, vocab: int, layers: int = 2) -> float:
   return 3 * (lstm + 2 * hidden * vocab)
 
 
-def _batch():
-  rng = np.random.default_rng(0)
-  shape = (FLAGS.batch_size, FLAGS.bptt)
-  return (rng.integers(0, FLAGS.vocab, shape).astype(np.int32),
-          rng.integers(0, FLAGS.vocab, shape).astype(np.int32))
-
-
 def build(name: str, hidden: int) -> dict:
   """Compiled train and eval calls of one of our models (or flax's)."""
   config = base_config()
@@ -131,7 +125,7 @@ def build(name: str, hidden: int) -> dict:
   optimizer = make_optimizer(config.optimizer)
   train_step = make_train_step(model, optimizer)
   eval_step = make_eval_step(model)
-  inputs, targets = _batch()
+  inputs, targets = random_batch(FLAGS.vocab, FLAGS.batch_size, FLAGS.bptt)
   weights = np.ones(inputs.shape, np.float32)
   holder = {'state': create_train_state(model, optimizer, config)}
 
@@ -149,59 +143,13 @@ def build(name: str, hidden: int) -> dict:
 
 
 def build_torch(hidden: int, bfloat16: bool = False) -> dict | None:
-  """The same LM in PyTorch: nn.Embedding -> nn.LSTM (2 layers) -> nn.Linear,
-  SGD with the gradient norm clipped at 5, the state carried across windows;
-  eval computes the loss too, as ours does. With `bfloat16`, under
-  `torch.autocast('cpu', torch.bfloat16)` (float32 parameters and loss)."""
-  try:
-    import torch
-  except ImportError:
-    print(f'{TORCH_BF16 if bfloat16 else TORCH}: skipped, PyTorch is not installed '
-          '(pip install torch)')
-    return None
-  torch.manual_seed(0)
-  torch.set_num_threads(os.cpu_count())
-  vocab, batch = FLAGS.vocab, FLAGS.batch_size
-  embed = torch.nn.Embedding(vocab, hidden)
-  lstm = torch.nn.LSTM(hidden, hidden, num_layers=2)
-  softmax = torch.nn.Linear(hidden, vocab)
-  modules = torch.nn.ModuleList([embed, lstm, softmax])
-  optimizer = torch.optim.SGD(modules.parameters(), lr=1.0)
-  inputs, targets = (torch.from_numpy(a.T.copy()).long() for a in _batch())  # time-major
-  state = {'carry': (torch.zeros(2, batch, hidden), torch.zeros(2, batch, hidden))}
-
-  def loss_and_carry():
-    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bfloat16):
-      outputs, carry = lstm(embed(inputs), state['carry'])
-      logits = softmax(outputs).reshape(-1, vocab).float()
-    loss = torch.nn.functional.cross_entropy(logits, targets.reshape(-1))
-    return loss, tuple(c.float() for c in carry)
-
-  def train():
-    optimizer.zero_grad()
-    loss, carry = loss_and_carry()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(modules.parameters(), 5.0)
-    optimizer.step()
-    state['carry'] = tuple(c.detach() for c in carry)
-
-  def evaluate():
-    with torch.no_grad():
-      loss_and_carry()
-
-  for fn in (train, evaluate):
-    fn()
-  return {'train': train, 'eval': evaluate, 'sync': lambda out: out,
-          'torch_version': torch.__version__}
+  """The same LM in PyTorch (`baselines.torch_lm`)."""
+  return torch_lm(hidden, FLAGS.vocab, FLAGS.batch_size, FLAGS.bptt, bfloat16)
 
 
 def round_seconds(calls: dict, key: str) -> float:
   """Seconds per call of `calls[key]`, over one round of --steps calls."""
-  start = time.perf_counter()
-  for _ in range(FLAGS.steps):
-    out = calls[key]()
-  calls['sync'](out)
-  return (time.perf_counter() - start) / FLAGS.steps
+  return seconds_per_call(calls, key, FLAGS.steps)
 
 
 def main(argv):
@@ -233,8 +181,8 @@ def main(argv):
              'train_seconds': seconds[name]['train'], 'eval_seconds': seconds[name]['eval'],
              'train_tokens_per_s': tokens / seconds[name]['train'],
              'eval_tokens_per_s': tokens / seconds[name]['eval']}
-      if 'torch_version' in built[name]:
-        row['torch_version'] = built[name]['torch_version']
+      if 'library' in built[name]:
+        row['library'] = built[name]['library']
       rows.append(row)
   for row in rows:
     if row['model'] in LSTM_ARITHMETIC:

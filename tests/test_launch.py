@@ -1,6 +1,7 @@
 """The launch scripts as a user runs them: train a tiny config, then evaluate."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import run_script
+from conftest import REPO, run_script
 
 from lm_zoo.training import load_trained, read_metrics
 
@@ -220,3 +221,21 @@ def test_plot_and_task_shims_show_their_programs_help(script, program, flags):
   assert program in shown.stdout and 'Traceback' not in shown.stderr
   for text in flags:
     assert text in shown.stdout, text
+
+
+def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(tmp_path, data_dir):
+  """launch/gpu_run_kit.sh at its tiny size on a CPU: tests, benchmark
+  (cuDNN's row skipped) and a few updates of the PTB Mogrifier recipe."""
+  out = tmp_path / 'kit'
+  kit = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=900,
+                       env={**os.environ, 'KIT_TINY': '1',
+                            'LM_ZOO_DATA': str(data_dir), 'PYTHON': sys.executable,
+                            'WHEELS': str(tmp_path / 'no_wheels')})
+  assert kit.returncode == 0, kit.stdout[-3000:] + kit.stderr[-3000:]
+  assert {'devices.txt', 'tests.txt', 'benchmark.json', 'benchmark.txt', 'profile',
+          'ptb_mogrifier.txt', 'ptb_mogrifier'} <= {p.name for p in out.iterdir()}
+  assert ' passed' in (out / 'tests.txt').read_text()
+  assert 'jax_cudnn_lstm: skipped' in (out / 'benchmark.txt').read_text()
+  records = read_metrics(out / 'ptb_mogrifier' / 'metrics.jsonl')
+  assert any(r['kind'] == 'valid' and r.get('final') for r in records)

@@ -1,0 +1,220 @@
+"""Train and eval tokens/s of the papers' recipes on this machine's
+accelerator, beside cuDNN's LSTM (from JAX and from PyTorch) and flax's.
+
+Each recipe (`--recipes`, NAME:VARIANT of lm_zoo/experiments) is timed as its
+config trains: its model at its size (the 24M PTB Mogrifier: r 5, k 84,
+hidden 912), its batch and BPTT (64 x 70), dropouts, losses and optimizer,
+on random token ids. The baselines are the plain 2-layer LSTM LM at the first
+recipe's hidden size, batch and BPTT, float32: `jax_cudnn_lstm`
+(`jax.experimental.rnn`, GPU only: skipped with a message elsewhere),
+`torch_lstm` (cuDNN on a GPU, oneDNN on a CPU), `torch_lstm_bf16` (autocast)
+and `flax_lstm` (`nn.RNN(nn.OptimizedLSTMCell)`); every row's ratio to each.
+
+Also written, per recipe: the hours its whole training implies at the
+measured rate (its planned updates x batch x BPTT tokens; for epoch-based
+recipes the corpus must be in $LM_ZOO_DATA), and where a step's time goes:
+the XLA cost analysis's FLOPs of one train step, the rate they run at, and
+the time of the window's recurrent products alone (`recurrence_matmul_seconds`):
+a step many times that is bound by per-step launches and gate arithmetic,
+not matrix work. `--profile_dir` keeps a `jax.profiler` trace of one round
+of every row (TensorBoard's profile plugin reads it).
+
+  python benchmarks/accelerator_speed.py [--recipes=...] [--steps=20] [--rounds=3]
+"""
+
+import importlib
+import json
+import os
+import pathlib
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from baselines import (jax_rnn_lm, random_batch, recurrence_matmul_seconds,
+                       seconds_per_call, torch_lm)
+from lm_zoo.data import load_corpus
+from lm_zoo.evaluation import make_eval_step
+from lm_zoo.models import build_model, describe_model
+from lm_zoo.runtime import retain_host_memory
+from lm_zoo.training import create_train_state, make_optimizer, make_train_step
+
+flags.DEFINE_list('recipes', ['mogrifier_paper:ptb_lstm', 'mogrifier_paper:ptb_mogrifier',
+                              'alstm_paper:ptb'],
+                  'NAME:VARIANT of lm_zoo/experiments to time as they train.')
+BASELINES = ('jax_cudnn_lstm', 'torch_lstm', 'torch_lstm_bf16', 'flax_lstm')
+flags.DEFINE_list('baselines', list(BASELINES), f'From {list(BASELINES)}.')
+flags.DEFINE_integer('steps', 20, 'Timed steps per round.')
+flags.DEFINE_integer('rounds', 3, 'Rounds over all rows; each keeps its fastest.')
+flags.DEFINE_string('output', 'runs/bench_accelerator.json', 'JSON results file.')
+flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of one round '
+                    'of every row (empty: none).')
+flags.DEFINE_integer('tiny', 0, '> 0: every model at this hidden size, batch 4, BPTT 5 '
+                     'and vocabulary 50 (a smoke test of the whole script, as CI runs it).')
+flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's row with "
+                  "jax.experimental.rnn's reference scan instead of skipping it (tests "
+                  'the code; not a speed figure).')
+FLAGS = flags.FLAGS
+VOCAB = 10_000  # PTB's; the papers' PTB recipes
+
+
+def recipe_config(recipe: str):
+  """The config of `NAME:VARIANT`, shrunk under --tiny."""
+  name, _, variant = recipe.partition(':')
+  module = importlib.import_module(f'lm_zoo.experiments.{name}')
+  config = module.get_config(*([variant] if variant else []))
+  if FLAGS.tiny:
+    config.model.update(param_budget=0, hidden_size=FLAGS.tiny, embed_size=FLAGS.tiny,
+                        embed_ratio=-1.0, output_size=0)
+    if config.model.mogrifier.rank > 0:
+      config.model.mogrifier.rank = min(config.model.mogrifier.rank, FLAGS.tiny // 2)
+    config.model.alstm.latent_size = min(config.model.alstm.latent_size, FLAGS.tiny)
+    config.data.update(batch_size=4, bptt=5, variable_bptt=False)
+  return config
+
+
+def vocab_size() -> int:
+  return 50 if FLAGS.tiny else VOCAB
+
+
+def recipe_tokens(config) -> int | None:
+  """Tokens the recipe trains on: its updates x batch x BPTT (max_steps),
+  else its epochs over the corpus's training split (None without the data)."""
+  data = config.data
+  if config.train.max_steps > 0:
+    return config.train.max_steps * data.batch_size * data.bptt
+  try:
+    corpus = load_corpus(data.name, data.data_dir or None)
+  except Exception as err:  # the corpus is not here: no hours for this recipe
+    print(f'{data.name}: no hours implied ({err})')
+    return None
+  return config.train.num_epochs * len(corpus.train)
+
+
+def build_recipe(config) -> dict:
+  """Compiled train and eval calls of the recipe's model, as its loop builds them."""
+  model = build_model(config.model, vocab_size())
+  optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
+  train_step = make_train_step(
+      model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
+      config.optimizer.ar, config.optimizer.tar, drop_state=config.train.drop_state)
+  eval_step = make_eval_step(model)
+  inputs, targets = random_batch(vocab_size(), config.data.batch_size, config.data.bptt)
+  weights = np.ones(inputs.shape, np.float32)
+  holder = {'state': create_train_state(model, optimizer, config)}
+  # Compiled once, for the calls and the cost analysis both.
+  train_step = train_step.lower(holder['state'], inputs, targets, weights).compile()
+  flops = train_step.cost_analysis()
+
+  def train():
+    holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)
+    return metrics['loss']
+
+  def evaluate():
+    state = holder['state']
+    return eval_step(state.params, state.carries, inputs, targets, weights)[0]
+
+  for fn in (train, evaluate):
+    jax.block_until_ready(fn())
+  return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
+          'model': describe_model(config.model, model),
+          'train_step_flops': (flops or {}).get('flops')}
+
+
+def build_baseline(name: str, hidden: int, batch: int, bptt: int) -> dict | None:
+  if name == 'jax_cudnn_lstm':
+    return jax_rnn_lm(hidden, vocab_size(), batch, bptt,
+                      reference=FLAGS.cudnn_reference and jax.default_backend() != 'gpu')
+  if name in ('torch_lstm', 'torch_lstm_bf16'):
+    return torch_lm(hidden, vocab_size(), batch, bptt, bfloat16=name == 'torch_lstm_bf16')
+  config = recipe_config(FLAGS.recipes[0])  # flax_lstm: our loop's LM with flax's cell
+  config.model.update(cell='flax_lstm', num_layers=2, param_budget=0, hidden_size=hidden,
+                      embed_size=hidden, embed_ratio=-1.0, output_size=0, dtype='float32',
+                      tie_embeddings=False, skip_connections=False, cap_input_gate=False)
+  config.model.mogrifier.rounds = 0
+  return build_recipe(config)
+
+
+def main(argv):
+  del argv
+  unknown = set(FLAGS.baselines) - set(BASELINES)
+  if unknown:
+    raise app.UsageError(f'unknown baselines {sorted(unknown)}: choose from {list(BASELINES)}')
+  malloc = 'retained' if retain_host_memory() else 'system'  # off on GPU and TPU
+  configs = {recipe: recipe_config(recipe) for recipe in FLAGS.recipes}
+  first = configs[FLAGS.recipes[0]]
+  built = {recipe: build_recipe(config) for recipe, config in configs.items()}
+  hidden = [getattr(c, 'cell', c).features
+            for c in build_model(first.model, vocab_size()).stack.cells][0]
+  batch, bptt = first.data.batch_size, first.data.bptt
+  for name in FLAGS.baselines:
+    calls = build_baseline(name, hidden, batch, bptt)
+    if calls is not None:
+      built[name] = calls
+  seconds = {name: {'train': float('inf'), 'eval': float('inf')} for name in built}
+  for round_number in range(FLAGS.rounds):
+    for name, calls in built.items():
+      profile = FLAGS.profile_dir and round_number == FLAGS.rounds - 1
+      if profile:
+        jax.profiler.start_trace(os.path.join(FLAGS.profile_dir, name.replace(':', '_')))
+      for key in ('train', 'eval'):
+        seconds[name][key] = min(seconds[name][key],
+                                 seconds_per_call(calls, key, FLAGS.steps))
+      if profile:
+        jax.profiler.stop_trace()
+
+  rows = []
+  for name, calls in built.items():
+    config = configs.get(name, first)
+    tokens = config.data.batch_size * config.data.bptt
+    row = {'row': name, 'train_seconds': seconds[name]['train'],
+           'eval_seconds': seconds[name]['eval'],
+           'train_tokens_per_s': tokens / seconds[name]['train'],
+           'eval_tokens_per_s': tokens / seconds[name]['eval'],
+           'batch_size': config.data.batch_size, 'bptt': config.data.bptt,
+           **{k: calls[k] for k in ('model', 'library') if k in calls}}
+    if calls.get('train_step_flops'):
+      row['train_step_flops'] = calls['train_step_flops']
+      row['train_tflops_per_s'] = calls['train_step_flops'] / seconds[name]['train'] / 1e12
+    if name in configs:
+      total = recipe_tokens(config)
+      if total is not None:
+        row['recipe_tokens'] = total
+        row['recipe_hours'] = total / row['train_tokens_per_s'] / 3600
+    rows.append(row)
+  by_name = {r['row']: r for r in rows}
+  baselines = [b for b in FLAGS.baselines if b in by_name]
+  for row in rows:
+    for b in baselines:
+      row[f'train_ratio_vs_{b}'] = row['train_tokens_per_s'] / by_name[b]['train_tokens_per_s']
+      row[f'eval_ratio_vs_{b}'] = row['eval_tokens_per_s'] / by_name[b]['eval_tokens_per_s']
+  recurrence = recurrence_matmul_seconds(hidden, batch, bptt)
+
+  device = jax.devices()[0]
+  print(f'\n{device.platform}: {device.device_kind} x {jax.device_count()}; '
+        f'{os.cpu_count()} CPUs; malloc {malloc}; vocabulary {vocab_size()}')
+  print(f'recurrent products of one {batch} x {bptt} window at hidden {hidden} (2 layers, '
+        f'forward only): {recurrence * 1e3:.2f} ms')
+  header = f'{"row":>30} {"train tok/s":>11} {"eval tok/s":>10} {"TFLOP/s":>7} {"hours":>7}'
+  header += ''.join(f' {"train/" + b:>22}' for b in baselines)
+  print(header)
+  for r in rows:
+    line = (f'{r["row"]:>30} {r["train_tokens_per_s"]:>11,.0f} {r["eval_tokens_per_s"]:>10,.0f} '
+            f'{r.get("train_tflops_per_s", float("nan")):>7.2f} '
+            f'{r.get("recipe_hours", float("nan")):>7.1f}')
+    line += ''.join(f' {r[f"train_ratio_vs_{b}"]:>22.2f}' for b in baselines)
+    print(line)
+  if FLAGS.output:
+    path = pathlib.Path(FLAGS.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        'device': str(device), 'device_kind': device.device_kind,
+        'platform': device.platform, 'devices': jax.device_count(), 'cpus': os.cpu_count(),
+        'malloc': malloc, 'vocab': vocab_size(), 'baseline_hidden': hidden,
+        'recurrence_matmul_seconds': recurrence, 'baselines': baselines,
+        'jax': jax.__version__, 'results': rows}, indent=2))
+    print(f'wrote {path}')
+
+
+if __name__ == '__main__':
+  app.run(main)

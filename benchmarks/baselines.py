@@ -1,0 +1,181 @@
+"""The baselines the speed benchmarks time our LMs against, and the timing.
+
+Each builder returns the calls one benchmark row times: `train()` (one
+update), `eval()` (the loss of one window) and `sync(out)` (waits for the
+work `out` stands for), compiled and warmed up; or None, after printing why
+the row is skipped (its library is not installed, or it needs a GPU).
+Every LM is embedding -> 2-layer LSTM -> softmax with embedding = hidden
+size, SGD (learning rate 1) with the gradient norm clipped at 5, the state
+carried across windows, on a fixed random batch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+
+def random_batch(vocab: int, batch: int, bptt: int) -> tuple[np.ndarray, np.ndarray]:
+  """Inputs and targets of one window, (batch, bptt) int32 ids."""
+  rng = np.random.default_rng(0)
+  shape = (batch, bptt)
+  return (rng.integers(0, vocab, shape).astype(np.int32),
+          rng.integers(0, vocab, shape).astype(np.int32))
+
+
+def seconds_per_call(calls: dict, key: str, steps: int) -> float:
+  """Seconds per call of `calls[key]`, over `steps` calls."""
+  start = time.perf_counter()
+  for _ in range(steps):
+    out = calls[key]()
+  calls['sync'](out)
+  return (time.perf_counter() - start) / steps
+
+
+def torch_lm(hidden: int, vocab: int, batch: int, bptt: int,
+             bfloat16: bool = False) -> dict | None:
+  """PyTorch's `nn.LSTM` LM: cuDNN's fused kernel on a GPU (when PyTorch
+  sees one and JAX runs there too), oneDNN's on the CPU. With `bfloat16`,
+  under `torch.autocast` to bfloat16 (float32 parameters and loss)."""
+  name = 'torch_lstm_bf16' if bfloat16 else 'torch_lstm'
+  try:
+    import torch
+  except ImportError:
+    print(f'{name}: skipped, PyTorch is not installed (pip install torch)')
+    return None
+  device = 'cuda' if jax.default_backend() == 'gpu' and torch.cuda.is_available() else 'cpu'
+  torch.manual_seed(0)
+  if device == 'cpu':
+    torch.set_num_threads(os.cpu_count())
+  embed = torch.nn.Embedding(vocab, hidden)
+  lstm = torch.nn.LSTM(hidden, hidden, num_layers=2)
+  softmax = torch.nn.Linear(hidden, vocab)
+  modules = torch.nn.ModuleList([embed, lstm, softmax]).to(device)
+  optimizer = torch.optim.SGD(modules.parameters(), lr=1.0)
+  inputs, targets = (torch.from_numpy(a.T.copy()).long().to(device)  # time-major
+                     for a in random_batch(vocab, batch, bptt))
+  zeros = lambda: torch.zeros(2, batch, hidden, device=device)
+  state = {'carry': (zeros(), zeros())}
+
+  def loss_and_carry():
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=bfloat16):
+      outputs, carry = lstm(embed(inputs), state['carry'])
+      logits = softmax(outputs).reshape(-1, vocab).float()
+    loss = torch.nn.functional.cross_entropy(logits, targets.reshape(-1))
+    return loss, tuple(c.float() for c in carry)
+
+  def train():
+    optimizer.zero_grad()
+    loss, carry = loss_and_carry()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(modules.parameters(), 5.0)
+    optimizer.step()
+    state['carry'] = tuple(c.detach() for c in carry)
+    return loss
+
+  def evaluate():
+    with torch.no_grad():
+      return loss_and_carry()[0]
+
+  sync = (lambda out: torch.cuda.synchronize()) if device == 'cuda' else (lambda out: out)
+  for fn in (train, evaluate):
+    sync(fn())
+  return {'train': train, 'eval': evaluate, 'sync': sync,
+          'library': f'torch {torch.__version__} ({device})'}
+
+
+def _reference_lstm(x, h_0, c_0, weights, seq_lengths, input_size, hidden_size, num_layers,
+                    dropout, bidirectional):
+  """`jax.experimental.rnn.lstm`'s reference scan on its packed weights."""
+  from jax.experimental import rnn
+  w_ih, w_hh, b_ih, b_hh = rnn.unpack_lstm_weights(weights, input_size, hidden_size,
+                                                   num_layers, bidirectional)
+  return rnn.lstm_ref(x, h_0, c_0, w_ih, w_hh, b_ih, b_hh, seq_lengths, input_size,
+                      hidden_size, num_layers, dropout, bidirectional)
+
+
+def jax_rnn_lm(hidden: int, vocab: int, batch: int, bptt: int,
+               reference: bool = False) -> dict | None:
+  """cuDNN's LSTM from JAX (`jax.experimental.rnn.lstm`, float32), which
+  lowers on NVIDIA GPUs only. `reference`: its reference scan instead, on
+  any backend (the row's code tested on a CPU; not a speed figure)."""
+  from jax.experimental import rnn
+  if not reference and jax.default_backend() != 'gpu':
+    print('jax_cudnn_lstm: skipped, cuDNN runs on NVIDIA GPUs only (jax.experimental.rnn)')
+    return None
+  lstm = _reference_lstm if reference else rnn.lstm
+  k_embed, k_lstm, k_out = jax.random.split(jax.random.key(0), 3)
+  params = {'embed': jax.random.uniform(k_embed, (vocab, hidden), minval=-0.1, maxval=0.1),
+            'lstm': rnn.init_lstm_weight(k_lstm, hidden, hidden, 2, False),
+            'out': jax.random.uniform(k_out, (hidden, vocab), minval=-0.1, maxval=0.1),
+            'bias': jnp.zeros(vocab)}
+  lengths = jnp.full((batch,), bptt, jnp.int32)
+
+  def loss_fn(params, carry, inputs, targets):
+    outputs, h, c = lstm(params['embed'][inputs], *carry, params['lstm'], lengths,
+                         input_size=hidden, hidden_size=hidden, num_layers=2, dropout=0.0,
+                         bidirectional=False)
+    logits = outputs @ params['out'] + params['bias']
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), (h, c)
+
+  optimizer = optax.chain(optax.clip_by_global_norm(5.0), optax.sgd(1.0))
+
+  @jax.jit
+  def train_step(params, opt_state, carry, inputs, targets):
+    (loss, carry), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, carry, inputs,
+                                                                    targets)
+    updates, opt_state = optimizer.update(grads, opt_state)
+    return optax.apply_updates(params, updates), opt_state, carry, loss
+
+  eval_step = jax.jit(lambda params, carry, inputs, targets:
+                      loss_fn(params, carry, inputs, targets)[0])
+  inputs, targets = random_batch(vocab, batch, bptt)
+  zeros = jnp.zeros((2, batch, hidden))
+  state = {'params': params, 'opt': optimizer.init(params), 'carry': (zeros, zeros)}
+
+  def train():
+    state['params'], state['opt'], state['carry'], loss = train_step(
+        state['params'], state['opt'], state['carry'], inputs, targets)
+    return loss
+
+  def evaluate():
+    return eval_step(state['params'], state['carry'], inputs, targets)
+
+  for fn in (train, evaluate):
+    jax.block_until_ready(fn())
+  return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
+          'library': f'jax {jax.__version__} ({"reference scan" if reference else "cuDNN"})'}
+
+
+def recurrence_matmul_seconds(hidden: int, batch: int, bptt: int, layers: int = 2,
+                              repeats: int = 5) -> float:
+  """The best time of a window's recurrent products alone: `layers` x `bptt`
+  dependent (batch, hidden) x (hidden, 4 hidden) products in a scan, float32,
+  forward only. A train step several times this long is bound by something
+  else than its recurrent matrix work: per-step kernel launches and the
+  elementwise gates on a GPU."""
+  w = jax.random.normal(jax.random.key(0), (hidden, 4 * hidden)) / math.sqrt(hidden)
+
+  @jax.jit
+  def window(h):
+    def step(h, _):
+      return jnp.tanh(h @ w)[:, :hidden], None
+    for _ in range(layers):
+      h, _ = jax.lax.scan(step, h, None, length=bptt)
+    return h
+
+  h = jnp.ones((batch, hidden))
+  jax.block_until_ready(window(h))
+  best = math.inf
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(window(h))
+    best = min(best, time.perf_counter() - start)
+  return best
+

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU run kit: on a fresh GPU host with JAX (CUDA) and no package index,
+# installs lm_zoo's missing pure-Python dependencies from a folder of wheels,
+# then runs the accelerator subset of the tests, the accelerator benchmark
+# (benchmarks/accelerator_speed.py, with a profile) and MINUTES of the PTB
+# Mogrifier paper recipe, and leaves every figure in OUT:
+#
+#   devices.txt, tests.txt, benchmark.json, benchmark.txt, profile/,
+#   ptb_mogrifier.txt and the run's work directory ptb_mogrifier/ (its
+#   metrics.jsonl holds tokens/s and the perplexity reached).
+#
+#   launch/gpu_run_kit.sh [OUT]          # OUT defaults to runs/gpu_kit
+#
+# Environment: WHEELS, the folder of wheels (default .whl; docs/usage.md says
+# how to fill it); LM_ZOO_DATA, the data folder (PTB at least); MINUTES of
+# training (default 10); KIT_TINY=1 runs everything at a tiny size, on any
+# machine (CI runs it so on a CPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/gpu_kit}
+WHEELS=${WHEELS:-.whl}
+MINUTES=${MINUTES:-10}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT"
+
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  site=$(mktemp -d)
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl
+  export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+
+# The tests whose numbers a device computes: cells, scans and fused kernels,
+# mixed precision, models, training steps.
+tests=(tests/test_lstm.py tests/test_lstm_recurrence.py tests/test_scans.py
+       tests/test_mogrifier.py tests/test_alstm.py tests/test_language_model.py
+       tests/test_mixture_of_softmaxes.py tests/test_dual.py tests/test_regularisation.py)
+bench=()
+train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=valid)
+if [ "${KIT_TINY:-0}" = 1 ]; then
+  tests=(tests/test_lstm_recurrence.py)
+  bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
+         --baselines=jax_cudnn_lstm)
+  train=(--config.train.max_steps=4 --config.train.eval_every=0 --config.model.param_budget=0
+         --config.model.hidden_size=16 --config.model.mogrifier.rank=4
+         --config.data.batch_size=4 --config.data.bptt=5 --config.data.train_tokens=2000
+         --config.data.valid_tokens=200 --config.evaluation.splits=valid
+         --config.generate.num_lines=0)
+fi
+
+# Each step runs whatever the one before did: a GPU's time is rare.
+failed=()
+"$PYTHON" -c 'import jax; print(jax.__version__, jax.devices())' 2>&1 \
+    | tee "$OUT/devices.txt" || failed+=(devices)
+"$PYTHON" -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 \
+    | tee "$OUT/tests.txt" || failed+=(tests)
+"$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark.json" \
+    --profile_dir="$OUT/profile" "${bench[@]}" 2>&1 | tee "$OUT/benchmark.txt" || failed+=(benchmark)
+"$PYTHON" launch/train.py --config=experiments/mogrifier_paper.py:ptb_mogrifier \
+    --workdir="$OUT/ptb_mogrifier" "${train[@]}" 2>&1 \
+    | tee "$OUT/ptb_mogrifier.txt" || failed+=(ptb_mogrifier)
+echo "every figure is in $OUT"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "failed: ${failed[*]} (their output is in $OUT)" >&2
+  exit 1
+fi
