@@ -4,20 +4,21 @@ its --config file (with the --config.FIELD overrides) as it is imported, and
 importing it loads JAX, which takes seconds: both happen inside the error
 handling here, so that a bad --config file, variant or field, and Ctrl-C
 while the libraries load, are one line and not a traceback. This module
-imports nothing else at the top, so that Ctrl-C is handled from the start.
+imports nothing else at the top but lm_zoo.interrupts (the standard library
+only), so that Ctrl-C is handled from the start.
 """
 
-import _thread
 import importlib
 import pathlib
 import signal
 import sys
-import threading
+
+from lm_zoo.interrupts import interrupt_from_unraisable
 
 
 def _launch(name: str) -> None:
   """Imports `lm_zoo.cli.NAME` and runs its `main()`."""
-  sys.unraisablehook = _interrupt_from_unraisable
+  sys.unraisablehook = interrupt_from_unraisable
   sys.argv[1:] = installed_configs(sys.argv[1:])
   try:
     program = importlib.import_module(f'lm_zoo.cli.{name}')
@@ -58,26 +59,6 @@ def installed_configs(args: list[str]) -> list[str]:
         arg = f'{flag}{experiments / local.relative_to("experiments")}{colon}{variant}'
     rewritten.append(arg)
   return rewritten
-
-
-def _interrupt_from_unraisable(unraisable) -> None:
-  if isinstance(unraisable.exc_value, KeyboardInterrupt):
-    interrupt_again()
-  else:
-    sys.__unraisablehook__(unraisable)
-
-
-def interrupt_again() -> None:
-  """Raises KeyboardInterrupt in the main thread again, a moment from now.
-
-  Ctrl-C that lands in a finaliser or a garbage-collection callback is
-  printed and ignored by Python (a run would train on to its end). Raised
-  from the hook that is told of it, it would land in the hook itself; a
-  timer thread raises it once the main thread has left the finaliser.
-  """
-  timer = threading.Timer(0.01, _thread.interrupt_main)
-  timer.daemon = True
-  timer.start()
 
 
 def train() -> None:

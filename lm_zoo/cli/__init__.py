@@ -26,7 +26,7 @@ from absl import logging as absl_logging
 from lm_zoo import configs
 from lm_zoo.configs import base_config
 from lm_zoo.errors import LMZooError, Preempted, missing_extra
-from lm_zoo.programs import interrupt_again
+from lm_zoo.interrupts import interrupt_again
 from lm_zoo.runtime import retain_host_memory
 
 # The experiment configs installed with the package (lm_zoo/experiments),
