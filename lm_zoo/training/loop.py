@@ -275,8 +275,9 @@ def after_update(t: Trainer, run: Run, lr: float, stopping: bool,
     fault = save(t, run)
     if fault is not None:
       return fault
-  if stop.signum is not None:
-    return preempt(t, run, stop.signum)
+  signum = stop.requested(run.step)
+  if signum is not None:
+    return preempt(t, run, signum)
   return None
 
 
