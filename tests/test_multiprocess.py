@@ -12,11 +12,13 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 from conftest import REPO
 
-from lm_zoo.training import read_metrics
+from lm_zoo.errors import ConfigError
+from lm_zoo.training import initialize_distributed, read_metrics
 
 WORKER = pathlib.Path(__file__).with_name('multiprocess_worker.py')
 TIMEOUT = 180  # seconds for a whole launch, on one busy core
@@ -93,6 +95,26 @@ def test_two_processes_train_as_one_over_their_devices(data_dir, tmp_path):
   assert summary == json.loads(str(first['summary']))
   assert summary['step'] == 20
   assert sorted(p.name for p in (tmp_path / 'two').glob('lock*')) == ['lock', 'lock.1']
+
+
+def test_the_process_count_and_index_are_passed_on_from_the_environment(monkeypatch):
+  calls = []
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda **kwargs: calls.append(kwargs))
+  monkeypatch.setenv('LM_ZOO_DISTRIBUTED', '1')
+  monkeypatch.delenv('JAX_NUM_PROCESSES', raising=False)
+  monkeypatch.delenv('JAX_PROCESS_ID', raising=False)
+  initialize_distributed()  # left to JAX's cluster detection
+  monkeypatch.setenv('JAX_NUM_PROCESSES', '2')
+  monkeypatch.setenv('JAX_PROCESS_ID', '1')
+  initialize_distributed()
+  assert calls == [{'num_processes': None, 'process_id': None},
+                   {'num_processes': 2, 'process_id': 1}]
+  monkeypatch.setenv('JAX_PROCESS_ID', 'first')
+  with pytest.raises(ConfigError, match="JAX_PROCESS_ID='first': use a whole number"):
+    initialize_distributed()
+  monkeypatch.setenv('LM_ZOO_DISTRIBUTED', '0')
+  initialize_distributed()
+  assert len(calls) == 2
 
 
 @pytest.mark.slow
