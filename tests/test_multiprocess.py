@@ -19,6 +19,7 @@ from conftest import REPO
 
 from lm_zoo.errors import ConfigError
 from lm_zoo.training import initialize_distributed, read_metrics
+from lm_zoo.training.config_checks import validate_config
 
 WORKER = pathlib.Path(__file__).with_name('multiprocess_worker.py')
 TIMEOUT = 180  # seconds for a whole launch, on one busy core
@@ -115,6 +116,18 @@ def test_the_process_count_and_index_are_passed_on_from_the_environment(monkeypa
   monkeypatch.setenv('LM_ZOO_DISTRIBUTED', '0')
   initialize_distributed()
   assert len(calls) == 2
+
+
+def test_a_time_budget_is_refused_on_many_processes(tiny_config, monkeypatch):
+  tiny_config.train.max_seconds = 60.0
+  validate_config(tiny_config)
+  monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: True)
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  with pytest.raises(ConfigError, match='train.max_seconds=60.0 is not kept in step by the '
+                     'processes of a multi-process run: set train.max_steps instead'):
+    validate_config(tiny_config)
+  tiny_config.train.max_seconds = 0.0
+  validate_config(tiny_config)
 
 
 @pytest.mark.slow
