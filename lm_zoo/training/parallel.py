@@ -6,10 +6,10 @@ inserts the gradient all-reduce. The same code runs on one device, on many
 local devices (GPUs, or CPU devices simulated with
 `XLA_FLAGS=--xla_force_host_platform_device_count=8`) and on many hosts:
 with `LM_ZOO_DISTRIBUTED=1` in the environment, `initialize_distributed`
-calls `jax.distributed.initialize()` (which reads the coordinator from the
-cluster's environment: TPU pods, SLURM, or JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES, JAX_PROCESS_ID) and every host feeds its own slice of
-each global batch. The processes share one work directory: process 0 alone
+calls `jax.distributed.initialize()` (which finds the job on TPU pods and
+under SLURM; elsewhere JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+JAX_PROCESS_ID say where) and every host feeds its own slice of each global
+batch. The processes share one work directory: process 0 alone
 writes its files (`is_main_process`), and the others wait for them where
 they read them (`sync_processes`); checkpoints are written by all of them.
 """
