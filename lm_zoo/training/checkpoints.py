@@ -10,6 +10,10 @@ A checkpoint that cannot be read (a file corrupted or cut short after it was
 written) is a `CheckpointError` naming its folder and what failed; each
 checkpoint also keeps a sha256 digest of every array, checked on restore, so
 damage that still decodes is found too.
+
+In a multi-process run every process saves and restores (orbax writes each
+its own shards, and its metadata from process 0); the folders this module
+moves and removes itself are moved by process 0, the others waiting.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from lm_zoo.errors import CheckpointError, ConfigError
+from lm_zoo.training.parallel import is_main_process, sync_processes
 
 
 # The key of a checkpoint's meta that holds its arrays' digests.
@@ -41,9 +47,13 @@ def _recover(directory: pathlib.Path) -> None:
   """Finishes what a kill interrupted in `directory`: a step saved again
   whose new checkpoint never completed gets its previous one back (a
   completed one makes the previous one go), and orbax's unfinished folders
-  are removed."""
-  if not directory.is_dir():
-    return
+  are removed. Process 0 does it while the others wait."""
+  if directory.is_dir() and is_main_process():
+    _recover_folders(directory)
+  sync_processes('lm_zoo checkpoints recovered')
+
+
+def _recover_folders(directory: pathlib.Path) -> None:
   for previous in directory.glob(f'*{_PREVIOUS}'):
     step = previous.with_name(previous.name[:-len(_PREVIOUS)])
     if step.exists():
@@ -91,13 +101,15 @@ class Checkpoints:
     if step in manager.all_steps():
       folder = pathlib.Path(manager.directory) / str(step)
       previous = folder.with_name(folder.name + _PREVIOUS)
-      os.replace(folder, previous)
+      if is_main_process():
+        os.replace(folder, previous)
+      sync_processes('lm_zoo checkpoint set aside')
       manager.reload()
     meta = {**meta, _DIGESTS: _digests(tree)}
     manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)), force=True)
     manager.wait_until_finished()
-    if previous is not None:
+    if previous is not None and is_main_process():
       shutil.rmtree(previous)
 
   def _restore(self, manager, like: Any, step: int | None = None):
@@ -196,11 +208,15 @@ class _readable:
 
 def _digests(tree: Any) -> dict[str, str]:
   """sha256 of each array's dtype, shape and bytes, by its '/'-joined path:
-  orbax keeps no checksum of the data, so a flipped bit would restore."""
+  orbax keeps no checksum of the data, so a flipped bit would restore. An
+  array spread over several processes is digested whole on each: its copy
+  when replicated, else gathered from all of them (every process calls this
+  on the same tree)."""
   digests = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-      continue  # other processes hold parts of it
+      leaf = (leaf.addressable_data(0) if leaf.is_fully_replicated
+              else multihost_utils.process_allgather(leaf, tiled=True))
     array = np.ascontiguousarray(jax.device_get(leaf))
     digest = hashlib.sha256(f'{array.dtype.str}{array.shape}'.encode())
     digest.update(array.tobytes())

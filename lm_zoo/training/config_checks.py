@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import ml_collections
 
 from lm_zoo.cells.scans import SCANS
@@ -104,6 +105,13 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
       raise _fail('model.mogrifier.rank', model.mogrifier.rank,
                   f'is larger than the matrices it factorises ({field} is {sizes[field]}): '
                   f'a rank of at most {sizes[field]}, or 0 for full rank, is meaningful')
+  if (config.train.max_seconds > 0 and jax.distributed.is_initialized()
+      and jax.process_count() > 1):
+    # Each process's clock would run out after another update, and the
+    # processes would wait for each other in different collectives.
+    raise _fail('train.max_seconds', config.train.max_seconds,
+                'is not kept in step by the processes of a multi-process run: '
+                'set train.max_steps instead')
   _check_evaluation(config.evaluation)
   if corpus is not None:
     _check_fit(config, corpus)

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import ml_collections
 import optax
+from jax.sharding import Mesh
 
 from lm_zoo.data import BatchedStream, Window
 from lm_zoo.errors import Preempted
@@ -107,7 +108,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
   batched = BatchedStream(corpus.train, config.data.batch_size)
   checkpoints, metrics = Checkpoints(workdir, legacy_transposed=legacy_transposed), None
   try:
-    state, progress, resumed = restore_or_init(config, workdir, checkpoints, model, optimizer)
+    state, progress, resumed = restore_or_init(config, workdir, checkpoints, model, optimizer,
+                                               mesh)
     summary = completed_summary(config, workdir, int(state.step), progress) if resumed else None
     if summary is not None:
       return summary
@@ -133,11 +135,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
 
 def restore_or_init(config: ml_collections.ConfigDict, workdir: pathlib.Path,
                     checkpoints: Checkpoints, model: RecurrentLM,
-                    optimizer: optax.GradientTransformation
+                    optimizer: optax.GradientTransformation, mesh: Mesh | None
                     ) -> tuple[TrainState, Progress, bool]:
   """The latest checkpoint's state and progress, or a new state (from the
-  best weights of `train.init_from`, when set); and whether it resumed."""
-  state = create_train_state(model, optimizer, config)
+  best weights of `train.init_from`, when set), laid out over `mesh`; and
+  whether it resumed. Checkpoints restore straight into that layout: on
+  many processes, arrays restored onto each one's devices could not be
+  moved onto the others'."""
+  state = place_state(create_train_state(model, optimizer, config), mesh)
   if checkpoints.has_latest():
     check_resumable(config, workdir)
     state, meta = checkpoints.restore_latest(state)
@@ -147,14 +152,13 @@ def restore_or_init(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     return state, progress, True
   if config.train.init_from:
     params = initial_params(config.train.init_from, state.params)
-    state = state.replace(params=params, opt_state=optimizer.init(params))
+    state = place_state(state.replace(params=params, opt_state=optimizer.init(params)), mesh)
     log.info('Fine-tuning the best weights of %s', config.train.init_from)
   return state, Progress(train_tokens=0), False  # a new run counts from zero
 
 
 def start_run(t: Trainer, state: TrainState, progress: Progress) -> Run:
-  """The run, its state placed on the devices it trains on."""
-  state = place_state(state, t.mesh)
+  """The run, from `state` laid out over the mesh (`restore_or_init`)."""
   if t.mesh is not None:
     log.info('Data parallel over %d devices: %d rows each', t.mesh.size,
              t.config.data.batch_size // t.mesh.size)
@@ -275,8 +279,9 @@ def after_update(t: Trainer, run: Run, lr: float, stopping: bool,
     fault = save(t, run)
     if fault is not None:
       return fault
-  if stop.signum is not None:
-    return preempt(t, run, stop.signum)
+  signum = stop.requested(run.step)
+  if signum is not None:
+    return preempt(t, run, signum)
   return None
 
 

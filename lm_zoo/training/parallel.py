@@ -6,10 +6,12 @@ inserts the gradient all-reduce. The same code runs on one device, on many
 local devices (GPUs, or CPU devices simulated with
 `XLA_FLAGS=--xla_force_host_platform_device_count=8`) and on many hosts:
 with `LM_ZOO_DISTRIBUTED=1` in the environment, `initialize_distributed`
-calls `jax.distributed.initialize()` (which reads the coordinator from the
-cluster's environment: TPU pods, SLURM, or JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES, JAX_PROCESS_ID) and every host feeds its own slice of
-each global batch.
+calls `jax.distributed.initialize()` (which finds the job on TPU pods and
+under SLURM; elsewhere JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+JAX_PROCESS_ID say where) and every host feeds its own slice of each global
+batch. The processes share one work directory: process 0 alone
+writes its files (`is_main_process`), and the others wait for them where
+they read them (`sync_processes`); checkpoints are written by all of them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from lm_zoo.errors import ConfigError
@@ -32,11 +35,32 @@ log = logging.getLogger(__name__)
 
 def initialize_distributed() -> None:
   """Joins a multi-host job when $LM_ZOO_DISTRIBUTED is 1 (before any other
-  JAX call)."""
+  JAX call). JAX finds the job on TPU pods and under SLURM, and reads
+  $JAX_COORDINATOR_ADDRESS; $JAX_NUM_PROCESSES and $JAX_PROCESS_ID, which it
+  does not read, are passed on here."""
   if os.environ.get(DISTRIBUTED_ENV, '0') not in ('', '0'):
-    jax.distributed.initialize()
+    given = {}
+    for name, arg in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
+      value = os.environ.get(name, '')
+      if value and not value.isdigit():
+        raise ConfigError(f'{name}={value!r}: use a whole number (processes count from 0)')
+      given[arg] = int(value) if value else None
+    jax.distributed.initialize(**given)
     log.info('process %d of %d, %d local of %d devices', jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def is_main_process() -> bool:
+  """Whether this process writes the work directory's files (process 0 of
+  many, or the only one)."""
+  return jax.process_index() == 0
+
+
+def sync_processes(name: str) -> None:
+  """Waits until every process has reached the point `name` (at once on one
+  process): what process 0 wrote before it is then there for all."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
 
 
 def data_mesh(num_devices: int) -> Mesh | None:

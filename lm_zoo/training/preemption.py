@@ -6,6 +6,9 @@ import logging
 import signal
 import threading
 
+import jax
+from jax.experimental import multihost_utils
+
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -13,24 +16,41 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 class StopRequest:
   """While entered, turns SIGTERM and SIGINT into a request that the training
-  loop reads after each update (`signum`), so that it can checkpoint and stop
-  between steps rather than die inside one.
+  loop reads after each update (`requested`), so that it can checkpoint and
+  stop between steps rather than die inside one.
 
   The first signal only sets `signum`; the handlers in place before are then
   restored, so a second signal acts as it would have without us (Ctrl-C twice
   stops at once). Signal handlers belong to the main thread: elsewhere (a
   training run in a worker thread) this does nothing.
+
+  In a multi-process run the processes must stop at the same step, each
+  saving its part of one checkpoint: no handler is installed there, and
+  SIGTERM is left to the preemption notifier of `jax.distributed.initialize`,
+  which tells the other processes through the coordinator; `requested` is
+  then JAX's preemption sync point, true on every process at the same step.
+  (SIGINT stops that one process at once: a multi-process job is stopped
+  with SIGTERM.)
   """
 
   def __init__(self):
     self.signum: int | None = None
     self._previous: dict[int, object] = {}
+    self._synced = False
 
   def __enter__(self) -> StopRequest:
-    if threading.current_thread() is threading.main_thread():
+    self._synced = jax.process_count() > 1
+    if not self._synced and threading.current_thread() is threading.main_thread():
       for signum in SIGNALS:
         self._previous[signum] = signal.signal(signum, self._handle)
     return self
+
+  def requested(self, step: int) -> int | None:
+    """The signal that asks to stop after update `step`, or None. On many
+    processes it must be asked after every update, the same steps on each."""
+    if self._synced:
+      return signal.SIGTERM if multihost_utils.reached_preemption_sync_point(step) else None
+    return self.signum
 
   def __exit__(self, *exc_info) -> None:
     self._restore()

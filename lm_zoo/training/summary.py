@@ -14,6 +14,7 @@ import jax
 
 from lm_zoo.runtime import environment
 from lm_zoo.training.checkpoints import write_text_atomically
+from lm_zoo.training.parallel import is_main_process
 from lm_zoo.evaluation import EvalResult
 from lm_zoo.progress import format_duration
 from lm_zoo.training.run import Run, Trainer
@@ -57,7 +58,8 @@ def finish(t: Trainer, run: Run, final_splits: Sequence[str]) -> dict[str, Any]:
       log.info('sample: %s', line)
     t.metrics.text('samples', '\n\n'.join(summary['samples']), run.step)
   summary['wall_seconds'] = round(time.perf_counter() - t.started, 1)
-  write_text_atomically(t.workdir / 'summary.json', json.dumps(summary, indent=2))
+  if is_main_process():
+    write_text_atomically(t.workdir / 'summary.json', json.dumps(summary, indent=2))
   log.info('%s', run_summary(summary, t.workdir))
   return summary
 

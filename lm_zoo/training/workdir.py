@@ -12,6 +12,7 @@ import pathlib
 import socket
 from typing import Any, Iterator
 
+import jax
 import ml_collections
 
 from lm_zoo.data import Corpus, Vocab
@@ -20,6 +21,7 @@ from lm_zoo.configs import base_config, upgrade_config
 from lm_zoo.errors import ConfigError, WorkdirInUse
 from lm_zoo.models import legacy_transposed
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
+from lm_zoo.training.parallel import is_main_process, sync_processes
 
 CONFIG_FILE = 'config.json'
 # The fingerprint of the data a run trained on (`record_data`).
@@ -39,11 +41,13 @@ SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.emb
 @contextlib.contextmanager
 def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
   """Holds `workdir`'s lock (an flock on WORKDIR/lock, which names the holder's
-  host and pid) for the duration: two processes training in one work
-  directory would overwrite each other's checkpoints and metrics. The
-  kernel releases the lock when its process ends, however it ends, so a
-  killed run leaves nothing to clean up. (flock is per host: on a network
-  file system mounted by several hosts it may not exclude them.)
+  host and pid) for the duration: two runs training in one work directory
+  would overwrite each other's checkpoints and metrics. The kernel releases
+  the lock when its process ends, however it ends, so a killed run leaves
+  nothing to clean up. (flock is per host: on a network file system mounted
+  by several hosts it may not exclude them.) The processes of one
+  multi-process run share the work directory: process 0 takes WORKDIR/lock,
+  process N WORKDIR/lock.N.
 
   Args:
     wait: block until the lock is free instead of raising.
@@ -52,7 +56,8 @@ def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
     WorkdirInUse: another process holds it (and `wait` is False).
   """
   workdir.mkdir(parents=True, exist_ok=True)
-  with open(workdir / LOCK_FILE, 'a+') as f:
+  index = jax.process_index()
+  with open(workdir / (f'{LOCK_FILE}.{index}' if index else LOCK_FILE), 'a+') as f:
     try:
       fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
@@ -71,21 +76,25 @@ def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-  write_text_atomically(workdir / CONFIG_FILE, config.to_json_best_effort(indent=2))
+  """Writes WORKDIR/config.json (process 0 of many)."""
+  if is_main_process():
+    write_text_atomically(workdir / CONFIG_FILE, config.to_json_best_effort(indent=2))
+  sync_processes('lm_zoo config saved')
 
 
 def record_data(corpus: Corpus, workdir: pathlib.Path) -> None:
   """Writes the corpus' fingerprint to WORKDIR/data.json (`Corpus.fingerprint`)
   and its vocabulary to WORKDIR/vocab.json, so that the run can be used
   without its data (`lm_zoo.load`); or, when the run has them, refuses a
-  corpus that differs."""
+  corpus that differs. Process 0 of many writes them."""
   path = workdir / DATA_FILE
   if path.is_file():
     check_data(corpus, workdir)
-  else:
+  elif is_main_process():
     write_text_atomically(workdir / VOCAB_FILE, json.dumps(
         {'kind': corpus.vocab.kind, 'tokens': list(corpus.vocab.tokens)}))
     write_text_atomically(path, json.dumps(corpus.fingerprint(), indent=2))
+  sync_processes('lm_zoo data recorded')
 
 
 def load_vocab(workdir: str | pathlib.Path) -> Vocab | None:
