@@ -1,5 +1,7 @@
 """Data parallelism over a mesh of 8 simulated CPU devices (tests/conftest.py)."""
 
+import logging
+
 import jax
 import numpy as np
 import pytest
@@ -76,3 +78,18 @@ def test_training_loop_runs_data_parallel_and_matches_one_device(tiny_config, tm
   four = train_and_evaluate(tiny_config, tmp_path / 'four')
   assert four['valid']['perplexity'] == pytest.approx(one['valid']['perplexity'], rel=1e-4)
   assert four['test']['perplexity'] == pytest.approx(one['test']['perplexity'], rel=1e-4)
+
+
+@pytest.mark.parametrize('num_devices', [1, 2])
+def test_the_train_step_compiles_once_over_epochs_and_learning_rates(num_devices, tiny_config,
+                                                                     tmp_path, caplog):
+  """The carries reset at each epoch and each new learning rate are placed as
+  the steps leave them: another input layout would compile the step again
+  (on a mesh, at every epoch: seconds each on a real model)."""
+  tiny_config.update_from_flattened_dict({
+      'parallel.num_devices': num_devices, 'train.num_epochs': 3, 'generate.num_lines': 0,
+      'schedule.kind': 'exponential', 'schedule.decay_after': 1})
+  with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger='jax'):
+    train_and_evaluate(tiny_config, tmp_path)
+  compiles = [r for r in caplog.records if r.getMessage().startswith('Compiling jit(train_step)')]
+  assert len(compiles) == 1

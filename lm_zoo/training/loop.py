@@ -217,7 +217,10 @@ def train_epoch(t: Trainer, run: Run, stop: StopRequest) -> RollBack | None:
                             progress.epoch, progress.valid_losses)
         * t.config.train.rollback_lr_factor ** progress.rollbacks)
   if progress.position == 0:
-    run.state = run.state.replace(carries=t.model.initialize_carry(data.batch_size))
+    # Placed as the steps leave them: fresh host zeros would be another input
+    # layout, and the train step would compile again at every epoch.
+    run.state = place_state(run.state.replace(carries=t.model.initialize_carry(data.batch_size)),
+                            t.mesh)
   for window in t.batched.windows(data.bptt, progress.position, data.variable_bptt,
                                   seed=(t.config.seed, progress.epoch)):
     train_window(t, run, window, lr)

@@ -71,8 +71,14 @@ def module_mask(name: str) -> Callable[[Any], Any]:
 def set_learning_rate(opt_state, learning_rate: float):
   """Returns `opt_state` (from `make_optimizer`) with a new learning rate."""
   hyperparams = dict(opt_state.hyperparams)
-  hyperparams['learning_rate'] = jnp.asarray(
-      learning_rate, hyperparams['learning_rate'].dtype)
+  old = hyperparams['learning_rate']
+  new = jnp.asarray(learning_rate, old.dtype)
+  # Over a mesh, replicated as the old rate: a rate on one device would be
+  # another input layout, and the train step would compile again.
+  sharding = getattr(old, 'sharding', None)
+  if sharding is not None and len(sharding.device_set) > 1:
+    new = jax.device_put(new, sharding)
+  hyperparams['learning_rate'] = new
   return opt_state._replace(hyperparams=hyperparams)
 
 
