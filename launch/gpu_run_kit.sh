@@ -40,7 +40,7 @@ tests=(tests/test_lstm.py tests/test_lstm_recurrence.py tests/test_scans.py
 bench=()
 train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=valid)
 if [ "${KIT_TINY:-0}" = 1 ]; then
-  tests=(tests/test_lstm_recurrence.py)
+  tests=(tests/test_lstm.py -k test_step_matches_numpy_equations)
   bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
          --baselines=jax_cudnn_lstm)
   train=(--config.train.max_steps=4 --config.train.eval_every=0 --config.model.param_budget=0
