@@ -192,6 +192,9 @@ def test_planned_steps_are_the_steps_the_run_takes(tiny_config, tmp_path):
 
 def test_non_finite_loss_stops_with_a_clear_error(tiny_config, tmp_path):
   tiny_config.optimizer.learning_rate = float('inf')
-  with pytest.raises(TrainingError, match='not finite at or before step'):
+  with pytest.raises(TrainingError, match='not finite at or before step') as stopped:
     train_and_evaluate(tiny_config, tmp_path)
   assert not list((tmp_path / 'checkpoints').glob('*'))  # no broken checkpoint
+  # and the advice does not send the user to one
+  assert 'No checkpoint was written before it' in str(stopped.value)
+  assert 'resume from it' not in str(stopped.value)

@@ -165,7 +165,8 @@ def start_run(t: Trainer, state: TrainState, progress: Progress) -> Run:
   log.info('Model: %s; %s parameters; train %s tokens, vocab %d',
            describe_model(t.config.model, t.model),
            f'{count_params(state):,}', f'{len(t.corpus.train):,}', len(t.corpus.vocab))
-  return Run(state, progress, PendingUpdates(t.config.train, t.metrics, t.workdir),
+  updates = PendingUpdates(t.config.train, t.metrics, t.workdir, t.checkpoints.has_latest)
+  return Run(state, progress, updates,
              step=int(state.step), trained_before=progress.train_seconds,
              tokens_before=progress.train_tokens)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import ml_collections
@@ -48,8 +48,11 @@ class PendingUpdates:
   """
 
   def __init__(self, train_cfg: ml_collections.ConfigDict, metrics: MetricsWriter,
-               workdir: pathlib.Path):
+               workdir: pathlib.Path, has_checkpoint: Callable[[], bool] = lambda: True):
+    """`has_checkpoint()`: whether the run has a checkpoint to resume from
+    (what the 'stop' policy's message advises)."""
     self._cfg, self._metrics, self._workdir = train_cfg, metrics, workdir
+    self._has_checkpoint = has_checkpoint
     # (step, loss, gradient norm, finite) on the device
     self._pending: list[tuple[int, Any, Any, Any]] = []
     self._skips_in_a_row = 0
@@ -78,11 +81,15 @@ class PendingUpdates:
         return Fetched(np.array(losses, np.float64), np.array(norms, np.float64), RollBack(at))
       else:
         self._metrics.write('nonfinite', step=at, epoch=progress.epoch, action='stop')
+        resume = (f'The latest checkpoint in {self._workdir}/checkpoints holds finite '
+                  'weights: lower the learning rate or clip gradients harder, then run '
+                  'the same command again to resume from it'
+                  if self._has_checkpoint() else
+                  'No checkpoint was written before it: lower the learning rate or clip '
+                  'gradients harder, then run the same command again to start afresh')
         raise TrainingError(
             f'the training loss or gradient is not finite at or before step {at} '
-            f'(epoch {progress.epoch}). The latest checkpoint in {self._workdir}/checkpoints '
-            'holds finite weights: lower the learning rate or clip gradients '
-            'harder, then run the same command again to resume from it (or set '
+            f'(epoch {progress.epoch}). {resume} (or set '
             '--config.train.nonfinite=skip or rollback).')
     return Fetched(np.array(losses, np.float64), np.array(norms, np.float64), None)
 
