@@ -104,27 +104,30 @@ def run_script(args, env_extra=None) -> subprocess.CompletedProcess:
                         capture_output=True, text=True, timeout=600)
 
 
-def read_scalar_events(logdir) -> dict[str, list[tuple[int, float]]]:
-  """The scalars of a TensorBoard log folder as TensorBoard shows them.
-
-  Reads the TFRecord framing of every event file in name (time) order; a
-  SessionLog START event at step S drops the scalars at steps >= S read
-  before it, as TensorBoard's purge of orphaned data does.
-  """
+def read_events(logdir):
+  """Every event of a TensorBoard log folder, its files in name (time) order
+  (their TFRecord framing: length, its crc, the record, its crc)."""
   import struct
   from tensorboardX.proto import event_pb2
-  scalars: dict[str, list[tuple[int, float]]] = {}
   for path in sorted(pathlib.Path(logdir).glob('events.out.tfevents.*')):
     data, offset = path.read_bytes(), 0
     while offset < len(data):
       (length,) = struct.unpack_from('<Q', data, offset)
-      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-      offset += 12 + length + 4  # length, its crc, the record, its crc
-      if event.HasField('session_log') and event.session_log.status == event.session_log.START:
-        scalars = {tag: [(s, v) for s, v in points if s < event.step]
-                   for tag, points in scalars.items()}
-      for value in event.summary.value:
-        scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+      yield event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+      offset += 12 + length + 4
+
+
+def read_scalar_events(logdir) -> dict[str, list[tuple[int, float]]]:
+  """The scalars of a TensorBoard log folder as TensorBoard shows them: a
+  SessionLog START event at step S drops the scalars at steps >= S read
+  before it, as TensorBoard's purge of orphaned data does."""
+  scalars: dict[str, list[tuple[int, float]]] = {}
+  for event in read_events(logdir):
+    if event.HasField('session_log') and event.session_log.status == event.session_log.START:
+      scalars = {tag: [(s, v) for s, v in points if s < event.step]
+                 for tag, points in scalars.items()}
+    for value in event.summary.value:
+      scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
   return scalars
 
 

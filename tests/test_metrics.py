@@ -1,11 +1,10 @@
 """Metrics files and TensorBoard scalars."""
 
 import logging
-import pathlib
 import sys
 
 import pytest
-from conftest import read_scalar_events
+from conftest import read_events, read_scalar_events
 
 from lm_zoo.configs import base_config
 from lm_zoo.training.metrics import MetricsWriter, flat_fields, read_metrics
@@ -74,20 +73,9 @@ def test_the_file_is_one_trajectory_after_a_torn_line_a_rollback_or_a_new_start(
 
 def _summary_values(logdir):
   """(tag, plugin name, text) of every summary value in a TensorBoard folder."""
-  import struct
-  from tensorboardX.proto import event_pb2
-  values = []
-  for path in sorted(pathlib.Path(logdir).glob('events.out.tfevents.*')):
-    data, offset = path.read_bytes(), 0
-    while offset < len(data):
-      (length,) = struct.unpack_from('<Q', data, offset)
-      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-      offset += 12 + length + 4
-      for value in event.summary.value:
-        text = (b''.join(value.tensor.string_val).decode()
-                if value.HasField('tensor') else '')
-        values.append((value.tag, value.metadata.plugin_data.plugin_name, text))
-  return values
+  return [(value.tag, value.metadata.plugin_data.plugin_name,
+           b''.join(value.tensor.string_val).decode() if value.HasField('tensor') else '')
+          for event in read_events(logdir) for value in event.summary.value]
 
 
 def test_the_config_and_samples_reach_tensorboard(tmp_path):
@@ -111,18 +99,11 @@ def test_the_config_and_samples_reach_tensorboard(tmp_path):
 
 
 def _hparams_data(logdir):
-  import struct
-  from tensorboardX.proto import event_pb2
+  """The HParams plugin's data of every hparams summary in a TensorBoard folder."""
   from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
-  for path in sorted(pathlib.Path(logdir).glob('events.out.tfevents.*')):
-    data, offset = path.read_bytes(), 0
-    while offset < len(data):
-      (length,) = struct.unpack_from('<Q', data, offset)
-      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-      offset += 12 + length + 4
-      for value in event.summary.value:
-        if value.metadata.plugin_data.plugin_name == 'hparams':
-          yield HParamsPluginData.FromString(value.metadata.plugin_data.content)
+  return [HParamsPluginData.FromString(value.metadata.plugin_data.content)
+          for event in read_events(logdir) for value in event.summary.value
+          if value.metadata.plugin_data.plugin_name == 'hparams']
 
 
 def test_only_the_writing_process_writes_and_every_process_counts(tmp_path):
