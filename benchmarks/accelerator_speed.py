@@ -28,16 +28,13 @@ import os
 import pathlib
 
 import jax
-import numpy as np
 from absl import app, flags
 
-from baselines import (jax_rnn_lm, random_batch, recurrence_matmul_seconds,
-                       seconds_per_call, torch_lm)
+from baselines import (jax_rnn_lm, lm_zoo_lm, recurrence_matmul_seconds, seconds_per_call,
+                       torch_lm)
 from lm_zoo.data import load_corpus
-from lm_zoo.evaluation import make_eval_step
-from lm_zoo.models import build_model, describe_model
+from lm_zoo.models import build_model, layer_sizes
 from lm_zoo.runtime import retain_host_memory
-from lm_zoo.training import create_train_state, make_optimizer, make_train_step
 
 flags.DEFINE_list('recipes', ['mogrifier_paper:ptb_lstm', 'mogrifier_paper:ptb_mogrifier',
                               'alstm_paper:ptb'],
@@ -91,36 +88,6 @@ def recipe_tokens(config) -> int | None:
   return config.train.num_epochs * len(corpus.train)
 
 
-def build_recipe(config) -> dict:
-  """Compiled train and eval calls of the recipe's model, as its loop builds them."""
-  model = build_model(config.model, vocab_size())
-  optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
-  train_step = make_train_step(
-      model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
-      config.optimizer.ar, config.optimizer.tar, drop_state=config.train.drop_state)
-  eval_step = make_eval_step(model)
-  inputs, targets = random_batch(vocab_size(), config.data.batch_size, config.data.bptt)
-  weights = np.ones(inputs.shape, np.float32)
-  holder = {'state': create_train_state(model, optimizer, config)}
-  # Compiled once, for the calls and the cost analysis both.
-  train_step = train_step.lower(holder['state'], inputs, targets, weights).compile()
-  flops = train_step.cost_analysis()
-
-  def train():
-    holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)
-    return metrics['loss']
-
-  def evaluate():
-    state = holder['state']
-    return eval_step(state.params, state.carries, inputs, targets, weights)[0]
-
-  for fn in (train, evaluate):
-    jax.block_until_ready(fn())
-  return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
-          'model': describe_model(config.model, model),
-          'train_step_flops': (flops or {}).get('flops')}
-
-
 def build_baseline(name: str, hidden: int, batch: int, bptt: int) -> dict | None:
   if name == 'jax_cudnn_lstm':
     return jax_rnn_lm(hidden, vocab_size(), batch, bptt,
@@ -132,7 +99,7 @@ def build_baseline(name: str, hidden: int, batch: int, bptt: int) -> dict | None
                       embed_size=hidden, embed_ratio=-1.0, output_size=0, dtype='float32',
                       tie_embeddings=False, skip_connections=False, cap_input_gate=False)
   config.model.mogrifier.rounds = 0
-  return build_recipe(config)
+  return lm_zoo_lm(config, vocab_size())
 
 
 def main(argv):
@@ -143,9 +110,8 @@ def main(argv):
   malloc = 'retained' if retain_host_memory() else 'system'  # off on GPU and TPU
   configs = {recipe: recipe_config(recipe) for recipe in FLAGS.recipes}
   first = configs[FLAGS.recipes[0]]
-  built = {recipe: build_recipe(config) for recipe, config in configs.items()}
-  hidden = [getattr(c, 'cell', c).features
-            for c in build_model(first.model, vocab_size()).stack.cells][0]
+  built = {recipe: lm_zoo_lm(config, vocab_size()) for recipe, config in configs.items()}
+  hidden = layer_sizes(build_model(first.model, vocab_size()))[0]
   batch, bptt = first.data.batch_size, first.data.bptt
   for name in FLAGS.baselines:
     calls = build_baseline(name, hidden, batch, bptt)

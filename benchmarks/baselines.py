@@ -1,10 +1,11 @@
-"""The baselines the speed benchmarks time our LMs against, and the timing.
+"""What the speed benchmarks time: our LMs as their training loop builds them
+(`lm_zoo_lm`), the baselines, and the timing.
 
 Each builder returns the calls one benchmark row times: `train()` (one
 update), `eval()` (the loss of one window) and `sync(out)` (waits for the
 work `out` stands for), compiled and warmed up; or None, after printing why
 the row is skipped (its library is not installed, or it needs a GPU).
-Every LM is embedding -> 2-layer LSTM -> softmax with embedding = hidden
+Every baseline LM is embedding -> 2-layer LSTM -> softmax with embedding = hidden
 size, SGD (learning rate 1) with the gradient norm clipped at 5, the state
 carried across windows, on a fixed random batch.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +29,53 @@ def random_batch(vocab: int, batch: int, bptt: int) -> tuple[np.ndarray, np.ndar
   shape = (batch, bptt)
   return (rng.integers(0, vocab, shape).astype(np.int32),
           rng.integers(0, vocab, shape).astype(np.int32))
+
+
+def lm_zoo_lm(config, vocab: int) -> dict:
+  """Our LM of `config` with the train step its loop builds (losses,
+  regularisers, state drop, optimizer), on a random batch of the config's
+  size; also the XLA cost analysis's FLOPs of one train step."""
+  from lm_zoo.evaluation import make_eval_step
+  from lm_zoo.models import build_model, describe_model
+  from lm_zoo.training import create_train_state, make_optimizer, make_train_step
+  model = build_model(config.model, vocab)
+  optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
+  train_step = make_train_step(
+      model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
+      config.optimizer.ar, config.optimizer.tar, drop_state=config.train.drop_state)
+  eval_step = make_eval_step(model)
+  inputs, targets = random_batch(vocab, config.data.batch_size, config.data.bptt)
+  weights = np.ones(inputs.shape, np.float32)
+  holder = {'state': create_train_state(model, optimizer, config)}
+  # Compiled once, for the calls and the cost analysis both.
+  train_step = train_step.lower(holder['state'], inputs, targets, weights).compile()
+  flops = train_step.cost_analysis()
+
+  def train():
+    holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)
+    return metrics['loss']
+
+  def evaluate():
+    state = holder['state']
+    return eval_step(state.params, state.carries, inputs, targets, weights)[0]
+
+  for fn in (train, evaluate):  # warm up
+    jax.block_until_ready(fn())
+  return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
+          'model': describe_model(config.model, model),
+          'train_step_flops': (flops or {}).get('flops')}
+
+
+def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+  """The best time of `repeats` calls of `fn` (compiled and warmed up first),
+  each waited for."""
+  jax.block_until_ready(fn())
+  best = math.inf
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - start)
+  return best
 
 
 def seconds_per_call(calls: dict, key: str, steps: int) -> float:
@@ -171,11 +220,5 @@ def recurrence_matmul_seconds(hidden: int, batch: int, bptt: int, layers: int = 
     return h
 
   h = jnp.ones((batch, hidden))
-  jax.block_until_ready(window(h))
-  best = math.inf
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(window(h))
-    best = min(best, time.perf_counter() - start)
-  return best
+  return best_seconds(lambda: window(h), repeats)
 

@@ -36,19 +36,14 @@ import json
 import math
 import os
 import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
 
-from baselines import random_batch, seconds_per_call, torch_lm
+from baselines import best_seconds, lm_zoo_lm, seconds_per_call, torch_lm
 from lm_zoo.configs import base_config
-from lm_zoo.models import build_model
 from lm_zoo.runtime import retain_host_memory
-from lm_zoo.training import create_train_state, make_optimizer, make_train_step
-from lm_zoo.evaluation import make_eval_step
 
 flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
 # name -> model config fields, or a function of the hidden size giving them
@@ -98,13 +93,7 @@ def matmul_peak_gflops(size: int = 2048, repeats: int = 5) -> float:
   """The best fp32 GFLOP/s of a size-cube matrix product under jit."""
   a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
   product = jax.jit(lambda x: x @ a)
-  jax.block_until_ready(product(a))
-  best = math.inf
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(product(a))
-    best = min(best, time.perf_counter() - start)
-  return 2 * size ** 3 / best / 1e9
+  return 2 * size ** 3 / best_seconds(lambda: product(a), repeats) / 1e9
 
 
 def train_flops_per_token(hidden: int, vocab: int, layers: int = 2) -> float:
@@ -121,25 +110,7 @@ def build(name: str, hidden: int) -> dict:
   fields = MODELS[name]
   config.model.update(fields(hidden) if callable(fields) else fields)
   config.data.update(batch_size=FLAGS.batch_size, bptt=FLAGS.bptt)
-  model = build_model(config.model, FLAGS.vocab)
-  optimizer = make_optimizer(config.optimizer)
-  train_step = make_train_step(model, optimizer)
-  eval_step = make_eval_step(model)
-  inputs, targets = random_batch(FLAGS.vocab, FLAGS.batch_size, FLAGS.bptt)
-  weights = np.ones(inputs.shape, np.float32)
-  holder = {'state': create_train_state(model, optimizer, config)}
-
-  def train():
-    holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)
-    return metrics['loss']
-
-  def evaluate():
-    state = holder['state']
-    return eval_step(state.params, state.carries, inputs, targets, weights)[0]
-
-  for fn in (train, evaluate):  # compile and warm up
-    jax.block_until_ready(fn())
-  return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready}
+  return lm_zoo_lm(config, FLAGS.vocab)
 
 
 def build_torch(hidden: int, bfloat16: bool = False) -> dict | None:

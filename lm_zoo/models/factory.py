@@ -146,6 +146,12 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int) ->
       head=_head(cfg, vocab_size, dtype))
 
 
+def layer_sizes(model: RecurrentLM) -> list[int]:
+  """The hidden size of each layer of the model's stack."""
+  # A transform (Mogrify) keeps the cell it wraps in `cell`.
+  return [getattr(c, 'cell', c).features for c in model.stack.cells]
+
+
 def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
   """The model in words, for the line a run starts with: its cell with the
   transforms around it, layer sizes and head, e.g. 'Mogrifier lstm (5 rounds,
@@ -157,8 +163,7 @@ def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
     rank = f', rank {cfg.mogrifier.rank}' if cfg.mogrifier.rank > 0 else ''
     zigzag = '' if cfg.mogrifier.zigzag else ', no zigzag'
     cell = f'Mogrifier {cell} ({cfg.mogrifier.rounds} rounds{rank}{zigzag})'
-  # A transform (Mogrify) keeps the cell it wraps in `cell`.
-  sizes = [getattr(c, 'cell', c).features for c in model.stack.cells]
+  sizes = layer_sizes(model)
   layers = (f'{len(sizes)} x {sizes[0]}' if len(set(sizes)) == 1
             else ' + '.join(map(str, sizes)))
   parts = [f'{cell} {layers}', f'embedding {model.embedding.features}']
