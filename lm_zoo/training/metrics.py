@@ -10,10 +10,10 @@ import time
 from numbers import Real
 from typing import Any, Sequence
 
-import jax
 import ml_collections
 
 from lm_zoo.training.checkpoints import write_text_atomically
+from lm_zoo.training.parallel import is_main_process
 
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'
@@ -52,7 +52,7 @@ class MetricsWriter:
     `resume_step` and the final evaluations are dropped instead. `writes`:
     whether this process writes (None: when it is process 0)."""
     self.path = pathlib.Path(workdir) / filename
-    self.writes = jax.process_index() == 0 if writes is None else writes
+    self.writes = is_main_process() if writes is None else writes
     self.events = None
     if not self.writes:
       self._count = max(keep, 0)
