@@ -12,12 +12,17 @@ and `flax_lstm` (`nn.RNN(nn.OptimizedLSTMCell)`); every row's ratio to each.
 
 Also written, per recipe: the hours its whole training implies at the
 measured rate (its planned updates x batch x BPTT tokens; for epoch-based
-recipes the corpus must be in $LM_ZOO_DATA), and where a step's time goes:
-the XLA cost analysis's FLOPs of one train step, the rate they run at, and
-the time of the window's recurrent products alone (`recurrence_matmul_seconds`):
+recipes the corpus must be in $LM_ZOO_DATA); per row, where a step's time
+goes: its model FLOPs (6 x the parameters a token is multiplied by x its
+tokens) and the rate they run at, beside the time of the window's recurrent
+products alone (`recurrence_matmul_seconds`):
 a step many times that is bound by per-step launches and gate arithmetic,
-not matrix work. `--profile_dir` keeps a `jax.profiler` trace of one round
-of every row (TensorBoard's profile plugin reads it).
+not matrix work. `--profile_dir` keeps a `jax.profiler` trace of the last
+round's train steps of every row (TensorBoard's profile plugin reads it; a
+Perfetto JSON trace beside it), and on a GPU counts from it the kernels each
+train step launches and the fraction of the step's wall time the device spends
+in them (`profile_kernels_per_step`, `profile_device_busy`): many kernels and a
+low busy fraction mean the step is bound by launches, not arithmetic.
 
   python benchmarks/accelerator_speed.py [--recipes=...] [--steps=20] [--rounds=3]
 """
@@ -30,8 +35,8 @@ import pathlib
 import jax
 from absl import app, flags
 
-from baselines import (jax_rnn_lm, lm_zoo_lm, recurrence_matmul_seconds, seconds_per_call,
-                       torch_lm)
+from baselines import (device_kernels, jax_rnn_lm, lm_zoo_lm, recurrence_matmul_seconds,
+                       seconds_per_call, torch_lm)
 from lm_zoo.data import load_corpus
 from lm_zoo.models import build_model, layer_sizes
 from lm_zoo.runtime import retain_host_memory
@@ -44,8 +49,8 @@ flags.DEFINE_list('baselines', list(BASELINES), f'From {list(BASELINES)}.')
 flags.DEFINE_integer('steps', 20, 'Timed steps per round.')
 flags.DEFINE_integer('rounds', 3, 'Rounds over all rows; each keeps its fastest.')
 flags.DEFINE_string('output', 'runs/bench_accelerator.json', 'JSON results file.')
-flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of one round '
-                    'of every row (empty: none).')
+flags.DEFINE_string('profile_dir', '', "Where to keep a jax.profiler trace of the last "
+                    "round's train steps of every row (empty: none).")
 flags.DEFINE_integer('tiny', 0, '> 0: every model at this hidden size, batch 4, BPTT 5 '
                      'and vocabulary 50 (a smoke test of the whole script, as CI runs it).')
 flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's row with "
@@ -118,16 +123,20 @@ def main(argv):
     if calls is not None:
       built[name] = calls
   seconds = {name: {'train': float('inf'), 'eval': float('inf')} for name in built}
+  kernels = {}
   for round_number in range(FLAGS.rounds):
     for name, calls in built.items():
-      profile = FLAGS.profile_dir and round_number == FLAGS.rounds - 1
-      if profile:
-        jax.profiler.start_trace(os.path.join(FLAGS.profile_dir, name.replace(':', '_')))
-      for key in ('train', 'eval'):
-        seconds[name][key] = min(seconds[name][key],
-                                 seconds_per_call(calls, key, FLAGS.steps))
-      if profile:
+      trace_dir = (FLAGS.profile_dir and round_number == FLAGS.rounds - 1
+                   and os.path.join(FLAGS.profile_dir, name.replace(':', '_')))
+      if trace_dir:
+        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+      seconds[name]['train'] = min(seconds[name]['train'],
+                                   seconds_per_call(calls, 'train', FLAGS.steps))
+      if trace_dir:
         jax.profiler.stop_trace()
+        kernels[name] = device_kernels(trace_dir)
+      seconds[name]['eval'] = min(seconds[name]['eval'],
+                                  seconds_per_call(calls, 'eval', FLAGS.steps))
 
   rows = []
   for name, calls in built.items():
@@ -139,9 +148,12 @@ def main(argv):
            'eval_tokens_per_s': tokens / seconds[name]['eval'],
            'batch_size': config.data.batch_size, 'bptt': config.data.bptt,
            **{k: calls[k] for k in ('model', 'library') if k in calls}}
-    if calls.get('train_step_flops'):
-      row['train_step_flops'] = calls['train_step_flops']
-      row['train_tflops_per_s'] = calls['train_step_flops'] / seconds[name]['train'] / 1e12
+    row['matmul_params'] = calls['matmul_params']
+    row['train_step_flops'] = 6 * calls['matmul_params'] * tokens
+    row['train_tflops_per_s'] = row['train_step_flops'] / seconds[name]['train'] / 1e12
+    if kernels.get(name):
+      row['profile_kernels_per_step'] = kernels[name]['kernels'] / FLAGS.steps
+      row['profile_device_busy'] = kernels[name]['busy_seconds'] / kernels[name]['span_seconds']
     if name in configs:
       total = recipe_tokens(config)
       if total is not None:
@@ -170,6 +182,13 @@ def main(argv):
             f'{r.get("recipe_hours", float("nan")):>7.1f}')
     line += ''.join(f' {r[f"train_ratio_vs_{b}"]:>22.2f}' for b in baselines)
     print(line)
+  if FLAGS.profile_dir:
+    print('profile of the train steps (GPU kernels from the trace):' if kernels and any(
+        kernels.values()) else 'profile: no device kernels in the traces (not a GPU run)')
+    for r in rows:
+      if 'profile_kernels_per_step' in r:
+        print(f'{r["row"]:>30} {r["profile_kernels_per_step"]:>8,.0f} kernels a step, '
+              f'device busy {r["profile_device_busy"]:.0%} of the span')
   if FLAGS.output:
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)

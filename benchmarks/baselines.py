@@ -8,10 +8,20 @@ the row is skipped (its library is not installed, or it needs a GPU).
 Every baseline LM is embedding -> 2-layer LSTM -> softmax with embedding = hidden
 size, SGD (learning rate 1) with the gradient norm clipped at 5, the state
 carried across windows, on a fixed random batch.
+
+Each row also carries `matmul_params`, the parameters a token's forward pass
+multiplies by (all of them but an untied input embedding, which is only
+looked up): a train step costs about 6 x that x its tokens in FLOPs (forward 2,
+backward 4 per weight and token), the usual model-FLOPs count. XLA's cost
+analysis is no substitute: it counts a scan's loop body once, not once per
+step (0.12 TFLOP/s for the 24M Mogrifier on an H100 by it).
 """
 
 from __future__ import annotations
 
+import glob
+import gzip
+import json
 import math
 import os
 import time
@@ -34,7 +44,7 @@ def random_batch(vocab: int, batch: int, bptt: int) -> tuple[np.ndarray, np.ndar
 def lm_zoo_lm(config, vocab: int) -> dict:
   """Our LM of `config` with the train step its loop builds (losses,
   regularisers, state drop, optimizer), on a random batch of the config's
-  size; also the XLA cost analysis's FLOPs of one train step."""
+  size, and its `matmul_params`."""
   from lm_zoo.evaluation import make_eval_step
   from lm_zoo.models import build_model, describe_model
   from lm_zoo.training import create_train_state, make_optimizer, make_train_step
@@ -47,9 +57,10 @@ def lm_zoo_lm(config, vocab: int) -> dict:
   inputs, targets = random_batch(vocab, config.data.batch_size, config.data.bptt)
   weights = np.ones(inputs.shape, np.float32)
   holder = {'state': create_train_state(model, optimizer, config)}
-  # Compiled once, for the calls and the cost analysis both.
-  train_step = train_step.lower(holder['state'], inputs, targets, weights).compile()
-  flops = train_step.cost_analysis()
+  params = holder['state'].params
+  matmul_params = sum(x.size for x in jax.tree.leaves(params))
+  if not config.model.tie_embeddings:
+    matmul_params -= params['embed']['embedding'].size
 
   def train():
     holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)
@@ -62,8 +73,14 @@ def lm_zoo_lm(config, vocab: int) -> dict:
   for fn in (train, evaluate):  # warm up
     jax.block_until_ready(fn())
   return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
-          'model': describe_model(config.model, model),
-          'train_step_flops': (flops or {}).get('flops')}
+          'model': describe_model(config.model, model), 'matmul_params': matmul_params}
+
+
+def lstm_lm_matmul_params(hidden: int, vocab: int, layers: int = 2) -> int:
+  """`matmul_params` of the baselines' LM: `layers` LSTM layers of input and
+  hidden size `hidden` (two biases each, as cuDNN and PyTorch keep them) and
+  an untied softmax."""
+  return layers * (8 * hidden * hidden + 8 * hidden) + hidden * vocab + vocab
 
 
 def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
@@ -136,7 +153,8 @@ def torch_lm(hidden: int, vocab: int, batch: int, bptt: int,
   for fn in (train, evaluate):
     sync(fn())
   return {'train': train, 'eval': evaluate, 'sync': sync,
-          'library': f'torch {torch.__version__} ({device})'}
+          'library': f'torch {torch.__version__} ({device})',
+          'matmul_params': lstm_lm_matmul_params(hidden, vocab)}
 
 
 def _reference_lstm(x, h_0, c_0, weights, seq_lengths, input_size, hidden_size, num_layers,
@@ -199,7 +217,8 @@ def jax_rnn_lm(hidden: int, vocab: int, batch: int, bptt: int,
   for fn in (train, evaluate):
     jax.block_until_ready(fn())
   return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
-          'library': f'jax {jax.__version__} ({"reference scan" if reference else "cuDNN"})'}
+          'library': f'jax {jax.__version__} ({"reference scan" if reference else "cuDNN"})',
+          'matmul_params': lstm_lm_matmul_params(hidden, vocab)}
 
 
 def recurrence_matmul_seconds(hidden: int, batch: int, bptt: int, layers: int = 2,
@@ -222,3 +241,33 @@ def recurrence_matmul_seconds(hidden: int, batch: int, bptt: int, layers: int = 
   h = jnp.ones((batch, hidden))
   return best_seconds(lambda: window(h), repeats)
 
+
+def device_kernels(trace_dir: str) -> dict | None:
+  """The GPU kernels in the Perfetto trace under `trace_dir`: how many ran
+  on the device's streams, and the wall time they kept it busy (the union of
+  their intervals, so that overlapping streams count once) over the span from
+  the first kernel's start to the last one's end. None when the trace holds
+  no device streams (a CPU run)."""
+  paths = glob.glob(os.path.join(trace_dir, '**', 'perfetto_trace.json.gz'), recursive=True)
+  if not paths:
+    return None
+  with gzip.open(max(paths, key=os.path.getmtime), 'rt') as f:
+    trace = json.load(f)
+  events = trace['traceEvents'] if isinstance(trace, dict) else trace
+  names = {}  # (pid, tid) -> thread name, pid -> process name
+  for e in events:
+    if e.get('ph') == 'M' and e.get('name') == 'process_name':
+      names[e['pid']] = e['args']['name']
+    elif e.get('ph') == 'M' and e.get('name') == 'thread_name':
+      names[e['pid'], e['tid']] = e['args']['name']
+  kernels = sorted((e['ts'], e['ts'] + e.get('dur', 0.0)) for e in events
+                   if e.get('ph') == 'X' and names.get(e['pid'], '').startswith('/device:')
+                   and names.get((e['pid'], e['tid']), '').startswith('Stream'))
+  if not kernels:
+    return None
+  busy, end = 0.0, -float('inf')
+  for start, stop in kernels:  # union of the intervals, in microseconds
+    busy += max(0.0, stop - max(start, end))
+    end = max(end, stop)
+  span = end - kernels[0][0]
+  return {'kernels': len(kernels), 'busy_seconds': busy * 1e-6, 'span_seconds': span * 1e-6}

@@ -1,11 +1,17 @@
 """The speed benchmarks run end to end at a tiny size and write their JSON."""
 
+import gzip
 import json
 import pathlib
 import subprocess
 import sys
 
+import jax
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / 'benchmarks'))
+from baselines import device_kernels, lstm_lm_matmul_params  # noqa: E402
 
 
 def test_lstm_lm_speed_writes_every_row_with_ratios(tmp_path):
@@ -44,7 +50,19 @@ def test_accelerator_speed_runs_on_a_cpu_with_the_gpu_rows_skipped(tmp_path):
   # 1,000 turns of 200 updates of 4 x 5 tokens (the tiny batch), at the measured rate
   assert recipe['recipe_tokens'] == 200_000 * 4 * 5
   assert recipe['recipe_hours'] == recipe['recipe_tokens'] / recipe['train_tokens_per_s'] / 3600
-  assert recipe['train_step_flops'] > 0 and result['recurrence_matmul_seconds'] > 0
+  assert result['recurrence_matmul_seconds'] > 0
+  # Tied: every parameter multiplies (the embedding as the softmax too); 6 FLOPs
+  # per weight and token of a 4 x 5 window.
+  from lm_zoo.experiments import mogrifier_paper
+  from lm_zoo.models import build_model, count_params
+  model = mogrifier_paper.get_config('ptb_mogrifier').model  # as --tiny=16 shrinks it
+  model.update(param_budget=0, hidden_size=16, embed_size=16, embed_ratio=-1.0, output_size=0)
+  model.mogrifier.rank = 8
+  assert model.tie_embeddings
+  assert recipe['train_step_flops'] == 6 * count_params(build_model(model, 50)) * 20
+  # Untied (flax_lstm): the input embedding is only looked up.
+  flax_model = rows['flax_lstm']
+  assert flax_model['matmul_params'] == 2 * (8 * 16 * 16 + 4 * 16) + 16 * 50 + 50
   for row in rows.values():
     assert row['train_ratio_vs_flax_lstm'] == (row['train_tokens_per_s']
                                                / rows['flax_lstm']['train_tokens_per_s'])
@@ -56,3 +74,41 @@ def test_accelerator_speed_runs_on_a_cpu_with_the_gpu_rows_skipped(tmp_path):
   rows = {row['row']: row for row in json.loads(output.read_text())['results']}
   assert 'reference scan' in rows['jax_cudnn_lstm']['library']
   assert rows['jax_cudnn_lstm']['train_tokens_per_s'] > 0
+  # cuDNN's packed weights of two 16-unit layers, and an untied 16 x 50 softmax.
+  from jax.experimental import rnn
+  packed = rnn.init_lstm_weight(jax.random.key(0), 16, 16, 2, False).size
+  assert rows['jax_cudnn_lstm']['matmul_params'] == packed + 16 * 50 + 50
+  assert lstm_lm_matmul_params(16, 50) == packed + 16 * 50 + 50
+
+
+def test_device_kernels_counts_stream_kernels_and_their_busy_union(tmp_path):
+  """A Perfetto trace as jax.profiler writes it on a GPU: only the device's
+  stream events are kernels (host threads and other device lines are not),
+  and overlapping kernels on two streams count once in the busy time."""
+  meta = [
+      {'ph': 'M', 'pid': 1, 'name': 'process_name', 'args': {'name': '/host:CPU'}},
+      {'ph': 'M', 'pid': 1, 'tid': 10, 'name': 'thread_name', 'args': {'name': 'python'}},
+      {'ph': 'M', 'pid': 2, 'name': 'process_name', 'args': {'name': '/device:GPU:0'}},
+      {'ph': 'M', 'pid': 2, 'tid': 20, 'name': 'thread_name',
+       'args': {'name': 'Stream #14(Compute,Memset)'}},
+      {'ph': 'M', 'pid': 2, 'tid': 21, 'name': 'thread_name',
+       'args': {'name': 'Stream #15(MemcpyH2D)'}},
+      {'ph': 'M', 'pid': 2, 'tid': 22, 'name': 'thread_name', 'args': {'name': 'XLA Ops'}}]
+  x = lambda pid, tid, ts, dur: {'ph': 'X', 'pid': pid, 'tid': tid, 'ts': ts, 'dur': dur,
+                                 'name': 'k'}
+  events = [x(1, 10, 0, 1000),  # host: not a kernel
+            x(2, 22, 0, 1000),  # an op line of the device: not a kernel
+            x(2, 20, 100, 10), x(2, 20, 120, 20), x(2, 21, 130, 20), x(2, 20, 190, 10)]
+  # Busy: [100, 110) + [120, 150) + [190, 200) = 50 us of a 100 us span.
+  folder = tmp_path / 'row' / 'plugins' / 'profile' / 'run'
+  folder.mkdir(parents=True)
+  with gzip.open(folder / 'perfetto_trace.json.gz', 'wt') as f:
+    json.dump({'traceEvents': meta + events}, f)
+  kernels = device_kernels(str(tmp_path / 'row'))
+  assert kernels['kernels'] == 4
+  assert kernels['busy_seconds'] == pytest.approx(50e-6)
+  assert kernels['span_seconds'] == pytest.approx(100e-6)
+
+  with gzip.open(folder / 'perfetto_trace.json.gz', 'wt') as f:  # a CPU run's trace
+    json.dump({'traceEvents': meta[:2] + events[:1]}, f)
+  assert device_kernels(str(tmp_path / 'row')) is None
