@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import shutil
+import time
 
 import jax
 import numpy as np
@@ -152,6 +153,26 @@ def test_run_writes_metrics_checkpoints_and_evaluates(tiny_config, tmp_path):
   events = read_scalar_events(tmp_path / 'tensorboard')
   assert [p for p, _ in events['valid/perplexity']] == [10, 20, 30]
   assert events['test_final/perplexity'] == [(30, pytest.approx(summary['test']['perplexity']))]
+
+
+def test_the_logged_rate_leaves_out_checkpoint_saves(tiny_config, tmp_path, monkeypatch):
+  """A line's tokens/s is its interval's training alone: a checkpoint saved
+  inside the interval (here one that takes a second) is not counted."""
+  saved = Checkpoints.save_latest
+
+  def slow_save(self, *args, **kwargs):
+    saved(self, *args, **kwargs)
+    time.sleep(1.0)
+
+  monkeypatch.setattr(Checkpoints, 'save_latest', slow_save)
+  tiny_config.train.update(num_epochs=1, log_every=5, checkpoint_every=3)
+  train_and_evaluate(tiny_config, tmp_path)
+  train = [r for r in read_metrics(tmp_path / 'metrics.jsonl') if r['kind'] == 'train']
+  tokens = 5 * tiny_config.data.batch_size * tiny_config.data.bptt  # a line's at most
+  # Saves at steps 3, 6 and 9 fall inside the lines of steps 5 and 10; counting
+  # one would cap their rate at `tokens` a second.
+  assert [r['step'] for r in train] == [5, 10]
+  assert all(r['tokens_per_second'] > 2 * tokens for r in train), train
 
 
 def test_a_finished_run_run_again_is_left_as_it_is(tiny_config, tmp_path, caplog):
