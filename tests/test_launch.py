@@ -239,3 +239,11 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(tmp_path, data_dir):
   assert 'jax_cudnn_lstm: skipped' in (out / 'benchmark.txt').read_text()
   records = read_metrics(out / 'ptb_mogrifier' / 'metrics.jsonl')
   assert any(r['kind'] == 'valid' and r.get('final') for r in records)
+
+  # A host lent for short spells runs the parts in turns; a misspelt part is
+  # refused before anything runs.
+  wrong = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')], cwd=REPO,
+                         capture_output=True, text=True, env={**os.environ, 'KIT_PARTS': 'test'})
+  assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
+  assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
+                          'choose from: tests benchmark train\n')
