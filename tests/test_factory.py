@@ -80,6 +80,15 @@ def test_the_factory_assembles_the_parts_the_config_names():
   assert build_model(recorded.model_config({'tie_embeddings': True}), 11).head == TiedSoftmax(11)
   rhn = recorded.model_config({'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn'}})
   assert isinstance(build_model(rhn, 11).stack, LSTMRHN)
+  # The capped gate reaches the cell inside the Mogrifier's wrapper, and the
+  # skip connections the stack, for every cell of the LSTM family.
+  for cell in ('lstm', 'mlstm'):
+    lamb = recorded.model_config({'cell': cell, 'cap_input_gate': True, 'skip_connections': True,
+                                  'hidden_size': 4, 'mogrifier': {'rounds': 3, 'rank': 2}})
+    model = build_model(lamb, 11)
+    assert model.stack.skip_connections
+    for mogrify in model.stack.cells:
+      assert mogrify.rounds == 3 and mogrify.cell.cap_input_gate, (cell, mogrify)
 
 
 def test_a_scan_the_cells_cannot_take_is_refused_at_build():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jaxprs import dot_equations
 
-from lm_zoo.cells import LSTMCell
+from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import (Dual, Embedding, MixtureHead, RecurrentLM, RecurrentStack, Softmax,
@@ -200,6 +200,25 @@ def test_skip_connections_sum_every_layers_output():
   with pytest.raises(ConfigError, match='give every layer one size'):
     _lm((5, 4), skip_connections=True).init(
         jax.random.key(0), tokens, _lm((5, 4)).initialize_carry(3))
+
+
+@pytest.mark.parametrize('make_cell', [
+    lambda n: nn.GRUCell(n), lambda n: MLSTMCell(n), lambda n: Mogrify(LSTMCell(n), rounds=3),
+    lambda n: LSTMCell(n, cap_input_gate=True)], ids=['flax_gru', 'mlstm', 'mogrifier', 'capped'])
+def test_skip_connections_sum_the_layers_of_any_cell(make_cell):
+  """Any cell, a wrapper or flax's own: the stack's output is the sum of its
+  layers' outputs, each layer run alone in nn.RNN."""
+  model = _lm((5, 5, 5), make_cell, skip_connections=True)
+  tokens = np.random.default_rng(7).integers(0, 31, (3, 6)).astype(np.int32)
+  params = init_params(model, jax.random.key(1))
+  logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(3))
+  x = params['embed']['embedding'][tokens]
+  total = 0
+  for i in range(3):
+    x = nn.RNN(make_cell(5)).apply({'params': {'cell': params[f'cell_{i}']}}, x)
+    total = total + x
+  expected = total @ params['softmax']['kernel'].T + params['softmax']['bias']
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_dual_connection_feeds_the_softmax():
