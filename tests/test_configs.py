@@ -199,6 +199,8 @@ def test_alstm_recipe_is_the_authors(corpus, vocab, published):
   hidden = config.model.hidden_size
   # The authors' code builds 17,197,800 (PTB) and 32,133,678 (WT2) parameters,
   # 800 of them the duplicate LSTMCell biases; the paper rounds to 17M and 32M.
+  # Against the rounded 17M their own model is 1.16% over, so the bound here
+  # is the rounding's, not 1%: the exact check is the line above.
   assert count == _authors_alstm_count(vocab, 400, hidden)
   assert abs(count + 800 - published) < 0.015 * published
   assert config.model.alstm.latent == 'lstm_rhn' and config.model.alstm.dropout_latent == 0.1
