@@ -22,16 +22,28 @@ from flax import nnx
 from flax.nnx import bridge
 
 
+class _Nested(nn.Module):
+  """The cell one level down, under the name 'cell'. flax's `ToNNX` looks
+  each top-level parameter name up among the wrapped class's attributes and
+  takes a callable one for a method: `ALSTMCell`'s adaptation model is its
+  field `latent` (a constructor) and its parameters' name too."""
+
+  cell: nn.RNNCellBase
+
+  def __call__(self, carry, inputs):
+    return self.cell(carry, inputs)
+
+
 class NNXCell(nnx.RNNCellBase):
   """A linen `nn.RNNCellBase` (`LSTMCell`, `Mogrify(...)`, `MLSTMCell`,
-  flax's own) as an NNX cell, its parameters created at once for inputs of
-  `in_features`. (`ALSTMCell`, whose adaptation model is a constructor
-  field, does not pass through flax's `ToNNX` bridge yet.)
+  `ALSTMCell`, flax's own) as an NNX cell, its parameters created at once
+  for inputs of `in_features`.
 
   Attributes:
     cell: the linen cell (its settings; its parameters live in `module`).
     in_features: the size of the inputs it reads.
-    module: the cell as an NNX module (`flax.nnx.bridge.ToNNX`).
+    module: the cell as an NNX module (`flax.nnx.bridge.ToNNX`), its
+      parameters under 'cell'.
   """
 
   def __init__(self, cell: nn.RNNCellBase, in_features: int, *, rngs: nnx.Rngs):
@@ -39,7 +51,7 @@ class NNXCell(nnx.RNNCellBase):
       raise ValueError(f'in_features must be at least 1, got {in_features}')
     self.cell = cell
     self.in_features = in_features
-    self.module = bridge.ToNNX(cell, rngs=rngs)
+    self.module = bridge.ToNNX(_Nested(cell), rngs=rngs)
     carry = cell.initialize_carry(jax.random.key(0), (1, in_features))
     bridge.lazy_init(self.module, carry, jnp.zeros((1, in_features)))
 
@@ -63,14 +75,14 @@ class NNXCell(nnx.RNNCellBase):
 
   def linen_params(self) -> dict[str, Any]:
     """The parameters as the linen cell's `params` tree."""
-    return nnx.state(self.module, nnx.Param).to_pure_dict()
+    return nnx.state(self.module, nnx.Param).to_pure_dict()['cell']
 
   def load_linen_params(self, params: dict[str, Any]) -> None:
     """Sets the parameters from a linen `params` tree of the same cell."""
     state = nnx.state(self.module, nnx.Param)
-    expected = jax.tree.map(jnp.shape, state.to_pure_dict())
+    expected = jax.tree.map(jnp.shape, state.to_pure_dict()['cell'])
     if jax.tree.map(jnp.shape, params) != expected:
       raise ValueError('the linen parameters do not fit this cell: expected the shapes '
                        f'{expected}')
-    nnx.replace_by_pure_dict(state, params)
+    nnx.replace_by_pure_dict(state, {'cell': params})
     nnx.update(self.module, state)
