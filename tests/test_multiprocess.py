@@ -134,7 +134,10 @@ def test_a_time_budget_is_refused_on_many_processes(tiny_config, monkeypatch):
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_process_stops_both_at_one_step(data_dir, tmp_path):
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT], ids=['sigterm', 'sigint'])
+def test_a_signal_to_one_process_stops_both_at_one_step(data_dir, tmp_path, signum):
+  """SIGTERM (a preemption) or SIGINT (Ctrl-C, passed on as SIGTERM) to one
+  process: both save one checkpoint after the same update and stop."""
   deadline = time.monotonic() + 2 * TIMEOUT
   workdir, out = tmp_path / 'run', tmp_path / 'out'
   processes = _launch(workdir, out, data_dir, 2, 2, epochs=100)
@@ -144,7 +147,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step(data_dir, tmp_path):
     if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
       break
     time.sleep(0.2)
-  processes[1].send_signal(signal.SIGTERM)
+  processes[1].send_signal(signum)
   first, second = _wait(processes, out, deadline)
   # Both stopped after the same update and restored the one checkpoint saved there.
   stopped = int(first['stopped_at'])

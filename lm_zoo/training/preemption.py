@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -25,12 +26,12 @@ class StopRequest:
   training run in a worker thread) this does nothing.
 
   In a multi-process run the processes must stop at the same step, each
-  saving its part of one checkpoint: no handler is installed there, and
-  SIGTERM is left to the preemption notifier of `jax.distributed.initialize`,
-  which tells the other processes through the coordinator; `requested` is
-  then JAX's preemption sync point, true on every process at the same step.
-  (SIGINT stops that one process at once: a multi-process job is stopped
-  with SIGTERM.)
+  saving its part of one checkpoint: SIGTERM is left to the preemption
+  notifier of `jax.distributed.initialize`, which tells the other processes
+  through the coordinator, and SIGINT is passed on to it as a SIGTERM to this
+  process (the notifier listens for SIGTERM only); `requested` is then JAX's
+  preemption sync point, true on every process at the same step. A second
+  SIGINT stops this process at once, as in one process.
   """
 
   def __init__(self):
@@ -40,9 +41,12 @@ class StopRequest:
 
   def __enter__(self) -> StopRequest:
     self._synced = jax.process_count() > 1
-    if not self._synced and threading.current_thread() is threading.main_thread():
-      for signum in SIGNALS:
-        self._previous[signum] = signal.signal(signum, self._handle)
+    if threading.current_thread() is threading.main_thread():
+      if self._synced:
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._pass_on)
+      else:
+        for signum in SIGNALS:
+          self._previous[signum] = signal.signal(signum, self._handle)
     return self
 
   def requested(self, step: int) -> int | None:
@@ -60,6 +64,13 @@ class StopRequest:
     self._restore()
     log.warning('%s received: saving a checkpoint after this update, then stopping '
                 '(send it again to stop at once)', signal.Signals(signum).name)
+
+  def _pass_on(self, signum: int, frame) -> None:
+    self._restore()
+    log.warning('SIGINT received: passed on as SIGTERM, so that every process saves a '
+                'checkpoint after the same update and stops (send SIGINT again to stop '
+                'this process at once)')
+    os.kill(os.getpid(), signal.SIGTERM)
 
   def _restore(self) -> None:
     for signum, handler in self._previous.items():
