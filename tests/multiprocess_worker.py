@@ -1,6 +1,7 @@
 """One process of the multi-process training tests (tests/test_multiprocess.py):
-`python multiprocess_worker.py WORKDIR OUT PROCESS_ID NUM_PROCESSES PORT DATA_DIR [EPOCHS]`
-trains a tiny model in WORKDIR for EPOCHS (2) epochs, restores its latest
+`python multiprocess_worker.py WORKDIR OUT PROCESS_ID NUM_PROCESSES PORT DATA_DIR [EPOCHS [JSON]]`
+trains a tiny model in WORKDIR for EPOCHS (2) epochs, with the config updated
+by JSON (a dict of sections, e.g. '{"train": {"nonfinite": "rollback"}}'), restores its latest
 checkpoint and writes what the tests compare to OUT/PROCESS_ID.npz: the
 restored parameters and step, the step a SIGTERM stopped training at (0:
 none), the summary, and the batch rows this process fed. NUM_PROCESSES 1 is
@@ -41,6 +42,8 @@ config.optimizer.learning_rate = 0.5
 config.train.update(num_epochs=int((sys.argv[7:] or [2])[0]), log_every=5,
                     checkpoint_every=5)
 config.parallel.num_devices = 0
+for section, values in json.loads((sys.argv[8:] or ['{}'])[0]).items():
+  config[section].update(values)
 config.generate.update(num_lines=1, num_tokens=5)
 try:
   summary, stopped_at = train_and_evaluate(config, workdir), 0

@@ -31,15 +31,16 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(workdir, out, data_dir, num_processes, devices_each, epochs=1):
-  """Starts the worker's processes; their output goes to OUT/log{i}.txt."""
+def _launch(workdir, out, data_dir, num_processes, devices_each, epochs=1, overrides=None):
+  """Starts the worker's processes; their output goes to OUT/log{i}.txt.
+  `overrides`: config sections to update, {'train': {...}, ...}."""
   out.mkdir()
   port = _free_port()
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': str(REPO),
          'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices_each}'}
   return [subprocess.Popen(
       [sys.executable, str(WORKER), str(workdir), str(out), str(i), str(num_processes),
-       str(port), str(data_dir), str(epochs)],
+       str(port), str(data_dir), str(epochs), json.dumps(overrides or {})],
       env=env, stdout=open(out / f'log{i}.txt', 'w'), stderr=subprocess.STDOUT)
           for i in range(num_processes)]
 
@@ -99,6 +100,26 @@ def test_two_processes_train_as_one_over_their_devices(data_dir, tmp_path):
   assert summary == json.loads(str(first['summary']))
   assert summary['step'] == 10
   assert sorted(p.name for p in (tmp_path / 'two').glob('lock*')) == ['lock', 'lock.1']
+
+
+def test_a_rollback_restores_every_process_to_one_checkpoint(data_dir, tmp_path):
+  """A non-finite loss on many processes (SGD at 1e38 overflows within a step
+  or two): every process sees it at the same step, restores the same
+  checkpoint into the mesh and trains on at the lowered rate, as one."""
+  deadline = time.monotonic() + TIMEOUT
+  overrides = {'optimizer': {'learning_rate': 1e38},
+               'train': {'nonfinite': 'rollback', 'rollback_lr_factor': 1e-38}}
+  first, second = _wait(_launch(tmp_path / 'run', tmp_path / 'out', data_dir, 2, 2,
+                                overrides=overrides), tmp_path / 'out', deadline)
+  assert first['step'] == second['step'] == 10
+  for name, value in _params(first).items():
+    np.testing.assert_array_equal(second[name], value, err_msg=name)
+    assert np.isfinite(value).all(), name
+  summary = json.loads((tmp_path / 'run' / 'summary.json').read_text())
+  assert summary['rollbacks'] == 1 and np.isfinite(summary['test']['loss'])
+  records = read_metrics(tmp_path / 'run' / 'metrics.jsonl')
+  rollbacks = [r for r in records if r['kind'] == 'nonfinite']
+  assert [(r['action'], r['to_step']) for r in rollbacks] == [('rollback', 0)]
 
 
 def test_the_process_count_and_index_are_passed_on_from_the_environment(monkeypatch):
