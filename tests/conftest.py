@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 
+import jax
 import pytest
 
 from lm_zoo.runtime import retain_host_memory
@@ -23,8 +24,10 @@ os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
 # The tests compare float32 results with float64 NumPy restatements of the
 # equations: on GPUs and TPUs JAX's default float32 products round to TF32 or
 # bfloat16 passes (on an H100 test_lstm failed 6 of 16 so, and passed all with
-# this), as CPUs never do. Set before jax reads it, for subprocesses too.
+# this), as CPUs never do. jax is imported already (lm_zoo.runtime), so this
+# process is told through its config, and subprocesses through the variable.
 os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'highest')
+jax.config.update('jax_default_matmul_precision', os.environ['JAX_DEFAULT_MATMUL_PRECISION'])
 
 # Many tests compile the same tiny models again (each run builds its own jitted
 # steps, and the launch tests start fresh processes): a compilation cache
