@@ -17,12 +17,14 @@ goes: its model FLOPs (6 x the parameters a token is multiplied by x its
 tokens) and the rate they run at, beside the time of the window's recurrent
 products alone (`recurrence_matmul_seconds`):
 a step many times that is bound by per-step launches and gate arithmetic,
-not matrix work. `--profile_dir` keeps a `jax.profiler` trace of the last
-round's train steps of every row (TensorBoard's profile plugin reads it; a
-Perfetto JSON trace beside it), and on a GPU counts from it the kernels each
-train step launches and the fraction of the step's wall time the device spends
-in them (`profile_kernels_per_step`, `profile_device_busy`): many kernels and a
-low busy fraction mean the step is bound by launches, not arithmetic.
+not matrix work. `--profile_dir` keeps a `jax.profiler` trace of `--steps`
+more train steps of every row, after the timed rounds and not timed
+(TensorBoard's profile plugin reads it; a Perfetto JSON trace beside it), and
+on a GPU counts from it the kernels (and the few copies and memsets) each
+train step runs and the fraction of the traced wall time the device spends in
+them (`profile_kernels_per_step`, `profile_device_busy`): many small kernels
+with the device idle between them mean launch-bound; many small kernels
+keeping it busy, a chain of dependent steps too small to fill the device.
 
   python benchmarks/accelerator_speed.py [--recipes=...] [--steps=20] [--rounds=3]
 """
@@ -49,8 +51,8 @@ flags.DEFINE_list('baselines', list(BASELINES), f'From {list(BASELINES)}.')
 flags.DEFINE_integer('steps', 20, 'Timed steps per round.')
 flags.DEFINE_integer('rounds', 3, 'Rounds over all rows; each keeps its fastest.')
 flags.DEFINE_string('output', 'runs/bench_accelerator.json', 'JSON results file.')
-flags.DEFINE_string('profile_dir', '', "Where to keep a jax.profiler trace of the last "
-                    "round's train steps of every row (empty: none).")
+flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of --steps more '
+                    'train steps of every row, untimed (empty: none).')
 flags.DEFINE_integer('tiny', 0, '> 0: every model at this hidden size, batch 4, BPTT 5 '
                      'and vocabulary 50 (a smoke test of the whole script, as CI runs it).')
 flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's row with "
@@ -123,20 +125,18 @@ def main(argv):
     if calls is not None:
       built[name] = calls
   seconds = {name: {'train': float('inf'), 'eval': float('inf')} for name in built}
-  kernels = {}
-  for round_number in range(FLAGS.rounds):
+  for _ in range(FLAGS.rounds):
     for name, calls in built.items():
-      trace_dir = (FLAGS.profile_dir and round_number == FLAGS.rounds - 1
-                   and os.path.join(FLAGS.profile_dir, name.replace(':', '_')))
-      if trace_dir:
-        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
-      seconds[name]['train'] = min(seconds[name]['train'],
-                                   seconds_per_call(calls, 'train', FLAGS.steps))
-      if trace_dir:
-        jax.profiler.stop_trace()
-        kernels[name] = device_kernels(trace_dir)
-      seconds[name]['eval'] = min(seconds[name]['eval'],
-                                  seconds_per_call(calls, 'eval', FLAGS.steps))
+      for key in ('train', 'eval'):
+        seconds[name][key] = min(seconds[name][key],
+                                 seconds_per_call(calls, key, FLAGS.steps))
+  kernels = {}  # traced after the timing: profiling slows a step by up to 40% on a GPU
+  for name, calls in built.items() if FLAGS.profile_dir else ():
+    trace_dir = os.path.join(FLAGS.profile_dir, name.replace(':', '_'))
+    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+    seconds_per_call(calls, 'train', FLAGS.steps)
+    jax.profiler.stop_trace()
+    kernels[name] = device_kernels(trace_dir)
 
   rows = []
   for name, calls in built.items():

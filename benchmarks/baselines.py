@@ -243,11 +243,12 @@ def recurrence_matmul_seconds(hidden: int, batch: int, bptt: int, layers: int = 
 
 
 def device_kernels(trace_dir: str) -> dict | None:
-  """The GPU kernels in the Perfetto trace under `trace_dir`: how many ran
-  on the device's streams, and the wall time they kept it busy (the union of
-  their intervals, so that overlapping streams count once) over the span from
-  the first kernel's start to the last one's end. None when the trace holds
-  no device streams (a CPU run)."""
+  """The GPU work in the Perfetto trace under `trace_dir`: how many events
+  ran on the device's streams (kernels, and the few copies and memsets
+  there), and the wall time they kept it busy (the union of their
+  intervals, so that overlapping streams count once) over the span from the
+  first one's start to the last one's end. None when the trace holds no
+  device streams (a CPU run)."""
   paths = glob.glob(os.path.join(trace_dir, '**', 'perfetto_trace.json.gz'), recursive=True)
   if not paths:
     return None
