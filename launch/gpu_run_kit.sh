@@ -23,7 +23,7 @@ OUT=${1:-runs/gpu_kit}
 WHEELS=${WHEELS:-.whl}
 MINUTES=${MINUTES:-10}
 PYTHON=${PYTHON:-python3}
-PARTS=" ${KIT_PARTS:-tests benchmark train} "
+PARTS=" $(echo ${KIT_PARTS:-tests benchmark train}) "  # any blanks: single spaces
 for part in $PARTS; do
   case $part in tests|benchmark|train) ;; *)
     echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train" >&2
@@ -72,11 +72,11 @@ if [[ $PARTS == *" tests "* ]]; then
     workers=(-n "${KIT_TEST_WORKERS:-6}")
   fi
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$PYTHON" -m pytest -q -p no:cacheprovider \
-      "${workers[@]}" "${tests[@]}" 2>&1 | tee "$OUT/tests.txt" || failed+=(tests)
+      ${workers[@]+"${workers[@]}"} "${tests[@]}" 2>&1 | tee "$OUT/tests.txt" || failed+=(tests)
 fi
 if [[ $PARTS == *" benchmark "* ]]; then
   "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark.json" \
-      --profile_dir="$OUT/profile" "${bench[@]}" 2>&1 | tee "$OUT/benchmark.txt" \
+      --profile_dir="$OUT/profile" ${bench[@]+"${bench[@]}"} 2>&1 | tee "$OUT/benchmark.txt" \
       || failed+=(benchmark)
 fi
 if [[ $PARTS == *" train "* ]]; then
