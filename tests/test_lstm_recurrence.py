@@ -265,8 +265,10 @@ def test_mixed_bfloat16_products_match_autodiff_of_the_same_rounded_products(cap
   for name, g, w, f in zip(MIXED_ARGS, got, want, full):
     for g_leaf, w_leaf, f_leaf in zip(*map(jax.tree.leaves, (g, w, f))):
       assert g_leaf.dtype == jnp.float32, name
-      assert distance(g_leaf, w_leaf) < 1e-2, name
-      assert distance(g_leaf, w_leaf) < 0.5 * distance(g_leaf, f_leaf), name
+      # Bounds with room for other tips on other machines (6.2e-3 and 0.41
+      # at most here, c0's).
+      assert distance(g_leaf, w_leaf) < 2e-2, name
+      assert distance(g_leaf, w_leaf) < 0.75 * distance(g_leaf, f_leaf), name
       assert 1e-3 < distance(g_leaf, f_leaf) < 0.1, name  # bfloat16 did round
 
 

@@ -175,7 +175,6 @@ def test_sigint_in_process_stops_with_status_130_and_resumes(
   _assert_same_run(uninterrupted, tmp_path)
 
 
-
 def test_sigint_on_many_processes_is_passed_on_as_sigterm(monkeypatch):
   """With several processes, SIGINT becomes a SIGTERM to this process (the
   signal JAX's preemption notifier tells the others of); SIGTERM itself is
@@ -185,12 +184,13 @@ def test_sigint_on_many_processes_is_passed_on_as_sigterm(monkeypatch):
   received = []
   record = lambda signum, frame: received.append(signum)
   previous_term = signal.signal(signal.SIGTERM, record)
+  previous_int = signal.getsignal(signal.SIGINT)
   try:
     with StopRequest():
       assert signal.getsignal(signal.SIGTERM) is record  # JAX's notifier keeps it
       os.kill(os.getpid(), signal.SIGINT)
       time.sleep(0.1)  # both signals are handled between bytecodes of this thread
       assert received == [signal.SIGTERM]
-      assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+      assert signal.getsignal(signal.SIGINT) is previous_int
   finally:
     signal.signal(signal.SIGTERM, previous_term)
