@@ -183,8 +183,8 @@ def main(argv):
     line += ''.join(f' {r[f"train_ratio_vs_{b}"]:>22.2f}' for b in baselines)
     print(line)
   if FLAGS.profile_dir:
-    print('profile of the train steps (GPU kernels from the trace):' if kernels and any(
-        kernels.values()) else 'profile: no device kernels in the traces (not a GPU run)')
+    print('profile of the train steps (GPU kernels from the trace):' if any(kernels.values())
+          else 'profile: no device kernels in the traces (not a GPU run)')
     for r in rows:
       if 'profile_kernels_per_step' in r:
         print(f'{r["row"]:>30} {r["profile_kernels_per_step"]:>8,.0f} kernels a step, '

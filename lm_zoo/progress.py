@@ -58,9 +58,10 @@ class Throughput:
   since the first line.
 
   The rate of a line is its interval's training alone (`reset` after a
-  validation turn and after a checkpoint's save leaves them out). The ETA is the pace from the first line
-  on, validation and checkpoints included, so it neither counts the first
-  interval's compilation nor jumps with each interval's noise.
+  validation turn and after a checkpoint's save leaves them out). The ETA is
+  the pace from the first line on, validation and checkpoints included, so it
+  neither counts the first interval's compilation nor jumps with each
+  interval's noise.
   """
 
   def __init__(self):

@@ -61,8 +61,7 @@ def test_accelerator_speed_runs_on_a_cpu_with_the_gpu_rows_skipped(tmp_path):
   assert model.tie_embeddings
   assert recipe['train_step_flops'] == 6 * count_params(build_model(model, 50)) * 20
   # Untied (flax_lstm): the input embedding is only looked up.
-  flax_model = rows['flax_lstm']
-  assert flax_model['matmul_params'] == 2 * (8 * 16 * 16 + 4 * 16) + 16 * 50 + 50
+  assert rows['flax_lstm']['matmul_params'] == 2 * (8 * 16 * 16 + 4 * 16) + 16 * 50 + 50
   for row in rows.values():
     assert row['train_ratio_vs_flax_lstm'] == (row['train_tokens_per_s']
                                                / rows['flax_lstm']['train_tokens_per_s'])

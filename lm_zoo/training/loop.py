@@ -236,8 +236,7 @@ def train_epoch(t: Trainer, run: Run, stop: StopRequest) -> RollBack | None:
     if fault is not None:
       return fault
     end_epoch(t, run)
-    run.throughput.reset()
-  return save(t, run)
+  return save(t, run)  # which leaves the validation and the save out of the next rate
 
 
 def train_window(t: Trainer, run: Run, window: Window, lr: float) -> None:
