@@ -4,6 +4,9 @@
   lm-zoo-train --config=experiments/mogrifier_paper.py:ptb_mogrifier --config.model.param_budget=10000000
 
 Re-running the same command resumes from the work directory's latest checkpoint.
+`--seeds=N` trains seeds config.seed, ..., config.seed + N - 1 at once, each
+one's run in WORKDIR/seed_S and their mean and spread in WORKDIR/summary.json
+(lm_zoo.training.stacked): on a GPU N runs take about the time of one.
 `--config.parallel.num_devices=0` trains data-parallel over every device;
 LM_ZOO_DISTRIBUTED=1 joins a multi-host job first (lm_zoo.training.parallel).
 Every config field can be set with --config.SECTION.FIELD=VALUE; they are
@@ -16,13 +19,17 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from lm_zoo import cli
-from lm_zoo.training import initialize_distributed, train_and_evaluate
+from lm_zoo.training import initialize_distributed, train_and_evaluate, train_seeds
 
 config_flags.DEFINE_config_file(
     'config', str(cli.EXPERIMENTS / 'default.py'), 'An experiments/*.py config file; '
     'override fields with --config.SECTION.FIELD=VALUE.', lock_config=True)
 flags.DEFINE_string('workdir', 'runs/default', 'Where checkpoints, metrics.jsonl, '
                     'TensorBoard events, config.json and summary.json are written.')
+flags.DEFINE_integer('seeds', 0, 'N > 0: train N seeds of the config at once, stacked on one '
+                     'device (seeds config.seed to config.seed + N - 1; each run in '
+                     'WORKDIR/seed_S, their mean and spread in WORKDIR/summary.json). 0: '
+                     'one run.', lower_bound=0)
 FLAGS = flags.FLAGS
 
 
@@ -31,6 +38,9 @@ def _train_program(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
 
   def train():
+    if FLAGS.seeds:
+      train_seeds(FLAGS.config, FLAGS.workdir, FLAGS.seeds)
+      return
     initialize_distributed()  # multi-host only when $LM_ZOO_DISTRIBUTED=1
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
 

@@ -21,18 +21,22 @@ from lm_zoo.progress import ProgressLog
 
 
 @functools.lru_cache(maxsize=16)
-def make_eval_step(model: nn.Module) -> Callable:
+def make_eval_step(model: nn.Module, seeds: bool = False) -> Callable:
   """Returns jitted `eval_step(params, carries, inputs, targets, weights,
   temperature=1.0)` -> (nll sum, token count, new carries), with dropout off
   and the logits divided by the softmax temperature (a traced argument, so
   tuning it does not recompile). Equal models share one step, so every
-  evaluation of a model compiles once per shape."""
+  evaluation of a model compiles once per shape. With `seeds` the params
+  and carries have a leading axis of runs (`lm_zoo.training.stacked`), the
+  step is vmapped over it, and so are the sums it returns."""
 
   def eval_step(params, carries, inputs, targets, weights, temperature=1.0):
     _, (total, count, carries) = window_loss(model, params, carries, inputs, targets,
                                              weights, temperature, train=False)
     return total, count, carries
 
+  if seeds:
+    eval_step = jax.vmap(eval_step, in_axes=(0, 0, None, None, None, None))
   return jax.jit(eval_step)
 
 
@@ -47,6 +51,28 @@ def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
   included, scores exactly the same len(stream) - 1 tokens. `temperature`
   divides the logits. A pass longer than 30 s logs its progress as `what`.
   """
+  total, count = _stream_sums(eval_step, params, initial_carries, stream, batch_size, bptt,
+                              temperature, what)
+  return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit,
+                    temperature=float(temperature))
+
+
+def evaluate_stream_seeds(eval_step: Callable, params: Any, initial_carries: Any,
+                          stream: np.ndarray, batch_size: int, bptt: int,
+                          unit: str = 'word', what: str = 'evaluation') -> list[EvalResult]:
+  """`evaluate_stream` for runs stacked on a leading axis: `eval_step` is
+  `make_eval_step(model, seeds=True)`'s, `params` and `initial_carries` have
+  that axis, and the result is one `EvalResult` per run, in its order."""
+  totals, counts = _stream_sums(eval_step, params, initial_carries, stream, batch_size, bptt,
+                                1.0, what)
+  return [EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit)
+          for total, count in zip(totals, counts)]
+
+
+def _stream_sums(eval_step: Callable, params: Any, initial_carries: Any, stream: np.ndarray,
+                 batch_size: int, bptt: int, temperature: float, what: str):
+  """The NLL summed over every token of `stream` once, and the tokens counted
+  (arrays over the runs for a stacked `eval_step`)."""
   batched = BatchedStream(stream, batch_size)
   carries, sums = initial_carries, []
   progress = ProgressLog(what, batched.num_windows(bptt))
@@ -55,9 +81,7 @@ def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
                                 window.weights, temperature)
     sums.append((nll, n))  # fetched once at the end, so dispatch stays async
     progress.update(len(sums), nll)
-  total, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
-  return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit,
-                    temperature=float(temperature))
+  return np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
 
 
 def evaluate_split(model: nn.Module, params: Any, corpus: Corpus, split: str,

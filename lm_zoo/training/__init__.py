@@ -8,6 +8,7 @@ from lm_zoo.training.parallel import (data_mesh, initialize_distributed, shard_b
                                       state_shardings)
 from lm_zoo.training.run import Progress, create_train_state, load_data
 from lm_zoo.training.scoring import sample_text
+from lm_zoo.training.stacked import train_seeds
 from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.trained import (evaluate_workdir, load_trained, meta_train_workdir,
                                      workdir_evaluator)
@@ -18,5 +19,5 @@ __all__ = [
     'data_mesh', 'epoch_learning_rate', 'evaluate_workdir', 'initialize_distributed',
     'load_config', 'load_data', 'load_trained', 'make_optimizer', 'make_train_step',
     'meta_train_workdir', 'read_metrics', 'sample_text', 'set_learning_rate', 'shard_batch',
-    'state_shardings', 'train_and_evaluate', 'workdir_evaluator',
+    'state_shardings', 'train_and_evaluate', 'train_seeds', 'workdir_evaluator',
 ]

@@ -20,7 +20,7 @@ TENSORBOARD_DIR = 'tensorboard'
 
 log = logging.getLogger(__name__)
 # Record fields that index a scalar rather than being one.
-_INDEX_FIELDS = ('step', 'epoch', 'time')
+_INDEX_FIELDS = ('step', 'epoch', 'time', 'seed')
 
 
 class MetricsWriter:
@@ -30,8 +30,9 @@ class MetricsWriter:
 
   A record `write('valid', step=9, perplexity=80.1)` becomes the scalar
   `valid/perplexity` at step 9; the final evaluations (`final=True`) become
-  `valid_final/...` and `test_final/...`. `text` and `hyperparameters` go to
-  TensorBoard only.
+  `valid_final/...` and `test_final/...`; a record of one of several seeds
+  trained at once (`seed=3`) goes under `seed_3/valid/...`. `text` and
+  `hyperparameters` go to TensorBoard only.
 
   The file is the log of one trajectory: each checkpoint stores how many
   records it had (`count`), and a run that resumes or rolls back to that
@@ -86,6 +87,8 @@ class MetricsWriter:
     if self.events is None:
       return
     tag = f'{kind}_final' if values.get('final') else kind
+    if 'seed' in values:
+      tag = f'seed_{values["seed"]}/{tag}'
     for name, value in values.items():
       # A diverged run's infinite perplexity stays in the JSON record only.
       if (name not in _INDEX_FIELDS and isinstance(value, Real)

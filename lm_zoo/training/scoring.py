@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any, Sequence
 
 import jax
@@ -34,18 +35,18 @@ def score_split(t: Trainer, split: str, params: Any) -> EvalResult:
                         data.bptt, t.eval_step)
 
 
-def final_scores(t: Trainer, params: Any, splits: Sequence[str]) -> dict[str, EvalResult]:
-  """The best weights scored on `splits` by the evaluator of
-  `config.evaluation` (static by default), each split at its batch size
-  (`eval_batch_size`) unless `evaluation.batch_size` sets one."""
+def final_scores(config: ml_collections.ConfigDict, workdir: pathlib.Path, model: RecurrentLM,
+                 corpus: Corpus, params: Any, splits: Sequence[str]) -> dict[str, EvalResult]:
+  """The best weights of the run in `workdir` scored on `splits` by the
+  evaluator of `config.evaluation` (static by default), each split at its
+  batch size (`eval_batch_size`) unless `evaluation.batch_size` sets one."""
   evaluators = {}  # one per batch size, so that what it tunes or searches is kept
   results = {}
   for split in splits:
-    batch_size = final_batch_size(t.config, split)
+    batch_size = final_batch_size(config, split)
     if batch_size not in evaluators:
-      evaluators[batch_size] = workdir_evaluator(t.workdir, t.config, t.config.evaluation,
-                                                 batch_size)
-    results[split] = evaluators[batch_size](t.model, params, t.corpus, split)
+      evaluators[batch_size] = workdir_evaluator(workdir, config, config.evaluation, batch_size)
+    results[split] = evaluators[batch_size](model, params, corpus, split)
   return results
 
 

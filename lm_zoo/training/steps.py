@@ -39,7 +39,8 @@ class TrainState:
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
                     sum_over_time: bool = False, ar: float = 0.0,
                     tar: float = 0.0, mesh: jax.sharding.Mesh | None = None,
-                    skip_nonfinite: bool = False, drop_state: float = 0.0) -> Callable:
+                    skip_nonfinite: bool = False, drop_state: float = 0.0,
+                    seeds: bool = False) -> Callable:
   """Returns jitted `train_step(state, inputs, targets, weights) -> (state, metrics)`.
 
   The objective is the mean NLL per token, or with `sum_over_time` the NLL
@@ -62,7 +63,13 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   reads it with the loss, without a sync of its own. With `skip_nonfinite`
   a step where they are not leaves the parameters, optimizer state and
   carries as they were (the update is dropped) and only counts the step.
+
+  With `seeds` every leaf of the state has a leading axis of runs (seeds,
+  `lm_zoo.training.stacked`) and the step is vmapped over it: each run takes
+  its own update on the same window, and the metrics have that axis too.
   """
+  if seeds and mesh is not None:
+    raise ValueError('seeds: runs stacked on one device are not data parallel; pass mesh=None')
   penalised = ar > 0 or tar > 0
 
   def train_step(state: TrainState, inputs, targets, weights):
@@ -100,4 +107,6 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
       new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh))
     return new_state, {'loss': loss, 'grad_norm': grad_norm, 'finite': finite}
 
+  if seeds:
+    train_step = jax.vmap(train_step, in_axes=(0, None, None, None))
   return jax.jit(train_step, donate_argnums=0)

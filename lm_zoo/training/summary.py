@@ -45,7 +45,8 @@ def finish(t: Trainer, run: Run, final_splits: Sequence[str]) -> dict[str, Any]:
       'num_params': count_params(run.state), 'unit': t.corpus.unit,
       'skipped_updates': run.progress.skipped_updates, 'rollbacks': run.progress.rollbacks,
       'environment': environment()}
-  for split, result in final_scores(t, params, final_splits).items():
+  scores = final_scores(t.config, t.workdir, t.model, t.corpus, params, final_splits)
+  for split, result in scores.items():
     log.info('%s %s (%d tokens, batch %d)', split, result.summary(),
              result.num_tokens, final_batch_size(t.config, split))
     t.metrics.write(split, step=run.step, final=True, **result.as_dict())

@@ -1,0 +1,167 @@
+"""Seeds trained at once, stacked: each seed's run against the same run trained
+alone, resuming, the seed work directories, and what a stack refuses."""
+
+import json
+import math
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from lm_zoo.errors import ConfigError, Preempted, TrainingError
+from lm_zoo.models import build_model, init_params
+from lm_zoo.training import (Checkpoints, evaluate_workdir, read_metrics, train_and_evaluate,
+                             train_seeds)
+from lm_zoo.training.stacked import check_seeds_config
+
+
+def _best_params(config, workdir):
+  model = build_model(config.model, 10_000)
+  like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+  with Checkpoints(workdir) as checkpoints:
+    return checkpoints.restore_best(like)
+
+
+@pytest.fixture
+def plateau_config(tiny_config):
+  # Plateau drops follow each seed's own validation history: at this rate
+  # seeds 2 and 3 validate worse after epoch 2 than after epoch 1 and seed 4
+  # better, so their rates for epoch 3 part ways, which the stack must follow.
+  tiny_config.schedule.kind = 'plateau'
+  tiny_config.optimizer.learning_rate = 10.0
+  tiny_config.seed = 2
+  return tiny_config
+
+
+def test_each_seed_trains_the_run_it_would_train_alone(plateau_config, tmp_path):
+  summary = train_seeds(plateau_config, tmp_path / 'stack', 3)
+  assert summary['seeds'] == [2, 3, 4]
+  rates = {}
+  for k, seed in enumerate((2, 3, 4)):
+    alone = plateau_config.copy_and_resolve_references()
+    alone.seed = seed
+    expected = train_and_evaluate(alone, tmp_path / f'alone_{seed}')
+    run = summary['runs'][k]
+    assert run['seed'] == seed
+    assert run['best_epoch'] == expected['best_epoch']
+    # Equal but for float32 rounding, which vmapped products order otherwise
+    # and this high rate amplifies (to 1e-5 over 30 updates); seeds differ by
+    # 10 to 60%.
+    for split in ('valid', 'test'):
+      np.testing.assert_allclose(run[split]['loss'], expected[split]['loss'], rtol=1e-4)
+    alone_records = read_metrics(tmp_path / f'alone_{seed}' / 'metrics.jsonl')
+    valid_curve = [math.exp(r['loss']) for r in alone_records
+                   if r['kind'] == 'valid' and not r.get('final')]
+    np.testing.assert_allclose(run['valid_curve'], valid_curve, rtol=1e-4)
+    rates[seed] = [r['learning_rate'] for r in alone_records if r['kind'] == 'train']
+    stack_rates = [r['learning_rate'] for r in read_metrics(tmp_path / 'stack' / 'metrics.jsonl')
+                   if r['kind'] == 'train' and r['seed'] == seed]
+    assert stack_rates == rates[seed]
+    # the seed's best weights, in its own work directory
+    stacked, meta = _best_params(alone, tmp_path / 'stack' / f'seed_{seed}')
+    single, single_meta = _best_params(alone, tmp_path / f'alone_{seed}')
+    assert meta['epoch'] == single_meta['epoch']
+    for x, y in zip(jax.tree.leaves(stacked), jax.tree.leaves(single)):
+      np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-4)  # weights are O(0.1)
+  assert len({tuple(r) for r in rates.values()}) > 1, 'the seeds should drop their rates apart'
+  # The stack's summary: each split's mean and sample spread over the seeds.
+  test = [math.exp(run['test']['loss']) for run in summary['runs']]
+  assert summary['test']['mean'] == pytest.approx(np.mean(test), rel=1e-12)
+  assert summary['test']['std'] == pytest.approx(np.std(test, ddof=1), rel=1e-12)
+  assert json.loads((tmp_path / 'stack' / 'summary.json').read_text()) == summary
+
+
+def test_a_stopped_stack_resumes_as_if_it_had_not_stopped(plateau_config, tmp_path):
+  full = plateau_config.copy_and_resolve_references()
+  full.train.max_steps = 25
+  expected = train_seeds(full, tmp_path / 'full', 2)
+
+  stopped = plateau_config.copy_and_resolve_references()
+  stopped.train.max_steps = 14
+  train_seeds(stopped, tmp_path / 'stopped', 2)
+  # a kill after the save of step 14 reached disk only in part: the one of step 7 is used
+  shutil.rmtree(tmp_path / 'stopped' / 'checkpoints' / '14')
+  stopped.train.max_steps = 25
+  resumed = train_seeds(stopped, tmp_path / 'stopped', 2)
+  for a, b in zip(expected['runs'], resumed['runs']):
+    assert a['valid_curve'] == b['valid_curve']
+    assert a['test'] == b['test']
+  records = read_metrics(tmp_path / 'stopped' / 'metrics.jsonl')
+  train_steps = [(r['step'], r['seed']) for r in records if r['kind'] == 'train']
+  assert train_steps == sorted(set(train_steps))  # nothing the lost stretch logged is kept
+  # run again once finished: its summary, untouched
+  assert train_seeds(stopped, tmp_path / 'stopped', 2) == resumed
+
+
+def test_a_seed_work_directory_is_an_ordinary_run(tiny_config, tmp_path):
+  summary = train_seeds(tiny_config, tmp_path, 2)
+  for run in summary['runs']:
+    folder = tmp_path / f'seed_{run["seed"]}'
+    assert json.loads((folder / 'config.json').read_text())['seed'] == run['seed']
+    scores = evaluate_workdir(folder)
+    assert scores['test'].loss == pytest.approx(run['test']['loss'], rel=1e-9)
+    assert json.loads((folder / 'summary.json').read_text()) == run
+
+
+def test_a_signal_checkpoints_the_stack_and_the_same_call_resumes(tiny_config, tmp_path,
+                                                                  monkeypatch):
+  import signal
+  from lm_zoo.training import stacked
+  original = stacked.StopRequest.requested
+  monkeypatch.setattr(stacked.StopRequest, 'requested',
+                      lambda self, step: signal.SIGTERM if step == 12 else original(self, step))
+  with pytest.raises(Preempted, match='SIGTERM received: training stopped at step 12'):
+    train_seeds(tiny_config, tmp_path, 2)
+  monkeypatch.setattr(stacked.StopRequest, 'requested', original)
+  with Checkpoints(tmp_path) as checkpoints:
+    assert checkpoints._latest.latest_step() == 12
+  assert train_seeds(tiny_config, tmp_path, 2)['step'] == 30
+
+
+@pytest.mark.parametrize('field, value', [
+    ('parallel.num_devices', 2), ('data.variable_bptt', True), ('train.eval_every', 5),
+    ('averaging.trigger', 'nonmonotone'), ('train.init_from', 'runs/x'),
+    ('train.nonfinite', 'rollback')])
+def test_what_only_a_run_alone_does_is_refused_naming_the_field(tiny_config, field, value):
+  section, name = field.split('.')
+  tiny_config[section][name] = value
+  with pytest.raises(ConfigError, match=rf'^{field}=.*train each seed alone') as err:
+    check_seeds_config(tiny_config, 2)
+  assert '\n' not in str(err.value)
+
+
+@pytest.mark.parametrize('num_seeds', [0, -1, 1.5, True])
+def test_a_bad_number_of_seeds_is_refused(tiny_config, num_seeds):
+  with pytest.raises(ConfigError, match='num_seeds must be a whole number of at least 1'):
+    check_seeds_config(tiny_config, num_seeds)
+
+
+def test_resuming_other_seeds_or_a_single_run_is_refused(tiny_config, tmp_path):
+  tiny_config.train.max_steps = 7
+  train_seeds(tiny_config, tmp_path / 'stack', 2)
+  tiny_config.train.max_steps = 0
+  with pytest.raises(ConfigError, match=r'holds a stack of seeds \[0, 1\], not seeds \[0, 1, 2\]'):
+    train_seeds(tiny_config, tmp_path / 'stack', 3)
+  tiny_config.train.max_steps = 7
+  train_and_evaluate(tiny_config, tmp_path / 'alone')
+  with pytest.raises(ConfigError, match=r'holds a run, not seeds \[0, 1\]'):
+    train_seeds(tiny_config, tmp_path / 'alone', 2)
+
+
+def test_a_non_finite_seed_stops_the_stack_naming_it(tiny_config, tmp_path, monkeypatch):
+  from lm_zoo.training import stacked
+  original = stacked.create_train_state
+
+  def seed_1_broken(model, optimizer, config):
+    state = original(model, optimizer, config)
+    if config.seed == 1:
+      state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+    return state
+
+  monkeypatch.setattr(stacked, 'create_train_state', seed_1_broken)
+  with pytest.raises(TrainingError, match=r'^seed 1: non-finite loss or gradient at step 1;'
+                     r'.*no checkpoint was written before it') as stopped:
+    train_seeds(tiny_config, tmp_path, 3)
+  assert '\n' not in str(stopped.value)
+  assert not list((tmp_path / 'checkpoints').glob('*'))
