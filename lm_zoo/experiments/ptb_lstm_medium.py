@@ -6,5 +6,8 @@ Paper: valid 86.2, test 82.7. The recipe is `lm_zoo.configs.zaremba_config`.
 from lm_zoo.configs import zaremba_config
 
 
-def get_config():
-  return zaremba_config('medium')
+def get_config(variant: str = 'code'):
+  """'code' (default): the learning-rate schedule of the authors' code;
+  'paper' (`--config=experiments/ptb_lstm_medium.py:paper`): the paper's text
+  (`zaremba_config`)."""
+  return zaremba_config('medium', variant or 'code')

@@ -6,5 +6,8 @@ Paper: valid 120.7, test 114.5. The recipe is `lm_zoo.configs.zaremba_config`.
 from lm_zoo.configs import zaremba_config
 
 
-def get_config():
-  return zaremba_config('small')
+def get_config(variant: str = 'code'):
+  """'code' (default): the learning-rate schedule of the authors' code;
+  'paper' (`--config=experiments/ptb_lstm_small.py:paper`): the paper's text
+  (`zaremba_config`)."""
+  return zaremba_config('small', variant or 'code')
