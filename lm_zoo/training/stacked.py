@@ -6,9 +6,10 @@ accelerator mostly idle: an update is a chain of small kernels that wait on
 one another (WORKSPACE.md's H100 profile), and a kernel over N times the rows
 takes about as long. Here the train states of seeds config.seed, ...,
 config.seed + N - 1 are stacked on a leading axis and the train step is
-vmapped over it (`make_train_step(seeds=True)`): on an accelerator N runs
-take little more than the time of one; on a CPU, where the matrix products
-are the cost, about N times one.
+vmapped over it (`make_train_step(seeds=True)`), so that N runs share each
+kernel. On an H200, 8 seeds of Zaremba's medium model trained at 79k tokens/s
+each, all 39 epochs of the 8 in 12 minutes (WORKSPACE.md). On a CPU, where
+the matrix products are the cost, a stack gains little over N runs.
 
 Seed s's run is the run `train_and_evaluate` trains with `config.seed = s`:
 the same initial weights, dropout masks, windows and learning rates (the
@@ -211,6 +212,8 @@ def _train_seeds(config: ml_collections.ConfigDict, workdir: pathlib.Path, num_s
       _check_same_seeds(workdir, seeds)
       state, meta = checkpoints.restore_latest(state)
       progress = SeedsProgress(**meta)
+      log.info('Resumed the stack from step %d (epoch %d, position %d) in %s',
+               int(state.step[0]), progress.epoch, progress.position, workdir)
     else:
       progress = SeedsProgress.start(num_seeds)
     step = int(state.step[0])
