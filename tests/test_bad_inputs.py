@@ -282,6 +282,10 @@ COMMAND_LINES = {
     'not a number': ('evaluate', ['--config.static.temperature=warm'],
                      "error: --config.static.temperature: could not convert string to float"),
     'unknown flag': ('generate', ['--top_p=0.9'], "error: Unknown command line flag 'top_p'"),
+    'negative seeds': ('train', ['--seeds=-1'], 'error: --seeds: -1 is not a non-negative integer'),
+    'unknown recipe schedule': ('train', ['--config=experiments/ptb_lstm_medium.py:text'],
+                                "error: --config: ValueError: schedule must be 'code' or "
+                                "'paper', got 'text'"),
 }
 
 
@@ -369,6 +373,16 @@ def test_a_wrong_config_value_is_refused_by_the_program(field, value, expected, 
                         f'--workdir={tmp_path}', f'--config.{field}={value}'])
   assert refused.returncode == 1 and 'Traceback' not in refused.stderr
   assert refused.stderr.strip().startswith(f'error: {expected}'), refused.stderr
+
+
+def test_a_config_that_seeds_stacked_cannot_train_is_refused_by_the_program(tmp_path):
+  refused = run_script(['launch/train.py', '--config=experiments/default.py', '--seeds=2',
+                        f'--workdir={tmp_path}', '--config.data.variable_bptt=True'])
+  assert refused.returncode == 1 and 'Traceback' not in refused.stderr
+  assert refused.stderr.strip() == (
+      'error: data.variable_bptt=True cannot be trained with seeds stacked (each seed draws '
+      'its own window lengths): set data.variable_bptt=False, or train each seed alone '
+      '(launch/train.py without --seeds)'), refused.stderr
 
 
 def test_a_negative_tuning_timeout_is_refused(tmp_path):
