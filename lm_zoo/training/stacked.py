@@ -9,7 +9,8 @@ config.seed + N - 1 are stacked on a leading axis and the train step is
 vmapped over it (`make_train_step(seeds=True)`), so that N runs share each
 kernel. On an H200, 8 seeds of Zaremba's medium model trained at 79k tokens/s
 each, all 39 epochs of the 8 in 12 minutes (WORKSPACE.md). On a CPU, where
-the matrix products are the cost, a stack gains little over N runs.
+the matrix products are the cost, a stack is 7 to 15% slower per seed than
+the runs one after another (benchmarks/stacked_seeds.py).
 
 Seed s's run is the run `train_and_evaluate` trains with `config.seed = s`:
 the same initial weights, dropout masks, windows and learning rates (the

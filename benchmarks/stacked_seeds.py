@@ -1,0 +1,105 @@
+"""Train tokens/s per seed of a recipe trained alone and in stacks of N seeds
+(`lm-zoo-train --seeds=N`, lm_zoo.training.stacked), on this machine's
+default device.
+
+Each row times the recipe's train step vmapped over N stacked train states
+(`make_train_step(seeds=True)`; N = 1 is a stack of one, the same step as a
+run alone) on a random batch of the recipe's size. `per_seed_speedup` is
+N x the one-seed row's seconds per update over the stack's: how many times
+faster each seed trains in the stack than the N seeds would one after
+another. The rows are timed in turns (`--rounds`), each keeping its best.
+
+  python benchmarks/stacked_seeds.py [--recipe=ptb_lstm_medium] [--seeds=1,2,4,8]
+"""
+
+import importlib
+import json
+import pathlib
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from baselines import random_batch, seconds_per_call
+from lm_zoo.models import build_model, describe_model
+from lm_zoo.runtime import environment
+from lm_zoo.training import create_train_state, make_optimizer, make_train_step
+from lm_zoo.training.stacked import seed_configs, stack
+
+flags.DEFINE_string('recipe', 'ptb_lstm_medium', 'NAME[:VARIANT] of lm_zoo/experiments.')
+flags.DEFINE_list('seeds', ['1', '2', '4', '8'], 'Stack sizes to time; 1 must be among them.')
+flags.DEFINE_integer('steps', 20, 'Timed updates per round.')
+flags.DEFINE_integer('rounds', 3, 'Rounds over all rows; each keeps its fastest.')
+flags.DEFINE_string('output', 'runs/bench_stacked_seeds.json', 'JSON results file.')
+flags.DEFINE_integer('tiny', 0, '> 0: the model at this hidden size, batch 4, BPTT 5 and '
+                     'vocabulary 50 (a smoke test of the script, as CI runs it).')
+FLAGS = flags.FLAGS
+
+
+def recipe_config():
+  name, _, variant = FLAGS.recipe.partition(':')
+  module = importlib.import_module(f'lm_zoo.experiments.{name}')
+  config = module.get_config(*([variant] if variant else []))
+  if FLAGS.tiny:
+    config.model.update(param_budget=0, hidden_size=FLAGS.tiny, embed_size=FLAGS.tiny)
+    config.data.update(batch_size=4, bptt=5)
+  return config
+
+
+def stacked_step(config, vocab: int, num_seeds: int) -> dict:
+  """The recipe's train step over `num_seeds` stacked states, as the calls
+  `seconds_per_call` times."""
+  model = build_model(config.model, vocab)
+  optimizer = make_optimizer(config.optimizer)
+  train_step = make_train_step(
+      model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
+      config.optimizer.ar, config.optimizer.tar, drop_state=config.train.drop_state,
+      seeds=True)
+  inputs, targets = random_batch(vocab, config.data.batch_size, config.data.bptt)
+  weights = np.ones(inputs.shape, np.float32)
+  holder = {'state': stack([create_train_state(model, optimizer, seeded)
+                            for seeded in seed_configs(config, num_seeds)])}
+
+  def train():
+    holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)
+    return metrics['loss']
+
+  jax.block_until_ready(train())  # compiled and warmed up
+  return {'train': train, 'sync': jax.block_until_ready,
+          'model': describe_model(config.model, model)}
+
+
+def main(argv):
+  del argv
+  sizes = sorted({int(n) for n in FLAGS.seeds})
+  if sizes[0] != 1 or any(n < 1 for n in sizes):
+    raise app.UsageError(f'--seeds={",".join(FLAGS.seeds)}: give stack sizes >= 1, '
+                         '1 among them (the baseline)')
+  config = recipe_config()
+  vocab = 50 if FLAGS.tiny else 10_000
+  built = {n: stacked_step(config, vocab, n) for n in sizes}
+  seconds = {n: float('inf') for n in sizes}
+  for _ in range(FLAGS.rounds):
+    for n, calls in built.items():
+      seconds[n] = min(seconds[n], seconds_per_call(calls, 'train', FLAGS.steps))
+  tokens = config.data.batch_size * config.data.bptt
+  rows = [{'seeds': n, 'seconds_per_update': seconds[n],
+           'tokens_per_second': n * tokens / seconds[n],
+           'tokens_per_second_per_seed': tokens / seconds[n],
+           'per_seed_speedup': n * seconds[1] / seconds[n]} for n in sizes]
+  for row in rows:
+    print(f"{row['seeds']:>3} seeds: {1e3 * row['seconds_per_update']:9.2f} ms an update, "
+          f"{row['tokens_per_second_per_seed']:12,.0f} tokens/s a seed, "
+          f"{row['per_seed_speedup']:5.2f}x a seed alone")
+  result = {'recipe': FLAGS.recipe, 'model': built[1]['model'],
+            'batch': config.data.batch_size, 'bptt': config.data.bptt,
+            'dtype': config.model.dtype, 'steps': FLAGS.steps, 'rounds': FLAGS.rounds,
+            'environment': environment(), 'results': rows}
+  output = pathlib.Path(FLAGS.output)
+  output.parent.mkdir(parents=True, exist_ok=True)
+  output.write_text(json.dumps(result, indent=2))
+  print(f'written to {output}')
+
+
+if __name__ == '__main__':
+  app.run(main)
