@@ -113,17 +113,17 @@ def test_device_kernels_counts_stream_kernels_and_their_busy_union(tmp_path):
   assert device_kernels(str(tmp_path / 'row')) is None
 
 
-def test_stacked_seeds_benchmark_times_each_stack_against_one_seed(tmp_path):
+def test_stacked_seeds_benchmark_times_each_stack_against_a_run_alone(tmp_path):
   output = tmp_path / 'bench.json'
   subprocess.run([sys.executable, str(REPO / 'benchmarks' / 'stacked_seeds.py'), '--tiny=8',
                   '--seeds=1,3', '--steps=2', '--rounds=1', f'--output={output}'],
                  check=True, capture_output=True, cwd=REPO)
   result = json.loads(output.read_text())
-  one, three = result['results']
-  assert (one['seeds'], three['seeds']) == (1, 3)
-  assert one['per_seed_speedup'] == 1.0
-  assert three['per_seed_speedup'] == 3 * one['seconds_per_update'] / three['seconds_per_update']
+  alone, one, three = result['results']
+  assert (alone['seeds'], one['seeds'], three['seeds']) == ('alone', 1, 3)
+  assert alone['per_seed_speedup'] == 1.0
+  assert three['per_seed_speedup'] == 3 * alone['seconds_per_update'] / three['seconds_per_update']
   assert three['tokens_per_second'] == 3 * 4 * 5 / three['seconds_per_update']
   refused = subprocess.run([sys.executable, str(REPO / 'benchmarks' / 'stacked_seeds.py'),
-                            '--tiny=8', '--seeds=2,4'], capture_output=True, text=True, cwd=REPO)
-  assert refused.returncode != 0 and '1 among them (the baseline)' in refused.stderr
+                            '--tiny=8', '--seeds=0,4'], capture_output=True, text=True, cwd=REPO)
+  assert refused.returncode != 0 and 'give stack sizes of at least 1' in refused.stderr

@@ -15,6 +15,7 @@ from lm_zoo.data import BatchedStream
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.training import (create_train_state, evaluate_workdir, make_optimizer,
                              read_metrics, train_and_evaluate)
+from lm_zoo.training import loop
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.loop import load_data, planned_steps
 from lm_zoo.models import build_model
@@ -69,6 +70,20 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tiny_config, tmp_path)
     train_steps = [r['step'] for r in records if r['kind'] == 'train']
     assert train_steps == sorted(set(train_steps)) == [5, 10, 15, 20, 25]
     assert sum(1 for r in records if r.get('final')) == 2
+
+
+def test_a_resumed_run_compiles_its_train_step_once(tiny_config, tmp_path, monkeypatch):
+  # Restored arrays, the fresh carries of each epoch and each epoch's rate
+  # share one layout; before, a resumed run compiled its step three times.
+  tiny_config.train.max_steps = 12
+  train_and_evaluate(tiny_config, tmp_path)
+  steps = []
+  original = loop.make_train_step
+  monkeypatch.setattr(loop, 'make_train_step',
+                      lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
+  tiny_config.train.max_steps = 0
+  train_and_evaluate(tiny_config, tmp_path)  # crosses two epoch ends
+  assert steps[0]._cache_size() == 1
 
 
 def test_stop_at_an_epoch_end_still_validates(tiny_config, tmp_path):

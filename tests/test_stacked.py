@@ -4,6 +4,7 @@ alone, resuming, the seed work directories, and what a stack refuses."""
 import json
 import math
 import shutil
+import signal
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.models import build_model, init_params
 from lm_zoo.training import (Checkpoints, evaluate_workdir, read_metrics, train_and_evaluate,
                              train_seeds)
+from lm_zoo.training import stacked
 from lm_zoo.training.stacked import check_seeds_config
 
 
@@ -106,8 +108,6 @@ def test_a_seed_work_directory_is_an_ordinary_run(tiny_config, tmp_path):
 
 def test_a_signal_checkpoints_the_stack_and_the_same_call_resumes(tiny_config, tmp_path,
                                                                   monkeypatch):
-  import signal
-  from lm_zoo.training import stacked
   original = stacked.StopRequest.requested
   monkeypatch.setattr(stacked.StopRequest, 'requested',
                       lambda self, step: signal.SIGTERM if step == 12 else original(self, step))
@@ -137,20 +137,37 @@ def test_a_bad_number_of_seeds_is_refused(tiny_config, num_seeds):
     check_seeds_config(tiny_config, num_seeds)
 
 
-def test_resuming_other_seeds_or_a_single_run_is_refused(tiny_config, tmp_path):
+def test_a_stack_resumes_only_as_the_same_stack(tiny_config, tmp_path):
   tiny_config.train.max_steps = 7
   train_seeds(tiny_config, tmp_path / 'stack', 2)
   tiny_config.train.max_steps = 0
-  with pytest.raises(ConfigError, match=r'holds a stack of seeds \[0, 1\], not seeds \[0, 1, 2\]'):
+  with pytest.raises(ConfigError, match=r'holds a stack of seeds \[0, 1\], not a stack of '
+                     r'seeds \[0, 1, 2\]: resume it with --seeds=2 and config.seed=0'):
     train_seeds(tiny_config, tmp_path / 'stack', 3)
+  with pytest.raises(ConfigError, match=r'holds a stack of seeds \[0, 1\], not a run alone'):
+    train_and_evaluate(tiny_config, tmp_path / 'stack')
   tiny_config.train.max_steps = 7
   train_and_evaluate(tiny_config, tmp_path / 'alone')
-  with pytest.raises(ConfigError, match=r'holds a run, not seeds \[0, 1\]'):
+  with pytest.raises(ConfigError, match=r'holds a run alone, not a stack of seeds \[0, 1\]: '
+                     'resume it without --seeds'):
     train_seeds(tiny_config, tmp_path / 'alone', 2)
 
 
+def test_a_resumed_stack_compiles_its_train_step_once(tiny_config, tmp_path, monkeypatch):
+  # Restored arrays, the fresh carries of each epoch and each epoch's rates
+  # must share one layout, or the step compiles again (2 s on the H200).
+  tiny_config.train.max_steps = 12
+  train_seeds(tiny_config, tmp_path, 2)
+  steps = []
+  original = stacked.make_train_step
+  monkeypatch.setattr(stacked, 'make_train_step',
+                      lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
+  tiny_config.train.max_steps = 0
+  train_seeds(tiny_config, tmp_path, 2)  # crosses two epoch ends
+  assert steps[0]._cache_size() == 1
+
+
 def test_a_non_finite_seed_stops_the_stack_naming_it(tiny_config, tmp_path, monkeypatch):
-  from lm_zoo.training import stacked
   original = stacked.create_train_state
 
   def seed_1_broken(model, optimizer, config):
@@ -165,3 +182,5 @@ def test_a_non_finite_seed_stops_the_stack_naming_it(tiny_config, tmp_path, monk
     train_seeds(tiny_config, tmp_path, 3)
   assert '\n' not in str(stopped.value)
   assert not list((tmp_path / 'checkpoints').glob('*'))
+  nonfinite = [r for r in read_metrics(tmp_path / 'metrics.jsonl') if r['kind'] == 'nonfinite']
+  assert [(r['step'], r['seed'], r['action']) for r in nonfinite] == [(1, 1, 'stop')]

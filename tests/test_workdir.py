@@ -1,6 +1,7 @@
 """A run's work directory: its lock, its saved config, and which configs may resume it."""
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -102,6 +103,20 @@ def test_only_a_shape_field_change_refuses_to_resume(tmp_path, field, value):
   named = next(f for f in SHAPE_FIELDS if field.startswith(f))
   with pytest.raises(ConfigError, match=f'different {named} '):
     check_resumable(changed, tmp_path)
+
+
+def test_resuming_with_other_training_fields_warns_naming_them(tmp_path, caplog):
+  # A recipe's default can change under a run (the Zaremba schedule did).
+  config = base_config()
+  save_config(config, tmp_path)
+  check_resumable(config, tmp_path)
+  assert 'changed training fields' not in caplog.text
+  config.schedule.decay_after = 7
+  config.train.num_epochs = 5  # a budget, not how the run trains: not named
+  with caplog.at_level(logging.WARNING, logger='lm_zoo'):
+    check_resumable(config, tmp_path)
+  assert 'changed training fields: schedule.decay_after 4 -> 7. The rest' in caplog.text
+  assert 'num_epochs' not in caplog.text
 
 
 def test_init_from_a_directory_without_a_run_is_a_config_error(tmp_path):

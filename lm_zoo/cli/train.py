@@ -4,9 +4,9 @@
   lm-zoo-train --config=experiments/mogrifier_paper.py:ptb_mogrifier --config.model.param_budget=10000000
 
 Re-running the same command resumes from the work directory's latest checkpoint.
-`--seeds=N` trains seeds config.seed, ..., config.seed + N - 1 at once, each
-one's run in WORKDIR/seed_S and their mean and spread in WORKDIR/summary.json
-(lm_zoo.training.stacked): on a GPU N runs take about the time of one.
+`--seeds=N` trains seeds config.seed, ..., config.seed + N - 1 at once on one
+device, each one's run in WORKDIR/seed_S and their mean and spread in
+WORKDIR/summary.json (lm_zoo.training.stacked; docs/usage.md).
 `--config.parallel.num_devices=0` trains data-parallel over every device;
 LM_ZOO_DISTRIBUTED=1 joins a multi-host job first (lm_zoo.training.parallel).
 Every config field can be set with --config.SECTION.FIELD=VALUE; they are
@@ -19,7 +19,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from lm_zoo import cli
+from lm_zoo.errors import ConfigError
 from lm_zoo.training import initialize_distributed, train_and_evaluate, train_seeds
+from lm_zoo.training.parallel import DISTRIBUTED_ENV, distributed_requested
 
 config_flags.DEFINE_config_file(
     'config', str(cli.EXPERIMENTS / 'default.py'), 'An experiments/*.py config file; '
@@ -39,6 +41,10 @@ def _train_program(argv):
 
   def train():
     if FLAGS.seeds:
+      if distributed_requested():
+        raise ConfigError(f'--seeds trains a stack on one device: unset {DISTRIBUTED_ENV} '
+                          '(many hosts would each train the whole stack in one work '
+                          'directory), or train without --seeds')
       train_seeds(FLAGS.config, FLAGS.workdir, FLAGS.seeds)
       return
     initialize_distributed()  # multi-host only when $LM_ZOO_DISTRIBUTED=1

@@ -1,12 +1,14 @@
 """What scoring a text gives: the mean NLL per token and its perplexity or
-bits per character."""
+bits per character; and the mean and spread of a score over seeds."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 
 # log of the largest float64: exp of more overflows.
@@ -44,3 +46,10 @@ class EvalResult:
     return {'loss': self.loss, 'perplexity': self.perplexity,
             'bits_per_token': self.bits_per_token, 'num_tokens': self.num_tokens,
             'temperature': self.temperature}
+
+
+def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:
+  """Mean and sample standard deviation (n - 1 in the denominator; nan for
+  one value)."""
+  values = np.asarray(values, dtype=np.float64)
+  return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan

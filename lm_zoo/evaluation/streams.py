@@ -21,21 +21,22 @@ from lm_zoo.progress import ProgressLog
 
 
 @functools.lru_cache(maxsize=16)
-def make_eval_step(model: nn.Module, seeds: bool = False) -> Callable:
+def make_eval_step(model: nn.Module, stacked: bool = False) -> Callable:
   """Returns jitted `eval_step(params, carries, inputs, targets, weights,
   temperature=1.0)` -> (nll sum, token count, new carries), with dropout off
   and the logits divided by the softmax temperature (a traced argument, so
   tuning it does not recompile). Equal models share one step, so every
-  evaluation of a model compiles once per shape. With `seeds` the params
-  and carries have a leading axis of runs (`lm_zoo.training.stacked`), the
-  step is vmapped over it, and so are the sums it returns."""
+  evaluation of a model compiles once per shape. With `stacked` the params
+  and carries have a leading axis of runs (seeds trained at once,
+  `lm_zoo.training.stacked`), the step is vmapped over it, and so are the
+  sums it returns."""
 
   def eval_step(params, carries, inputs, targets, weights, temperature=1.0):
     _, (total, count, carries) = window_loss(model, params, carries, inputs, targets,
                                              weights, temperature, train=False)
     return total, count, carries
 
-  if seeds:
+  if stacked:
     eval_step = jax.vmap(eval_step, in_axes=(0, 0, None, None, None, None))
   return jax.jit(eval_step)
 
@@ -57,11 +58,11 @@ def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
                     temperature=float(temperature))
 
 
-def evaluate_stream_seeds(eval_step: Callable, params: Any, initial_carries: Any,
+def evaluate_stream_stacked(eval_step: Callable, params: Any, initial_carries: Any,
                           stream: np.ndarray, batch_size: int, bptt: int,
                           unit: str = 'word', what: str = 'evaluation') -> list[EvalResult]:
   """`evaluate_stream` for runs stacked on a leading axis: `eval_step` is
-  `make_eval_step(model, seeds=True)`'s, `params` and `initial_carries` have
+  `make_eval_step(model, stacked=True)`'s, `params` and `initial_carries` have
   that axis, and the result is one `EvalResult` per run, in its order."""
   totals, counts = _stream_sums(eval_step, params, initial_carries, stream, batch_size, bptt,
                                 1.0, what)

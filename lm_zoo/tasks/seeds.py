@@ -28,6 +28,7 @@ import numpy as np
 from scipy import stats
 
 from lm_zoo.errors import ConfigError
+from lm_zoo.evaluation import mean_and_spread
 from lm_zoo.tasks.runs import train_or_read
 
 log = logging.getLogger(__name__)
@@ -79,13 +80,6 @@ def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:
 
 def _workdir(config: ml_collections.ConfigDict, name: str, seed: int) -> pathlib.Path:
   return pathlib.Path(config.workdir) / f'{name}_s{seed}'
-
-
-def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:
-  """Mean and sample standard deviation (n - 1 in the denominator; nan for
-  one value)."""
-  values = np.asarray(values, dtype=np.float64)
-  return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan
 
 
 def paired_difference(values: Mapping[int, float],

@@ -73,10 +73,10 @@ def set_learning_rate(opt_state, learning_rate: float):
   hyperparams = dict(opt_state.hyperparams)
   old = hyperparams['learning_rate']
   new = jnp.asarray(learning_rate, old.dtype)
-  # Over a mesh, replicated as the old rate: a rate on one device would be
-  # another input layout, and the train step would compile again.
+  # Laid out as the old rate (replicated over a mesh, committed to its
+  # device): another layout would compile the train step again.
   sharding = getattr(old, 'sharding', None)
-  if sharding is not None and len(sharding.device_set) > 1:
+  if sharding is not None:
     new = jax.device_put(new, sharding)
   hyperparams['learning_rate'] = new
   return opt_state._replace(hyperparams=hyperparams)

@@ -38,7 +38,7 @@ def initialize_distributed() -> None:
   JAX call). JAX finds the job on TPU pods and under SLURM, and reads
   $JAX_COORDINATOR_ADDRESS; $JAX_NUM_PROCESSES and $JAX_PROCESS_ID, which it
   does not read, are passed on here."""
-  if os.environ.get(DISTRIBUTED_ENV, '0') not in ('', '0'):
+  if distributed_requested():
     given = {}
     for name, arg in (('JAX_NUM_PROCESSES', 'num_processes'), ('JAX_PROCESS_ID', 'process_id')):
       value = os.environ.get(name, '')
@@ -48,6 +48,11 @@ def initialize_distributed() -> None:
     jax.distributed.initialize(**given)
     log.info('process %d of %d, %d local of %d devices', jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def distributed_requested() -> bool:
+  """Whether $LM_ZOO_DISTRIBUTED asks to join a multi-host job."""
+  return os.environ.get(DISTRIBUTED_ENV, '0') not in ('', '0')
 
 
 def is_main_process() -> bool:
@@ -95,8 +100,12 @@ def state_shardings(state: Any, mesh: Mesh) -> Any:
 
 
 def place_state(state: Any, mesh: Mesh | None) -> Any:
-  """`state` laid out over the mesh by `state_shardings`; as it is without one."""
-  return state if mesh is None else jax.device_put(state, state_shardings(state, mesh))
+  """`state` laid out over the mesh by `state_shardings`; without one, on
+  the default device, committed there as a step's outputs are: fresh or
+  restored arrays in another layout would compile the train step again."""
+  if mesh is None:
+    return jax.device_put(state, jax.devices()[0])
+  return jax.device_put(state, state_shardings(state, mesh))
 
 
 def shard_batch(mesh: Mesh | None, *arrays: np.ndarray) -> tuple[Any, ...]:

@@ -40,7 +40,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
                     sum_over_time: bool = False, ar: float = 0.0,
                     tar: float = 0.0, mesh: jax.sharding.Mesh | None = None,
                     skip_nonfinite: bool = False, drop_state: float = 0.0,
-                    seeds: bool = False) -> Callable:
+                    stacked: bool = False) -> Callable:
   """Returns jitted `train_step(state, inputs, targets, weights) -> (state, metrics)`.
 
   The objective is the mean NLL per token, or with `sum_over_time` the NLL
@@ -64,12 +64,14 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   a step where they are not leaves the parameters, optimizer state and
   carries as they were (the update is dropped) and only counts the step.
 
-  With `seeds` every leaf of the state has a leading axis of runs (seeds,
-  `lm_zoo.training.stacked`) and the step is vmapped over it: each run takes
-  its own update on the same window, and the metrics have that axis too.
+  With `stacked` every leaf of the state has a leading axis of runs (seeds
+  trained at once, `lm_zoo.training.stacked`) and the step is vmapped over
+  it: each run takes its own update on the same window, and the metrics
+  have that axis too.
   """
-  if seeds and mesh is not None:
-    raise ValueError('seeds: runs stacked on one device are not data parallel; pass mesh=None')
+  if stacked and mesh is not None:
+    raise ValueError('stacked: runs stacked on one device are not data parallel; pass '
+                     'mesh=None')
   penalised = ar > 0 or tar > 0
 
   def train_step(state: TrainState, inputs, targets, weights):
@@ -107,6 +109,6 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
       new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh))
     return new_state, {'loss': loss, 'grad_norm': grad_norm, 'finite': finite}
 
-  if seeds:
+  if stacked:
     train_step = jax.vmap(train_step, in_axes=(0, None, None, None))
   return jax.jit(train_step, donate_argnums=0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import pathlib
 import socket
@@ -21,7 +22,10 @@ from lm_zoo.configs import base_config, upgrade_config
 from lm_zoo.errors import ConfigError, WorkdirInUse
 from lm_zoo.models import legacy_transposed
 from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
+from lm_zoo.training.metrics import flat_fields
 from lm_zoo.training.parallel import is_main_process, sync_processes
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = 'config.json'
 # The fingerprint of the data a run trained on (`record_data`).
@@ -29,6 +33,8 @@ DATA_FILE = 'data.json'
 # Its vocabulary, id order (`load_vocab`).
 VOCAB_FILE = 'vocab.json'
 LOCK_FILE = 'lock'
+# The seeds of a stack trained at once (lm_zoo.training.stacked); absent for a run alone.
+SEEDS_FILE = 'seeds.json'
 
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
 SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.embed_ratio',
@@ -36,6 +42,9 @@ SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.emb
                 'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.mos.components',
                 'data.name', 'data.batch_size', 'optimizer.name',
                 'averaging.trigger')
+# Sections whose other fields change how the rest of a resumed run trains:
+# allowed, and logged as a warning.
+DYNAMICS_SECTIONS = ('model', 'optimizer', 'schedule')
 
 
 @contextlib.contextmanager
@@ -144,9 +153,23 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   return config
 
 
-def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-  """Raises ConfigError when `workdir` holds a run whose shapes `config` changes."""
-  saved = json.loads(load_config(workdir).to_json_best_effort())
+def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+                    seeds: list[int] | None = None) -> None:
+  """Raises ConfigError when `workdir` holds a run whose shapes `config`
+  changes, or a stack of other seeds than `seeds` (None: a run alone; a stack
+  of seeds saved its `seeds.json`). Logs a warning naming the fields of
+  `DYNAMICS_SECTIONS` that `config` changes: the rest of the run trains with
+  them (a recipe's defaults may have changed since the run started)."""
+  saved_seeds = load_seeds(workdir)
+  if saved_seeds != seeds:
+    there = 'a run alone' if saved_seeds is None else f'a stack of seeds {saved_seeds}'
+    here = 'a run alone' if seeds is None else f'a stack of seeds {seeds}'
+    resume = ('without --seeds' if saved_seeds is None else
+              f'with --seeds={len(saved_seeds)} and config.seed={saved_seeds[0]}')
+    raise ConfigError(f'{workdir} holds {there}, not {here}: resume it {resume}, or use a '
+                      'new --workdir')
+  saved_config = load_config(workdir)
+  saved = json.loads(saved_config.to_json_best_effort())
   now = json.loads(config.to_json_best_effort())
   for field in SHAPE_FIELDS:
     old, new = saved, now
@@ -157,6 +180,26 @@ def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path) ->
           f'{workdir} holds a run with a different {field} ({old} there, {new} '
           'now): its checkpoints cannot be resumed with this config. Use a new '
           '--workdir, or the same config to resume.')
+  old_fields, new_fields = flat_fields(saved_config), flat_fields(config)
+  changed = [f'{name} {old_fields.get(name)!r} -> {value!r}'
+             for name, value in new_fields.items()
+             if name.split('.')[0] in DYNAMICS_SECTIONS and old_fields.get(name) != value]
+  if changed:
+    log.warning('Resuming %s with changed training fields: %s. The rest of the run trains '
+                'with the new values; to keep the old, set them on the command line',
+                workdir, '; '.join(changed))
+
+
+def save_seeds(workdir: pathlib.Path, seeds: list[int]) -> None:
+  """Writes WORKDIR/seeds.json, which marks the work directory of a stack."""
+  if is_main_process():
+    write_text_atomically(workdir / SEEDS_FILE, json.dumps({'seeds': seeds}))
+
+
+def load_seeds(workdir: str | pathlib.Path) -> list[int] | None:
+  """The seeds of the stack in `workdir`; None for a run alone."""
+  path = pathlib.Path(workdir) / SEEDS_FILE
+  return json.loads(path.read_text())['seeds'] if path.is_file() else None
 
 
 def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
