@@ -9,13 +9,19 @@
 #   ptb_mogrifier.txt and the run's work directory ptb_mogrifier/ (its
 #   metrics.jsonl holds tokens/s and the perplexity reached).
 #
+# The part `seeds`, run only when KIT_PARTS names it, times stacks of seeds
+# against a run alone (benchmarks/stacked_seeds.py: stacked_seeds.json,
+# stacked_seeds.txt) and trains 8 seeds of Zaremba's medium recipe at once,
+# bfloat16 products, for at most MINUTES (zaremba_medium.txt, zaremba_medium/;
+# the whole recipe took 12 minutes of training on an H200).
+#
 #   launch/gpu_run_kit.sh [OUT]          # OUT defaults to runs/gpu_kit
 #
 # Environment: WHEELS, the folder of wheels (default .whl; docs/usage.md says
 # how to fill it); LM_ZOO_DATA, the data folder (PTB at least); MINUTES of
 # training (default 10); KIT_PARTS, which parts to run (default
 # "tests benchmark train": a host lent for short spells can run them in turns
-# into one OUT); KIT_TINY=1 runs everything at a tiny size, on any machine
+# into one OUT, and add "seeds"); KIT_TINY=1 runs everything at a tiny size, on any machine
 # (CI runs it so on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,8 +31,8 @@ MINUTES=${MINUTES:-10}
 PYTHON=${PYTHON:-python3}
 PARTS=" $(echo ${KIT_PARTS:-tests benchmark train}) "  # any blanks: single spaces
 for part in $PARTS; do
-  case $part in tests|benchmark|train) ;; *)
-    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train" >&2
+  case $part in tests|benchmark|train|seeds) ;; *)
+    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train seeds" >&2
     exit 2;;
   esac
 done
@@ -48,6 +54,8 @@ tests=(tests/test_lstm.py tests/test_lstm_recurrence.py tests/test_scans.py
        tests/test_mixture_of_softmaxes.py tests/test_dual.py tests/test_regularisation.py)
 bench=()
 train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=valid)
+stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
+seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))
 if [ "${KIT_TINY:-0}" = 1 ]; then
   tests=(tests/test_lstm.py -k test_step_matches_numpy_equations)
   bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
@@ -57,6 +65,10 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
          --config.data.batch_size=4 --config.data.bptt=5 --config.data.train_tokens=2000
          --config.data.valid_tokens=200 --config.evaluation.splits=valid
          --config.generate.num_lines=0)
+  stacks=(--tiny=8 --seeds=1,2 --steps=1 --rounds=1)
+  seeds=(--seeds=2 --config.train.max_steps=4 --config.model.hidden_size=16
+         --config.model.embed_size=16 --config.data.train_tokens=2000
+         --config.data.valid_tokens=200 --config.data.test_tokens=200)
 fi
 
 # Each step runs whatever the one before did: a GPU's time is rare.
@@ -83,6 +95,13 @@ if [[ $PARTS == *" train "* ]]; then
   "$PYTHON" launch/train.py --config=experiments/mogrifier_paper.py:ptb_mogrifier \
       --workdir="$OUT/ptb_mogrifier" "${train[@]}" 2>&1 \
       | tee "$OUT/ptb_mogrifier.txt" || failed+=(ptb_mogrifier)
+fi
+if [[ $PARTS == *" seeds "* ]]; then
+  "$PYTHON" benchmarks/stacked_seeds.py --output="$OUT/stacked_seeds.json" "${stacks[@]}" 2>&1 \
+      | tee "$OUT/stacked_seeds.txt" || failed+=(stacked_seeds)
+  "$PYTHON" launch/train.py --config=experiments/ptb_lstm_medium.py \
+      --workdir="$OUT/zaremba_medium" "${seeds[@]}" 2>&1 \
+      | tee "$OUT/zaremba_medium.txt" || failed+=(zaremba_medium)
 fi
 echo "every figure is in $OUT"
 if [ ${#failed[@]} -gt 0 ]; then

@@ -246,4 +246,16 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(tmp_path, data_dir):
                          capture_output=True, text=True, env={**os.environ, 'KIT_PARTS': 'test'})
   assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
   assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
-                          'choose from: tests benchmark train\n')
+                          'choose from: tests benchmark train seeds\n')
+
+  # The part the defaults leave out: stacks of seeds timed, and a stack trained.
+  seeds = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
+                         capture_output=True, text=True, timeout=900,
+                         env={**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': 'seeds',
+                              'LM_ZOO_DATA': str(data_dir), 'PYTHON': sys.executable,
+                              'WHEELS': str(tmp_path / 'no_wheels')})
+  assert seeds.returncode == 0, seeds.stdout[-3000:] + seeds.stderr[-3000:]
+  rows = json.loads((out / 'stacked_seeds.json').read_text())['results']
+  assert [row['seeds'] for row in rows] == ['alone', 1, 2]
+  summary = json.loads((out / 'zaremba_medium' / 'summary.json').read_text())
+  assert summary['seeds'] == [0, 1] and summary['step'] == 4

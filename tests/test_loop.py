@@ -75,14 +75,14 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tiny_config, tmp_path)
 def test_a_resumed_run_compiles_its_train_step_once(tiny_config, tmp_path, monkeypatch):
   # Restored arrays, the fresh carries of each epoch and each epoch's rate
   # share one layout; before, a resumed run compiled its step three times.
-  tiny_config.train.max_steps = 12
+  tiny_config.train.update(num_epochs=2, max_steps=8)
   train_and_evaluate(tiny_config, tmp_path)
   steps = []
   original = loop.make_train_step
   monkeypatch.setattr(loop, 'make_train_step',
                       lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
   tiny_config.train.max_steps = 0
-  train_and_evaluate(tiny_config, tmp_path)  # crosses two epoch ends
+  train_and_evaluate(tiny_config, tmp_path)  # crosses an epoch end
   assert steps[0]._cache_size() == 1
 
 

@@ -111,12 +111,13 @@ def test_a_signal_checkpoints_the_stack_and_the_same_call_resumes(tiny_config, t
   original = stacked.StopRequest.requested
   monkeypatch.setattr(stacked.StopRequest, 'requested',
                       lambda self, step: signal.SIGTERM if step == 12 else original(self, step))
+  tiny_config.train.num_epochs = 2
   with pytest.raises(Preempted, match='SIGTERM received: training stopped at step 12'):
     train_seeds(tiny_config, tmp_path, 2)
   monkeypatch.setattr(stacked.StopRequest, 'requested', original)
   with Checkpoints(tmp_path) as checkpoints:
     assert checkpoints._latest.latest_step() == 12
-  assert train_seeds(tiny_config, tmp_path, 2)['step'] == 30
+  assert train_seeds(tiny_config, tmp_path, 2)['step'] == 20
 
 
 @pytest.mark.parametrize('field, value', [
@@ -156,14 +157,14 @@ def test_a_stack_resumes_only_as_the_same_stack(tiny_config, tmp_path):
 def test_a_resumed_stack_compiles_its_train_step_once(tiny_config, tmp_path, monkeypatch):
   # Restored arrays, the fresh carries of each epoch and each epoch's rates
   # must share one layout, or the step compiles again (2 s on the H200).
-  tiny_config.train.max_steps = 12
+  tiny_config.train.update(num_epochs=2, max_steps=8)
   train_seeds(tiny_config, tmp_path, 2)
   steps = []
   original = stacked.make_train_step
   monkeypatch.setattr(stacked, 'make_train_step',
                       lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
   tiny_config.train.max_steps = 0
-  train_seeds(tiny_config, tmp_path, 2)  # crosses two epoch ends
+  train_seeds(tiny_config, tmp_path, 2)  # crosses an epoch end
   assert steps[0]._cache_size() == 1
 
 
