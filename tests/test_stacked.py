@@ -28,19 +28,19 @@ def _best_params(config, workdir):
 @pytest.fixture
 def plateau_config(tiny_config):
   # Plateau drops follow each seed's own validation history: at this rate
-  # seeds 2 and 3 validate worse after epoch 2 than after epoch 1 and seed 4
+  # seed 3 validates worse after epoch 2 than after epoch 1 and seed 4
   # better, so their rates for epoch 3 part ways, which the stack must follow.
   tiny_config.schedule.kind = 'plateau'
   tiny_config.optimizer.learning_rate = 10.0
-  tiny_config.seed = 2
+  tiny_config.seed = 3
   return tiny_config
 
 
 def test_each_seed_trains_the_run_it_would_train_alone(plateau_config, tmp_path):
-  summary = train_seeds(plateau_config, tmp_path / 'stack', 3)
-  assert summary['seeds'] == [2, 3, 4]
+  summary = train_seeds(plateau_config, tmp_path / 'stack', 2)
+  assert summary['seeds'] == [3, 4]
   rates = {}
-  for k, seed in enumerate((2, 3, 4)):
+  for k, seed in enumerate((3, 4)):
     alone = plateau_config.copy_and_resolve_references()
     alone.seed = seed
     expected = train_and_evaluate(alone, tmp_path / f'alone_{seed}')
