@@ -9,11 +9,13 @@
 #   ptb_mogrifier.txt and the run's work directory ptb_mogrifier/ (its
 #   metrics.jsonl holds tokens/s and the perplexity reached).
 #
-# The part `seeds`, run only when KIT_PARTS names it, times stacks of seeds
-# against a run alone (benchmarks/stacked_seeds.py: stacked_seeds.json,
-# stacked_seeds.txt) and trains 8 seeds of Zaremba's medium recipe at once,
-# bfloat16 products, for at most MINUTES (zaremba_medium.txt, zaremba_medium/;
-# the whole recipe took 12 minutes of training on an H200).
+# Two parts run only when KIT_PARTS names them: `stacks` times stacks of
+# seeds against a run alone (benchmarks/stacked_seeds.py: stacked_seeds.json,
+# stacked_seeds.txt); `seeds` trains 8 seeds of Zaremba's medium recipe at
+# once, bfloat16 products, until MINUTES of training in all
+# (zaremba_medium.txt, zaremba_medium/). The whole recipe took 12 minutes of
+# training on an H200, more than one 10-minute call: run `seeds` again into
+# the same OUT, with a larger MINUTES, and it resumes.
 #
 #   launch/gpu_run_kit.sh [OUT]          # OUT defaults to runs/gpu_kit
 #
@@ -21,7 +23,7 @@
 # how to fill it); LM_ZOO_DATA, the data folder (PTB at least); MINUTES of
 # training (default 10); KIT_PARTS, which parts to run (default
 # "tests benchmark train": a host lent for short spells can run them in turns
-# into one OUT, and add "seeds"); KIT_TINY=1 runs everything at a tiny size, on any machine
+# into one OUT, and add "stacks" and "seeds"); KIT_TINY=1 runs everything at a tiny size, on any machine
 # (CI runs it so on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +33,8 @@ MINUTES=${MINUTES:-10}
 PYTHON=${PYTHON:-python3}
 PARTS=" $(echo ${KIT_PARTS:-tests benchmark train}) "  # any blanks: single spaces
 for part in $PARTS; do
-  case $part in tests|benchmark|train|seeds) ;; *)
-    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train seeds" >&2
+  case $part in tests|benchmark|train|stacks|seeds) ;; *)
+    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train stacks seeds" >&2
     exit 2;;
   esac
 done
@@ -96,9 +98,11 @@ if [[ $PARTS == *" train "* ]]; then
       --workdir="$OUT/ptb_mogrifier" "${train[@]}" 2>&1 \
       | tee "$OUT/ptb_mogrifier.txt" || failed+=(ptb_mogrifier)
 fi
-if [[ $PARTS == *" seeds "* ]]; then
+if [[ $PARTS == *" stacks "* ]]; then
   "$PYTHON" benchmarks/stacked_seeds.py --output="$OUT/stacked_seeds.json" "${stacks[@]}" 2>&1 \
       | tee "$OUT/stacked_seeds.txt" || failed+=(stacked_seeds)
+fi
+if [[ $PARTS == *" seeds "* ]]; then
   "$PYTHON" launch/train.py --config=experiments/ptb_lstm_medium.py \
       --workdir="$OUT/zaremba_medium" "${seeds[@]}" 2>&1 \
       | tee "$OUT/zaremba_medium.txt" || failed+=(zaremba_medium)

@@ -246,12 +246,12 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(tmp_path, data_dir):
                          capture_output=True, text=True, env={**os.environ, 'KIT_PARTS': 'test'})
   assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
   assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
-                          'choose from: tests benchmark train seeds\n')
+                          'choose from: tests benchmark train stacks seeds\n')
 
-  # The part the defaults leave out: stacks of seeds timed, and a stack trained.
+  # The parts the defaults leave out: stacks of seeds timed, and a stack trained.
   seeds = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
                          capture_output=True, text=True, timeout=900,
-                         env={**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': 'seeds',
+                         env={**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': 'stacks seeds',
                               'LM_ZOO_DATA': str(data_dir), 'PYTHON': sys.executable,
                               'WHEELS': str(tmp_path / 'no_wheels')})
   assert seeds.returncode == 0, seeds.stdout[-3000:] + seeds.stderr[-3000:]
