@@ -29,7 +29,6 @@ keeping it busy, a chain of dependent steps too small to fill the device.
   python benchmarks/accelerator_speed.py [--recipes=...] [--steps=20] [--rounds=3]
 """
 
-import importlib
 import json
 import os
 import pathlib
@@ -37,7 +36,7 @@ import pathlib
 import jax
 from absl import app, flags
 
-from baselines import (device_kernels, jax_rnn_lm, lm_zoo_lm, recurrence_matmul_seconds,
+from baselines import (device_kernels, experiment_config, jax_rnn_lm, lm_zoo_lm, recurrence_matmul_seconds,
                        seconds_per_call, torch_lm)
 from lm_zoo.data import load_corpus
 from lm_zoo.models import build_model, layer_sizes
@@ -64,17 +63,7 @@ VOCAB = 10_000  # PTB's; the papers' PTB recipes
 
 def recipe_config(recipe: str):
   """The config of `NAME:VARIANT`, shrunk under --tiny."""
-  name, _, variant = recipe.partition(':')
-  module = importlib.import_module(f'lm_zoo.experiments.{name}')
-  config = module.get_config(*([variant] if variant else []))
-  if FLAGS.tiny:
-    config.model.update(param_budget=0, hidden_size=FLAGS.tiny, embed_size=FLAGS.tiny,
-                        embed_ratio=-1.0, output_size=0)
-    if config.model.mogrifier.rank > 0:
-      config.model.mogrifier.rank = min(config.model.mogrifier.rank, FLAGS.tiny // 2)
-    config.model.alstm.latent_size = min(config.model.alstm.latent_size, FLAGS.tiny)
-    config.data.update(batch_size=4, bptt=5, variable_bptt=False)
-  return config
+  return experiment_config(recipe, FLAGS.tiny)
 
 
 def vocab_size() -> int:

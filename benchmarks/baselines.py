@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import importlib
 import json
 import math
 import os
@@ -41,23 +42,47 @@ def random_batch(vocab: int, batch: int, bptt: int) -> tuple[np.ndarray, np.ndar
           rng.integers(0, vocab, shape).astype(np.int32))
 
 
-def lm_zoo_lm(config, vocab: int) -> dict:
+def experiment_config(recipe: str, tiny: int = 0):
+  """The config of `NAME[:VARIANT]` of lm_zoo/experiments; with `tiny` > 0
+  its model at that hidden size (low-rank factors and latent sizes capped to
+  fit), batch 4, BPTT 5, fixed-length windows."""
+  name, _, variant = recipe.partition(':')
+  module = importlib.import_module(f'lm_zoo.experiments.{name}')
+  config = module.get_config(*([variant] if variant else []))
+  if tiny:
+    config.model.update(param_budget=0, hidden_size=tiny, embed_size=tiny,
+                        embed_ratio=-1.0, output_size=0)
+    if config.model.mogrifier.rank > 0:
+      config.model.mogrifier.rank = min(config.model.mogrifier.rank, tiny // 2)
+    config.model.alstm.latent_size = min(config.model.alstm.latent_size, tiny)
+    config.data.update(batch_size=4, bptt=5, variable_bptt=False)
+  return config
+
+
+def lm_zoo_lm(config, vocab: int, num_seeds: int = 0) -> dict:
   """Our LM of `config` with the train step its loop builds (losses,
   regularisers, state drop, optimizer), on a random batch of the config's
-  size, and its `matmul_params`."""
+  size, and its `matmul_params`. With `num_seeds` > 0, seeds config.seed,
+  ... stacked as `lm-zoo-train --seeds` trains them
+  (`make_train_step(stacked=True)`), their steps timed as one."""
   from lm_zoo.evaluation import make_eval_step
   from lm_zoo.models import build_model, describe_model
   from lm_zoo.training import create_train_state, make_optimizer, make_train_step
+  from lm_zoo.training.stacked import seed_configs, stack
   model = build_model(config.model, vocab)
   optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
+  stacked = num_seeds > 0
   train_step = make_train_step(
       model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
-      config.optimizer.ar, config.optimizer.tar, drop_state=config.train.drop_state)
-  eval_step = make_eval_step(model)
+      config.optimizer.ar, config.optimizer.tar, drop_state=config.train.drop_state,
+      stacked=stacked)
+  eval_step = make_eval_step(model, stacked=stacked)
   inputs, targets = random_batch(vocab, config.data.batch_size, config.data.bptt)
   weights = np.ones(inputs.shape, np.float32)
-  holder = {'state': create_train_state(model, optimizer, config)}
-  params = holder['state'].params
+  states = [create_train_state(model, optimizer, seeded)
+            for seeded in seed_configs(config, max(num_seeds, 1))]
+  holder = {'state': stack(states) if stacked else states[0]}
+  params = states[0].params
   matmul_params = sum(x.size for x in jax.tree.leaves(params))
   if not config.model.tie_embeddings:
     matmul_params -= params['embed']['embedding'].size

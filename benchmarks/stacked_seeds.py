@@ -3,7 +3,8 @@
 default device.
 
 Each row times the recipe's train step vmapped over N stacked train states
-(`make_train_step(stacked=True)`) on a random batch of the recipe's size,
+(`make_train_step(stacked=True)`, built by `baselines.lm_zoo_lm`) on a
+random batch of the recipe's size,
 beside the `alone` row: the step a run alone takes (`lm-zoo-train` without
 --seeds). `per_seed_speedup` is N x the run alone's seconds per update over
 the stack's: how many times faster each seed trains in the stack than the N
@@ -13,19 +14,13 @@ each keeping its best.
   python benchmarks/stacked_seeds.py [--recipe=ptb_lstm_medium] [--seeds=1,2,4,8]
 """
 
-import importlib
 import json
 import pathlib
 
-import jax
-import numpy as np
 from absl import app, flags
 
-from baselines import random_batch, seconds_per_call
-from lm_zoo.models import build_model, describe_model
+from baselines import experiment_config, lm_zoo_lm, seconds_per_call
 from lm_zoo.runtime import environment
-from lm_zoo.training import create_train_state, make_optimizer, make_train_step
-from lm_zoo.training.stacked import seed_configs, stack
 
 flags.DEFINE_string('recipe', 'ptb_lstm_medium', 'NAME[:VARIANT] of lm_zoo/experiments.')
 flags.DEFINE_list('seeds', ['1', '2', '4', '8'], 'Stack sizes to time, beside a run alone.')
@@ -37,48 +32,14 @@ flags.DEFINE_integer('tiny', 0, '> 0: the model at this hidden size, batch 4, BP
 FLAGS = flags.FLAGS
 
 
-def recipe_config():
-  name, _, variant = FLAGS.recipe.partition(':')
-  module = importlib.import_module(f'lm_zoo.experiments.{name}')
-  config = module.get_config(*([variant] if variant else []))
-  if FLAGS.tiny:
-    config.model.update(param_budget=0, hidden_size=FLAGS.tiny, embed_size=FLAGS.tiny)
-    config.data.update(batch_size=4, bptt=5)
-  return config
-
-
-def train_calls(config, vocab: int, num_seeds: int) -> dict:
-  """The recipe's train step over `num_seeds` stacked states (0: a run
-  alone's step on one state), as the calls `seconds_per_call` times."""
-  model = build_model(config.model, vocab)
-  optimizer = make_optimizer(config.optimizer)
-  train_step = make_train_step(
-      model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
-      config.optimizer.ar, config.optimizer.tar, drop_state=config.train.drop_state,
-      stacked=num_seeds > 0)
-  inputs, targets = random_batch(vocab, config.data.batch_size, config.data.bptt)
-  weights = np.ones(inputs.shape, np.float32)
-  states = [create_train_state(model, optimizer, seeded)
-            for seeded in seed_configs(config, max(num_seeds, 1))]
-  holder = {'state': stack(states) if num_seeds > 0 else states[0]}
-
-  def train():
-    holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)
-    return metrics['loss']
-
-  jax.block_until_ready(train())  # compiled and warmed up
-  return {'train': train, 'sync': jax.block_until_ready,
-          'model': describe_model(config.model, model)}
-
-
 def main(argv):
   del argv
   sizes = sorted({int(n) for n in FLAGS.seeds})
   if sizes[0] < 1:
     raise app.UsageError(f'--seeds={",".join(FLAGS.seeds)}: give stack sizes of at least 1')
-  config = recipe_config()
+  config = experiment_config(FLAGS.recipe, FLAGS.tiny)
   vocab = 50 if FLAGS.tiny else 10_000
-  built = {n: train_calls(config, vocab, n) for n in [0, *sizes]}  # 0: a run alone
+  built = {n: lm_zoo_lm(config, vocab, n) for n in [0, *sizes]}  # 0: a run alone
   seconds = {n: float('inf') for n in built}
   for _ in range(FLAGS.rounds):
     for n, calls in built.items():

@@ -36,9 +36,14 @@ def make_eval_step(model: nn.Module, stacked: bool = False) -> Callable:
                                              weights, temperature, train=False)
     return total, count, carries
 
-  if stacked:
-    eval_step = jax.vmap(eval_step, in_axes=(0, 0, None, None, None, None))
-  return jax.jit(eval_step)
+  if not stacked:
+    return jax.jit(eval_step)
+  per_run = jax.vmap(eval_step, in_axes=(0, 0, None, None, None, None))
+
+  def stacked_eval_step(params, carries, inputs, targets, weights, temperature=1.0):
+    return per_run(params, carries, inputs, targets, weights, temperature)
+
+  return jax.jit(stacked_eval_step)
 
 
 def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
