@@ -15,7 +15,9 @@
 # once, bfloat16 products, until MINUTES of training in all
 # (zaremba_medium.txt, zaremba_medium/). The whole recipe took 12 minutes of
 # training on an H200, more than one 10-minute call: run `seeds` again into
-# the same OUT, with a larger MINUTES, and it resumes.
+# the same OUT, with a larger MINUTES, and it resumes. SEEDS_ARGS adds
+# lm-zoo-train flags to it, which override the kit's (a variant of the
+# recipe: give it its own OUT, or it would resume the other's stack).
 #
 #   launch/gpu_run_kit.sh [OUT]          # OUT defaults to runs/gpu_kit
 #
@@ -104,7 +106,7 @@ if [[ $PARTS == *" stacks "* ]]; then
 fi
 if [[ $PARTS == *" seeds "* ]]; then
   "$PYTHON" launch/train.py --config=experiments/ptb_lstm_medium.py \
-      --workdir="$OUT/zaremba_medium" "${seeds[@]}" 2>&1 \
+      --workdir="$OUT/zaremba_medium" "${seeds[@]}" ${SEEDS_ARGS:-} 2>&1 \
       | tee "$OUT/zaremba_medium.txt" || failed+=(zaremba_medium)
 fi
 echo "every figure is in $OUT"
