@@ -115,6 +115,48 @@ def test_a_run_another_worker_holds_is_left_to_it_then_waited_for(study, tmp_pat
   assert all(math.isfinite(r['test_perplexity']) for r in rows)
 
 
+def test_a_stacked_study_trains_the_runs_alone_and_resumes(study, tmp_path):
+  study.models = {'wider': study.models.wider}
+  study.reference = 'wider'
+  alone = run_seed_study(study)
+  study.stack = True
+  study.workdir = str(tmp_path / 'stacked')
+  stacked = run_seed_study(study)
+  assert [(r['model'], r['seed']) for r in stacked] == [(r['model'], r['seed']) for r in alone]
+  for a, s in zip(alone, stacked):
+    # The stack's seed s is the run seed s trains alone, up to float rounding.
+    for split in ('valid', 'test'):
+      np.testing.assert_allclose(s[f'{split}_perplexity'], a[f'{split}_perplexity'], rtol=1e-4)
+    assert s['num_params'] == a['num_params']
+    assert s['workdir'] == str(tmp_path / 'stacked' / f'{s["model"]}_s3-4' / f'seed_{s["seed"]}')
+    assert json.loads((pathlib.Path(s['workdir']) / 'config.json').read_text())['seed'] == s['seed']
+  # A second call reads the finished stacks back.
+  path = tmp_path / 'stacked' / 'wider_s3-4' / 'summary.json'
+  summary = json.loads(path.read_text())
+  summary['runs'][1]['test']['perplexity'] = 1.5
+  path.write_text(json.dumps(summary))
+  assert run_seed_study(study)[1]['test_perplexity'] == 1.5
+
+
+def test_a_diverged_stack_trains_its_seeds_one_by_one_once(study, tmp_path, monkeypatch):
+  from lm_zoo.errors import TrainingError
+  from lm_zoo.tasks import runs
+  study.stack = True
+  study.models = {'lstm': study.models.lstm}
+  stacks = []
+
+  def diverging_stack(config, workdir, num_seeds):
+    stacks.append(workdir)
+    raise TrainingError('seed 4: non-finite loss or gradient at step 3')
+
+  monkeypatch.setattr(runs, 'train_seeds', diverging_stack)
+  rows = run_seed_study(study)
+  assert stacks == [tmp_path / 'study' / 'lstm_s3-4']
+  assert [r['workdir'] for r in rows] == [str(tmp_path / 'study' / f'lstm_s{s}') for s in (3, 4)]
+  assert all(math.isfinite(r['test_perplexity']) for r in rows)
+  assert run_seed_study(study) == rows and len(stacks) == 1  # the runs alone are read back
+
+
 @pytest.mark.parametrize('field, value, message', [
     ('reference', 'gru', 'config.reference'),
     ('seeds', (1, 1), 'distinct seeds'),
@@ -124,6 +166,20 @@ def test_bad_study_settings_are_named(study, field, value, message):
   study[field] = value
   with pytest.raises(ConfigError, match=message):
     run_seed_study(study)
+
+
+def test_what_a_stack_cannot_train_is_named_before_any_run(study, tmp_path):
+  study.stack = True
+  study.seeds = (3, 5)
+  with pytest.raises(ConfigError, match=r'^config.seeds must be consecutive .* got \[3, 5\]'):
+    run_seed_study(study)
+  study.seeds = (3, 4)
+  study.models.wider.train.eval_every = 5
+  with pytest.raises(ConfigError, match=r'^config.models.wider: train.eval_every=5 cannot be '
+                     r'trained with seeds stacked .*or train each seed alone '
+                     r'\(config.stack=False\)$'):
+    run_seed_study(study)
+  assert not (tmp_path / 'study').exists()
 
 
 def test_experiment_models_share_the_budget_and_the_recipe():

@@ -1,18 +1,19 @@
-"""One training run of a study, resumable: a finished run is read back from
-its summary.json, an unfinished one resumes from its checkpoint, a diverged
-one is recorded as a data point, and a run another worker is training is
-waited for or left to it."""
+"""One training run of a study, or one stack of seeds, resumable: a finished
+run is read back from its summary.json, an unfinished one resumes from its
+checkpoint, a diverged run alone is recorded as a data point, and a run
+another worker is training is waited for or left to it."""
 
 from __future__ import annotations
 
 import json
 import logging
 import pathlib
+from typing import Any, Callable
 
 import ml_collections
 
 from lm_zoo.errors import TrainingError, WorkdirInUse
-from lm_zoo.training import train_and_evaluate
+from lm_zoo.training import train_and_evaluate, train_seeds
 from lm_zoo.training.workdir import workdir_lock
 
 log = logging.getLogger(__name__)
@@ -28,12 +29,38 @@ def train_or_read(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   that process and None is returned. If that process stopped before the
   end, this one resumes the run.
   """
+  def train() -> dict:
+    try:
+      return train_and_evaluate(config, workdir)
+    except TrainingError as err:  # a data point of the study, not its end
+      log.warning('%s diverged: %s', workdir, err)
+      summary = {'diverged': True, 'error': str(err)}
+      (workdir / 'summary.json').write_text(json.dumps(summary, indent=2))
+      return summary
+
+  return _read_or_run(train, workdir, wait)
+
+
+def train_stack_or_read(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+                        num_seeds: int, wait: bool = True) -> dict | None:
+  """`train_seeds(config, workdir, num_seeds)`'s summary, read back if the
+  stack ended before; waited for or left to another process as
+  `train_or_read` does.
+
+  Raises:
+    TrainingError: a seed's loss turned non-finite, which stops the stack.
+  """
+  return _read_or_run(lambda: train_seeds(config, workdir, num_seeds), workdir, wait)
+
+
+def _read_or_run(run: Callable[[], dict[str, Any]], workdir: pathlib.Path,
+                 wait: bool) -> dict | None:
   summary_path = workdir / 'summary.json'
   while True:
     if summary_path.is_file():
       return json.loads(summary_path.read_text())
     try:
-      return train_and_evaluate(config, workdir)
+      return run()
     except WorkdirInUse as busy:
       if not wait:
         log.info('%s', busy)
@@ -41,8 +68,3 @@ def train_or_read(config: ml_collections.ConfigDict, workdir: pathlib.Path,
       log.info('%s: waiting for it', busy)
       with workdir_lock(workdir, wait=True):
         pass
-    except TrainingError as err:  # a data point of the study, not its end
-      log.warning('%s diverged: %s', workdir, err)
-      summary = {'diverged': True, 'error': str(err)}
-      summary_path.write_text(json.dumps(summary, indent=2))
-      return summary

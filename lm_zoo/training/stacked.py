@@ -77,9 +77,11 @@ _ALONE_ONLY = (
 )
 
 
-def check_seeds_config(config: ml_collections.ConfigDict, num_seeds: int) -> None:
+def check_seeds_config(config: ml_collections.ConfigDict, num_seeds: int,
+                       alone: str = 'launch/train.py without --seeds') -> None:
   """Raises ConfigError when `num_seeds` < 1 or `config` asks for what only a
-  run alone does (this module's docstring)."""
+  run alone does (this module's docstring); the error names `alone`, how the
+  caller trains each seed alone instead."""
   if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
     raise ConfigError(f'num_seeds must be a whole number of at least 1, got {num_seeds!r}')
   for field, value, why in _ALONE_ONLY:
@@ -87,8 +89,7 @@ def check_seeds_config(config: ml_collections.ConfigDict, num_seeds: int) -> Non
     if config[section][name] != value:
       raise ConfigError(
           f'{field}={config[section][name]!r} cannot be trained with seeds stacked '
-          f'({why}): set {field}={value!r}, or train each seed alone (launch/train.py '
-          'without --seeds)')
+          f'({why}): set {field}={value!r}, or train each seed alone ({alone})')
 
 
 def seed_configs(config: ml_collections.ConfigDict, num_seeds: int
