@@ -199,6 +199,13 @@ def test_experiment_models_share_the_budget_and_the_recipe():
   for m in models:
     assert models[m].optimizer == models.lstm.optimizer
     assert models[m].data == models.lstm.data
+  # and every model can be trained stacked (--config.stack=True), 8 seeds at once.
+  from lm_zoo.training.stacked import check_seeds_config
+  for variant in ('models', 'lamb_features'):
+    study = load_experiment('seed_study', variant)
+    assert study.stack is False and list(study.seeds) == [0, 1, 2]
+    for m in study.models:
+      check_seeds_config(study.models[m], 8)
 
 
 def test_lamb_feature_variant_adds_one_feature_at_a_time_to_the_same_runs():

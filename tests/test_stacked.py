@@ -47,6 +47,7 @@ def test_each_seed_trains_the_run_it_would_train_alone(plateau_config, tmp_path)
     run = summary['runs'][k]
     assert run['seed'] == seed
     assert run['best_epoch'] == expected['best_epoch']
+    assert run['samples'] == expected['samples'] and len(run['samples']) == 1
     # Equal but for float32 rounding, which vmapped products order otherwise
     # and this high rate amplifies (to 1e-5 over 30 updates); seeds differ by
     # 10 to 60%.

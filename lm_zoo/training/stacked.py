@@ -22,8 +22,8 @@ best weights kept in WORKDIR/seed_S, a work directory that `lm-zoo-eval`,
 WORKDIR/metrics.jsonl, each record with its `seed`). The stacked state is
 checkpointed in WORKDIR/checkpoints every `train.checkpoint_every` updates,
 at each epoch's end and on SIGTERM or SIGINT: the same command resumes. The
-end (lm_zoo/training/stacked_summary.py) scores each run's best weights and
-writes the summaries. No text is sampled.
+end (lm_zoo/training/stacked_summary.py) scores each run's best weights,
+samples the text its run alone would, and writes the summaries.
 
 What a run alone can do and the stack cannot is refused before anything
 starts (`check_seeds_config`): data parallelism and many hosts, variable

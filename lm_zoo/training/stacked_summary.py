@@ -1,7 +1,7 @@
 """The last phase of a stack of seeds (lm_zoo/training/stacked.py),
-`finish_stack`: each seed's best weights scored on the final splits, its
-summary in WORKDIR/seed_S/summary.json, and the stack's, with each split's
-mean and spread over the seeds, in WORKDIR/summary.json."""
+`finish_stack`: each seed's best weights scored on the final splits and
+sampled from, its summary in WORKDIR/seed_S/summary.json, and the stack's,
+with each split's mean and spread over the seeds, in WORKDIR/summary.json."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import jax
 from lm_zoo.evaluation import EvalResult, mean_and_spread
 from lm_zoo.runtime import environment
 from lm_zoo.training.checkpoints import write_text_atomically
-from lm_zoo.training.scoring import final_scores
+from lm_zoo.training.scoring import final_scores, sample_text
 from lm_zoo.training.stacked_run import StackRun, seed_dir, take_seed
 from lm_zoo.training.summary import run_summary
 
@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 
 def finish_stack(run: StackRun, final_splits: Sequence[str], started: float) -> dict[str, Any]:
-  """Scores each seed's best weights by the config's evaluator and writes
-  the summaries; returns the stack's. `started`: perf_counter() when this
+  """Scores each seed's best weights by the config's evaluator, samples
+  `generate.num_lines` from them, and writes the summaries; returns the
+  stack's. `started`: perf_counter() when this
   process began the stack."""
   seconds = run.seconds_trained()
   tokens_per_second = run.progress.train_tokens / max(seconds, 1e-9)
@@ -47,6 +48,14 @@ def finish_stack(run: StackRun, final_splits: Sequence[str], started: float) -> 
                                       final_splits).items():
       run.metrics.write(split, step=run.step, seed=seeded.seed, final=True, **result.as_dict())
       seed_summary[split] = result.as_dict()
+    gen = seeded.generate
+    if gen.num_lines > 0:  # what the seed's run alone samples
+      seed_summary['samples'] = sample_text(run.model, params, run.corpus, gen.num_lines,
+                                            gen.num_tokens, seeded.seed, gen.temperature)
+      for line in seed_summary['samples']:
+        log.info('seed %d sample: %s', seeded.seed, line)
+      run.metrics.text(f'seed_{seeded.seed}/samples', '\n\n'.join(seed_summary['samples']),
+                       run.step)
     seed_summaries.append(seed_summary)
   wall_seconds = round(time.perf_counter() - started, 1)  # the stack's, every seed's
   for seed_summary in seed_summaries:
