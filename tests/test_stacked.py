@@ -75,6 +75,21 @@ def test_each_seed_trains_the_run_it_would_train_alone(plateau_config, tmp_path)
   assert json.loads((tmp_path / 'stack' / 'summary.json').read_text()) == summary
 
 
+def test_each_seed_drops_its_own_carried_state_rows(tiny_config, tmp_path):
+  """lamb's state drop (the seed study's mogrifier_lamb) under the stack: each
+  seed zeroes the rows its run alone zeroes."""
+  tiny_config.train.update(drop_state=0.3, num_epochs=1)
+  tiny_config.generate.num_lines = 0
+  second = train_seeds(tiny_config, tmp_path / 'stack', 2)['runs'][1]
+  alone = tiny_config.copy_and_resolve_references()
+  alone.seed = second['seed']  # not the stack's first: its draws are the stack's own
+  expected = train_and_evaluate(alone, tmp_path / 'alone')['test']['loss']
+  np.testing.assert_allclose(second['test']['loss'], expected, rtol=1e-5)
+  alone.train.drop_state = 0.0
+  kept = train_and_evaluate(alone, tmp_path / 'no_drop')['test']['loss']
+  assert abs(kept - expected) > 1e-3  # the drop does act
+
+
 def test_a_stopped_stack_resumes_as_if_it_had_not_stopped(plateau_config, tmp_path):
   full = plateau_config.copy_and_resolve_references()
   full.train.max_steps = 25
