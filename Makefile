@@ -3,7 +3,7 @@
 # `make test`:  create .venv when missing, install with test extras, run the test suite
 #               on one pytest-xdist worker per core; an idle worker takes tests queued
 #               for a busy one (worksteal: 733 tests in 14:38 on 2 cores, where
-#               the default split took 15:28 for 728).
+#               the default split took 15:28 for 728; one run each).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 export LM_ZOO_DATA ?= $(abspath ../shared/data)

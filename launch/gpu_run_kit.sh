@@ -60,6 +60,7 @@ bench=()
 train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=valid)
 stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
 seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))
+read -r -a seeds_args <<< "${SEEDS_ARGS:-}"  # words, not globbed
 if [ "${KIT_TINY:-0}" = 1 ]; then
   tests=(tests/test_lstm.py -k test_step_matches_numpy_equations)
   bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
@@ -106,7 +107,7 @@ if [[ $PARTS == *" stacks "* ]]; then
 fi
 if [[ $PARTS == *" seeds "* ]]; then
   "$PYTHON" launch/train.py --config=experiments/ptb_lstm_medium.py \
-      --workdir="$OUT/zaremba_medium" "${seeds[@]}" ${SEEDS_ARGS:-} 2>&1 \
+      --workdir="$OUT/zaremba_medium" "${seeds[@]}" ${seeds_args[@]+"${seeds_args[@]}"} 2>&1 \
       | tee "$OUT/zaremba_medium.txt" || failed+=(zaremba_medium)
 fi
 echo "every figure is in $OUT"

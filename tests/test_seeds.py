@@ -4,6 +4,7 @@ tiny study of real runs (resumable, seeded, one work directory per run)."""
 import json
 import math
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -115,7 +116,7 @@ def test_a_run_another_worker_holds_is_left_to_it_then_waited_for(study, tmp_pat
   assert all(math.isfinite(r['test_perplexity']) for r in rows)
 
 
-def test_a_stacked_study_trains_each_models_seeds_at_once_and_resumes(study, tmp_path):
+def test_a_stacked_study_trains_each_models_seeds_at_once_and_reads_them_back(study, tmp_path):
   # That seed s of a stack is the run seed s trains alone: tests/test_stacked.py.
   study.stack = True
   study.models = {'lstm': study.models.lstm}
@@ -150,9 +151,17 @@ def test_a_diverged_stack_trains_its_seeds_one_by_one_once(study, tmp_path, monk
   monkeypatch.setattr(runs, 'train_seeds', diverging_stack)
   rows = run_seed_study(study)
   assert stacks == [tmp_path / 'study' / 'lstm_s3-4']
+  assert 'seed 4' in (tmp_path / 'study' / 'lstm_s3-4' / 'diverged.json').read_text()
   assert [r['workdir'] for r in rows] == [str(tmp_path / 'study' / f'lstm_s{s}') for s in (3, 4)]
   assert all(math.isfinite(r['test_perplexity']) for r in rows)
   assert run_seed_study(study) == rows and len(stacks) == 1  # the runs alone are read back
+  # Stopped before seed 4's run alone began (and before the record was
+  # written): the run alone that was begun keeps the model alone.
+  (tmp_path / 'study' / 'lstm_s3-4' / 'diverged.json').unlink()
+  shutil.rmtree(tmp_path / 'study' / 'lstm_s4')
+  again = run_seed_study(study)
+  assert len(stacks) == 1 and again[0] == rows[0]
+  assert again[1]['test_perplexity'] == pytest.approx(rows[1]['test_perplexity'], rel=1e-12)
 
 
 @pytest.mark.parametrize('field, value, message', [
@@ -169,7 +178,8 @@ def test_bad_study_settings_are_named(study, field, value, message):
 def test_what_a_stack_cannot_train_is_named_before_any_run(study, tmp_path):
   study.stack = True
   study.seeds = (3, 5)
-  with pytest.raises(ConfigError, match=r'^config.seeds must be consecutive .* got \[3, 5\]'):
+  with pytest.raises(ConfigError,
+                     match=r'^config.seeds must be consecutive and ascending .* got \[3, 5\]'):
     run_seed_study(study)
   study.seeds = (3, 4)
   study.models.wider.train.eval_every = 5

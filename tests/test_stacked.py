@@ -9,6 +9,7 @@ import signal
 import jax
 import numpy as np
 import pytest
+from conftest import read_events
 
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.models import build_model, init_params
@@ -120,6 +121,12 @@ def test_a_seed_work_directory_is_an_ordinary_run(tiny_config, tmp_path):
     scores = evaluate_workdir(folder)
     assert scores['test'].loss == pytest.approx(run['test']['loss'], rel=1e-9)
     assert json.loads((folder / 'summary.json').read_text()) == run
+  # Each seed's samples in TensorBoard's text tab, under the seed's tag.
+  texts = {value.tag: b''.join(value.tensor.string_val).decode()
+           for event in read_events(tmp_path / 'tensorboard') for value in event.summary.value
+           if value.metadata.plugin_data.plugin_name == 'text'}
+  for run in summary['runs']:
+    assert run['samples'][0] in texts[f'seed_{run["seed"]}/samples/text_summary']
 
 
 def test_a_signal_checkpoints_the_stack_and_the_same_call_resumes(tiny_config, tmp_path,

@@ -21,8 +21,10 @@ takes them one at a time against mogrifier_r5: `r5_cap_input_gate`,
 Each run is in its own work directory `{workdir}/{model}_s{seed}`: re-running
 the command resumes the study, and the same command on other cores or hosts
 adds workers to it. On a GPU, `--config.stack=True` trains each model's
-seeds at once (`lm-zoo-train --seeds`), in `{workdir}/{model}_s0-2`: 2.0x the
-speed per seed for 8 seeds on an H200, slower on a CPU.
+seeds at once (`lm-zoo-train --seeds`), in `{workdir}/{model}_s0-2`: faster
+per seed where a model's kernels leave the GPU idle (Zaremba's medium train
+step, 8 seeds on an H200: 2.0x; these models were not timed), slower on a
+CPU.
 
   LM_ZOO_DATA=../shared/data taskset -c 1 python launch/run_task.py \
       --config=experiments/seed_study.py --config.workdir=/work/runs/seeds \

@@ -15,18 +15,22 @@ Several workers (the same command on other cores or hosts sharing the
 folder) split the study: each skips the runs another holds (a work
 directory's lock), and waits for them once its own are done.
 
-With `config.stack` each model's seeds (consecutive ones) train as one
-stack (`lm_zoo.training.train_seeds`) in `{workdir}/{model}_s{first}-{last}`,
-the run of seed s in its `seed_s`: the same runs, faster per seed on a GPU
-(2.0x for 8 seeds on an H200, WORKSPACE.md), slower on a CPU. Workers split
-such a study model by model. A seed whose loss turns non-finite stops its
-stack; that model's seeds are then trained one by one as without `stack`,
-where the diverged run is a data point. Runs finished one by one are read
-back, not stacked again.
+With `config.stack` each model's seeds (consecutive, ascending) train as
+one stack (`lm_zoo.training.train_seeds`) in
+`{workdir}/{model}_s{first}-{last}`, the run of seed s in its `seed_s`: the
+same runs, faster per seed on a GPU where the model's kernels leave it idle
+(Zaremba's medium train step: 2.0x for 8 seeds on an H200, WORKSPACE.md),
+slower on a CPU. Workers split such a study model by model. A seed whose
+loss turns non-finite stops its stack (which records it in
+`diverged.json`); that model's seeds are then trained one by one as without
+`stack`, where the diverged run is a data point. A model with a run alone
+begun (`{model}_s{seed}`, by an unstacked study or after a diverged stack)
+goes on alone; a study without `stack` does not read stacks.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import pathlib
@@ -73,10 +77,10 @@ def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:
     for wait in (False, True):
       for seed, name in runs:
         if (seed, name) not in summaries:
-          summary = train_or_read(_seed_config(config, name, seed),
-                                  _workdir(config, name, seed), wait=wait)
+          workdir = _workdir(config, name, seed)
+          summary = train_or_read(_seed_config(config, name, seed), workdir, wait=wait)
           if summary is not None:
-            summaries[seed, name] = summary, _workdir(config, name, seed)
+            summaries[seed, name] = summary, workdir
   rows = []
   for seed, name in runs:
     summary, workdir = summaries[seed, name]
@@ -97,8 +101,8 @@ def _train_stacks(config: ml_collections.ConfigDict, seeds: list[int]
   """`run_seed_study`'s runs with `config.stack`: (seed, model) -> (summary,
   work directory)."""
   if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
-    raise ConfigError(f'config.seeds must be consecutive to train them stacked, got {seeds}: '
-                      'list consecutive seeds, or set config.stack=False')
+    raise ConfigError(f'config.seeds must be consecutive and ascending to train them stacked, '
+                      f'got {seeds}: list them so, or set config.stack=False')
   for name in config.models:
     try:
       check_seeds_config(config.models[name], len(seeds), alone='config.stack=False')
@@ -117,23 +121,27 @@ def _train_stacks(config: ml_collections.ConfigDict, seeds: list[int]
 def _stack_or_alone(config: ml_collections.ConfigDict, name: str, seeds: list[int],
                     wait: bool) -> list[tuple[dict, pathlib.Path]] | None:
   """Model `name`'s (summary, work directory) per seed: from its stack, or
-  from runs alone where they all ended before or the stack diverged; None
-  when another worker holds the stack and `wait` is False."""
+  from runs alone where one was begun or the stack diverged; None when
+  another worker holds the stack or a run and `wait` is False."""
   alone = [_workdir(config, name, seed) for seed in seeds]
-  if not all((workdir / 'summary.json').is_file() for workdir in alone):
-    stack_dir = pathlib.Path(config.workdir) / f'{name}_s{seeds[0]}-{seeds[-1]}'
+  stack_dir = pathlib.Path(config.workdir) / f'{name}_s{seeds[0]}-{seeds[-1]}'
+  diverged = stack_dir / 'diverged.json'
+  if not diverged.is_file() and not any(workdir.exists() for workdir in alone):
     try:
       stack = train_stack_or_read(_seed_config(config, name, seeds[0]), stack_dir,
                                   len(seeds), wait=wait)
     except TrainingError as err:
       log.warning('%s: %s; training its seeds one by one', stack_dir, err)
+      stack_dir.mkdir(parents=True, exist_ok=True)
+      diverged.write_text(json.dumps({'error': str(err)}, indent=2))
     else:
       if stack is None:
         return None
       by_seed = {run['seed']: run for run in stack['runs']}
       return [(by_seed[seed], seed_dir(stack_dir, seed)) for seed in seeds]
-  return [(train_or_read(_seed_config(config, name, seed), workdir), workdir)
+  runs = [(train_or_read(_seed_config(config, name, seed), workdir, wait=wait), workdir)
           for seed, workdir in zip(seeds, alone)]
+  return None if any(summary is None for summary, _ in runs) else runs
 
 
 def _seed_config(config: ml_collections.ConfigDict, name: str, seed: int

@@ -1,9 +1,11 @@
 """How a run scores and samples a model: each validation turn
 (`score_split`), the final evaluation by the evaluator the config's
-`evaluation` section names (`final_scores`), and `sample_text`."""
+`evaluation` section names (`final_scores`), and `sample_text` (with
+`record_samples`, what a run's end does with it)."""
 
 from __future__ import annotations
 
+import logging
 import pathlib
 from typing import Any, Sequence
 
@@ -15,8 +17,11 @@ from lm_zoo import generation
 from lm_zoo.data import Corpus
 from lm_zoo.evaluation import EvalResult, evaluate_split
 from lm_zoo.models import RecurrentLM
+from lm_zoo.training.metrics import MetricsWriter
 from lm_zoo.training.run import Trainer
 from lm_zoo.training.trained import workdir_evaluator
+
+log = logging.getLogger(__name__)
 
 
 def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
@@ -26,6 +31,21 @@ def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
   ids = generation.sample(model, params, prompt, num_tokens, jax.random.key(seed),
                           temperature)
   return [corpus.vocab.decode(row).strip().replace('\n', ' | ') for row in ids]
+
+
+def record_samples(model: RecurrentLM, params: Any, corpus: Corpus,
+                   config: ml_collections.ConfigDict, metrics: MetricsWriter, step: int,
+                   tag: str = 'samples', label: str = 'sample') -> list[str]:
+  """`config.generate`'s samples (`sample_text`, drawn with `config.seed`),
+  logged a line each after `label` and written to TensorBoard's text tab
+  under `tag`."""
+  gen = config.generate
+  samples = sample_text(model, params, corpus, gen.num_lines, gen.num_tokens, config.seed,
+                        gen.temperature)
+  for line in samples:
+    log.info('%s: %s', label, line)
+  metrics.text(tag, '\n\n'.join(samples), step)
+  return samples
 
 
 def score_split(t: Trainer, split: str, params: Any) -> EvalResult:

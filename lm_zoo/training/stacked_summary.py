@@ -15,7 +15,7 @@ import jax
 from lm_zoo.evaluation import EvalResult, mean_and_spread
 from lm_zoo.runtime import environment
 from lm_zoo.training.checkpoints import write_text_atomically
-from lm_zoo.training.scoring import final_scores, sample_text
+from lm_zoo.training.scoring import final_scores, record_samples
 from lm_zoo.training.stacked_run import StackRun, seed_dir, take_seed
 from lm_zoo.training.summary import run_summary
 
@@ -48,14 +48,11 @@ def finish_stack(run: StackRun, final_splits: Sequence[str], started: float) -> 
                                       final_splits).items():
       run.metrics.write(split, step=run.step, seed=seeded.seed, final=True, **result.as_dict())
       seed_summary[split] = result.as_dict()
-    gen = seeded.generate
-    if gen.num_lines > 0:  # what the seed's run alone samples
-      seed_summary['samples'] = sample_text(run.model, params, run.corpus, gen.num_lines,
-                                            gen.num_tokens, seeded.seed, gen.temperature)
-      for line in seed_summary['samples']:
-        log.info('seed %d sample: %s', seeded.seed, line)
-      run.metrics.text(f'seed_{seeded.seed}/samples', '\n\n'.join(seed_summary['samples']),
-                       run.step)
+    if seeded.generate.num_lines > 0:  # what the seed's run alone samples
+      seed_summary['samples'] = record_samples(run.model, params, run.corpus, seeded,
+                                               run.metrics, run.step,
+                                               tag=f'seed_{seeded.seed}/samples',
+                                               label=f'seed {seeded.seed} sample')
     seed_summaries.append(seed_summary)
   wall_seconds = round(time.perf_counter() - started, 1)  # the stack's, every seed's
   for seed_summary in seed_summaries:

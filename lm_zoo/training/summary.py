@@ -18,7 +18,7 @@ from lm_zoo.training.parallel import is_main_process
 from lm_zoo.evaluation import EvalResult
 from lm_zoo.progress import format_duration
 from lm_zoo.training.run import Run, Trainer
-from lm_zoo.training.scoring import final_batch_size, final_scores, sample_text
+from lm_zoo.training.scoring import final_batch_size, final_scores, record_samples
 from lm_zoo.training.steps import TrainState
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,9 @@ def finish(t: Trainer, run: Run, final_splits: Sequence[str]) -> dict[str, Any]:
              result.num_tokens, final_batch_size(t.config, split))
     t.metrics.write(split, step=run.step, final=True, **result.as_dict())
     summary[split] = result.as_dict()
-  gen = t.config.generate
-  if gen.num_lines > 0:
-    summary['samples'] = sample_text(t.model, params, t.corpus, gen.num_lines,
-                                     gen.num_tokens, t.config.seed, gen.temperature)
-    for line in summary['samples']:
-      log.info('sample: %s', line)
-    t.metrics.text('samples', '\n\n'.join(summary['samples']), run.step)
+  if t.config.generate.num_lines > 0:
+    summary['samples'] = record_samples(t.model, params, t.corpus, t.config, t.metrics,
+                                        run.step)
   summary['wall_seconds'] = round(time.perf_counter() - t.started, 1)
   if is_main_process():
     write_text_atomically(t.workdir / 'summary.json', json.dumps(summary, indent=2))
