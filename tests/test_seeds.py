@@ -137,6 +137,22 @@ def test_a_stacked_study_trains_each_models_seeds_at_once_and_reads_them_back(st
   assert run_seed_study(study)[1]['test_perplexity'] == 1.5
 
 
+def test_a_stack_another_worker_holds_is_left_to_it_then_waited_for(study, tmp_path):
+  # Another worker holds lstm's stack and stops (without finishing it) once
+  # this one has trained wider's; this one then trains lstm's stack itself.
+  study.stack = True
+  holder = hold_lock(tmp_path / 'study' / 'lstm_s3-4',
+                     tmp_path / 'study' / 'wider_s3-4' / 'summary.json')
+  rows = run_seed_study(study)
+  holder.wait(timeout=30)
+  assert [(r['model'], r['seed']) for r in rows] == [
+      ('lstm', 3), ('wider', 3), ('lstm', 4), ('wider', 4)]
+  finished = {name: (tmp_path / 'study' / f'{name}_s3-4' / 'summary.json').stat().st_mtime_ns
+              for name in ('lstm', 'wider')}
+  assert finished['lstm'] > finished['wider']
+  assert all(math.isfinite(r['test_perplexity']) for r in rows)
+
+
 def test_a_diverged_stack_trains_its_seeds_one_by_one_once(study, tmp_path, monkeypatch):
   from lm_zoo.errors import TrainingError
   from lm_zoo.tasks import runs
