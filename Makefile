@@ -2,8 +2,9 @@
 #               needs (train), run the Quick-start training job.
 # `make test`:  create .venv when missing, install with test extras, run the test suite
 #               on one pytest-xdist worker per core; an idle worker takes tests queued
-#               for a busy one (worksteal: 733 tests in 14:38 on 2 cores, where
-#               the default split took 15:28 for 728; one run each).
+#               for a busy one (worksteal), so that the suite does not end waiting on
+#               one worker's queue. Timings on 2 cores vary by about 15% from run to
+#               run (14:38 and 17:01 with it, 15:28 without), more than it changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 export LM_ZOO_DATA ?= $(abspath ../shared/data)
