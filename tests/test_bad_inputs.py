@@ -135,6 +135,10 @@ CASES = {
     'capped gate on a GRU': (_train(**{'model.cell': 'gru', 'model.cap_input_gate': True}),
                              "model.cap_input_gate=True applies to the cells lstm, mlstm, "
                              "alstm, not model.cell='gru'"),
+    'second gate bias on an mLSTM': (_train(**{'model.cell': 'mlstm',
+                                               'model.recurrent_bias': True}),
+                                     "model.recurrent_bias=True applies to model.cell='lstm', "
+                                     "not model.cell='mlstm'"),
     'skip connections over layers of two sizes': (
         _train(**{'model.skip_connections': True, 'model.output_size': 8}),
         'model.skip_connections=True sums the layers\' outputs, which needs layers of one '

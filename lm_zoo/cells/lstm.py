@@ -42,16 +42,28 @@ def lstm_update(gates: jax.Array, c: jax.Array,
   return new_c, nn.sigmoid(o) * jnp.tanh(new_c)
 
 
+def gate_bias(params) -> jax.Array:
+  """An `LSTMCell`'s gate bias from its parameters: b, plus b_h where the
+  cell has one (`recurrent_bias`)."""
+  bias = params['input']['bias']
+  return bias + params['recurrent_bias'] if 'recurrent_bias' in params else bias
+
+
 class LSTMCell(nn.RNNCellBase):
   """LSTM with the carry `(c, h)` and output h:
 
-      [i, f, j, o] = W x + U h + b
+      [i, f, j, o] = W x + U h + b     (+ b_h with `recurrent_bias`)
       c' = σ(f) ⊙ c + σ(i) ⊙ tanh(j),   h' = σ(o) ⊙ tanh(c')
 
   or, with `cap_input_gate`, c' = σ(f) ⊙ c + min(1 - σ(f), σ(i)) ⊙ tanh(j):
   the input gate capped at one minus the forget gate, which keeps c in
   [-1, 1] (lamb's `tiled_lstm.py`; every published Mogrifier-paper config
-  sets it). Gate order in the fused (…, 4n) parameters is i, f, j, o. The forget-gate
+  sets it). With `recurrent_bias` the cell has a second gate bias b_h, as
+  the authors' Torch code for Zaremba et al. (2014) has it (main.lua: an
+  `nn.Linear` with its bias for x and another for h): the same function of
+  b + b_h, but each bias takes the whole gradient, so plain SGD moves the
+  gates' bias at twice the rate, and a uniform initialisation of both
+  starts it as the sum of two draws. Gate order in the fused (…, 4n) parameters is i, f, j, o. The forget-gate
   bias starts at `forget_bias` (+1 as in alstm and lamb). W x can be computed
   for all time steps at once (`project_inputs`) and fed to `step_projected`,
   which is what our stacks do; `__call__` does both for one step, so the cell
@@ -63,6 +75,7 @@ class LSTMCell(nn.RNNCellBase):
     features: the hidden size n.
     forget_bias: added to the forget gate's initial bias.
     cap_input_gate: cap σ(i) at 1 - σ(f) (see above).
+    recurrent_bias: a second gate bias b_h (see above), starting at zero.
     kernel_init: initialiser of W (m, 4n), applied per gate.
     recurrent_kernel_init: initialiser of U (n, 4n), applied per gate.
     dtype: computation dtype (None: from the inputs). bfloat16 is mixed
@@ -75,6 +88,7 @@ class LSTMCell(nn.RNNCellBase):
   features: int
   forget_bias: float = 1.0
   cap_input_gate: bool = False
+  recurrent_bias: bool = False
   kernel_init: Initializer = nn.initializers.lecun_normal()
   recurrent_kernel_init: Initializer = nn.initializers.orthogonal()
   dtype: Any = None
@@ -90,16 +104,21 @@ class LSTMCell(nn.RNNCellBase):
     self.input = dense(4 * n, self.dtype, kernel_init=per_gate_init(self.kernel_init, n),
                        bias_init=gate_bias_init(n, self.forget_bias),
                        param_dtype=self.param_dtype)
+    if self.recurrent_bias:
+      self.bias_h = self.param('recurrent_bias', nn.initializers.zeros_init(), (4 * n,),
+                               self.param_dtype)
 
   def project_inputs(self, inputs: jax.Array) -> jax.Array:
-    """W x + b for any leading shape (all time steps at once)."""
+    """W x + b (+ b_h) for any leading shape (all time steps at once)."""
     # One 2-d product: XLA's CPU backend runs it faster than the 3-d one and
     # its weight gradient needs no transposed copy.
     flat = self.input(inputs.reshape(-1, inputs.shape[-1]))
+    if self.recurrent_bias:  # b_h is constant over time, so it joins b here
+      flat = flat + self.bias_h.astype(flat.dtype)
     return flat.reshape(*inputs.shape[:-1], flat.shape[-1])
 
   def step_projected(self, carry, projected: jax.Array):
-    """One step given W x + b; returns ((c', h'), h')."""
+    """One step given W x + b (+ b_h); returns ((c', h'), h')."""
     c, h = carry
     new_c, new_h = lstm_update(projected + matmul(h, self.recurrent_kernel, self.dtype), c,
                                self.cap_input_gate)

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.base import describe
-from lm_zoo.cells.lstm import LSTMCell
+from lm_zoo.cells.lstm import LSTMCell, gate_bias
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence, mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import Mogrify, MogrifierRounds
 from lm_zoo.layers.products import accumulation_dtype, linear
@@ -68,11 +68,11 @@ class CellScans:
 
 def lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
                 state_mask: jax.Array | None = None, unroll: int = 1):
-  """`LSTMCell`'s window: `lstm_recurrence` of W x + b, computed for every
-  step in one product (on (T·B, m): the 2-d product XLA's CPU backend runs
-  fastest, as `project_inputs` does)."""
-  dense = params['input']
-  flat = linear(inputs.reshape(-1, inputs.shape[-1]), dense['kernel'], dense['bias'], cell.dtype)
+  """`LSTMCell`'s window: `lstm_recurrence` of W x + b (+ b_h), computed for
+  every step in one product (on (T·B, m): the 2-d product XLA's CPU backend
+  runs fastest, as `project_inputs` does)."""
+  flat = linear(inputs.reshape(-1, inputs.shape[-1]), params['input']['kernel'],
+                gate_bias(params), cell.dtype)
   projected = flat.reshape(*inputs.shape[:-1], flat.shape[-1])
   dtype = cell.dtype or jnp.result_type(projected, params['recurrent_kernel'])
   return lstm_recurrence(projected.astype(accumulation_dtype(dtype)), params['recurrent_kernel'],
@@ -87,7 +87,7 @@ def mogrified_lstm_window(cell: Mogrify, params, carry, inputs: jax.Array,
   lstm, inner = cell.cell, params['cell']
   rounds = {name: value for name, value in params.items() if name != 'cell'}
   dtype = lstm.dtype or jnp.result_type(inputs, inner['input']['kernel'])
-  return mixed_lstm_recurrence(inputs, inner['input']['kernel'], inner['input']['bias'],
+  return mixed_lstm_recurrence(inputs, inner['input']['kernel'], gate_bias(inner),
                                inner['recurrent_kernel'], carry,
                                MogrifierRounds(cell.rounds, cell.zigzag, cell.dtype), rounds,
                                state_mask, dtype, unroll, lstm.cap_input_gate)

@@ -56,9 +56,13 @@ def _lstm_family(cell_class):
                                        cap_input_gate=cfg.cap_input_gate)
 
 
+def _lstm(cfg):
+  return functools.partial(_lstm_family(LSTMCell)(cfg), recurrent_bias=cfg.recurrent_bias)
+
+
 # Cell name -> (model config -> constructor taking `features=`). New cells register here.
 CELLS = {
-    'lstm': _lstm_family(LSTMCell),
+    'lstm': _lstm,
     'mlstm': _lstm_family(MLSTMCell),
     'alstm': _alstm,
     'flax_lstm': lambda cfg: nn.OptimizedLSTMCell,
@@ -89,6 +93,9 @@ def cell_factory(cfg: ml_collections.ConfigDict):
   if cfg.cap_input_gate and cfg.cell not in LSTM_FAMILY:
     raise ConfigError(f'model.cap_input_gate applies to the cells {", ".join(LSTM_FAMILY)}, '
                       f'not {cfg.cell!r}: set it False or choose one of them')
+  if cfg.recurrent_bias and cfg.cell != 'lstm':
+    raise ConfigError(f"model.recurrent_bias applies to model.cell='lstm', not {cfg.cell!r}: "
+                      'set it False')
   dtype = compute_dtype(cfg)
   make_cell = functools.partial(CELLS[cfg.cell](cfg), dtype=dtype)
   mog = cfg.mogrifier
@@ -169,6 +176,8 @@ def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
   parts = [f'{cell} {layers}', f'embedding {model.embedding.features}']
   if cfg.cap_input_gate:
     parts.append('capped input gate')
+  if cfg.recurrent_bias:
+    parts.append('two gate biases')
   if cfg.skip_connections:
     parts.append('skip connections')
   if cfg.dual.size:

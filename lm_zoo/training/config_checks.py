@@ -89,6 +89,9 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
   if model.cap_input_gate and model.cell not in LSTM_FAMILY:
     raise _fail('model.cap_input_gate', True, f'applies to the cells {", ".join(LSTM_FAMILY)}, '
                 f'not model.cell={model.cell!r}: set it False or choose one of them')
+  if model.recurrent_bias and model.cell != 'lstm':
+    raise _fail('model.recurrent_bias', True, f"applies to model.cell='lstm', not "
+                f'model.cell={model.cell!r}: set it False')
   if (model.skip_connections and model.num_layers > 1 and model.output_size
       and (model.param_budget or model.output_size != model.hidden_size)):
     raise _fail('model.skip_connections', True, 'sums the layers\' outputs, which needs '
