@@ -234,10 +234,11 @@ def test_rounds_backward_and_parameter_gradient_equal_autodiff(rounds, rank, zig
                  d_params, want[0])
 
 
-@pytest.mark.parametrize('rank, zigzag, cap', [(0, True, False), (2, False, False),
-                                               (3, True, True)])
-def test_window_scan_equals_the_step_by_step_scan(rank, zigzag, cap):
-  cell = Mogrify(LSTMCell(N, cap_input_gate=cap), rounds=5, rank=rank, zigzag=zigzag)
+@pytest.mark.parametrize('rank, zigzag, cap, two_biases', [
+    (0, True, False, False), (2, False, False, True), (3, True, True, False)])
+def test_window_scan_equals_the_step_by_step_scan(rank, zigzag, cap, two_biases):
+  cell = Mogrify(LSTMCell(N, cap_input_gate=cap, recurrent_bias=two_biases), rounds=5,
+                 rank=rank, zigzag=zigzag)
   assert resolve_scan(cell, 'auto') == 'fused'
   xs = jax.random.normal(jax.random.key(1), (6, B, M))
   carry = (jax.random.normal(jax.random.key(2), (B, N)), jnp.tanh(

@@ -62,14 +62,15 @@ class LSTMCell(nn.RNNCellBase):
   the authors' Torch code for Zaremba et al. (2014) has it (main.lua: an
   `nn.Linear` with its bias for x and another for h): the same function of
   b + b_h, but each bias takes the whole gradient, so plain SGD moves the
-  gates' bias at twice the rate, and a uniform initialisation of both
-  starts it as the sum of two draws. Gate order in the fused (…, 4n) parameters is i, f, j, o. The forget-gate
-  bias starts at `forget_bias` (+1 as in alstm and lamb). W x can be computed
-  for all time steps at once (`project_inputs`) and fed to `step_projected`,
-  which is what our stacks do; `__call__` does both for one step, so the cell
-  also runs in `nn.RNN`. Its fused window kernels (`lstm_recurrence`, and
-  `mixed_lstm_recurrence` inside `Mogrify`) are registered in
-  `lm_zoo.cells.scans`.
+  gates' bias at twice the rate, and where every parameter is drawn
+  uniformly (`model.init_scale`, as main.lua does) it starts as the sum of
+  two draws. Gate order in the fused (…, 4n) parameters is i, f, j, o. The
+  forget-gate bias starts at `forget_bias` (+1 as in alstm and lamb). W x
+  can be computed for all time steps at once (`project_inputs`) and fed to
+  `step_projected`, which is what our stacks do; `__call__` does both for
+  one step, so the cell also runs in `nn.RNN`. Its fused window kernels
+  (`lstm_recurrence`, and `mixed_lstm_recurrence` inside `Mogrify`) are
+  registered in `lm_zoo.cells.scans`.
 
   Attributes:
     features: the hidden size n.
