@@ -91,18 +91,14 @@ def test_carry_output_helpers(carry):
     assert replaced[0] == 1.0
 
 
-@pytest.mark.parametrize('path', ['step', 'hoisted', 'fused', 'remat'])
-@pytest.mark.parametrize('dtype', [None, jnp.bfloat16])
-def test_capped_input_gate_in_every_path_matches_numpy(path, dtype):
-  """c' = f c + min(1 - f, i) j (lamb's `tiled_lstm.py`) over a window, run
-  step by step (`nn.RNN`), with W x hoisted, as a fused window, and
-  rematerialised; bfloat16 products within their rounding."""
+def _run_window(cell, params, path, seed, batch=4, steps=7):
+  """Random inputs (steps, batch, 3) and carry; the cell run over them step
+  by step (`nn.RNN`) or as a layer with the scan `path`. Returns (inputs,
+  carry, the last c, the outputs)."""
   from lm_zoo.models.recurrent import RecurrentLayer
-  m, n, batch, steps = 3, 6, 4, 7
-  cell = LSTMCell(n, cap_input_gate=True, dtype=dtype)
-  params = _random_params(LSTMCell(n), m)
-  rng = np.random.default_rng(3)
-  xs = rng.normal(size=(steps, batch, m)).astype(np.float32)
+  rng = np.random.default_rng(seed)
+  xs = rng.normal(size=(steps, batch, 3)).astype(np.float32)
+  n = getattr(cell, 'cell', cell).features
   carry = tuple(rng.normal(size=(batch, n)).astype(np.float32) for _ in range(2))
   if path == 'step':
     rnn = nn.RNN(cell, return_carry=True, time_major=True)
@@ -111,9 +107,22 @@ def test_capped_input_gate_in_every_path_matches_numpy(path, dtype):
     layer = RecurrentLayer(cell, scan=path)
     assert resolve_scan(cell, layer.scan) == path
     (c_last, _), ys = layer.apply({'params': {'cell': params}}, carry, jnp.asarray(xs))
+  return xs, carry, c_last, ys
+
+
+@pytest.mark.parametrize('path', ['step', 'hoisted', 'fused', 'remat'])
+@pytest.mark.parametrize('dtype', [None, jnp.bfloat16])
+def test_capped_input_gate_in_every_path_matches_numpy(path, dtype):
+  """c' = f c + min(1 - f, i) j (lamb's `tiled_lstm.py`) over a window, run
+  step by step (`nn.RNN`), with W x hoisted, as a fused window, and
+  rematerialised; bfloat16 products within their rounding."""
+  n = 6
+  params = _random_params(LSTMCell(n), 3)
+  xs, carry, c_last, ys = _run_window(LSTMCell(n, cap_input_gate=True, dtype=dtype), params,
+                                      path, seed=3)
   c, h = carry[0].astype(np.float64), carry[1].astype(np.float64)
   tol = 1e-5 if dtype is None else 3e-2
-  for t in range(steps):
+  for t in range(len(xs)):
     c, h = numpy_lstm_step(params, c, h, xs[t], cap_input_gate=True)
     np.testing.assert_allclose(ys[t], h, rtol=tol, atol=tol)
   np.testing.assert_allclose(c_last, c, rtol=tol, atol=tol)
@@ -160,26 +169,18 @@ def test_two_gate_biases_in_every_path_are_main_luas_lstm(path):
   """`recurrent_bias`: main.lua's cell over a window, in every way a layer
   runs it (a zero-round Mogrify takes its inner cell's fused kernel)."""
   from lm_zoo.cells import Mogrify
-  from lm_zoo.models.recurrent import RecurrentLayer
-  m, n, batch, steps = 3, 6, 4, 7
+  n = 6
   cell = LSTMCell(n, recurrent_bias=True)
-  params = _random_params(cell, m)
+  params = _random_params(cell, 3)
   assert params['recurrent_bias'].shape == (4 * n,)
   i2h, h2h = _as_main_lua(params)
-  rng = np.random.default_rng(5)
-  xs = rng.normal(size=(steps, batch, m)).astype(np.float32)
-  carry = tuple(rng.normal(size=(batch, n)).astype(np.float32) for _ in range(2))
-  if path == 'step':
-    rnn = nn.RNN(cell, return_carry=True, time_major=True)
-    (c_last, _), ys = rnn.apply({'params': {'cell': params}}, xs, initial_carry=carry)
+  if path == 'mogrified0':
+    xs, carry, c_last, ys = _run_window(Mogrify(cell, rounds=0), {'cell': params}, 'fused',
+                                        seed=5)
   else:
-    layer_cell, layer_params = cell, params
-    if path == 'mogrified0':
-      layer_cell, layer_params = Mogrify(cell, rounds=0), {'cell': params}
-    layer = RecurrentLayer(layer_cell, scan='fused' if path == 'mogrified0' else path)
-    (c_last, _), ys = layer.apply({'params': {'cell': layer_params}}, carry, jnp.asarray(xs))
+    xs, carry, c_last, ys = _run_window(cell, params, path, seed=5)
   c, h = carry[0].astype(np.float64), carry[1].astype(np.float64)
-  for t in range(steps):
+  for t in range(len(xs)):
     c, h = _main_lua_lstm(xs[t], c, h, i2h, h2h)
     np.testing.assert_allclose(ys[t], h, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(c_last, c, rtol=1e-5, atol=1e-5)
