@@ -7,7 +7,7 @@ from lm_zoo.configs import zaremba_config
 
 
 def get_config(variant: str = 'code'):
-  """'code' (default): the learning-rate schedule of the authors' code;
-  'paper' (`--config=experiments/ptb_lstm_small.py:paper`): the paper's text
-  (`zaremba_config`)."""
+  """'code' (default): the learning-rate schedule and the two gate biases of
+  the authors' code; 'paper' (`--config=experiments/ptb_lstm_small.py:paper`):
+  the paper's text (`zaremba_config`)."""
   return zaremba_config('small', variant or 'code')
