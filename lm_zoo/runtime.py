@@ -6,6 +6,8 @@ import ctypes
 import importlib.util
 import logging
 import os
+import pathlib
+import platform
 
 import jax
 import jaxlib
@@ -72,17 +74,45 @@ def accelerator_expected() -> bool:
   return any(importlib.util.find_spec(name) is not None for name in ACCELERATOR_PLUGINS)
 
 
+# The instruction-set extensions among which XLA's CPU kernels choose (the
+# vector width, fused multiply-add, bfloat16 dots): another set computes
+# another rounding of the same sums.
+CPU_EXTENSIONS = ('avx', 'avx2', 'fma', 'avx512f', 'avx512_bf16', 'avx512_fp16',
+                  'avx512_vnni', 'amx_bf16', 'amx_tile')
+CPUINFO = pathlib.Path('/proc/cpuinfo')
+
+
+def cpu() -> tuple[str, list[str]]:
+  """This host's CPU model name and which of `CPU_EXTENSIONS` it has, from
+  /proc/cpuinfo; elsewhere `platform.processor()` and no extensions."""
+  try:
+    lines = CPUINFO.read_text().splitlines()
+  except OSError:
+    return platform.processor() or platform.machine(), []
+  fields = {}
+  for line in lines:
+    key, _, value = line.partition(':')
+    fields.setdefault(key.strip(), value.strip())
+  flags = set(fields.get('flags', '').split())
+  model = fields.get('model name') or platform.processor() or platform.machine()
+  return model, [name for name in CPU_EXTENSIONS if name in flags]
+
+
 def environment() -> dict:
   """What a run's floating-point results depend on beyond its config and
   seed, for its summary: the jax and jaxlib versions, the backend, its
-  devices, and the CPU threads XLA may use (the cores this process may run
-  on: XLA sizes its thread pool by them, and a matrix product split over
+  devices, the CPU (its model and the extensions XLA's kernels choose by:
+  the same seed and thread count train to other weights on another CPU) and
+  the CPU threads XLA may use (the cores this process may
+  run on: XLA sizes its thread pool by them, and a matrix product split over
   another number of threads sums in another order, so one seed trains to
   other weights on 1 core than on 2; WORKSPACE.md, "Determinism")."""
   devices = jax.devices()
   threads = (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
              else os.cpu_count())
+  model, extensions = cpu()
   return {'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
           'backend': jax.default_backend(), 'devices': len(devices),
-          'device_kind': devices[0].device_kind, 'cpu_threads': threads,
+          'device_kind': devices[0].device_kind, 'cpu': model,
+          'cpu_extensions': extensions, 'cpu_threads': threads,
           'xla_flags': os.environ.get('XLA_FLAGS', '')}

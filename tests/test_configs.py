@@ -164,6 +164,29 @@ def test_ablation_variants_share_the_budget():
     assert 0.97 * 3_000_000 < count <= 3_000_000, variant
 
 
+@pytest.mark.parametrize('variant', ['models', 'mos', 'lamb_features'])
+def test_seed_study_models_share_the_budget(variant):
+  study = load_experiment('seed_study', variant)
+  for name, config in study.models.items():
+    count = count_params(build_model(config.model, 10_000))
+    if config.model.dual.size:  # the ERS model's hidden size, plus the dual layer
+      assert 3_000_000 < count < 3_100_000, name
+    else:
+      assert 0.97 * 3_000_000 < count <= 3_000_000, name
+
+
+def test_seed_study_mixture_is_yangs_head_on_the_budget_lstm():
+  config = load_experiment('seed_study', 'mos').models.lstm_mos
+  assert (config.model.mos.components, config.model.mos.dropout_latent) == (2, 0.4)
+  h, k, v = solve_hidden_size(config.model, 10_000, 3_000_000), 2, 10_000
+  # Tied embedding, two LSTM layers of h, then Yang et al.'s head: a prior
+  # without bias (h -> K), the latents (h -> K h, biased), the softmax's bias.
+  lstm = v * h + 2 * (4 * h * 2 * h + 4 * h)
+  head = h * k + (h * k * h + k * h) + v
+  assert count_params(build_model(config.model, v)) == lstm + head
+  assert h == 215
+
+
 def test_zaremba_recipes():
   small = load_experiment('ptb_lstm_small')
   assert (small.model.hidden_size, small.train.num_epochs, small.data.bptt,

@@ -113,3 +113,26 @@ def test_environment_counts_the_cores_this_process_may_use():
   env = runtime.environment()
   assert env['cpu_threads'] == len(os.sched_getaffinity(0))
   assert env['jax'] == jax.__version__
+
+
+def test_environment_names_the_cpu_and_the_extensions_xla_chooses_by(tmp_path, monkeypatch):
+  # Two hosts' /proc/cpuinfo (the first core's lines; later cores repeat them).
+  xeon = ('processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n'
+          'flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile\n\n'
+          'processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n')
+  zen = ('processor\t: 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n'
+         'flags\t\t: fpu avx2 avx fma avx512f avx512_bf16 avx512_vnni\n')
+  for text, expected in [(xeon, ('Intel(R) Xeon(R) Processor',
+                                 ['avx', 'avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16',
+                                  'amx_tile'])),
+                         (zen, ('AMD EPYC 9R14 96-Core Processor',
+                                ['avx', 'avx2', 'fma', 'avx512f', 'avx512_bf16',
+                                 'avx512_vnni']))]:
+    (tmp_path / 'cpuinfo').write_text(text)
+    monkeypatch.setattr(runtime, 'CPUINFO', tmp_path / 'cpuinfo')
+    assert runtime.cpu() == expected
+  monkeypatch.setattr(runtime, 'CPUINFO', tmp_path / 'absent')
+  monkeypatch.setattr(runtime.platform, 'processor', lambda: 'arm')
+  assert runtime.cpu() == ('arm', [])
+  env = runtime.environment()
+  assert (env['cpu'], env['cpu_extensions']) == ('arm', [])
