@@ -110,12 +110,13 @@ def _run_window(cell, params, path, seed, batch=4, steps=7):
   return xs, carry, c_last, ys
 
 
-@pytest.mark.parametrize('path', ['step', 'hoisted', 'fused', 'remat'])
+@pytest.mark.parametrize('path', ['step', 'hoisted', 'fused', 'pallas', 'remat'])
 @pytest.mark.parametrize('dtype', [None, jnp.bfloat16])
 def test_capped_input_gate_in_every_path_matches_numpy(path, dtype):
   """c' = f c + min(1 - f, i) j (lamb's `tiled_lstm.py`) over a window, run
-  step by step (`nn.RNN`), with W x hoisted, as a fused window, and
-  rematerialised; bfloat16 products within their rounding."""
+  step by step (`nn.RNN`), with W x hoisted, as a fused window, with a
+  Pallas kernel a step, and rematerialised; bfloat16 products within their
+  rounding."""
   n = 6
   params = _random_params(LSTMCell(n), 3)
   xs, carry, c_last, ys = _run_window(LSTMCell(n, cap_input_gate=True, dtype=dtype), params,
@@ -164,7 +165,8 @@ def _as_main_lua(params):
            'bias': reorder(params['recurrent_bias'])})
 
 
-@pytest.mark.parametrize('path', ['step', 'hoisted', 'fused', 'remat', 'mogrified0'])
+@pytest.mark.parametrize('path', ['step', 'hoisted', 'fused', 'pallas', 'cudnn', 'remat',
+                                  'mogrified0'])
 def test_two_gate_biases_in_every_path_are_main_luas_lstm(path):
   """`recurrent_bias`: main.lua's cell over a window, in every way a layer
   runs it (a zero-round Mogrify takes its inner cell's fused kernel)."""

@@ -50,22 +50,23 @@ def _cell_update(act: jax.Array, c: jax.Array, h: jax.Array, cap_input_gate: boo
   return new_c, (o * jnp.tanh(new_c)).astype(h.dtype)
 
 
-def _shifted(first, rest):
+def shifted(first, rest):
   """[first, rest_1, ..., rest_{T-1}]: the previous step's values."""
   return jnp.concatenate([first[None], rest[:-1]], axis=0)
 
 
-def _backward_factors(acts, cs, c0, cap_input_gate):
+def gate_factors(i, f, j, o, cs, c0, cap_input_gate):
   """Everything the backward pass needs that does not depend on the incoming
-  gradients, for all steps at once (the scan then only chains d_c and d_h):
-  σ(f), dc/dh through h = σ(o) tanh(c), and each gate's derivative factor.
+  gradients, for all steps at once (the scan then only chains d_c and d_h),
+  from the activations σ(i), σ(f), tanh(j), σ(o) and the cell states c_1..c_T:
+  σ(f), dc/dh through h = σ(o) tanh(c), and each gate's derivative factor
+  (i, f, j, o), by which d_c (d_h for o) gives the gate's gradient.
 
   With the capped gate, dc/dσ(i) = tanh(j) where σ(i) < 1 - σ(f) and 0
   elsewhere, and dc/dσ(f) = c_{t-1} - tanh(j) where the cap binds (ties go
   to the cap, as TensorFlow's `minimum` sends them to its first argument)."""
-  i, f, j, o = jnp.split(acts, 4, axis=-1)
   tanh_c = jnp.tanh(cs)
-  c_prev = _shifted(c0, cs)
+  c_prev = shifted(c0, cs)
   d_c_from_h = o * (1 - tanh_c * tanh_c)
   d_i, d_f, written = j, c_prev, i
   if cap_input_gate:
@@ -73,10 +74,14 @@ def _backward_factors(acts, cs, c0, cap_input_gate):
     d_i = jnp.where(below_cap, j, 0)
     d_f = c_prev - jnp.where(below_cap, 0, j)
     written = jnp.where(below_cap, i, 1 - f)
-  gate_scales = jnp.concatenate(
-      [d_i * i * (1 - i), d_f * f * (1 - f), written * (1 - j * j), tanh_c * o * (1 - o)],
-      axis=-1)
-  return f, d_c_from_h, gate_scales
+  scales = (d_i * i * (1 - i), d_f * f * (1 - f), written * (1 - j * j), tanh_c * o * (1 - o))
+  return f, d_c_from_h, scales
+
+
+def _backward_factors(acts, cs, c0, cap_input_gate):
+  """`gate_factors` of activations (T, B, 4n), the scales concatenated likewise."""
+  f, d_c_from_h, scales = gate_factors(*jnp.split(acts, 4, axis=-1), cs, c0, cap_input_gate)
+  return f, d_c_from_h, jnp.concatenate(scales, axis=-1)
 
 
 def _gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t):
@@ -128,7 +133,7 @@ def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, dtype, unro
 def _recurrence_bwd(dtype, unroll, cap_input_gate, saved, cotangents):
   recurrent_kernel, state_mask, c0, h0, hs, acts, cs = saved
   d_hs, (d_c_last, d_h_last) = cotangents
-  h_prev = _shifted(h0, hs)
+  h_prev = shifted(h0, hs)
   f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
   kernel_t = recurrent_kernel.astype(dtype).T
 
@@ -253,7 +258,7 @@ def _mixed_recurrence_bwd(mix, dtype, unroll, cap_input_gate, saved, cotangents)
   (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0, h0, hs,
    acts, cs, mixed, residuals) = saved
   d_hs, (d_c_last, d_h_last) = cotangents
-  h_prev = _shifted(h0, hs)
+  h_prev = shifted(h0, hs)
   f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
   kernel_t = kernel.T
   m = input_kernel.shape[0]

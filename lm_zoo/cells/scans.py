@@ -16,13 +16,21 @@ the ways of `SCANS`:
 - 'fused': a kernel that runs the whole window with a hand-written backward
   pass whose weight gradients are one matrix product per window; cell types
   registered with `fused`.
-- 'auto': 'fused' where the cell has a kernel, else 'hoisted' where it can
-  hoist, else 'scan'.
+- 'pallas': the fused window with each time step, forward and back, one
+  Pallas kernel (`lm_zoo.kernels`): compiled on a GPU, interpreted (slowly,
+  for tests) elsewhere; cell types registered with `pallas`.
+- 'cudnn': cuDNN's LSTM through `jax.experimental.rnn` (float32), one layer
+  a call; on other backends its reference scan. Plain LSTM layers only: no
+  capped gate, no bfloat16 products, no mask on the fed-back state (weight
+  drop is applied to the weights before the call, and the second gate bias
+  is cuDNN's own b_hh).
+- 'auto': on a GPU 'cudnn' where the layer allows it; else 'fused' where
+  the cell has a kernel, else 'hoisted' where it can hoist, else 'scan'.
 
-All of them give the same outputs and gradients, to rounding. The fused
-kernels are `jax.custom_vjp`s: reverse mode only (for `jax.jvp`, choose
-another). `resolve_scan` refuses a way a cell cannot take, naming the ways
-it can.
+All of them give the same outputs and gradients, to rounding. The fused,
+Pallas and cuDNN windows are `jax.custom_vjp`s: reverse mode only (for
+`jax.jvp`, choose another). `resolve_scan` refuses a way a cell cannot
+take, naming the reason or the ways it can.
 """
 
 from __future__ import annotations
@@ -36,17 +44,24 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.base import describe
+from lm_zoo.cells.cudnn_lstm import STATE_MASK_REFUSAL, cudnn_lstm_window, cudnn_refusal
 from lm_zoo.cells.lstm import LSTMCell, gate_bias
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence, mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import Mogrify, MogrifierRounds
+from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
 from lm_zoo.layers.products import accumulation_dtype, linear
 
-SCANS = ('auto', 'scan', 'hoisted', 'fused', 'remat')
+SCANS = ('auto', 'scan', 'hoisted', 'fused', 'pallas', 'cudnn', 'remat')
+# The ways that run a window as one kernel call of the cell's parameters.
+WINDOW_KERNELS = ('fused', 'pallas', 'cudnn')
 
 # kernel(cell, params, carry, inputs (T, B, m), state_mask, unroll) -> (carry, outputs
 # (T, B, n)): a window from the cell's settings and its parameters, given explicitly.
 FusedKernel = Callable[[nn.Module, Any, Any, jax.Array, 'jax.Array | None', int],
                        tuple[Any, jax.Array]]
+# kernels(cell) -> the cell's kernel, or None where this cell (of the registered
+# type) has none, or a string: why it cannot run (named in the refusal).
+KernelFactory = Callable[[nn.Module], 'FusedKernel | str | None']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,26 +72,45 @@ class CellScans:
     project: `project(cell, xs)`: W x + b for inputs of any leading shape.
     step: `step(cell, carry, projected) -> (carry, y)`: one step from W x + b.
       With `project`, the cell hoists.
-    fused: `fused(cell)`: the `FusedKernel` for this cell, or None (a
-      wrapper's kernel depends on the cell it wraps).
+    fused, pallas, cudnn: `KernelFactory`s of the window kernels of those
+      names (a wrapper's kernel depends on the cell it wraps).
   """
 
   project: Callable[..., jax.Array] | None = None
   step: Callable[..., Any] | None = None
-  fused: Callable[[nn.Module], FusedKernel | None] | None = None
+  fused: KernelFactory | None = None
+  pallas: KernelFactory | None = None
+  cudnn: KernelFactory | None = None
+
+
+def _projected(cell: LSTMCell, params, inputs: jax.Array) -> jax.Array:
+  """W x + b (+ b_h) for every step in one product (on (T·B, m): the 2-d
+  product XLA's CPU backend runs fastest, as `project_inputs` does), in the
+  gates' dtype."""
+  flat = linear(inputs.reshape(-1, inputs.shape[-1]), params['input']['kernel'],
+                gate_bias(params), cell.dtype)
+  projected = flat.reshape(*inputs.shape[:-1], flat.shape[-1])
+  return projected.astype(accumulation_dtype(_dtype(cell, projected, params)))
+
+
+def _dtype(cell: LSTMCell, projected, params):
+  return cell.dtype or jnp.result_type(projected, params['recurrent_kernel'])
 
 
 def lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
                 state_mask: jax.Array | None = None, unroll: int = 1):
-  """`LSTMCell`'s window: `lstm_recurrence` of W x + b (+ b_h), computed for
-  every step in one product (on (T·B, m): the 2-d product XLA's CPU backend
-  runs fastest, as `project_inputs` does)."""
-  flat = linear(inputs.reshape(-1, inputs.shape[-1]), params['input']['kernel'],
-                gate_bias(params), cell.dtype)
-  projected = flat.reshape(*inputs.shape[:-1], flat.shape[-1])
-  dtype = cell.dtype or jnp.result_type(projected, params['recurrent_kernel'])
-  return lstm_recurrence(projected.astype(accumulation_dtype(dtype)), params['recurrent_kernel'],
-                         carry, state_mask, unroll, dtype, cell.cap_input_gate)
+  """`LSTMCell`'s window: `lstm_recurrence` of W x + b (+ b_h)."""
+  projected = _projected(cell, params, inputs)
+  return lstm_recurrence(projected, params['recurrent_kernel'], carry, state_mask, unroll,
+                         _dtype(cell, projected, params), cell.cap_input_gate)
+
+
+def pallas_lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
+                       state_mask: jax.Array | None = None, unroll: int = 1):
+  """`LSTMCell`'s window with a Pallas kernel a step: `pallas_lstm_recurrence`."""
+  projected = _projected(cell, params, inputs)
+  return pallas_lstm_recurrence(projected, params['recurrent_kernel'], carry, state_mask,
+                                unroll, _dtype(cell, projected, params), cell.cap_input_gate)
 
 
 def mogrified_lstm_window(cell: Mogrify, params, carry, inputs: jax.Array,
@@ -98,18 +132,28 @@ def _inner_window(kernel: FusedKernel, cell: Mogrify, params, *args):
   return kernel(cell.cell, params['cell'], *args)
 
 
-def _mogrify_kernel(cell: Mogrify) -> FusedKernel | None:
-  if cell.rounds == 0:
-    inner = fused_kernel(cell.cell)
-    return None if inner is None else functools.partial(_inner_window, inner)
-  return mogrified_lstm_window if type(cell.cell) is LSTMCell else None
+def _mogrify_kernel(way: str, own: FusedKernel | None = None) -> KernelFactory:
+  """A `Mogrify`'s `way` kernel: with no rounds its inner cell's, else `own`
+  where it wraps an `LSTMCell`."""
+  def kernels(cell: Mogrify):
+    if cell.rounds == 0:
+      inner = window_kernel(cell.cell, way)
+      return inner if not callable(inner) else functools.partial(_inner_window, inner)
+    return own if type(cell.cell) is LSTMCell else None
+  return kernels
+
+
+def _cudnn_kernel(cell: LSTMCell) -> FusedKernel | str:
+  return cudnn_refusal(cell) or cudnn_lstm_window
 
 
 # Cell type (exactly: a subclass may change the step) -> what it can run.
 REGISTRY: dict[type, CellScans] = {
     LSTMCell: CellScans(project=LSTMCell.project_inputs, step=LSTMCell.step_projected,
-                        fused=lambda cell: lstm_window),
-    Mogrify: CellScans(fused=_mogrify_kernel),
+                        fused=lambda cell: lstm_window, pallas=lambda cell: pallas_lstm_window,
+                        cudnn=_cudnn_kernel),
+    Mogrify: CellScans(fused=_mogrify_kernel('fused', mogrified_lstm_window),
+                       pallas=_mogrify_kernel('pallas'), cudnn=_mogrify_kernel('cudnn')),
 }
 
 
@@ -126,27 +170,41 @@ def cell_scans(cell: nn.Module) -> CellScans:
   return REGISTRY.get(type(cell), CellScans())
 
 
+def window_kernel(cell: nn.Module, way: str) -> FusedKernel | str | None:
+  """`cell`'s window kernel for `way` (one of `WINDOW_KERNELS`), None where it
+  has none, or why it cannot run one."""
+  kernels = getattr(cell_scans(cell), way)
+  return None if kernels is None else kernels(cell)
+
+
 def fused_kernel(cell: nn.Module) -> FusedKernel | None:
   """`cell`'s fused window kernel, or None."""
-  fused = cell_scans(cell).fused
-  return None if fused is None else fused(cell)
+  kernel = window_kernel(cell, 'fused')
+  return kernel if callable(kernel) else None
 
 
-def resolve_scan(cell: nn.Module, scan: str) -> str:
+def resolve_scan(cell: nn.Module, scan: str, *, state_mask: bool = False) -> str:
   """The way to run `cell` that `scan` (one of `SCANS`) asks for, with
-  'auto' decided.
+  'auto' decided for this backend; `state_mask`: whether the layer masks
+  its fed-back state (which cuDNN cannot).
 
   Raises:
     ValueError: `scan` is unknown, or `cell` cannot run so: one line naming
-      the cell and the ways it can run.
+      the reason, or the cell and the ways it can run.
   """
   if scan not in SCANS:
     raise ValueError(f'scan={scan!r} is not known: choose one of {", ".join(SCANS)}')
-  can = {'fused': fused_kernel(cell) is not None,
-         'hoisted': cell_scans(cell).project is not None, 'scan': True, 'remat': True}
+  kernels = {way: window_kernel(cell, way) for way in WINDOW_KERNELS}
+  if state_mask and callable(kernels['cudnn']):
+    kernels['cudnn'] = STATE_MASK_REFUSAL
+  can = {way: callable(kernel) for way, kernel in kernels.items()}
+  can.update(hoisted=cell_scans(cell).project is not None, scan=True, remat=True)
   if scan == 'auto':
-    return next(way for way in ('fused', 'hoisted', 'scan') if can[way])
+    order = ('cudnn',) * (jax.default_backend() == 'gpu') + ('fused', 'hoisted', 'scan')
+    return next(way for way in order if can[way])
   if not can[scan]:
+    if isinstance(kernels.get(scan), str):
+      raise ValueError(f'scan={scan!r} cannot run {describe(cell)}: {kernels[scan]}')
     ways = ', '.join(repr(way) for way in SCANS if way == 'auto' or can[way])
     raise ValueError(f'scan={scan!r} cannot run {describe(cell)}: choose one of {ways}')
   return scan

@@ -125,7 +125,7 @@ def _stack(cfg: ml_collections.ConfigDict, cells) -> Stack | LSTMRHN:
                   skip_connections=cfg.skip_connections, unroll=cfg.unroll, scan=cfg.scan)
     layer = cells[0]
   try:  # refused now, not when the model first runs
-    resolve_scan(layer, cfg.scan)
+    resolve_scan(layer, cfg.scan, state_mask=cfg.dropout_state > 0)
   except ValueError as err:
     raise ConfigError(f'model.{err} (--config.model.scan)') from None
   return stack

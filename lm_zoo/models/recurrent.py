@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.base import carry_output, replace_carry_output
-from lm_zoo.cells.scans import cell_scans, fused_kernel, resolve_scan
+from lm_zoo.cells.scans import WINDOW_KERNELS, cell_scans, resolve_scan, window_kernel
 from lm_zoo.errors import ConfigError
 
 
@@ -29,10 +29,9 @@ def _step_projected(cell, carry, projected_x, state_mask):
 
 class RecurrentLayer(nn.Module):
   """Runs `cell` over time-major inputs (T, B, m) in the way `scan` asks for
-  (`lm_zoo.cells.scans`: 'auto', 'scan', 'hoisted', 'fused' or 'remat'; a way
-  the cell cannot take is refused). `state_mask`, if given, multiplies the
-  previous output h fed back into the cell at every step (variational
-  dropout on the state: one mask per window).
+  (`lm_zoo.cells.scans.SCANS`; a way the cell cannot take is refused).
+  `state_mask`, if given, multiplies the previous output h fed back into the
+  cell at every step (variational dropout on the state: one mask per window).
 
   Attributes:
     cell: any `nn.RNNCellBase`.
@@ -46,12 +45,12 @@ class RecurrentLayer(nn.Module):
 
   @nn.compact
   def __call__(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None):
-    scan = resolve_scan(self.cell, self.scan)
-    if scan == 'fused':
+    scan = resolve_scan(self.cell, self.scan, state_mask=state_mask is not None)
+    if scan in WINDOW_KERNELS:
       if self.is_initializing():
         self.cell(carry, inputs[0])  # creates the cell's parameters
-      return fused_kernel(self.cell)(self.cell, self.cell.variables['params'], carry, inputs,
-                                     state_mask, self.unroll)
+      return window_kernel(self.cell, scan)(self.cell, self.cell.variables['params'], carry,
+                                            inputs, state_mask, self.unroll)
     if scan == 'hoisted':
       step, xs = _step_projected, cell_scans(self.cell).project(self.cell, inputs)
     else:

@@ -1,0 +1,171 @@
+"""The LSTM recurrence over a window with each time step one Pallas kernel.
+
+`pallas_lstm_recurrence` computes what `lstm_recurrence` does, with the same
+hand-written backward pass (the weight gradient one product after the
+backward scan), but each step forward and back is one kernel of
+`lm_zoo.kernels.lstm_step`: the recurrent product, the gates and the cell
+update fused. The window converts to the kernels' gate-major, tile-padded
+layout once, on the way in and out: padded units have zero weights and
+states, so they stay at c = h = 0 and change nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
+from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, tiles_for
+from lm_zoo.layers.products import accumulation_dtype, contract
+
+
+def _round_up(size: int, multiple: int) -> int:
+  return -(-size // multiple) * multiple
+
+
+def _pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  return jnp.pad(x, [(0, want - have) for have, want in zip(x.shape, shape)])
+
+
+def _gate_major(x: jax.Array, batch: int, units: int) -> jax.Array:
+  """(..., B, 4n) -> (..., 4, batch, units), zero-padded."""
+  *lead, b, four_n = x.shape
+  x = jnp.moveaxis(x.reshape(*lead, b, GATES, four_n // GATES), -2, -3)
+  return _pad_to(x, (*lead, GATES, batch, units))
+
+
+def _gate_minor(x: jax.Array, batch: int, units: int) -> jax.Array:
+  """(..., 4, B', n') -> (..., batch, 4 units), the padding cut off."""
+  x = jnp.moveaxis(x[..., :batch, :units], -3, -2)
+  return x.reshape(*x.shape[:-2], GATES * units)
+
+
+def _layout(projected, recurrent_kernel, c0, h0, mask, dtype, tiles):
+  """Everything in the kernels' padded, gate-major layout."""
+  batch, n = h0.shape
+  size_b = _round_up(batch, tiles.batch)
+  size_n = _round_up(n, tiles.unit_multiple)
+  kernel = jnp.moveaxis(recurrent_kernel.reshape(n, GATES, n), 1, 0)
+  kernel = _pad_to(kernel.astype(dtype), (GATES, size_n, size_n))
+  state = lambda x: _pad_to(x.astype(jnp.float32), (size_b, size_n))
+  return (_gate_major(projected.astype(jnp.float32), size_b, size_n), kernel, state(c0),
+          state(h0), state(mask))
+
+
+def _forward(projected, recurrent_kernel, c0, h0, mask, dtype, cap_input_gate, tiles,
+             interpret, unroll):
+  gates_in, kernel, c, h, mask = _layout(projected, recurrent_kernel, c0, h0, mask, dtype,
+                                         tiles)
+  step_kernel = functools.partial(forward_step, tiles=tiles, dtype=dtype,
+                                  cap_input_gate=cap_input_gate, interpret=interpret)
+
+  def step(carry, p):
+    c, h = carry
+    c, h, act = step_kernel(h, mask, c, p, kernel)
+    return (c, h), (h, act, c)
+
+  (c, h), (hs, acts, cs) = jax.lax.scan(step, (c, h), gates_in, unroll=unroll)
+  return (c, h), (hs, acts, cs), (kernel, mask)
+
+
+def _cut(x, like):
+  return x[..., :like.shape[-2], :like.shape[-1]].astype(like.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _recurrence(projected, recurrent_kernel, c0, h0, mask, dtype, cap_input_gate, tiles,
+                interpret, unroll):
+  (c, h), (hs, _, _), _ = _forward(projected, recurrent_kernel, c0, h0, mask, dtype,
+                                   cap_input_gate, tiles, interpret, unroll)
+  return _cut(hs, h0), (_cut(c, c0), _cut(h, h0))
+
+
+def _recurrence_fwd(projected, recurrent_kernel, c0, h0, mask, dtype, cap_input_gate, tiles,
+                    interpret, unroll):
+  (c, h), (hs, acts, cs), (kernel, padded_mask) = _forward(
+      projected, recurrent_kernel, c0, h0, mask, dtype, cap_input_gate, tiles, interpret,
+      unroll)
+  saved = (projected, recurrent_kernel, c0, h0, mask, kernel, padded_mask, hs, acts, cs)
+  return (_cut(hs, h0), (_cut(c, c0), _cut(h, h0))), saved
+
+
+def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cotangents):
+  projected, recurrent_kernel, c0, h0, mask, kernel, padded_mask, hs, acts, cs = saved
+  d_hs, (d_c_last, d_h_last) = cotangents
+  batch, n = h0.shape
+  size_t, size_b, size_n = hs.shape
+  pad_state = lambda x: _pad_to(x.astype(jnp.float32), (size_b, size_n))
+  c_first = pad_state(c0)
+  forget, d_c_from_h, scales = gate_factors(*(acts[:, g] for g in range(GATES)), cs, c_first,
+                                            cap_input_gate)
+  scales = jnp.stack(scales, axis=1)
+  d_out = _pad_to(d_hs.astype(jnp.float32), (size_t, size_b, size_n))
+  d_out = d_out.at[-1].add(pad_state(d_h_last))
+  step_kernel = functools.partial(backward_step, tiles=tiles, dtype=dtype, interpret=interpret)
+
+  def step(carry, xs):
+    d_c, d_rec = carry
+    d_out_t, d_c_from_h_t, scales_t, forget_t = xs
+    d_c, d_rec, d_gates = step_kernel(d_out_t, d_rec, padded_mask, d_c, d_c_from_h_t,
+                                      scales_t, forget_t, kernel)
+    return (d_c, d_rec), (d_gates, d_rec)
+
+  (d_c0, d_rec0), (d_gates, d_recs) = jax.lax.scan(
+      step, (pad_state(d_c_last), jnp.zeros((size_b, size_n), jnp.float32)),
+      (d_out, d_c_from_h, scales, forget), reverse=True, unroll=unroll)
+  # d_recs[t] is dL/d(m ⊙ h_{t-1}).
+  h_prev = shifted(pad_state(h0), hs)
+  d_mask = jnp.sum(d_recs * h_prev, axis=0)
+  # The whole window's recurrent weight gradient in one matrix product.
+  h_in = (h_prev * padded_mask).reshape(-1, size_n)
+  d_gates_rows = jnp.moveaxis(d_gates, 1, 2).reshape(-1, GATES * size_n)
+  d_kernel = contract('mk,mj->kj', h_in, d_gates_rows, dtype).reshape(size_n, GATES, size_n)
+  d_kernel = d_kernel[:n, :, :n].reshape(n, GATES * n)
+  return (_gate_minor(d_gates, batch, n).astype(projected.dtype),
+          d_kernel.astype(recurrent_kernel.dtype), _cut(d_c0, c0),
+          _cut(d_rec0 * padded_mask, h0), _cut(d_mask, mask))
+
+
+_recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
+
+
+def pallas_lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
+                           carry: tuple[jax.Array, jax.Array],
+                           state_mask: jax.Array | None = None, unroll: int = 1,
+                           dtype: Any = None, cap_input_gate: bool = False,
+                           tiles: Tiles | None = None, interpret: bool | None = None):
+  """`lstm_recurrence` with one Pallas kernel per step, forward and back.
+
+  Args:
+    projected, recurrent_kernel, carry, state_mask, unroll, dtype,
+      cap_input_gate: as `lm_zoo.cells.lstm_recurrence.lstm_recurrence`'s.
+    tiles: the kernels' tiling (`lm_zoo.kernels.lstm_step.Tiles`; default
+      `tiles_for` the batch and hidden size).
+    interpret: run the kernels in Pallas' interpreter (default: off a GPU).
+
+  Returns:
+    ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> carry, hs = pallas_lstm_recurrence(jnp.zeros((5, 2, 8)), jnp.zeros((2, 8)),
+    ...                                    (jnp.zeros((2, 2)), jnp.zeros((2, 2))))
+    >>> hs.shape
+    (5, 2, 2)
+  """
+  c0, h0 = carry
+  n = h0.shape[-1]
+  if projected.ndim != 3 or recurrent_kernel.shape != (n, GATES * n) or (
+      projected.shape[1:] != (h0.shape[0], GATES * n)):
+    raise ValueError(f'projected inputs {projected.shape} and recurrent kernel '
+                     f'{recurrent_kernel.shape} do not fit a carry of {h0.shape}: expected '
+                     f'(T, {h0.shape[0]}, {GATES * n}) and ({n}, {GATES * n})')
+  mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
+  dtype = jnp.dtype(dtype or projected.dtype)
+  tiles = tiles or tiles_for(h0.shape[0], n)
+  hs, new_carry = _recurrence(projected.astype(accumulation_dtype(dtype)), recurrent_kernel,
+                              c0, h0, mask, dtype, cap_input_gate, tiles, interpret, unroll)
+  return new_carry, hs

@@ -1,0 +1,84 @@
+"""scan='cudnn': our LSTM's parameters packed as cuDNN's, run here through
+jax.experimental.rnn's reference scan, against the plain scan; the refusals;
+what 'auto' picks on a GPU."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import rnn
+
+from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
+from lm_zoo.cells.cudnn_lstm import cudnn_lstm_window, pack_weights
+from lm_zoo.models import RecurrentLayer
+
+M, N, B, T = 3, 5, 2, 6
+
+
+def _params(cell, seed=0):
+  xs = jnp.ones((T, B, M))
+  carry = cell.initialize_carry(jax.random.key(0), (B, M))
+  params = RecurrentLayer(cell, scan='scan').init(jax.random.key(seed), carry, xs)['params']
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  return jax.tree.unflatten(tree, [p + 0.2 * jax.random.normal(k, p.shape)
+                                   for p, k in zip(leaves, keys)])  # nonzero biases
+
+
+def test_packed_weights_unpack_to_our_matrices_transposed():
+  params = _params(LSTMCell(N, recurrent_bias=True))['cell']
+  w_ih, w_hh, b_ih, b_hh = rnn.unpack_lstm_weights(pack_weights(params), M, N, 1, False)
+  np.testing.assert_array_equal(w_ih[0], params['input']['kernel'].T)
+  np.testing.assert_array_equal(w_hh[0], params['recurrent_kernel'].T)
+  np.testing.assert_array_equal(b_ih[0], params['input']['bias'])
+  np.testing.assert_array_equal(b_hh[0], params['recurrent_bias'])
+
+
+@pytest.mark.parametrize('recurrent_bias', [False, True])
+def test_the_window_and_its_gradients_equal_the_plain_scans(recurrent_bias):
+  cell = LSTMCell(N, recurrent_bias=recurrent_bias)
+  params = _params(cell)
+  rng = np.random.default_rng(1)
+  xs = jnp.asarray(rng.normal(size=(T, B, M)), jnp.float32)
+  carry = tuple(jnp.asarray(rng.normal(size=(B, N)), jnp.float32) for _ in range(2))
+
+  def loss(p, scan):
+    (c, h), out = RecurrentLayer(cell, scan=scan).apply({'params': p}, carry, xs)
+    return jnp.sum(jnp.sin(out)) + jnp.sum(c ** 2) + jnp.sum(h), out
+
+  (want, want_out), want_grads = jax.value_and_grad(loss, has_aux=True)(params, 'scan')
+  (got, got_out), got_grads = jax.jit(jax.value_and_grad(loss, has_aux=True),
+                                      static_argnums=1)(params, 'cudnn')
+  np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-6)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6),
+               got_grads, want_grads)
+
+
+@pytest.mark.parametrize('cell, reason', [
+    (LSTMCell(N, cap_input_gate=True), 'no capped input gate'),
+    (LSTMCell(N, dtype=jnp.bfloat16), 'float32 products only, not bfloat16'),
+    (Mogrify(LSTMCell(N), rounds=2), "choose one of 'auto', 'scan', 'fused', 'remat'"),
+    (nn.GRUCell(N), "choose one of 'auto', 'scan', 'remat'")])
+def test_a_layer_cudnn_cannot_run_is_refused_with_the_reason(cell, reason):
+  with pytest.raises(ValueError, match=reason):
+    resolve_scan(cell, 'cudnn')
+
+
+def test_a_masked_state_is_refused_when_asked_and_passed_over_by_auto(monkeypatch):
+  with pytest.raises(ValueError, match='cannot mask the fed-back state'):
+    resolve_scan(LSTMCell(N), 'cudnn', state_mask=True)
+  with pytest.raises(ValueError, match='cannot mask the fed-back state'):
+    cudnn_lstm_window(LSTMCell(N), _params(LSTMCell(N))['cell'],
+                      (jnp.zeros((B, N)),) * 2, jnp.ones((T, B, M)), jnp.ones((B, N)))
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  assert resolve_scan(LSTMCell(N), 'auto') == 'cudnn'
+  assert resolve_scan(Mogrify(LSTMCell(N), rounds=0), 'auto') == 'cudnn'
+  assert resolve_scan(LSTMCell(N), 'auto', state_mask=True) == 'fused'
+  assert resolve_scan(LSTMCell(N, cap_input_gate=True), 'auto') == 'fused'
+  assert resolve_scan(Mogrify(LSTMCell(N), rounds=2), 'auto') == 'fused'
+
+
+def test_auto_off_a_gpu_keeps_the_fused_window():
+  assert jax.default_backend() == 'cpu'
+  assert resolve_scan(LSTMCell(N), 'auto') == 'fused'
