@@ -1,32 +1,40 @@
 """Train and eval tokens/s of the papers' recipes on this machine's
-accelerator, beside cuDNN's LSTM (from JAX and from PyTorch) and flax's.
+accelerator, each way its layers can run a window, beside cuDNN's LSTM (from
+JAX and from PyTorch, in every precision PyTorch offers) and flax's.
 
 Each recipe (`--recipes`, NAME:VARIANT of lm_zoo/experiments) is timed as its
 config trains: its model at its size (the 24M PTB Mogrifier: r 5, k 84,
 hidden 912), its batch and BPTT (64 x 70), dropouts, losses and optimizer,
-on random token ids. The baselines are the plain 2-layer LSTM LM at the first
-recipe's hidden size, batch and BPTT, float32: `jax_cudnn_lstm`
-(`jax.experimental.rnn`, GPU only: skipped with a message elsewhere),
-`torch_lstm` (cuDNN on a GPU, oneDNN on a CPU), `torch_lstm_bf16` (autocast)
-and `flax_lstm` (`nn.RNN(nn.OptimizedLSTMCell)`); every row's ratio to each.
+on random token ids; once for each of `--scans` its layers can take
+(`lm_zoo.cells.scans`; the row is NAME:VARIANT@SCAN, plain for 'auto'), the
+others skipped with the reason.
 
-Also written, per recipe: the hours its whole training implies at the
+The baselines are the plain 2-layer LSTM LM at batch and BPTT of the first
+recipe, at each of `--baseline_hidden` (the first recipe's hidden size, and
+1024: the nearest size where cuDNN's persistent algorithm applies, a multiple
+of 128 up to 1024 with the batch a multiple of 8): `jax_cudnn_lstm`
+(`jax.experimental.rnn`, float32, GPU only: skipped with a message elsewhere),
+`torch_lstm` (float32), `torch_lstm_bf16_autocast`, `torch_lstm_fp16` and
+`torch_lstm_bf16` (the whole module in that dtype), and `flax_lstm`
+(`nn.RNN(nn.OptimizedLSTMCell)` in our loop); rows NAME@HIDDEN.
+
+Every row reports train and eval tokens/s, ms a train step, and its ratios
+to `jax_cudnn_lstm` (`train_vs_cudnn`, `eval_vs_cudnn`) and to the fastest
+PyTorch row (`train_vs_torch_fastest`, `eval_vs_torch_fastest`) of the same
+hidden size in the same run; a recipe is compared at the first baseline
+size. Also written, per recipe: the hours its whole training implies at the
 measured rate (its planned updates x batch x BPTT tokens; for epoch-based
-recipes the corpus must be in $LM_ZOO_DATA); per row, where a step's time
-goes: its model FLOPs (6 x the parameters a token is multiplied by x its
-tokens) and the rate they run at, beside the time of the window's recurrent
-products alone (`recurrence_matmul_seconds`):
-a step many times that is bound by per-step launches and gate arithmetic,
-not matrix work. `--profile_dir` keeps a `jax.profiler` trace of `--steps`
-more train steps of every row, after the timed rounds and not timed
-(TensorBoard's profile plugin reads it; a Perfetto JSON trace beside it), and
-on a GPU counts from it the kernels (and the few copies and memsets) each
-train step runs and the fraction of the traced wall time the device spends in
-them (`profile_kernels_per_step`, `profile_device_busy`): many small kernels
-with the device idle between them mean launch-bound; many small kernels
-keeping it busy, a chain of dependent steps too small to fill the device.
+recipes the corpus must be in $LM_ZOO_DATA); per row, its model FLOPs (6 x
+the parameters a token is multiplied by x its tokens) and their rate, beside
+the time of the window's recurrent products alone
+(`recurrence_matmul_seconds`). `--profile_dir` counts, after the timed rounds
+and untimed, the kernels a train step runs (`profile_kernels_per_step`):
+from a `jax.profiler` trace of `--steps` more steps for the JAX rows (with the
+fraction of the traced wall time the device spends in them,
+`profile_device_busy`; TensorBoard's profile plugin reads the trace), and
+from PyTorch's profiler for its rows; on a GPU only.
 
-  python benchmarks/accelerator_speed.py [--recipes=...] [--steps=20] [--rounds=3]
+  python benchmarks/accelerator_speed.py [--recipes=...] [--scans=auto,pallas]
 """
 
 import json
@@ -36,22 +44,27 @@ import pathlib
 import jax
 from absl import app, flags
 
-from baselines import (device_kernels, experiment_config, jax_rnn_lm, lm_zoo_lm, recurrence_matmul_seconds,
-                       seconds_per_call, torch_lm)
+from baselines import (TORCH_DTYPES, device_kernels, experiment_config, jax_rnn_lm, lm_zoo_lm,
+                       recurrence_matmul_seconds, seconds_per_call, torch_lm)
 from lm_zoo.data import load_corpus
+from lm_zoo.errors import ConfigError
 from lm_zoo.models import build_model, layer_sizes
 from lm_zoo.runtime import retain_host_memory
 
 flags.DEFINE_list('recipes', ['mogrifier_paper:ptb_lstm', 'mogrifier_paper:ptb_mogrifier',
                               'alstm_paper:ptb'],
                   'NAME:VARIANT of lm_zoo/experiments to time as they train.')
-BASELINES = ('jax_cudnn_lstm', 'torch_lstm', 'torch_lstm_bf16', 'flax_lstm')
+flags.DEFINE_list('scans', ['auto'], 'Ways to run the recipes\' layers (lm_zoo.cells.SCANS); '
+                  'one row per recipe and way it can take.')
+BASELINES = ('jax_cudnn_lstm', *TORCH_DTYPES, 'flax_lstm')
 flags.DEFINE_list('baselines', list(BASELINES), f'From {list(BASELINES)}.')
+flags.DEFINE_list('baseline_hidden', ['recipe', '1024'], "The baselines' hidden sizes: "
+                  "'recipe' (the first recipe's) or a number.")
 flags.DEFINE_integer('steps', 20, 'Timed steps per round.')
 flags.DEFINE_integer('rounds', 3, 'Rounds over all rows; each keeps its fastest.')
 flags.DEFINE_string('output', 'runs/bench_accelerator.json', 'JSON results file.')
 flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of --steps more '
-                    'train steps of every row, untimed (empty: none).')
+                    'train steps of every JAX row, untimed (empty: none, and no kernel counts).')
 flags.DEFINE_integer('tiny', 0, '> 0: every model at this hidden size, batch 4, BPTT 5 '
                      'and vocabulary 50 (a smoke test of the whole script, as CI runs it).')
 flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's row with "
@@ -59,11 +72,6 @@ flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's
                   'the code; not a speed figure).')
 FLAGS = flags.FLAGS
 VOCAB = 10_000  # PTB's; the papers' PTB recipes
-
-
-def recipe_config(recipe: str):
-  """The config of `NAME:VARIANT`, shrunk under --tiny."""
-  return experiment_config(recipe, FLAGS.tiny)
 
 
 def vocab_size() -> int:
@@ -84,18 +92,80 @@ def recipe_tokens(config) -> int | None:
   return config.train.num_epochs * len(corpus.train)
 
 
+def recipe_rows(recipes: list[str], scans: list[str]) -> dict:
+  """{row name: config} for every recipe and way its layers can run."""
+  rows = {}
+  for recipe in recipes:
+    for scan in scans:
+      config = experiment_config(recipe, FLAGS.tiny)
+      config.model.scan = scan
+      try:
+        build_model(config.model, vocab_size())
+      except ConfigError as err:  # a way the recipe's layers cannot run
+        print(f'{recipe}@{scan}: skipped, {err}')
+        continue
+      rows[recipe if scan == 'auto' else f'{recipe}@{scan}'] = config
+  return rows
+
+
 def build_baseline(name: str, hidden: int, batch: int, bptt: int) -> dict | None:
   if name == 'jax_cudnn_lstm':
     return jax_rnn_lm(hidden, vocab_size(), batch, bptt,
                       reference=FLAGS.cudnn_reference and jax.default_backend() != 'gpu')
-  if name in ('torch_lstm', 'torch_lstm_bf16'):
-    return torch_lm(hidden, vocab_size(), batch, bptt, bfloat16=name == 'torch_lstm_bf16')
-  config = recipe_config(FLAGS.recipes[0])  # flax_lstm: our loop's LM with flax's cell
+  if name in TORCH_DTYPES:
+    return torch_lm(name, hidden, vocab_size(), batch, bptt)
+  config = experiment_config(FLAGS.recipes[0], FLAGS.tiny)  # flax_lstm: our loop, flax's cell
   config.model.update(cell='flax_lstm', num_layers=2, param_budget=0, hidden_size=hidden,
                       embed_size=hidden, embed_ratio=-1.0, output_size=0, dtype='float32',
-                      tie_embeddings=False, skip_connections=False, cap_input_gate=False)
+                      tie_embeddings=False, skip_connections=False, cap_input_gate=False,
+                      recurrent_bias=False)
   config.model.mogrifier.rounds = 0
   return lm_zoo_lm(config, vocab_size())
+
+
+def time_rows(built: dict) -> dict:
+  seconds = {name: {'train': float('inf'), 'eval': float('inf')} for name in built}
+  for _ in range(FLAGS.rounds):
+    for name, calls in built.items():
+      for key in ('train', 'eval'):
+        seconds[name][key] = min(seconds[name][key], seconds_per_call(calls, key, FLAGS.steps))
+  return seconds
+
+
+def count_kernels(built: dict) -> dict:
+  """Kernels a train step (and the device's busy fraction, JAX rows), traced
+  after the timing: profiling slows a step by up to 40% on a GPU."""
+  kernels = {}
+  for name, calls in built.items():
+    if 'kernels' in calls:
+      per_step = calls['kernels'](FLAGS.steps)
+      kernels[name] = per_step and {'per_step': per_step}
+      continue
+    trace_dir = os.path.join(FLAGS.profile_dir, name.replace(':', '_').replace('@', '_'))
+    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+    seconds_per_call(calls, 'train', FLAGS.steps)
+    jax.profiler.stop_trace()
+    traced = device_kernels(trace_dir)
+    kernels[name] = traced and {'per_step': traced['kernels'] / FLAGS.steps,
+                                'busy': traced['busy_seconds'] / traced['span_seconds']}
+  return kernels
+
+
+def add_ratios(rows: list[dict]) -> None:
+  """Each row's ratios to cuDNN from JAX and to the fastest PyTorch row of
+  its hidden size."""
+  for row in rows:
+    same = [r for r in rows if r['hidden'] == row['hidden']]
+    cudnn = [r for r in same if r['row'].startswith('jax_cudnn_lstm')]
+    torch = [r for r in same if r['row'].split('@')[0] in TORCH_DTYPES]
+    for key in ('train', 'eval'):
+      rate = row[f'{key}_tokens_per_s']
+      if cudnn:
+        row[f'{key}_vs_cudnn'] = rate / cudnn[0][f'{key}_tokens_per_s']
+      if torch:
+        fastest = max(torch, key=lambda r: r[f'{key}_tokens_per_s'])
+        row[f'{key}_vs_torch_fastest'] = rate / fastest[f'{key}_tokens_per_s']
+        row[f'{key}_torch_fastest_row'] = fastest['row']
 
 
 def main(argv):
@@ -104,89 +174,74 @@ def main(argv):
   if unknown:
     raise app.UsageError(f'unknown baselines {sorted(unknown)}: choose from {list(BASELINES)}')
   malloc = 'retained' if retain_host_memory() else 'system'  # off on GPU and TPU
-  configs = {recipe: recipe_config(recipe) for recipe in FLAGS.recipes}
-  first = configs[FLAGS.recipes[0]]
-  built = {recipe: lm_zoo_lm(config, vocab_size()) for recipe, config in configs.items()}
-  hidden = layer_sizes(build_model(first.model, vocab_size()))[0]
+  configs = recipe_rows(FLAGS.recipes, FLAGS.scans)
+  first = experiment_config(FLAGS.recipes[0], FLAGS.tiny)
+  recipe_hidden = layer_sizes(build_model(first.model, vocab_size()))[0]
   batch, bptt = first.data.batch_size, first.data.bptt
-  for name in FLAGS.baselines:
-    calls = build_baseline(name, hidden, batch, bptt)
-    if calls is not None:
-      built[name] = calls
-  seconds = {name: {'train': float('inf'), 'eval': float('inf')} for name in built}
-  for _ in range(FLAGS.rounds):
-    for name, calls in built.items():
-      for key in ('train', 'eval'):
-        seconds[name][key] = min(seconds[name][key],
-                                 seconds_per_call(calls, key, FLAGS.steps))
-  kernels = {}  # traced after the timing: profiling slows a step by up to 40% on a GPU
-  for name, calls in built.items() if FLAGS.profile_dir else ():
-    trace_dir = os.path.join(FLAGS.profile_dir, name.replace(':', '_'))
-    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
-    seconds_per_call(calls, 'train', FLAGS.steps)
-    jax.profiler.stop_trace()
-    kernels[name] = device_kernels(trace_dir)
+  built = {name: lm_zoo_lm(config, vocab_size()) for name, config in configs.items()}
+  hidden_of = {name: recipe_hidden for name in built}
+  for size in FLAGS.baseline_hidden:
+    hidden = recipe_hidden if size == 'recipe' else (FLAGS.tiny * 2 if FLAGS.tiny else int(size))
+    for name in FLAGS.baselines:
+      if f'{name}@{hidden}' not in built:
+        calls = build_baseline(name, hidden, batch, bptt)
+        if calls is not None:
+          built[f'{name}@{hidden}'], hidden_of[f'{name}@{hidden}'] = calls, hidden
+  seconds = time_rows(built)
+  kernels = count_kernels(built) if FLAGS.profile_dir else {}
 
   rows = []
   for name, calls in built.items():
     config = configs.get(name, first)
     tokens = config.data.batch_size * config.data.bptt
-    row = {'row': name, 'train_seconds': seconds[name]['train'],
-           'eval_seconds': seconds[name]['eval'],
-           'train_tokens_per_s': tokens / seconds[name]['train'],
-           'eval_tokens_per_s': tokens / seconds[name]['eval'],
+    train, evaluate = seconds[name]['train'], seconds[name]['eval']
+    row = {'row': name, 'hidden': hidden_of[name], 'train_seconds': train,
+           'eval_seconds': evaluate, 'train_ms_per_step': train * 1e3,
+           'train_tokens_per_s': tokens / train, 'eval_tokens_per_s': tokens / evaluate,
            'batch_size': config.data.batch_size, 'bptt': config.data.bptt,
-           **{k: calls[k] for k in ('model', 'library') if k in calls}}
-    row['matmul_params'] = calls['matmul_params']
-    row['train_step_flops'] = 6 * calls['matmul_params'] * tokens
-    row['train_tflops_per_s'] = row['train_step_flops'] / seconds[name]['train'] / 1e12
-    if kernels.get(name):
-      row['profile_kernels_per_step'] = kernels[name]['kernels'] / FLAGS.steps
-      row['profile_device_busy'] = kernels[name]['busy_seconds'] / kernels[name]['span_seconds']
+           **{k: calls[k] for k in ('model', 'library') if k in calls},
+           'matmul_params': calls['matmul_params']}
     if name in configs:
-      total = recipe_tokens(config)
-      if total is not None:
-        row['recipe_tokens'] = total
-        row['recipe_hours'] = total / row['train_tokens_per_s'] / 3600
+      row['scan'] = config.model.scan
+    row['train_step_flops'] = 6 * calls['matmul_params'] * tokens
+    row['train_tflops_per_s'] = row['train_step_flops'] / train / 1e12
+    if kernels.get(name):
+      row['profile_kernels_per_step'] = kernels[name]['per_step']
+      if 'busy' in kernels[name]:
+        row['profile_device_busy'] = kernels[name]['busy']
+    total = recipe_tokens(config) if name in configs else None
+    if total is not None:
+      row['recipe_tokens'] = total
+      row['recipe_hours'] = total / row['train_tokens_per_s'] / 3600
     rows.append(row)
-  by_name = {r['row']: r for r in rows}
-  baselines = [b for b in FLAGS.baselines if b in by_name]
-  for row in rows:
-    for b in baselines:
-      row[f'train_ratio_vs_{b}'] = row['train_tokens_per_s'] / by_name[b]['train_tokens_per_s']
-      row[f'eval_ratio_vs_{b}'] = row['eval_tokens_per_s'] / by_name[b]['eval_tokens_per_s']
-  recurrence = recurrence_matmul_seconds(hidden, batch, bptt)
+  add_ratios(rows)
+  recurrence = recurrence_matmul_seconds(recipe_hidden, batch, bptt)
+  report(rows, recurrence, recipe_hidden, batch, bptt, malloc)
 
+
+def report(rows, recurrence, hidden, batch, bptt, malloc):
   device = jax.devices()[0]
   print(f'\n{device.platform}: {device.device_kind} x {jax.device_count()}; '
         f'{os.cpu_count()} CPUs; malloc {malloc}; vocabulary {vocab_size()}')
   print(f'recurrent products of one {batch} x {bptt} window at hidden {hidden} (2 layers, '
         f'forward only): {recurrence * 1e3:.2f} ms')
-  header = f'{"row":>30} {"train tok/s":>11} {"eval tok/s":>10} {"TFLOP/s":>7} {"hours":>7}'
-  header += ''.join(f' {"train/" + b:>22}' for b in baselines)
-  print(header)
+  print(f'{"row":>42} {"train tok/s":>11} {"eval tok/s":>10} {"ms/step":>7} {"kernels":>7} '
+        f'{"hours":>6} {"train/cuDNN":>11} {"train/torch":>11}')
+  nan = float('nan')
   for r in rows:
-    line = (f'{r["row"]:>30} {r["train_tokens_per_s"]:>11,.0f} {r["eval_tokens_per_s"]:>10,.0f} '
-            f'{r.get("train_tflops_per_s", float("nan")):>7.2f} '
-            f'{r.get("recipe_hours", float("nan")):>7.1f}')
-    line += ''.join(f' {r[f"train_ratio_vs_{b}"]:>22.2f}' for b in baselines)
-    print(line)
-  if FLAGS.profile_dir:
-    print('profile of the train steps (GPU kernels from the trace):' if any(kernels.values())
-          else 'profile: no device kernels in the traces (not a GPU run)')
-    for r in rows:
-      if 'profile_kernels_per_step' in r:
-        print(f'{r["row"]:>30} {r["profile_kernels_per_step"]:>8,.0f} kernels a step, '
-              f'device busy {r["profile_device_busy"]:.0%} of the span')
+    print(f'{r["row"]:>42} {r["train_tokens_per_s"]:>11,.0f} {r["eval_tokens_per_s"]:>10,.0f} '
+          f'{r["train_ms_per_step"]:>7.2f} {r.get("profile_kernels_per_step", nan):>7,.0f} '
+          f'{r.get("recipe_hours", nan):>6.2f} {r.get("train_vs_cudnn", nan):>11.2f} '
+          f'{r.get("train_vs_torch_fastest", nan):>11.2f}')
   if FLAGS.output:
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         'device': str(device), 'device_kind': device.device_kind,
         'platform': device.platform, 'devices': jax.device_count(), 'cpus': os.cpu_count(),
-        'malloc': malloc, 'vocab': vocab_size(), 'baseline_hidden': hidden,
-        'recurrence_matmul_seconds': recurrence, 'baselines': baselines,
-        'jax': jax.__version__, 'results': rows}, indent=2))
+        'malloc': malloc, 'vocab': vocab_size(), 'recipe_hidden': hidden, 'recurrence_matmul_seconds': recurrence,
+        'baselines': FLAGS.baselines, 'scans': FLAGS.scans, 'jax': jax.__version__,
+        'results': rows}, indent=2))
     print(f'wrote {path}')
 
 

@@ -129,17 +129,28 @@ def seconds_per_call(calls: dict, key: str, steps: int) -> float:
   return (time.perf_counter() - start) / steps
 
 
-def torch_lm(hidden: int, vocab: int, batch: int, bptt: int,
-             bfloat16: bool = False) -> dict | None:
-  """PyTorch's `nn.LSTM` LM: cuDNN's fused kernel on a GPU (when PyTorch
-  sees one and JAX runs there too), oneDNN's on the CPU. With `bfloat16`,
-  under `torch.autocast` to bfloat16 (float32 parameters and loss)."""
-  name = 'torch_lstm_bf16' if bfloat16 else 'torch_lstm'
+TORCH_DTYPES = {  # row name -> (parameter dtype, autocast dtype)
+    'torch_lstm': ('float32', None),
+    'torch_lstm_bf16_autocast': ('float32', 'bfloat16'),
+    'torch_lstm_fp16': ('float16', None),
+    'torch_lstm_bf16': ('bfloat16', None),
+}
+
+
+def torch_lm(name: str, hidden: int, vocab: int, batch: int, bptt: int) -> dict | None:
+  """PyTorch's `nn.LSTM` LM of row `name` (`TORCH_DTYPES`): float32; under
+  `torch.autocast` to bfloat16 (float32 parameters); or the whole module in
+  float16 or bfloat16 (where cuDNN can pick its persistent algorithm: hidden
+  a multiple of 128 up to 1024, batch a multiple of 8). cuDNN's fused kernel
+  on a GPU (when PyTorch sees one and JAX runs there too), oneDNN's on the
+  CPU; the loss in float32 either way. With the calls, `kernels(steps)`:
+  the CUDA kernels a train step launches (PyTorch's profiler; None off a GPU)."""
   try:
     import torch
   except ImportError:
     print(f'{name}: skipped, PyTorch is not installed (pip install torch)')
     return None
+  param_dtype, autocast = (getattr(torch, d) if d else None for d in TORCH_DTYPES[name])
   device = 'cuda' if jax.default_backend() == 'gpu' and torch.cuda.is_available() else 'cpu'
   torch.manual_seed(0)
   if device == 'cpu':
@@ -147,19 +158,19 @@ def torch_lm(hidden: int, vocab: int, batch: int, bptt: int,
   embed = torch.nn.Embedding(vocab, hidden)
   lstm = torch.nn.LSTM(hidden, hidden, num_layers=2)
   softmax = torch.nn.Linear(hidden, vocab)
-  modules = torch.nn.ModuleList([embed, lstm, softmax]).to(device)
+  modules = torch.nn.ModuleList([embed, lstm, softmax]).to(device=device, dtype=param_dtype)
   optimizer = torch.optim.SGD(modules.parameters(), lr=1.0)
   inputs, targets = (torch.from_numpy(a.T.copy()).long().to(device)  # time-major
                      for a in random_batch(vocab, batch, bptt))
-  zeros = lambda: torch.zeros(2, batch, hidden, device=device)
+  zeros = lambda: torch.zeros(2, batch, hidden, device=device, dtype=param_dtype)
   state = {'carry': (zeros(), zeros())}
 
   def loss_and_carry():
-    with torch.autocast(device, dtype=torch.bfloat16, enabled=bfloat16):
+    with torch.autocast(device, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
       outputs, carry = lstm(embed(inputs), state['carry'])
       logits = softmax(outputs).reshape(-1, vocab).float()
     loss = torch.nn.functional.cross_entropy(logits, targets.reshape(-1))
-    return loss, tuple(c.float() for c in carry)
+    return loss, tuple(c.to(param_dtype) for c in carry)
 
   def train():
     optimizer.zero_grad()
@@ -174,11 +185,27 @@ def torch_lm(hidden: int, vocab: int, batch: int, bptt: int,
     with torch.no_grad():
       return loss_and_carry()[0]
 
+  def kernels(steps: int) -> float | None:
+    if device != 'cuda':
+      return None
+    activity = torch.profiler.ProfilerActivity.CUDA
+    with torch.profiler.profile(activities=[activity]) as profile:
+      for _ in range(steps):
+        train()
+      torch.cuda.synchronize()
+    return sum(e.device_type == torch.autograd.DeviceType.CUDA
+               for e in profile.events()) / steps
+
   sync = (lambda out: torch.cuda.synchronize()) if device == 'cuda' else (lambda out: out)
-  for fn in (train, evaluate):
-    sync(fn())
-  return {'train': train, 'eval': evaluate, 'sync': sync,
-          'library': f'torch {torch.__version__} ({device})',
+  try:
+    for fn in (train, evaluate):
+      sync(fn())
+  except RuntimeError as err:  # oneDNN has no float16 LSTM, for one
+    print(f'{name}: skipped, PyTorch cannot run it on {device}: {str(err).splitlines()[0]}')
+    return None
+  return {'train': train, 'eval': evaluate, 'sync': sync, 'kernels': kernels,
+          'library': f'torch {torch.__version__} ({device}, {TORCH_DTYPES[name][0]}'
+                     + (f' under autocast to {TORCH_DTYPES[name][1]})' if autocast else ')'),
           'matmul_params': lstm_lm_matmul_params(hidden, vocab)}
 
 

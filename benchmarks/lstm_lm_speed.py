@@ -15,7 +15,7 @@ batch 20, BPTT 35, plain SGD with gradient clipping (`base_config`):
   5-component MoS; `*_bf16`: the same in bfloat16 products;
 - baselines: PyTorch's `nn.LSTM` LM (oneDNN's fused kernel; skipped with a
   message when torch is not installed: `pip install torch`), the same under
-  `torch.autocast` to bfloat16 (`torch_lstm_bf16`, to compare with
+  `torch.autocast` to bfloat16 (`torch_lstm_bf16_autocast`, to compare with
   `lstm_bf16`) and flax's
   `nn.RNN(nn.OptimizedLSTMCell)` equivalent (everything inside the scan).
 
@@ -71,7 +71,7 @@ MODELS = {
     'flax_lstm': {'cell': 'flax_lstm'},
 }
 TORCH = 'torch_lstm'
-TORCH_BF16 = 'torch_lstm_bf16'
+TORCH_BF16 = 'torch_lstm_bf16_autocast'
 TORCH_MODELS = (TORCH, TORCH_BF16)
 # Models whose train step does the plain LSTM LM's float32 matmuls (fraction of peak).
 LSTM_ARITHMETIC = ('lstm', 'lstm_autodiff', 'lstm_unroll2', 'lstm_unroll5', 'flax_lstm', TORCH)
@@ -113,9 +113,9 @@ def build(name: str, hidden: int) -> dict:
   return lm_zoo_lm(config, FLAGS.vocab)
 
 
-def build_torch(hidden: int, bfloat16: bool = False) -> dict | None:
+def build_torch(name: str, hidden: int) -> dict | None:
   """The same LM in PyTorch (`baselines.torch_lm`)."""
-  return torch_lm(hidden, FLAGS.vocab, FLAGS.batch_size, FLAGS.bptt, bfloat16)
+  return torch_lm(name, hidden, FLAGS.vocab, FLAGS.batch_size, FLAGS.bptt)
 
 
 def round_seconds(calls: dict, key: str) -> float:
@@ -134,7 +134,7 @@ def main(argv):
   tokens = FLAGS.batch_size * FLAGS.bptt
   rows = []
   for size in map(int, FLAGS.sizes):
-    built = {name: (build_torch(size, name == TORCH_BF16) if name in TORCH_MODELS
+    built = {name: (build_torch(name, size) if name in TORCH_MODELS
                     else build(name, size))
              for name in FLAGS.models}
     built = {name: calls for name, calls in built.items() if calls is not None}

@@ -33,23 +33,27 @@ def test_lstm_lm_speed_writes_every_row_with_ratios(tmp_path):
 
 def test_accelerator_speed_runs_on_a_cpu_with_the_gpu_rows_skipped(tmp_path):
   """The GPU benchmark at a tiny size: cuDNN's row is skipped with a message,
-  and its code runs with jax.experimental.rnn's reference scan when asked."""
+  a way a recipe's layers cannot run too, and cuDNN's code runs with
+  jax.experimental.rnn's reference scan when asked."""
   output = tmp_path / 'bench.json'
   script = [sys.executable, str(REPO / 'benchmarks' / 'accelerator_speed.py'), '--tiny=16',
             '--steps=1', '--rounds=1', f'--output={output}']
   skipped = subprocess.run([*script, '--recipes=mogrifier_paper:ptb_mogrifier',
-                            '--baselines=jax_cudnn_lstm,flax_lstm',
-                            f'--profile_dir={tmp_path / "profile"}'],
+                            '--scans=auto,cudnn', '--baselines=jax_cudnn_lstm,flax_lstm',
+                            '--baseline_hidden=recipe', f'--profile_dir={tmp_path / "profile"}'],
                            check=True, capture_output=True, text=True, cwd=REPO)
   assert 'jax_cudnn_lstm: skipped, cuDNN runs on NVIDIA GPUs only' in skipped.stdout
+  assert ("mogrifier_paper:ptb_mogrifier@cudnn: skipped, model.scan='cudnn' cannot run "
+          'Mogrify(LSTMCell)') in skipped.stdout
   result = json.loads(output.read_text())
   rows = {row['row']: row for row in result['results']}
-  assert set(rows) == {'mogrifier_paper:ptb_mogrifier', 'flax_lstm'}
+  assert set(rows) == {'mogrifier_paper:ptb_mogrifier', 'flax_lstm@16'}
   recipe = rows['mogrifier_paper:ptb_mogrifier']
   assert recipe['model'].startswith('Mogrifier lstm (5 rounds, rank 8)')
   # 1,000 turns of 200 updates of 4 x 5 tokens (the tiny batch), at the measured rate
   assert recipe['recipe_tokens'] == 200_000 * 4 * 5
   assert recipe['recipe_hours'] == recipe['recipe_tokens'] / recipe['train_tokens_per_s'] / 3600
+  assert recipe['train_ms_per_step'] == pytest.approx(1e3 / recipe['train_tokens_per_s'] * 20)
   assert result['recurrence_matmul_seconds'] > 0
   # Tied: every parameter multiplies (the embedding as the softmax too); 6 FLOPs
   # per weight and token of a 4 x 5 window.
@@ -61,22 +65,30 @@ def test_accelerator_speed_runs_on_a_cpu_with_the_gpu_rows_skipped(tmp_path):
   assert model.tie_embeddings
   assert recipe['train_step_flops'] == 6 * count_params(build_model(model, 50)) * 20
   # Untied (flax_lstm): the input embedding is only looked up.
-  assert rows['flax_lstm']['matmul_params'] == 2 * (8 * 16 * 16 + 4 * 16) + 16 * 50 + 50
-  for row in rows.values():
-    assert row['train_ratio_vs_flax_lstm'] == (row['train_tokens_per_s']
-                                               / rows['flax_lstm']['train_tokens_per_s'])
+  assert rows['flax_lstm@16']['matmul_params'] == 2 * (8 * 16 * 16 + 4 * 16) + 16 * 50 + 50
+  for row in rows.values():  # no cuDNN nor PyTorch row to compare with
+    assert 'train_vs_cudnn' not in row and 'train_vs_torch_fastest' not in row
   assert {p.name for p in (tmp_path / 'profile').iterdir()} == {
-      'mogrifier_paper_ptb_mogrifier', 'flax_lstm'}
+      'mogrifier_paper_ptb_mogrifier', 'flax_lstm_16'}
 
-  subprocess.run([*script, '--recipes=mogrifier_paper:ptb_lstm', '--baselines=jax_cudnn_lstm',
-                  '--cudnn_reference'], check=True, capture_output=True, cwd=REPO)
+  subprocess.run([*script, '--recipes=mogrifier_paper:ptb_lstm', '--scans=auto,pallas',
+                  '--baselines=jax_cudnn_lstm', '--cudnn_reference'],
+                 check=True, capture_output=True, cwd=REPO)
   rows = {row['row']: row for row in json.loads(output.read_text())['results']}
-  assert 'reference scan' in rows['jax_cudnn_lstm']['library']
-  assert rows['jax_cudnn_lstm']['train_tokens_per_s'] > 0
+  assert set(rows) == {'mogrifier_paper:ptb_lstm', 'mogrifier_paper:ptb_lstm@pallas',
+                       'jax_cudnn_lstm@16', 'jax_cudnn_lstm@32'}  # the recipe's size, and 2x
+  assert rows['mogrifier_paper:ptb_lstm@pallas']['scan'] == 'pallas'
+  cudnn = rows['jax_cudnn_lstm@16']
+  assert 'reference scan' in cudnn['library'] and cudnn['train_vs_cudnn'] == 1
+  for name in ('mogrifier_paper:ptb_lstm', 'mogrifier_paper:ptb_lstm@pallas'):
+    assert rows[name]['train_vs_cudnn'] == (rows[name]['train_tokens_per_s']
+                                            / cudnn['train_tokens_per_s'])
+    assert rows[name]['eval_vs_cudnn'] == (rows[name]['eval_tokens_per_s']
+                                           / cudnn['eval_tokens_per_s'])
   # cuDNN's packed weights of two 16-unit layers, and an untied 16 x 50 softmax.
   from jax.experimental import rnn
   packed = rnn.init_lstm_weight(jax.random.key(0), 16, 16, 2, False).size
-  assert rows['jax_cudnn_lstm']['matmul_params'] == packed + 16 * 50 + 50
+  assert cudnn['matmul_params'] == packed + 16 * 50 + 50
   assert lstm_lm_matmul_params(16, 50) == packed + 16 * 50 + 50
 
 

@@ -82,3 +82,22 @@ def test_a_masked_state_is_refused_when_asked_and_passed_over_by_auto(monkeypatc
 def test_auto_off_a_gpu_keeps_the_fused_window():
   assert jax.default_backend() == 'cpu'
   assert resolve_scan(LSTMCell(N), 'auto') == 'fused'
+
+
+def test_a_stack_of_seeds_runs_one_call_per_seed_with_each_seeds_gradients():
+  """cuDNN's primitives have no batching rule: under vmap the window loops
+  over the mapped axis, forward and back, and equals each seed alone."""
+  cell = LSTMCell(N)
+  stacked = jax.tree.map(lambda *p: jnp.stack(p), _params(cell, 0), _params(cell, 5))
+  xs = jax.random.normal(jax.random.key(3), (T, B, M))
+  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
+
+  def loss(p, scan):
+    (c, h), out = RecurrentLayer(cell, scan=scan).apply({'params': p}, carry, xs)
+    return jnp.sum(jnp.sin(out)) + jnp.sum(c ** 2)
+
+  got = jax.jit(jax.vmap(jax.grad(lambda p: loss(p, 'cudnn'))))(stacked)
+  want = jax.vmap(jax.grad(lambda p: loss(p, 'scan')))(stacked)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)
+  jaxpr = str(jax.make_jaxpr(jax.vmap(jax.grad(lambda p: loss(p, 'cudnn'))))(stacked))
+  assert 'custom_vmap' in jaxpr
