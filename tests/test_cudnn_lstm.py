@@ -58,7 +58,7 @@ def test_the_window_and_its_gradients_equal_the_plain_scans(recurrent_bias):
 @pytest.mark.parametrize('cell, reason', [
     (LSTMCell(N, cap_input_gate=True), 'no capped input gate'),
     (LSTMCell(N, dtype=jnp.bfloat16), 'float32 products only, not bfloat16'),
-    (Mogrify(LSTMCell(N), rounds=2), "choose one of 'auto', 'scan', 'fused', 'remat'"),
+    (Mogrify(LSTMCell(N), rounds=2), "choose one of 'auto', 'scan', 'fused', 'pallas', 'remat'"),
     (nn.GRUCell(N), "choose one of 'auto', 'scan', 'remat'")])
 def test_a_layer_cudnn_cannot_run_is_refused_with_the_reason(cell, reason):
   with pytest.raises(ValueError, match=reason):

@@ -101,7 +101,7 @@ def test_tiles_are_powers_of_two_and_shapes_must_tile():
   with pytest.raises(ValueError, match='Tiles.batch must be at least 16'):
     Tiles(batch=8)
   h, mask, c, projected, kernel = _as32(*_step_inputs(0))
-  with pytest.raises(ValueError, match=r'a step of \(16, 40\) does not tile .* units to one '
+  with pytest.raises(ValueError, match=r'a step of \(16, 40, 40\) does not tile .* widths to one '
                                        'of 16'):
     forward_step(h[:, :40], mask[:, :40], c[:, :40], projected[..., :40],
                  kernel[:, :40, :40], tiles=TILES, dtype=jnp.float32, cap_input_gate=False)

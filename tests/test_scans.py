@@ -41,7 +41,7 @@ def test_a_way_a_cell_cannot_take_is_refused_naming_the_cell_and_the_ways_it_can
   assert str(refused.value) == ("scan='fused' cannot run GRUCell: choose one of 'auto', "
                                 "'scan', 'remat'")
   with pytest.raises(ValueError, match=r"'hoisted' cannot run Mogrify\(LSTMCell\): choose one "
-                                       r"of 'auto', 'scan', 'fused', 'remat'"):
+                                       r"of 'auto', 'scan', 'fused', 'pallas', 'remat'"):
     resolve_scan(Mogrify(LSTMCell(N), rounds=2), 'hoisted')
   with pytest.raises(ValueError, match="scan='fast' is not known: choose one of " +
                      ', '.join(SCANS)):

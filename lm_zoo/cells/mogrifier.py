@@ -22,7 +22,7 @@ def _gate(x: jax.Array) -> jax.Array:
   return 2.0 * nn.sigmoid(x)  # 2σ(0) = 1: fresh rounds start near the identity
 
 
-def _round_name(i: int) -> str:
+def round_name(i: int) -> str:
   return f'q{i}' if i % 2 else f'r{i}'
 
 
@@ -89,7 +89,7 @@ class Mogrify(nn.RNNCellBase):
 
     def round_gate(i, source):
       features = inputs.shape[-1] if i % 2 else h.shape[-1]
-      dense = LowRankDense(features, self.rank, dtype=self.dtype, name=_round_name(i))
+      dense = LowRankDense(features, self.rank, dtype=self.dtype, name=round_name(i))
       return _gate(dense(source)), None
 
     x, h, _ = mogrify_rounds(inputs, h, round_gate, self.rounds, self.zigzag)
@@ -140,7 +140,7 @@ class MogrifierRounds:
     def round_gate(i, source):
       if gates is not None:
         return gates[i - 1], None
-      pre, hidden = low_rank_linear(params[_round_name(i)], source, self.dtype)
+      pre, hidden = low_rank_linear(params[round_name(i)], source, self.dtype)
       return _gate(pre), hidden
 
     return mogrify_rounds(x, h, round_gate, self.rounds, self.zigzag)
@@ -149,7 +149,7 @@ class MogrifierRounds:
     """Per round: the gate's width and the low-rank hidden's (0 at full rank)."""
     widths = []
     for i in range(1, self.rounds + 1):
-      p = params[_round_name(i)]
+      p = params[round_name(i)]
       widths.append((x.shape[-1] if i % 2 else h.shape[-1],
                      p['kernel_in'].shape[-1] if 'kernel_in' in p else 0))
     return widths
@@ -177,7 +177,7 @@ class MogrifierRounds:
       d_out = d_x if odd else d_h
       d_z = d_out * gated * gate * (1 - gate / 2)
       d_gated = (d_out * gate).astype(d_out.dtype)
-      p = params[_round_name(i)]
+      p = params[round_name(i)]
       dtype = self.dtype or d_z.dtype
       if 'kernel_in' in p:
         d_hidden[i - 1] = contract('bn,kn->bk', d_z, p['kernel_out'], dtype)
@@ -208,7 +208,7 @@ class MogrifierRounds:
     grads = {}
     for i, ((source, *_), hidden, d_pre, d_hidden) in enumerate(
         zip(trace, hiddens, d_pres, d_hiddens), start=1):
-      p = params[_round_name(i)]
+      p = params[round_name(i)]
       accumulate = jnp.promote_types(p['bias'].dtype if 'bias' in p else source.dtype,
                                      jnp.float32)
 
@@ -222,7 +222,7 @@ class MogrifierRounds:
         g = {'kernel': product(source, d_pre)}
       if 'bias' in p:
         g['bias'] = jnp.sum(d_pre.reshape(-1, d_pre.shape[-1]), axis=0, dtype=accumulate)
-      grads[_round_name(i)] = {k: v.astype(p[k].dtype) for k, v in g.items()}
+      grads[round_name(i)] = {k: v.astype(p[k].dtype) for k, v in g.items()}
     return grads
 
 

@@ -22,22 +22,22 @@ from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, 
 from lm_zoo.layers.products import accumulation_dtype, contract
 
 
-def _round_up(size: int, multiple: int) -> int:
+def round_up(size: int, multiple: int) -> int:
   return -(-size // multiple) * multiple
 
 
-def _pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+def pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   return jnp.pad(x, [(0, want - have) for have, want in zip(x.shape, shape)])
 
 
-def _gate_major(x: jax.Array, batch: int, units: int) -> jax.Array:
+def gate_major(x: jax.Array, batch: int, units: int) -> jax.Array:
   """(..., B, 4n) -> (..., 4, batch, units), zero-padded."""
   *lead, b, four_n = x.shape
   x = jnp.moveaxis(x.reshape(*lead, b, GATES, four_n // GATES), -2, -3)
-  return _pad_to(x, (*lead, GATES, batch, units))
+  return pad_to(x, (*lead, GATES, batch, units))
 
 
-def _gate_minor(x: jax.Array, batch: int, units: int) -> jax.Array:
+def gate_minor(x: jax.Array, batch: int, units: int) -> jax.Array:
   """(..., 4, B', n') -> (..., batch, 4 units), the padding cut off."""
   x = jnp.moveaxis(x[..., :batch, :units], -3, -2)
   return x.reshape(*x.shape[:-2], GATES * units)
@@ -46,12 +46,12 @@ def _gate_minor(x: jax.Array, batch: int, units: int) -> jax.Array:
 def _layout(projected, recurrent_kernel, c0, h0, mask, dtype, tiles):
   """Everything in the kernels' padded, gate-major layout."""
   batch, n = h0.shape
-  size_b = _round_up(batch, tiles.batch)
-  size_n = _round_up(n, tiles.unit_multiple)
+  size_b = round_up(batch, tiles.batch)
+  size_n = round_up(n, tiles.unit_multiple)
   kernel = jnp.moveaxis(recurrent_kernel.reshape(n, GATES, n), 1, 0)
-  kernel = _pad_to(kernel.astype(dtype), (GATES, size_n, size_n))
-  state = lambda x: _pad_to(x.astype(jnp.float32), (size_b, size_n))
-  return (_gate_major(projected.astype(jnp.float32), size_b, size_n), kernel, state(c0),
+  kernel = pad_to(kernel.astype(dtype), (GATES, size_n, size_n))
+  state = lambda x: pad_to(x.astype(jnp.float32), (size_b, size_n))
+  return (gate_major(projected.astype(jnp.float32), size_b, size_n), kernel, state(c0),
           state(h0), state(mask))
 
 
@@ -97,12 +97,12 @@ def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cota
   d_hs, (d_c_last, d_h_last) = cotangents
   batch, n = h0.shape
   size_t, size_b, size_n = hs.shape
-  pad_state = lambda x: _pad_to(x.astype(jnp.float32), (size_b, size_n))
+  pad_state = lambda x: pad_to(x.astype(jnp.float32), (size_b, size_n))
   c_first = pad_state(c0)
   forget, d_c_from_h, scales = gate_factors(*(acts[:, g] for g in range(GATES)), cs, c_first,
                                             cap_input_gate)
   scales = jnp.stack(scales, axis=1)
-  d_out = _pad_to(d_hs.astype(jnp.float32), (size_t, size_b, size_n))
+  d_out = pad_to(d_hs.astype(jnp.float32), (size_t, size_b, size_n))
   d_out = d_out.at[-1].add(pad_state(d_h_last))
   step_kernel = functools.partial(backward_step, tiles=tiles, dtype=dtype, interpret=interpret)
 
@@ -124,7 +124,7 @@ def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cota
   d_gates_rows = jnp.moveaxis(d_gates, 1, 2).reshape(-1, GATES * size_n)
   d_kernel = contract('mk,mj->kj', h_in, d_gates_rows, dtype).reshape(size_n, GATES, size_n)
   d_kernel = d_kernel[:n, :, :n].reshape(n, GATES * n)
-  return (_gate_minor(d_gates, batch, n).astype(projected.dtype),
+  return (gate_minor(d_gates, batch, n).astype(projected.dtype),
           d_kernel.astype(recurrent_kernel.dtype), _cut(d_c0, c0),
           _cut(d_rec0 * padded_mask, h0), _cut(d_mask, mask))
 

@@ -49,6 +49,7 @@ from lm_zoo.cells.lstm import LSTMCell, gate_bias
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence, mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import Mogrify, MogrifierRounds
 from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
+from lm_zoo.cells.pallas_mogrifier import pallas_mogrified_lstm_recurrence
 from lm_zoo.layers.products import accumulation_dtype, linear
 
 SCANS = ('auto', 'scan', 'hoisted', 'fused', 'pallas', 'cudnn', 'remat')
@@ -113,18 +114,34 @@ def pallas_lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
                                 unroll, _dtype(cell, projected, params), cell.cap_input_gate)
 
 
+def _mogrified_args(cell: Mogrify, params, inputs):
+  """The LSTM's W, b (+ b_h), U, the rounds, their parameters and the gates'
+  product dtype of a `Mogrify(LSTMCell)`."""
+  lstm, inner = cell.cell, params['cell']
+  rounds = {name: value for name, value in params.items() if name != 'cell'}
+  dtype = lstm.dtype or jnp.result_type(inputs, inner['input']['kernel'])
+  return (inner['input']['kernel'], gate_bias(inner), inner['recurrent_kernel'],
+          MogrifierRounds(cell.rounds, cell.zigzag, cell.dtype), rounds, dtype)
+
+
 def mogrified_lstm_window(cell: Mogrify, params, carry, inputs: jax.Array,
                           state_mask: jax.Array | None = None, unroll: int = 1):
   """`Mogrify(LSTMCell)`'s window: `mixed_lstm_recurrence` with the rounds as
   its mix (`MogrifierRounds`), so that every weight gradient of the layer is
   one matrix product per window."""
-  lstm, inner = cell.cell, params['cell']
-  rounds = {name: value for name, value in params.items() if name != 'cell'}
-  dtype = lstm.dtype or jnp.result_type(inputs, inner['input']['kernel'])
-  return mixed_lstm_recurrence(inputs, inner['input']['kernel'], gate_bias(inner),
-                               inner['recurrent_kernel'], carry,
-                               MogrifierRounds(cell.rounds, cell.zigzag, cell.dtype), rounds,
-                               state_mask, dtype, unroll, lstm.cap_input_gate)
+  kernel, bias, recurrent_kernel, mix, rounds, dtype = _mogrified_args(cell, params, inputs)
+  return mixed_lstm_recurrence(inputs, kernel, bias, recurrent_kernel, carry, mix, rounds,
+                               state_mask, dtype, unroll, cell.cell.cap_input_gate)
+
+
+def pallas_mogrified_lstm_window(cell: Mogrify, params, carry, inputs: jax.Array,
+                                 state_mask: jax.Array | None = None, unroll: int = 1):
+  """`Mogrify(LSTMCell)`'s window with two Pallas kernels a step:
+  `pallas_mogrified_lstm_recurrence`."""
+  kernel, bias, recurrent_kernel, mix, rounds, dtype = _mogrified_args(cell, params, inputs)
+  return pallas_mogrified_lstm_recurrence(inputs, kernel, bias, recurrent_kernel, carry, mix,
+                                          rounds, state_mask, dtype, unroll,
+                                          cell.cell.cap_input_gate)
 
 
 def _inner_window(kernel: FusedKernel, cell: Mogrify, params, *args):
@@ -153,7 +170,7 @@ REGISTRY: dict[type, CellScans] = {
                         fused=lambda cell: lstm_window, pallas=lambda cell: pallas_lstm_window,
                         cudnn=_cudnn_kernel),
     Mogrify: CellScans(fused=_mogrify_kernel('fused', mogrified_lstm_window),
-                       pallas=_mogrify_kernel('pallas'), cudnn=_mogrify_kernel('cudnn')),
+                       pallas=_mogrify_kernel('pallas', pallas_mogrified_lstm_window), cudnn=_mogrify_kernel('cudnn')),
 }
 
 

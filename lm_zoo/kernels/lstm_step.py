@@ -8,23 +8,25 @@ The forward kernel computes, for a tile of batch rows and a tile of units,
 (σ(i) capped at 1 - σ(f) with `cap_input_gate`): the recurrent product, the
 gate nonlinearities and the cell update in one launch, where XLA runs a
 product and several elementwise kernels. Its grid covers (batch tiles, unit
-tiles); each program reads the whole previous state of its rows and the four
-gates' columns of U for its units, in chunks along the summed axis.
+tiles); each program reads the whole of what the gates read for its rows
+and the four gates' columns of U for its units, in chunks along the summed
+axis. What the gates read is h_{t-1} (K = N) or, for a cell that mixes its
+inputs first (the Mogrifier), the mixed [x; h] with U = [W; U] (K = m + n).
 
 The backward kernel takes one step back: from dL/dh_t (the output's gradient
 plus the recurrent one, which it masks) and dL/dc_t it forms the gates'
 gradients dG_g = s_g ⊙ (dc or dh) from the factors s_g that the caller
 computed for every step at once, writes its own tile of them, and sums
-dL/d(m ⊙ h_{t-1}) = Σ_g dG_g U_gᵀ for its tile of units; each program forms
-the gates' gradients of all units it sums over (cheap elementwise work,
-repeated per unit tile, so that no program waits for another).
+dL/d(what the gates read) = Σ_g dG_g U_gᵀ for its tile of that; each
+program forms the gates' gradients of all units it sums over (cheap
+elementwise work, repeated per tile, so that no program waits for another).
 
 Layouts are gate-major: projections, activations and gate gradients
-(4, B, N), the recurrent kernel (4, N, N) as [gate, input unit, output
-unit]. B and N must be multiples of the tiles (`Tiles`); the window in
-`lm_zoo.kernels.lstm_window` pads them so. Block shapes are powers of two,
-as the Triton backend wants; on a CPU the kernels run in Pallas' interpret
-mode (the tests' way of checking their arithmetic without a GPU).
+(4, B, N), the kernel (4, K, N) as [gate, summed unit, output unit]. B, K
+and N must be multiples of the tiles (`Tiles`); the windows pad them so.
+Block shapes are powers of two, as the Triton backend wants; on a CPU the
+kernels run in Pallas' interpret mode (the tests' way of checking their
+arithmetic without a GPU).
 """
 
 from __future__ import annotations
@@ -114,11 +116,15 @@ def _product(a, b, dtype, precision, transpose_b=False):
                              preferred_element_type=jnp.float32)
 
 
-def _forward_kernel(h_ref, mask_ref, c_ref, p_ref, u_ref, c_out, h_out, act_out, *,
-                    chunks, chunk, dtype, precision, cap_input_gate):
+def _forward_kernel(*refs, chunks, chunk, dtype, precision, cap_input_gate, masked):
+  if masked:
+    h_ref, mask_ref, c_ref, p_ref, u_ref, c_out, h_out, act_out = refs
+  else:
+    (h_ref, c_ref, p_ref, u_ref, c_out, h_out, act_out), mask_ref = refs, None
+
   def accumulate(k, gates):
     cols = pl.ds(pl.multiple_of(k * chunk, chunk), chunk)
-    h = h_ref[:, cols] * mask_ref[:, cols]
+    h = h_ref[:, cols] if mask_ref is None else h_ref[:, cols] * mask_ref[:, cols]
     return tuple(g + _product(h, u_ref[gate, cols, :], dtype, precision)
                  for gate, g in enumerate(gates))
 
@@ -133,39 +139,43 @@ def _forward_kernel(h_ref, mask_ref, c_ref, p_ref, u_ref, c_out, h_out, act_out,
     act_out[gate] = act.astype(act_out.dtype)
 
 
-def forward_step(h: jax.Array, mask: jax.Array, c: jax.Array, projected: jax.Array,
+def forward_step(h: jax.Array, mask: jax.Array | None, c: jax.Array, projected: jax.Array,
                  kernel: jax.Array, *, tiles: Tiles, dtype: Any, cap_input_gate: bool,
                  interpret: bool | None = None):
   """One step: (c_t, h_t, activations (4, B, N): σ(i), σ(f), tanh(j), σ(o)).
 
   Args:
-    h, mask, c: h_{t-1}, its mask and c_{t-1}, each (B, N).
+    h, mask: what the gates read, (B, K): h_{t-1} and its mask (None: no
+      mask), or for a cell that mixes its inputs first, the mixed [x; h].
+    c: c_{t-1}, (B, N).
     projected: P = W x_t + b, (4, B, N).
-    kernel: U, (4, N, N).
-    tiles: the tiling; B and N multiples of its batch and `unit_multiple`.
+    kernel: U, (4, K, N).
+    tiles: the tiling; B, K and N multiples of its batch and `unit_multiple`.
     dtype: the product's operand dtype (bfloat16 sums in float32).
     cap_input_gate: write with min(1 - σ(f), σ(i)) (the activations keep σ(i)).
     interpret: run in Pallas' interpreter (default: off a GPU).
   """
-  batch, units = h.shape
-  _check_shapes(batch, units, tiles)
+  batch, summed = h.shape
+  units = c.shape[-1]
+  _check_shapes(batch, (summed, units), tiles)
   interpret = interpret_default() if interpret is None else interpret
-  rows = lambda width: pl.BlockSpec((tiles.batch, width), lambda b, u: (b, 0))
+  rows = pl.BlockSpec((tiles.batch, summed), lambda b, u: (b, 0))
   tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, u))
   gate_tile = pl.BlockSpec((GATES, tiles.batch, tiles.units), lambda b, u: (0, b, u))
-  kernel_spec = pl.BlockSpec((GATES, units, tiles.units), lambda b, u: (0, 0, u))
-  body = functools.partial(_forward_kernel, chunks=units // tiles.chunk, chunk=tiles.chunk,
+  kernel_spec = pl.BlockSpec((GATES, summed, tiles.units), lambda b, u: (0, 0, u))
+  body = functools.partial(_forward_kernel, chunks=summed // tiles.chunk, chunk=tiles.chunk,
                            dtype=dtype, precision=precision_for(dtype),
-                           cap_input_gate=cap_input_gate)
+                           cap_input_gate=cap_input_gate, masked=mask is not None)
+  masks = [] if mask is None else [mask]
   return pl.pallas_call(
       body, grid=(batch // tiles.batch, units // tiles.units),
-      in_specs=[rows(units), rows(units), tile, gate_tile, kernel_spec],
+      in_specs=[rows, *[rows] * len(masks), tile, gate_tile, kernel_spec],
       out_specs=[tile, tile, gate_tile],
       out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype),
-                 jax.ShapeDtypeStruct(h.shape, h.dtype),
+                 jax.ShapeDtypeStruct(c.shape, h.dtype),
                  jax.ShapeDtypeStruct(projected.shape, jnp.float32)],
       compiler_params=_compiler_params(tiles, interpret), interpret=interpret,
-      name='lstm_step_forward')(h, mask, c, projected, kernel)
+      name='lstm_step_forward')(h, *masks, c, projected, kernel)
 
 
 def _gate_gradients(d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, scale_ref, cols):
@@ -177,32 +187,39 @@ def _gate_gradients(d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, sca
 
 
 def _backward_kernel(d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, scale_ref,
-                     f_ref, u_ref, d_c_out, d_rec_out, d_gates_out, *, chunks, chunk, units,
-                     dtype, precision):
+                     f_ref, u_ref, d_c_out, d_in_out, d_gates_out, *, chunks, chunk, units,
+                     summed_tiles, unit_tiles, dtype, precision):
   refs = (d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, scale_ref)
+  tile = pl.program_id(1)
 
-  def accumulate(k, total):
-    cols = pl.ds(pl.multiple_of(k * chunk, chunk), chunk)
-    _, d_gates = _gate_gradients(*refs, cols)
+  @pl.when(tile < summed_tiles)
+  def _():
+    def accumulate(k, total):
+      cols = pl.ds(pl.multiple_of(k * chunk, chunk), chunk)
+      _, d_gates = _gate_gradients(*refs, cols)
+      for gate, d_gate in enumerate(d_gates):
+        total = total + _product(d_gate, u_ref[gate, :, cols], dtype, precision,
+                                 transpose_b=True)
+      return total
+
+    d_in_out[...] = jax.lax.fori_loop(0, chunks, accumulate,
+                                      jnp.zeros(d_in_out.shape, jnp.float32))
+
+  @pl.when(tile < unit_tiles)
+  def _():
+    own = pl.ds(pl.multiple_of(tile * units, units), units)
+    d_c, d_gates = _gate_gradients(*refs, own)
+    d_c_out[...] = d_c * f_ref[...]
     for gate, d_gate in enumerate(d_gates):
-      total = total + _product(d_gate, u_ref[gate, :, cols], dtype, precision,
-                               transpose_b=True)
-    return total
-
-  d_rec_out[...] = jax.lax.fori_loop(0, chunks, accumulate,
-                                     jnp.zeros(d_rec_out.shape, jnp.float32))
-  own = pl.ds(pl.multiple_of(pl.program_id(1) * units, units), units)
-  d_c, d_gates = _gate_gradients(*refs, own)
-  d_c_out[...] = d_c * f_ref[...]
-  for gate, d_gate in enumerate(d_gates):
-    d_gates_out[gate] = d_gate
+      d_gates_out[gate] = d_gate
 
 
 def backward_step(d_out: jax.Array, d_rec: jax.Array, mask: jax.Array, d_c: jax.Array,
                   d_c_from_h: jax.Array, scales: jax.Array, forget: jax.Array,
                   kernel: jax.Array, *, tiles: Tiles, dtype: Any,
                   interpret: bool | None = None):
-  """One step back: (dL/dc_{t-1}, dL/d(m ⊙ h_{t-1}), dL/dG (4, B, N)).
+  """One step back: (dL/dc_{t-1}, dL/d(what the gates read) (B, K),
+  dL/dG (4, B, N)).
 
   Args:
     d_out: dL/dh_t from the step's output (B, N).
@@ -211,33 +228,43 @@ def backward_step(d_out: jax.Array, d_rec: jax.Array, mask: jax.Array, d_c: jax.
     d_c: dL/dc_t from the step after (B, N).
     d_c_from_h: dc_t/dh_t's factor σ(o) (1 - tanh²(c_t)) (B, N).
     scales: each gate's derivative factor (4, B, N) (see
-      `lm_zoo.cells.lstm_recurrence`).
+      `lm_zoo.cells.lstm_recurrence.gate_factors`).
     forget: σ(f) of this step (B, N).
-    kernel: U, (4, N, N).
+    kernel: U, (4, K, N).
     tiles, dtype, interpret: as `forward_step`'s.
   """
   batch, units = d_out.shape
-  _check_shapes(batch, units, tiles)
+  summed = kernel.shape[1]
+  _check_shapes(batch, (summed, units), tiles)
   interpret = interpret_default() if interpret is None else interpret
+  summed_tiles, unit_tiles = summed // tiles.units, units // tiles.units
+  # Programs cover the wider of K and N; each index clamps to its own axis.
+  last = lambda u, tiles_of: jnp.minimum(u, tiles_of - 1)
   rows = pl.BlockSpec((tiles.batch, units), lambda b, u: (b, 0))
   gate_rows = pl.BlockSpec((GATES, tiles.batch, units), lambda b, u: (0, b, 0))
-  tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, u))
-  gate_tile = pl.BlockSpec((GATES, tiles.batch, tiles.units), lambda b, u: (0, b, u))
-  kernel_spec = pl.BlockSpec((GATES, tiles.units, units), lambda b, u: (0, u, 0))
+  tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, last(u, unit_tiles)))
+  summed_tile = pl.BlockSpec((tiles.batch, tiles.units),
+                             lambda b, u: (b, last(u, summed_tiles)))
+  gate_tile = pl.BlockSpec((GATES, tiles.batch, tiles.units),
+                           lambda b, u: (0, b, last(u, unit_tiles)))
+  kernel_spec = pl.BlockSpec((GATES, tiles.units, units),
+                             lambda b, u: (0, last(u, summed_tiles), 0))
   body = functools.partial(_backward_kernel, chunks=units // tiles.chunk, chunk=tiles.chunk,
-                           units=tiles.units, dtype=dtype, precision=precision_for(dtype))
+                           units=tiles.units, summed_tiles=summed_tiles, unit_tiles=unit_tiles,
+                           dtype=dtype, precision=precision_for(dtype))
   f32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   return pl.pallas_call(
-      body, grid=(batch // tiles.batch, units // tiles.units),
+      body, grid=(batch // tiles.batch, max(summed_tiles, unit_tiles)),
       in_specs=[rows, rows, rows, rows, rows, gate_rows, tile, kernel_spec],
-      out_specs=[tile, tile, gate_tile],
-      out_shape=[f32(d_c.shape), f32(d_rec.shape), f32(scales.shape)],
+      out_specs=[tile, summed_tile, gate_tile],
+      out_shape=[f32(d_c.shape), f32((batch, summed)), f32(scales.shape)],
       compiler_params=_compiler_params(tiles, interpret), interpret=interpret,
       name='lstm_step_backward')(d_out, d_rec, mask, d_c, d_c_from_h, scales, forget, kernel)
 
 
-def _check_shapes(batch: int, units: int, tiles: Tiles) -> None:
-  if batch % tiles.batch or units % tiles.unit_multiple:
-    raise ValueError(f'a step of ({batch}, {units}) does not tile by {tiles}: pad the batch '
-                     f'to a multiple of {tiles.batch} and the units to one of '
+def _check_shapes(batch: int, widths: tuple[int, ...], tiles: Tiles) -> None:
+  if batch % tiles.batch or any(width % tiles.unit_multiple for width in widths):
+    shape = ', '.join(map(str, (batch, *widths)))
+    raise ValueError(f'a step of ({shape}) does not tile by {tiles}: pad the batch '
+                     f'to a multiple of {tiles.batch} and the widths to one of '
                      f'{tiles.unit_multiple}')

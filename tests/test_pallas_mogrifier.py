@@ -1,0 +1,46 @@
+"""scan='pallas' for the Mogrifier LSTM: the window (its kernels interpreted
+on the CPU) against the fused window, values and every gradient."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
+from lm_zoo.models import RecurrentLayer
+
+M, N, B, T = 6, 10, 3, 5
+
+
+def _relative(got, want):
+  return float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+
+
+@pytest.mark.parametrize('rounds, rank, zigzag, dtype', [
+    (5, 2, True, None), (4, 0, False, None), (3, 3, True, jnp.bfloat16)],
+    ids=['r5 low rank', 'r4 full rank no zigzag', 'r3 bfloat16'])
+def test_values_and_every_gradient_are_the_fused_windows(rounds, rank, zigzag, dtype):
+  cell = Mogrify(LSTMCell(N, cap_input_gate=True, recurrent_bias=True, dtype=dtype),
+                 rounds=rounds, rank=rank, zigzag=zigzag, dtype=dtype)
+  assert resolve_scan(cell, 'pallas') == 'pallas'
+  keys = jax.random.split(jax.random.key(0), 5)
+  xs = jax.random.normal(keys[0], (T, B, M))
+  carry = (jax.random.normal(keys[1], (B, N)), jnp.tanh(jax.random.normal(keys[2], (B, N))))
+  mask = jax.random.bernoulli(keys[3], 0.7, (B, N)).astype(jnp.float32) / 0.7
+  params = RecurrentLayer(cell, scan='fused').init(keys[4], carry, xs, mask)['params']
+  params = jax.tree.map(lambda a: a + 0.1 * jax.random.normal(keys[4], a.shape), params)
+
+  def loss(p, scan, xs, mask):
+    (c, h), out = RecurrentLayer(cell, scan=scan).apply({'params': p}, carry, xs, mask)
+    weights = jnp.arange(out.size).reshape(out.shape) / out.size
+    return jnp.sum(jnp.sin(out) * weights) + jnp.sum(c ** 2) + jnp.sum(h)
+
+  gradient = jax.value_and_grad(loss, argnums=(0, 2, 3))
+  want, want_grads = gradient(params, 'fused', xs, mask)
+  got, got_grads = jax.jit(gradient, static_argnums=1)(params, 'pallas', xs, mask)
+  tolerance = 1e-5 if dtype is None else 1e-3  # both round the same operands to bfloat16
+  assert abs(got - want) <= tolerance * abs(want)
+  worst = max(jax.tree.leaves(jax.tree.map(_relative, got_grads, want_grads)))
+  assert worst < tolerance
+  np.testing.assert_allclose(jax.tree.leaves(got_grads)[0], jax.tree.leaves(want_grads)[0],
+                             rtol=10 * tolerance, atol=10 * tolerance)
