@@ -4,10 +4,13 @@ A 2-layer LSTM LM (vocab 10k) scores a random stream at batch 1, as the
 papers evaluate: statically (`evaluate_stream`, windows of `--bptt`) and
 dynamically (`dynamic_evaluate` with the SGD and RMS rules and the learned
 rule of `GateNetwork` (8 hidden units), segments of `--segment` tokens, each
-scored and then trained on). Prints tokens/s and the ratio to static
-evaluation; writes JSON.
+scored and then trained on), with its layers run each way of `--scans`
+(`lm_zoo.cells.scans`: on a GPU 'fused', 'pallas' and 'cudnn' serve it as
+they serve training). Prints tokens/s, the ratio to static evaluation and
+to the first scan's row of the same mode; writes JSON.
 
   python benchmarks/dynamic_evaluation_speed.py [--sizes=200,650] [--tokens=2000]
+      [--scans=fused,pallas,cudnn]
 """
 
 import json
@@ -31,6 +34,7 @@ flags.DEFINE_integer('vocab', 10_000, 'Vocabulary size.')
 flags.DEFINE_integer('tokens', 2000, 'Length of the scored stream.')
 flags.DEFINE_integer('segment', 5, 'Dynamic evaluation segment length.')
 flags.DEFINE_integer('bptt', 35, 'Static evaluation window length.')
+flags.DEFINE_list('scans', ['auto'], 'Ways to run the layers (lm_zoo.cells.SCANS).')
 flags.DEFINE_string('output', 'runs/bench_dynamic_evaluation.json', 'JSON results file.')
 FLAGS = flags.FLAGS
 
@@ -42,8 +46,9 @@ def _tokens_per_second(fn) -> float:
   return FLAGS.tokens / (time.perf_counter() - start)
 
 
-def measure(hidden: int) -> list[dict]:
-  model = RecurrentLM(Embedding(FLAGS.vocab, hidden), Stack([LSTMCell(hidden), LSTMCell(hidden)]),
+def measure(hidden: int, scan: str) -> list[dict]:
+  model = RecurrentLM(Embedding(FLAGS.vocab, hidden),
+                      Stack([LSTMCell(hidden), LSTMCell(hidden)], scan=scan),
                       Softmax(FLAGS.vocab))
   params = init_params(model, jax.random.key(0))
   stream = np.random.default_rng(0).integers(0, FLAGS.vocab, FLAGS.tokens + 1).astype(np.int32)
@@ -63,8 +68,8 @@ def measure(hidden: int) -> list[dict]:
       'learned_rule': lambda: dynamic_evaluate(model, params, learned, stream,
                                                FLAGS.segment, extra_args=meta),
   }
-  rows = [{'mode': mode, 'hidden': hidden, 'tokens_per_s': _tokens_per_second(fn)}
-          for mode, fn in runs.items()]
+  rows = [{'mode': mode, 'hidden': hidden, 'scan': scan,
+           'tokens_per_s': _tokens_per_second(fn)} for mode, fn in runs.items()]
   for row in rows:
     row['ratio_vs_static'] = row['tokens_per_s'] / rows[0]['tokens_per_s']
   return rows
@@ -73,17 +78,23 @@ def measure(hidden: int) -> list[dict]:
 def main(argv):
   del argv
   retain_host_memory()  # as lm_zoo's programs do
-  rows = [row for size in FLAGS.sizes for row in measure(int(size))]
+  rows = [row for size in FLAGS.sizes for scan in FLAGS.scans
+          for row in measure(int(size), scan)]
+  for row in rows:
+    first = next(r for r in rows if (r['mode'], r['hidden']) == (row['mode'], row['hidden']))
+    row['ratio_vs_first_scan'] = row['tokens_per_s'] / first['tokens_per_s']
   print(f'devices: {jax.devices()}; vocab {FLAGS.vocab}, batch 1, {FLAGS.tokens} tokens, '
         f'segment {FLAGS.segment}, static window {FLAGS.bptt}')
-  print(f'{"mode":>12} {"hidden":>6} {"tokens/s":>10} {"vs static":>9}')
+  print(f'{"mode":>12} {"hidden":>6} {"scan":>7} {"tokens/s":>10} {"vs static":>9} '
+        f'{"vs " + FLAGS.scans[0]:>10}')
   for r in rows:
-    print(f'{r["mode"]:>12} {r["hidden"]:>6} {r["tokens_per_s"]:>10,.0f} '
-          f'{r["ratio_vs_static"]:>9.2f}')
+    print(f'{r["mode"]:>12} {r["hidden"]:>6} {r["scan"]:>7} {r["tokens_per_s"]:>10,.0f} '
+          f'{r["ratio_vs_static"]:>9.2f} {r["ratio_vs_first_scan"]:>10.2f}')
   if FLAGS.output:
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({'results': rows}, indent=2))
+    path.write_text(json.dumps({'device': str(jax.devices()[0]), 'jax': jax.__version__,
+                                'results': rows}, indent=2))
     print(f'wrote {path}')
 
 

@@ -9,7 +9,17 @@
 #   ptb_mogrifier.txt and the run's work directory ptb_mogrifier/ (its
 #   metrics.jsonl holds tokens/s and the perplexity reached).
 #
-# Two parts run only when KIT_PARTS names them: `stacks` times stacks of
+# Four parts run only when KIT_PARTS names them. `kernels` checks and times
+# the ways a layer can run a window (lm_zoo.cells.scans): the kernels'
+# correctness subset on the device (kernel_tests.txt), the benchmark of every
+# recipe under each scan beside cuDNN and PyTorch in every precision, with
+# kernels a step (benchmark_scans.json, benchmark_scans.txt, profile_scans/),
+# and dynamic evaluation's speed under each (dynamic_evaluation.json,
+# dynamic_evaluation.txt); 6 minutes on an H100 were its plan.
+# `agreement` trains AGREEMENT_STEPS updates of the 24M LSTM and Mogrifier
+# recipes and Zaremba's small one, from one seed, under each scan they take,
+# and collects their validation perplexities (agreement.json, agreement.txt).
+# `stacks` times stacks of
 # seeds against a run alone (benchmarks/stacked_seeds.py: stacked_seeds.json,
 # stacked_seeds.txt); `seeds` trains 8 seeds of Zaremba's medium recipe at
 # once, bfloat16 products, until MINUTES of training in all
@@ -35,8 +45,8 @@ MINUTES=${MINUTES:-10}
 PYTHON=${PYTHON:-python3}
 PARTS=" $(echo ${KIT_PARTS:-tests benchmark train}) "  # any blanks: single spaces
 for part in $PARTS; do
-  case $part in tests|benchmark|train|stacks|seeds) ;; *)
-    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train stacks seeds" >&2
+  case $part in tests|benchmark|train|kernels|agreement|stacks|seeds) ;; *)
+    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train kernels agreement stacks seeds" >&2
     exit 2;;
   esac
 done
@@ -57,12 +67,34 @@ tests=(tests/test_lstm.py tests/test_lstm_recurrence.py tests/test_scans.py
        tests/test_mogrifier.py tests/test_alstm.py tests/test_language_model.py
        tests/test_mixture_of_softmaxes.py tests/test_dual.py tests/test_regularisation.py)
 bench=()
+kernel_tests=(tests/test_lstm_step.py tests/test_pallas_lstm.py tests/test_mogrifier_rounds.py
+              tests/test_pallas_mogrifier.py tests/test_cudnn_lstm.py tests/test_lstm.py)
+kernel_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier,alstm_paper:ptb
+              --scans=auto,fused,pallas,cudnn --steps=10 --rounds=2)
+dynamic=(--sizes=650 --tokens=1000 --scans=fused,pallas,cudnn)
+AGREEMENT_STEPS=${AGREEMENT_STEPS:-200}
+agreement=(--config.train.max_steps=$AGREEMENT_STEPS --config.train.eval_every=0
+           --config.evaluation.splits=valid --config.data.valid_tokens=20000
+           --config.generate.num_lines=0)
+agreement_runs=("mogrifier_paper.py:ptb_lstm fused pallas"
+                "mogrifier_paper.py:ptb_mogrifier fused pallas"
+                "ptb_lstm_small.py fused pallas cudnn")
 train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=valid)
 stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
 seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))
 read -r -a seeds_args <<< "${SEEDS_ARGS:-}"  # words, not globbed
 if [ "${KIT_TINY:-0}" = 1 ]; then
   tests=(tests/test_lstm.py -k test_step_matches_numpy_equations)
+  kernel_tests=(tests/test_lstm_step.py -k forward_step_is_the_lstm_step)
+  kernel_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
+                --scans=pallas --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
+  dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=pallas)
+  agreement=(--config.train.max_steps=2 --config.train.eval_every=0
+             --config.model.param_budget=0 --config.model.hidden_size=16
+             --config.model.embed_size=16 --config.data.batch_size=4 --config.data.bptt=5
+             --config.data.train_tokens=2000 --config.data.valid_tokens=200
+             --config.evaluation.splits=valid --config.generate.num_lines=0)
+  agreement_runs=("ptb_lstm_small.py fused pallas")
   bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
          --baselines=jax_cudnn_lstm)
   train=(--config.train.max_steps=4 --config.train.eval_every=0 --config.model.param_budget=0
@@ -100,6 +132,41 @@ if [[ $PARTS == *" train "* ]]; then
   "$PYTHON" launch/train.py --config=experiments/mogrifier_paper.py:ptb_mogrifier \
       --workdir="$OUT/ptb_mogrifier" "${train[@]}" 2>&1 \
       | tee "$OUT/ptb_mogrifier.txt" || failed+=(ptb_mogrifier)
+fi
+if [[ $PARTS == *" kernels "* ]]; then
+  workers=()
+  if [ "${KIT_TINY:-0}" != 1 ] && "$PYTHON" -c 'import xdist' 2>/dev/null; then
+    workers=(-n "${KIT_TEST_WORKERS:-6}")
+  fi
+  XLA_PYTHON_CLIENT_PREALLOCATE=false "$PYTHON" -m pytest -q -p no:cacheprovider \
+      ${workers[@]+"${workers[@]}"} "${kernel_tests[@]}" 2>&1 | tee "$OUT/kernel_tests.txt" \
+      || failed+=(kernel_tests)
+  "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_scans.json" \
+      --profile_dir="$OUT/profile_scans" "${kernel_bench[@]}" 2>&1 \
+      | tee "$OUT/benchmark_scans.txt" || failed+=(benchmark_scans)
+  "$PYTHON" benchmarks/dynamic_evaluation_speed.py --output="$OUT/dynamic_evaluation.json" \
+      "${dynamic[@]}" 2>&1 | tee "$OUT/dynamic_evaluation.txt" || failed+=(dynamic_evaluation)
+fi
+if [[ $PARTS == *" agreement "* ]]; then
+  for run in "${agreement_runs[@]}"; do
+    read -r config scans <<< "$run"
+    for scan in $scans; do
+      "$PYTHON" launch/train.py --config="experiments/$config" --config.model.scan="$scan" \
+          --workdir="$OUT/agreement/${config//[.:]/_}@$scan" "${agreement[@]}" 2>&1 \
+          | tail -3 || failed+=("agreement $config@$scan")
+    done
+  done
+  "$PYTHON" - "$OUT" <<'COLLECT' 2>&1 | tee "$OUT/agreement.txt" || failed+=(agreement)
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+runs = {}
+for summary in sorted((out / 'agreement').glob('*/summary.json')):
+  s = json.loads(summary.read_text())
+  runs[summary.parent.name] = {'valid_perplexity': s['valid']['perplexity'], 'step': s['step'],
+                               'tokens_per_second': s['tokens_per_second']}
+  print(f"{summary.parent.name:>45} step {s['step']:>5} valid {s['valid']['perplexity']:.6f}")
+(out / 'agreement.json').write_text(json.dumps(runs, indent=2))
+COLLECT
 fi
 if [[ $PARTS == *" stacks "* ]]; then
   "$PYTHON" benchmarks/stacked_seeds.py --output="$OUT/stacked_seeds.json" "${stacks[@]}" 2>&1 \

@@ -246,16 +246,28 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(tmp_path, data_dir):
                          capture_output=True, text=True, env={**os.environ, 'KIT_PARTS': 'test'})
   assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
   assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
-                          'choose from: tests benchmark train stacks seeds\n')
+                          'choose from: tests benchmark train kernels agreement stacks seeds\n')
 
-  # The parts the defaults leave out: stacks of seeds timed, and a stack trained.
+  # The parts the defaults leave out: the kernels checked and timed, the
+  # scans' training compared, stacks of seeds timed, and a stack trained.
   seeds = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
                          capture_output=True, text=True, timeout=900,
-                         env={**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': 'stacks seeds',
+                         env={**os.environ, 'KIT_TINY': '1',
+                              'KIT_PARTS': 'kernels agreement stacks seeds',
                               'SEEDS_ARGS': '--seeds=3 --config.seed=5',
                               'LM_ZOO_DATA': str(data_dir), 'PYTHON': sys.executable,
                               'WHEELS': str(tmp_path / 'no_wheels')})
   assert seeds.returncode == 0, seeds.stdout[-3000:] + seeds.stderr[-3000:]
+  assert ' passed' in (out / 'kernel_tests.txt').read_text()
+  scans = {row['row'] for row in json.loads((out / 'benchmark_scans.json').read_text())['results']}
+  assert scans == {'mogrifier_paper:ptb_lstm@pallas'}
+  dynamic = json.loads((out / 'dynamic_evaluation.json').read_text())['results']
+  assert {row['scan'] for row in dynamic} == {'pallas'}
+  agreement = json.loads((out / 'agreement.json').read_text())
+  assert set(agreement) == {'ptb_lstm_small_py@fused', 'ptb_lstm_small_py@pallas'}
+  fused, pallas = (agreement[f'ptb_lstm_small_py@{scan}']['valid_perplexity']
+                   for scan in ('fused', 'pallas'))
+  assert pallas == pytest.approx(fused, rel=1e-4)  # the same training, to float32 rounding
   rows = json.loads((out / 'stacked_seeds.json').read_text())['results']
   assert [row['seeds'] for row in rows] == ['alone', 1, 2]
   # SEEDS_ARGS overrides the kit's own flags (its tiny size trains 2 seeds).
