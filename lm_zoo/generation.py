@@ -1,5 +1,5 @@
 """Text from a recurrent language model: multinomial sampling with a
-temperature and top-k, greedy decoding and beam search (MODELS.md section 9).
+temperature and top-k, greedy decoding and beam search (docs/models.md §9).
 
 Every decoder reads its prompt with dropout off, then feeds its own tokens
 back one step at a time inside one jitted `lax.scan`. Sampling is

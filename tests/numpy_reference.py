@@ -8,7 +8,7 @@ def sigmoid(x):
 
 
 def lstm_step(params, c, h, x, cap_input_gate=False):
-  """MODELS.md section 1, gate by gate; params as `LSTMCell`'s (gate order i f j o).
+  """docs/models.md §1, gate by gate; params as `LSTMCell`'s (gate order i f j o).
   `cap_input_gate`: lamb's `tiled_lstm.py`, c' = f c + min(1 - f, i) j."""
   W = np.asarray(params['input']['kernel'])
   b = np.asarray(params['input']['bias'])

@@ -1,4 +1,4 @@
-"""Mixture of softmaxes against MODELS.md section 6 written again in NumPy."""
+"""Mixture of softmaxes against docs/models.md §6 written again in NumPy."""
 
 import jax
 import jax.numpy as jnp

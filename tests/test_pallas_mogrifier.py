@@ -9,7 +9,7 @@ import pytest
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
 from lm_zoo.models import RecurrentLayer
 
-M, N, B, T = 6, 10, 3, 5
+M, N, B, T = 6, 10, 3, 3
 
 
 def _relative(got, want):

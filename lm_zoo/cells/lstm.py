@@ -1,4 +1,4 @@
-"""The LSTM cell (MODELS.md section 1), the base cell of every model in the zoo."""
+"""The LSTM cell (docs/models.md §1), the base cell of every model in the zoo."""
 
 from __future__ import annotations
 

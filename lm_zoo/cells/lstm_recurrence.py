@@ -6,7 +6,7 @@ kernel U (n, 4n) and the carry (c_0, h_0), `lstm_recurrence` runs
     [i, f, j, o] = P_t + (m ⊙ h_{t-1}) U
     c_t = σ(f) ⊙ c_{t-1} + σ(i) ⊙ tanh(j),   h_t = σ(o) ⊙ tanh(c_t)
 
-(MODELS.md section 1; m is an optional dropout mask on the fed-back state)
+(docs/models.md §1; m is an optional dropout mask on the fed-back state)
 as one `lax.scan`; with the capped input gate of lamb's `tiled_lstm.py`,
 c_t = σ(f) ⊙ c_{t-1} + min(1 - σ(f), σ(i)) ⊙ tanh(j). Autodiff of that scan would add the rank-B product
 (m ⊙ h_{t-1})ᵀ dG_t into the (n, 4n) gradient of U at every step, a pass over
@@ -16,7 +16,7 @@ dG_t Uᵀ in the backward scan and computes dU = Hᵀ dG as one (n, T·B) x
 
 `mixed_lstm_recurrence` does the same for an LSTM whose gates read x'_t and
 h'_{t-1} computed from x_t and h_{t-1} by a small function (the Mogrifier's
-rounds, MODELS.md section 2): W x' cannot be hoisted then, so the scan runs
+rounds, docs/models.md §2): W x' cannot be hoisted then, so the scan runs
 [x', h'] [W; U] as one product per step, and both W's and U's gradients are
 one product each after the backward scan.
 """

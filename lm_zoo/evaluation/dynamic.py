@@ -1,5 +1,5 @@
-"""Dynamic evaluation of a token stream (Krause et al. 2018; MODELS.md
-section 7): each segment is scored with the current weights, then an optax
+"""Dynamic evaluation of a token stream (Krause et al. 2018; docs/models.md
+§7): each segment is scored with the current weights, then an optax
 transformation (`lm_zoo.optim.dynamic_sgd`, `dynamic_rms`,
 `learned_update_rule`) updates them on that segment. One jitted `lax.scan`
 runs the whole stream."""

@@ -1,5 +1,5 @@
-"""Meta-training the learned weight-update rule (Wolf et al. 2018; MODELS.md
-section 8) along a training stream: truncated backpropagation through K
+"""Meta-training the learned weight-update rule (Wolf et al. 2018; docs/models.md
+§8) along a training stream: truncated backpropagation through K
 updates of `lm_zoo.optim.learned_update_rule`."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The dual input-to-output connection (dual-connection-current-input.txt;
-MODELS.md section 4)."""
+docs/models.md §4)."""
 
 from __future__ import annotations
 

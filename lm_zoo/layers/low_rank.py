@@ -25,7 +25,7 @@ def factor_init(num_inputs: int, rank: int):
 class LowRankDense(nn.Module):
   """y = x A B + b, with A (m, k) and B (k, n); `rank <= 0` gives y = x W + b.
 
-  The Mogrifier's Q^i = Q^i_left Q^i_right (MODELS.md section 2) in
+  The Mogrifier's Q^i = Q^i_left Q^i_right (docs/models.md §2) in
   row-vector form: A = Q_right^T, B = Q_left^T. The bias starts at zero.
   Parameters: m k + k n (+ n), against m n (+ n) at full rank.
 

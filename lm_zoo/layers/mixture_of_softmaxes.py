@@ -1,4 +1,4 @@
-"""Mixture of softmaxes (Yang et al. 2018; MODELS.md section 6)."""
+"""Mixture of softmaxes (Yang et al. 2018; docs/models.md §6)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Regularisers that act on weights, activations and carried states rather
-than inside the model's layers: AWD-LSTM's (Merity et al. 2018; MODELS.md
-section 5) weight drop (DropConnect on the hidden-to-hidden matrices),
+than inside the model's layers: AWD-LSTM's (Merity et al. 2018; docs/models.md
+§5) weight drop (DropConnect on the hidden-to-hidden matrices),
 activation regularisation (AR) and temporal activation regularisation (TAR),
-and lamb's state dropping (MODELS.md section 2).
+and lamb's state dropping (docs/models.md §2).
 
 Weight drop transforms the parameter pytree before the model is applied, so
 it works with every cell that declares its hidden-to-hidden matrices

@@ -1,4 +1,4 @@
-"""Dynamic evaluation (Krause et al. 2018; MODELS.md section 7) as optax
+"""Dynamic evaluation (Krause et al. 2018; docs/models.md §7) as optax
 gradient transformations.
 
 Dynamic evaluation adapts the weights to the text being scored: each segment
@@ -83,7 +83,7 @@ def dynamic_rms(learning_rate: optax.ScalarOrSchedule, decay: float, eps: float,
                 rms_gradients: optax.Updates,
                 decay_mean: str = 'coordinates') -> optax.GradientTransformation:
   """Dynamic evaluation with RMS-normalised steps and decay toward the
-  trained weights (Krause et al. 2018; MODELS.md section 7):
+  trained weights (Krause et al. 2018; docs/models.md §7):
 
     theta <- theta - eta * g / (MS + eps) + min(1, lambda * MS / mean(MS)) * (theta_g - theta)
 

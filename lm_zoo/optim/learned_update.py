@@ -1,5 +1,5 @@
 """The meta-learned weight-update rule of the dynamical language model
-(Wolf et al. 2018, eq. 3; MODELS.md section 8) as an optax transformation.
+(Wolf et al. 2018, eq. 3; docs/models.md §8) as an optax transformation.
 
 A coordinate-wise meta-learner g_phi maps, for every weight, the tuple
 (theta_{t-1}, L_t, grad_t, theta_0) to three gates and the rule
@@ -74,7 +74,7 @@ class GateNetwork(nn.Module):
 
 class RMSGateNetwork(nn.Module):
   """g_phi as a learned modulation of RMS dynamic evaluation (Krause et al.
-  2018; MODELS.md section 7): a fresh network is exactly
+  2018; docs/models.md §7): a fresh network is exactly
   `dynamic_rms(learning_rate, decay, eps, sqrt(precision))`, and
   meta-training reshapes it per coordinate.
 
