@@ -189,20 +189,6 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def upgrade_config(saved: dict) -> dict:
-  """A config dict written by an earlier lm_zoo (a work directory's
-  config.json) in today's fields, meaning the same: model.fused_recurrence
-  and model.remat became model.scan."""
-  model = dict(saved.get('model', {}))
-  if 'fused_recurrence' not in model and 'remat' not in model:
-    return saved
-  fused, remat = model.pop('fused_recurrence', True), model.pop('remat', False)
-  # Unfused, only a plain LSTM hoisted; every other cell ran the plain scan.
-  hoists = model.get('cell', 'lstm') == 'lstm' and not model.get('mogrifier', {}).get('rounds')
-  model['scan'] = 'remat' if remat else 'auto' if fused else 'hoisted' if hoists else 'scan'
-  return {**saved, 'model': model}
-
-
 EVALUATORS = ('static', 'mc_dropout', 'temperature', 'dynamic', 'learned', 'token_losses')
 
 

@@ -1,52 +1,73 @@
-"""Checkpoints: restoring into the current model's shapes."""
+"""Checkpoints: restoring into the current model's shapes, their format, and
+damage named as damage."""
 
-import pathlib
+import json
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 import pytest
 
+import lm_zoo
 from lm_zoo.errors import CheckpointError, ConfigError
-from lm_zoo.models import legacy_transposed
 from lm_zoo.training import checkpoints as checkpoints_module
-from lm_zoo.training.checkpoints import ORBAX_TMP, Checkpoints, restore_tree, save_tree
+from lm_zoo.training.checkpoints import (FORMAT_VERSION, ORBAX_TMP, Checkpoints, restore_tree,
+                                         save_tree)
 
 
-def params(vocab=7, features=3, transposed=False):
+def params(vocab=7, features=3):
   kernel = jnp.arange(vocab * features, dtype=jnp.float32).reshape(vocab, features)
-  return {'softmax': {'kernel': kernel.T if transposed else kernel,
+  return {'softmax': {'kernel': kernel,
                       'bias': jnp.arange(vocab, dtype=jnp.float32)},
           'mos': {'softmax': {'kernel': jnp.ones((features, vocab))}},
           'cell_0': {'recurrent_kernel': jnp.ones((features, 4 * features))}}
 
 
-def test_a_softmax_kernel_saved_as_features_by_vocab_restores_transposed(tmp_path):
-  """Checkpoints written before `OutputEmbedding` hold the untied softmax
-  kernel as (features, vocab); Adam's statistics of it too. The model's side
-  says which leaf that is (`legacy_transposed`)."""
-  old = params(transposed=True)
-  optimizer = optax.adam(1e-3)
-  saved = Checkpoints(tmp_path)
-  saved.save_best(3, old, {'epoch': 1})
-  saved.save_latest(3, {'params': old, 'opt_state': optimizer.init(old)}, {'epoch': 1})
-  saved.close()
+def _edit_meta(folder, edit):
+  path = folder / 'meta' / 'metadata'
+  meta = json.loads(path.read_text())
+  edit(meta)
+  path.write_text(json.dumps(meta))
 
-  now = params()
-  with pytest.raises(ConfigError, match=r'softmax/kernel: saved \(3, 7\), this model \(7, 3\)'):
-    Checkpoints(tmp_path).restore_best(now)  # without the model's word, a mismatch
-  restored, meta = Checkpoints(tmp_path, legacy_transposed=legacy_transposed).restore_best(now)
-  assert meta == {'epoch': 1}
-  np.testing.assert_array_equal(restored['softmax']['kernel'], now['softmax']['kernel'])
-  np.testing.assert_array_equal(restored['mos']['softmax']['kernel'],
-                                now['mos']['softmax']['kernel'])  # MoS' own stays
-  state, _ = Checkpoints(tmp_path, legacy_transposed=legacy_transposed).restore_latest(
-      {'params': now, 'opt_state': optimizer.init(now)})
-  np.testing.assert_array_equal(state['params']['softmax']['kernel'], now['softmax']['kernel'])
-  assert state['opt_state'][0].mu['softmax']['kernel'].shape == (7, 3)
+
+def test_a_checkpoint_records_its_format_and_one_of_another_is_refused(tmp_path):
+  saved = Checkpoints(tmp_path)
+  saved.save_best(3, params(), {'epoch': 1})
+  saved.close()
+  meta = json.loads((tmp_path / 'best' / '3' / 'meta' / 'metadata').read_text())
+  assert (meta['format_version'], meta['lm_zoo_version']) == (FORMAT_VERSION, lm_zoo.__version__)
+  _, meta = Checkpoints(tmp_path).restore_best(params())
+  assert meta == {'epoch': 1}  # the digests and the format are the checkpoint's own
+  _edit_meta(tmp_path / 'best' / '3', lambda m: m.update(format_version=0,
+                                                         lm_zoo_version='0.0.9'))
+  with pytest.raises(CheckpointError) as refused:
+    Checkpoints(tmp_path).restore_best(params())
+  assert str(refused.value) == (
+      f'the checkpoint {tmp_path}/best/3 was written by lm_zoo 0.0.9 (format 0); this is '
+      f'lm_zoo {lm_zoo.__version__} (format {FORMAT_VERSION}), which reads only its own: use '
+      'that lm_zoo to read it, or train again in a new --workdir.')
+
+
+def test_a_checkpoint_without_its_digests_or_metadata_is_damaged(tmp_path):
+  """Every checkpoint keeps its arrays' digests, and orbax its metadata: one
+  without is damage, named as such (not restored unverified, nor taken for
+  a checkpoint of another model)."""
+  saved = Checkpoints(tmp_path)
+  saved.save_latest(4, params(), {'epoch': 1})
+  saved.close()
+  folder = tmp_path / 'checkpoints' / '4'
+  _edit_meta(folder, lambda m: m.pop('array_digests'))
+  with pytest.raises(CheckpointError, match=f'the checkpoint {folder} is damaged: its meta has '
+                                            'no array digests'):
+    Checkpoints(tmp_path).restore_latest(params())
+  (folder / 'state' / '_METADATA').unlink()
+  with pytest.raises(CheckpointError) as refused:
+    Checkpoints(tmp_path).restore_latest(params())
+  assert str(refused.value) == (f'the checkpoint {folder} is damaged: {folder}/state/_METADATA '
+                                f'is missing; delete {folder} to resume from the checkpoint '
+                                'before it.')
 
 
 def test_a_checkpoint_of_other_shapes_is_refused_with_its_path(tmp_path):
@@ -136,10 +157,3 @@ def test_damage_that_still_decodes_is_found_by_the_digests(tmp_path):
       assert 'keeps no other copy' in str(err) or 'corrupt or truncated' in str(err)
     path.write_bytes(original)
   assert refused >= 3
-
-
-def test_checkpoints_written_before_digests_restore_unverified():
-  from lm_zoo.training import load_trained
-  config, corpus, model, params = load_trained(
-      pathlib.Path(__file__).parent / 'data' / 'workdir_0fa17a5')
-  assert sum(x.size for x in jax.tree.leaves(params)) > 0

@@ -314,26 +314,3 @@ def test_dual_paper_recipe():
   assert abs(count - 23_000_000) < 0.01 * 23_000_000  # the paper: 23M
   assert (config.model.mogrifier.rounds, config.model.mogrifier.rank) == (4, 100)
   assert config.optimizer.name == 'nadam' and config.data.bptt == 25
-
-
-@pytest.mark.parametrize('old, scan', [
-    ({'fused_recurrence': True, 'remat': False}, 'auto'),
-    ({'fused_recurrence': False, 'remat': False}, 'hoisted'),
-    ({'fused_recurrence': False, 'remat': False, 'mogrifier': {'rounds': 2}}, 'scan'),
-    ({'fused_recurrence': False, 'remat': False, 'cell': 'gru'}, 'scan'),
-    ({'fused_recurrence': True, 'remat': True}, 'remat'),
-    ({'fused_recurrence': False, 'remat': True, 'cell': 'alstm'}, 'remat'),
-])
-def test_an_old_config_reads_its_scan_as_it_ran(old, scan):
-  """model.fused_recurrence and model.remat became model.scan: fused ran
-  where a kernel existed, unfused a plain LSTM hoisted and every other cell
-  ran the plain scan, and remat overrode both."""
-  from lm_zoo.configs import base_config, upgrade_config
-  upgraded = upgrade_config({'seed': 3, 'model': {'hidden_size': 8, 'mogrifier': {'rounds': 0},
-                                                  **old}})
-  config = base_config()
-  config.update(upgraded)
-  assert config.seed == 3 and config.model.hidden_size == 8 and config.model.scan == scan
-  assert 'fused_recurrence' not in config.model and 'remat' not in config.model
-  build_model(config.model, 10)  # which refuses a scan its cells cannot take
-  assert upgrade_config(upgraded) == upgraded

@@ -1,10 +1,6 @@
-"""Finished work directories: scoring them by evaluation configs, the
-meta-learned rule trained for them and stored beside them, and work
-directories that older code wrote."""
+"""Finished work directories: scoring them by evaluation configs, and the
+meta-learned rule trained for them and stored beside them."""
 
-import json
-import pathlib
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -15,10 +11,7 @@ from lm_zoo.configs import evaluation_config, meta_training_config
 from lm_zoo.evaluation import Static
 from lm_zoo.optim import PRECISION_FLOOR, dynamic_rms
 from lm_zoo.training import evaluate_workdir, load_trained, meta_train_workdir
-from lm_zoo.training.checkpoints import restore_tree, save_tree
 from lm_zoo.training.meta_learner import META_LEARNER_DIR, load_meta_learner
-
-OLD_WORKDIR = pathlib.Path(__file__).parent / 'data' / 'workdir_0fa17a5'
 
 
 @pytest.fixture(scope='module')
@@ -79,42 +72,3 @@ def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
   expected, _ = rms.update(grads, rms.init(trained), params)
   np.testing.assert_allclose(_flat_params(updates), _flat_params(expected), rtol=1e-4,
                              atol=1e-6)
-
-
-def test_a_meta_learner_saved_before_the_decay_fix_keeps_its_rate(trained_workdir):
-  """Saved without 'decay_clip', an RMS prior was meta-trained around
-  lambda * min(1, ms / mean(ms)): it loads with that rate."""
-  _meta_train(trained_workdir)
-  folder = trained_workdir / META_LEARNER_DIR
-  tree, meta = restore_tree(folder)
-  del meta['decay_clip'], meta['decay_mean']
-  save_tree(folder, tree, meta)
-  updates, ms, params, trained, grads = _learned_and_rms_updates(trained_workdir)
-  ms, g, theta, theta0 = (_flat_params(t) for t in (ms, grads, params, trained))
-  rate = 0.5 * np.minimum(1.0, ms / ms.mean())
-  expected = -1e-2 * g / (ms + 1e-3) + rate * (theta0 - theta)
-  np.testing.assert_allclose(_flat_params(updates), expected, rtol=1e-4, atol=1e-6)
-  assert np.any(0.5 * ms / ms.mean() > 1)  # where the two rates differ
-
-
-@pytest.fixture(scope='module')
-def old_workdir(tmp_path_factory):
-  """A copy of the work directory the code of 0fa17a5 wrote (README there)."""
-  copy = tmp_path_factory.mktemp('old') / 'workdir'
-  shutil.copytree(OLD_WORKDIR, copy)
-  return copy
-
-
-@pytest.mark.parametrize('evaluator', ['static', 'mc_dropout', 'sgd', 'rms', 'learned'])
-def test_a_work_directory_of_older_code_scores_as_that_code_scored_it(old_workdir, evaluator):
-  """Its config, best checkpoint and meta-learner load, and every evaluator
-  computes what the code of 0fa17a5 computed from them (its score.py)."""
-  expected = json.loads((OLD_WORKDIR / 'scores_at_0fa17a5.json').read_text())[evaluator]
-  name = {'sgd': 'dynamic', 'rms': 'dynamic'}.get(evaluator, evaluator)
-  config = evaluation_config(name)
-  config.mc_dropout.update(samples=3, seed=1)
-  config.dynamic.update(rule=evaluator, learning_rate=(0.1 if evaluator == 'sgd' else 0.01,),
-                        decay=(0.01,), segment_length=(3,), ms_batches=2, ms_batch_size=2)
-  results = evaluate_workdir(old_workdir, config)
-  for split, loss in expected.items():
-    np.testing.assert_allclose(results[split].loss, loss, rtol=1e-5, err_msg=split)

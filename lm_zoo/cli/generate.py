@@ -15,7 +15,6 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.generation import generate_text
 from lm_zoo.training import load_trained
 from lm_zoo.training.trained import load_model
-from lm_zoo.training.workdir import load_vocab
 
 flags.DEFINE_string('workdir', None, 'A work directory written by launch/train.py.',
                     required=True)
@@ -31,9 +30,8 @@ flags.DEFINE_integer('top_k', 0, 'Sampling: draw only from the k most likely tok
 flags.DEFINE_integer('beam_width', 0, '> 1: beam search with this many beams, the '
                      'most likely continuation; 0 or 1: sampling.')
 flags.DEFINE_integer('seed', 0, 'Sampling seed: the same seed gives the same text.')
-flags.DEFINE_string('data_dir', None, "Data folder, for runs that predate vocab.json "
-                    "(newer ones carry their vocabulary); default: the training run's, "
-                    'else $LM_ZOO_DATA.')
+flags.DEFINE_string('data_dir', None, 'Data folder to take the vocabulary from (with its '
+                    "data's check); default: the vocabulary the run saved (WORKDIR/vocab.json).")
 FLAGS = flags.FLAGS
 
 
@@ -45,7 +43,7 @@ def _generate_program(argv):
                          'search (--beam_width > 1)')
 
   def generate():
-    if FLAGS.data_dir or load_vocab(FLAGS.workdir) is None:  # a run from before vocab.json
+    if FLAGS.data_dir:
       _, corpus, model, params = load_trained(FLAGS.workdir, FLAGS.data_dir)
       vocab = corpus.vocab
     else:  # the run's own vocabulary: no data needed

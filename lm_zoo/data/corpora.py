@@ -64,13 +64,17 @@ class Corpus:
     size and a sha256 of its tokens in id order) and each split's token
     count and sha256 of its ids. Two loads of the same files agree; a
     changed file changes the ids or the vocabulary's order, and so this."""
-    tokens = '\n'.join(self.vocab.tokens).encode('utf-8', 'surrogatepass')
     return {'name': self.name, 'vocab_size': len(self.vocab),
-            'vocab_sha256': hashlib.sha256(tokens).hexdigest(),
+            'vocab_sha256': vocab_sha256(self.vocab),
             **{split: {'tokens': int(len(self.split(split))),
                        'sha256': hashlib.sha256(np.ascontiguousarray(
                            self.split(split), np.int32).tobytes()).hexdigest()}
                for split in SPLITS}}
+
+
+def vocab_sha256(vocab: Vocab) -> str:
+  """sha256 of a vocabulary's tokens in id order (`Corpus.fingerprint`)."""
+  return hashlib.sha256('\n'.join(vocab.tokens).encode('utf-8', 'surrogatepass')).hexdigest()
 
 
 def _read_lines(path: pathlib.Path) -> list[list[str]]:

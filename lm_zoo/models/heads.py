@@ -134,10 +134,3 @@ class MixtureHead:
                                  dtype=self.dtype, parent=model, name='mos')
     return mixture(h, embedding if self.tied else None, deterministic=not train)
 
-
-def legacy_transposed(keys: tuple[str, ...]) -> bool:
-  """Whether a checkpoint leaf (its key path) is `Softmax`'s kernel, or an
-  optimizer statistic of it, which checkpoints written before
-  `OutputEmbedding` hold as (features, vocab): the model's side of
-  `Checkpoints(..., legacy_transposed=...)`. A mixture's own 'softmax' is not."""
-  return keys[-2:] == ('softmax', 'kernel') and 'mos' not in keys

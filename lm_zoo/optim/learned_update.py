@@ -29,10 +29,6 @@ NUM_FEATURES = 5
 # Added to the precision before its log, so that a weight no gradient ever
 # reached (precision 0) still has a finite feature.
 PRECISION_FLOOR = 1e-12
-# Where `RMSGateNetwork` clips its decay rate: 'rate' = min(1, lambda * ms / mean_ms)
-# (lamb's and Krause's rule); 'ratio' = lambda * min(1, ms / mean_ms), the form
-# that meta-learners saved before that rule was corrected were trained with.
-DECAY_CLIPS = ('rate', 'ratio')
 
 
 class LearnedUpdateState(NamedTuple):
@@ -96,9 +92,6 @@ class RMSGateNetwork(nn.Module):
     mean_ms: mean(MS) of that rule (`mean_rms`: over coordinates as lamb,
       or over tensors as Krause).
     hidden: width of the hidden layer.
-    decay_clip: 'rate' clips the decay rate as above; 'ratio' computes
-      decay * min(1, ms / mean_ms), which is what meta-learners saved before
-      the rate was corrected were trained with (they load with it).
   """
 
   learning_rate: float
@@ -106,20 +99,16 @@ class RMSGateNetwork(nn.Module):
   eps: float
   mean_ms: float
   hidden: int = 8
-  decay_clip: str = 'rate'
 
   @nn.compact
   def __call__(self, features: jax.Array):
     if not self.decay > 0:
       raise ValueError(f'the decay of RMSGateNetwork must be positive, got {self.decay}')
-    if self.decay_clip not in DECAY_CLIPS:
-      raise ValueError(f'decay_clip must be one of {DECAY_CLIPS}, got {self.decay_clip!r}')
     moved, grad, theta0, log_precision, loss = (features[..., k] for k in range(NUM_FEATURES))
     ms = jnp.exp(0.5 * log_precision)
     step = self.learning_rate / (ms + self.eps)
     relative = ms / self.mean_ms
-    rate = (jnp.minimum(1.0, self.decay * relative) if self.decay_clip == 'rate'
-            else self.decay * jnp.minimum(1.0, relative))
+    rate = jnp.minimum(1.0, self.decay * relative)
     inputs = [_signed_log(grad / (ms + self.eps)), _signed_log(moved / step),
               _signed_log(theta0 / step), jnp.log(relative), _signed_log(loss)]
     out = _coordinatewise_mlp(self, inputs, self.hidden, jnp.zeros(3))

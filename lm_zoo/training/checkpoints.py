@@ -9,7 +9,9 @@ work directory's other files are replaced whole too (`write_text_atomically`).
 A checkpoint that cannot be read (a file corrupted or cut short after it was
 written) is a `CheckpointError` naming its folder and what failed; each
 checkpoint also keeps a sha256 digest of every array, checked on restore, so
-damage that still decodes is found too.
+damage that still decodes is found too. Each checkpoint records the
+format it was written in (`FORMAT_VERSION`, with lm_zoo's version), and one
+of another format is refused in one line saying which lm_zoo wrote it.
 
 In a multi-process run every process saves and restores (orbax writes each
 its own shards, and its metadata from process 0); the folders this module
@@ -24,19 +26,23 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from lm_zoo import __version__
 from lm_zoo.errors import CheckpointError, ConfigError
 from lm_zoo.training.parallel import is_main_process, sync_processes
 
-
-# The key of a checkpoint's meta that holds its arrays' digests.
-_DIGESTS = 'array_digests'
+# The layout of what lm_zoo writes into a work directory (its checkpoints,
+# config.json): a version that reads another format refuses it.
+FORMAT_VERSION = 1
+# The keys of a checkpoint's meta that hold its arrays' digests, its format
+# and the lm_zoo that wrote it.
+_DIGESTS, _FORMAT, _WRITER = 'array_digests', 'format_version', 'lm_zoo_version'
 # A step's previous checkpoint while the same step is saved again; orbax's own
 # folders in the making end in ORBAX_TMP.
 _PREVIOUS = '.previous'
@@ -78,18 +84,13 @@ class Checkpoints:
   """`workdir/checkpoints` (latest train states) and `workdir/best` (params).
 
   `meta` is a JSON-able dict that travels with each state: the data position,
-  the epoch, the validation history. `legacy_transposed(keys)`, given by the
-  model's side (`lm_zoo.models.legacy_transposed`), says which leaves (their
-  key paths) older checkpoints may hold transposed: those restore into
-  today's shape.
+  the epoch, the validation history.
   """
 
-  def __init__(self, workdir: str | pathlib.Path, max_to_keep: int = 2,
-               legacy_transposed: Callable[[tuple[str, ...]], bool] | None = None):
+  def __init__(self, workdir: str | pathlib.Path, max_to_keep: int = 2):
     workdir = pathlib.Path(workdir)
     self._latest = _manager(workdir / 'checkpoints', max_to_keep)
     self._best = _manager(workdir / 'best', 1)
-    self._legacy_transposed = legacy_transposed or (lambda keys: False)
 
   @staticmethod
   def _save(manager, step: int, tree: Any, meta: dict) -> None:
@@ -105,7 +106,7 @@ class Checkpoints:
         os.replace(folder, previous)
       sync_processes('lm_zoo checkpoint set aside')
       manager.reload()
-    meta = {**meta, _DIGESTS: _digests(tree)}
+    meta = {**meta, _DIGESTS: _digests(tree), _FORMAT: FORMAT_VERSION, _WRITER: __version__}
     manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)), force=True)
     manager.wait_until_finished()
@@ -117,16 +118,16 @@ class Checkpoints:
     if step is None:
       return None
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-    with _readable(manager.directory / str(step)):
+    folder = pathlib.Path(manager.directory) / str(step)
+    _check_whole(folder, keeps_older=manager is self._latest)
+    with _readable(folder):
       metadata = manager.item_metadata(step)['state']
     saved = {_keys(path): tuple(leaf.shape) for path, leaf in
              jax.tree_util.tree_flatten_with_path(metadata)[0]}
     wanted = {_keys(path): tuple(leaf.shape) for path, leaf in
               jax.tree_util.tree_flatten_with_path(abstract)[0]}
-    legacy = {keys for keys, shape in wanted.items()
-              if self._legacy_transposed(keys) and saved.get(keys) == shape[::-1] != shape}
     differ = {keys: (saved.get(keys), shape) for keys, shape in wanted.items()
-              if keys not in legacy and saved.get(keys) != shape}
+              if saved.get(keys) != shape}
     if differ or set(saved) != set(wanted):
       lines = [f'  {"/".join(keys)}: {"not saved" if old is None else f"saved {old}"}, '
                f'this model {new}' for keys, (old, new) in sorted(differ.items())]
@@ -136,17 +137,11 @@ class Checkpoints:
           f'the checkpoint {manager.directory}/{step} does not fit this model:\n'
           + '\n'.join(lines[:20]) + '\nWas it written with another config? Resume or '
           'evaluate it with its own config, or use a new --workdir.')
-    target = jax.tree_util.tree_map_with_path(
-        lambda path, x: (jax.ShapeDtypeStruct(x.shape[::-1], x.dtype)
-                         if _keys(path) in legacy else x), abstract)
-    folder = pathlib.Path(manager.directory) / str(step)
     with _readable(folder):
       restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     meta = _verified(folder, restored.state, restored.meta, keeps_older=manager is self._latest)
-    state = jax.tree_util.tree_map_with_path(
-        lambda path, x: x.T if _keys(path) in legacy else x, restored.state)
-    return state, meta
+    return restored.state, meta
 
   def save_latest(self, step: int, state: Any, meta: dict) -> None:
     self._save(self._latest, step, state, meta)
@@ -224,23 +219,45 @@ def _digests(tree: Any) -> dict[str, str]:
   return digests
 
 
+def _advice(folder: pathlib.Path, keeps_older: bool) -> str:
+  return (f'delete {folder} to resume from the checkpoint before it' if keeps_older else
+          f'{folder.parent.name}/ keeps no other copy: train again in a new --workdir, or '
+          'put a backup of the folder back')
+
+
+def _check_whole(folder: pathlib.Path, keeps_older: bool) -> None:
+  """A CheckpointError naming the file when a file every checkpoint has is
+  missing from `folder` (orbax would report a missing metadata file as a
+  tree that does not fit)."""
+  for part in ('state/_METADATA', 'meta/metadata'):
+    if not (folder / part).is_file():
+      raise CheckpointError(f'the checkpoint {folder} is damaged: {folder / part} is missing; '
+                            f'{_advice(folder, keeps_older)}.')
+
+
 def _verified(folder: pathlib.Path, tree: Any, meta: dict, keeps_older: bool) -> dict:
-  """`meta` without the digests once every array of `tree` matches its
-  digest; else a CheckpointError naming the checkpoint and the array.
-  Checkpoints written before digests were kept restore unverified."""
+  """`meta` without its digests and format once the checkpoint is of this
+  format and every array of `tree` matches its digest; else a
+  CheckpointError naming the checkpoint and what is wrong."""
   meta = dict(meta)
+  written, writer = meta.pop(_FORMAT, None), meta.pop(_WRITER, 'an earlier version')
+  if written != FORMAT_VERSION:
+    raise CheckpointError(
+        f'the checkpoint {folder} was written by lm_zoo {writer} (format {written}); this is '
+        f'lm_zoo {__version__} (format {FORMAT_VERSION}), which reads only its own: use that '
+        'lm_zoo to read it, or train again in a new --workdir.')
   expected = meta.pop(_DIGESTS, None)
-  if expected is None:
-    return meta
+  if not isinstance(expected, dict):
+    raise CheckpointError(f'the checkpoint {folder} is damaged: its meta has no array digests '
+                          f'to check the arrays against; {_advice(folder, keeps_older)}.')
   got = _digests(tree)
-  damaged = sorted(name for name in expected if got.get(name, expected[name]) != expected[name])
+  damaged = sorted(name for name in set(expected) | set(got)
+                   if got.get(name) != expected.get(name))
   if damaged:
-    advice = (f'delete {folder} to resume from the checkpoint before it'
-              if keeps_older else f'{folder.parent.name}/ keeps no other copy: train again '
-              'in a new --workdir, or put a backup of the folder back')
     raise CheckpointError(f'the checkpoint {folder} is damaged: {damaged[0]}'
                           + (f' and {len(damaged) - 1} more arrays' if len(damaged) > 1 else '')
-                          + f' differ from the digests saved with them; {advice}.')
+                          + f' differ from the digests saved with them; '
+                          f'{_advice(folder, keeps_older)}.')
   return meta
 
 
@@ -291,6 +308,8 @@ def restore_tree(directory: str | pathlib.Path) -> tuple[Any, dict] | None:
   manager = _manager(directory, 1)
   step = manager.latest_step()
   folder = directory / str(step)
+  if step is not None:
+    _check_whole(folder, keeps_older=False)
   with _readable(folder):
     restored = None if step is None else manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))

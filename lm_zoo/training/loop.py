@@ -25,7 +25,7 @@ from jax.sharding import Mesh
 
 from lm_zoo.data import BatchedStream, Window
 from lm_zoo.errors import Preempted
-from lm_zoo.models import RecurrentLM, build_model, describe_model, legacy_transposed
+from lm_zoo.models import RecurrentLM, build_model, describe_model
 from lm_zoo.evaluation import EvalResult, make_eval_step, split_names
 from lm_zoo.optim import averaged_params, start_averaging
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
@@ -106,7 +106,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
       config.optimizer.ar, config.optimizer.tar, mesh,
       skip_nonfinite=config.train.nonfinite == 'skip', drop_state=config.train.drop_state)
   batched = BatchedStream(corpus.train, config.data.batch_size)
-  checkpoints, metrics = Checkpoints(workdir, legacy_transposed=legacy_transposed), None
+  checkpoints, metrics = Checkpoints(workdir), None
   try:
     state, progress, resumed = restore_or_init(config, workdir, checkpoints, model, optimizer,
                                                mesh)
@@ -154,7 +154,7 @@ def restore_or_init(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     params = initial_params(config.train.init_from, state.params)
     state = place_state(state.replace(params=params, opt_state=optimizer.init(params)), mesh)
     log.info('Fine-tuning the best weights of %s', config.train.init_from)
-  return state, Progress(train_tokens=0), False  # a new run counts from zero
+  return state, Progress(), False
 
 
 def start_run(t: Trainer, state: TrainState, progress: Progress) -> Run:
@@ -390,7 +390,7 @@ def roll_back(t: Trainer, run: Run, fault: RollBack) -> None:
   run.state, run.progress = place_state(restored, t.mesh), Progress(**meta)
   run.progress.rollbacks = rollbacks
   run.step, run.step_lr = int(run.state.step), None
-  t.metrics.truncate(run.progress.metrics_records, run.step)  # the abandoned steps' records go
+  t.metrics.truncate(run.progress.metrics_records)  # the abandoned steps' records go
   scale = cfg.rollback_lr_factor ** rollbacks
   log.warning('step %d: non-finite loss or gradient, rolled back to the checkpoint of '
               'step %d with the learning rate x %g (rollback %d of at most %d)', fault.step,

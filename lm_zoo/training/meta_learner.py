@@ -18,16 +18,14 @@ PRIORS = ('sgd', 'rms')
 
 
 def gate_network(meta: dict[str, Any]):
-  """The gate network a saved meta-learner's description names. Meta-learners
-  saved before priors existed start as SGD; RMS priors saved before the decay
-  rate was corrected keep the rate they were meta-trained with ('ratio')."""
-  if meta.get('prior', 'sgd') == 'rms':
+  """The gate network a saved meta-learner's description names: the `prior`
+  rule it started as, with its settings."""
+  if meta['prior'] == 'rms':
     return RMSGateNetwork(learning_rate=meta['initial_learning_rate'],
                           decay=meta['initial_decay'], eps=meta['initial_eps'],
-                          mean_ms=meta['mean_ms'], hidden=meta['hidden'],
-                          decay_clip=meta.get('decay_clip', 'ratio'))
+                          mean_ms=meta['mean_ms'], hidden=meta['hidden'])
   return GateNetwork(hidden=meta['hidden'], learning_rate=meta['initial_learning_rate'],
-                     **decay_logits(meta.get('initial_decay', 0.0067)))
+                     **decay_logits(meta['initial_decay']))
 
 
 def save_meta_learner(folder: str | pathlib.Path, meta_params: Any, precision: Any,

@@ -48,17 +48,15 @@ class MetricsWriter:
                writes: bool | None = None):
     """Keeps the first `keep` records of the file (0: a new run, an empty
     file). `resume_step`: the step a resumed run continues from; TensorBoard
-    hides the events past it (a new run: every earlier event). A checkpoint
-    written before records were counted passes `keep=-1`: the records past
-    `resume_step` and the final evaluations are dropped instead. `writes`:
+    hides the events past it (a new run: every earlier event). `writes`:
     whether this process writes (None: when it is process 0)."""
     self.path = pathlib.Path(workdir) / filename
     self.writes = is_main_process() if writes is None else writes
     self.events = None
     if not self.writes:
-      self._count = max(keep, 0)
+      self._count = keep
       return
-    self.truncate(keep, resume_step)
+    self.truncate(keep)
     try:
       from tensorboardX import SummaryWriter  # imported here: a slow import
     except ImportError:
@@ -118,17 +116,14 @@ class MetricsWriter:
     self.events.file_writer.add_summary(session_start)
     self.text('config', f'```\n{config.to_json_best_effort(indent=2)}\n```', 0)
 
-  def truncate(self, count: int, step: int | None = None) -> None:
+  def truncate(self, count: int) -> None:
     """Keeps the first `count` records (a resume or rollback to a checkpoint
-    that had logged them); with `count` -1, the records up to `step` but the
-    final evaluations."""
+    that had logged them)."""
     if not self.writes:
-      self._count = max(count, 0)
+      self._count = count
       return
     records = read_metrics(self.path) if self.path.exists() else []
-    if count < 0:
-      records = [r for r in records if r.get('step', 0) <= step and not r.get('final')]
-    self._rewrite(records[:count] if count >= 0 else records)
+    self._rewrite(records[:count])
 
   def close(self) -> None:
     if self.events is not None:

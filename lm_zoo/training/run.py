@@ -41,11 +41,8 @@ class Progress:
   skipped_updates: int = 0  # dropped for a non-finite loss or gradient (train.nonfinite=skip)
   rollbacks: int = 0  # restores of a checkpoint after one (train.nonfinite=rollback)
   train_seconds: float = 0.0  # spent training up to this checkpoint (train.max_seconds)
-  # trained on up to this checkpoint; -1: a checkpoint from before they were counted
-  train_tokens: int = -1
-  # metrics.jsonl's records up to this checkpoint; -1: a checkpoint from before
-  # they were counted
-  metrics_records: int = -1
+  train_tokens: int = 0  # trained on up to this checkpoint
+  metrics_records: int = 0  # metrics.jsonl's records up to this checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +76,7 @@ class Run:
   tokens_trained: int = 0  # by this process
   throughput: Throughput = dataclasses.field(default_factory=Throughput)
   trained_before: float = 0.0  # seconds, by the processes this one resumes
-  tokens_before: int = 0  # by the processes this one resumes; -1: not counted
+  tokens_before: int = 0  # by the processes this one resumes
   train_start: float = dataclasses.field(default_factory=time.perf_counter)
 
   def seconds_trained(self) -> float:
@@ -87,9 +84,8 @@ class Run:
     return self.trained_before + time.perf_counter() - self.train_start
 
   def all_tokens_trained(self) -> int:
-    """The whole run's tokens trained on; -1 when a process it resumes did
-    not count them."""
-    return -1 if self.tokens_before < 0 else self.tokens_before + self.tokens_trained
+    """The whole run's tokens trained on: this process's and the ones it resumes."""
+    return self.tokens_before + self.tokens_trained
 
 
 def load_data(config: ml_collections.ConfigDict) -> Corpus:

@@ -49,7 +49,7 @@ import numpy as np
 from lm_zoo.data import BatchedStream, Corpus
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.evaluation import evaluate_stream_stacked, make_eval_step, split_names
-from lm_zoo.models import build_model, legacy_transposed
+from lm_zoo.models import build_model
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.config_checks import validate_config
 from lm_zoo.training.loop import budget_spent, completed_summary, planned_steps
@@ -142,7 +142,7 @@ def _train_seeds(config: ml_collections.ConfigDict, workdir: pathlib.Path, num_s
   configs = seed_configs(config, num_seeds)
   seeds = [c.seed for c in configs]
   state = place_state(stack([create_train_state(model, optimizer, c) for c in configs]), None)
-  with Checkpoints(workdir, legacy_transposed=legacy_transposed) as checkpoints:
+  with Checkpoints(workdir) as checkpoints:
     resumed = checkpoints.has_latest()
     progress = StackProgress.start(num_seeds)
     if resumed:
@@ -188,7 +188,7 @@ def _seed_workdir(seeded: ml_collections.ConfigDict, corpus: Corpus,
   folder.mkdir(parents=True, exist_ok=True)
   save_config(seeded, folder)
   record_data(corpus, folder)
-  return Checkpoints(folder, legacy_transposed=legacy_transposed)
+  return Checkpoints(folder)
 
 
 def _train(run: StackRun) -> None:

@@ -33,11 +33,8 @@ def finish(t: Trainer, run: Run, final_splits: Sequence[str]) -> dict[str, Any]:
     params, best_meta = run.state.params, {'epoch': run.progress.epoch}
   else:
     params, best_meta = best
-  # the whole run's, over the processes it was resumed by (the rate is this
-  # one's when one of them did not count its tokens)
+  # the whole run's, over the processes it was resumed by
   seconds, tokens = run.trained_before + train_seconds, run.all_tokens_trained()
-  if tokens < 0:
-    seconds, tokens = train_seconds, run.tokens_trained
   summary: dict[str, Any] = {
       'step': run.step, 'best_epoch': best_meta['epoch'],
       'train_seconds': round(run.trained_before + train_seconds, 1),

@@ -18,7 +18,7 @@ from lm_zoo.data import Corpus, Vocab
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import (EvalResult, Evaluator, build_evaluator, diagonal_fisher,
                                meta_train, split_names)
-from lm_zoo.models import RecurrentLM, build_model, init_params, legacy_transposed
+from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.run import load_data
@@ -45,16 +45,13 @@ def load_model(workdir: str | pathlib.Path
   without its training data: the vocabulary is the one the run saved."""
   config = load_config(workdir)
   vocab = load_vocab(workdir)
-  if vocab is None:
-    raise ConfigError(f'{workdir} was trained before runs kept their vocabulary '
-                      '(vocab.json): load it with its data, load_trained(workdir, data_dir)')
   model = build_model(config.model, len(vocab))
   return config, vocab, model, _best_params(workdir, model)
 
 
 def _best_params(workdir: str | pathlib.Path, model: RecurrentLM) -> Any:
   like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  with Checkpoints(workdir, legacy_transposed=legacy_transposed) as checkpoints:  # closed
+  with Checkpoints(workdir) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:
     raise ConfigError(f'no best checkpoint in {workdir}/best: training has not '
@@ -127,7 +124,7 @@ def meta_train_workdir(workdir: str | pathlib.Path,
           'initial_decay': config.initial_decay, 'initial_eps': config.initial_eps}
   if config.prior == 'rms':
     meta.update(mean_ms=mean_rms(precision, config.decay_mean),
-                decay_mean=config.decay_mean, decay_clip='rate')
+                decay_mean=config.decay_mean)
   net = gate_network(meta)
   meta_params = net.init(jax.random.key(config.seed), jnp.zeros((1, NUM_FEATURES)))
   optimizer = optax.chain(optax.clip_by_global_norm(1.0),

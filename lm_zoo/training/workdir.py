@@ -17,11 +17,11 @@ import jax
 import ml_collections
 
 from lm_zoo.data import Corpus, Vocab
-from lm_zoo.data.corpora import SPLITS
-from lm_zoo.configs import base_config, upgrade_config
+from lm_zoo.data.corpora import SPLITS, vocab_sha256
+from lm_zoo import __version__
+from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError, WorkdirInUse
-from lm_zoo.models import legacy_transposed
-from lm_zoo.training.checkpoints import Checkpoints, write_text_atomically
+from lm_zoo.training.checkpoints import FORMAT_VERSION, Checkpoints, write_text_atomically
 from lm_zoo.training.metrics import flat_fields
 from lm_zoo.training.parallel import is_main_process, sync_processes
 
@@ -85,10 +85,18 @@ def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
+# config.json's keys beside the config's sections: the work directory's format
+# (`lm_zoo.training.checkpoints.FORMAT_VERSION`) and the lm_zoo that wrote it.
+FORMAT_KEY, WRITER_KEY = 'format_version', 'lm_zoo_version'
+
+
 def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-  """Writes WORKDIR/config.json (process 0 of many)."""
+  """Writes WORKDIR/config.json with the format it is written in (process
+  0 of many)."""
   if is_main_process():
-    write_text_atomically(workdir / CONFIG_FILE, config.to_json_best_effort(indent=2))
+    saved = {FORMAT_KEY: FORMAT_VERSION, WRITER_KEY: __version__,
+             **json.loads(config.to_json_best_effort())}
+    write_text_atomically(workdir / CONFIG_FILE, json.dumps(saved, indent=2))
   sync_processes('lm_zoo config saved')
 
 
@@ -107,25 +115,46 @@ def record_data(corpus: Corpus, workdir: pathlib.Path) -> None:
   sync_processes('lm_zoo data recorded')
 
 
-def load_vocab(workdir: str | pathlib.Path) -> Vocab | None:
-  """The vocabulary a run trained with (WORKDIR/vocab.json), or None for a
-  run from before vocabularies were kept."""
-  path = pathlib.Path(workdir) / VOCAB_FILE
+def read_json(path: pathlib.Path, what: str) -> Any:
+  """A work directory's JSON file; a one-line ConfigError when it is missing
+  or does not parse."""
   if not path.is_file():
-    return None
-  saved = json.loads(path.read_text())
-  return Vocab(tuple(saved['tokens']), kind=saved['kind'])
+    raise ConfigError(f'{path} is missing: {what}. Restore it, or train again in a new '
+                      '--workdir')
+  try:
+    return json.loads(path.read_text())
+  except (ValueError, UnicodeDecodeError) as err:
+    raise ConfigError(f'{path} is damaged ({type(err).__name__}: {err}): restore it, or '
+                      'train again in a new --workdir') from None
+
+
+def load_vocab(workdir: str | pathlib.Path) -> Vocab:
+  """The vocabulary a run trained with (WORKDIR/vocab.json), checked against
+  the fingerprint of the run's data (WORKDIR/data.json): a renamed or
+  reordered token would map ids to other words."""
+  workdir = pathlib.Path(workdir)
+  saved = read_json(workdir / VOCAB_FILE, 'every work directory keeps its vocabulary')
+  fingerprint = read_json(workdir / DATA_FILE, 'every work directory keeps the fingerprint '
+                          'of its data')
+  try:
+    vocab = Vocab(tuple(saved['tokens']), kind=saved['kind'])
+  except (KeyError, TypeError, ValueError) as err:
+    raise ConfigError(f'{workdir / VOCAB_FILE} is damaged (no valid {err}): restore it, or '
+                      'train again in a new --workdir') from None
+  if vocab_sha256(vocab) != fingerprint.get('vocab_sha256'):
+    raise ConfigError(f'{workdir / VOCAB_FILE} is not the vocabulary the run trained with '
+                      f'(its sha256 differs from {workdir / DATA_FILE}\'s): restore it, or '
+                      'train again in a new --workdir')
+  return vocab
 
 
 def check_data(corpus: Corpus, workdir: str | pathlib.Path) -> None:
   """Raises ConfigError when `corpus` is not the data the run in `workdir`
   was trained on (its vocabulary, or a split, differs from data.json): the
-  ids would map to other words, and the scores mean nothing. Runs from
-  before data.json was written pass."""
+  ids would map to other words, and the scores mean nothing."""
   path = pathlib.Path(workdir) / DATA_FILE
-  if not path.is_file():
-    return
-  saved, now = json.loads(path.read_text()), corpus.fingerprint()
+  saved = read_json(path, 'every work directory keeps the fingerprint of its data')
+  now = corpus.fingerprint()
   differ = [key for key in ('vocab_sha256', *SPLITS) if saved.get(key) != now[key]]
   if differ:
     what = ('the vocabulary' if differ[0] == 'vocab_sha256' else
@@ -138,8 +167,12 @@ def check_data(corpus: Corpus, workdir: str | pathlib.Path) -> None:
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
-  """The config a work directory was trained with, over today's defaults
-  (so work directories from before a field existed still load)."""
+  """The config a work directory was trained with.
+
+  Raises:
+    ConfigError: config.json is missing, does not parse, or was written in
+      another format than this lm_zoo's (`FORMAT_VERSION`).
+  """
   path = pathlib.Path(workdir) / CONFIG_FILE
   if not path.is_file():
     raise ConfigError(f'{path} not found: is {workdir} a work directory written '
@@ -149,9 +182,36 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   except ValueError as err:
     raise ConfigError(f'{path} is corrupt or truncated ({err}): restore it, or train '
                       'again in a new --workdir') from None
+  if not isinstance(saved, dict):
+    raise ConfigError(f'{path} holds no config (a JSON {type(saved).__name__}): restore it, '
+                      'or train again in a new --workdir')
+  written, writer = saved.pop(FORMAT_KEY, None), saved.pop(WRITER_KEY, 'an earlier version')
+  if written != FORMAT_VERSION:
+    raise ConfigError(f'{workdir} was written by lm_zoo {writer} (format {written}); this is '
+                      f'lm_zoo {__version__} (format {FORMAT_VERSION}), which reads only its '
+                      'own: use that lm_zoo for it, or train again in a new --workdir')
   config = base_config()
-  config.update(upgrade_config(saved))
+  unknown = _unknown_fields(saved, json.loads(config.to_json_best_effort()))
+  if unknown:
+    raise ConfigError(f'{path} has fields this lm_zoo does not know: {", ".join(unknown[:5])}'
+                      + (f' and {len(unknown) - 5} more' if len(unknown) > 5 else '')
+                      + ': it was edited or written by another version; restore it, or train '
+                      'again in a new --workdir')
+  config.update(saved)
   return config
+
+
+def _unknown_fields(saved: Any, known: Any, prefix: str = '') -> list[str]:
+  """The dotted names in `saved` that `known` (a config as JSON) lacks."""
+  if not isinstance(saved, dict) or not isinstance(known, dict):
+    return []
+  unknown = []
+  for name, value in saved.items():
+    if name not in known:
+      unknown.append(prefix + name)
+    else:
+      unknown += _unknown_fields(value, known[name], f'{prefix}{name}.')
+  return unknown
 
 
 def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path,
@@ -208,7 +268,7 @@ def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
   stage starts from them)."""
   if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
     raise ConfigError(f'train.init_from={workdir} is not a work directory of launch/train.py')
-  with Checkpoints(workdir, legacy_transposed=legacy_transposed) as checkpoints:  # closed
+  with Checkpoints(workdir) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:
     raise ConfigError(f'train.init_from={workdir} has no best checkpoint: its run has '
