@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -34,6 +35,33 @@ def trained_run(data_dir, tmp_path_factory):
   train = _train_tiny(workdir, data_dir, env={'PYTHONHASHSEED': '1'})
   assert train.returncode == 0, train.stderr
   return workdir, train.stderr
+
+
+def test_evaluation_writes_nothing_through_a_link_and_names_a_place_it_cannot_write(
+    trained_run, data_dir, tmp_path):
+  """lm-zoo-eval saves its results in WORKDIR/evaluations: a link there
+  (to a folder outside) is refused before scoring; an --output it cannot
+  write is one line after the printed scores."""
+  workdir = shutil.copytree(trained_run[0], tmp_path / 'run')
+  outside = tmp_path / 'outside'
+  outside.mkdir()
+  shutil.rmtree(workdir / 'evaluations', ignore_errors=True)
+  os.symlink(outside, workdir / 'evaluations')
+  linked = run_script(['launch/evaluate.py', f'--workdir={workdir}'],
+                      {'LM_ZOO_DATA': str(data_dir)})
+  assert linked.returncode == 1 and not any(outside.iterdir())
+  assert linked.stderr == (f'error: {workdir}/evaluations is a symbolic link: lm_zoo writes '
+                           'nothing through links inside a work directory; remove it, or use '
+                           'a new --workdir\n')
+  (workdir / 'evaluations').unlink()
+  blocked = tmp_path / 'a_file'
+  blocked.write_text('')
+  unwritable = run_script(['launch/evaluate.py', f'--workdir={workdir}',
+                           f'--output={blocked}/results.json'], {'LM_ZOO_DATA': str(data_dir)})
+  assert unwritable.returncode == 1 and 'test: perplexity' in unwritable.stdout
+  assert unwritable.stderr.startswith(f'error: the results were printed but cannot be saved to '
+                                      f'{blocked}/results.json')
+  assert unwritable.stderr.count('\n') == 1 and 'Traceback' not in unwritable.stderr
 
 
 def test_the_same_command_and_seed_give_bit_identical_parameters(trained_run, data_dir,

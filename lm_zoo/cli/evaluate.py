@@ -30,9 +30,11 @@ from ml_collections import config_flags
 
 from lm_zoo import cli
 from lm_zoo.configs import evaluation_config
+from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import DynamicEvalSettings, EvalResult
 from lm_zoo.training import evaluate_workdir
 from lm_zoo.training.checkpoints import write_text_atomically
+from lm_zoo.training.workdir import refuse_links
 
 config_flags.DEFINE_config_file(
     'config', str(cli.EXPERIMENTS / 'evaluate.py'), 'How to score: an experiments/evaluate.py '
@@ -109,6 +111,8 @@ def _evaluate_program(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   config = evaluation_section(FLAGS.config)
+  # The results go into the work directory: never through a link out of it.
+  cli.run(lambda: refuse_links(pathlib.Path(FLAGS.workdir)))
   results = cli.run(lambda: evaluate_workdir(FLAGS.workdir, config))
   for split, result in results.items():
     search = result.details.get('search', [])
@@ -119,8 +123,19 @@ def _evaluate_program(argv):
   # The results go beside the run, and to --output when given.
   outputs = [pathlib.Path(FLAGS.workdir) / EVALUATIONS_DIR / f'{config.evaluator}.json']
   for output in outputs + ([pathlib.Path(FLAGS.output)] if FLAGS.output else []):
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(output, json.dumps(_as_json(config, results)))
+    cli.run(lambda output=output: _write(output, json.dumps(_as_json(config, results))))
+
+
+def _write(path: pathlib.Path, text: str) -> None:
+  """Writes an evaluation's JSON; a folder that cannot be written is a
+  one-line error (the scores are printed already)."""
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(path, text)
+  except OSError as err:
+    raise ConfigError(f'the results were printed but cannot be saved to {path} '
+                      f'({err.strerror}): give --output=FILE in a folder you can write') \
+        from None
 
 
 def main():

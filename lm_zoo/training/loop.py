@@ -41,8 +41,8 @@ from lm_zoo.training.run import (Progress, Run, Trainer, ValidationCallback, cre
 from lm_zoo.training.scoring import score_split
 from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.summary import count_params, finish
-from lm_zoo.training.workdir import (check_resumable, initial_params, record_data,
-                                     save_config, workdir_lock)
+from lm_zoo.training.workdir import (check_resumable, check_workdir, initial_params,
+                                     record_data, save_config, workdir_lock)
 
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     Preempted: stopped by a signal, after saving a checkpoint.
   """
   validate_config(config)  # before reading data or compiling anything
-  workdir = pathlib.Path(workdir)
+  workdir = check_workdir(workdir)
   final_splits = split_names(config.evaluation.splits if final_splits is None
                              else final_splits)
   with workdir_lock(workdir):

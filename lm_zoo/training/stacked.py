@@ -61,8 +61,8 @@ from lm_zoo.training.run import create_train_state, load_data
 from lm_zoo.training.stacked_run import StackProgress, StackRun, seed_dir, stack, take_seed
 from lm_zoo.training.stacked_summary import finish_stack, spread
 from lm_zoo.training.steps import make_train_step
-from lm_zoo.training.workdir import (check_resumable, record_data, save_config, save_seeds,
-                                     workdir_lock)
+from lm_zoo.training.workdir import (check_resumable, check_workdir, record_data, save_config,
+                                     save_seeds, workdir_lock)
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def train_seeds(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   """
   validate_config(config)
   check_seeds_config(config, num_seeds)
-  workdir = pathlib.Path(workdir)
+  workdir = check_workdir(workdir)
   final_splits = split_names(config.evaluation.splits if final_splits is None
                              else final_splits)
   with workdir_lock(workdir):

@@ -5,6 +5,7 @@ start of another run."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -48,6 +49,44 @@ SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.emb
 DYNAMICS_SECTIONS = ('model', 'optimizer', 'schedule')
 
 
+def check_workdir(workdir: str | pathlib.Path) -> pathlib.Path:
+  """`workdir` as a path, once it can hold a run: named (an empty name would
+  be the current folder), a folder or not there yet, and either empty or
+  holding a run lm_zoo started (its config.json, lock or checkpoints), with
+  no symbolic link inside (`refuse_links`).
+
+  Raises:
+    ConfigError: one line naming the folder and what to do.
+  """
+  if not str(workdir).strip():
+    raise ConfigError('the work directory is empty: name a folder for the run '
+                      '(--workdir=runs/NAME)')
+  workdir = pathlib.Path(workdir)
+  if workdir.exists() and not workdir.is_dir():
+    raise ConfigError(f'--workdir={workdir} is a file, not a folder: name a folder for the run')
+  if workdir.is_dir():
+    entries = sorted(p.name for p in workdir.iterdir())
+    if entries and not {CONFIG_FILE, LOCK_FILE, 'checkpoints'} & set(entries):
+      shown = ', '.join(entries[:3]) + (f' and {len(entries) - 3} more' if len(entries) > 3
+                                        else '')
+      raise ConfigError(f'{workdir} holds files lm_zoo did not write ({shown}): train in a new '
+                        'or empty folder')
+    refuse_links(workdir)
+  return workdir
+
+
+def refuse_links(workdir: pathlib.Path) -> None:
+  """Raises ConfigError naming the first symbolic link inside `workdir`:
+  lm_zoo writes nothing through a link, which could point out of the work
+  directory (the folder itself may be a link)."""
+  for folder, dirs, files in os.walk(workdir):
+    for name in sorted(dirs + files):
+      path = pathlib.Path(folder) / name
+      if path.is_symlink():
+        raise ConfigError(f'{path} is a symbolic link: lm_zoo writes nothing through links '
+                          'inside a work directory; remove it, or use a new --workdir')
+
+
 @contextlib.contextmanager
 def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
   """Holds `workdir`'s lock (an flock on WORKDIR/lock, which names the holder's
@@ -67,7 +106,15 @@ def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
   """
   workdir.mkdir(parents=True, exist_ok=True)
   index = jax.process_index()
-  with open(workdir / (f'{LOCK_FILE}.{index}' if index else LOCK_FILE), 'a+') as f:
+  path = workdir / (f'{LOCK_FILE}.{index}' if index else LOCK_FILE)
+  try:  # never through a link: the pid written into it would land elsewhere
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+  except OSError as err:
+    if err.errno == errno.ELOOP:
+      raise ConfigError(f'{path} is a symbolic link: lm_zoo writes nothing through links '
+                        'inside a work directory; remove it, or use a new --workdir') from None
+    raise
+  with os.fdopen(descriptor, 'r+') as f:
     try:
       fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:

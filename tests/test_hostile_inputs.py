@@ -1,0 +1,168 @@
+"""Hostile inputs to a work directory: links that would carry lm_zoo's
+writes out of it, folders that are not work directories, and files damaged
+or swapped. Each is refused in one `error:` line naming the file and what to
+do, before anything is written, and what the link points to is untouched."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from lm_zoo import cli
+from lm_zoo.configs import base_config
+from lm_zoo.training import evaluate_workdir, train_and_evaluate
+from lm_zoo.training.trained import load_model
+from lm_zoo.training.workdir import workdir_lock
+
+TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
+        'data.test_batch_size': 2, 'data.train_tokens': 401, 'data.valid_tokens': 120,
+        'data.test_tokens': 90, 'model.embed_size': 16, 'model.hidden_size': 16,
+        'train.max_steps': 10, 'train.log_every': 5, 'generate.num_lines': 0}
+
+
+def _config(data_dir, **fields):
+  config = base_config()
+  config.update_from_flattened_dict({**TINY, 'data.data_dir': str(data_dir), **fields})
+  return config
+
+
+@pytest.fixture(scope='module')
+def trained(data_dir, tmp_path_factory):
+  """A work directory of one finished epoch (latest and best checkpoints)."""
+  workdir = tmp_path_factory.mktemp('trained') / 'run'
+  train_and_evaluate(_config(data_dir), workdir)
+  return workdir
+
+
+def _victim(t):
+  victim = t / 'victim.txt'
+  victim.write_text('keep me')
+  return victim
+
+
+def _link_lock(d, t, w):
+  (w / 'lock').unlink()
+  os.symlink(_victim(t), w / 'lock')
+  return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20}), w)
+
+
+def _link_a_checkpoint(d, t, w):
+  os.symlink(t, w / 'checkpoints' / '99')
+  return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20}), w)
+
+
+def _link_tensorboard(d, t, w):
+  shutil.rmtree(w / 'tensorboard', ignore_errors=True)
+  os.symlink(t, w / 'tensorboard')
+  return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20}), w)
+
+
+def _edit_json(name, edit):
+  def set_up(d, t, w):
+    path = w / name
+    path.write_text(edit(path.read_text()))
+    return lambda: load_model(w)
+  return set_up
+
+
+def _delete(name):
+  def set_up(d, t, w):
+    (w / name).unlink()
+    return lambda: load_model(w)
+  return set_up
+
+
+def _swap_two_tokens(text):
+  saved = json.loads(text)
+  saved['tokens'][5], saved['tokens'][6] = saved['tokens'][6], saved['tokens'][5]
+  return json.dumps(saved)
+
+
+def _best_meta(edit):
+  def set_up(d, t, w):
+    step = next((w / 'best').iterdir())
+    edit(step)
+    return lambda: evaluate_workdir(w)
+  return set_up
+
+
+def _drop_digests(step):
+  path = step / 'meta' / 'metadata'
+  meta = json.loads(path.read_text())
+  del meta['array_digests']
+  path.write_text(json.dumps(meta))
+
+
+def _older_format(name):
+  def set_up(d, t, w):
+    path = w / name
+    saved = json.loads(path.read_text())
+    del saved['format_version']
+    path.write_text(json.dumps(saved))
+    return lambda: evaluate_workdir(w)
+  return set_up
+
+
+def _foreign_folder(d, t, w):
+  (t / 'mine').mkdir()
+  (t / 'mine' / 'notes.txt').write_text('my notes')
+  return lambda: train_and_evaluate(_config(d), t / 'mine')
+
+
+# id -> (set-up(data_dir, tmp_path, a copy of the trained work directory) -> job,
+#        what the error line says)
+CASES = {
+    'the lock a link to a file': (_link_lock, '{w}/lock is a symbolic link: lm_zoo writes '
+                                              'nothing through links inside a work directory'),
+    'a checkpoint a link': (_link_a_checkpoint, '{w}/checkpoints/99 is a symbolic link'),
+    'the TensorBoard folder a link': (_link_tensorboard, '{w}/tensorboard is a symbolic link'),
+    'an empty work directory name': (lambda d, t, w: lambda: train_and_evaluate(_config(d), ''),
+                                     'the work directory is empty: name a folder'),
+    'a work directory that is a file': (
+        lambda d, t, w: lambda: train_and_evaluate(_config(d), _victim(t)),
+        '--workdir={t}/victim.txt is a file, not a folder'),
+    'a folder of other files': (_foreign_folder, '{t}/mine holds files lm_zoo did not write '
+                                                 '(notes.txt): train in a new or empty folder'),
+    'vocab.json with two tokens swapped': (
+        _edit_json('vocab.json', _swap_two_tokens),
+        '{w}/vocab.json is not the vocabulary the run trained with'),
+    'vocab.json cut short': (_edit_json('vocab.json', lambda text: text[:len(text) // 2]),
+                             '{w}/vocab.json is damaged (JSONDecodeError'),
+    'data.json cut short': (_edit_json('data.json', lambda text: text[:40]),
+                            '{w}/data.json is damaged (JSONDecodeError'),
+    'data.json deleted': (_delete('data.json'), '{w}/data.json is missing'),
+    'a best checkpoint without digests': (_best_meta(_drop_digests),
+                                          'is damaged: its meta has no array digests'),
+    'a best checkpoint without its metadata': (
+        _best_meta(lambda step: (step / 'state' / '_METADATA').unlink()),
+        'state/_METADATA is missing; best/ keeps no other copy'),
+    'a config.json of an older format': (_older_format('config.json'),
+                                         'was written by lm_zoo 0.1.0 (format None)'),
+}
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_hostile_input_is_one_clear_error_line(case, data_dir, trained, tmp_path, capsys):
+  set_up, expected = CASES[case]
+  workdir = shutil.copytree(trained, tmp_path / 'run', symlinks=True)
+  job = set_up(data_dir, tmp_path, workdir)
+  with pytest.raises(SystemExit) as stopped:
+    cli.run(job)
+  assert stopped.value.code == 1
+  err = capsys.readouterr().err
+  assert err.startswith('error: ') and 'Traceback' not in err and err.count('\n') == 1
+  assert expected.format(t=tmp_path, w=workdir) in err
+  victim = tmp_path / 'victim.txt'
+  assert not victim.exists() or victim.read_text() == 'keep me'
+
+
+def test_the_lock_is_never_opened_through_a_link(tmp_path):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  victim = _victim(tmp_path)
+  os.symlink(victim, workdir / 'lock')
+  with pytest.raises(Exception, match='is a symbolic link'):
+    with workdir_lock(workdir):
+      pass
+  assert victim.read_text() == 'keep me'
