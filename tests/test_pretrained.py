@@ -67,9 +67,10 @@ def test_dynamic_evaluation_at_rate_zero_is_the_static_score(model):
                                                    jax.tree.leaves(model.params)))
 
 
-def test_a_run_without_its_vocabulary_says_how_to_load_it(moved_run, tmp_path):
-  old = tmp_path / 'old'
-  shutil.copytree(moved_run, old)
-  (old / 'vocab.json').unlink()
-  with pytest.raises(ConfigError, match='load_trained'):
-    lm_zoo.load(old)
+def test_a_run_without_its_vocabulary_names_the_missing_file(moved_run, tmp_path):
+  damaged = tmp_path / 'damaged'
+  shutil.copytree(moved_run, damaged)
+  (damaged / 'vocab.json').unlink()
+  with pytest.raises(ConfigError, match=f'{damaged}/vocab.json is missing: every work '
+                                        'directory keeps its vocabulary'):
+    lm_zoo.load(damaged)
