@@ -172,13 +172,44 @@ def encode_prompt(vocab: Vocab, text: str) -> np.ndarray:
   return np.asarray(ids, np.int32)
 
 
+# The most tokens one call generates: longer ones run for minutes with no output.
+MAX_NEW_TOKENS = 10_000
+
+
+def _count(name: str, value: Any, low: int, high: int | None = None) -> None:
+  """A ValueError naming `name` unless `value` is an int in [low, high]."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f'{name} must be a whole number, got {value!r}')
+  if value < low or (high is not None and value > high):
+    bound = f'from {low} to {high:,}' if high is not None else f'at least {low}'
+    raise ValueError(f'{name} must be {bound}, got {value:,}')
+
+
+def check_generation(prompt: Any, num_tokens: Any, num_samples: Any, seed: Any,
+                     beam_width: Any) -> None:
+  """A one-line ValueError naming the first argument of `generate_text`
+  that is out of its range (temperature and top_k are `sample`'s)."""
+  if not isinstance(prompt, str):
+    raise ValueError(f'prompt must be text (a str), got {type(prompt).__name__}')
+  _count('num_tokens', num_tokens, 1, MAX_NEW_TOKENS)
+  _count('num_samples', num_samples, 1, 1024)
+  _count('seed', seed, 0, 2 ** 32 - 1)
+  _count('beam_width', beam_width, 0)
+
+
 def generate_text(model: RecurrentLM, params: Any, vocab: Vocab, prompt: str = '',
                   num_tokens: int = 30, num_samples: int = 1, seed: int = 0,
                   temperature: float = 1.0, top_k: int = 0,
                   beam_width: int = 0) -> list[str]:
   """Continuations of `prompt` (text) as text: `num_samples` samples, or with
   `beam_width` > 1 the one beam-search continuation (ended at an end of
-  sentence where the vocabulary has one)."""
+  sentence where the vocabulary has one).
+
+  Raises:
+    ValueError: an argument out of its range (`check_generation`), a word
+      the vocabulary lacks and cannot map to <unk>.
+  """
+  check_generation(prompt, num_tokens, num_samples, seed, beam_width)
   ids = encode_prompt(vocab, prompt)
   if beam_width > 1:
     eos_id = vocab.id(EOS) if EOS in vocab else None

@@ -67,17 +67,31 @@ class TrainedModel:
     return np.concatenate([[eos], *lines]).astype(np.int32)
 
   def score(self, text: str) -> EvalResult:
-    """Perplexity (or bits per character) of `text`, dropout off."""
-    ids = self.encode(text)
+    """Perplexity (or bits per character) of `text`, dropout off.
+
+    Raises:
+      ValueError: `text` is not a str, or holds no token to score.
+    """
+    ids = self._scored(text)
     return evaluate_stream(make_eval_step(self.model), self.params,
                            self.model.initialize_carry(1), ids, 1, self.config.data.bptt,
                            self.unit)
 
   def token_losses(self, text: str) -> tuple[list[str], np.ndarray]:
     """Each token of `text` and its loss in nats given every token before it."""
-    ids = self.encode(text)
+    ids = self._scored(text)
     losses = stream_token_losses(self.model, self.params, ids, self.config.data.bptt)
     return [self.vocab.tokens[i] for i in ids[1:]], losses
+
+  def _scored(self, text: Any) -> np.ndarray:
+    """`encode(text)`, once `text` is text with a word (or character) in it."""
+    if not isinstance(text, str):
+      hint = ": decode it first, text.decode('utf-8')" if isinstance(text, bytes) else ''
+      raise ValueError(f'text must be a str, got {type(text).__name__}{hint}')
+    if not (text.strip() if self.vocab.kind == 'word' else text):
+      raise ValueError(f'text has no {"word" if self.vocab.kind == "word" else "character"} '
+                       'to score: give it at least one')
+    return self.encode(text)
 
   def generate(self, prompt: str = '', num_tokens: int = 30, num_samples: int = 1,
                seed: int = 0, temperature: float = 1.0, top_k: int = 0,
@@ -96,7 +110,7 @@ class TrainedModel:
     `transformation` (any of lm_zoo.optim's, `dynamic_rms` with its MS
     included). The result's details hold the static loss of the same tokens
     and the adapted weights."""
-    ids = self.encode(text)
+    ids = self._scored(text)
     run = dynamic_evaluate(self.model, self.params,
                            transformation or dynamic_sgd(learning_rate, decay), ids,
                            segment_length, 1, self.unit)

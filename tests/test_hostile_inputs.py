@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+import lm_zoo
 from lm_zoo import cli
 from lm_zoo.configs import base_config
 from lm_zoo.training import evaluate_workdir, train_and_evaluate
@@ -104,6 +105,21 @@ def _older_format(name):
   return set_up
 
 
+def _garble_metrics_line(d, t, w):
+  path = w / 'metrics.jsonl'
+  lines = path.read_text().splitlines(keepends=True)
+  lines[1] = '{"kind": "train", "st\n'
+  path.write_text(''.join(lines))
+  return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20,
+                                                  'train.num_epochs': 2}), w)
+
+
+def _damage_summary(d, t, w):
+  path = w / 'summary.json'
+  path.write_text(path.read_text()[:30])
+  return lambda: train_and_evaluate(_config(d), w)
+
+
 def _foreign_folder(d, t, w):
   (t / 'mine').mkdir()
   (t / 'mine' / 'notes.txt').write_text('my notes')
@@ -139,6 +155,18 @@ CASES = {
         'state/_METADATA is missing; best/ keeps no other copy'),
     'a config.json of an older format': (_older_format('config.json'),
                                          'was written by lm_zoo 0.1.0 (format None)'),
+    'a damaged line inside metrics.jsonl': (
+        _garble_metrics_line, '{w}/metrics.jsonl is damaged at line 2: '),
+    'a damaged summary.json': (_damage_summary, '{w}/summary.json is damaged (JSONDecodeError'),
+    'a seed beyond 2**32': (lambda d, t, w: lambda: train_and_evaluate(
+        _config(d, seed=10 ** 23), t / 'new'), 'config field seed=1000000000000000000000'
+                                               '00 must be in [0, 2**32)'),
+    'a hidden size of 2**40': (lambda d, t, w: lambda: train_and_evaluate(
+        _config(d, **{'model.hidden_size': 2 ** 40}), t / 'new'),
+                               'model.hidden_size=1099511627776 must be below 2**31'),
+    'a model too large for the memory': (lambda d, t, w: lambda: train_and_evaluate(
+        _config(d, **{'model.hidden_size': 300_000}), t / 'new'),
+                                         'model.hidden_size=300000 gives 1 x '),
 }
 
 
@@ -166,3 +194,36 @@ def test_the_lock_is_never_opened_through_a_link(tmp_path):
     with workdir_lock(workdir):
       pass
   assert victim.read_text() == 'keep me'
+
+
+# The Python API: id -> (a call of the loaded model, the ValueError's one line)
+API_CASES = {
+    **{f'score({label})': (lambda m, text=text: m.score(text), message)
+       for label, text, message in (
+           ('None', None, 'text must be a str, got NoneType'),
+           ("b'bytes'", b'the company', "text must be a str, got bytes: decode it first"),
+           ("'\\n\\n\\n'", '\n\n\n', 'text has no word to score'),
+           ("''", '', 'text has no word to score'))},
+    **{f'generate({label})': (lambda m, kwargs=kwargs: m.generate(**kwargs), message)
+       for label, kwargs, message in (
+           ('prompt=123', {'prompt': 123}, 'prompt must be text (a str), got int'),
+           ('num_tokens=-3', {'num_tokens': -3}, 'num_tokens must be from 1 to 10,000, got -3'),
+           ('num_tokens=2.5', {'num_tokens': 2.5}, 'num_tokens must be a whole number, got 2.5'),
+           ('num_tokens=10**8', {'num_tokens': 10 ** 8}, 'num_tokens must be from 1 to 10,000'),
+           ('num_samples=0', {'num_samples': 0}, 'num_samples must be from 1 to 1,024, got 0'),
+           ('beam_width=-2', {'beam_width': -2}, 'beam_width must be at least 0, got -2'),
+           ('seed=-1', {'seed': -1}, 'seed must be from 0 to 4,294,967,295'))},
+}
+
+
+@pytest.fixture(scope='module')
+def loaded(trained):
+  return lm_zoo.load(trained)
+
+
+@pytest.mark.parametrize('case', API_CASES)
+def test_a_bad_argument_to_the_api_is_one_line_naming_it(case, loaded):
+  call, message = API_CASES[case]
+  with pytest.raises(ValueError) as refused:
+    call(loaded)
+  assert message in str(refused.value) and '\n' not in str(refused.value)

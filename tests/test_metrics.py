@@ -7,6 +7,7 @@ import pytest
 from conftest import read_events, read_scalar_events
 
 from lm_zoo.configs import base_config
+from lm_zoo.errors import ConfigError
 from lm_zoo.training.metrics import MetricsWriter, flat_fields, read_metrics
 
 
@@ -132,3 +133,23 @@ def test_without_tensorboardx_the_records_are_still_written(tmp_path, monkeypatc
   assert [r['loss'] for r in read_metrics(tmp_path / 'metrics.jsonl')] == [1.0]
   assert not (tmp_path / 'tensorboard').exists()
   assert "pip install 'lm_zoo[tensorboard]'" in caplog.text
+
+
+def test_a_log_deleted_under_a_resumed_run_is_reported(tmp_path, caplog):
+  first = MetricsWriter(tmp_path)
+  for step in range(1, 4):
+    first.write('train', step=step, loss=1.0)
+  first.close()
+  (tmp_path / 'metrics.jsonl').unlink()
+  with caplog.at_level(logging.WARNING, logger='lm_zoo'):
+    resumed = MetricsWriter(tmp_path, keep=3, resume_step=3)
+  resumed.close()
+  assert 'metrics.jsonl holds 0 records where the checkpoint counted 3' in caplog.text
+
+
+def test_a_damaged_line_inside_the_log_is_named_not_skipped(tmp_path):
+  (tmp_path / 'metrics.jsonl').write_text('{"kind": "train", "step": 1}\n[1, 2\n'
+                                          '{"kind": "train", "step": 2}\n{"kind": "tr')
+  with pytest.raises(ConfigError, match=r'metrics.jsonl is damaged at line 2: .\[1, 2. is not '
+                                        'a record'):
+    read_metrics(tmp_path / 'metrics.jsonl')

@@ -121,6 +121,11 @@ def test_resuming_with_other_training_fields_warns_naming_them(tmp_path, caplog)
     check_resumable(config, tmp_path)
   assert 'changed training fields: schedule.decay_after 4 -> 7. The rest' in caplog.text
   assert 'num_epochs' not in caplog.text
+  caplog.clear()
+  config.data.bptt = 70  # what each step sees
+  with caplog.at_level(logging.WARNING, logger='lm_zoo'):
+    check_resumable(config, tmp_path)
+  assert 'data.bptt 35 -> 70' in caplog.text
 
 
 def test_init_from_a_directory_without_a_run_is_a_config_error(tmp_path):

@@ -12,7 +12,7 @@ from absl import app, flags
 
 from lm_zoo import cli
 from lm_zoo.errors import ConfigError
-from lm_zoo.generation import generate_text
+from lm_zoo.generation import check_generation, generate_text
 from lm_zoo.training import load_trained
 from lm_zoo.training.trained import load_model
 
@@ -38,6 +38,11 @@ FLAGS = flags.FLAGS
 def _generate_program(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  try:  # before the model loads
+    check_generation(FLAGS.prompt, FLAGS.num_tokens, FLAGS.num_samples, FLAGS.seed,
+                     FLAGS.beam_width)
+  except ValueError as err:
+    raise app.UsageError(f'--{err}') from None
   if FLAGS.beam_width > 1 and (FLAGS.temperature != 1.0 or FLAGS.top_k):
     raise app.UsageError('--temperature and --top_k apply to sampling, not to beam '
                          'search (--beam_width > 1)')

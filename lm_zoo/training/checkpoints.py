@@ -279,11 +279,15 @@ def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
   path = pathlib.Path(path)
   with tempfile.NamedTemporaryFile('w', dir=path.parent, prefix=f'.{path.name}.',
                                    suffix='.tmp', delete=False) as out:
-    out.write(text)
-    out.flush()
-    os.fsync(out.fileno())
-  os.chmod(out.name, 0o644)  # temporary files are private; ours are not
-  os.replace(out.name, path)
+    try:
+      out.write(text)
+      out.flush()
+      os.fsync(out.fileno())
+      os.chmod(out.name, 0o644)  # temporary files are private; ours are not
+      os.replace(out.name, path)
+    except BaseException:  # a full disk, a signal: nothing half written stays behind
+      os.unlink(out.name)
+      raise
 
 
 def _keys(path) -> tuple[str, ...]:

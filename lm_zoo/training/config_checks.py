@@ -4,6 +4,7 @@ compiles, each problem a `ConfigError` naming the field and the fix."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import jax
@@ -14,7 +15,8 @@ from lm_zoo.data.corpora import CORPORA, Corpus
 from lm_zoo.data.text import LEVELS
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import build_evaluator
-from lm_zoo.models.factory import CELLS, DTYPES, LATENTS, LSTM_FAMILY, embed_size
+from lm_zoo.models.factory import (CELLS, DTYPES, LATENTS, LSTM_FAMILY, build_model,
+                                   count_params, embed_size)
 from lm_zoo.training.averaging import TRIGGERS
 from lm_zoo.training.nonfinite import NONFINITE_POLICIES
 from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
@@ -55,7 +57,16 @@ RULES = (
      'a number >= 0 (0: the cells\' own initialisers)'),
     (('averaging.start_fraction', 'train.rollback_lr_factor'),
      lambda x: 0 < x <= 1, 'in (0, 1]'),
+    (('seed',), lambda x: 0 <= x < 2 ** 32, 'in [0, 2**32) (a PRNG seed)'),
+    (('data.batch_size', 'data.bptt', 'data.eval_batch_size', 'data.test_batch_size',
+      'model.num_layers', 'model.hidden_size', 'model.embed_size', 'model.output_size',
+      'model.alstm.latent_size', 'model.dual.size', 'model.mos.components',
+      'model.mogrifier.rounds', 'model.mogrifier.rank'),
+     lambda x: x < 2 ** 31, 'below 2**31'),
 )
+# Bytes a parameter needs at least while training: float32 weights, their
+# gradient and two optimizer statistics.
+TRAINING_BYTES_PER_PARAM = 16
 
 
 def _get(config: ml_collections.ConfigDict, field: str) -> Any:
@@ -118,6 +129,25 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
   _check_evaluation(config.evaluation)
   if corpus is not None:
     _check_fit(config, corpus)
+    check_memory(config, len(corpus.vocab))
+
+
+def check_memory(config: ml_collections.ConfigDict, vocab_size: int, copies: int = 1) -> None:
+  """Raises ConfigError when `copies` models of `config` (a stack of seeds)
+  cannot train in the first device's memory: their parameters, counted from
+  shapes alone, times `TRAINING_BYTES_PER_PARAM`, against the device's limit
+  (a CPU's physical memory)."""
+  params = count_params(build_model(config.model, vocab_size))
+  need = params * copies * TRAINING_BYTES_PER_PARAM
+  device = jax.local_devices()[0]
+  stats = device.memory_stats() or {}
+  have = stats.get('bytes_limit') or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  if need > have:
+    size = 'model.param_budget' if config.model.param_budget else 'model.hidden_size'
+    raise _fail(size, _get(config, size),
+                f'gives {copies} x {params:,} parameters, which need at least '
+                f'{need / 2 ** 30:,.1f} GiB to train (weights, gradients, optimizer state), '
+                f'more than the {have / 2 ** 30:,.1f} GiB of {device.device_kind}: lower it')
 
 
 def _check_evaluation(evaluation: ml_collections.ConfigDict) -> None:

@@ -41,7 +41,7 @@ from lm_zoo.training.run import (Progress, Run, Trainer, ValidationCallback, cre
 from lm_zoo.training.scoring import score_split
 from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.summary import count_params, finish
-from lm_zoo.training.workdir import (check_resumable, check_workdir, initial_params,
+from lm_zoo.training.workdir import (check_resumable, check_workdir, initial_params, read_json,
                                      record_data, save_config, workdir_lock)
 
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
@@ -186,7 +186,8 @@ def completed_summary(config: ml_collections.ConfigDict, workdir: pathlib.Path, 
   summary_file = workdir / 'summary.json'
   if not training_done(config, progress, step, progress.train_seconds):
     return None
-  summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+  summary = (read_json(summary_file, 'a finished run keeps its summary')
+             if summary_file.exists() else {})
   if summary.get('step') != step:
     return None
   log.info('The run in %s is already complete (%d steps, epoch %d); its summary is in %s. '

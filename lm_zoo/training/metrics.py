@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from lm_zoo.errors import ConfigError
 from lm_zoo.training.checkpoints import write_text_atomically
 from lm_zoo.training.parallel import is_main_process
 
@@ -123,6 +124,9 @@ class MetricsWriter:
       self._count = count
       return
     records = read_metrics(self.path) if self.path.exists() else []
+    if len(records) < count:
+      log.warning('%s holds %d records where the checkpoint counted %d (deleted or cut '
+                  'short): the log goes on from what is left', self.path, len(records), count)
     self._rewrite(records[:count])
 
   def close(self) -> None:
@@ -146,8 +150,25 @@ def flat_fields(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str
 
 
 def read_metrics(path: str | pathlib.Path) -> list[dict]:
-  """All records of a metrics file, but a last line a kill cut short."""
-  with open(path) as f:
+  """All records of a metrics file, but a last line a kill cut short.
+
+  Raises:
+    ConfigError: a complete line does not parse (the file was damaged),
+      naming the file and the line.
+  """
+  with open(path, errors='replace') as f:
     lines = f.read().split('\n')
   # Every record ends in a newline: what follows the last one is a partial write.
-  return [json.loads(line) for line in lines[:-1] if line.strip()]
+  records = []
+  for number, line in enumerate(lines[:-1], start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except ValueError:
+      record = None
+    if not isinstance(record, dict):
+      raise ConfigError(f'{path} is damaged at line {number}: {line[:60]!r} is not a record; '
+                        'restore the file, or delete that line to keep the rest')
+    records.append(record)
+  return records

@@ -51,7 +51,7 @@ from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.evaluation import evaluate_stream_stacked, make_eval_step, split_names
 from lm_zoo.models import build_model
 from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.config_checks import validate_config
+from lm_zoo.training.config_checks import check_memory, validate_config
 from lm_zoo.training.loop import budget_spent, completed_summary, planned_steps
 from lm_zoo.training.metrics import MetricsWriter
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
@@ -133,6 +133,7 @@ def _train_seeds(config: ml_collections.ConfigDict, workdir: pathlib.Path, num_s
   started = time.perf_counter()
   corpus = load_data(config)
   validate_config(config, corpus)
+  check_memory(config, len(corpus.vocab), num_seeds)
   model = build_model(config.model, len(corpus.vocab))
   optimizer = make_optimizer(config.optimizer)
   train_step = make_train_step(

@@ -46,7 +46,7 @@ SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.emb
                 'averaging.trigger')
 # Sections whose other fields change how the rest of a resumed run trains:
 # allowed, and logged as a warning.
-DYNAMICS_SECTIONS = ('model', 'optimizer', 'schedule')
+DYNAMICS_SECTIONS = ('model', 'optimizer', 'schedule', 'data')
 
 
 def check_workdir(workdir: str | pathlib.Path) -> pathlib.Path:
