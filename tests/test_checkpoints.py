@@ -2,6 +2,7 @@
 damage named as damage."""
 
 import json
+import logging
 import types
 
 import jax
@@ -65,9 +66,26 @@ def test_a_checkpoint_without_its_digests_or_metadata_is_damaged(tmp_path):
   (folder / 'state' / '_METADATA').unlink()
   with pytest.raises(CheckpointError) as refused:
     Checkpoints(tmp_path).restore_latest(params())
-  assert str(refused.value) == (f'the checkpoint {folder} is damaged: {folder}/state/_METADATA '
-                                f'is missing; delete {folder} to resume from the checkpoint '
-                                'before it.')
+  assert str(refused.value) == (f'no intact checkpoint to resume from in {tmp_path}/checkpoints: '
+                                f'the checkpoint {folder} is damaged: {folder}/state/_METADATA '
+                                f'is missing; delete {folder}, or train again in a new '
+                                '--workdir.')
+
+
+def test_resuming_skips_a_damaged_newest_checkpoint_for_the_intact_one_before(tmp_path,
+                                                                            caplog):
+  saved = Checkpoints(tmp_path)
+  saved.save_latest(4, params(), {'epoch': 1})
+  saved.save_latest(8, jax.tree.map(lambda x: x + 1, params()), {'epoch': 2})
+  saved.close()
+  newest = tmp_path / 'checkpoints' / '8'
+  (newest / 'state' / '_METADATA').unlink()
+  with caplog.at_level(logging.WARNING, logger='lm_zoo'):
+    state, meta = Checkpoints(tmp_path).restore_latest(params())
+  assert meta == {'epoch': 1}
+  np.testing.assert_array_equal(state['softmax']['kernel'], params()['softmax']['kernel'])
+  assert f'Skipping a damaged checkpoint: the checkpoint {newest} is damaged' in caplog.text
+  assert f'Resuming from {tmp_path}/checkpoints/4, the newest intact checkpoint' in caplog.text
 
 
 def test_a_checkpoint_of_other_shapes_is_refused_with_its_path(tmp_path):

@@ -8,6 +8,7 @@ import os
 import shutil
 
 import pytest
+from conftest import run_script
 
 import lm_zoo
 from lm_zoo import cli
@@ -15,6 +16,7 @@ from lm_zoo.configs import base_config
 from lm_zoo.training import evaluate_workdir, train_and_evaluate
 from lm_zoo.training.trained import load_model
 from lm_zoo.training.workdir import workdir_lock
+from lm_zoo.tuning import param, run_worker, tuning_config
 
 TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
         'data.test_batch_size': 2, 'data.train_tokens': 401, 'data.valid_tokens': 120,
@@ -120,6 +122,20 @@ def _damage_summary(d, t, w):
   return lambda: train_and_evaluate(_config(d), w)
 
 
+def _tune(corrupt_database=False, **fields):
+  """A tuning worker whose tuning config has `fields` set."""
+  def set_up(d, t, w):
+    tune = tuning_config()
+    tune.base = _config(d)
+    tune.space.learning_rate = param('optimizer.learning_rate', 1e-3, 1e-2, log=True)
+    tune.update_from_flattened_dict(fields)
+    if corrupt_database:
+      (t / 'tune').mkdir()
+      (t / 'tune' / 'study.db').write_bytes(os.urandom(1000))
+    return lambda: run_worker(tune, t / 'tune')
+  return set_up
+
+
 def _foreign_folder(d, t, w):
   (t / 'mine').mkdir()
   (t / 'mine' / 'notes.txt').write_text('my notes')
@@ -164,6 +180,18 @@ CASES = {
     'a hidden size of 2**40': (lambda d, t, w: lambda: train_and_evaluate(
         _config(d, **{'model.hidden_size': 2 ** 40}), t / 'new'),
                                'model.hidden_size=1099511627776 must be below 2**31'),
+    'a tuning database URL of no known kind': (
+        _tune(**{'study.storage': 'bogus://x'}),
+        "tune.study.storage='bogus://x' is not a database URL SQLAlchemy can open"),
+    'a negative heartbeat grace period': (_tune(**{'study.grace_period': -5}),
+                                          'tune.study.grace_period=-5 must be a whole number'),
+    'a study database that is not one': (
+        _tune(corrupt_database=True),
+        'the study database sqlite:///{t}/tune/study.db cannot be read (file is not a '
+        'database): restore it'),
+    'a training config given as a tuning config': (
+        lambda d, t, w: lambda: run_worker(_config(d), t / 'tune'),
+        '--tune is not a tuning config: it has no kind, study, space (a training config?)'),
     'a model too large for the memory': (lambda d, t, w: lambda: train_and_evaluate(
         _config(d, **{'model.hidden_size': 300_000}), t / 'new'),
                                          'model.hidden_size=300000 gives 1 x '),
@@ -227,3 +255,11 @@ def test_a_bad_argument_to_the_api_is_one_line_naming_it(case, loaded):
   with pytest.raises(ValueError) as refused:
     call(loaded)
   assert message in str(refused.value) and '\n' not in str(refused.value)
+
+
+def test_a_missing_tuning_config_file_is_one_line_naming_the_flag(tmp_path):
+  refused = run_script(['launch/tune.py', '--tune=/nonexistent/tune.py',
+                        f'--workdir={tmp_path / "tune"}'], {})
+  assert refused.returncode == 1
+  assert refused.stderr.splitlines()[0] == ("error: --tune: [Errno 2] No such file or "
+                                            "directory: '/nonexistent/tune.py'")

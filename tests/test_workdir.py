@@ -46,6 +46,20 @@ def test_waiting_for_the_lock_returns_once_its_holder_is_gone(tmp_path):
   holder.wait(timeout=30)
 
 
+def test_a_lock_file_removed_by_hand_still_keeps_a_second_run_out(tmp_path):
+  release = tmp_path / 'release'
+  holder = hold_lock(tmp_path / 'run', release)
+  (tmp_path / 'run' / 'lock').unlink()
+  with pytest.raises(WorkdirInUse, match='in use by another process \\(its lock file was '
+                                         'removed\\): wait for that run to end'):
+    with workdir_lock(tmp_path / 'run'):
+      pass
+  release.touch()
+  holder.wait(timeout=30)
+  with workdir_lock(tmp_path / 'run'):  # free again once the holder is gone
+    pass
+
+
 def test_a_config_of_another_format_or_with_unknown_fields_is_refused(tmp_path):
   save_config(base_config(), tmp_path)
   path = tmp_path / 'config.json'

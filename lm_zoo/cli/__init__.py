@@ -164,12 +164,25 @@ def _parse_flags(argv: list[str]) -> list[str]:
   here, so that its errors are the command line's, not the program's."""
   try:
     argv = flags.FLAGS(argv)
-    if 'config' in flags.FLAGS:
-      flags.FLAGS.config.keys()  # a file that failed to load raises on first use
-    return argv
   except Exception as err:  # flags.Error, and whatever a config file raises
-    print(f'error: {flag_error(err, argv)}\nPass --help to see the flags.', file=sys.stderr)
-    sys.exit(1)
+    _flag_exit(flag_error(err, argv))
+  for name in CONFIG_FLAGS:  # a file that failed to load raises on first use
+    if name in flags.FLAGS:
+      try:
+        flags.FLAGS[name].value.keys()
+      except Exception as err:
+        message = flag_error(err, argv)
+        _flag_exit(message.replace('--config', f'--{name}', 1) if name != 'config' else message)
+  return argv
+
+
+# The programs' config-file flags (ml_collections' config_flags).
+CONFIG_FLAGS = ('config', 'tune')
+
+
+def _flag_exit(message: str) -> None:
+  print(f'error: {message}\nPass --help to see the flags.', file=sys.stderr)
+  sys.exit(1)
 
 
 def flag_error(err: Exception, argv: list[str]) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pathlib
 import shutil
@@ -36,6 +37,8 @@ from jax.experimental import multihost_utils
 from lm_zoo import __version__
 from lm_zoo.errors import CheckpointError, ConfigError
 from lm_zoo.training.parallel import is_main_process, sync_processes
+
+log = logging.getLogger(__name__)
 
 # The layout of what lm_zoo writes into a work directory (its checkpoints,
 # config.json): a version that reads another format refuses it.
@@ -153,8 +156,28 @@ class Checkpoints:
     return self._latest.latest_step() is not None
 
   def restore_latest(self, like: Any):
-    """(state, meta) of the newest checkpoint shaped like `like`, or None."""
-    return self._restore(self._latest, like)
+    """(state, meta) of the newest intact checkpoint shaped like `like`, or
+    None when there is none. A damaged one is skipped with a warning naming
+    it and the damage (kept on disk; the run writes over it when it comes
+    back to that step); a checkpoint of another model is an error, as is
+    damage to every checkpoint (the newest one's)."""
+    steps = sorted(self._latest.all_steps(), reverse=True)
+    first_damage = None
+    for step in steps:
+      try:
+        restored = self._restore(self._latest, like, step)
+      except CheckpointError as err:
+        log.warning('Skipping a damaged checkpoint: %s', err)
+        first_damage = first_damage or err
+        continue
+      if first_damage is not None:
+        log.warning('Resuming from %s/%d, the newest intact checkpoint',
+                    self._latest.directory, step)
+      return restored
+    if first_damage is not None:
+      raise CheckpointError(f'no intact checkpoint to resume from in {self._latest.directory}: '
+                            f'{first_damage}')
+    return None
 
   def restore_best(self, like: Any):
     """(params, meta) of the best checkpoint shaped like `like`, or None."""
@@ -191,8 +214,7 @@ class _readable:
     cause = str(cause).strip().splitlines()[0].split(' [tensorstore_spec=')[0][:400]
     broken = [str(path) for path in sorted(self.folder.rglob('*'))
               if path.is_file() and _is_broken_json(path)]
-    advice = (f'Delete {self.folder} to resume from the checkpoint before it, or use a '
-              'new --workdir' if self.folder.parent.name == 'checkpoints' else
+    advice = (f'Delete {self.folder}, or use a new --workdir' if self.folder.parent.name == 'checkpoints' else
               f'{self.folder.parent.name}/ keeps no other copy: train again in a new '
               '--workdir, or put a backup of the folder back')
     raise CheckpointError(
@@ -220,7 +242,7 @@ def _digests(tree: Any) -> dict[str, str]:
 
 
 def _advice(folder: pathlib.Path, keeps_older: bool) -> str:
-  return (f'delete {folder} to resume from the checkpoint before it' if keeps_older else
+  return (f'delete {folder}, or train again in a new --workdir' if keeps_older else
           f'{folder.parent.name}/ keeps no other copy: train again in a new --workdir, or '
           'put a backup of the folder back')
 

@@ -11,7 +11,6 @@ latest checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import pathlib

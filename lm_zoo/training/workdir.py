@@ -89,47 +89,60 @@ def refuse_links(workdir: pathlib.Path) -> None:
 
 @contextlib.contextmanager
 def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
-  """Holds `workdir`'s lock (an flock on WORKDIR/lock, which names the holder's
-  host and pid) for the duration: two runs training in one work directory
-  would overwrite each other's checkpoints and metrics. The kernel releases
-  the lock when its process ends, however it ends, so a killed run leaves
-  nothing to clean up. (flock is per host: on a network file system mounted
-  by several hosts it may not exclude them.) The processes of one
-  multi-process run share the work directory: process 0 takes WORKDIR/lock,
-  process N WORKDIR/lock.N.
+  """Holds `workdir`'s lock for the duration: two runs training in one work
+  directory would overwrite each other's checkpoints and metrics. Process 0
+  takes an flock on the folder itself and on WORKDIR/lock, which names the
+  holder's host and pid; the folder's lock still holds when the file is
+  removed by hand. The kernel releases both when the process ends, however
+  it ends, so a killed run leaves nothing to clean up. (flock is per host:
+  on a network file system mounted by several hosts it may not exclude
+  them.) The processes of one multi-process run share the work directory:
+  process N takes WORKDIR/lock.N alone.
 
   Args:
     wait: block until the lock is free instead of raising.
 
   Raises:
     WorkdirInUse: another process holds it (and `wait` is False).
+    ConfigError: the lock file is a symbolic link.
   """
   workdir.mkdir(parents=True, exist_ok=True)
   index = jax.process_index()
   path = workdir / (f'{LOCK_FILE}.{index}' if index else LOCK_FILE)
-  try:  # never through a link: the pid written into it would land elsewhere
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-  except OSError as err:
-    if err.errno == errno.ELOOP:
-      raise ConfigError(f'{path} is a symbolic link: lm_zoo writes nothing through links '
-                        'inside a work directory; remove it, or use a new --workdir') from None
-    raise
-  with os.fdopen(descriptor, 'r+') as f:
+  with contextlib.ExitStack() as held:
+    if index == 0:
+      folder = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+      held.callback(os.close, folder)
+      _flock(folder, wait, workdir, path)
+    try:  # never through a link: the pid written into it would land elsewhere
+      descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+      if err.errno == errno.ELOOP:
+        raise ConfigError(f'{path} is a symbolic link: lm_zoo writes nothing through links '
+                          'inside a work directory; remove it, or use a new --workdir') from None
+      raise
+    f = held.enter_context(os.fdopen(descriptor, 'r+'))
+    _flock(f.fileno(), wait, workdir, path)
+    f.seek(0)
+    f.truncate()
+    f.write(f'pid {os.getpid()} on host {socket.gethostname()}\n')
+    f.flush()
+    yield
+
+
+def _flock(descriptor: int, wait: bool, workdir: pathlib.Path, path: pathlib.Path) -> None:
+  """Takes an exclusive flock on `descriptor` (held until it is closed), or
+  raises WorkdirInUse naming the holder from the lock file at `path`."""
+  try:
+    fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+  except BlockingIOError:
     try:
-      fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-      f.seek(0)
-      holder = f.read().strip() or 'another process'
-      raise WorkdirInUse(f'{workdir} is in use by {holder}: wait for that run to end, '
-                         'or train in another --workdir') from None
-    try:
-      f.seek(0)
-      f.truncate()
-      f.write(f'pid {os.getpid()} on host {socket.gethostname()}\n')
-      f.flush()
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+      holder = path.read_text().strip()
+    except OSError:
+      holder = ''
+    holder = holder or 'another process (its lock file was removed)'
+    raise WorkdirInUse(f'{workdir} is in use by {holder}: wait for that run to end, or train '
+                       'in another --workdir') from None
 
 
 # config.json's keys beside the config's sections: the work directory's format

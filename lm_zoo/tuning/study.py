@@ -135,6 +135,16 @@ def _identity(tune: ml_collections.ConfigDict) -> str:
 
 def validate_tuning(tune: ml_collections.ConfigDict) -> None:
   """Raises ConfigError for a tuning config that cannot run."""
+  missing = [name for name in ('kind', 'study', 'space', 'base') if name not in tune]
+  if missing:
+    raise ConfigError(f'--tune is not a tuning config: it has no {", ".join(missing)} (a '
+                      'training config?); give an experiments/tune_*.py file')
+  for name in ('heartbeat_interval', 'grace_period'):
+    if not (isinstance(tune.study[name], int) and tune.study[name] >= 1):
+      raise ConfigError(f'tune.study.{name}={tune.study[name]!r} must be a whole number of '
+                        'seconds, at least 1')
+  if tune.study.max_retry < 0:
+    raise ConfigError(f'tune.study.max_retry={tune.study.max_retry} must be >= 0')
   for field, names in (('kind', KINDS), ('study.sampler', SAMPLERS),
                        ('study.pruner', PRUNERS)):
     section, _, name = field.rpartition('.')
@@ -184,11 +194,18 @@ def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
     except ImportError as err:  # a PostgreSQL or MySQL driver
       raise ConfigError(f'the study database {url} needs a driver that is not '
                         f'installed ({err})') from None
-    except sqlalchemy.exc.DBAPIError:
+    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as err:
+      raise ConfigError(f'tune.study.storage={url!r} is not a database URL SQLAlchemy can '
+                        f'open ({str(err).splitlines()[0]}): give sqlite:///PATH or '
+                        'postgresql://USER@HOST/NAME') from None
+    except sqlalchemy.exc.DBAPIError as err:
       # Workers started together race to create the tables and record the
       # schema version: the loser finds them made on its next try.
-      if attempt == 4:
-        raise
+      racing = isinstance(err, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError))
+      if attempt == 4 or not racing:
+        raise ConfigError(f'the study database {url} cannot be read ('
+                          f'{str(err.orig).splitlines()[0]}): restore it, or start the study '
+                          'in a new --workdir or database') from None
       time.sleep(1 + attempt)
   study.sampler = _sampler(tune.study, worker, len(study.get_trials(deepcopy=False)))
   identity = study.user_attrs.get('tune_config')
