@@ -191,7 +191,7 @@ CASES = {
         'database): restore it'),
     'a training config given as a tuning config': (
         lambda d, t, w: lambda: run_worker(_config(d), t / 'tune'),
-        '--tune is not a tuning config: it has no kind, study, space (a training config?)'),
+        '--tune is not a tuning config: it has no kind, study, space, base (a training config?)'),
     'a model too large for the memory': (lambda d, t, w: lambda: train_and_evaluate(
         _config(d, **{'model.hidden_size': 300_000}), t / 'new'),
                                          'model.hidden_size=300000 gives 1 x '),
