@@ -3,13 +3,12 @@
 # `make test`:  create .venv when missing, install with test extras, run the test suite
 #               on one pytest-xdist worker per core; an idle worker takes tests queued
 #               for a busy one (worksteal), so that the suite does not end waiting on
-#               one worker's queue. Timings on 2 cores vary by about 15% from run to
-#               run (14:38 and 17:01 with it, 15:28 without), more than it changes.
+#               one worker's queue.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 export LM_ZOO_DATA ?= $(abspath ../shared/data)
 
-.PHONY: train test bench clean
+.PHONY: train test lint bench clean
 
 # One stamp per extra installed: `make train` does not install the test tools.
 $(VENV)/.installed-%: pyproject.toml
@@ -23,6 +22,10 @@ train: $(VENV)/.installed-train
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m pytest -q -n auto --dist worksteal
+
+# `make lint`: ruff's checks (pyproject.toml's [tool.ruff]) over every Python file.
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
 
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/lstm_lm_speed.py

@@ -239,7 +239,8 @@ def report(rows, recurrence, hidden, batch, bptt, malloc):
     path.write_text(json.dumps({
         'device': str(device), 'device_kind': device.device_kind,
         'platform': device.platform, 'devices': jax.device_count(), 'cpus': os.cpu_count(),
-        'malloc': malloc, 'vocab': vocab_size(), 'recipe_hidden': hidden, 'recurrence_matmul_seconds': recurrence,
+        'malloc': malloc, 'vocab': vocab_size(), 'recipe_hidden': hidden,
+        'recurrence_matmul_seconds': recurrence,
         'baselines': FLAGS.baselines, 'scans': FLAGS.scans, 'jax': jax.__version__,
         'results': rows}, indent=2))
     print(f'wrote {path}')

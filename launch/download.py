@@ -1,4 +1,5 @@
-"""`python launch/download.py` runs `lm-zoo-download` (lm_zoo/cli/download.py); --help lists its flags."""
+"""`python launch/download.py` runs `lm-zoo-download` (lm_zoo/cli/download.py);
+--help lists its flags."""
 
 from lm_zoo import programs
 

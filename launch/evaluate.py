@@ -1,4 +1,5 @@
-"""`python launch/evaluate.py` runs `lm-zoo-eval` (lm_zoo/cli/evaluate.py); --help lists its flags."""
+"""`python launch/evaluate.py` runs `lm-zoo-eval` (lm_zoo/cli/evaluate.py);
+--help lists its flags."""
 
 from lm_zoo import programs
 

@@ -1,4 +1,5 @@
-"""`python launch/generate.py` runs `lm-zoo-generate` (lm_zoo/cli/generate.py); --help lists its flags."""
+"""`python launch/generate.py` runs `lm-zoo-generate` (lm_zoo/cli/generate.py);
+--help lists its flags."""
 
 from lm_zoo import programs
 

@@ -1,4 +1,5 @@
-"""`python launch/meta_train.py` runs `lm-zoo-meta-train` (lm_zoo/cli/meta_train.py); --help lists its flags."""
+"""`python launch/meta_train.py` runs `lm-zoo-meta-train` (lm_zoo/cli/meta_train.py);
+--help lists its flags."""
 
 from lm_zoo import programs
 

@@ -272,7 +272,8 @@ def meta_training_config() -> ml_collections.ConfigDict:
   c.seed = 0  # of the gate network and the stream positions
   c.log_every = 10  # meta-steps between progress lines
   c.data_dir = ''  # '' -> the run's data.data_dir, else $LM_ZOO_DATA
-  c.evaluation = evaluation_config('learned')  # scoring with the rule afterwards; splits=() skips it
+  # scoring with the rule afterwards; splits=() skips it
+  c.evaluation = evaluation_config('learned')
   return c
 
 

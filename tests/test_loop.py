@@ -114,7 +114,7 @@ def test_validation_turns_within_epochs_reach_the_callback_and_can_stop_the_run(
            if r['kind'] == 'valid' and not r.get('final')]
   assert [r['loss'] for r in valid] == [loss for _, _, loss in turns]
   # The final score is the best turn's checkpoint, and test was left out.
-  assert summary['valid']['loss'] == pytest.approx(min(l for _, _, l in turns), rel=1e-6)
+  assert summary['valid']['loss'] == pytest.approx(min(loss for _, _, loss in turns), rel=1e-6)
   assert 'test' not in summary
 
   def stop_at_8(step, epoch, result):

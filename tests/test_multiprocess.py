@@ -95,7 +95,8 @@ def test_two_processes_train_as_one_over_their_devices(data_dir, tmp_path):
   # Process 0 alone wrote the work directory's files: each record once, the
   # summary its own.
   records = [(r['kind'], r['step']) for r in read_metrics(tmp_path / 'two' / 'metrics.jsonl')]
-  assert records == [(r['kind'], r['step']) for r in read_metrics(tmp_path / 'one' / 'metrics.jsonl')]
+  alone = read_metrics(tmp_path / 'one' / 'metrics.jsonl')
+  assert records == [(r['kind'], r['step']) for r in alone]
   summary = json.loads((tmp_path / 'two' / 'summary.json').read_text())
   assert summary == json.loads(str(first['summary']))
   assert summary['step'] == 10

@@ -8,7 +8,8 @@ kernel U (n, 4n) and the carry (c_0, h_0), `lstm_recurrence` runs
 
 (docs/models.md §1; m is an optional dropout mask on the fed-back state)
 as one `lax.scan`; with the capped input gate of lamb's `tiled_lstm.py`,
-c_t = σ(f) ⊙ c_{t-1} + min(1 - σ(f), σ(i)) ⊙ tanh(j). Autodiff of that scan would add the rank-B product
+c_t = σ(f) ⊙ c_{t-1} + min(1 - σ(f), σ(i)) ⊙ tanh(j). Autodiff of that scan would
+add the rank-B product
 (m ⊙ h_{t-1})ᵀ dG_t into the (n, 4n) gradient of U at every step, a pass over
 the whole matrix per time step. The custom VJP here keeps only dh_{t-1} =
 dG_t Uᵀ in the backward scan and computes dU = Hᵀ dG as one (n, T·B) x

@@ -170,7 +170,8 @@ REGISTRY: dict[type, CellScans] = {
                         fused=lambda cell: lstm_window, pallas=lambda cell: pallas_lstm_window,
                         cudnn=_cudnn_kernel),
     Mogrify: CellScans(fused=_mogrify_kernel('fused', mogrified_lstm_window),
-                       pallas=_mogrify_kernel('pallas', pallas_mogrified_lstm_window), cudnn=_mogrify_kernel('cudnn')),
+                       pallas=_mogrify_kernel('pallas', pallas_mogrified_lstm_window),
+                       cudnn=_mogrify_kernel('cudnn')),
 }
 
 

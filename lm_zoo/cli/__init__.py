@@ -190,7 +190,8 @@ def flag_error(err: Exception, argv: list[str]) -> str:
   text = str(err)
   suggested = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
   missing = re.search(r"KeyError: '([\w.]+)'|^[\"']+([\w.]+)[\"']+$", text.replace('\\', ''))
-  bad_field = suggested.group(2) if suggested else missing and (missing.group(1) or missing.group(2))
+  bad_field = (suggested.group(2) if suggested
+               else missing and (missing.group(1) or missing.group(2)))
   if bad_field:
     flag = next((arg.split('=')[0] for arg in argv if arg.startswith('--config.')
                  and f'.{bad_field}.' in arg.split('=')[0] + '.'), '--config')

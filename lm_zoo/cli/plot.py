@@ -38,11 +38,12 @@ flags.DEFINE_enum('figure', None, ['mogrifier_ablation', *FIGURES, 'curves',
                   'length; tail_regression: predictions against truth; robustness: '
                   'the spread of validation perplexity over sampled dropout rates; '
                   'seeds: valid and test perplexity per model over the seeds of a seed '
-                  'study (all four from --results); curves: training and validation perplexity of work '
-                  'directories against step; dyneval_gain: the perplexity gain of '
+                  'study (all four from --results); curves: training and validation '
+                  'perplexity of work directories against step; dyneval_gain: the '
+                  'perplexity gain of '
                   'dynamic evaluation along the test stream, from --results: the JSON '
-                  'files of lm-zoo-eval --output with a dynamic evaluator, the static one (learning '
-                  'rate 0) first, each labelled by its file name; token_loss_difference: '
+                  'files of lm-zoo-eval --output with a dynamic evaluator, the static one '
+                  '(learning rate 0) first, each labelled by its file name; token_loss_difference: '
                   'the per-token loss of the first of two --workdirs minus the second\'s '
                   'along the first --num_tokens of --split.')
 flags.DEFINE_string('output', None, 'PNG file to write.')

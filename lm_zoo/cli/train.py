@@ -1,7 +1,8 @@
 """Trains a language model (`lm-zoo-train`, or `python launch/train.py`):
 
   lm-zoo-train --config=experiments/ptb_lstm_small.py --workdir=runs/small
-  lm-zoo-train --config=experiments/mogrifier_paper.py:ptb_mogrifier --config.model.param_budget=10000000
+  lm-zoo-train --config=experiments/mogrifier_paper.py:ptb_mogrifier \
+      --config.model.param_budget=10000000
 
 Re-running the same command resumes from the work directory's latest checkpoint.
 `--seeds=N` trains seeds config.seed, ..., config.seed + N - 1 at once on one

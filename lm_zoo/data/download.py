@@ -73,9 +73,9 @@ class DataFile:
 
 FILES: dict[str, tuple[DataFile, ...]] = {
     'ptb': (
-        DataFile('ptb/train.txt', 'fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf',
+        DataFile('ptb/train.txt', 'fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf',  # noqa: E501
                  5_101_618, _PTB.format('train')),
-        DataFile('ptb/valid.txt', 'c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2',
+        DataFile('ptb/valid.txt', 'c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2',  # noqa: E501
                  399_782, _PTB.format('valid')),
         DataFile('ptb/test.txt', 'dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0',
                  449_945, _PTB.format('test')),

@@ -35,7 +35,8 @@ from lm_zoo.evaluation.mc_dropout import make_mc_dropout_eval_step, mc_dropout_c
 from lm_zoo.evaluation.meta_training import MetaLearner
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.evaluation.statistics import rms_training_gradients
-from lm_zoo.evaluation.streams import evaluate_stream, make_eval_step, token_losses, tune_temperature
+from lm_zoo.evaluation.streams import (evaluate_stream, make_eval_step, token_losses,
+                                       tune_temperature)
 from lm_zoo.models.objective import check_token_ids
 from lm_zoo.optim import DECAY_MEANS, dynamic_rms, dynamic_sgd
 from lm_zoo.progress import eta

@@ -2,7 +2,8 @@
 trained model, then score with it.
 
   lm-zoo-meta-train --workdir=W --config=experiments/dyneval_learned.py
-  lm-zoo-meta-train --workdir=W --config=experiments/dyneval_learned.py:rms   # starts as RMS dyneval
+  # starts as RMS dynamic evaluation:
+  lm-zoo-meta-train --workdir=W --config=experiments/dyneval_learned.py:rms
   lm-zoo-eval --workdir=W --config=experiments/dyneval_learned.py      # scores with it again
 
 `lm-zoo-eval` reads the config's `evaluation` section (the 'learned'

@@ -25,8 +25,8 @@ REPORTS = {
     'seeds': lambda rows, config: seed_report(rows, config.reference),
 }
 
-__all__ = ['REPORTS', 'TASKS', 'EncoderDecoder', 'ReverseCopyData', 'build_feedforward', 'feedforward_spec', 'fit',
-           'offset_rates', 'reverse_copy_data', 'run_experiment', 'run_mnist',
-           'run_robustness', 'run_seed_study', 'run_tail_regression', 'sample_offsets',
-           'seed_report', 'summarise',
-           'sequence_cross_entropy', 'tail_regression_data']
+__all__ = ['REPORTS', 'TASKS', 'EncoderDecoder', 'ReverseCopyData', 'build_feedforward',
+           'feedforward_spec', 'fit', 'offset_rates', 'reverse_copy_data', 'run_experiment',
+           'run_mnist', 'run_robustness', 'run_seed_study', 'run_tail_regression',
+           'sample_offsets', 'seed_report', 'summarise', 'sequence_cross_entropy',
+           'tail_regression_data']

@@ -170,9 +170,10 @@ def paired_difference(values: Mapping[int, float],
 
 
 def summarise(rows: Sequence[Mapping], reference: str) -> dict[str, dict]:
-  """Per model (the reference first, then in the rows' order): the seeds, `{split}` mean ± std over the
-  runs that converged, the number that diverged, and `{split}_vs_reference`,
-  the paired difference to `reference` (`paired_difference`)."""
+  """Per model (the reference first, then in the rows' order): the seeds,
+  `{split}` mean ± std over the runs that converged, the number that
+  diverged, and `{split}_vs_reference`, the paired difference to
+  `reference` (`paired_difference`)."""
   models = list(dict.fromkeys(r['model'] for r in rows))
   if reference not in models:
     raise ConfigError(f'reference {reference!r} has no runs: choose one of {", ".join(models)}')

@@ -214,7 +214,8 @@ class _readable:
     cause = str(cause).strip().splitlines()[0].split(' [tensorstore_spec=')[0][:400]
     broken = [str(path) for path in sorted(self.folder.rglob('*'))
               if path.is_file() and _is_broken_json(path)]
-    advice = (f'Delete {self.folder}, or use a new --workdir' if self.folder.parent.name == 'checkpoints' else
+    in_latest = self.folder.parent.name == 'checkpoints'
+    advice = (f'Delete {self.folder}, or use a new --workdir' if in_latest else
               f'{self.folder.parent.name}/ keeps no other copy: train again in a new '
               '--workdir, or put a backup of the folder back')
     raise CheckpointError(

@@ -39,7 +39,8 @@ SEEDS_FILE = 'seeds.json'
 
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
 SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.embed_ratio',
-                'model.hidden_size', 'model.output_size', 'model.param_budget', 'model.tie_embeddings',
+                'model.hidden_size', 'model.output_size', 'model.param_budget',
+                'model.tie_embeddings',
                 'model.recurrent_bias',
                 'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.mos.components',
                 'data.name', 'data.batch_size', 'optimizer.name',

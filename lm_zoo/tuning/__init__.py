@@ -35,7 +35,8 @@ def tuning_config() -> ml_collections.ConfigDict:
   c.study.num_trials = 20  # in total, over every worker
   c.study.sampler = 'tpe'  # tpe | random
   c.study.startup_trials = 10  # tpe: random trials before the model guides sampling
-  c.study.seed = -1  # >= 0: the sampler's seed (with the worker number and the trials done); -1: random
+  # >= 0: the sampler's seed (with the worker number and the trials done); -1: random
+  c.study.seed = -1
   c.study.pruner = 'median'  # median | hyperband | halving | none
   c.study.pruner_startup_trials = 3  # median: trials that are never pruned
   c.study.pruner_warmup_steps = 0  # no pruning before this step (training steps)
