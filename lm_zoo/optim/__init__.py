@@ -5,15 +5,16 @@ model; `lm_zoo.evaluation` drives these along token streams."""
 
 from lm_zoo.optim.averaging import (ParameterAveragingState, averaged_params, is_averaging,
                                     parameter_averaging, start_averaging)
-from lm_zoo.optim.dynamic_evaluation import (DECAY_MEANS, DynamicEvalState, dynamic_rms,
-                                             dynamic_sgd, mean_ms)
+from lm_zoo.optim.dynamic_evaluation import (DECAY_MEANS, DecayTowardTrainedState,
+                                             decay_toward_trained, dynamic_rms, dynamic_sgd,
+                                             mean_ms, scale_by_fixed_rms)
 from lm_zoo.optim.learned_update import (NUM_FEATURES, PRECISION_FLOOR, GateFn,
                                          GateNetwork, LearnedUpdateState, RMSGateNetwork,
                                          coordinate_features, decay_logits, learned_update_rule,
                                          mean_rms)
 
-__all__ = ['DECAY_MEANS', 'DynamicEvalState', 'GateFn', 'GateNetwork',
+__all__ = ['DECAY_MEANS', 'DecayTowardTrainedState', 'GateFn', 'GateNetwork',
            'LearnedUpdateState', 'NUM_FEATURES', 'PRECISION_FLOOR', 'ParameterAveragingState',
            'RMSGateNetwork', 'averaged_params', 'coordinate_features', 'decay_logits',
-           'dynamic_rms', 'dynamic_sgd', 'is_averaging', 'learned_update_rule', 'mean_ms',
+           'decay_toward_trained', 'dynamic_rms', 'dynamic_sgd', 'scale_by_fixed_rms', 'is_averaging', 'learned_update_rule', 'mean_ms',
            'mean_rms', 'parameter_averaging', 'start_averaging']

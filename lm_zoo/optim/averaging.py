@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import optax
 from optax import tree_utils
 
-from lm_zoo.errors import ConfigError
 
 
 class ParameterAveragingState(NamedTuple):
@@ -83,7 +82,7 @@ def is_averaging(opt_state) -> bool:
 def start_averaging(opt_state):
   """`opt_state` with its `parameter_averaging` switched on."""
   if not _averaging_states(opt_state):
-    raise ConfigError('the optimizer keeps no parameter average: set '
+    raise ValueError('the optimizer keeps no parameter average: set '
                       'averaging.trigger to something other than none')
   return tree_utils.tree_set(opt_state, averaging=jnp.asarray(True))
 

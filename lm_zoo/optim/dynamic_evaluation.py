@@ -19,14 +19,11 @@ import optax
 DECAY_MEANS = ('coordinates', 'tensors')
 
 
-class DynamicEvalState(NamedTuple):
-  """The trained weights theta_g that the update decays toward, the
-  per-coordinate scale s of that decay (the decay rate is lambda * s for
-  SGD, s = 1, or min(1, lambda * s) for RMS, s = MS / mean(MS)), and the
-  number of updates taken (a learning-rate schedule's step)."""
+class DecayTowardTrainedState(NamedTuple):
+  """The trained weights theta_g the updates decay toward, and the decay's
+  per-coordinate scale s (the rate is lambda * s, or min(1, lambda * s))."""
   trained: optax.Params
   decay_scale: optax.Updates
-  count: jax.Array
 
 
 def _check(**values) -> None:
@@ -38,11 +35,50 @@ def _check(**values) -> None:
       raise ValueError(f'{name} must be a number >= 0, got {value}')
 
 
+def scale_by_fixed_rms(rms_gradients: optax.Updates,
+                       eps: float) -> optax.GradientTransformation:
+  """g / (MS + eps) for a fixed MS (`rms_gradients`, a tree like the
+  parameters): RMSProp's scaling with statistics estimated once, ahead."""
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda g, ms: g / (ms + eps), updates, rms_gradients), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def decay_toward_trained(decay: float, decay_scale: optax.Updates | None = None,
+                         clip: bool = False) -> optax.GradientTransformation:
+  """Adds rate * (theta_g - theta) to the updates, theta_g the parameters
+  `init` is called with (the trained weights) and rate = decay * s, or
+  min(1, decay * s) with `clip`, s the per-coordinate `decay_scale` (ones
+  when None).
+
+  Returns:
+    An `optax.GradientTransformation` whose `update` needs `params`.
+  """
+  def init_fn(params):
+    scale = jax.tree.map(jnp.ones_like, params) if decay_scale is None else decay_scale
+    return DecayTowardTrainedState(trained=params, decay_scale=scale)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError('dynamic evaluation decays toward the trained weights: pass '
+                       'params to update (update(grads, state, params))')
+    def decayed(u, p, p0, s):
+      rate = jnp.minimum(1.0, decay * s) if clip else decay * s
+      return u + rate * (p0 - p)
+    return jax.tree.map(decayed, updates, params, state.trained, state.decay_scale), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def dynamic_sgd(learning_rate: optax.ScalarOrSchedule,
                 decay: float = 0.0) -> optax.GradientTransformation:
   """Dynamic evaluation by SGD, optionally decaying toward the trained weights:
 
     theta <- theta - eta * g + lambda * (theta_g - theta)
+
+  `optax.chain(optax.scale_by_learning_rate(eta), decay_toward_trained(lambda))`.
 
   Args:
     learning_rate: eta, or a schedule of it (`optax.linear_schedule`, ...),
@@ -53,16 +89,7 @@ def dynamic_sgd(learning_rate: optax.ScalarOrSchedule,
     keeps theta_g, the parameters `init` is called with.
   """
   _check(learning_rate=learning_rate, decay=decay)
-
-  def init_fn(params):
-    return DynamicEvalState(trained=params, decay_scale=jax.tree.map(jnp.ones_like, params),
-                            count=jnp.zeros([], jnp.int32))
-
-  def update_fn(grads, state, params=None):
-    rates = jax.tree.map(lambda s: decay * s, state.decay_scale)
-    return _step(grads, state, params, learning_rate, rates)
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.chain(optax.scale_by_learning_rate(learning_rate), decay_toward_trained(decay))
 
 
 def mean_ms(rms_gradients: optax.Updates, over: str = 'coordinates') -> jax.Array:
@@ -88,11 +115,13 @@ def dynamic_rms(learning_rate: optax.ScalarOrSchedule, decay: float, eps: float,
     theta <- theta - eta * g / (MS + eps) + min(1, lambda * MS / mean(MS)) * (theta_g - theta)
 
   where MS is the root mean square of training gradients (`rms_gradients`,
-  from `lm_zoo.evaluation.rms_training_gradients`): each coordinate decays at a rate that grows
-  with its MS, clipped at 1 so that no step overshoots theta_g. mean(MS) is
-  over every coordinate of the model with 'coordinates' (lamb's
-  `dyneval.py`, `_make_update`) and over the parameter tensors of each
-  tensor's mean with 'tensors' (Krause's `dynamiceval.py`); `mean_ms`.
+  from `lm_zoo.evaluation.rms_training_gradients`): each coordinate decays
+  at a rate that grows with its MS, clipped at 1 so that no step overshoots
+  theta_g. mean(MS) is over every coordinate of the model with
+  'coordinates' (lamb's `dyneval.py`, `_make_update`) and over the
+  parameter tensors of each tensor's mean with 'tensors' (Krause's
+  `dynamiceval.py`); `mean_ms`. It is the chain of `scale_by_fixed_rms`,
+  `optax.scale_by_learning_rate` and `decay_toward_trained`.
 
   Args:
     learning_rate: eta, or a schedule of it, called with the number of
@@ -108,26 +137,7 @@ def dynamic_rms(learning_rate: optax.ScalarOrSchedule, decay: float, eps: float,
   if isinstance(eps, (int, float)) and eps == 0:
     raise ValueError('eps must be positive: it keeps g / (MS + eps) finite where MS is 0')
   mean = mean_ms(rms_gradients, decay_mean)
-
-  def init_fn(params):
-    return DynamicEvalState(trained=params,
-                            decay_scale=jax.tree.map(lambda ms: ms / mean, rms_gradients),
-                            count=jnp.zeros([], jnp.int32))
-
-  def update_fn(grads, state, params=None):
-    scaled = jax.tree.map(lambda g, ms: g / (ms + eps), grads, rms_gradients)
-    rates = jax.tree.map(lambda s: jnp.minimum(1.0, decay * s), state.decay_scale)
-    return _step(scaled, state, params, learning_rate, rates)
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
-def _step(direction, state: DynamicEvalState, params, learning_rate, decay_rates):
-  """The update -eta g + rate (theta_g - theta), and the state one update on."""
-  if params is None:
-    raise ValueError('dynamic evaluation decays toward the trained weights: pass '
-                     'params to update (update(grads, state, params))')
-  eta = learning_rate(state.count) if callable(learning_rate) else learning_rate
-  updates = jax.tree.map(lambda d, p, p0, r: -eta * d + r * (p0 - p),
-                         direction, params, state.trained, decay_rates)
-  return updates, state._replace(count=optax.safe_increment(state.count))
+  return optax.chain(
+      scale_by_fixed_rms(rms_gradients, eps), optax.scale_by_learning_rate(learning_rate),
+      decay_toward_trained(decay, jax.tree.map(lambda ms: ms / mean, rms_gradients),
+                           clip=True))
