@@ -4,7 +4,7 @@
 text (lm_zoo/pretrained.py); the rest is imported from its modules.
 """
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'
 
 
 def __getattr__(name: str):

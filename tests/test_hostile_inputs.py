@@ -170,7 +170,8 @@ CASES = {
         _best_meta(lambda step: (step / 'state' / '_METADATA').unlink()),
         'state/_METADATA is missing; best/ keeps no other copy'),
     'a config.json of an older format': (_older_format('config.json'),
-                                         'was written by lm_zoo 0.1.0 (format None)'),
+                                         f'was written by lm_zoo {lm_zoo.__version__} '
+                                         '(format None)'),
     'a damaged line inside metrics.jsonl': (
         _garble_metrics_line, '{w}/metrics.jsonl is damaged at line 2: '),
     'a damaged summary.json': (_damage_summary, '{w}/summary.json is damaged (JSONDecodeError'),
