@@ -1,7 +1,7 @@
 """The base `ml_collections` config; every experiment file starts from it.
 
 Each field is overridable from the command line:
-`launch/train.py --config=experiments/ptb_lstm_small.py --config.model.hidden_size=650`.
+`lm-zoo-train --config=experiments/ptb_lstm_small.py --config.model.hidden_size=650`.
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathli
     metrics_path = pathlib.Path(workdir) / METRICS_FILE
     if not metrics_path.is_file():
       raise ConfigError(f'{metrics_path} not found: is {workdir} a work directory '
-                        'written by launch/train.py?')
+                        'written by lm-zoo-train?')
     records = read_metrics(metrics_path)
     for kind in ('train', 'valid'):
       rows = [r for r in records if r['kind'] == kind and not r.get('final')]

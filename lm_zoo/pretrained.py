@@ -6,6 +6,8 @@ generates from a prompt, and runs dynamic evaluation along a text.
   model.score('the company said it expects higher sales').perplexity
   model.generate('the company said', num_tokens=20, num_samples=3)
   model.dynamic_evaluate(long_text, learning_rate=0.01).details['static_loss']
+
+(`long_text`: any text, a few hundred words or more.)
 """
 
 from __future__ import annotations

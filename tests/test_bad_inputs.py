@@ -201,7 +201,7 @@ CASES = {
         _other_model_config, 'does not fit this model:\n  cell_0/'),
     'truncated config.json': (_truncate_config, 'config.json is corrupt or truncated'),
     'evaluate a non-workdir': (lambda d, t, w: lambda: evaluate_workdir(t / 'empty'),
-                               'is {t}/empty a work directory written by launch/train.py?'),
+                               'is {t}/empty a work directory written by lm-zoo-train?'),
     'bad temperature': (lambda d, t, w: lambda: evaluate_workdir(
         w, _evaluation('static', **{'static.temperature': -1.0})),
                         'temperature must be a positive number'),
@@ -387,7 +387,7 @@ def test_a_config_that_seeds_stacked_cannot_train_is_refused_by_the_program(tmp_
   assert refused.stderr.strip() == (
       'error: data.variable_bptt=True cannot be trained with seeds stacked (each seed draws '
       'its own window lengths): set data.variable_bptt=False, or train each seed alone '
-      '(launch/train.py without --seeds)'), refused.stderr
+      '(lm-zoo-train without --seeds)'), refused.stderr
 
 
 def test_a_negative_tuning_timeout_is_refused(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 from lm_zoo.data import DATA_DIR_ENV, load_corpus, split_enwik8
 from lm_zoo.data import corpora
 from lm_zoo.errors import DataError
+from conftest import REPO
 
 # ../shared/data/README.md (the AWD-LSTM / pytorch word_language_model counts).
 PUBLISHED = {
@@ -79,17 +80,24 @@ def test_unknown_name_missing_folder_and_no_data_dir(tmp_path, monkeypatch):
   with pytest.raises(DataError, match='does not exist'):
     load_corpus('ptb', tmp_path / 'nowhere')
   monkeypatch.delenv(DATA_DIR_ENV, raising=False)
-  monkeypatch.chdir(tmp_path)  # no ../shared/data beside it
-  with pytest.raises(DataError, match=f'set {DATA_DIR_ENV}.*lm-zoo-download'):
+  monkeypatch.setattr(corpora, 'DEFAULT_DATA_DIR', tmp_path / 'nowhere')
+  with pytest.raises(DataError) as missing:
     load_corpus('ptb')
+  assert str(missing.value) == (
+      f'data folder {tmp_path}/nowhere does not exist: set {DATA_DIR_ENV} to the folder '
+      'holding ptb/, wikitext-2/, ptb-char/ (or name it: lm-zoo-train --config.data.data_dir, '
+      'lm-zoo-eval --config.data_dir, lm-zoo-generate --data_dir), or fetch them with '
+      'lm-zoo-download')
 
 
-def test_data_dir_defaults_to_shared_data_beside_the_checkout(tmp_path, monkeypatch):
+def test_data_dir_defaults_to_shared_data_beside_the_checkout_from_any_folder(
+    tmp_path, monkeypatch):
   monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+  assert corpora.DEFAULT_DATA_DIR == REPO.parent / 'shared' / 'data'
+  monkeypatch.setattr(corpora, 'DEFAULT_DATA_DIR', tmp_path / 'shared' / 'data')
   _text_corpus(tmp_path / 'shared' / 'data', {n: GOOD for n in ('train.txt', 'valid.txt',
                                                                  'test.txt')})
-  (tmp_path / 'checkout').mkdir()
-  monkeypatch.chdir(tmp_path / 'checkout')
+  monkeypatch.chdir('/')  # the current folder plays no part
   assert len(load_corpus('ptb').train) == 8  # 6 words and 2 <eos>
 
 

@@ -16,7 +16,7 @@ from lm_zoo.generation import check_generation, generate_text
 from lm_zoo.training import load_trained
 from lm_zoo.training.trained import load_model
 
-flags.DEFINE_string('workdir', None, 'A work directory written by launch/train.py.',
+flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.',
                     required=True)
 flags.DEFINE_string('prompt', '', 'Text to continue, tokenised as the corpus is (words '
                     'outside the vocabulary become <unk>); empty: start after an '

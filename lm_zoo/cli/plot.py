@@ -70,7 +70,7 @@ def ablation_perplexities(prefix: str) -> dict[str, float]:
     found[variant] = json.loads(summary.read_text())['valid']['perplexity']
   if not found:
     raise ConfigError(f'no {prefix}VARIANT/summary.json found: train the ablation '
-                      'with launch/train.py first')
+                      'with lm-zoo-train first')
   return found
 
 

@@ -28,7 +28,6 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from lm_zoo import cli
-from lm_zoo.tuning import open_study, run_worker, write_report
 
 
 config_flags.DEFINE_config_file(
@@ -49,6 +48,7 @@ def _tune_program(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
 
   def tune() -> str:
+    from lm_zoo.tuning import open_study, run_worker, write_report  # needs the [tune] extra
     if FLAGS.report_only:
       study = open_study(FLAGS.tune, FLAGS.workdir, FLAGS.worker)
     else:

@@ -28,7 +28,9 @@ from lm_zoo.errors import DataError
 log = logging.getLogger(__name__)
 
 DATA_DIR_ENV = 'LM_ZOO_DATA'
-DEFAULT_DATA_DIR = '../shared/data'
+# The data folder beside a checkout of this repository (../shared/data from
+# its root), wherever the program runs from.
+DEFAULT_DATA_DIR = pathlib.Path(__file__).resolve().parents[2].parent / 'shared' / 'data'
 SPLITS = ('train', 'valid', 'test')
 # Standard enwik8 split (Mahoney's Hutter-prize data): first 90M / next 5M / last 5M bytes.
 ENWIK8_BYTES = 100_000_000
@@ -154,8 +156,8 @@ CORPORA = {
 
 def chosen_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
   """The data folder asked for, existing or not: `data_dir`, else
-  $LM_ZOO_DATA, else ../shared/data relative to the current directory
-  (beside a checkout of this repository)."""
+  $LM_ZOO_DATA, else `DEFAULT_DATA_DIR` (shared/data beside the checkout
+  lm_zoo runs from, whatever the current folder)."""
   return pathlib.Path(data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).expanduser()
 
 
@@ -163,9 +165,10 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
   """The data folder (`chosen_data_dir`), which must exist."""
   path = chosen_data_dir(data_dir)
   if not path.is_dir():
-    raise DataError(f'data folder {path} does not exist: set {DATA_DIR_ENV} (or '
-                    '--config.data.data_dir, --data_dir) to the folder holding ptb/, '
-                    'wikitext-2/, ptb-char/, or fetch them with lm-zoo-download')
+    raise DataError(f'data folder {path} does not exist: set {DATA_DIR_ENV} to the folder '
+                    'holding ptb/, wikitext-2/, ptb-char/ (or name it: lm-zoo-train '
+                    '--config.data.data_dir, lm-zoo-eval --config.data_dir, lm-zoo-generate '
+                    '--data_dir), or fetch them with lm-zoo-download')
   return path
 
 

@@ -25,7 +25,9 @@ class EvalResult:
   num_tokens: int
   unit: str = 'word'
   temperature: float = 1.0
-  details: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+  # Left out of the repr: a dynamic evaluation's hold the adapted weights.
+  details: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False,
+                                                 repr=False)
 
   @property
   def perplexity(self) -> float:

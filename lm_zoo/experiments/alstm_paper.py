@@ -16,8 +16,8 @@ eq. (9). Where our model still differs from their code (one dropout mask for
 a layer's output and fed-back state there, two here; their policy slices
 overlap), docs/differences.md says so.
 
-  python launch/train.py --config=experiments/alstm_paper.py:ptb --workdir=runs/alstm_ptb
-  python launch/train.py --config=experiments/alstm_paper.py:wikitext2 --workdir=runs/alstm_wt2
+  lm-zoo-train --config=experiments/alstm_paper.py:ptb --workdir=runs/alstm_ptb
+  lm-zoo-train --config=experiments/alstm_paper.py:wikitext2 --workdir=runs/alstm_wt2
 """
 
 from lm_zoo.configs import base_config

@@ -14,7 +14,7 @@
           embedding dropout .1 and weight drop .5 in place of state dropout,
           AR 2, TAR 1.
 
-  python launch/train.py --config=experiments/awd_lstm.py:small --workdir=runs/awd_small
+  lm-zoo-train --config=experiments/awd_lstm.py:small --workdir=runs/awd_small
 """
 
 from lm_zoo.configs import base_config, small_ptb_config

@@ -18,7 +18,7 @@ Variants (`--config=...py:VARIANT`):
                   hidden size (so more parameters), dual input dropout .1,
                   dual output dropout .4 (the ERS softmax's input dropout).
 
-  python launch/train.py --config=experiments/dual.py:lstm_dual --workdir=runs/dual_lstm
+  lm-zoo-train --config=experiments/dual.py:lstm_dual --workdir=runs/dual_lstm
 """
 
 from lm_zoo.configs import base_config, small_ptb_config

@@ -20,7 +20,7 @@ lamb scores at a softmax temperature tuned on validation
 (`eval_softmax_temperature=-0.8`: 1.06 down to 0.8); score a trained run that
 way with `lm-zoo-eval --workdir=... --temperature=tune`.
 
-  python launch/train.py --config=experiments/mogrifier_paper.py:ptb_mogrifier --workdir=runs/mog
+  lm-zoo-train --config=experiments/mogrifier_paper.py:ptb_mogrifier --workdir=runs/mog
 """
 
 from lm_zoo.configs import lamb_config

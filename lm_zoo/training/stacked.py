@@ -78,7 +78,7 @@ _ALONE_ONLY = (
 
 
 def check_seeds_config(config: ml_collections.ConfigDict, num_seeds: int,
-                       alone: str = 'launch/train.py without --seeds') -> None:
+                       alone: str = 'lm-zoo-train without --seeds') -> None:
   """Raises ConfigError when `num_seeds` < 1 or `config` asks for what only a
   run alone does (this module's docstring); the error names `alone`, how the
   caller trains each seed alone instead."""

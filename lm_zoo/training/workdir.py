@@ -237,7 +237,7 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   path = pathlib.Path(workdir) / CONFIG_FILE
   if not path.is_file():
     raise ConfigError(f'{path} not found: is {workdir} a work directory written '
-                      'by launch/train.py?')
+                      'by lm-zoo-train?')
   try:
     saved = json.loads(path.read_text())
   except ValueError as err:
@@ -328,7 +328,7 @@ def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
   """The best weights of the run in `workdir`, shaped as `like` (a fine-tuning
   stage starts from them)."""
   if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
-    raise ConfigError(f'train.init_from={workdir} is not a work directory of launch/train.py')
+    raise ConfigError(f'train.init_from={workdir} is not a work directory of lm-zoo-train')
   with Checkpoints(workdir) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:

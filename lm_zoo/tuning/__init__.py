@@ -6,14 +6,25 @@ database; `write_report` tables the best trials and draws the neighbourhood
 of the best one on parallel coordinates (the Mogrifier paper's Figs. 5, 6).
 """
 
+import importlib
+
 import ml_collections
 
 from lm_zoo.configs import base_config, evaluation_config
-from lm_zoo.tuning.report import neighbourhood, write_report
 from lm_zoo.tuning.spaces import (dyneval_table6, mogrifier_table4, mogrifier_table5, param,
                                   set_fields, suggest)
-from lm_zoo.tuning.study import (best_trial, open_study, run_worker,
-                                 storage_url, study_counts, trial_workdir)
+
+# What needs Optuna (the [tune] extra), imported on first use: tuning configs
+# and `lm-zoo-tune --help` load without it.
+_LAZY = {'neighbourhood': 'report', 'write_report': 'report', 'best_trial': 'study',
+         'open_study': 'study', 'run_worker': 'study', 'storage_url': 'study',
+         'study_counts': 'study', 'trial_workdir': 'study'}
+
+
+def __getattr__(name: str):
+  if name in _LAZY:
+    return getattr(importlib.import_module(f'lm_zoo.tuning.{_LAZY[name]}'), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def tuning_config() -> ml_collections.ConfigDict:
