@@ -2,6 +2,7 @@
 at random moments and restarted, or stopped by SIGTERM or SIGINT, ends with
 the weights of a run that was never stopped, bit for bit."""
 
+import json
 import os
 import random
 import re
@@ -194,3 +195,39 @@ def test_sigint_on_many_processes_is_passed_on_as_sigterm(monkeypatch):
       assert signal.getsignal(signal.SIGINT) is previous_int
   finally:
     signal.signal(signal.SIGTERM, previous_term)
+
+
+def test_a_dynamic_evaluation_killed_anywhere_gives_the_same_results_when_run_again(
+    data_dir, env, tmp_path):
+  """lm-zoo-eval keeps nothing between runs but its results, written whole:
+  one killed with SIGKILL mid-way, then run again with the same command,
+  writes what an evaluation never stopped writes."""
+  workdir = tmp_path / 'run'
+  config = _config(data_dir)
+  config.train.num_epochs = 1
+  train_and_evaluate(config, workdir)
+  command = [sys.executable, 'launch/evaluate.py', f'--workdir={workdir}',
+             '--config=experiments/dyneval_sgd.py', '--config.dynamic.learning_rate=0.01,0.1',
+             '--config.dynamic.segment_length=5']
+
+  def results():
+    saved = (workdir / 'evaluations' / 'dynamic.json').read_text()
+    return {split: r['loss'] for split, r in json.loads(saved)['results'].items()}
+
+  assert subprocess.run(command, cwd=REPO, env=env, capture_output=True).returncode == 0
+  expected = results()
+  (workdir / 'evaluations' / 'dynamic.json').unlink()
+  killed = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+  for line in killed.stdout:  # the search has begun: kill it there
+    if 'search' in line or 'valid' in line:
+      break
+  time.sleep(random.Random(7).uniform(0, 1))
+  killed.kill()
+  killed.wait()
+  killed.stdout.close()
+  assert killed.returncode == -signal.SIGKILL  # it was still running
+  again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+  assert again.returncode == 0, again.stderr
+  assert results() == expected
+  assert not list((workdir / 'evaluations').glob('.*.tmp'))
