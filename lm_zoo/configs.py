@@ -330,7 +330,7 @@ def small_ptb_config() -> ml_collections.ConfigDict:
   papers use, gradient norm clipped at 10, batch 32, BPTT 35, 2 epochs, lr
   halved on a validation plateau. Validation at batch 1, as for test: from a
   zero state a briefly trained Mogrifier can lock a batch row into a runaway
-  cell state (WORKSPACE.md).
+  cell state.
   """
   c = base_config()
   c.data.update(name='ptb', batch_size=32, bptt=35, eval_batch_size=1)

@@ -27,9 +27,8 @@ def retain_host_memory() -> bool:
   returns large blocks (above 128 KiB to 32 MiB, depending on what was freed
   before) and the top of its heaps to the kernel when they are freed, so each
   training step faults all of its buffers in again, page by page, each page
-  zeroed by the kernel: about a fifth of an LSTM LM's step here, more at
-  small sizes, and a PyTorch model in the same process loses as much
-  (WORKSPACE.md, "Speed"). This serves every block from malloc's heaps
+  zeroed by the kernel, a sizeable part of a small model's step on a CPU
+  (PyTorch models in the same process lose as much). This serves every block from malloc's heaps
   (M_MMAP_MAX 0), never shrinks them (M_TRIM_THRESHOLD at its largest) and
   gives all threads the main heap (M_ARENA_MAX 1), since a thread's own heap
   is capped at 64 MiB. The process then holds its peak host memory until it
@@ -106,7 +105,7 @@ def environment() -> dict:
   the CPU threads XLA may use (the cores this process may
   run on: XLA sizes its thread pool by them, and a matrix product split over
   another number of threads sums in another order, so one seed trains to
-  other weights on 1 core than on 2; WORKSPACE.md, "Determinism")."""
+  other weights on 1 core than on 2)."""
   devices = jax.devices()
   threads = (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
              else os.cpu_count())

@@ -1,5 +1,5 @@
 """Small trained models for dynamic evaluation and the meta-learned update
-rule (WORKSPACE.md, issue #6), at sizes that train on 2 CPU cores.
+rule, at sizes that train on 2 CPU cores.
 
   ptb        the small PTB LSTM of `small_ptb_config` (3M parameters, 2 epochs);
              the same model as ptb_mogrifier_ablation.py:lstm

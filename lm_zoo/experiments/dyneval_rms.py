@@ -8,7 +8,7 @@ theta <- theta - eta g / (MS + eps) + min(1, lambda MS / mean(MS)) (theta_g - th
 with MS the RMS of training gradients; mean(MS) over every coordinate as
 lamb's dyneval.py (the default) or over the parameter tensors as Krause's
 dynamiceval.py. The grid spans the learning rates and decays that
-WORKSPACE.md's PTB and WikiText-2 searches chose among.
+searches on PTB and WikiText-2 choose among.
 """
 
 from lm_zoo.configs import evaluation_config

@@ -1,8 +1,7 @@
 """Zaremba et al. (2014) PTB "medium": 2 x 650 LSTM, dropout 0.5, 39 epochs.
 
-Paper: valid 86.2, test 82.7. Ours, the default 'code' variant over 8 seeds
-(bfloat16 products, one H200): valid 86.78 ± 0.20, test 82.98 ± 0.31
-(WORKSPACE.md). The recipe is `lm_zoo.configs.zaremba_config`.
+Paper: valid 86.2, test 82.7 (WORKSPACE.md has ours). The recipe is
+`lm_zoo.configs.zaremba_config`.
 """
 
 from lm_zoo.configs import zaremba_config

@@ -1,4 +1,4 @@
-"""The small-scale comparisons of WORKSPACE.md over several seeds (issue #26):
+"""The small-scale comparisons over several seeds:
 every model on `lm_zoo.configs.small_ptb_config()` (3M parameters, hidden
 size solved for the budget, 2 epochs), trained once per seed and compared
 with the LSTM over the same seeds (`lm_zoo.tasks.seeds`).
@@ -14,8 +14,8 @@ with the LSTM over the same seeds (`lm_zoo.tasks.seeds`).
   lstm_mos        the LSTM with a mixture of 2 tied softmaxes (Yang et al.
                   2018), latent dropout 0.4, the output's, as lamb's tuned
                   MoS models have both (`lamb_config`). Yang et al. use 15;
-                  here a component costs more than the rest of the step
-                  (2 make the LSTM's update 3.2x slower, 5 make it 6.5x).
+                  at this size a component costs more than the rest of
+                  the step.
 
 Variant `mos` (`--config=experiments/seed_study.py:mos`) trains `lstm` and
 `lstm_mos` alone (the main study's runs when both share `workdir`).

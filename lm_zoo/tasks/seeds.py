@@ -18,8 +18,7 @@ directory's lock), and waits for them once its own are done.
 With `config.stack` each model's seeds (consecutive, ascending) train as
 one stack (`lm_zoo.training.train_seeds`) in
 `{workdir}/{model}_s{first}-{last}`, the run of seed s in its `seed_s`: the
-same runs, faster per seed on a GPU where the model's kernels leave it idle
-(Zaremba's medium train step: 2.0x for 8 seeds on an H200, WORKSPACE.md),
+same runs, faster per seed on a GPU where the model's kernels leave it idle,
 slower on a CPU. Workers split such a study model by model. A seed whose
 loss turns non-finite stops its stack (which records it in
 `diverged.json`); that model's seeds are then trained one by one as without

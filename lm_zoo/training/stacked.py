@@ -3,15 +3,11 @@ seeds at once.
 
 At its paper's batch (Zaremba's 20 rows) a recurrent model's update is a
 chain of small kernels that wait on one another and leave most of a GPU's
-arithmetic unused (WORKSPACE.md's H100 profile: kernels of 2.5 to 5.7 µs).
-Here the train states of seeds config.seed, ..., config.seed + N - 1 are
-stacked on a leading axis and the train step is vmapped over it
-(`make_train_step(stacked=True)`), so that the N runs share each kernel. On
-an H200, 8 seeds of Zaremba's medium model trained at 79k tokens/s each, all
-39 epochs in 12 minutes of training (WORKSPACE.md; bfloat16 products). On
-a CPU, where the matrix products are the cost, a stack of 2 to 8 seeds is
-12 to 22% slower per seed than the runs one after another
-(benchmarks/stacked_seeds.py).
+arithmetic unused. Here the train states of seeds config.seed, ...,
+config.seed + N - 1 are stacked on a leading axis and the train step is
+vmapped over it (`make_train_step(stacked=True)`), so that the N runs share
+each kernel: faster per seed on a GPU, slower on a CPU, where the matrix
+products are the cost (`benchmarks/stacked_seeds.py` measures both).
 
 Seed s's run is the run `train_and_evaluate` trains with `config.seed = s`:
 the same initial weights, dropout masks, windows and learning rates (the
