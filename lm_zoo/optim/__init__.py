@@ -16,5 +16,6 @@ from lm_zoo.optim.learned_update import (NUM_FEATURES, PRECISION_FLOOR, GateFn,
 __all__ = ['DECAY_MEANS', 'DecayTowardTrainedState', 'GateFn', 'GateNetwork',
            'LearnedUpdateState', 'NUM_FEATURES', 'PRECISION_FLOOR', 'ParameterAveragingState',
            'RMSGateNetwork', 'averaged_params', 'coordinate_features', 'decay_logits',
-           'decay_toward_trained', 'dynamic_rms', 'dynamic_sgd', 'scale_by_fixed_rms', 'is_averaging', 'learned_update_rule', 'mean_ms',
-           'mean_rms', 'parameter_averaging', 'start_averaging']
+           'decay_toward_trained', 'dynamic_rms', 'dynamic_sgd', 'is_averaging',
+           'learned_update_rule', 'mean_ms', 'mean_rms', 'parameter_averaging',
+           'scale_by_fixed_rms', 'start_averaging']
