@@ -8,13 +8,14 @@ from lm_zoo.training import epoch_learning_rate
 
 # Language-model configs; task configs (a `task` field) are tested in
 # test_adaptive_ff.py and test_reverse_copy.py, tuning and evaluation configs
-# below, and from_workdir.py (a run's own config) in test_tuning_study.py.
+# below, and from_workdir.py (a run's own config) in test_tuning_study.py;
+# recipes.py holds the builders the others share.
 TUNING = sorted(p.stem for p in (REPO / 'experiments').glob('tune_*.py'))
 # (__init__.py makes the folder a package that installs with lm_zoo.)
 EVALUATION = ['dyneval_learned', 'dyneval_rms', 'dyneval_sgd', 'evaluate']
 CONFIGS = sorted(p.stem for p in (REPO / 'experiments').glob('[!_]*.py')
                  if 'c.task = ' not in p.read_text()
-                 and p.stem not in [*TUNING, *EVALUATION, 'from_workdir'])
+                 and p.stem not in [*TUNING, *EVALUATION, 'from_workdir', 'recipes'])
 
 
 def lstm_lm_params(vocab, embed, hidden, layers, biases=1):

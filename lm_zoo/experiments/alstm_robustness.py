@@ -14,7 +14,7 @@ rates r for both.
 
 import ml_collections
 
-from lm_zoo.configs import small_ptb_config
+from lm_zoo.experiments.recipes import small_ptb_config
 
 
 def _model(cell: str) -> ml_collections.ConfigDict:

@@ -9,7 +9,7 @@
           57.3 before fine-tuning, 24M parameters). Fine-tune afterwards:
           --config.train.init_from=runs/awd_ptb --config.averaging.trigger=always
   small   the regularisers on the 2-epoch, 3M-parameter recipe of our small
-          ablations (`lm_zoo.configs.small_ptb_config`, Adam), compared with
+          ablations (`lm_zoo.experiments.recipes.small_ptb_config`, Adam), compared with
           `ptb_mogrifier_ablation.py:lstm`, the same recipe without them:
           embedding dropout .1 and weight drop .5 in place of state dropout,
           AR 2, TAR 1.
@@ -17,7 +17,8 @@
   lm-zoo-train --config=experiments/awd_lstm.py:small --workdir=runs/awd_small
 """
 
-from lm_zoo.configs import base_config, small_ptb_config
+from lm_zoo.configs import base_config
+from lm_zoo.experiments.recipes import small_ptb_config
 
 VARIANTS = ('ptb', 'small')
 

@@ -4,7 +4,7 @@ A few minutes on 2 CPU cores (README.md's quick start gives the time
 measured); valid perplexity near 186.
 """
 
-from lm_zoo.configs import zaremba_config
+from lm_zoo.experiments.recipes import zaremba_config
 
 
 def get_config():

@@ -21,7 +21,8 @@ Variants (`--config=...py:VARIANT`):
   lm-zoo-train --config=experiments/dual.py:lstm_dual --workdir=runs/dual_lstm
 """
 
-from lm_zoo.configs import base_config, small_ptb_config
+from lm_zoo.configs import base_config
+from lm_zoo.experiments.recipes import small_ptb_config
 
 VARIANTS = ('paper', 'lstm_dual', 'mogrifier_dual')
 

@@ -12,7 +12,7 @@ Then, for example:
   launch/meta_train.py --workdir=runs/dyn_ptb
 """
 
-from lm_zoo.configs import small_ptb_config
+from lm_zoo.experiments.recipes import small_ptb_config
 
 VARIANTS = ('ptb', 'wikitext2')
 

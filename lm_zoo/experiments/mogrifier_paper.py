@@ -4,7 +4,7 @@ for accelerator hosts.
 Each variant is one of the config files lamb published for the paper, in
 deepmind/lamb's lamb/experiment/mogrifier/config/ (named beside it below);
 the values are copied from the file under lamb's own names, and
-`lm_zoo.configs.lamb_config` sets what all of them share (the capped input
+`lm_zoo.experiments.recipes.lamb_config` sets what all of them share (the capped input
 gate, skip connections, state dropping, per-step dropout masks, Adam with
 beta1 = 0, the loss summed over the window with its L2 term clipped at norm
 10, turns and the averaging trigger). docs/differences.md lists what still
@@ -23,7 +23,7 @@ way with `lm-zoo-eval --workdir=... --temperature=tune`.
   lm-zoo-train --config=experiments/mogrifier_paper.py:ptb_mogrifier --workdir=runs/mog
 """
 
-from lm_zoo.configs import lamb_config
+from lm_zoo.experiments.recipes import lamb_config
 
 _PTB = dict(data='ptb', num_params=24_000_000, num_layers=2, batch_size=64,
             max_time_steps=70, share_input_and_output_embeddings=True,

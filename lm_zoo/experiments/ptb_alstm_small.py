@@ -1,7 +1,7 @@
 """LSTM against the aLSTM on PTB at a size that trains on 2 CPU cores (the
 direction of the aLSTM paper's Table 4).
 
-Every variant uses `lm_zoo.configs.small_ptb_config()`, the recipe of the
+Every variant uses `lm_zoo.experiments.recipes.small_ptb_config()`, the recipe of the
 Mogrifier ablation (3M parameter budget, hidden size solved for it, 2 epochs),
 so the `lstm` row is the same run as that ablation's. Variants
 (`--config=...py:VARIANT`):
@@ -16,7 +16,7 @@ The adaptation model has size 100 as in the paper. Paper (PTB, 17M, valid):
 LSTM 71.7, aLSTM IO feed-forward 61.6, IO LSTM 59.0, IO LSTM-RHN 58.5.
 """
 
-from lm_zoo.configs import small_ptb_config
+from lm_zoo.experiments.recipes import small_ptb_config
 
 # aLSTM variant -> its adaptation model (model.alstm.latent).
 LATENTS = {'static': 'static', 'recurrent': 'lstm', 'lstm_rhn': 'lstm_rhn'}

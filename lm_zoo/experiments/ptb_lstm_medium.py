@@ -1,10 +1,10 @@
 """Zaremba et al. (2014) PTB "medium": 2 x 650 LSTM, dropout 0.5, 39 epochs.
 
 Paper: valid 86.2, test 82.7 (WORKSPACE.md has ours). The recipe is
-`lm_zoo.configs.zaremba_config`.
+`lm_zoo.experiments.recipes.zaremba_config`.
 """
 
-from lm_zoo.configs import zaremba_config
+from lm_zoo.experiments.recipes import zaremba_config
 
 
 def get_config(variant: str = 'code'):

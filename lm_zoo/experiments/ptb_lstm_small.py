@@ -1,9 +1,9 @@
 """Zaremba et al. (2014) PTB "small": 2 x 200 LSTM, no dropout, 13 epochs.
 
-Paper: valid 120.7, test 114.5. The recipe is `lm_zoo.configs.zaremba_config`.
+Paper: valid 120.7, test 114.5. The recipe is `lm_zoo.experiments.recipes.zaremba_config`.
 """
 
-from lm_zoo.configs import zaremba_config
+from lm_zoo.experiments.recipes import zaremba_config
 
 
 def get_config(variant: str = 'code'):

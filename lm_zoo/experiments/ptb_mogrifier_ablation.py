@@ -1,6 +1,6 @@
 """The Mogrifier ablation (paper Table 3, Fig. 3) at a size that trains on 2 CPU cores.
 
-Every variant uses `lm_zoo.configs.small_ptb_config()`: the same 3M parameter
+Every variant uses `lm_zoo.experiments.recipes.small_ptb_config()`: the same 3M parameter
 budget (hidden size solved for it), tied embeddings and the same short
 schedule (2 epochs, about 10 min each on 2 cores; Adam beta1 = 0, clip 10,
 BPTT 35, batch 32). Variants (`--config=...py:VARIANT`):
@@ -15,7 +15,7 @@ Paper (PTB, 24M, valid): LSTM 57.5, Mogrifier 54.1, no zigzag 55.0,
 full rank 54.6, mLSTM 57.8.
 """
 
-from lm_zoo.configs import small_ptb_config
+from lm_zoo.experiments.recipes import small_ptb_config
 
 VARIANTS = ('lstm', 'r1', 'r2', 'r3', 'r4', 'r5', 'r6', 'nozigzag', 'fullrank', 'mlstm')
 

@@ -1,5 +1,5 @@
 """The small-scale comparisons over several seeds:
-every model on `lm_zoo.configs.small_ptb_config()` (3M parameters, hidden
+every model on `lm_zoo.experiments.recipes.small_ptb_config()` (3M parameters, hidden
 size solved for the budget, 2 epochs), trained once per seed and compared
 with the LSTM over the same seeds (`lm_zoo.tasks.seeds`).
 

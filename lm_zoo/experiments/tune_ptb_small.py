@@ -1,7 +1,8 @@
 """A small tuning study that runs on 2 CPU cores: the Mogrifier paper's Table 4
-ranges on the 3M-parameter PTB recipe of the ablations (lm_zoo.configs.
-small_ptb_config), each trial 300 steps (336k tokens, a third of an epoch)
-with a validation turn every 100 steps for the median pruner.
+ranges on the 3M-parameter PTB recipe of the ablations
+(`lm_zoo.experiments.recipes.small_ptb_config`), each trial 300 steps (336k
+tokens, a third of an epoch) with a validation turn every 100 steps for the
+median pruner.
 
 Variants `lstm` and `mogrifier` (rounds and rank tuned too) share the budget,
 the number of trials and the seed, so their best scores compare:
@@ -10,7 +11,7 @@ the number of trials and the seed, so their best scores compare:
   lm-zoo-tune --tune=experiments/tune_ptb_small.py:mogrifier --workdir=runs/tune_mog
 """
 
-from lm_zoo.configs import small_ptb_config
+from lm_zoo.experiments.recipes import small_ptb_config
 from lm_zoo.tuning import mogrifier_table4, tuning_config
 
 
