@@ -189,9 +189,6 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-EVALUATORS = ('static', 'mc_dropout', 'temperature', 'dynamic', 'learned', 'token_losses')
-
-
 def evaluation_config(evaluator: str = 'static') -> ml_collections.ConfigDict:
   """How a trained model is scored (`lm-zoo-eval --config=...`, a training
   run's final evaluation, the tuner): `evaluator` names the way, and its

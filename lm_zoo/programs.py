@@ -26,6 +26,9 @@ def _launch(name: str) -> None:
     print('interrupted', file=sys.stderr)
     sys.exit(128 + signal.SIGINT)
   except Exception as err:  # the flags and the --config file, read on import
+    if _caused_by_interrupt(err):  # Ctrl-C inside an extension's import, wrapped
+      print('interrupted', file=sys.stderr)
+      sys.exit(128 + signal.SIGINT)
     if '--verbose' in sys.argv[1:]:
       raise
     from lm_zoo.errors import missing_extra
@@ -37,6 +40,18 @@ def _launch(name: str) -> None:
           file=sys.stderr)
     sys.exit(1)
   program.main()
+
+
+def _caused_by_interrupt(err: BaseException | None) -> bool:
+  """Whether a KeyboardInterrupt is in `err`'s chain of causes (a C
+  extension interrupted while it loads raises ImportError from it)."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    if isinstance(err, KeyboardInterrupt):
+      return True
+    seen.add(id(err))
+    err = err.__cause__ or err.__context__
+  return False
 
 
 # The flags that name a config file, in the --flag=PATH[:VARIANT] form.

@@ -67,10 +67,12 @@ def test_a_tuned_temperature_is_tuned_once_on_valid_and_used_on_every_split(lm, 
       lambda t: dataclasses.replace(base, temperature=t)(model, params, CORPUS, 'valid').loss)
   calls = []
   evaluator = TunedTemperature(base)
-  original = Static.__call__
-  monkeypatch.setattr(Static, '__call__', lambda self, *args: calls.append(args[-1])
-                      or original(self, *args))
-  results = {split: evaluator(model, params, CORPUS, split) for split in ('valid', 'test')}
+  original = Static.score
+  monkeypatch.setattr(Static, 'score', lambda self, prepared, split: calls.append(split)
+                      or original(self, prepared, split))
+  prepared = evaluator.prepare(model, params, CORPUS)
+  assert prepared.choice == expected
+  results = {split: evaluator.score(prepared, split) for split in ('valid', 'test')}
   assert results['test'].temperature == results['valid'].temperature == expected
   assert calls.count('test') == 1 and calls.count('valid') == len(calls) - 1
   np.testing.assert_allclose(
@@ -82,7 +84,8 @@ def test_dynamic_searches_valid_and_scores_each_split_with_the_best_setting(lm):
   model, params = lm
   evaluator = Dynamic(bptt=9, rule='sgd', learning_rate=(0.0, 0.3, 30.0), decay=(0.0,),
                       segment_length=(4,))
-  test = evaluator(model, params, CORPUS, 'test')
+  prepared = evaluator.prepare(model, params, CORPUS)
+  test = evaluator.score(prepared, 'test')
   losses = {lr: loss for settings, loss in test.details['search']
             for lr in [settings['learning_rate']]}
   fresh = {lr: dynamic_evaluate(model, params, dynamic_sgd(lr), CORPUS.valid, 4).result.loss
@@ -96,7 +99,23 @@ def test_dynamic_searches_valid_and_scores_each_split_with_the_best_setting(lm):
       rtol=1e-5)
   assert test.details['segment_tokens'].sum() == test.num_tokens == len(CORPUS.test) - 1
   # The search scored the whole of valid: valid's result is the search's.
-  assert evaluator(model, params, CORPUS, 'valid').loss == pytest.approx(losses[best])
+  assert evaluator.score(prepared, 'valid').loss == pytest.approx(losses[best])
+
+
+def test_what_one_set_of_weights_prepared_does_not_touch_another_s(lm):
+  """Evaluators keep nothing between weights: each prepared value holds
+  its own choice, and scoring one after preparing another gives what it
+  gave before."""
+  model, params = lm
+  other = jax.tree.map(lambda a: 0.3 * a, params)  # flatter: a lower temperature
+  evaluator = TunedTemperature(Static(bptt=9, batch_size=1), low=0.1, high=4.0)
+  first = evaluator.prepare(model, params, CORPUS)
+  before = evaluator.score(first, 'test').loss
+  second = evaluator.prepare(model, other, CORPUS)
+  assert second.choice != first.choice
+  assert evaluator.score(first, 'test').loss == before
+  assert evaluator.score(second, 'test').loss == evaluator(model, other, CORPUS, 'test').loss
+  assert evaluator == TunedTemperature(Static(bptt=9, batch_size=1), low=0.1, high=4.0)
 
 
 def test_learning_rate_zero_is_the_static_score_at_batch_one(lm):
@@ -117,12 +136,13 @@ def test_settings_share_one_compiled_scan_per_kind_of_mean(lm):
   compile once per kind of mean(MS) where fresh ones compile each time."""
   model, params = lm
   evaluator = Dynamic(bptt=9, rule='rms', ms_batches=2, ms_batch_size=2)
-  ms = evaluator.rms_gradients(model, params, CORPUS)
+  setup = evaluator.setup(model, params, CORPUS)
+  ms = setup.rms_gradients
   compiled = _scan_segments._cache_size()
   for lr, decay, eps, mean in ((1e-3, 1e-2, 1e-3, 'tensors'), (3e-2, 1e-1, 1e-2, 'tensors'),
                                (1e-2, 1e-2, 1e-3, 'coordinates')):
-    shared = evaluator.score(DynamicEvalSettings('rms', lr, decay, eps, 4, mean), model,
-                             params, CORPUS, 'valid')
+    shared = evaluator.score_settings(setup, DynamicEvalSettings('rms', lr, decay, eps, 4, mean),
+                                      model, params, CORPUS, 'valid')
     fresh = dynamic_evaluate(model, params, dynamic_rms(lr, decay, eps, ms, mean),
                              CORPUS.valid, 4)
     np.testing.assert_allclose(shared.details['segment_nll'], fresh.segment_nll, rtol=1e-5)

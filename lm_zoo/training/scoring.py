@@ -60,13 +60,14 @@ def final_scores(config: ml_collections.ConfigDict, workdir: pathlib.Path, model
   """The best weights of the run in `workdir` scored on `splits` by the
   evaluator of `config.evaluation` (static by default), each split at its
   batch size (`eval_batch_size`) unless `evaluation.batch_size` sets one."""
-  evaluators = {}  # one per batch size, so that what it tunes or searches is kept
+  prepared = {}  # per batch size: what its evaluator tunes or searches, done once
   results = {}
   for split in splits:
     batch_size = final_batch_size(config, split)
-    if batch_size not in evaluators:
-      evaluators[batch_size] = workdir_evaluator(workdir, config, config.evaluation, batch_size)
-    results[split] = evaluators[batch_size](model, params, corpus, split)
+    evaluator = workdir_evaluator(workdir, config, config.evaluation, batch_size)
+    if batch_size not in prepared:
+      prepared[batch_size] = evaluator.prepare(model, params, corpus)
+    results[split] = evaluator.score(prepared[batch_size], split)
   return results
 
 

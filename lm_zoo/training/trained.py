@@ -88,7 +88,8 @@ def evaluate_workdir(workdir: str | pathlib.Path,
     build_evaluator(config, bptt=1, batch_size=1)  # a bad field fails before any loading
   run_config, corpus, model, params = load_trained(workdir, config.data_dir or None)
   evaluator = workdir_evaluator(workdir, run_config, config)
-  return {split: evaluator(model, params, corpus, split) for split in splits}
+  prepared = evaluator.prepare(model, params, corpus)
+  return {split: evaluator.score(prepared, split) for split in splits}
 
 
 def meta_train_workdir(workdir: str | pathlib.Path,

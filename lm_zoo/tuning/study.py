@@ -295,12 +295,13 @@ def dyneval_objective(tune: ml_collections.ConfigDict) -> Callable[[optuna.Trial
   """Each trial scores the first `dynamic.search_tokens` validation tokens of
   `dyneval.workdir`'s best weights with its sampled settings (the Mogrifier
   paper's Table 6) and returns that loss; a diverged setting is pruned. The
-  trials share one evaluator: RMS statistics are estimated once, and a
-  segment length compiles once."""
+  trials share one evaluator setup: RMS statistics are estimated once, and
+  a segment length compiles once."""
   from lm_zoo.training import load_trained, workdir_evaluator
   cfg = tune.dyneval
   run_config, corpus, model, params = load_trained(cfg.workdir, cfg.evaluation.data_dir or None)
   evaluator = workdir_evaluator(cfg.workdir, run_config, cfg.evaluation, batch_size=1)
+  setup = evaluator.setup(model, params, corpus)
 
   def objective(trial: optuna.Trial) -> float:
     _check_not_surplus(trial.study, trial, tune.study.num_trials)
@@ -310,8 +311,8 @@ def dyneval_objective(tune: ml_collections.ConfigDict) -> Callable[[optuna.Trial
         evaluator, **{field: (int(v) if field == 'segment_length' else v,)
                       for field, v in fields.items()}).grid()[0]
     try:
-      result = evaluator.score(settings, model, params, corpus, 'valid',
-                               cfg.evaluation.dynamic.search_tokens)
+      result = evaluator.score_settings(setup, settings, model, params, corpus, 'valid',
+                                        cfg.evaluation.dynamic.search_tokens)
     except TrainingError as err:
       trial.set_user_attr('diverged', str(err))
       raise optuna.TrialPruned(f'diverged: {err}') from None

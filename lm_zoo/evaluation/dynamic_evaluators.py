@@ -1,0 +1,216 @@
+"""The evaluators that adapt the weights along the stream: dynamic
+evaluation with SGD or RMS steps, searched on valid (`Dynamic`), and the
+meta-learned rule (`Learned`). Both follow `lm_zoo.evaluation.evaluators`'
+prepare-then-score form."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+import math
+import time
+from typing import Any
+
+import jax.numpy as jnp
+import optax
+
+from lm_zoo.data import Corpus
+from lm_zoo.errors import TrainingError
+from lm_zoo.evaluation.dynamic import dynamic_evaluate
+from lm_zoo.evaluation.evaluators import Evaluator, Prepared, Static, beside_static, first_tokens
+from lm_zoo.evaluation.meta_training import MetaLearner
+from lm_zoo.evaluation.results import EvalResult
+from lm_zoo.evaluation.statistics import rms_training_gradients
+from lm_zoo.optim import dynamic_rms, dynamic_sgd
+from lm_zoo.progress import eta
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicEvalSettings:
+  """One dynamic-evaluation setting: `rule` 'sgd' or 'rms', the learning
+  rate eta, the decay lambda toward the trained weights, RMS's epsilon, the
+  segment length and what RMS's mean(MS) is over ('coordinates' as lamb, or
+  'tensors' as Krause; `dynamic_rms`)."""
+  rule: str
+  learning_rate: float
+  decay: float
+  eps: float
+  segment_length: int
+  decay_mean: str = 'coordinates'
+
+  def used(self) -> dict[str, Any]:
+    """The settings its rule reads (SGD has no epsilon; the learned rule only
+    its segment length)."""
+    names = {'sgd': ('learning_rate', 'decay', 'segment_length'),
+             'rms': ('learning_rate', 'decay', 'eps', 'segment_length', 'decay_mean'),
+             'learned': ('segment_length',)}[self.rule]
+    return {'rule': self.rule, **{name: getattr(self, name) for name in names}}
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicSetup:
+  """What every setting of one set of weights shares: RMS's MS (None for
+  SGD) and, per rule and kind of mean(MS), one transformation whose values
+  live in its state (`optax.inject_hyperparams`), so that scoring many
+  settings compiles the scan once per segment length, not once per setting.
+
+  Attributes:
+    rms_gradients: MS of `dynamic_rms` (`rms_training_gradients`), or None.
+    transformations: (rule, decay_mean) -> the injected transformation,
+      filled as settings ask for them.
+  """
+
+  rms_gradients: Any = dataclasses.field(default=None, repr=False)
+  transformations: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  def transformation(self, settings: DynamicEvalSettings, params
+                     ) -> tuple[optax.GradientTransformation, Any]:
+    """The transformation of `settings` and its initial state."""
+    if settings.rule == 'sgd':
+      factory, values = dynamic_sgd, {'learning_rate': settings.learning_rate,
+                                      'decay': settings.decay}
+    else:
+      factory = functools.partial(dynamic_rms, rms_gradients=self.rms_gradients,
+                                  decay_mean=settings.decay_mean)
+      values = {'learning_rate': settings.learning_rate, 'decay': settings.decay,
+                'eps': settings.eps}
+    key = (settings.rule, settings.decay_mean)
+    if key not in self.transformations:
+      self.transformations[key] = optax.inject_hyperparams(factory)(**values)
+    injected = self.transformations[key]
+    # The inner state (theta_g and MS / mean(MS)) does not depend on the values.
+    return injected, injected.init(params)._replace(
+        hyperparams={k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicChoice:
+  """What `Dynamic.prepare` chose: the setting, every searched setting's
+  validation loss (inf where it diverged), the chosen setting's validation
+  result where the search scored all of valid, and the shared setup."""
+
+  settings: DynamicEvalSettings
+  trials: list = dataclasses.field(default_factory=list)
+  valid: EvalResult | None = dataclasses.field(default=None, repr=False)
+  setup: DynamicSetup = dataclasses.field(default_factory=DynamicSetup, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dynamic(Evaluator):
+  """Dynamic evaluation with SGD or RMS steps (`dynamic_evaluate`). `prepare`
+  scores every combination of the given values on valid (its first
+  `search_tokens` tokens when > 0) and keeps the best (diverged settings
+  lose); `score` then scores a split with it from the trained weights.
+  RMS's MS comes from `ms_batches` training windows of `ms_batch_size` rows.
+  The result's details hold the chosen settings, the search, each segment's
+  NLL sum and token count, and the static loss of the same tokens."""
+
+  bptt: int
+  rule: str = 'sgd'
+  learning_rate: tuple[float, ...] = (1e-4,)
+  decay: tuple[float, ...] = (0.0,)
+  eps: tuple[float, ...] = (1e-3,)
+  segment_length: tuple[int, ...] = (5,)
+  decay_mean: str = 'coordinates'
+  ms_batches: int = 100
+  ms_batch_size: int = 64
+  search_tokens: int = 0
+  batch_size: int = 1
+  max_tokens: int = 0
+
+  def grid(self) -> list[DynamicEvalSettings]:
+    return [DynamicEvalSettings(self.rule, lr, decay, eps, int(length), self.decay_mean)
+            for lr, decay, eps, length in itertools.product(
+                self.learning_rate, self.decay, self.eps if self.rule == 'rms' else (0.0,),
+                self.segment_length)]
+
+  def setup(self, model, params, corpus: Corpus) -> DynamicSetup:
+    """What every setting shares for these weights (RMS's MS estimated here)."""
+    ms = (rms_training_gradients(model, params, corpus.train, self.ms_batch_size, self.bptt,
+                                 self.ms_batches) if self.rule == 'rms' else None)
+    return DynamicSetup(ms)
+
+  def score_settings(self, setup: DynamicSetup, settings: DynamicEvalSettings, model, params,
+                     corpus: Corpus, split: str, num_tokens: int = 0) -> EvalResult:
+    """`split` (its first `num_tokens` tokens when > 0) scored with
+    `settings` from the trained weights; TrainingError when it diverges."""
+    stream = first_tokens(corpus, split, num_tokens)
+    # One jitted scan per pass, silent until it ends: say what is running.
+    log.info('dynamic evaluation of %s: %s tokens in segments of %d', split,
+             f'{len(stream) - 1:,}', settings.segment_length)
+    transformation, state = setup.transformation(settings, params)
+    run = dynamic_evaluate(model, params, transformation, stream, settings.segment_length,
+                           self.batch_size, corpus.unit, opt_state=state)
+    return dataclasses.replace(run.result, details={
+        'settings': dataclasses.asdict(settings), 'segment_nll': run.segment_nll,
+        'segment_tokens': run.segment_tokens, 'skipped_updates': run.skipped_updates})
+
+  def prepare(self, model, params, corpus: Corpus) -> Prepared:
+    setup, grid = self.setup(model, params, corpus), self.grid()
+    if len(grid) == 1:
+      return Prepared(model, params, corpus, DynamicChoice(grid[0], setup=setup))
+    whole = self.search_tokens in (0, self.max_tokens)
+    trials, results, start = [], {}, time.perf_counter()
+    for trial, settings in enumerate(grid, 1):
+      try:
+        results[settings] = self.score_settings(setup, settings, model, params, corpus,
+                                                'valid', self.search_tokens or self.max_tokens)
+        loss = results[settings].loss
+      except TrainingError as err:
+        log.warning('%s: %s', settings, err)
+        loss = math.inf
+      log.info('search %d/%d: valid loss %.4f (perplexity %.2f) with %s, ETA %s', trial,
+               len(grid), loss, math.exp(min(loss, 700)), settings,
+               eta(time.perf_counter() - start, trial, len(grid)))
+      trials.append((dataclasses.asdict(settings), loss))
+    best_index = min(range(len(grid)), key=lambda i: trials[i][1])
+    if math.isinf(trials[best_index][1]):
+      raise TrainingError('dynamic evaluation diverged with every searched setting: '
+                          'lower the learning rates')
+    best = grid[best_index]
+    return Prepared(model, params, corpus,
+                    DynamicChoice(best, trials, results[best] if whole else None, setup))
+
+  def score(self, prepared: Prepared, split: str) -> EvalResult:
+    choice: DynamicChoice = prepared.choice
+    if split == 'valid' and choice.valid is not None:
+      result = choice.valid
+    else:
+      result = self.score_settings(choice.setup, choice.settings, prepared.model,
+                                   prepared.params, prepared.corpus, split, self.max_tokens)
+    static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens)
+    return beside_static(dataclasses.replace(result, details={**result.details,
+                                                              'search': choice.trials}),
+                         static.score(prepared, split))
+
+
+@dataclasses.dataclass(frozen=True)
+class Learned(Evaluator):
+  """Dynamic evaluation with the meta-learned update rule (Wolf et al.
+  2018), at the segment length it was meta-trained for."""
+
+  meta_learner: MetaLearner
+  bptt: int
+  batch_size: int = 1
+  max_tokens: int = 0
+
+  def score(self, prepared: Prepared, split: str) -> EvalResult:
+    learned = self.meta_learner
+    stream = first_tokens(prepared.corpus, split, self.max_tokens)
+    log.info('dynamic evaluation of %s with the learned rule: %s tokens in segments of %d',
+             split, f'{len(stream) - 1:,}', learned.segment_length)
+    run = dynamic_evaluate(prepared.model, prepared.params, learned.transformation, stream,
+                           learned.segment_length, self.batch_size, prepared.corpus.unit,
+                           extra_args={'meta_params': learned.meta_params})
+    settings = DynamicEvalSettings('learned', learned.initial_learning_rate, 0.0, 0.0,
+                                   learned.segment_length)
+    result = dataclasses.replace(run.result, details={
+        'settings': dataclasses.asdict(settings), 'search': [],
+        'segment_nll': run.segment_nll, 'segment_tokens': run.segment_tokens,
+        'skipped_updates': run.skipped_updates})
+    static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens)
+    return beside_static(result, static.score(prepared, split))

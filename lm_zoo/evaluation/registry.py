@@ -1,0 +1,151 @@
+"""Evaluators by name: each registered name builds its evaluator from its
+section of an evaluation config (`lm_zoo.configs.evaluation_config`),
+checking that section's fields. `build_evaluator` is what `lm-zoo-eval`, a
+training run's final evaluation and the tuner call.
+
+Adding an evaluator is its class (`lm_zoo.evaluation.evaluators.Evaluator`)
+and one `register_evaluator` line; docs/design.md shows one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import ml_collections
+
+from lm_zoo.errors import ConfigError
+from lm_zoo.evaluation.dynamic_evaluators import Dynamic, Learned
+from lm_zoo.evaluation.evaluators import (Evaluator, MCDropout, Static, TokenLosses,
+                                          TunedTemperature)
+from lm_zoo.evaluation.meta_training import MetaLearner
+from lm_zoo.optim import DECAY_MEANS
+
+RULES = ('sgd', 'rms')
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+  """How the builders' evaluators cut the stream: `bptt` tokens a window,
+  `batch_size` rows, and the meta-learner for 'learned'."""
+
+  bptt: int
+  batch_size: int
+  meta_learner: MetaLearner | None = None
+
+
+# build(config, windows) -> the evaluator its section describes, or ConfigError.
+Builder = Callable[[ml_collections.ConfigDict, Windows], Evaluator]
+REGISTRY: dict[str, Builder] = {}
+
+
+def register_evaluator(name: str, build: Builder) -> None:
+  """Makes `evaluation.evaluator = name` build with `build`."""
+  REGISTRY[name] = build
+
+
+def build_evaluator(config: ml_collections.ConfigDict, *, bptt: int, batch_size: int,
+                    meta_learner: MetaLearner | None = None) -> Evaluator:
+  """The evaluator `config.evaluator` names (`evaluation_config`), windows
+  of `bptt` tokens and `batch_size` rows (dynamic evaluation and the learned
+  rule: `config.batch_size`, else 1); 'learned' scores with `meta_learner`.
+
+  Raises ConfigError for a name or setting that cannot run, naming the field.
+  """
+  name = config.evaluator
+  if name not in REGISTRY:
+    raise ConfigError(f'unknown evaluator {name!r} (evaluator): choose one of '
+                      f'{", ".join(REGISTRY)}')
+  for field in ('batch_size', 'max_tokens'):
+    if config[field] < 0:
+      raise ConfigError(f'{field} must be >= 0 (0: the default), got {config[field]}')
+  return REGISTRY[name](config, Windows(bptt, batch_size, meta_learner))
+
+
+def _temperature(value: float, section: str) -> float:
+  if not (math.isfinite(value) and value > 0):
+    raise ConfigError(f'{section}.temperature must be a positive number, got {value}')
+  return float(value)
+
+
+def _static(config: ml_collections.ConfigDict, windows: Windows) -> Static:
+  return Static(windows.bptt, windows.batch_size,
+                _temperature(config.static.temperature, 'static'), config.max_tokens)
+
+
+def _mc_dropout(config: ml_collections.ConfigDict, windows: Windows) -> MCDropout:
+  cfg = config.mc_dropout
+  if cfg.samples < 1:
+    raise ConfigError(f'mc_dropout.samples must be at least 1, got {cfg.samples}')
+  if not (math.isfinite(cfg.dropout_scale) and cfg.dropout_scale >= 0):
+    raise ConfigError(f'mc_dropout.dropout_scale must be >= 0, got {cfg.dropout_scale}')
+  return MCDropout(windows.bptt, windows.batch_size, cfg.samples, cfg.dropout_scale, cfg.seed,
+                   _temperature(cfg.temperature, 'mc_dropout'), config.max_tokens)
+
+
+def _tuned_temperature(config: ml_collections.ConfigDict, windows: Windows
+                       ) -> TunedTemperature:
+  cfg = config.temperature
+  if cfg.base not in ('static', 'mc_dropout'):
+    raise ConfigError(f"temperature.base must be 'static' or 'mc_dropout', got {cfg.base!r}")
+  if not 0 < cfg.low < cfg.high or not cfg.tolerance > 0:
+    raise ConfigError('temperature: need 0 < low < high and tolerance > 0, got '
+                      f'low={cfg.low}, high={cfg.high}, tolerance={cfg.tolerance}')
+  base = (Static(windows.bptt, windows.batch_size, max_tokens=config.max_tokens)
+          if cfg.base == 'static' else _mc_dropout(config, windows))
+  return TunedTemperature(base, cfg.low, cfg.high, cfg.tolerance)
+
+
+def _dynamic(config: ml_collections.ConfigDict, windows: Windows) -> Dynamic:
+  cfg = config.dynamic
+  if cfg.rule not in RULES:
+    raise ConfigError(f'unknown dynamic.rule {cfg.rule!r}: choose one of {", ".join(RULES)}')
+  if cfg.decay_mean not in DECAY_MEANS:
+    raise ConfigError(f'dynamic.decay_mean must be one of {", ".join(DECAY_MEANS)}, got '
+                      f'{cfg.decay_mean!r}')
+  for field in ('learning_rate', 'decay', 'eps', 'segment_length'):
+    if not cfg[field] or not all(math.isfinite(v) and v >= 0 for v in cfg[field]):
+      raise ConfigError(f'dynamic.{field} must be one or more numbers >= 0, got '
+                        f'{cfg[field]}')
+  if min(cfg.segment_length) < 1 or (cfg.rule == 'rms' and min(cfg.eps) <= 0):
+    raise ConfigError('dynamic.segment_length must be >= 1 and dynamic.eps > 0 (rms), got '
+                      f'{cfg.segment_length} and {cfg.eps}')
+  for field in ('ms_batches', 'ms_batch_size'):
+    if cfg[field] < 1:
+      raise ConfigError(f'dynamic.{field} must be at least 1, got {cfg[field]}')
+  if cfg.search_tokens < 0:
+    raise ConfigError(f'dynamic.search_tokens must be >= 0, got {cfg.search_tokens}')
+  return Dynamic(windows.bptt, cfg.rule, tuple(cfg.learning_rate), tuple(cfg.decay),
+                 tuple(cfg.eps), tuple(int(n) for n in cfg.segment_length), cfg.decay_mean,
+                 cfg.ms_batches, cfg.ms_batch_size, cfg.search_tokens, config.batch_size or 1,
+                 config.max_tokens)
+
+
+def _learned(config: ml_collections.ConfigDict, windows: Windows) -> Learned:
+  if windows.meta_learner is None:
+    raise ConfigError('the learned evaluator needs a meta-learner: run lm-zoo-meta-train '
+                      'first, or set learned.meta_learner')
+  return Learned(windows.meta_learner, windows.bptt, config.batch_size or 1, config.max_tokens)
+
+
+def _token_losses(config: ml_collections.ConfigDict, windows: Windows) -> TokenLosses:
+  return TokenLosses(windows.bptt, config.max_tokens)
+
+
+register_evaluator('static', _static)
+register_evaluator('mc_dropout', _mc_dropout)
+register_evaluator('temperature', _tuned_temperature)
+register_evaluator('dynamic', _dynamic)
+register_evaluator('learned', _learned)
+register_evaluator('token_losses', _token_losses)
+
+
+def split_names(splits) -> tuple[str, ...]:
+  """`evaluation.splits` as names; 'valid,test' from a command line counts
+  as two."""
+  names = tuple(name.strip() for entry in splits for name in entry.split(',') if name.strip())
+  unknown = [name for name in names if name not in ('train', 'valid', 'test')]
+  if unknown:
+    raise ConfigError(f'splits: unknown split {unknown[0]!r}; choose from train, valid, test')
+  return names
