@@ -8,7 +8,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 export LM_ZOO_DATA ?= $(abspath ../shared/data)
 
-.PHONY: train test lint bench clean
+.PHONY: train test lint api bench clean
 
 # One stamp per extra installed: `make train` does not install the test tools.
 $(VENV)/.installed-%: pyproject.toml
@@ -26,6 +26,14 @@ test: $(VENV)/.installed-test
 # `make lint`: ruff's checks (pyproject.toml's [tool.ruff]) over every Python file.
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
+
+# `make api`: the API reference from the docstrings (pdoc) in build/api, every
+# warning an error but annotations pdoc cannot evaluate (generated __init__s,
+# other libraries' type aliases), which it shows as written. The programs and
+# the experiment configs are not APIs: docs/usage.md covers them.
+api: $(VENV)/.installed-test
+	$(VENV)/bin/python -W error::UserWarning -W 'ignore:Error parsing type annotation:UserWarning' \
+	  -m pdoc lm_zoo '!lm_zoo.cli' '!lm_zoo.experiments' '!lm_zoo.programs' -o build/api
 
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/python benchmarks/lstm_lm_speed.py
