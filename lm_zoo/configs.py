@@ -20,6 +20,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.name = 'ptb'
   c.data.data_dir = ''  # '' -> $LM_ZOO_DATA (tfds: TFDS' own default)
   c.data.level = 'word'  # text, tfds: word (split on whitespace) | char
+  # text, tfds: the vocabulary's cap (0: none) and the fewest training occurrences
+  # of a kept token; the rest read as <unk> (lm_zoo/data/text.py)
+  c.data.max_vocab = 0
+  c.data.min_count = 1
   c.data.tfds_name = ''  # tfds: the dataset, e.g. lm_zoo_corpus/ptb (lm-zoo-download --tfds_dir)
   c.data.tfds_feature = 'text'  # tfds: its text feature, a sentence an example
   c.data.tfds_splits = ('train', 'valid', 'test')  # tfds: its train, valid and test splits

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lm_zoo.data.vocab import EOS, Vocab
+from lm_zoo.data.vocab import EOS, UNK, Vocab
 from lm_zoo.models import RecurrentLM
 from lm_zoo.models.objective import check_token_ids
 
-UNK = '<unk>'
+
+class UnknownTokensWarning(UserWarning):
+  """A prompt holds tokens outside the vocabulary, which read as `<unk>`."""
 
 
 def _check_prompt(prompt, vocab_size: int) -> jax.Array:
@@ -211,6 +214,11 @@ def generate_text(model: RecurrentLM, params: Any, vocab: Vocab, prompt: str = '
   """
   check_generation(prompt, num_tokens, num_samples, seed, beam_width)
   ids = encode_prompt(vocab, prompt)
+  unknown = vocab.unknown(prompt)
+  if unknown:
+    warnings.warn(f'the prompt has {len(unknown)} token(s) outside the vocabulary, read as '
+                  f'{UNK}: {", ".join(map(repr, unknown[:5]))}'
+                  f'{" ..." if len(unknown) > 5 else ""}', UnknownTokensWarning, stacklevel=2)
   if beam_width > 1:
     eos_id = vocab.id(EOS) if EOS in vocab else None
     tokens, _ = beam_search(model, params, ids, num_tokens, beam_width, eos_id)

@@ -69,15 +69,19 @@ class TrainedModel:
     return np.concatenate([[eos], *lines]).astype(np.int32)
 
   def score(self, text: str) -> EvalResult:
-    """Perplexity (or bits per character) of `text`, dropout off.
+    """Perplexity (or bits per character) of `text`, dropout off. Its
+    details count the tokens read as `<unk>` (`unknown_tokens`): a text
+    full of them scores the vocabulary, not the text.
 
     Raises:
       ValueError: `text` is not a str, or holds no token to score.
     """
     ids = self._scored(text)
-    return evaluate_stream(make_eval_step(self.model), self.params,
-                           self.model.initialize_carry(1), ids, 1, self.config.data.bptt,
-                           self.unit)
+    result = evaluate_stream(make_eval_step(self.model), self.params,
+                             self.model.initialize_carry(1), ids, 1, self.config.data.bptt,
+                             self.unit)
+    return dataclasses.replace(result, details={**result.details,
+                                                'unknown_tokens': len(self.vocab.unknown(text))})
 
   def token_losses(self, text: str) -> tuple[list[str], np.ndarray]:
     """Each token of `text` and its loss in nats given every token before it."""

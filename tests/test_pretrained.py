@@ -10,6 +10,7 @@ import pytest
 
 import lm_zoo
 from lm_zoo.errors import ConfigError
+from lm_zoo.generation import UnknownTokensWarning
 from lm_zoo.training import train_and_evaluate
 
 TEXT = 'the company said it expects higher sales\nshares rose in new york trading'
@@ -49,8 +50,13 @@ def test_score_is_the_mean_loss_of_each_token_given_the_text_before_it(model):
   np.testing.assert_allclose(result.loss, float(np.mean(expected)), rtol=1e-5)
 
 
-def test_words_outside_the_vocabulary_are_unk(model):
+def test_words_outside_the_vocabulary_are_unk_and_counted(model):
   assert model.vocab.id('<unk>') in model.encode('the xyzzy said')
+  assert model.score('the xyzzy said plugh').details['unknown_tokens'] == 2
+  # PTB's own <unk> tokens are in the vocabulary: written out, they are not unknown.
+  assert model.score('the <unk> said').details['unknown_tokens'] == 0
+  with pytest.warns(UnknownTokensWarning, match=r"1 token\(s\) outside .* 'xyzzy'"):
+    model.generate('the xyzzy', num_tokens=2)
 
 
 def test_generation_continues_the_prompt(model):

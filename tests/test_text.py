@@ -67,6 +67,47 @@ def test_a_tfds_datasets_text_is_the_corpus_of_its_lines(tmp_path):
     load_tfds_text('lm_zoo_corpus/ptb', tmp_path / 'tfds', feature='words')
 
 
+def _capped_by_hand(train, max_size, min_count):
+  """The kept words, recounted: at least min_count times in train, the
+  max_size - 1 most frequent (ties: first seen), in first-seen order."""
+  words = [w for line in train.splitlines() for w in line.split() + [EOS]]
+  first = list(dict.fromkeys(words))
+  kept = [w for w in first if words.count(w) >= min_count]
+  if max_size:
+    kept = sorted(kept, key=lambda w: (-words.count(w), first.index(w)))[:max_size - 1]
+  return [w for w in first if w in kept]
+
+
+@pytest.mark.parametrize('max_size, min_count', [(4, 1), (0, 2), (3, 2), (100, 1)])
+def test_a_capped_vocabulary_keeps_the_frequent_training_words_and_unks_the_rest(
+    max_size, min_count):
+  splits = {'train': 'a b a c\nb a d d\ne a\n', 'valid': 'a z b\n', 'test': 'd c q\n'}
+  corpus = text_corpus('toy', {s: t.splitlines() for s, t in splits.items()}, 'word',
+                       max_size, min_count)
+  kept = _capped_by_hand(splits['train'], max_size, min_count)
+  assert corpus.vocab.tokens == (*kept, '<unk>')
+  for split, text in splits.items():
+    words = [w for line in text.splitlines() for w in line.split() + [EOS]]
+    want = [w if w in kept else '<unk>' for w in words]
+    assert [corpus.vocab.tokens[i] for i in corpus.split(split)] == want
+
+
+@pytest.mark.parametrize('max_size, min_count, message', [
+    (1, 1, 'data.max_vocab must be 0'), (-3, 1, 'data.max_vocab must be a whole number'),
+    (0, 0, 'data.min_count must be a whole number >= 1'),
+    (2.5, 1, 'data.max_vocab must be a whole number')])
+def test_bad_vocabulary_caps_are_one_clear_error(max_size, min_count, message):
+  with pytest.raises(DataError, match=message):
+    text_corpus('toy', {s: ['a b'] for s in ('train', 'valid', 'test')}, 'word', max_size,
+                min_count)
+
+
+def test_vocabulary_caps_on_a_standard_corpus_are_refused(tiny_config, tmp_path):
+  tiny_config.data.max_vocab = 500
+  with pytest.raises(ConfigError, match='data.max_vocab and data.min_count cap'):
+    train_and_evaluate(tiny_config, tmp_path / 'run')
+
+
 def test_a_model_trains_on_a_text_folder_and_scores_new_text(tiny_config, tmp_path):
   folder = _folder(tmp_path / 'text',
                    {'train': 'the cat sat on the mat\n' * 40, 'valid': 'the cat sat\n' * 5,

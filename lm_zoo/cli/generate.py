@@ -7,12 +7,13 @@
 """
 
 import sys
+import warnings
 
 from absl import app, flags
 
 from lm_zoo import cli
 from lm_zoo.errors import ConfigError
-from lm_zoo.generation import check_generation, generate_text
+from lm_zoo.generation import UnknownTokensWarning, check_generation, generate_text
 from lm_zoo.training import load_trained
 from lm_zoo.training.trained import load_model
 
@@ -54,11 +55,20 @@ def _generate_program(argv):
     else:  # the run's own vocabulary: no data needed
       _, vocab, model, params = load_model(FLAGS.workdir)
     try:
-      return generate_text(model, params, vocab, FLAGS.prompt, FLAGS.num_tokens,
-                           FLAGS.num_samples, FLAGS.seed, FLAGS.temperature,
-                           FLAGS.top_k, FLAGS.beam_width)
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always', UnknownTokensWarning)
+        texts = generate_text(model, params, vocab, FLAGS.prompt, FLAGS.num_tokens,
+                              FLAGS.num_samples, FLAGS.seed, FLAGS.temperature,
+                              FLAGS.top_k, FLAGS.beam_width)
     except ValueError as err:  # a flag out of range, a word the vocabulary lacks
       raise ConfigError(str(err)) from err
+    for warning in caught:  # ours in one line, not Python's two
+      if issubclass(warning.category, UnknownTokensWarning):
+        print(f'warning: {warning.message}', file=sys.stderr)
+      else:
+        warnings.showwarning(warning.message, warning.category, warning.filename,
+                             warning.lineno)
+    return texts
 
   for text in cli.run(generate):
     print(text.replace('\n', ' | '))

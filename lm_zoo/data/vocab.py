@@ -8,6 +8,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 EOS = '<eos>'
+UNK = '<unk>'  # what a capped vocabulary maps the rest of the words to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,10 @@ class Vocab:
     if self.kind == 'char':
       return ['_' if ch == ' ' else ch for ch in text]
     return [chr(b) for b in text.encode('utf-8')]
+
+  def unknown(self, text: str) -> list[str]:
+    """The tokens of `text` (as `tokenize` reads it) outside the vocabulary."""
+    return [token for token in self.tokenize(text) if token not in self._index]
 
   def encode_text(self, text: str) -> np.ndarray:
     """Encodes raw text the way the corpus files are tokenised."""
