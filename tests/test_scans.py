@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import perturb
-from lm_zoo.cells import (SCANS, ALSTMCell, CellScans, LSTMCell, MLSTMCell, Mogrify,
+from lm_zoo.cells import (SCANS, ALSTMCell, CellScans, LSTMCell, MLSTMCell, Mogrify, Scan,
                           register_scans, resolve_scan)
 from lm_zoo.cells.scans import REGISTRY, lstm_window, mogrified_lstm_window
 from lm_zoo.models import RecurrentLayer
@@ -33,6 +33,16 @@ AUTO = {
 def test_auto_is_fused_where_a_kernel_exists_else_hoisted_else_scan(cell, way):
   assert resolve_scan(cell, 'auto') == way
   assert resolve_scan(cell, 'scan') == 'scan' and resolve_scan(cell, 'remat') == 'remat'
+
+
+def test_the_scan_enum_is_the_strings_it_names():
+  assert SCANS == tuple(str(way) for way in Scan) and Scan('fused') is Scan.FUSED
+  assert resolve_scan(LSTMCell(N), Scan.HOISTED) == 'hoisted'
+  carry, xs, _ = _window()
+  params = RecurrentLayer(LSTMCell(N), scan='fused').init(jax.random.key(0), carry, xs)
+  outputs = [RecurrentLayer(LSTMCell(N), scan=scan).apply(params, carry, xs)[1]
+             for scan in ('fused', Scan.FUSED)]
+  np.testing.assert_array_equal(*outputs)
 
 
 def test_a_way_a_cell_cannot_take_is_refused_naming_the_cell_and_the_ways_it_can():

@@ -36,6 +36,7 @@ take, naming the reason or the ways it can.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 from typing import Any, Callable
 
@@ -52,9 +53,22 @@ from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
 from lm_zoo.cells.pallas_mogrifier import pallas_mogrified_lstm_recurrence
 from lm_zoo.layers.products import accumulation_dtype, linear
 
-SCANS = ('auto', 'scan', 'hoisted', 'fused', 'pallas', 'cudnn', 'remat')
+class Scan(enum.StrEnum):
+  """The ways of running a window (above); a `Scan` is its string, so
+  `scan='fused'` and `scan=Scan.FUSED` are one choice."""
+
+  AUTO = 'auto'
+  SCAN = 'scan'
+  HOISTED = 'hoisted'
+  FUSED = 'fused'
+  PALLAS = 'pallas'
+  CUDNN = 'cudnn'
+  REMAT = 'remat'
+
+
+SCANS = tuple(way.value for way in Scan)
 # The ways that run a window as one kernel call of the cell's parameters.
-WINDOW_KERNELS = ('fused', 'pallas', 'cudnn')
+WINDOW_KERNELS = tuple(way.value for way in (Scan.FUSED, Scan.PALLAS, Scan.CUDNN))
 
 # kernel(cell, params, carry, inputs (T, B, m), state_mask, unroll) -> (carry, outputs
 # (T, B, n)): a window from the cell's settings and its parameters, given explicitly.

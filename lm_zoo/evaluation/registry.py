@@ -10,6 +10,7 @@ and one `register_evaluator` line; docs/design.md shows one.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from typing import Callable
 
@@ -22,7 +23,15 @@ from lm_zoo.evaluation.evaluators import (Evaluator, MCDropout, Static, TokenLos
 from lm_zoo.evaluation.meta_training import MetaLearner
 from lm_zoo.optim import DECAY_MEANS
 
-RULES = ('sgd', 'rms')
+
+class DynamicRule(enum.StrEnum):
+  """Dynamic evaluation's update rules (`dynamic.rule`)."""
+
+  SGD = 'sgd'
+  RMS = 'rms'
+
+
+RULES = tuple(rule.value for rule in DynamicRule)
 
 
 @dataclasses.dataclass(frozen=True)

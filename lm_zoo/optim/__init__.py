@@ -5,7 +5,7 @@ model; `lm_zoo.evaluation` drives these along token streams."""
 
 from lm_zoo.optim.averaging import (ParameterAveragingState, averaged_params, is_averaging,
                                     parameter_averaging, start_averaging)
-from lm_zoo.optim.dynamic_evaluation import (DECAY_MEANS, DecayTowardTrainedState,
+from lm_zoo.optim.dynamic_evaluation import (DECAY_MEANS, DecayMean, DecayTowardTrainedState,
                                              decay_toward_trained, dynamic_rms, dynamic_sgd,
                                              mean_ms, scale_by_fixed_rms)
 from lm_zoo.optim.learned_update import (NUM_FEATURES, PRECISION_FLOOR, GateFn,
@@ -13,7 +13,7 @@ from lm_zoo.optim.learned_update import (NUM_FEATURES, PRECISION_FLOOR, GateFn,
                                          coordinate_features, decay_logits, learned_update_rule,
                                          mean_rms)
 
-__all__ = ['DECAY_MEANS', 'DecayTowardTrainedState', 'GateFn', 'GateNetwork',
+__all__ = ['DECAY_MEANS', 'DecayMean', 'DecayTowardTrainedState', 'GateFn', 'GateNetwork',
            'LearnedUpdateState', 'NUM_FEATURES', 'PRECISION_FLOOR', 'ParameterAveragingState',
            'RMSGateNetwork', 'averaged_params', 'coordinate_features', 'decay_logits',
            'decay_toward_trained', 'dynamic_rms', 'dynamic_sgd', 'is_averaging',

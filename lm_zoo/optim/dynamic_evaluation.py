@@ -9,14 +9,22 @@ that step; `lm_zoo.evaluation.dynamic_evaluate` runs a whole stream with one.
 
 from __future__ import annotations
 
+import enum
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-# What mean(MS) of the RMS decay rate is taken over (`dynamic_rms`).
-DECAY_MEANS = ('coordinates', 'tensors')
+
+class DecayMean(enum.StrEnum):
+  """What mean(MS) of the RMS decay rate is taken over (`mean_ms`)."""
+
+  COORDINATES = 'coordinates'
+  TENSORS = 'tensors'
+
+
+DECAY_MEANS = tuple(mean.value for mean in DecayMean)
 
 
 class DecayTowardTrainedState(NamedTuple):
