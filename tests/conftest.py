@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from lm_zoo.runtime import retain_host_memory
@@ -157,3 +158,15 @@ def hold_lock(workdir, release) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
   assert holder.stdout.readline().strip() == 'held'
   return holder
+
+
+def loss_and_grads(model, params, tokens, train=False):
+  """Mean next-token NLL of `tokens` (B, T) from a zero state, and its gradient."""
+  carries = model.initialize_carry(tokens.shape[0])
+
+  def loss(p):
+    logits, _ = model.apply({'params': p}, tokens[:, :-1], carries, train=train,
+                            rngs={'dropout': jax.random.key(5)})
+    log_probs = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(log_probs, tokens[:, 1:, None], -1))
+  return jax.value_and_grad(loss)(params)

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jaxprs import dot_equations
 
+from conftest import loss_and_grads
 from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
@@ -277,17 +277,6 @@ def test_dual_and_mos_from_the_config():
     build_model(cfg, 20)
 
 
-def _loss_and_grads(model, params, tokens, train=False):
-  carries = model.initialize_carry(tokens.shape[0])
-
-  def loss(p):
-    logits, _ = model.apply({'params': p}, tokens[:, :-1], carries, train=train,
-                            rngs={'dropout': jax.random.key(5)})
-    log_probs = jax.nn.log_softmax(logits)
-    return -jnp.mean(jnp.take_along_axis(log_probs, tokens[:, 1:, None], -1))
-  return jax.value_and_grad(loss)(params)
-
-
 @pytest.mark.parametrize('scan', ['hoisted', 'remat'])
 def test_each_scan_keeps_the_gradients_of_the_fused_one(scan):
   """The hand-written LSTM backward pass ('auto' is 'fused' here) and
@@ -296,9 +285,9 @@ def test_each_scan_keeps_the_gradients_of_the_fused_one(scan):
   tokens = np.random.default_rng(2).integers(0, 31, (4, 12)).astype(np.int32)
   model = _lm(dropout_state=0.3, dropout_hidden=0.2)
   params = init_params(model, jax.random.key(1))
-  loss, grads = _loss_and_grads(model, params, tokens, train=True)
+  loss, grads = loss_and_grads(model, params, tokens, train=True)
   other = _lm(dropout_state=0.3, dropout_hidden=0.2, scan=scan)
-  other_loss, other_grads = _loss_and_grads(other, params, tokens, train=True)
+  other_loss, other_grads = loss_and_grads(other, params, tokens, train=True)
   np.testing.assert_allclose(other_loss, loss, rtol=1e-6)
   for got, want in zip(jax.tree.leaves(other_grads), jax.tree.leaves(grads)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
@@ -312,91 +301,8 @@ def test_remat_keeps_a_third_of_the_memory_of_a_long_window():
 
   def temp_bytes(model):
     params = init_params(model, jax.random.key(0))
-    compiled = jax.jit(lambda p: _loss_and_grads(model, p, tokens)).lower(params).compile()
+    compiled = jax.jit(lambda p: loss_and_grads(model, p, tokens)).lower(params).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
   model = lambda scan: _lm((64, 64), embedding=Embedding(31, 32), scan=scan)
   assert temp_bytes(model('remat')) < 0.45 * temp_bytes(model('auto'))
-
-
-def _descend(model, params, tokens, steps=60, learning_rate=1.0):
-  """Gradient descent on one batch; returns the loss of every step."""
-  @jax.jit
-  def step(p):
-    loss, grads = _loss_and_grads(model, p, tokens)
-    return jax.tree.map(lambda w, g: w - learning_rate * g, p, grads), loss, grads
-
-  losses = []
-  for _ in range(steps):
-    params, loss, grads = step(params)
-    losses.append(float(loss))
-  assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
-  return losses
-
-
-# Every model whose products `model.dtype` sets.
-MODEL_FIELDS = {
-    'lstm': {},
-    'mogrifier': {'mogrifier': {'rounds': 2, 'rank': 2}},
-    'mlstm': {'cell': 'mlstm'},
-    'alstm': {'cell': 'alstm', 'alstm': {'latent': 'lstm', 'latent_size': 4}},
-    'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static', 'latent_size': 4}},
-    'alstm_rhn': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn', 'latent_size': 4}},
-    'dual': {'tie_embeddings': True, 'hidden_size': 6, 'dual': {'size': 5}},
-    'mos': {'mos': {'components': 2}},
-    'mos_tied': {'tie_embeddings': True, 'mos': {'components': 2}},
-}
-
-
-def _models(fields):
-  """The tiny model of `fields` in bfloat16 and in float32."""
-  config = base_config()
-  config.model.update(embed_size=8, hidden_size=8)
-  config.model.update(fields)
-  models = []
-  for dtype in ('bfloat16', 'float32'):
-    config.model.dtype = dtype
-    models.append(build_model(config.model, 31))
-  return models
-
-
-_TOKENS = np.random.default_rng(0).integers(0, 31, (4, 9)).astype(np.int32)
-
-
-@pytest.mark.parametrize('fields', MODEL_FIELDS.values(), ids=MODEL_FIELDS.keys())
-def test_bfloat16_multiplies_in_bfloat16_and_sums_in_float32(fields):
-  model, _ = _models(fields)
-  params = init_params(model, jax.random.key(0))
-  logits, carries = model.apply({'params': params}, _TOKENS, model.initialize_carry(4))
-  assert logits.dtype == jnp.float32
-  assert all(c.dtype == jnp.float32 for c in jax.tree.leaves(carries))
-  # Every matrix product of every layer, forward and backward, takes bfloat16
-  # operands and sums in float32 (`products`).
-  loss = lambda p: model.apply({'params': p}, _TOKENS, model.initialize_carry(4))[0].sum()
-  dots = dot_equations(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
-  assert len(dots) >= 9  # (embedding projection, recurrence, softmax) x 3, at least
-  for eqn in dots:
-    assert [v.aval.dtype for v in eqn.invars] == [jnp.bfloat16, jnp.bfloat16], eqn
-    assert eqn.outvars[0].aval.dtype == jnp.float32, eqn
-
-
-# One model of each kind of layer that `products` computes (two compilations
-# each, so not all of MODEL_FIELDS).
-@pytest.mark.parametrize('name', ['lstm', 'mogrifier', 'alstm', 'mos_tied'])
-def test_bfloat16_trains_like_float32(name):
-  model, reference = _models(MODEL_FIELDS[name])
-  params = init_params(model, jax.random.key(0))
-  losses = _descend(model, params, _TOKENS)
-  float32_losses = _descend(reference, params, _TOKENS)
-  assert losses[-1] < 0.9 * losses[0]  # from ln 31 (the aLSTM learns slowest)
-  # Descent at this rate on one batch is chaotic after some 30 steps (a
-  # float32 rounding sends it elsewhere), so the two runs are compared on
-  # the first 20: within 1e-3, where bfloat16 rounding alone moves them 1e-5.
-  np.testing.assert_allclose(losses[:20], float32_losses[:20], rtol=1e-3)
-
-
-def test_unknown_dtype_is_named():
-  config = base_config()
-  config.model.dtype = 'float8'
-  with pytest.raises(ConfigError, match="unknown model.dtype 'float8'"):
-    build_model(config.model, 31)

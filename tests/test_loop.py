@@ -17,7 +17,8 @@ from lm_zoo.training import (create_train_state, evaluate_workdir, make_optimize
                              read_metrics, train_and_evaluate)
 from lm_zoo.training import loop
 from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.loop import load_data, planned_steps
+from lm_zoo.training.budget import planned_steps
+from lm_zoo.training.run import load_data
 from lm_zoo.models import build_model
 
 

@@ -28,6 +28,8 @@ from lm_zoo.models import RecurrentLM, build_model, describe_model
 from lm_zoo.evaluation import EvalResult, make_eval_step, split_names
 from lm_zoo.optim import averaged_params, start_averaging
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
+from lm_zoo.training.budget import (budget_spent, completed_summary, planned_steps,
+                                    training_done)
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.config_checks import validate_config
 from lm_zoo.training.metrics import MetricsWriter
@@ -40,7 +42,7 @@ from lm_zoo.training.run import (Progress, Run, Trainer, ValidationCallback, cre
 from lm_zoo.training.scoring import score_split
 from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.summary import count_params, finish
-from lm_zoo.training.workdir import (check_resumable, check_workdir, initial_params, read_json,
+from lm_zoo.training.workdir import (check_resumable, check_workdir, initial_params,
                                      record_data, save_config, workdir_lock)
 
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
@@ -168,32 +170,6 @@ def start_run(t: Trainer, state: TrainState, progress: Progress) -> Run:
   return Run(state, progress, updates,
              step=int(state.step), trained_before=progress.train_seconds,
              tokens_before=progress.train_tokens)
-
-
-def training_done(config: ml_collections.ConfigDict, progress: Progress, step: int,
-                  seconds: float) -> bool:
-  """Whether the epochs or a budget (train.max_steps, train.max_seconds) ran
-  out, `step` updates and `seconds` of training into the run."""
-  return progress.epoch > config.train.num_epochs or budget_spent(config, step, seconds)
-
-
-def completed_summary(config: ml_collections.ConfigDict, workdir: pathlib.Path, step: int,
-                      progress: Progress) -> dict[str, Any] | None:
-  """The summary of a run that finished at the restored `step`, or None: a
-  finished run run again is left as it is (not scored again, its times and
-  metrics kept), unless it stopped before its summary was written."""
-  summary_file = workdir / 'summary.json'
-  if not training_done(config, progress, step, progress.train_seconds):
-    return None
-  summary = (read_json(summary_file, 'a finished run keeps its summary')
-             if summary_file.exists() else {})
-  if summary.get('step') != step:
-    return None
-  log.info('The run in %s is already complete (%d steps, epoch %d); its summary is in %s. '
-           'To train for longer, raise train.num_epochs (or the budget) in the same '
-           'command; to score it, use lm-zoo-eval', workdir, step, progress.epoch - 1,
-           summary_file)
-  return summary
 
 
 def train(t: Trainer, run: Run) -> None:
@@ -398,20 +374,3 @@ def roll_back(t: Trainer, run: Run, fault: RollBack) -> None:
   t.metrics.write('nonfinite', step=fault.step, epoch=run.progress.epoch, action='rollback',
                   to_step=run.step, learning_rate_scale=scale, rollbacks=rollbacks)
   run.throughput.reset()
-
-
-def budget_spent(config: ml_collections.ConfigDict, step: int, seconds: float) -> bool:
-  """Whether train.max_steps or train.max_seconds (when > 0) is used up,
-  `step` updates and `seconds` of training into the run."""
-  cfg = config.train
-  return ((cfg.max_steps > 0 and step >= cfg.max_steps)
-          or (cfg.max_seconds > 0 and seconds >= cfg.max_seconds))
-
-
-def planned_steps(config: ml_collections.ConfigDict, batched: BatchedStream) -> int:
-  """Updates in the whole run: every epoch's windows, at most train.max_steps."""
-  data_cfg = config.data
-  total = sum(batched.num_windows(data_cfg.bptt, data_cfg.variable_bptt,
-                                  seed=(config.seed, epoch))
-              for epoch in range(1, config.train.num_epochs + 1))
-  return min(total, config.train.max_steps) if config.train.max_steps > 0 else total

@@ -48,7 +48,7 @@ from lm_zoo.evaluation import evaluate_stream_stacked, make_eval_step, split_nam
 from lm_zoo.models import build_model
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.config_checks import check_memory, validate_config
-from lm_zoo.training.loop import budget_spent, completed_summary, planned_steps
+from lm_zoo.training.budget import budget_spent, completed_summary, planned_steps
 from lm_zoo.training.metrics import MetricsWriter
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import place_state

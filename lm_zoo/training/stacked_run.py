@@ -41,7 +41,7 @@ def take_seed(tree: Any, k: int) -> Any:
 class StackProgress:
   """Where the stack stands, saved as JSON beside each checkpoint. The lists
   hold one entry per seed, in the stack's order; `epoch` and `train_seconds`
-  mean what `Progress`'s do (`loop.completed_summary` reads them)."""
+  mean what `Progress`'s do (`budget.completed_summary` reads them)."""
 
   epoch: int = 1
   position: int = 0  # time index within the epoch's rows of the next window
