@@ -85,7 +85,7 @@ def recipe_tokens(config) -> int | None:
   if config.train.max_steps > 0:
     return config.train.max_steps * data.batch_size * data.bptt
   try:
-    corpus = load_corpus(data.name, data.data_dir or None)
+    corpus = load_corpus(data.name, data.data_dir or os.environ.get('LM_ZOO_DATA') or None)
   except Exception as err:  # the corpus is not here: no hours for this recipe
     print(f'{data.name}: no hours implied ({err})')
     return None

@@ -18,7 +18,9 @@ def base_config() -> ml_collections.ConfigDict:
   # ptb | wikitext2 | ptb_char | enwik8, or one's own text: text (data_dir holds
   # train.txt, valid.txt and test.txt, a sentence a line) | tfds (a TFDS dataset's text)
   c.data.name = 'ptb'
-  c.data.data_dir = ''  # '' -> $LM_ZOO_DATA (tfds: TFDS' own default)
+  # '' -> the programs: $LM_ZOO_DATA; Python: shared/data beside the checkout (tfds:
+  # TFDS' own default). The other programs read it back, or take --data_dir.
+  c.data.data_dir = ''
   c.data.level = 'word'  # text, tfds: word (split on whitespace) | char
   # text, tfds: the vocabulary's cap (0: none) and the fewest training occurrences
   # of a kept token; the rest read as <unk> (lm_zoo/data/text.py)
@@ -203,7 +205,6 @@ def evaluation_config(evaluator: str = 'static') -> ml_collections.ConfigDict:
   c.splits = ('valid', 'test')
   c.batch_size = 0  # 0: the run's data.test_batch_size (dynamic, learned: 1)
   c.max_tokens = 0  # > 0: score only the first this many tokens of each split
-  c.data_dir = ''  # '' -> the run's data.data_dir, else $LM_ZOO_DATA
 
   c.static = ml_collections.ConfigDict()  # dropout off, the state carried through the split
   c.static.temperature = 1.0  # the logits are divided by it
@@ -272,7 +273,6 @@ def meta_training_config() -> ml_collections.ConfigDict:
   c.first_order = False  # no second derivatives through the LM gradient
   c.seed = 0  # of the gate network and the stream positions
   c.log_every = 10  # meta-steps between progress lines
-  c.data_dir = ''  # '' -> the run's data.data_dir, else $LM_ZOO_DATA
   # scoring with the rule afterwards; splits=() skips it
   c.evaluation = evaluation_config('learned')
   return c

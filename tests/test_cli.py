@@ -102,3 +102,38 @@ def test_a_refused_write_is_one_line_and_not_called_a_bug(error, line, capsys):
   err = capsys.readouterr().err
   assert err.startswith(line) and 'Traceback' not in err, err
   assert ('please report it' in err) == line.startswith('error: unexpected')
+
+
+def test_the_programs_fill_each_run_s_empty_data_folder_from_the_environment(monkeypatch):
+  """A training config, a study holding runs' configs, and a task's own
+  data_dir; a folder already named and one's own text are left alone."""
+  import ml_collections
+
+  from lm_zoo.configs import base_config
+  monkeypatch.setenv(cli.DATA_DIR_ENV, '/data/here')
+  study = ml_collections.ConfigDict({'models': {'a': base_config(), 'b': base_config()},
+                                     'data_dir': ''})
+  study.models.b.data.data_dir = '/elsewhere'
+  text = base_config()
+  text.data.name = 'text'
+  cli.with_env_data_dir(study)
+  cli.with_env_data_dir(text)
+  assert study.models.a.data.data_dir == '/data/here' and study.data_dir == '/data/here'
+  assert study.models.b.data.data_dir == '/elsewhere' and text.data.data_dir == ''
+  monkeypatch.delenv(cli.DATA_DIR_ENV)
+  unset = base_config()
+  cli.with_env_data_dir(unset)
+  assert unset.data.data_dir == ''
+
+
+def test_a_run_s_recorded_data_folder_wins_over_the_environment(tmp_path, monkeypatch):
+  from lm_zoo.configs import base_config
+  from lm_zoo.training.workdir import save_config
+  monkeypatch.setenv(cli.DATA_DIR_ENV, '/from/env')
+  config = base_config()
+  save_config(config, tmp_path)
+  assert cli.workdir_data_dir(tmp_path, None) == '/from/env'  # the run recorded none
+  assert cli.workdir_data_dir(tmp_path, '/flag') == '/flag'
+  config.data.data_dir = '/recorded'
+  save_config(config, tmp_path)
+  assert cli.workdir_data_dir(tmp_path, None) is None  # load_trained reads /recorded

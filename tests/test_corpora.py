@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lm_zoo.data import DATA_DIR_ENV, load_corpus, split_enwik8
+from lm_zoo.data import load_corpus, split_enwik8
 from lm_zoo.data import corpora
 from lm_zoo.errors import DataError
 from conftest import REPO
@@ -44,9 +44,13 @@ def test_ptb_char_units_and_round_trip(data_dir):
                                 corpus.valid[:len(text.split('\n')[0])])
 
 
-def test_data_dir_defaults_to_environment(data_dir, monkeypatch):
-  monkeypatch.setenv(DATA_DIR_ENV, str(data_dir))
-  assert len(load_corpus('ptb').valid) == 73_760
+def test_the_library_reads_no_environment_variable(tmp_path, monkeypatch):
+  """$LM_ZOO_DATA is the programs' (lm_zoo.cli): in Python the folder is
+  an argument, else shared/data beside the checkout."""
+  monkeypatch.setenv('LM_ZOO_DATA', str(tmp_path / 'elsewhere'))
+  monkeypatch.setattr(corpora, 'DEFAULT_DATA_DIR', tmp_path / 'nowhere')
+  with pytest.raises(DataError, match=f'{tmp_path}/nowhere does not exist'):
+    load_corpus('ptb')
 
 
 def _text_corpus(tmp_path, files):
@@ -79,20 +83,18 @@ def test_unknown_name_missing_folder_and_no_data_dir(tmp_path, monkeypatch):
     load_corpus('wikitext2', tmp_path)
   with pytest.raises(DataError, match='does not exist'):
     load_corpus('ptb', tmp_path / 'nowhere')
-  monkeypatch.delenv(DATA_DIR_ENV, raising=False)
   monkeypatch.setattr(corpora, 'DEFAULT_DATA_DIR', tmp_path / 'nowhere')
   with pytest.raises(DataError) as missing:
     load_corpus('ptb')
   assert str(missing.value) == (
-      f'data folder {tmp_path}/nowhere does not exist: set {DATA_DIR_ENV} to the folder '
-      'holding ptb/, wikitext-2/, ptb-char/ (or name it: lm-zoo-train --config.data.data_dir, '
-      'lm-zoo-eval --config.data_dir, lm-zoo-generate --data_dir), or fetch them with '
-      'lm-zoo-download')
+      f'data folder {tmp_path}/nowhere does not exist: name the folder holding ptb/, '
+      "wikitext-2/, ptb-char/ (LM_ZOO_DATA for every program, or lm-zoo-train "
+      "--config.data.data_dir, the other programs' --data_dir; in Python, the data_dir "
+      'argument), or fetch them with lm-zoo-download')
 
 
 def test_data_dir_defaults_to_shared_data_beside_the_checkout_from_any_folder(
     tmp_path, monkeypatch):
-  monkeypatch.delenv(DATA_DIR_ENV, raising=False)
   assert corpora.DEFAULT_DATA_DIR == REPO.parent / 'shared' / 'data'
   monkeypatch.setattr(corpora, 'DEFAULT_DATA_DIR', tmp_path / 'shared' / 'data')
   _text_corpus(tmp_path / 'shared' / 'data', {n: GOOD for n in ('train.txt', 'valid.txt',

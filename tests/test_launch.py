@@ -81,7 +81,7 @@ def test_the_same_command_and_seed_give_bit_identical_parameters(trained_run, da
   assert losses[0] == losses[1]
 
 
-def test_train_then_evaluate(trained_run, data_dir):
+def test_train_then_evaluate(trained_run, data_dir, tmp_path):
   workdir, log = trained_run
   assert 'tokens/s' in log and 'valid perplexity' in log and 'test perplexity' in log
   assert 'step 4/' in log and 'ETA' in log and 'Run summary' in log
@@ -95,6 +95,12 @@ def test_train_then_evaluate(trained_run, data_dir):
                         {'LM_ZOO_DATA': str(data_dir)})
   assert evaluate.returncode == 0, evaluate.stderr
   assert f"test: perplexity {summary['test']['perplexity']:.2f}" in evaluate.stdout
+  # The program read $LM_ZOO_DATA and the run recorded it; the other programs
+  # read the recorded folder back, and --data_dir names where the data is now.
+  assert json.loads((workdir / 'config.json').read_text())['data']['data_dir'] == str(data_dir)
+  moved = run_script(['launch/evaluate.py', f'--workdir={workdir}',
+                      f'--data_dir={tmp_path}/nowhere'], {'LM_ZOO_DATA': str(data_dir)})
+  assert moved.returncode == 1 and f'{tmp_path}/nowhere does not exist' in moved.stderr
 
   extras = run_script(['launch/evaluate.py', f'--workdir={workdir}',
                        '--config=experiments/evaluate.py:temperature',

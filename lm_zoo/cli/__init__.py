@@ -39,6 +39,47 @@ flags.DEFINE_bool('verbose', False, 'Print the traceback of an error as well as 
                   'one-line message.')
 T = TypeVar('T')
 
+# The programs' data folder, where a config or flag names none. The library
+# never reads it: it takes the folder as an argument.
+DATA_DIR_ENV = 'LM_ZOO_DATA'
+DATA_DIR_HELP = ('Where the run\'s data is now, if not where the run recorded it (default: '
+                 f'the recorded folder, else ${DATA_DIR_ENV}, else shared/data beside the '
+                 'checkout).')
+
+
+def env_data_dir() -> str:
+  """$LM_ZOO_DATA, or '' where it is unset."""
+  return os.environ.get(DATA_DIR_ENV, '')
+
+
+def with_env_data_dir(config: ml_collections.ConfigDict) -> None:
+  """Fills every empty `data.data_dir` of a standard corpus in `config` (a
+  training config, or a study's, whose runs' configs it holds) and a task's
+  empty `data_dir` (MNIST) with $LM_ZOO_DATA, so that each run records where
+  its data was."""
+  from lm_zoo.data import CORPORA
+  if not env_data_dir():
+    return
+  data = config.get('data')
+  if isinstance(data, ml_collections.ConfigDict) and not data.get('data_dir', True):
+    if data.get('name') in CORPORA:
+      data.data_dir = env_data_dir()
+  elif 'data_dir' in config and not config.data_dir:
+    config.data_dir = env_data_dir()
+  for value in config.values():
+    if isinstance(value, ml_collections.ConfigDict) and value is not data:
+      with_env_data_dir(value)
+
+
+def workdir_data_dir(workdir: str | os.PathLike, data_dir: str | None) -> str | None:
+  """The data folder of a program that reads `workdir`'s model: `data_dir`
+  (its --data_dir), else None where the run recorded a folder, else
+  $LM_ZOO_DATA (None where unset)."""
+  if data_dir:
+    return data_dir
+  from lm_zoo.training.workdir import load_config
+  return None if load_config(workdir).data.data_dir else env_data_dir() or None
+
 
 def run(job: Callable[[], T]) -> T:
   """Runs `job` with lm_zoo's progress shown and its errors as one clear line.

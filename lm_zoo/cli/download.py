@@ -17,12 +17,12 @@ import sys
 from absl import app, flags
 
 from lm_zoo import cli
-from lm_zoo.data.corpora import DATA_DIR_ENV, chosen_data_dir
+from lm_zoo.data.corpora import chosen_data_dir
 from lm_zoo.data.download import FILES, download, verify
 from lm_zoo.errors import ConfigError, DataError
 
 flags.DEFINE_list('datasets', list(FILES), f'Datasets to fetch, from {", ".join(FILES)}.')
-flags.DEFINE_string('data_dir', None, f'Data folder; default: ${DATA_DIR_ENV}, else '
+flags.DEFINE_string('data_dir', None, f'Data folder; default: ${cli.DATA_DIR_ENV}, else '
                     '../shared/data. Created when missing.')
 flags.DEFINE_bool('verify_only', False, 'Only check the files: list those missing or '
                   'with a wrong checksum, and fail when there are any.')
@@ -59,7 +59,7 @@ def _export_tfds(data_dir: str) -> None:
 def _download_program(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  data_dir = chosen_data_dir(FLAGS.data_dir)  # created when missing
+  data_dir = chosen_data_dir(FLAGS.data_dir or cli.env_data_dir())  # created when missing
 
   def prepare():
     if FLAGS.verify_only:

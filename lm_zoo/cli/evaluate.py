@@ -42,6 +42,7 @@ config_flags.DEFINE_config_file(
     'evaluation of valid and test. Fields: --config.FIELD=VALUE.', lock_config=True)
 flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.',
                     required=True)
+flags.DEFINE_string('data_dir', None, cli.DATA_DIR_HELP)
 flags.DEFINE_string('output', None, 'JSON file for the results, besides '
                     'WORKDIR/evaluations/EVALUATOR.json.')
 # Where each evaluator's latest results are kept in the work directory.
@@ -113,7 +114,8 @@ def _evaluate_program(argv):
   config = evaluation_section(FLAGS.config)
   # The results go into the work directory: never through a link out of it.
   cli.run(lambda: refuse_links(pathlib.Path(FLAGS.workdir)))
-  results = cli.run(lambda: evaluate_workdir(FLAGS.workdir, config))
+  results = cli.run(lambda: evaluate_workdir(
+      FLAGS.workdir, config, cli.workdir_data_dir(FLAGS.workdir, FLAGS.data_dir)))
   for split, result in results.items():
     search = result.details.get('search', [])
     if search and split == next(iter(results)):

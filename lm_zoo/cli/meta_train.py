@@ -24,6 +24,7 @@ config_flags.DEFINE_config_file(
     'config; override fields with --config.FIELD=VALUE.', lock_config=True)
 flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.',
                     required=True)
+flags.DEFINE_string('data_dir', None, cli.DATA_DIR_HELP)
 FLAGS = flags.FLAGS
 
 
@@ -31,13 +32,14 @@ def _meta_train_program(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   config = FLAGS.config
-  losses = cli.run(lambda: meta_train_workdir(FLAGS.workdir, config))
+  data_dir = cli.run(lambda: cli.workdir_data_dir(FLAGS.workdir, FLAGS.data_dir))
+  losses = cli.run(lambda: meta_train_workdir(FLAGS.workdir, config, data_dir))
   if len(losses):
     tenth = max(1, len(losses) // 10)
     print(f'meta-training: L_meta / K {losses[:tenth].mean():.4f} over the first '
           f'{tenth} steps, {losses[-tenth:].mean():.4f} over the last {tenth}')
   if config.evaluation.splits:
-    results = cli.run(lambda: evaluate_workdir(FLAGS.workdir, config.evaluation))
+    results = cli.run(lambda: evaluate_workdir(FLAGS.workdir, config.evaluation, data_dir))
     for split, result in results.items():
       print(f'{split}: {result.summary()}  (loss {result.loss:.4f} nats/token, '
             f'{result.num_tokens:,} tokens; learned update rule)')

@@ -44,6 +44,7 @@ def result_table(rows: list[dict]) -> str:
 def _task_program(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  cli.with_env_data_dir(FLAGS.config)
   rows = cli.run(run_task)
   print(result_table(rows))
   if FLAGS.config.task in REPORTS:

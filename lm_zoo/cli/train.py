@@ -46,9 +46,11 @@ def _train_program(argv):
         raise ConfigError(f'--seeds trains a stack on one device: unset {DISTRIBUTED_ENV} '
                           '(many hosts would each train the whole stack in one work '
                           'directory), or train without --seeds')
+      cli.with_env_data_dir(FLAGS.config)
       train_seeds(FLAGS.config, FLAGS.workdir, FLAGS.seeds)
       return
     initialize_distributed()  # multi-host only when $LM_ZOO_DISTRIBUTED=1
+    cli.with_env_data_dir(FLAGS.config)
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
   cli.run(train)

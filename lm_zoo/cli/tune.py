@@ -40,6 +40,7 @@ flags.DEFINE_integer('worker', 0, 'This worker\'s number, added to a seeded '
                      "sampler's seed so that workers sample differently.")
 flags.DEFINE_float('timeout', 0, '> 0: start no trial after this many seconds.')
 flags.DEFINE_bool('report_only', False, 'Write the report of the study so far; run no trial.')
+flags.DEFINE_string('data_dir', None, 'A dyneval study: ' + cli.DATA_DIR_HELP)
 FLAGS = flags.FLAGS
 
 
@@ -52,7 +53,12 @@ def _tune_program(argv):
     if FLAGS.report_only:
       study = open_study(FLAGS.tune, FLAGS.workdir, FLAGS.worker)
     else:
-      study = run_worker(FLAGS.tune, FLAGS.workdir, FLAGS.worker, FLAGS.timeout)
+      tune, data_dir = FLAGS.tune, None
+      if tune.kind == 'dyneval':
+        data_dir = cli.workdir_data_dir(tune.dyneval.workdir, FLAGS.data_dir)
+      else:
+        cli.with_env_data_dir(tune.base)
+      study = run_worker(tune, FLAGS.workdir, FLAGS.worker, FLAGS.timeout, data_dir)
     return write_report(study, FLAGS.tune, FLAGS.workdir)
 
   print(cli.run(tune))

@@ -27,9 +27,9 @@ from lm_zoo.errors import DataError
 
 log = logging.getLogger(__name__)
 
-DATA_DIR_ENV = 'LM_ZOO_DATA'
 # The data folder beside a checkout of this repository (../shared/data from
-# its root), wherever the program runs from.
+# its root), wherever the program runs from. The programs read $LM_ZOO_DATA
+# (`lm_zoo.cli.DATA_DIR_ENV`); the library takes the folder as an argument.
 DEFAULT_DATA_DIR = pathlib.Path(__file__).resolve().parents[2].parent / 'shared' / 'data'
 SPLITS = ('train', 'valid', 'test')
 # Standard enwik8 split (Mahoney's Hutter-prize data): first 90M / next 5M / last 5M bytes.
@@ -156,19 +156,19 @@ CORPORA = {
 
 def chosen_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
   """The data folder asked for, existing or not: `data_dir`, else
-  $LM_ZOO_DATA, else `DEFAULT_DATA_DIR` (shared/data beside the checkout
-  lm_zoo runs from, whatever the current folder)."""
-  return pathlib.Path(data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).expanduser()
+  `DEFAULT_DATA_DIR` (shared/data beside the checkout lm_zoo runs from,
+  whatever the current folder)."""
+  return pathlib.Path(data_dir or DEFAULT_DATA_DIR).expanduser()
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
   """The data folder (`chosen_data_dir`), which must exist."""
   path = chosen_data_dir(data_dir)
   if not path.is_dir():
-    raise DataError(f'data folder {path} does not exist: set {DATA_DIR_ENV} to the folder '
-                    'holding ptb/, wikitext-2/, ptb-char/ (or name it: lm-zoo-train '
-                    '--config.data.data_dir, lm-zoo-eval --config.data_dir, lm-zoo-generate '
-                    '--data_dir), or fetch them with lm-zoo-download')
+    raise DataError(f'data folder {path} does not exist: name the folder holding ptb/, '
+                    'wikitext-2/, ptb-char/ (LM_ZOO_DATA for every program, or '
+                    'lm-zoo-train --config.data.data_dir, the other programs\' --data_dir; '
+                    'in Python, the data_dir argument), or fetch them with lm-zoo-download')
   return path
 
 
@@ -192,7 +192,7 @@ def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
   Args:
     name: the corpus name.
     data_dir: the folder holding the corpora's folders; defaults to
-      $LM_ZOO_DATA, else ../shared/data (`resolve_data_dir`).
+      shared/data beside the checkout (`resolve_data_dir`).
 
   Returns:
     A `Corpus` whose splits are 1-D int32 arrays.
@@ -209,7 +209,7 @@ def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
   folder = resolve_data_dir(data_dir) / subdir
   if not folder.is_dir():
     raise DataError(f'corpus folder {folder} is missing: corpus {name!r} '
-                    f'expects it under the data folder ({DATA_DIR_ENV})')
+                    'expects it under the data folder')
   _warn_if_not_standard(name, folder.parent.resolve())
   if kind == 'byte':
     return _load_enwik8(name, folder)

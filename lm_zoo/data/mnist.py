@@ -40,8 +40,7 @@ def _read_idx(path, magic: int, item_shape: tuple[int, ...]) -> np.ndarray:
 def load_mnist(data_dir: str | os.PathLike | None = None
                ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """{'train': (images, labels), 'test': ...}: images (n, 784) float32 in
-  [0, 1], labels (n,) int32. `data_dir` holds `mnist/` ($LM_ZOO_DATA by
-  default)."""
+  [0, 1], labels (n,) int32. `data_dir` holds `mnist/` (`chosen_data_dir`)."""
   folder = resolve_data_dir(data_dir) / 'mnist'
   out = {}
   for split, (images_file, labels_file) in FILES.items():

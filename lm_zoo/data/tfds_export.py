@@ -99,7 +99,7 @@ class LmZooCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
 def build_tfds_dataset(corpus_name: str, data_dir: str | os.PathLike | None,
                        output_dir: str | os.PathLike) -> pathlib.Path:
-  """Writes corpus `corpus_name` of `data_dir` ($LM_ZOO_DATA by default) as the
+  """Writes corpus `corpus_name` of `data_dir` (`resolve_data_dir`) as the
   TFDS dataset 'lm_zoo_corpus/CORPUS' in ArrayRecord files under `output_dir`.
 
   An already prepared dataset is kept as it is.

@@ -23,7 +23,7 @@ def _model(features, adaptive=(), **kw):
 def get_config():
   c = ml_collections.ConfigDict()
   c.task = 'mnist'
-  c.data_dir = ''  # holds mnist/; empty: $LM_ZOO_DATA
+  c.data_dir = ''  # holds mnist/; empty: lm-zoo-task's $LM_ZOO_DATA, else shared/data
   c.models = ml_collections.ConfigDict({
       'logistic_regression': _model((10,)),
       'feedforward_3': _model((128, 64, 10)),

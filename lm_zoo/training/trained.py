@@ -29,7 +29,8 @@ from lm_zoo.training.workdir import check_data, load_config, load_vocab
 
 def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
                  ) -> tuple[ml_collections.ConfigDict, Corpus, RecurrentLM, Any]:
-  """(config, corpus, model, best parameters) of a work directory."""
+  """(config, corpus, model, best parameters) of a work directory, its data
+  read from `data_dir` when given, else from where the run recorded."""
   config = load_config(workdir)
   if data_dir:
     config.data.data_dir = data_dir
@@ -77,23 +78,24 @@ def workdir_evaluator(workdir: str | pathlib.Path, run_config: ml_collections.Co
 
 
 def evaluate_workdir(workdir: str | pathlib.Path,
-                     config: ml_collections.ConfigDict | None = None
-                     ) -> dict[str, EvalResult]:
+                     config: ml_collections.ConfigDict | None = None,
+                     data_dir: str | None = None) -> dict[str, EvalResult]:
   """The best checkpoint of a work directory scored on `config.splits` by
   the evaluator `config` names (`lm_zoo.configs.evaluation_config`; default:
-  static evaluation of valid and test at the run's test batch size)."""
+  static evaluation of valid and test at the run's test batch size), on the
+  run's data (`data_dir`: where it is now, if not where the run recorded)."""
   config = evaluation_config() if config is None else config
   splits = split_names(config.splits)
   if config.evaluator != 'learned':  # its meta-learner is read with the model
     build_evaluator(config, bptt=1, batch_size=1)  # a bad field fails before any loading
-  run_config, corpus, model, params = load_trained(workdir, config.data_dir or None)
+  run_config, corpus, model, params = load_trained(workdir, data_dir)
   evaluator = workdir_evaluator(workdir, run_config, config)
   prepared = evaluator.prepare(model, params, corpus)
   return {split: evaluator.score(prepared, split) for split in splits}
 
 
-def meta_train_workdir(workdir: str | pathlib.Path,
-                       config: ml_collections.ConfigDict) -> np.ndarray:
+def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.ConfigDict,
+                       data_dir: str | None = None) -> np.ndarray:
   """Meta-trains the learned update rule (Wolf et al. 2018) for a work
   directory's best weights on its training split, as `config` says
   (`lm_zoo.configs.meta_training_config`), and saves it to
@@ -117,7 +119,7 @@ def meta_train_workdir(workdir: str | pathlib.Path,
   if config.decay_mean not in DECAY_MEANS:
     raise ConfigError(f'decay_mean must be one of {", ".join(DECAY_MEANS)}, got '
                       f'{config.decay_mean!r}')
-  run_config, corpus, model, params = load_trained(workdir, config.data_dir or None)
+  run_config, corpus, model, params = load_trained(workdir, data_dir)
   precision = diagonal_fisher(model, params, corpus.train, config.fisher_batch_size,
                               run_config.data.bptt, config.fisher_batches)
   meta = {'prior': config.prior, 'hidden': config.hidden,

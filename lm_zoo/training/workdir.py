@@ -223,8 +223,7 @@ def check_data(corpus: Corpus, workdir: str | pathlib.Path) -> None:
             f'{saved[differ[0]]["tokens"]:,})')
     raise ConfigError(f'the {corpus.name} data differs from what {workdir} was trained on: '
                       f'{what} is another ({path} has the fingerprint of the run\'s '
-                      'data). Point LM_ZOO_DATA or --config.data_dir at the files the run '
-                      'used.')
+                      'data). Point the program\'s --data_dir at the files the run used.')
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:

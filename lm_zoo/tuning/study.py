@@ -291,7 +291,8 @@ def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.P
   return objective
 
 
-def dyneval_objective(tune: ml_collections.ConfigDict) -> Callable[[optuna.Trial], float]:
+def dyneval_objective(tune: ml_collections.ConfigDict, data_dir: str | None = None
+                      ) -> Callable[[optuna.Trial], float]:
   """Each trial scores the first `dynamic.search_tokens` validation tokens of
   `dyneval.workdir`'s best weights with its sampled settings (the Mogrifier
   paper's Table 6) and returns that loss; a diverged setting is pruned. The
@@ -299,7 +300,7 @@ def dyneval_objective(tune: ml_collections.ConfigDict) -> Callable[[optuna.Trial
   a segment length compiles once."""
   from lm_zoo.training import load_trained, workdir_evaluator
   cfg = tune.dyneval
-  run_config, corpus, model, params = load_trained(cfg.workdir, cfg.evaluation.data_dir or None)
+  run_config, corpus, model, params = load_trained(cfg.workdir, data_dir)
   evaluator = workdir_evaluator(cfg.workdir, run_config, cfg.evaluation, batch_size=1)
   setup = evaluator.setup(model, params, corpus)
 
@@ -335,7 +336,7 @@ def study_counts(study: optuna.Study) -> dict[str, int]:
 
 
 def run_worker(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, worker: int = 0,
-               timeout: float = 0.0) -> optuna.Study:
+               timeout: float = 0.0, data_dir: str | None = None) -> optuna.Study:
   """Runs trials of the study until it has `study.num_trials` finished ones
   (over every worker sharing its database), or for `timeout` seconds when
   > 0. Start as many workers as there are machines, with the same tuning
@@ -344,13 +345,14 @@ def run_worker(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, wor
 
   A worker whose remaining trials are all running elsewhere waits for them:
   one may belong to a worker that died, and is retried once its heartbeat is
-  `study.grace_period` seconds old.
+  `study.grace_period` seconds old. `data_dir`: where a dyneval study's
+  model's data is now, if not where its run recorded.
   """
   if not timeout >= 0:
     raise ConfigError(f'timeout must be >= 0 seconds (0: none), got {timeout}')
   study = open_study(tune, workdir, worker)
   objective = (training_objective(tune, workdir) if tune.kind == 'train'
-               else dyneval_objective(tune))
+               else dyneval_objective(tune, data_dir))
   interrupted = []  # (trial number, Preempted)
 
   def run_one(trial: optuna.Trial) -> float:
