@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Any, Callable
 import logging
 
 import flax.linen as nn
@@ -60,7 +60,8 @@ def _lstm(cfg):
   return functools.partial(_lstm_family(LSTMCell)(cfg), recurrent_bias=cfg.recurrent_bias)
 
 
-# Cell name -> (model config -> constructor taking `features=`). New cells register here.
+# Cell name -> (model config -> constructor taking `features=` and `dtype=`);
+# `register_cell` adds one.
 CELLS = {
     'lstm': _lstm,
     'mlstm': _lstm_family(MLSTMCell),
@@ -70,7 +71,17 @@ CELLS = {
     'simple': lambda cfg: nn.SimpleCell,
 }
 # The cells that take model.forget_bias and model.cap_input_gate.
-LSTM_FAMILY = ('lstm', 'mlstm', 'alstm')
+LSTM_FAMILY = ['lstm', 'mlstm', 'alstm']
+
+
+def register_cell(name: str, make: Callable[[ml_collections.ConfigDict], Callable[..., Any]],
+                  *, lstm_family: bool = False) -> None:
+  """Makes `model.cell = name` build its layers with `make(model_config)`,
+  a constructor taking `features=` and `dtype=` (an `nn.RNNCellBase`);
+  `lstm_family`: it takes `forget_bias` and `cap_input_gate` too."""
+  CELLS[name] = make
+  if lstm_family and name not in LSTM_FAMILY:
+    LSTM_FAMILY.append(name)
 
 
 # model.dtype -> computation dtype (None: float32 from the float32 parameters).

@@ -21,10 +21,11 @@ from lm_zoo.training.averaging import TRIGGERS
 from lm_zoo.training.nonfinite import NONFINITE_POLICIES
 from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
 
-# field -> the names it may take
+# field -> the names it may take (the registries themselves, so that a name
+# registered later is known)
 CHOICES = {
-    'data.name': (*CORPORA, 'text', 'tfds'), 'data.level': LEVELS, 'model.cell': tuple(CELLS),
-    'model.alstm.latent': tuple(LATENTS), 'model.dtype': tuple(DTYPES), 'model.scan': SCANS,
+    'data.name': (*CORPORA, 'text', 'tfds'), 'data.level': LEVELS, 'model.cell': CELLS,
+    'model.alstm.latent': LATENTS, 'model.dtype': DTYPES, 'model.scan': SCANS,
     'optimizer.name': OPTIMIZERS, 'optimizer.loss_reduction': LOSS_REDUCTIONS,
     'averaging.trigger': TRIGGERS, 'schedule.kind': SCHEDULES,
     'train.nonfinite': NONFINITE_POLICIES,

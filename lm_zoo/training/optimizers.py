@@ -14,9 +14,25 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.optim import parameter_averaging
 from lm_zoo.training.averaging import TRIGGERS
 
-OPTIMIZERS = ('sgd', 'adam', 'nadam')
+# Optimizer name -> update(optimizer config, learning rate): the step after
+# clipping and penalties, an optax transformation; `register_optimizer` adds one.
+OPTIMIZERS: dict[str, Callable[[ml_collections.ConfigDict, Any],
+                               optax.GradientTransformation]] = {
+    'sgd': lambda cfg, lr: optax.sgd(lr, momentum=cfg.momentum or None),
+    'adam': lambda cfg, lr: optax.adam(lr, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps),
+    # Adam with Nesterov momentum: the dual connection paper's optimizer.
+    'nadam': lambda cfg, lr: optax.nadam(lr, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps),
+}
 SCHEDULES = ('constant', 'exponential', 'milestones', 'plateau')
 LOSS_REDUCTIONS = ('mean', 'sum_over_time')  # optimizer.loss_reduction (make_train_step)
+
+
+def register_optimizer(name: str, update: Callable[[ml_collections.ConfigDict, Any],
+                                                   optax.GradientTransformation]) -> None:
+  """Makes `optimizer.name = name` step with `update(optimizer_config,
+  learning_rate)` (the learning rate an injected hyper-parameter: pass it
+  on as the transformation's own)."""
+  OPTIMIZERS[name] = update
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict,
@@ -47,11 +63,7 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
       penalties.append(optax.add_decayed_weights(cfg.dual_l2, mask=module_mask('dual')))
     clip = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []
     parts = penalties + clip if cfg.l2_before_clip else clip + penalties
-    if cfg.name == 'sgd':
-      parts.append(optax.sgd(learning_rate, momentum=cfg.momentum or None))
-    else:  # Nadam: Adam with Nesterov momentum (the dual paper's optimizer)
-      adam = optax.nadam if cfg.name == 'nadam' else optax.adam
-      parts.append(adam(learning_rate, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps))
+    parts.append(OPTIMIZERS[cfg.name](cfg, learning_rate))
     if averaging != 'none':
       parts.append(parameter_averaging(start=averaging == 'always'))
     return optax.chain(*parts)
