@@ -28,11 +28,23 @@ def drawn(monkeypatch):
   return calls
 
 
-def test_line_figure_writes_png(tmp_path):
-  path = plots.line_figure({'a': ([1, 2, 3], [3.0, 2.0, 1.0])}, tmp_path / 'sub' / 'f.png',
-                           xlabel='x', ylabel='y', points={'p': (2, 2.5)},
-                           hlines={'h': 1.5}, logy=True)
-  assert png_size(path) == (6 * 120, 4 * 120)
+def test_line_figure_draws_its_data(tmp_path):
+  """Read back by matplotlib's own PNG decoder: the same data draws the same
+  pixels, other data other pixels, and the lines are not the background."""
+  from matplotlib import image
+
+  def draw(ys, name):
+    path = plots.line_figure({'a': ([1, 2, 3], ys)}, tmp_path / 'sub' / name, xlabel='x',
+                             ylabel='y', points={'p': (2, 2.5)}, hlines={'h': 1.5},
+                             logy=True)
+    return image.imread(path)
+
+  first, again, other = draw([3.0, 2.0, 1.0], 'a.png'), draw([3.0, 2.0, 1.0], 'b.png'), draw(
+      [1.0, 2.0, 3.0], 'c.png')
+  assert first.shape == (4 * 120, 6 * 120, 4)
+  np.testing.assert_array_equal(first, again)
+  assert np.abs(first - other).sum(-1).astype(bool).sum() > 100  # the line moved
+  assert (first[..., :3].min(-1) < 0.5).sum() > 1000  # ink, not a blank canvas
 
 
 def test_ablation_figure_places_variants_by_rounds(drawn, tmp_path):
