@@ -78,7 +78,11 @@ def workdir_data_dir(workdir: str | os.PathLike, data_dir: str | None) -> str | 
   if data_dir:
     return data_dir
   from lm_zoo.training.workdir import load_config
-  return None if load_config(workdir).data.data_dir else env_data_dir() or None
+  try:
+    recorded = load_config(workdir).data.data_dir
+  except LMZooError:  # not a work directory: the program says so, after its own checks
+    recorded = ''
+  return None if recorded else env_data_dir() or None
 
 
 def run(job: Callable[[], T]) -> T:
