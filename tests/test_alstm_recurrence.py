@@ -92,11 +92,14 @@ def test_a_policy_weight_gradient_matches_finite_differences():
     np.testing.assert_allclose(grads[entry], numeric, rtol=1e-6)
 
 
-def test_window_of_explicit_parameters_matches_the_layer():
-  cell = ALSTMCell(N, latent=StaticLatent, latent_size=K)
+def test_window_of_explicit_parameters_unrolled_matches_the_layer():
+  cell = ALSTMCell(N, latent_size=K)
   scanned, _, (params, carry, xs, mask) = _both(cell)
-  _assert_close(alstm_recurrence(xs, params, carry, mask), scanned(params, carry, xs, mask),
-                1e-5, 1e-6)
+  direct = lambda p, c, x, k: alstm_recurrence(x, p, c, k, unroll=4)
+  _assert_close(direct(params, carry, xs, mask), scanned(params, carry, xs, mask), 1e-5, 1e-6)
+  grad = lambda run: jax.jit(jax.grad(lambda *a: _loss(run(*a)), argnums=(0, 1, 2, 3)))(
+      params, carry, xs, mask)
+  _assert_close(grad(direct), grad(scanned), 1e-5, 1e-6)
 
 
 def test_latent_dropout_is_refused_for_the_window_kernels_and_auto_scans():
@@ -104,6 +107,9 @@ def test_latent_dropout_is_refused_for_the_window_kernels_and_auto_scans():
   with pytest.raises(ValueError, match="scan='fused' cannot run ALSTMCell.*dropout_latent"):
     resolve_scan(cell, 'fused')
   assert resolve_scan(cell, 'auto') == 'scan'
+  other_latent = ALSTMCell(N, latent_size=K, latent=lambda **kw: LSTMCell(cap_input_gate=True,
+                                                                          **kw))
+  assert resolve_scan(other_latent, 'auto') == 'scan'  # no kernel for other latents
 
 
 def test_a_layer_dropping_its_latent_scans_in_training_and_runs_the_window_in_evaluation():
