@@ -24,7 +24,8 @@ AUTO = {
     'Mogrify(GRUCell)': (Mogrify(nn.GRUCell(N), rounds=2), 'scan'),
     'Mogrify(GRUCell) of no rounds': (Mogrify(nn.GRUCell(N), rounds=0), 'scan'),
     'MLSTMCell': (MLSTMCell(N), 'scan'),
-    'ALSTMCell': (ALSTMCell(N, latent_size=2), 'scan'),
+    'ALSTMCell': (ALSTMCell(N, latent_size=2), 'fused'),
+    'ALSTMCell dropping its latent': (ALSTMCell(N, latent_size=2, dropout_latent=0.1), 'scan'),
     'GRUCell': (nn.GRUCell(N), 'scan'),
 }
 

@@ -44,6 +44,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lm_zoo.cells.alstm import ALSTMCell, StaticLatent
+from lm_zoo.cells.alstm_recurrence import alstm_recurrence
 from lm_zoo.cells.base import describe
 from lm_zoo.cells.cudnn_lstm import STATE_MASK_REFUSAL, cudnn_lstm_window, cudnn_refusal
 from lm_zoo.cells.lstm import LSTMCell, gate_bias
@@ -174,6 +176,35 @@ def _mogrify_kernel(way: str, own: FusedKernel | None = None) -> KernelFactory:
   return kernels
 
 
+def alstm_window(cell: ALSTMCell, params, carry, inputs: jax.Array,
+                 state_mask: jax.Array | None = None, unroll: int = 1):
+  """`ALSTMCell`'s window: `alstm_recurrence`."""
+  dtype = cell.dtype or jnp.result_type(inputs, params['input']['kernel_1'])
+  return alstm_recurrence(inputs, params, carry, state_mask, dtype, unroll,
+                          cell.cap_input_gate)
+
+
+# Why an aLSTM that drops its latent runs no window kernel.
+LATENT_DROPOUT_REFUSAL = ("dropout_latent draws its mask inside the step (with a 'dropout' "
+                          "RNG), which the window kernels do not: run scan='scan'")
+
+
+def _drops_latent(cell: ALSTMCell) -> bool:
+  """Whether the cell will draw a latent dropout mask: a rate, and a 'dropout'
+  RNG where the cell is bound (unbound, it might be given one)."""
+  return cell.dropout_latent > 0 and (cell.scope is None or cell.has_rng('dropout'))
+
+
+def _alstm_kernel(own: FusedKernel) -> KernelFactory:
+  """An `ALSTMCell`'s kernel `own` where its latent is `LSTMCell` or
+  `StaticLatent` and it drops no latent (evaluation drops none)."""
+  def kernels(cell: ALSTMCell):
+    if cell.latent not in (LSTMCell, StaticLatent):
+      return None
+    return LATENT_DROPOUT_REFUSAL if _drops_latent(cell) else own
+  return kernels
+
+
 def _cudnn_kernel(cell: LSTMCell) -> FusedKernel | str:
   return cudnn_refusal(cell) or cudnn_lstm_window
 
@@ -186,6 +217,7 @@ REGISTRY: dict[type, CellScans] = {
     Mogrify: CellScans(fused=_mogrify_kernel('fused', mogrified_lstm_window),
                        pallas=_mogrify_kernel('pallas', pallas_mogrified_lstm_window),
                        cudnn=_mogrify_kernel('cudnn')),
+    ALSTMCell: CellScans(fused=_alstm_kernel(alstm_window)),
 }
 
 

@@ -1,0 +1,228 @@
+"""The aLSTM (`ALSTMCell`, docs/models.md §3) over a whole window with a
+hand-written backward pass.
+
+One step of the cell, with m ⊙ h_{t-1} the fed-back state under its mask:
+
+    v = [x; m ⊙ h_{t-1}]
+    z = LSTM(v, z_{t-1})  (eq. 7)   or   z = ReLU(v W_z + b_z)  (eq. 6)
+    π = tanh(z P) = [π_x | π_h | π_W | π_V | π_b]
+    a = (π_x ⊙ x) W,   r = (π_h ⊙ m ⊙ h_{t-1}) V
+    [i, f, j, o] = π_W ⊙ a + π_V ⊙ r + π_b ⊙ b,   then c_t, h_t as the LSTM.
+
+Backward, from the gates' gradient g (as in `lstm_recurrence`):
+
+    dπ_W = g ⊙ a,  dπ_V = g ⊙ r,  dπ_b = g ⊙ b,
+    d(π_x ⊙ x) = (g ⊙ π_W) Wᵀ,  d(π_h ⊙ h) = (g ⊙ π_V) Vᵀ,
+    dπ_x = d(π_x ⊙ x) ⊙ x,  dπ_h = d(π_h ⊙ h) ⊙ m ⊙ h_{t-1},
+    q = dπ ⊙ (1 - π²),  dz = q Pᵀ,
+
+then back through the latent (an LSTM step with its own carry, or the ReLU)
+to dv = [dx; d(m ⊙ h_{t-1})]. The backward scan keeps only the per-step
+products of those chains; every weight gradient is one product over the
+window's T·B rows after it: dW = Σ (π_x ⊙ x)ᵀ (g ⊙ π_W), dV likewise,
+db = Σ g ⊙ π_b, dP = Σ zᵀ q, and the latent's dW_z = Σ vᵀ g_z, dU_z =
+Σ z_{t-1}ᵀ g_z, db_z = Σ g_z.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from lm_zoo.cells.lstm_recurrence import (
+    _activations, _backward_factors, _cell_update, _gates_gradient, _state_mask, shifted)
+from lm_zoo.layers.adaptive import split_sizes
+from lm_zoo.layers.products import accumulation_dtype, contract
+
+
+def _is_recurrent(params) -> bool:
+  """Whether the latent is an `LSTMCell` (eq. 7) rather than `StaticLatent` (eq. 6)."""
+  return 'recurrent_kernel' in params['latent']
+
+
+def _latent_dense(params):
+  latent = params['latent']
+  return latent['input'] if _is_recurrent(params) else latent['Dense_0']
+
+
+def _policy_sizes(m, n):
+  return (m, n, 4 * n, 4 * n, 4 * n)
+
+
+def _forward_scan(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate):
+  """The outputs h_1..h_T, the final carry, and per step what the backward
+  pass reads: the policies, the products a and r, the gate activations, c_t,
+  z and (recurrent latent) its gate activations and cell state."""
+  recurrent = _is_recurrent(params)
+  m, n = inputs.shape[-1], carry[-1].shape[-1]
+  kernel, recurrent_kernel = params['input']['kernel_1'], params['recurrent']['kernel_1']
+  bias, policy = params['recurrent']['bias'], params['policy']['kernel']
+  latent_kernel, latent_bias = _latent_dense(params)['kernel'], _latent_dense(params)['bias']
+  accumulate = accumulation_dtype(dtype)
+
+  def step(carry, x):
+    latent_carry, c, h = carry
+    h_in = h * state_mask
+    v = jnp.concatenate([x, h_in], axis=-1)
+    projected = contract('bv,vk->bk', v, latent_kernel, dtype) + latent_bias.astype(accumulate)
+    if recurrent:
+      c_z, z_prev = latent_carry
+      act_z = _activations(projected + contract(
+          'bk,kl->bl', z_prev, params['latent']['recurrent_kernel'], dtype))
+      c_z, z = _cell_update(act_z, c_z, z_prev, False)
+      latent_carry, latent_saved = (c_z, z), (act_z, c_z)
+    else:
+      z, latent_saved = jax.nn.relu(projected), ()
+    pi = jnp.tanh(contract('bk,kp->bp', z, policy, dtype))
+    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, _policy_sizes(m, n))
+    a = contract('bm,mk->bk', x * x_scale, kernel, dtype)
+    r = contract('bn,nk->bk', h_in * h_scale, recurrent_kernel, dtype)
+    act = _activations(a * w_scale + (r * v_scale + bias * b_scale))
+    new_c, new_h = _cell_update(act, c, h, cap_input_gate)
+    return (latent_carry, new_c, new_h), (new_h, act, new_c, pi, a, r, z, latent_saved)
+
+  new_carry, (hs, *saved) = jax.lax.scan(step, carry, inputs, unroll=unroll)
+  return hs, new_carry, saved
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _recurrence(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate):
+  hs, new_carry, _ = _forward_scan(params, inputs, carry, state_mask, dtype, unroll,
+                                   cap_input_gate)
+  return hs, new_carry
+
+
+def _recurrence_fwd(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate):
+  hs, new_carry, saved = _forward_scan(params, inputs, carry, state_mask, dtype, unroll,
+                                       cap_input_gate)
+  return (hs, new_carry), (params, inputs, carry, state_mask, hs, saved)
+
+
+def _transposed(kernel, dtype):
+  return kernel.astype(dtype).T
+
+
+def _recurrence_bwd(dtype, unroll, cap_input_gate, residuals, cotangents):
+  params, inputs, (latent0, c0, h0), state_mask, hs, saved = residuals
+  acts, cs, pis, a_s, rs, zs, latent_saved = saved
+  d_hs, (d_latent_last, d_c_last, d_h_last) = cotangents
+  recurrent = _is_recurrent(params)
+  m, n = inputs.shape[-1], h0.shape[-1]
+  bias = params['recurrent']['bias']
+  h_prev = shifted(h0, hs)
+  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
+  kernel_t = _transposed(params['input']['kernel_1'], dtype)
+  recurrent_kernel_t = _transposed(params['recurrent']['kernel_1'], dtype)
+  policy_t = _transposed(params['policy']['kernel'], dtype)
+  latent_kernel = _latent_dense(params)['kernel']
+  if recurrent:
+    acts_z, cs_z = latent_saved
+    z_prev = shifted(latent0[1], zs)
+    latent_factors = _backward_factors(acts_z, cs_z, latent0[0], False)
+    latent_kernel = jnp.concatenate([latent_kernel, params['latent']['recurrent_kernel']], 0)
+  else:
+    latent_factors = (zs > 0,)
+  latent_kernel_t = _transposed(latent_kernel, dtype)
+
+  def step(carry, xs):
+    d_latent, d_c, d_h_next, d_mask = carry
+    d_h_out, x, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, pi, a, r, latent_t = xs
+    h_in = h_prev_t * state_mask
+    d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
+    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, _policy_sizes(m, n))
+    d_x_scaled = contract('bk,km->bm', d_gates * w_scale, kernel_t, dtype)
+    d_h_scaled = contract('bk,kn->bn', d_gates * v_scale, recurrent_kernel_t, dtype)
+    d_pi = jnp.concatenate([d_x_scaled * x, d_h_scaled * h_in, d_gates * a, d_gates * r,
+                            d_gates * bias], axis=-1)
+    d_policy_in = (d_pi * (1 - pi * pi)).astype(pi.dtype)
+    d_z = contract('bp,pk->bk', d_policy_in, policy_t, dtype)
+    if recurrent:
+      d_c_z, d_z_next = d_latent
+      f_z, d_c_z_from_z, scales_z = latent_t
+      d_c_z, d_latent_gates = _gates_gradient(d_c_z, d_z + d_z_next, d_c_z_from_z, scales_z)
+      d_v = contract('bl,lv->bv', d_latent_gates, latent_kernel_t, dtype)
+      d_latent = ((d_c_z * f_z).astype(d_c_z.dtype), d_v[:, m + n:].astype(d_z_next.dtype))
+    else:
+      (positive,) = latent_t
+      d_latent_gates = jnp.where(positive, d_z, 0)
+      d_v = contract('bl,lv->bv', d_latent_gates, latent_kernel_t, dtype)
+    d_x = (d_x_scaled * x_scale + d_v[:, :m]).astype(x.dtype)
+    d_h_in = d_h_scaled * h_scale + d_v[:, m:m + n]
+    carry = (d_latent, (d_c * f_t).astype(d_c.dtype), (d_h_in * state_mask).astype(h0.dtype),
+             (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
+    return carry, (d_gates, d_policy_in, d_latent_gates, d_x)
+
+  (d_latent0, d_c0, d_h0, d_mask), (d_gates, d_policy_in, d_latent_gates, d_inputs) = (
+      jax.lax.scan(step, (d_latent_last, d_c_last, d_h_last, jnp.zeros_like(state_mask)),
+                   (d_hs, inputs, h_prev, f, d_c_from_h, gate_scales, pis, a_s, rs,
+                    latent_factors), reverse=True, unroll=unroll))
+  grads = _weight_gradients(params, inputs, h_prev * state_mask, pis, zs, d_gates, d_policy_in,
+                            d_latent_gates, z_prev if recurrent else None, dtype)
+  return grads, d_inputs, (d_latent0, d_c0, d_h0), d_mask
+
+
+def _weight_gradients(params, inputs, h_in, pis, zs, d_gates, d_policy_in, d_latent_gates,
+                      z_prev, dtype):
+  """Every weight's gradient, each one product (or sum) over the window's T·B rows."""
+  m, n = inputs.shape[-1], h_in.shape[-1]
+  rows = lambda a: a.reshape(-1, a.shape[-1])
+  x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(rows(pis), _policy_sizes(m, n))
+  d_gates = rows(d_gates)
+  product = lambda a, b, like: contract('tm,tk->mk', a, b, dtype).astype(like.dtype)
+  column_sum = lambda a, like: jnp.sum(a, axis=0, dtype=jnp.promote_types(
+      like.dtype, jnp.float32)).astype(like.dtype)
+  bias = params['recurrent']['bias']
+  d_latent_gates = rows(d_latent_gates)
+  latent_dense = _latent_dense(params)
+  v = jnp.concatenate([rows(inputs), rows(h_in)], axis=-1)
+  d_dense = {'kernel': product(v, d_latent_gates, latent_dense['kernel']),
+             'bias': column_sum(d_latent_gates, latent_dense['bias'])}
+  if z_prev is None:
+    d_latent = {'Dense_0': d_dense}
+  else:
+    d_latent = {'input': d_dense, 'recurrent_kernel': product(
+        rows(z_prev), d_latent_gates, params['latent']['recurrent_kernel'])}
+  return {
+      'input': {'kernel_1': product(rows(inputs) * x_scale, d_gates * w_scale,
+                                    params['input']['kernel_1'])},
+      'recurrent': {'kernel_1': product(rows(h_in) * h_scale, d_gates * v_scale,
+                                        params['recurrent']['kernel_1']),
+                    'bias': column_sum(d_gates * b_scale, bias)},
+      'policy': {'kernel': product(rows(zs), rows(d_policy_in), params['policy']['kernel'])},
+      'latent': d_latent,
+  }
+
+
+_recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
+
+
+def alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
+                     state_mask: jax.Array | None = None, dtype: Any = None, unroll: int = 1,
+                     cap_input_gate: bool = False):
+  """The aLSTM over a window, differentiated by the backward pass above.
+
+  Args:
+    inputs: x_1..x_T, (T, B, m).
+    params: an `ALSTMCell`'s parameters (latent `LSTMCell` or `StaticLatent`).
+    carry: (latent carry, c_0, h_0) as `ALSTMCell.initialize_carry` makes it.
+    state_mask: multiplies h_{t-1} wherever the step reads it (variational
+      dropout on the state), broadcastable to (B, n); None keeps h.
+    dtype: the products' operand dtype (None: the inputs'); bfloat16 sums in
+      float32 (`products.contract`), the gates and states stay float32.
+    unroll: scan steps per loop iteration, forward and backward.
+    cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
+
+  Returns:
+    ((latent carry, c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
+  """
+  h0 = carry[-1]
+  n = h0.shape[-1]
+  if inputs.ndim != 3 or params['input']['kernel_1'].shape != (inputs.shape[-1], 4 * n):
+    raise ValueError(f'inputs {inputs.shape} do not fit the aLSTM input kernel '
+                     f'{params["input"]["kernel_1"].shape}: expected (T, B, m) with W (m, {4 * n})')
+  hs, new_carry = _recurrence(params, inputs, tuple(carry), _state_mask(state_mask, h0),
+                              jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate)
+  return new_carry, hs
