@@ -59,7 +59,15 @@ def _same_model(model, trained):
 
 def test_a_preset_scores_and_samples_as_its_work_directory(preset, trained):
   _same_model(lm_zoo.load(preset), trained)
-  assert (preset / 'README.md').read_text().count(f'{lm_zoo.load(preset).vocab.kind} tokens')
+
+
+def test_the_model_card_gives_size_data_and_results(preset, run):
+  card = (preset / 'README.md').read_text()
+  weights = load_file(str(preset / 'model.safetensors'))
+  assert f'parameters: {sum(a.size for a in weights.values()):,}' in card
+  summary = json.loads((run / 'summary.json').read_text())
+  assert f'test: perplexity {summary["test"]["perplexity"]:.4g}' in card
+  assert '10,000 word tokens' in card and '## Intended use and limitations' in card
 
 
 def test_the_weights_file_holds_the_checkpoint_params_by_path(preset, trained):
@@ -243,3 +251,23 @@ def test_export_refuses_bad_inputs_in_one_line(run, tmp_path):
   for refused, what in ((missing, 'is not a folder'), (nonempty, 'not empty')):
     assert refused.returncode == 1
     assert refused.stderr.strip().count('\n') == 0 and what in refused.stderr, refused.stderr
+
+
+def test_the_programs_export_and_read_a_preset(run, trained, tmp_path):
+  from conftest import run_script
+  out = tmp_path / 'preset'
+  exported = run_script(['launch/export.py', f'--workdir={run}', f'--output={out}',
+                         '--max_shard_size=3KB'])
+  assert exported.returncode == 0, exported.stderr
+  assert len(list(out.glob('model-*-of-*.safetensors'))) > 1
+  generated = run_script(['launch/generate.py', f'--workdir={out}', '--prompt=the company',
+                          '--num_tokens=6', '--num_samples=2', '--seed=5'])
+  assert generated.returncode == 0, generated.stderr
+  assert generated.stdout.splitlines() == [
+      t.replace('\n', ' | ') for t in trained.generate('the company', 6, 2, seed=5)]
+  scored = run_script(['launch/evaluate.py', f'--workdir={out}', f'--output={tmp_path / "e.json"}'])
+  assert scored.returncode == 0, scored.stderr
+  summary = json.loads((run / 'summary.json').read_text())
+  results = json.loads((tmp_path / 'e.json').read_text())['results']
+  assert results['test']['perplexity'] == pytest.approx(summary['test']['perplexity'], rel=1e-5)
+  assert not (out / 'evaluations').exists()  # a preset stays as it was published
