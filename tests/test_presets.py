@@ -131,6 +131,8 @@ class _Server:
 
   def __init__(self, folder: pathlib.Path):
     self.folder, self.requests, self.cut = folder, [], None
+    self.ranges = []  # the Range headers answered with 206, when `serve_ranges`
+    self.serve_ranges = False
     server = self
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -149,6 +151,16 @@ class _Server:
           self.wfile.flush()
           self.close_connection = True
           server.cut = None
+          return
+        if server.serve_ranges and self.headers.get('Range'):
+          data = pathlib.Path(self.translate_path(self.path)).read_bytes()
+          start = int(re.fullmatch(r'bytes=(\d+)-', self.headers['Range']).group(1))
+          server.ranges.append(self.headers['Range'])
+          self.send_response(206)
+          self.send_header('Content-Range', f'bytes {start}-{len(data) - 1}/{len(data)}')
+          self.send_header('Content-Length', str(len(data) - start))
+          self.end_headers()
+          self.wfile.write(data[start:])
           return
         super().do_GET()
 
@@ -202,6 +214,17 @@ def test_an_interrupted_download_fails_then_fetches_again_cleanly(served, traine
     lm_zoo.load(server.url)
   assert '\n' not in str(err.value)
   _same_model(lm_zoo.load(server.url), trained)
+
+
+def test_an_interrupted_download_resumes_where_the_server_takes_a_range(served, trained):
+  server, folder = served
+  server.serve_ranges = True
+  half = (folder / 'model.safetensors').stat().st_size // 2
+  server.cut = ('model.safetensors', half)
+  with pytest.raises(ConfigError, match='run again'):
+    lm_zoo.load(server.url)
+  _same_model(lm_zoo.load(server.url), trained)
+  assert server.ranges == [f'bytes={half}-']  # only the rest was asked for
 
 
 def test_plain_http_is_for_this_host_only():
