@@ -276,6 +276,7 @@ def test_export_refuses_bad_inputs_in_one_line(run, tmp_path):
     assert refused.stderr.strip().count('\n') == 0 and what in refused.stderr, refused.stderr
 
 
+@pytest.mark.slow  # three programs, each loading JAX
 def test_the_programs_export_and_read_a_preset(run, trained, tmp_path):
   from conftest import run_script
   out = tmp_path / 'preset'
