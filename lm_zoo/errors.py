@@ -45,7 +45,7 @@ class Preempted(LMZooError):
 # that installs them.
 OPTIONAL_MODULES = {'optuna': 'tune', 'sqlalchemy': 'tune', 'matplotlib': 'plot',
                     'tensorboardX': 'tensorboard', 'tensorflow_datasets': 'tfds',
-                    'array_record': 'tfds', 'psycopg2': 'postgres'}
+                    'array_record': 'tfds', 'psycopg2': 'postgres', 'huggingface_hub': 'hub'}
 
 
 def missing_extra(err: ImportError) -> str | None:

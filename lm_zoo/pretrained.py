@@ -2,7 +2,7 @@
 (`lm_zoo.load(workdir)`): it scores text, gives each token's loss,
 generates from a prompt, and runs dynamic evaluation along a text.
 
-  model = lm_zoo.load('runs/small')
+  model = lm_zoo.load('runs/small')  # or a preset: its folder, https:// or hf:// URL
   model.score('the company said it expects higher sales').perplexity
   model.generate('the company said', num_tokens=20, num_samples=3)
   model.dynamic_evaluate(long_text, learning_rate=0.01).details['static_loss']
@@ -27,6 +27,7 @@ from lm_zoo.evaluation import EvalResult, dynamic_evaluate, evaluate_stream, mak
 from lm_zoo.evaluation import token_losses as stream_token_losses
 from lm_zoo.models import RecurrentLM
 from lm_zoo.optim import dynamic_sgd
+from lm_zoo.remote import resolve
 from lm_zoo.training.trained import load_model
 
 
@@ -129,6 +130,10 @@ class TrainedModel:
 
 def load(workdir: str | pathlib.Path) -> TrainedModel:
   """The model a work directory holds, with its best weights and its
-  vocabulary, ready to use without the data it was trained on."""
+  vocabulary, ready to use without the data it was trained on. `workdir`
+  may also be a preset folder (`lm-zoo-export`), an https:// URL of one
+  (downloaded once into $LM_ZOO_CACHE) or hf://OWNER/NAME[@REVISION]
+  (`lm_zoo.remote`)."""
+  workdir = resolve(workdir)
   config, vocab, model, params = load_model(workdir)
-  return TrainedModel(config, vocab, model, jax.device_put(params), pathlib.Path(workdir))
+  return TrainedModel(config, vocab, model, jax.device_put(params), workdir)

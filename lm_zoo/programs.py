@@ -106,3 +106,7 @@ def plot() -> None:
 
 def task() -> None:
   _launch('task')
+
+
+def export() -> None:
+  _launch('export')

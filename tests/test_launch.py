@@ -249,7 +249,8 @@ def test_launch_scripts_show_the_same_help():
 
 @pytest.mark.parametrize('script, program, flags', [
     ('plot', 'lm-zoo-plot', ['--figure', '--workdirs', '--results']),
-    ('run_task', 'lm-zoo-task', ['--config', '--output'])])
+    ('run_task', 'lm-zoo-task', ['--config', '--output']),
+    ('export', 'lm-zoo-export', ['--workdir', '--output', '--max_shard_size'])])
 def test_plot_and_task_shims_show_their_programs_help(script, program, flags):
   shown = run_script([f'launch/{script}.py', '--help'])
   assert program in shown.stdout and 'Traceback' not in shown.stderr

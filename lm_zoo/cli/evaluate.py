@@ -32,6 +32,8 @@ from lm_zoo import cli
 from lm_zoo.configs import evaluation_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import DynamicEvalSettings, EvalResult
+from lm_zoo.presets import is_preset
+from lm_zoo.remote import resolve
 from lm_zoo.training import evaluate_workdir
 from lm_zoo.training.checkpoints import write_text_atomically
 from lm_zoo.training.workdir import refuse_links
@@ -40,11 +42,12 @@ config_flags.DEFINE_config_file(
     'config', str(cli.EXPERIMENTS / 'evaluate.py'), 'How to score: an experiments/evaluate.py '
     'or experiments/dyneval_*.py config (--config=FILE[:VARIANT]); the default is static '
     'evaluation of valid and test. Fields: --config.FIELD=VALUE.', lock_config=True)
-flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.',
+flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train, or a preset '
+                    '(lm-zoo-export): its folder, https:// URL or hf://OWNER/NAME.',
                     required=True)
 flags.DEFINE_string('data_dir', None, cli.DATA_DIR_HELP)
 flags.DEFINE_string('output', None, 'JSON file for the results, besides '
-                    'WORKDIR/evaluations/EVALUATOR.json.')
+                    'WORKDIR/evaluations/EVALUATOR.json (a preset is left as it is).')
 # Where each evaluator's latest results are kept in the work directory.
 EVALUATIONS_DIR = 'evaluations'
 FLAGS = flags.FLAGS
@@ -112,18 +115,21 @@ def _evaluate_program(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   config = evaluation_section(FLAGS.config)
+  workdir = cli.run(lambda: resolve(FLAGS.workdir))  # a preset's URL: its cached copy
   # The results go into the work directory: never through a link out of it.
-  cli.run(lambda: refuse_links(pathlib.Path(FLAGS.workdir)))
+  cli.run(lambda: refuse_links(workdir))
   results = cli.run(lambda: evaluate_workdir(
-      FLAGS.workdir, config, cli.workdir_data_dir(FLAGS.workdir, FLAGS.data_dir)))
+      workdir, config, cli.workdir_data_dir(workdir, FLAGS.data_dir)))
   for split, result in results.items():
     search = result.details.get('search', [])
     if search and split == next(iter(results)):
       for settings, loss in search:
         print(f'search: valid loss {loss:.4f} with {settings}')
     print(_describe(config, split, result))
-  # The results go beside the run, and to --output when given.
-  outputs = [pathlib.Path(FLAGS.workdir) / EVALUATIONS_DIR / f'{config.evaluator}.json']
+  # The results go beside the run (a preset stays as it was published), and to
+  # --output when given.
+  outputs = ([] if is_preset(workdir) else
+             [workdir / EVALUATIONS_DIR / f'{config.evaluator}.json'])
   for output in outputs + ([pathlib.Path(FLAGS.output)] if FLAGS.output else []):
     cli.run(lambda output=output: _write(output, json.dumps(_as_json(config, results))))
 

@@ -17,7 +17,8 @@ from lm_zoo.generation import UnknownTokensWarning, check_generation, generate_t
 from lm_zoo.training import load_trained
 from lm_zoo.training.trained import load_model
 
-flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.',
+flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train, or a preset '
+                    '(lm-zoo-export): its folder, https:// URL or hf://OWNER/NAME.',
                     required=True)
 flags.DEFINE_string('prompt', '', 'Text to continue, tokenised as the corpus is (words '
                     'outside the vocabulary become <unk>); empty: start after an '

@@ -20,6 +20,8 @@ from lm_zoo.evaluation import (EvalResult, Evaluator, build_evaluator, diagonal_
                                meta_train, split_names)
 from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
+from lm_zoo.presets import is_preset, load_params
+from lm_zoo.remote import resolve
 from lm_zoo.training.checkpoints import Checkpoints
 from lm_zoo.training.run import load_data
 from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network,
@@ -30,7 +32,10 @@ from lm_zoo.training.workdir import check_data, load_config, load_vocab
 def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
                  ) -> tuple[ml_collections.ConfigDict, Corpus, RecurrentLM, Any]:
   """(config, corpus, model, best parameters) of a work directory, its data
-  read from `data_dir` when given, else from where the run recorded."""
+  read from `data_dir` when given, else from where the run recorded.
+  `workdir` may be a preset too (`lm_zoo.presets`), or its URL
+  (`lm_zoo.remote.resolve`)."""
+  workdir = resolve(workdir)
   config = load_config(workdir)
   if data_dir:
     config.data.data_dir = data_dir
@@ -43,7 +48,10 @@ def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
 def load_model(workdir: str | pathlib.Path
                ) -> tuple[ml_collections.ConfigDict, Vocab, RecurrentLM, Any]:
   """(config, vocabulary, model, best parameters) of a work directory,
-  without its training data: the vocabulary is the one the run saved."""
+  without its training data: the vocabulary is the one the run saved.
+  `workdir` may be a preset too (`lm_zoo.presets`), or its URL
+  (`lm_zoo.remote.resolve`)."""
+  workdir = resolve(workdir)
   config = load_config(workdir)
   vocab = load_vocab(workdir)
   model = build_model(config.model, len(vocab))
@@ -52,6 +60,8 @@ def load_model(workdir: str | pathlib.Path
 
 def _best_params(workdir: str | pathlib.Path, model: RecurrentLM) -> Any:
   like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+  if is_preset(workdir):
+    return load_params(workdir, like)
   with Checkpoints(workdir) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:

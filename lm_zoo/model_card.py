@@ -1,0 +1,79 @@
+"""The README.md model card of a preset (`lm_zoo.presets.export`), written
+from what the work directory recorded: its config, vocabulary, data
+fingerprint, summary.json, seeds.json and evaluations/*.json."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import ml_collections
+
+from lm_zoo.data import Vocab
+
+_SPLITS = ('train', 'valid', 'test')
+
+
+def _read(path: pathlib.Path) -> Any:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def _result(result: Any) -> str:
+  if not isinstance(result, dict):
+    return str(result)
+  shown = [f'{name} {result[name]:.4g}' for name in ('perplexity', 'bpc', 'loss')
+           if isinstance(result.get(name), (int, float))]
+  if isinstance(result.get('num_tokens'), int):
+    shown.append(f'{result["num_tokens"]:,} tokens')
+  return ', '.join(shown) or json.dumps(result)[:200]
+
+
+def model_card(workdir: pathlib.Path, config: ml_collections.ConfigDict, vocab: Vocab,
+               record: dict) -> str:
+  """The model card's Markdown text."""
+  m, d = config.model, config.data
+  data = _read(workdir / 'data.json') or {}
+  summary = _read(workdir / 'summary.json') or {}
+  seeds = (_read(workdir / 'seeds.json') or {}).get('seeds') or [config.seed]
+  env = summary.get('environment') or {}
+  lines = [f'# {d.name} {m.cell} language model (lm_zoo)', '',
+           'A recurrent language model trained with lm_zoo and exported as a preset. '
+           "Load it with `lm_zoo.load('THIS_FOLDER')` or any lm_zoo program's `--workdir`.", '',
+           '## Architecture', '',
+           f'- cell: {m.cell}, {m.num_layers} layers, hidden size {m.hidden_size}, '
+           f'embedding size {m.embed_size}, tied embeddings: {m.tie_embeddings}',
+           f'- parameters: {record["num_params"]:,}', '',
+           '## Data and tokenisation', '',
+           f'- corpus: {d.name}; vocabulary: {len(vocab):,} {vocab.kind} tokens '
+           f'(vocab.json), BPTT {d.bptt}']
+  for split in _SPLITS:
+    if isinstance(data.get(split), dict) and 'tokens' in data[split]:
+      lines.append(f'- {split}: {data[split]["tokens"]:,} tokens')
+  lines += ['', '## Results', '',
+            f'- seeds: {", ".join(str(s) for s in seeds)}; best epoch: {record["best_epoch"]}',
+            f'- device: {env.get("device_kind", "not recorded")} ({env.get("backend", "?")}, '
+            f'jax {env.get("jax", "?")})']
+  for split in _SPLITS:
+    if split in summary:
+      lines.append(f'- {split}: {_result(summary[split])}')
+  for path in sorted((workdir / 'evaluations').glob('*.json')):
+    saved = _read(path) or {}
+    for split, result in (saved.get('results') or {}).items():
+      lines.append(f'- {path.stem} evaluation, {split}: {_result(result)}')
+  if not summary:
+    lines.append('- no summary.json: the run had not finished when it was exported')
+  command = summary.get('command')
+  lines += ['', '## Training', '',
+            f'`{command}`' if command else
+            'The command was not recorded; config.json holds every setting of the run '
+            '(`lm-zoo-train --config=...` with these fields gives it again).', '',
+            '## Intended use and limitations', '',
+            f'For research and teaching: scoring and sampling {d.name}-like text, and as a '
+            'baseline. It knows only its vocabulary (other words are `<unk>` where the '
+            'vocabulary has it), reflects the biases of its corpus, and is not meant for '
+            'generating text that people rely on.', '']
+  return '\n'.join(lines)
