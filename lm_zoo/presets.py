@@ -106,8 +106,8 @@ def export(workdir: str | pathlib.Path, output: str | pathlib.Path,
   from lm_zoo.model_card import model_card
   from lm_zoo.models import build_model, init_params
   from lm_zoo.training.checkpoints import Checkpoints
-  from lm_zoo.training.workdir import (CONFIG_FILE, DATA_FILE, VOCAB_FILE, load_config,
-                                       load_vocab)
+  from lm_zoo.training.workdir import (DATA_FILE, VOCAB_FILE, load_config, load_vocab,
+                                       save_config)
 
   workdir, output = pathlib.Path(workdir), pathlib.Path(output)
   max_bytes = parse_size(max_shard_size)
@@ -128,7 +128,11 @@ def export(workdir: str | pathlib.Path, output: str | pathlib.Path,
   params, meta = best
   arrays = flat_params(params)
   output.mkdir(parents=True, exist_ok=True)
-  for name in (CONFIG_FILE, VOCAB_FILE, DATA_FILE):
+  # The run's data folder is a path on the machine that trained it: the
+  # preset's reader names its own (--data_dir, $LM_ZOO_DATA).
+  config.data.data_dir = ''
+  save_config(config, output)
+  for name in (VOCAB_FILE, DATA_FILE):
     shutil.copyfile(workdir / name, output / name)
   shards = _shards(arrays, max_bytes)
   if len(shards) == 1:

@@ -57,8 +57,13 @@ def _same_model(model, trained):
       trained.generate('the company', num_tokens=8, num_samples=2, seed=3)
 
 
-def test_a_preset_scores_and_samples_as_its_work_directory(preset, trained):
+def test_a_preset_scores_and_samples_as_its_work_directory(preset, trained, run):
   _same_model(lm_zoo.load(preset), trained)
+  # The config travels without the trainer's data folder, and is otherwise the run's.
+  exported, original = (json.loads((folder / 'config.json').read_text())
+                        for folder in (preset, run))
+  assert original['data'].pop('data_dir') and exported['data'].pop('data_dir') == ''
+  assert exported == original
 
 
 def test_the_model_card_gives_size_data_and_results(preset, run):
