@@ -13,6 +13,7 @@ generates from a prompt, and runs dynamic evaluation along a text.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 from typing import Any
 
@@ -23,6 +24,7 @@ import optax
 
 from lm_zoo import generation
 from lm_zoo.data import EOS, Vocab
+from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import EvalResult, dynamic_evaluate, evaluate_stream, make_eval_step
 from lm_zoo.evaluation import token_losses as stream_token_losses
 from lm_zoo.models import RecurrentLM
@@ -130,5 +132,8 @@ class TrainedModel:
 def load(workdir: str | pathlib.Path) -> TrainedModel:
   """The model a work directory holds, with its best weights and its
   vocabulary, ready to use without the data it was trained on."""
+  if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
+    raise ConfigError(f'workdir must name a work directory written by lm-zoo-train, got '
+                      f'{workdir!r}')
   config, vocab, model, params = load_model(workdir)
   return TrainedModel(config, vocab, model, jax.device_put(params), pathlib.Path(workdir))
