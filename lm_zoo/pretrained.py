@@ -13,6 +13,7 @@ generates from a prompt, and runs dynamic evaluation along a text.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 from typing import Any
 
@@ -23,6 +24,7 @@ import optax
 
 from lm_zoo import generation
 from lm_zoo.data import EOS, Vocab
+from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import EvalResult, dynamic_evaluate, evaluate_stream, make_eval_step
 from lm_zoo.evaluation import token_losses as stream_token_losses
 from lm_zoo.models import RecurrentLM
@@ -134,6 +136,9 @@ def load(workdir: str | pathlib.Path) -> TrainedModel:
   may also be a preset folder (`lm-zoo-export`), an https:// URL of one
   (downloaded once into $LM_ZOO_CACHE) or hf://OWNER/NAME[@REVISION]
   (`lm_zoo.remote`)."""
+  if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
+    raise ConfigError(f'workdir must name a work directory written by lm-zoo-train, a '
+                      f'preset or its URL, got {workdir!r}')
   workdir = resolve(workdir)
   config, vocab, model, params = load_model(workdir)
   return TrainedModel(config, vocab, model, jax.device_put(params), workdir)

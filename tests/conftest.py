@@ -170,3 +170,11 @@ def loss_and_grads(model, params, tokens, train=False):
     log_probs = jax.nn.log_softmax(logits)
     return -jnp.mean(jnp.take_along_axis(log_probs, tokens[:, 1:, None], -1))
   return jax.value_and_grad(loss)(params)
+
+
+@pytest.fixture(scope='session')
+def hostile_folders(data_dir, tmp_path_factory):
+  """A tiny trained work directory, damaged copies of it and hostile files
+  (tests/hostile_programs.py: make_folders)."""
+  from hostile_programs import make_folders
+  return make_folders(data_dir, tmp_path_factory.mktemp('hostile'))

@@ -199,7 +199,14 @@ def main(command: types.ModuleType, program: Callable[[list[str]], None],
   for flag in [*flags.FLAGS.get_flags_for_module(command.__name__), flags.FLAGS['verbose']]:
     flags.FLAGS.register_key_flag_for_module(program_path, flag)
   sys.modules['__main__'].__doc__ = command.__doc__ + more_help
-  app.run(program, flags_parser=_parse_flags)
+
+  def program_with_usage_errors_in_one_line(argv: list[str]) -> None:
+    try:
+      program(argv)
+    except app.UsageError as err:  # absl would print the whole --help before it
+      _flag_exit(str(err))
+
+  app.run(program_with_usage_errors_in_one_line, flags_parser=_parse_flags)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -208,17 +215,31 @@ def _parse_flags(argv: list[str]) -> list[str]:
   a --config.FIELD override that names no field. The config file is loaded
   here, so that its errors are the command line's, not the program's."""
   try:
-    argv = flags.FLAGS(argv)
+    remaining = flags.FLAGS(argv)
   except Exception as err:  # flags.Error, and whatever a config file raises
-    _flag_exit(flag_error(err, argv))
+    named = next((name for name in CONFIG_FLAGS if any(arg.startswith(f'--{name}=')
+                                                      for arg in argv)), None)
+    message = flag_error(err, argv)
+    _flag_exit(_config_file_error(named, err, message, argv)
+               if named and not isinstance(err, flags.Error) else message)
   for name in CONFIG_FLAGS:  # a file that failed to load raises on first use
     if name in flags.FLAGS:
       try:
         flags.FLAGS[name].value.keys()
       except Exception as err:
-        message = flag_error(err, argv)
-        _flag_exit(message.replace('--config', f'--{name}', 1) if name != 'config' else message)
-  return argv
+        _flag_exit(_config_file_error(name, err, flag_error(err, argv), argv))
+  return remaining
+
+
+def _config_file_error(name: str, err: Exception, message: str, argv: list[str]) -> str:
+  """`message` about the config file of --NAME, naming the file where the
+  error is the file's own (it raised, or defines no get_config)."""
+  if not message.startswith('--'):
+    path = next((arg.split('=', 1)[1] for arg in argv if arg.startswith(f'--{name}=')),
+                flags.FLAGS[name].default if name in flags.FLAGS else '')
+    message = (f'--config={path} does not load ({type(err).__name__}: {message}): fix '
+               'the file, or name an experiments/*.py config that defines get_config()')
+  return message.replace('--config', f'--{name}', 1) if name != 'config' else message
 
 
 # The programs' config-file flags (ml_collections' config_flags).

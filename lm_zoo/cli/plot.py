@@ -55,7 +55,8 @@ flags.DEFINE_string('results', None, 'reverse_copy, tail_regression, robustness,
 flags.DEFINE_list('workdirs', [], 'curves: work directories to draw; '
                   'token_loss_difference: the two to compare (trained on one corpus).')
 flags.DEFINE_string('split', 'test', 'token_loss_difference: the text scored.')
-flags.DEFINE_integer('num_tokens', 3000, 'token_loss_difference: tokens scored.')
+flags.DEFINE_integer('num_tokens', 3000, 'token_loss_difference: tokens scored.',
+                     lower_bound=1)
 flags.DEFINE_string('title', '', 'Figure title.')
 flags.mark_flags_as_required(['figure', 'output'])
 FLAGS = flags.FLAGS
@@ -74,7 +75,27 @@ def ablation_perplexities(prefix: str) -> dict[str, float]:
   return found
 
 
+def _read_json(path: pathlib.Path):
+  try:
+    return json.loads(path.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    raise ConfigError(f'{path} is damaged ({type(err).__name__}: {err}): write it '
+                      'again') from None
+
+
+def _check_output(output: str) -> None:
+  """--output's folder, made where missing; one that cannot be is a flag error."""
+  try:
+    pathlib.Path(output).parent.mkdir(parents=True, exist_ok=True)
+  except OSError as err:
+    raise ConfigError(f'--output={output} cannot be written ({err.strerror}): name a PNG '
+                      'file in a folder you can write') from None
+  if pathlib.Path(output).is_dir():
+    raise ConfigError(f'--output={output} is a folder: name a PNG file')
+
+
 def draw() -> pathlib.Path:
+  _check_output(FLAGS.output)
   if FLAGS.figure == 'mogrifier_ablation':
     return plots.mogrifier_ablation_figure(ablation_perplexities(FLAGS.workdir_prefix),
                                            FLAGS.output, FLAGS.title)
@@ -83,8 +104,12 @@ def draw() -> pathlib.Path:
     if not results.is_file():
       raise ConfigError(f'{results} not found: run launch/run_task.py with '
                         f'the {FLAGS.figure} experiment first')
-    return FIGURES[FLAGS.figure](json.loads(results.read_text()), FLAGS.output,
-                                 FLAGS.title)
+    try:
+      return FIGURES[FLAGS.figure](_read_json(results), FLAGS.output, FLAGS.title)
+    except (KeyError, TypeError, IndexError, AttributeError) as err:
+      raise ConfigError(f'--results={results} is not the rows of a {FLAGS.figure} '
+                        f'experiment ({type(err).__name__}: {err}): write it with '
+                        f'lm-zoo-task --config=experiments/{FLAGS.figure}.py') from None
   if FLAGS.figure == 'dyneval_gain':
     return dyneval_gain()
   if FLAGS.figure == 'token_loss_difference':
@@ -102,7 +127,7 @@ def dyneval_gain() -> pathlib.Path:
   for f in files:
     if not f.is_file():
       raise ConfigError(f'{f} not found: write it with lm-zoo-eval --output')
-  static, *runs = [json.loads(f.read_text()) for f in files]
+  static, *runs = [_read_json(f) for f in files]
   return plots.dyneval_gain_figure({f.stem: run for f, run in zip(files[1:], runs)},
                                    static, FLAGS.output, title=FLAGS.title)
 

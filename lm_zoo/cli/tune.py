@@ -22,12 +22,14 @@ marks it failed and queues it again, and the retry resumes from its
 checkpoints. Run the same command to resume a stopped study.
 """
 
+import pathlib
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from lm_zoo import cli
+from lm_zoo.errors import ConfigError
 
 
 config_flags.DEFINE_config_file(
@@ -37,7 +39,7 @@ config_flags.DEFINE_config_file(
 flags.DEFINE_string('workdir', 'runs/tune', 'Where the trials, the SQLite study '
                     '(unless --tune.study.storage names a database) and the report go.')
 flags.DEFINE_integer('worker', 0, 'This worker\'s number, added to a seeded '
-                     "sampler's seed so that workers sample differently.")
+                     "sampler's seed so that workers sample differently.", lower_bound=0)
 flags.DEFINE_float('timeout', 0, '> 0: start no trial after this many seconds.')
 flags.DEFINE_bool('report_only', False, 'Write the report of the study so far; run no trial.')
 flags.DEFINE_string('data_dir', None, 'A dyneval study: ' + cli.DATA_DIR_HELP)
@@ -50,6 +52,9 @@ def _tune_program(argv):
 
   def tune() -> str:
     from lm_zoo.tuning import open_study, run_worker, write_report  # needs the [tune] extra
+    if pathlib.Path(FLAGS.workdir).is_file():
+      raise ConfigError(f'--workdir={FLAGS.workdir} is a file, not a folder: name a folder '
+                        'for the study')
     if FLAGS.report_only:
       study = open_study(FLAGS.tune, FLAGS.workdir, FLAGS.worker)
     else:

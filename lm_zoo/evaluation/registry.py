@@ -114,7 +114,9 @@ def _dynamic(config: ml_collections.ConfigDict, windows: Windows) -> Dynamic:
     raise ConfigError(f'dynamic.decay_mean must be one of {", ".join(DECAY_MEANS)}, got '
                       f'{cfg.decay_mean!r}')
   for field in ('learning_rate', 'decay', 'eps', 'segment_length'):
-    if not cfg[field] or not all(math.isfinite(v) and v >= 0 for v in cfg[field]):
+    # a tuple override's values arrive as text where they are no number ('nan')
+    if not cfg[field] or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                 and math.isfinite(v) and v >= 0 for v in cfg[field]):
       raise ConfigError(f'dynamic.{field} must be one or more numbers >= 0, got '
                         f'{cfg[field]}')
   if min(cfg.segment_length) < 1 or (cfg.rule == 'rms' and min(cfg.eps) <= 0):

@@ -39,8 +39,9 @@ def _check(**values) -> None:
   inside `optax.inject_hyperparams`' state are arrays, checked where they
   were chosen; a schedule is checked by what it returns)."""
   for name, value in values.items():
-    if isinstance(value, (int, float)) and not (0 <= value < float('inf')):
-      raise ValueError(f'{name} must be a number >= 0, got {value}')
+    if isinstance(value, (str, bytes, bool)) or (isinstance(value, (int, float))
+                                                  and not 0 <= value < float('inf')):
+      raise ValueError(f'{name} must be a number >= 0, got {value!r}')
 
 
 def scale_by_fixed_rms(rms_gradients: optax.Updates,

@@ -58,6 +58,8 @@ RULES = (
      'a number >= 0 (0: the cells\' own initialisers)'),
     (('averaging.start_fraction', 'train.rollback_lr_factor'),
      lambda x: 0 < x <= 1, 'in (0, 1]'),
+    (('optimizer.learning_rate', 'optimizer.l2', 'optimizer.eps', 'schedule.factor',
+      'generate.temperature'), lambda x: x < math.inf, 'finite'),
     (('seed',), lambda x: 0 <= x < 2 ** 32, 'in [0, 2**32) (a PRNG seed)'),
     (('data.batch_size', 'data.bptt', 'data.eval_batch_size', 'data.test_batch_size',
       'model.num_layers', 'model.hidden_size', 'model.embed_size', 'model.output_size',

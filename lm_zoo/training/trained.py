@@ -124,6 +124,14 @@ def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.Confi
   along the stream (`lm_zoo.evaluation.meta_train`). Returns L_meta / K per
   meta-step.
   """
+  if 'prior' not in config:
+    raise ConfigError('the config is not a meta-training config (it has no prior): give '
+                      'experiments/dyneval_learned.py or another of meta_training_config()')
+  for field in ('meta_steps', 'num_updates', 'segment_length', 'batch_size', 'hidden',
+                'fisher_batches', 'fisher_batch_size'):
+    if not isinstance(config[field], int) or config[field] < (field != 'meta_steps'):
+      raise ConfigError(f'{field} must be a whole number >= '
+                        f'{int(field != "meta_steps")}, got {config[field]!r}')
   if config.prior not in PRIORS:
     raise ConfigError(f'prior must be one of {", ".join(PRIORS)}, got {config.prior!r}')
   if config.decay_mean not in DECAY_MEANS:

@@ -1,0 +1,118 @@
+"""The set-up of tests/test_hostile_programs.py and test_hostile_tools.py:
+hostile files beside a tiny trained work directory, and the programs run on
+many command lines, one process a program (tests/program_probes.py)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from conftest import REPO
+
+from lm_zoo.configs import base_config
+from lm_zoo.training import train_and_evaluate
+TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
+        'data.test_batch_size': 2, 'data.train_tokens': 401, 'data.valid_tokens': 120,
+        'data.test_tokens': 90, 'model.embed_size': 16, 'model.hidden_size': 16,
+        'train.max_steps': 10, 'train.log_every': 5, 'generate.num_lines': 0}
+# The tiny config as --config overrides of experiments/default.py.
+LONG_PROMPT = '--prompt=' + 'the company ' * 2500
+TINY_FLAGS = ['--config=experiments/default.py',
+              *(f'--config.{field}={value}' for field, value in TINY.items())]
+
+
+def _damaged(workdir, damage):
+  """A copy of `workdir` beside it with `damage(copy)` done."""
+  copy = workdir.parent / damage.__name__
+  shutil.copytree(workdir, copy)
+  damage(copy)
+  return copy
+
+
+def _empty_vocab(w):
+  (w / 'vocab.json').write_text('')
+
+
+def _vocab_of_wrong_shape(w):
+  (w / 'vocab.json').write_text('{"tokens": 5}')
+
+
+def _config_a_list(w):
+  (w / 'config.json').write_text('[]')
+
+
+def _config_a_folder(w):
+  (w / 'config.json').unlink()
+  (w / 'config.json').mkdir()
+
+
+def _best_a_file(w):
+  shutil.rmtree(w / 'best')
+  (w / 'best').write_text('')
+
+
+def _no_best(w):
+  shutil.rmtree(w / 'best')
+
+
+def _unknown_config_field(w):
+  config = json.loads((w / 'config.json').read_text())
+  config['model']['hiden_size'] = 3
+  (w / 'config.json').write_text(json.dumps(config))
+
+
+def _data_json_empty_object(w):
+  (w / 'data.json').write_text('{}')
+
+
+DAMAGES = [_empty_vocab, _vocab_of_wrong_shape, _config_a_list, _config_a_folder, _best_a_file,
+           _no_best, _unknown_config_field, _data_json_empty_object]
+
+
+def make_folders(data_dir, t) -> dict[str, str]:
+  """{t}: a folder of hostile files; {w}: a trained work directory beside
+  copies of it damaged by DAMAGES (each {t}/NAME); {d}: the data."""
+  config = base_config()
+  config.update_from_flattened_dict({**TINY, 'data.data_dir': str(data_dir)})
+  train_and_evaluate(config, t / 'run')
+  for damage in DAMAGES:
+    _damaged(t / 'run', damage)
+  (t / 'file.txt').write_text('not a folder')
+  (t / 'garbled.json').write_text('{"rows": [1, 2')
+  (t / 'list.json').write_text('[1, 2, 3]')
+  (t / 'syntax.py').write_text('def get_config(:\n')
+  (t / 'no_get_config.py').write_text('x = 1\n')
+  (t / 'raises.py').write_text('def get_config():\n  return 1 / 0\n')
+  (t / 'empty_dir').mkdir()
+  return {'t': str(t), 'w': str(t / 'run'), 'd': str(data_dir)}
+
+
+def run_probes(probes: dict, folders: dict[str, str]) -> dict[str, dict]:
+  """Each probe's {"status", "stdout", "stderr"}, the probes of one program
+  run by one process."""
+  results = {}
+  for program in sorted({p for p, _, _ in probes.values()}):
+    ids = [i for i, (p, _, _) in probes.items() if p == program]
+    command_lines = [[arg.format(**folders) for arg in probes[i][1]] for i in ids]
+    ran = subprocess.run([sys.executable, 'tests/program_probes.py', program], cwd=REPO,
+                         input=json.dumps(command_lines), capture_output=True, text=True,
+                         timeout=900, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+    assert ran.returncode == 0, ran.stderr
+    results.update(zip(ids, json.loads(ran.stdout)))
+  return results
+
+
+def check(got: dict, expected: str | None, folders: dict[str, str]) -> None:
+  """`got` succeeded (`expected` None) or ended in one error line holding
+  `expected` (for a flag, then where to find the flags); never a traceback."""
+  assert 'Traceback' not in got['stdout'] + got['stderr']
+  if expected is None:
+    assert got['status'] == 0, got['stderr']
+    return
+  lines = got['stderr'].strip().splitlines()
+  if lines[-1:] == ['Pass --help to see the flags.']:
+    lines.pop()
+  assert got['status'] == 1 and lines, got
+  assert lines[-1].startswith('error: '), lines
+  assert expected.format(**folders) in lines[-1], lines[-1]
