@@ -10,12 +10,12 @@ from lm_zoo.optim import dynamic_rms, dynamic_sgd
 
 # id -> (call(tmp_path), what the error's line says; {t} is tmp_path)
 CASES = {
-    'load(None)': (lambda t: lm_zoo.load(None),
-                   'workdir must name a work directory written by lm-zoo-train, got None'),
+    'load(None)': (lambda t: lm_zoo.load(None), 'workdir must name a work directory written '
+                                                'by lm-zoo-train, a preset or its URL, got None'),
     'load(123)': (lambda t: lm_zoo.load(123), 'workdir must name a work directory written by '
-                                              'lm-zoo-train, got 123'),
+                                              'lm-zoo-train, a preset or its URL, got 123'),
     "load('')": (lambda t: lm_zoo.load(''), "workdir must name a work directory written by "
-                                            "lm-zoo-train, got ''"),
+                                            "lm-zoo-train, a preset or its URL, got ''"),
     'load(a file)': (lambda t: lm_zoo.load(t / 'file.txt'),
                      'is {t}/file.txt a work directory written by lm-zoo-train?'),
     'load(a missing folder)': (lambda t: lm_zoo.load(t / 'nope'), '{t}/nope/config.json not '
