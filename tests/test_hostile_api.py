@@ -5,6 +5,7 @@ line names the argument and what it must be."""
 import pytest
 
 import lm_zoo
+from lm_zoo.cells import LSTMCell
 from lm_zoo.data import load_corpus
 from lm_zoo.optim import dynamic_rms, dynamic_sgd
 
@@ -29,6 +30,8 @@ CASES = {
     'dynamic_sgd(decay=-inf)': (lambda t: dynamic_sgd(0.1, float('-inf')),
                                 'decay must be a number >= 0, got -inf'),
     'dynamic_rms(eps NaN)': (lambda t: dynamic_rms(0.1, 0.0, float('nan'), {}), 'eps'),
+    'LSTMCell(0)': (lambda t: LSTMCell(0), 'features must be a whole number >= 1, got 0'),
+    'LSTMCell(2.5)': (lambda t: LSTMCell(2.5), 'features must be a whole number >= 1, got 2.5'),
     'load_corpus(an unknown corpus)': (lambda t: load_corpus('nope', t),
                                        "unknown corpus 'nope': choose one of ptb"),
     'load_corpus(a file as the folder)': (lambda t: load_corpus('ptb', t / 'file.txt'),

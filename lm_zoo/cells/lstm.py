@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -95,6 +96,12 @@ class LSTMCell(nn.RNNCellBase):
   dtype: Any = None
   param_dtype: Any = jnp.float32
   carry_init: Initializer = nn.initializers.zeros_init()
+
+  def __post_init__(self):
+    if (isinstance(self.features, bool) or not isinstance(self.features, numbers.Integral)
+        or self.features < 1):
+      raise ValueError(f'features must be a whole number >= 1, got {self.features!r}')
+    super().__post_init__()
 
   def setup(self):
     n = self.features
