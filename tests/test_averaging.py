@@ -55,7 +55,7 @@ def test_updates_pass_through_and_averaging_waits_for_its_start():
 
 
 def test_start_needs_an_average_in_the_state():
-  with pytest.raises(ConfigError, match='averaging.trigger'):
+  with pytest.raises(ValueError, match='averaging.trigger'):
     start_averaging(optax.sgd(0.1).init(PARAMS))
 
 
