@@ -201,7 +201,10 @@ def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
     except sqlalchemy.exc.DBAPIError as err:
       # Workers started together race to create the tables and record the
       # schema version: the loser finds them made on its next try.
-      racing = isinstance(err, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError))
+      # (PostgreSQL: a type or table created by the other, 'already exists'.)
+      racing = (isinstance(err, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError))
+                or (isinstance(err, sqlalchemy.exc.ProgrammingError)
+                    and 'already exists' in str(err)))
       if attempt == 4 or not racing:
         raise ConfigError(f'the study database {url} cannot be read ('
                           f'{str(err.orig).splitlines()[0]}): restore it, or start the study '
