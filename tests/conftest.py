@@ -32,7 +32,7 @@ jax.config.update('jax_default_matmul_precision', os.environ['JAX_DEFAULT_MATMUL
 
 # Many tests compile the same tiny models again (each run builds its own jitted
 # steps, and the launch tests start fresh processes): a compilation cache
-# shared by this session and its subprocesses halves the suite's time.
+# shared by the test process and its subprocesses halves the suite's time.
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='lm_zoo_test_jax_cache_')
   atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], True)

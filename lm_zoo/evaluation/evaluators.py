@@ -14,6 +14,7 @@ and test shares one choice and nothing is remembered between weights.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import logging
@@ -51,14 +52,16 @@ class Prepared:
   choice: Any = None
 
 
-class Evaluator:
-  """An evaluator's two steps; `prepare` chooses nothing by default."""
+class Evaluator(abc.ABC):
+  """An evaluator's two steps; `prepare` chooses nothing by default, and
+  each evaluator says how it scores."""
 
   def prepare(self, model: nn.Module, params: Any, corpus: Corpus) -> Prepared:
     return Prepared(model, params, corpus)
 
+  @abc.abstractmethod
   def score(self, prepared: Prepared, split: str) -> EvalResult:
-    raise NotImplementedError
+    """`split` scored with what `prepare` chose."""
 
   def __call__(self, model: nn.Module, params: Any, corpus: Corpus, split: str) -> EvalResult:
     """`split` scored after preparing for these weights (for several splits,
