@@ -34,7 +34,7 @@ def study(tiny_config, tmp_path):
   tiny_config.train.num_epochs = 1
   tiny_config.generate.num_lines = 0
   diverging = ml_collections.ConfigDict(tiny_config.to_dict())
-  diverging.optimizer.learning_rate = math.inf  # a valid config whose loss overflows
+  diverging.optimizer.learning_rate = 1e38  # a valid config whose loss overflows
   c = ml_collections.ConfigDict()
   c.models = ml_collections.ConfigDict({'lstm': tiny_config, 'broken': diverging})
   c.rates = ('dropout_input', 'dropout_state')
