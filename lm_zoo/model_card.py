@@ -1,4 +1,4 @@
-"""The README.md model card of a preset (`lm_zoo.presets.export`), written
+"""The README.md model card of a preset (`lm_zoo.runs.export`), written
 from what the work directory recorded: its config, vocabulary, data
 fingerprint, summary.json, seeds.json and evaluations/*.json."""
 

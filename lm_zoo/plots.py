@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.training.metrics import METRICS_FILE, read_metrics
+from lm_zoo.runs.metrics import METRICS_FILE, read_metrics
 
 Series = tuple[Sequence[float], Sequence[float]]
 

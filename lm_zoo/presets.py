@@ -1,5 +1,5 @@
-"""Presets: the folder a trained model travels in (`export`), read back
-without its work directory or data (`load_params`).
+"""Presets: the folder a trained model travels in (`lm_zoo.runs.export`),
+read back without its work directory or data (`load_params`).
 
 A preset holds the run's config.json, vocab.json and data.json as the work
 directory has them, preset.json (the preset's format and where it came
@@ -19,7 +19,6 @@ import hashlib
 import json
 import pathlib
 import re
-import shutil
 from typing import Any
 
 import jax
@@ -71,7 +70,7 @@ def flat_params(params: Any) -> dict[str, np.ndarray]:
           for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
-def _shards(arrays: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
+def split_shards(arrays: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
   """`arrays` in order, packed into shards of at most `max_bytes` each (an
   array larger than that alone in its shard)."""
   shards, size = [{}], 0
@@ -90,68 +89,6 @@ def sha256_file(path: pathlib.Path) -> str:
     for block in iter(lambda: f.read(1 << 20), b''):
       digest.update(block)
   return digest.hexdigest()
-
-
-def export(workdir: str | pathlib.Path, output: str | pathlib.Path,
-           max_shard_size: str | int = '2GB') -> pathlib.Path:
-  """Writes the preset of `workdir`'s best weights to `output`, a new or
-  empty folder; weights above `max_shard_size` (`parse_size`) are sharded.
-
-  Raises:
-    ConfigError: `workdir` is no finished work directory, or `output` is a
-      file or a folder with files in it.
-  """
-  from safetensors.numpy import save_file
-
-  from lm_zoo.model_card import model_card
-  from lm_zoo.models import build_model, init_params
-  from lm_zoo.training.checkpoints import Checkpoints
-  from lm_zoo.training.workdir import (DATA_FILE, VOCAB_FILE, load_config, load_vocab,
-                                       save_config)
-
-  workdir, output = pathlib.Path(workdir), pathlib.Path(output)
-  max_bytes = parse_size(max_shard_size)
-  if not workdir.is_dir():
-    raise ConfigError(f'--workdir={workdir} is not a folder: name the work directory of a '
-                      'run lm-zoo-train finished')
-  if output.exists() and (not output.is_dir() or any(output.iterdir())):
-    raise ConfigError(f'--output={output} is {"a file" if not output.is_dir() else "not empty"}'
-                      ': export into a new or empty folder')
-  config, vocab = load_config(workdir), load_vocab(workdir)
-  model = build_model(config.model, len(vocab))
-  like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  with Checkpoints(workdir) as checkpoints:  # closed
-    best = checkpoints.restore_best(like)
-  if best is None:
-    raise ConfigError(f'no best checkpoint in {workdir}/best: training has not finished an '
-                      'epoch yet')
-  params, meta = best
-  arrays = flat_params(params)
-  output.mkdir(parents=True, exist_ok=True)
-  # The run's data folder is a path on the machine that trained it: the
-  # preset's reader names its own (--data_dir, $LM_ZOO_DATA).
-  config.data.data_dir = ''
-  save_config(config, output)
-  for name in (VOCAB_FILE, DATA_FILE):
-    shutil.copyfile(workdir / name, output / name)
-  shards = _shards(arrays, max_bytes)
-  if len(shards) == 1:
-    save_file(arrays, str(output / WEIGHTS_FILE), metadata={'format': 'np'})
-  else:
-    weight_map = {}
-    for k, shard in enumerate(shards, 1):
-      name = f'model-{k:05d}-of-{len(shards):05d}.safetensors'
-      save_file(shard, str(output / name), metadata={'format': 'np'})
-      weight_map.update(dict.fromkeys(shard, name))
-    index = {'metadata': {'total_size': sum(a.nbytes for a in arrays.values())},
-             'weight_map': weight_map}
-    (output / INDEX_FILE).write_text(json.dumps(index, indent=2))
-  record = {'format_version': PRESET_FORMAT_VERSION, 'lm_zoo_version': __version__,
-            'best_epoch': meta.get('epoch'), 'num_params': sum(a.size for a in arrays.values())}
-  (output / PRESET_FILE).write_text(json.dumps(record, indent=2))
-  (output / CARD_FILE).write_text(model_card(workdir, config, vocab, record))
-  write_sums(output)
-  return output
 
 
 def write_sums(folder: pathlib.Path) -> None:

@@ -30,7 +30,7 @@ from lm_zoo.evaluation import token_losses as stream_token_losses
 from lm_zoo.models import RecurrentLM
 from lm_zoo.optim import dynamic_sgd
 from lm_zoo.remote import resolve
-from lm_zoo.training.trained import load_model
+from lm_zoo.runs.finished import load_model
 
 
 @dataclasses.dataclass(frozen=True)

@@ -144,7 +144,7 @@ def read_scalar_events(logdir) -> dict[str, list[tuple[int, float]]]:
 # Holds WORKDIR's lock until the file RELEASE exists, then exits.
 HOLDER = '''
 import pathlib, sys, time
-from lm_zoo.training.workdir import workdir_lock
+from lm_zoo.runs.workdir import workdir_lock
 with workdir_lock(pathlib.Path(sys.argv[1])):
   print('held', flush=True)
   while not pathlib.Path(sys.argv[2]).exists():

@@ -13,9 +13,8 @@ import pytest
 
 import lm_zoo
 from lm_zoo.errors import CheckpointError, ConfigError
-from lm_zoo.training import checkpoints as checkpoints_module
-from lm_zoo.training.checkpoints import (FORMAT_VERSION, ORBAX_TMP, Checkpoints, restore_tree,
-                                         save_tree)
+from lm_zoo.runs import checkpoints as checkpoints_module
+from lm_zoo.runs.checkpoints import FORMAT_VERSION, ORBAX_TMP, Checkpoints, restore_tree, save_tree
 
 
 def params(vocab=7, features=3):

@@ -128,7 +128,7 @@ def test_the_programs_fill_each_run_s_empty_data_folder_from_the_environment(mon
 
 def test_a_run_s_recorded_data_folder_wins_over_the_environment(tmp_path, monkeypatch):
   from lm_zoo.configs import base_config
-  from lm_zoo.training.workdir import save_config
+  from lm_zoo.runs.workdir import save_config
   monkeypatch.setenv(cli.DATA_DIR_ENV, '/from/env')
   config = base_config()
   save_config(config, tmp_path)

@@ -15,7 +15,8 @@ import pytest
 from lm_zoo.cells import LSTMCell
 from lm_zoo.errors import TrainingError
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
-from lm_zoo.training import TrainState, loop, make_train_step, read_metrics, train_and_evaluate
+from lm_zoo.runs import read_metrics
+from lm_zoo.training import TrainState, loop, make_train_step, train_and_evaluate
 
 
 def _poison(monkeypatch, position: int):

@@ -14,8 +14,8 @@ import lm_zoo
 from lm_zoo import cli
 from lm_zoo.configs import base_config
 from lm_zoo.training import evaluate_workdir, train_and_evaluate
-from lm_zoo.training.trained import load_model
-from lm_zoo.training.workdir import workdir_lock
+from lm_zoo.runs.finished import load_model
+from lm_zoo.runs.workdir import workdir_lock
 from lm_zoo.tuning import param, run_worker, tuning_config
 
 TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,

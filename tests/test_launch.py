@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import REPO, run_script
 
-from lm_zoo.training import load_trained, read_metrics
+from lm_zoo.runs import load_trained, read_metrics
 
 
 # A tiny run of experiments/default.py: 200 training windows of 2 x 16 LSTM.

@@ -13,12 +13,12 @@ from conftest import read_scalar_events
 
 from lm_zoo.data import BatchedStream
 from lm_zoo.errors import ConfigError, TrainingError
-from lm_zoo.training import (create_train_state, evaluate_workdir, make_optimizer,
-                             read_metrics, train_and_evaluate)
+from lm_zoo.runs import read_metrics
+from lm_zoo.training import create_train_state, evaluate_workdir, make_optimizer, train_and_evaluate
 from lm_zoo.training import loop
-from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.runs.checkpoints import Checkpoints
 from lm_zoo.training.budget import planned_steps
-from lm_zoo.training.run import load_data
+from lm_zoo.data import load_data
 from lm_zoo.models import build_model
 
 

@@ -8,7 +8,7 @@ from conftest import read_events, read_scalar_events
 
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
-from lm_zoo.training.metrics import MetricsWriter, flat_fields, read_metrics
+from lm_zoo.runs.metrics import MetricsWriter, flat_fields, read_metrics
 
 
 def test_records_are_json_lines_and_tensorboard_scalars(tmp_path):

@@ -18,7 +18,8 @@ import pytest
 from conftest import REPO
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.training import initialize_distributed, read_metrics
+from lm_zoo.runs import read_metrics
+from lm_zoo.training import initialize_distributed
 from lm_zoo.training.config_checks import validate_config
 
 WORKER = pathlib.Path(__file__).with_name('multiprocess_worker.py')

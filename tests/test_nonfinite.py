@@ -10,7 +10,7 @@ import pytest
 
 from lm_zoo.errors import TrainingError
 from lm_zoo.training.loop import Progress
-from lm_zoo.training.nonfinite import PendingUpdates, RollBack
+from lm_zoo.runs.nonfinite import PendingUpdates, RollBack
 
 
 class _Records:

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_script
 from lm_zoo import plots
 from lm_zoo.errors import ConfigError
-from lm_zoo.training.metrics import MetricsWriter
+from lm_zoo.runs.metrics import MetricsWriter
 
 
 def png_size(path):

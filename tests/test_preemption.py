@@ -18,10 +18,10 @@ from conftest import REPO, load_experiment
 
 from lm_zoo import cli
 from lm_zoo.models import build_model
-from lm_zoo.training import (create_train_state, make_optimizer, read_metrics,
-                             train_and_evaluate)
-from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.metrics import MetricsWriter
+from lm_zoo.runs import read_metrics
+from lm_zoo.training import create_train_state, make_optimizer, train_and_evaluate
+from lm_zoo.runs.checkpoints import Checkpoints
+from lm_zoo.runs.metrics import MetricsWriter
 
 # experiments/default.py cut down: 30 windows an epoch, 2 epochs (60 steps,
 # an epoch end between), a checkpoint every 5 steps (so the epoch's end saves
@@ -180,7 +180,7 @@ def test_sigint_on_many_processes_is_passed_on_as_sigterm(monkeypatch):
   """With several processes, SIGINT becomes a SIGTERM to this process (the
   signal JAX's preemption notifier tells the others of); SIGTERM itself is
   left alone, and a second SIGINT acts as it would without us."""
-  from lm_zoo.training.preemption import StopRequest
+  from lm_zoo.runs.preemption import StopRequest
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   received = []
   record = lambda signum, frame: received.append(signum)

@@ -19,7 +19,8 @@ from safetensors.numpy import load_file
 
 import lm_zoo
 from lm_zoo.errors import ConfigError
-from lm_zoo.presets import export, parse_size
+from lm_zoo.presets import parse_size
+from lm_zoo.runs.export import export
 from lm_zoo.training import train_and_evaluate
 
 TEXT = 'the company said it expects higher sales\nshares rose in new york trading'

@@ -7,7 +7,8 @@ import pytest
 
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import EvalResult, Static, TunedTemperature
-from lm_zoo.training import load_trained, read_metrics, train_and_evaluate
+from lm_zoo.runs import load_trained, read_metrics
+from lm_zoo.training import train_and_evaluate
 
 
 def test_the_final_evaluation_runs_the_configured_evaluator(tiny_config, tmp_path):

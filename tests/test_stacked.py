@@ -13,8 +13,8 @@ from conftest import read_events
 
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.models import build_model, init_params
-from lm_zoo.training import (Checkpoints, evaluate_workdir, read_metrics, train_and_evaluate,
-                             train_seeds)
+from lm_zoo.runs import Checkpoints, read_metrics
+from lm_zoo.training import evaluate_workdir, train_and_evaluate, train_seeds
 from lm_zoo.training import stacked
 from lm_zoo.training.stacked import check_seeds_config
 

@@ -10,7 +10,8 @@ import pytest
 from lm_zoo.configs import evaluation_config, meta_training_config
 from lm_zoo.evaluation import Static
 from lm_zoo.optim import PRECISION_FLOOR, dynamic_rms
-from lm_zoo.training import evaluate_workdir, load_trained, meta_train_workdir
+from lm_zoo.runs import load_trained
+from lm_zoo.training import evaluate_workdir, meta_train_workdir
 from lm_zoo.training.meta_learner import META_LEARNER_DIR, load_meta_learner
 
 

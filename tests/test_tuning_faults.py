@@ -12,7 +12,7 @@ import optuna
 from conftest import REPO
 from test_tuning_study import TINY_TUNE, _tune_config
 
-from lm_zoo.training.checkpoints import ORBAX_TMP
+from lm_zoo.runs.checkpoints import ORBAX_TMP
 from lm_zoo.tuning import open_study
 
 # One trial; a killed worker's trial is retried once its heartbeat is this old.

@@ -18,7 +18,8 @@ from conftest import REPO
 from postgres_server import find_server, new_database, postgres_server
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.training import load_config, train_and_evaluate
+from lm_zoo.runs import load_config
+from lm_zoo.training import train_and_evaluate
 from lm_zoo.tuning import open_study, run_worker, trial_workdir, write_report
 
 # A tuning config file as a user writes one: 20 steps of a 16-unit LSTM per

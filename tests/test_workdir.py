@@ -14,10 +14,12 @@ from conftest import hold_lock
 import lm_zoo
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError, WorkdirInUse
-from lm_zoo.training import load_trained, train_and_evaluate
-from lm_zoo.training.checkpoints import FORMAT_VERSION
-from lm_zoo.training.workdir import (DATA_FILE, SHAPE_FIELDS, check_resumable, initial_params,
-                                     load_config, save_config, workdir_lock)
+from lm_zoo.runs import load_trained
+from lm_zoo.training import train_and_evaluate
+from lm_zoo.runs.checkpoints import FORMAT_VERSION
+from lm_zoo.runs.files import DATA_FILE
+from lm_zoo.runs.finished import initial_params, load_config
+from lm_zoo.runs.workdir import SHAPE_FIELDS, check_resumable, save_config, workdir_lock
 
 
 def test_a_second_process_is_refused_with_the_holders_pid_and_host(tiny_config, tmp_path):

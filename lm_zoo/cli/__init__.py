@@ -77,7 +77,7 @@ def workdir_data_dir(workdir: str | os.PathLike, data_dir: str | None) -> str | 
   $LM_ZOO_DATA (None where unset)."""
   if data_dir:
     return data_dir
-  from lm_zoo.training.workdir import load_config
+  from lm_zoo.runs.finished import load_config
   try:
     recorded = load_config(workdir).data.data_dir
   except LMZooError:  # not a work directory: the program says so, after its own checks

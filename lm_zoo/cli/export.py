@@ -15,7 +15,7 @@ import sys
 from absl import app, flags
 
 from lm_zoo import cli
-from lm_zoo.presets import export
+from lm_zoo.runs.export import export
 
 flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.',
                     required=True)

@@ -14,8 +14,8 @@ from absl import app, flags
 from lm_zoo import cli
 from lm_zoo.errors import ConfigError
 from lm_zoo.generation import UnknownTokensWarning, check_generation, generate_text
-from lm_zoo.training import load_trained
-from lm_zoo.training.trained import load_model
+from lm_zoo.runs import load_trained
+from lm_zoo.runs.finished import load_model
 
 flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train, or a preset '
                     '(lm-zoo-export): its folder, https:// URL or hf://OWNER/NAME.',

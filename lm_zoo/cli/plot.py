@@ -25,7 +25,7 @@ from absl import app, flags
 from lm_zoo import cli, plots
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import token_losses
-from lm_zoo.training import load_trained
+from lm_zoo.runs import load_trained
 
 FIGURES = {'reverse_copy': plots.reverse_copy_figure,
            'tail_regression': plots.tail_regression_figure,

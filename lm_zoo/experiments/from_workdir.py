@@ -5,7 +5,7 @@ again, for example a tuning trial's:
       --workdir=runs/again
 """
 
-from lm_zoo.training import load_config
+from lm_zoo.runs import load_config
 
 
 def get_config(workdir: str):

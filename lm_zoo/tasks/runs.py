@@ -14,7 +14,7 @@ import ml_collections
 
 from lm_zoo.errors import TrainingError, WorkdirInUse
 from lm_zoo.training import train_and_evaluate, train_seeds
-from lm_zoo.training.workdir import workdir_lock
+from lm_zoo.runs.workdir import workdir_lock
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import ml_collections
 
 from lm_zoo.data import BatchedStream
 from lm_zoo.training.run import Progress
-from lm_zoo.training.workdir import read_json
+from lm_zoo.runs.files import read_json
 
 log = logging.getLogger(__name__)
 

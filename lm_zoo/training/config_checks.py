@@ -18,7 +18,7 @@ from lm_zoo.evaluation import build_evaluator
 from lm_zoo.models.factory import (CELLS, DTYPES, LATENTS, LSTM_FAMILY, build_model,
                                    count_params, embed_size)
 from lm_zoo.training.averaging import TRIGGERS
-from lm_zoo.training.nonfinite import NONFINITE_POLICIES
+from lm_zoo.runs.nonfinite import NONFINITE_POLICIES
 from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
 
 # field -> the names it may take (the registries themselves, so that a name

@@ -28,22 +28,22 @@ from lm_zoo.models import RecurrentLM, build_model, describe_model
 from lm_zoo.evaluation import EvalResult, make_eval_step, split_names
 from lm_zoo.optim import averaged_params, start_averaging
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
-from lm_zoo.training.budget import (budget_spent, completed_summary, planned_steps,
-                                    training_done)
-from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.training.budget import budget_spent, completed_summary, planned_steps, training_done
+from lm_zoo.runs.checkpoints import Checkpoints
 from lm_zoo.training.config_checks import validate_config
-from lm_zoo.training.metrics import MetricsWriter
-from lm_zoo.training.nonfinite import PendingUpdates, RollBack
+from lm_zoo.runs.metrics import MetricsWriter
+from lm_zoo.runs.nonfinite import PendingUpdates, RollBack
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, place_state, shard_batch
-from lm_zoo.training.preemption import StopRequest
-from lm_zoo.training.run import (Progress, Run, Trainer, ValidationCallback, create_train_state,
-                                 load_data)
+from lm_zoo.runs.preemption import StopRequest
+from lm_zoo.data import load_data
+from lm_zoo.training.run import Progress, Run, Trainer, ValidationCallback, create_train_state
 from lm_zoo.training.scoring import score_split
 from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.summary import count_params, finish
-from lm_zoo.training.workdir import (check_resumable, check_workdir, initial_params,
-                                     record_data, save_config, workdir_lock)
+from lm_zoo.runs.finished import initial_params
+from lm_zoo.runs.workdir import (check_resumable, check_workdir, record_data, save_config,
+                                 workdir_lock)
 
 # Progress goes to the 'lm_zoo' logger; launch scripts show its INFO lines.
 log = logging.getLogger(__name__)

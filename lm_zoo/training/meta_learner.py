@@ -10,7 +10,7 @@ from typing import Any
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import MetaLearner
 from lm_zoo.optim import GateNetwork, RMSGateNetwork, decay_logits, learned_update_rule
-from lm_zoo.training.checkpoints import restore_tree, save_tree
+from lm_zoo.runs.checkpoints import restore_tree, save_tree
 
 META_LEARNER_DIR = 'meta_learner'
 # The hand-designed rule a fresh meta-learner starts as.

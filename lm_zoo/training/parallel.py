@@ -22,7 +22,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from lm_zoo.errors import ConfigError
@@ -54,18 +53,6 @@ def distributed_requested() -> bool:
   """Whether $LM_ZOO_DISTRIBUTED asks to join a multi-host job."""
   return os.environ.get(DISTRIBUTED_ENV, '0') not in ('', '0')
 
-
-def is_main_process() -> bool:
-  """Whether this process writes the work directory's files (process 0 of
-  many, or the only one)."""
-  return jax.process_index() == 0
-
-
-def sync_processes(name: str) -> None:
-  """Waits until every process has reached the point `name` (at once on one
-  process): what process 0 wrote before it is then there for all."""
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
 
 
 def data_mesh(num_devices: int) -> Mesh | None:

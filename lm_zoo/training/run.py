@@ -14,15 +14,13 @@ from typing import Callable
 import jax
 import ml_collections
 
-from lm_zoo.data import BatchedStream, Corpus, load_corpus
-from lm_zoo.data.text import load_text_folder, load_tfds_text
-from lm_zoo.errors import ConfigError
+from lm_zoo.data import BatchedStream, Corpus
 from lm_zoo.models import RecurrentLM, init_params
-from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.runs.checkpoints import Checkpoints
 from lm_zoo.evaluation import EvalResult
 from lm_zoo.progress import Throughput
-from lm_zoo.training.metrics import MetricsWriter
-from lm_zoo.training.nonfinite import PendingUpdates
+from lm_zoo.runs.metrics import MetricsWriter
+from lm_zoo.runs.nonfinite import PendingUpdates
 from lm_zoo.training.steps import TrainState
 
 # on_validation(step, epoch, result): told each validation turn's result.
@@ -86,30 +84,6 @@ class Run:
   def all_tokens_trained(self) -> int:
     """The whole run's tokens trained on: this process's and the ones it resumes."""
     return self.tokens_before + self.tokens_trained
-
-
-def load_data(config: ml_collections.ConfigDict) -> Corpus:
-  """The corpus of `config.data` (a standard corpus, a folder of text files,
-  a TFDS dataset's text), cut to the `*_tokens` limits when they are > 0."""
-  data = config.data
-  if data.name == 'text':
-    if not data.data_dir:
-      raise ConfigError('data.name=text reads data.data_dir/{train,valid,test}.txt: set '
-                        '--config.data.data_dir to that folder')
-    corpus = load_text_folder(data.data_dir, data.level, data.max_vocab, data.min_count)
-  elif data.name == 'tfds':
-    if not data.tfds_name:
-      raise ConfigError('data.name=tfds needs the dataset: set --config.data.tfds_name')
-    corpus = load_tfds_text(data.tfds_name, data.data_dir or None, data.tfds_feature,
-                            data.tfds_splits, data.level, data.max_vocab, data.min_count)
-  else:
-    if data.max_vocab or data.min_count != 1:
-      raise ConfigError(f'data.max_vocab and data.min_count cap the vocabulary of '
-                        f'data.name=text or tfds; {data.name} comes with its own')
-    corpus = load_corpus(data.name, data.data_dir or None)
-  limits = {s: config.data.get(f'{s}_tokens', 0) for s in ('train', 'valid', 'test')}
-  return dataclasses.replace(corpus, **{
-      s: getattr(corpus, s)[:n] for s, n in limits.items() if n > 0})
 
 
 def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:

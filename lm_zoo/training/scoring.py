@@ -17,7 +17,7 @@ from lm_zoo import generation
 from lm_zoo.data import Corpus
 from lm_zoo.evaluation import EvalResult, evaluate_split
 from lm_zoo.models import RecurrentLM
-from lm_zoo.training.metrics import MetricsWriter
+from lm_zoo.runs.metrics import MetricsWriter
 from lm_zoo.training.run import Trainer
 from lm_zoo.training.trained import workdir_evaluator
 

@@ -46,19 +46,20 @@ from lm_zoo.data import BatchedStream, Corpus
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.evaluation import evaluate_stream_stacked, make_eval_step, split_names
 from lm_zoo.models import build_model
-from lm_zoo.training.checkpoints import Checkpoints
+from lm_zoo.runs.checkpoints import Checkpoints
 from lm_zoo.training.config_checks import check_memory, validate_config
 from lm_zoo.training.budget import budget_spent, completed_summary, planned_steps
-from lm_zoo.training.metrics import MetricsWriter
+from lm_zoo.runs.metrics import MetricsWriter
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import place_state
-from lm_zoo.training.preemption import StopRequest
-from lm_zoo.training.run import create_train_state, load_data
+from lm_zoo.runs.preemption import StopRequest
+from lm_zoo.data import load_data
+from lm_zoo.training.run import create_train_state
 from lm_zoo.training.stacked_run import StackProgress, StackRun, seed_dir, stack, take_seed
 from lm_zoo.training.stacked_summary import finish_stack, spread
 from lm_zoo.training.steps import make_train_step
-from lm_zoo.training.workdir import (check_resumable, check_workdir, record_data, save_config,
-                                     save_seeds, workdir_lock)
+from lm_zoo.runs.workdir import (check_resumable, check_workdir, record_data, save_config,
+                                 save_seeds, workdir_lock)
 
 log = logging.getLogger(__name__)
 

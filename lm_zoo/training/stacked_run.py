@@ -17,8 +17,8 @@ import ml_collections
 from lm_zoo.data import BatchedStream, Corpus
 from lm_zoo.models import RecurrentLM
 from lm_zoo.progress import Throughput
-from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.metrics import MetricsWriter
+from lm_zoo.runs.checkpoints import Checkpoints
+from lm_zoo.runs.metrics import MetricsWriter
 from lm_zoo.training.steps import TrainState
 
 

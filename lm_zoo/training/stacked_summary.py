@@ -14,7 +14,7 @@ import jax
 
 from lm_zoo.evaluation import EvalResult, mean_and_spread
 from lm_zoo.runtime import environment
-from lm_zoo.training.checkpoints import write_text_atomically
+from lm_zoo.runs.files import write_text_atomically
 from lm_zoo.training.scoring import final_scores, record_samples
 from lm_zoo.training.stacked_run import StackRun, seed_dir, take_seed
 from lm_zoo.training.summary import run_summary

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 import jax
 
 from lm_zoo.runtime import environment
-from lm_zoo.training.checkpoints import write_text_atomically
-from lm_zoo.training.parallel import is_main_process
+from lm_zoo.runs.files import write_text_atomically
+from lm_zoo.runs.files import is_main_process
 from lm_zoo.evaluation import EvalResult
 from lm_zoo.progress import format_duration
 from lm_zoo.training.run import Run, Trainer

@@ -1,11 +1,10 @@
-"""A finished work directory: its model with the best weights
-(`load_trained`), scored by any evaluator (`evaluate_workdir`), and the
-learned update rule meta-trained for it (`meta_train_workdir`)."""
+"""A finished run's best weights (`lm_zoo.runs.finished.load_trained`) scored
+by any evaluator (`evaluate_workdir`), and the learned update rule
+meta-trained for them (`meta_train_workdir`)."""
 
 from __future__ import annotations
 
 import pathlib
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -14,60 +13,13 @@ import numpy as np
 import optax
 
 from lm_zoo.configs import evaluation_config
-from lm_zoo.data import Corpus, Vocab
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import (EvalResult, Evaluator, build_evaluator, diagonal_fisher,
                                meta_train, split_names)
-from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
-from lm_zoo.presets import is_preset, load_params
-from lm_zoo.remote import resolve
-from lm_zoo.training.checkpoints import Checkpoints
-from lm_zoo.training.run import load_data
-from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network,
-                                          load_meta_learner, save_meta_learner)
-from lm_zoo.training.workdir import check_data, load_config, load_vocab
-
-
-def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
-                 ) -> tuple[ml_collections.ConfigDict, Corpus, RecurrentLM, Any]:
-  """(config, corpus, model, best parameters) of a work directory, its data
-  read from `data_dir` when given, else from where the run recorded.
-  `workdir` may be a preset too (`lm_zoo.presets`), or its URL
-  (`lm_zoo.remote.resolve`)."""
-  workdir = resolve(workdir)
-  config = load_config(workdir)
-  if data_dir:
-    config.data.data_dir = data_dir
-  corpus = load_data(config)
-  check_data(corpus, workdir)
-  model = build_model(config.model, len(corpus.vocab))
-  return config, corpus, model, _best_params(workdir, model)
-
-
-def load_model(workdir: str | pathlib.Path
-               ) -> tuple[ml_collections.ConfigDict, Vocab, RecurrentLM, Any]:
-  """(config, vocabulary, model, best parameters) of a work directory,
-  without its training data: the vocabulary is the one the run saved.
-  `workdir` may be a preset too (`lm_zoo.presets`), or its URL
-  (`lm_zoo.remote.resolve`)."""
-  workdir = resolve(workdir)
-  config = load_config(workdir)
-  vocab = load_vocab(workdir)
-  model = build_model(config.model, len(vocab))
-  return config, vocab, model, _best_params(workdir, model)
-
-
-def _best_params(workdir: str | pathlib.Path, model: RecurrentLM) -> Any:
-  like = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  if is_preset(workdir):
-    return load_params(workdir, like)
-  with Checkpoints(workdir) as checkpoints:  # closed
-    best = checkpoints.restore_best(like)
-  if best is None:
-    raise ConfigError(f'no best checkpoint in {workdir}/best: training has not '
-                      'finished an epoch yet')
-  return best[0]
+from lm_zoo.runs.finished import load_trained
+from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network, load_meta_learner,
+                                          save_meta_learner)
 
 
 def workdir_evaluator(workdir: str | pathlib.Path, run_config: ml_collections.ConfigDict,
@@ -163,4 +115,3 @@ def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.Confi
                      'first_order': config.first_order, 'carry_over': config.carry_over,
                      'seed': config.seed, 'losses': [float(x) for x in result.losses]})
   return result.losses
-

@@ -301,7 +301,8 @@ def dyneval_objective(tune: ml_collections.ConfigDict, data_dir: str | None = No
   paper's Table 6) and returns that loss; a diverged setting is pruned. The
   trials share one evaluator setup: RMS statistics are estimated once, and
   a segment length compiles once."""
-  from lm_zoo.training import load_trained, workdir_evaluator
+  from lm_zoo.runs import load_trained
+  from lm_zoo.training import workdir_evaluator
   cfg = tune.dyneval
   run_config, corpus, model, params = load_trained(cfg.workdir, data_dir)
   evaluator = workdir_evaluator(cfg.workdir, run_config, cfg.evaluation, batch_size=1)

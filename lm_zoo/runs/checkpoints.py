@@ -36,7 +36,7 @@ from jax.experimental import multihost_utils
 
 from lm_zoo import __version__
 from lm_zoo.errors import CheckpointError, ConfigError
-from lm_zoo.training.parallel import is_main_process, sync_processes
+from lm_zoo.runs.files import is_main_process, sync_processes, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -296,21 +296,6 @@ def _is_broken_json(path: pathlib.Path) -> bool:
     return True
 
 
-def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
-  """Replaces `path` by `text` in one rename: a kill at any moment leaves the
-  old file or the new one, never a part."""
-  path = pathlib.Path(path)
-  with tempfile.NamedTemporaryFile('w', dir=path.parent, prefix=f'.{path.name}.',
-                                   suffix='.tmp', delete=False) as out:
-    try:
-      out.write(text)
-      out.flush()
-      os.fsync(out.fileno())
-      os.chmod(out.name, 0o644)  # temporary files are private; ours are not
-      os.replace(out.name, path)
-    except BaseException:  # a full disk, a signal: nothing half written stays behind
-      os.unlink(out.name)
-      raise
 
 
 def _keys(path) -> tuple[str, ...]:

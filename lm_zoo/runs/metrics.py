@@ -13,8 +13,8 @@ from typing import Any, Sequence
 import ml_collections
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.training.checkpoints import write_text_atomically
-from lm_zoo.training.parallel import is_main_process
+from lm_zoo.runs.files import write_text_atomically
+from lm_zoo.runs.files import is_main_process
 
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'

@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 
 from lm_zoo.errors import TrainingError
-from lm_zoo.training.metrics import MetricsWriter
+from lm_zoo.runs.metrics import MetricsWriter
 
 NONFINITE_POLICIES = ('stop', 'skip', 'rollback')  # train.nonfinite
 log = logging.getLogger(__name__)

@@ -1,6 +1,8 @@
-"""A training run's work directory: the lock that keeps it to one process,
-its config, whether a config may resume it, and its best weights as the
-start of another run."""
+"""A training run's work directory as the run writes it: named and checked
+(`check_workdir`, `refuse_links`), locked to one process (`workdir_lock`),
+its config, data fingerprint, vocabulary and seeds saved, and whether a
+config may resume it (`check_resumable`). `lm_zoo.runs.finished` reads
+them back."""
 
 from __future__ import annotations
 
@@ -17,25 +19,17 @@ from typing import Any, Iterator
 import jax
 import ml_collections
 
-from lm_zoo.data import Corpus, Vocab
-from lm_zoo.data.corpora import SPLITS, vocab_sha256
 from lm_zoo import __version__
-from lm_zoo.configs import base_config
+from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError, WorkdirInUse
-from lm_zoo.training.checkpoints import FORMAT_VERSION, Checkpoints, write_text_atomically
-from lm_zoo.training.metrics import flat_fields
-from lm_zoo.training.parallel import is_main_process, sync_processes
+from lm_zoo.runs.checkpoints import FORMAT_VERSION
+from lm_zoo.runs.files import (CONFIG_FILE, DATA_FILE, FORMAT_KEY, LOCK_FILE, SEEDS_FILE,
+                               VOCAB_FILE, WRITER_KEY, is_main_process, sync_processes,
+                               write_text_atomically)
+from lm_zoo.runs.finished import check_data, load_config, load_seeds
+from lm_zoo.runs.metrics import flat_fields
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE = 'config.json'
-# The fingerprint of the data a run trained on (`record_data`).
-DATA_FILE = 'data.json'
-# Its vocabulary, id order (`load_vocab`).
-VOCAB_FILE = 'vocab.json'
-LOCK_FILE = 'lock'
-# The seeds of a stack trained at once (lm_zoo.training.stacked); absent for a run alone.
-SEEDS_FILE = 'seeds.json'
 
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
 SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.embed_ratio',
@@ -146,11 +140,6 @@ def _flock(descriptor: int, wait: bool, workdir: pathlib.Path, path: pathlib.Pat
                        'in another --workdir') from None
 
 
-# config.json's keys beside the config's sections: the work directory's format
-# (`lm_zoo.training.checkpoints.FORMAT_VERSION`) and the lm_zoo that wrote it.
-FORMAT_KEY, WRITER_KEY = 'format_version', 'lm_zoo_version'
-
-
 def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
   """Writes WORKDIR/config.json with the format it is written in (process
   0 of many)."""
@@ -174,104 +163,6 @@ def record_data(corpus: Corpus, workdir: pathlib.Path) -> None:
         {'kind': corpus.vocab.kind, 'tokens': list(corpus.vocab.tokens)}))
     write_text_atomically(path, json.dumps(corpus.fingerprint(), indent=2))
   sync_processes('lm_zoo data recorded')
-
-
-def read_json(path: pathlib.Path, what: str) -> Any:
-  """A work directory's JSON file; a one-line ConfigError when it is missing
-  or does not parse."""
-  if not path.is_file():
-    raise ConfigError(f'{path} is missing: {what}. Restore it, or train again in a new '
-                      '--workdir')
-  try:
-    return json.loads(path.read_text())
-  except (ValueError, UnicodeDecodeError) as err:
-    raise ConfigError(f'{path} is damaged ({type(err).__name__}: {err}): restore it, or '
-                      'train again in a new --workdir') from None
-
-
-def load_vocab(workdir: str | pathlib.Path) -> Vocab:
-  """The vocabulary a run trained with (WORKDIR/vocab.json), checked against
-  the fingerprint of the run's data (WORKDIR/data.json): a renamed or
-  reordered token would map ids to other words."""
-  workdir = pathlib.Path(workdir)
-  saved = read_json(workdir / VOCAB_FILE, 'every work directory keeps its vocabulary')
-  fingerprint = read_json(workdir / DATA_FILE, 'every work directory keeps the fingerprint '
-                          'of its data')
-  try:
-    vocab = Vocab(tuple(saved['tokens']), kind=saved['kind'])
-  except (KeyError, TypeError, ValueError) as err:
-    raise ConfigError(f'{workdir / VOCAB_FILE} is damaged (no valid {err}): restore it, or '
-                      'train again in a new --workdir') from None
-  if vocab_sha256(vocab) != fingerprint.get('vocab_sha256'):
-    raise ConfigError(f'{workdir / VOCAB_FILE} is not the vocabulary the run trained with '
-                      f'(its sha256 differs from {workdir / DATA_FILE}\'s): restore it, or '
-                      'train again in a new --workdir')
-  return vocab
-
-
-def check_data(corpus: Corpus, workdir: str | pathlib.Path) -> None:
-  """Raises ConfigError when `corpus` is not the data the run in `workdir`
-  was trained on (its vocabulary, or a split, differs from data.json): the
-  ids would map to other words, and the scores mean nothing."""
-  path = pathlib.Path(workdir) / DATA_FILE
-  saved = read_json(path, 'every work directory keeps the fingerprint of its data')
-  now = corpus.fingerprint()
-  differ = [key for key in ('vocab_sha256', *SPLITS) if saved.get(key) != now[key]]
-  if differ:
-    what = ('the vocabulary' if differ[0] == 'vocab_sha256' else
-            f'the {differ[0]} split ({now[differ[0]]["tokens"]:,} tokens, the run\'s had '
-            f'{saved[differ[0]]["tokens"]:,})')
-    raise ConfigError(f'the {corpus.name} data differs from what {workdir} was trained on: '
-                      f'{what} is another ({path} has the fingerprint of the run\'s '
-                      'data). Point the program\'s --data_dir at the files the run used.')
-
-
-def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
-  """The config a work directory was trained with.
-
-  Raises:
-    ConfigError: config.json is missing, does not parse, or was written in
-      another format than this lm_zoo's (`FORMAT_VERSION`).
-  """
-  path = pathlib.Path(workdir) / CONFIG_FILE
-  if not path.is_file():
-    raise ConfigError(f'{path} not found: is {workdir} a work directory written '
-                      'by lm-zoo-train?')
-  try:
-    saved = json.loads(path.read_text())
-  except ValueError as err:
-    raise ConfigError(f'{path} is corrupt or truncated ({err}): restore it, or train '
-                      'again in a new --workdir') from None
-  if not isinstance(saved, dict):
-    raise ConfigError(f'{path} holds no config (a JSON {type(saved).__name__}): restore it, '
-                      'or train again in a new --workdir')
-  written, writer = saved.pop(FORMAT_KEY, None), saved.pop(WRITER_KEY, 'an earlier version')
-  if written != FORMAT_VERSION:
-    raise ConfigError(f'{workdir} was written by lm_zoo {writer} (format {written}); this is '
-                      f'lm_zoo {__version__} (format {FORMAT_VERSION}), which reads only its '
-                      'own: use that lm_zoo for it, or train again in a new --workdir')
-  config = base_config()
-  unknown = _unknown_fields(saved, json.loads(config.to_json_best_effort()))
-  if unknown:
-    raise ConfigError(f'{path} has fields this lm_zoo does not know: {", ".join(unknown[:5])}'
-                      + (f' and {len(unknown) - 5} more' if len(unknown) > 5 else '')
-                      + ': it was edited or written by another version; restore it, or train '
-                      'again in a new --workdir')
-  config.update(saved)
-  return config
-
-
-def _unknown_fields(saved: Any, known: Any, prefix: str = '') -> list[str]:
-  """The dotted names in `saved` that `known` (a config as JSON) lacks."""
-  if not isinstance(saved, dict) or not isinstance(known, dict):
-    return []
-  unknown = []
-  for name, value in saved.items():
-    if name not in known:
-      unknown.append(prefix + name)
-    else:
-      unknown += _unknown_fields(value, known[name], f'{prefix}{name}.')
-  return unknown
 
 
 def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path,
@@ -315,22 +206,3 @@ def save_seeds(workdir: pathlib.Path, seeds: list[int]) -> None:
   """Writes WORKDIR/seeds.json, which marks the work directory of a stack."""
   if is_main_process():
     write_text_atomically(workdir / SEEDS_FILE, json.dumps({'seeds': seeds}))
-
-
-def load_seeds(workdir: str | pathlib.Path) -> list[int] | None:
-  """The seeds of the stack in `workdir`; None for a run alone."""
-  path = pathlib.Path(workdir) / SEEDS_FILE
-  return json.loads(path.read_text())['seeds'] if path.is_file() else None
-
-
-def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
-  """The best weights of the run in `workdir`, shaped as `like` (a fine-tuning
-  stage starts from them)."""
-  if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
-    raise ConfigError(f'train.init_from={workdir} is not a work directory of lm-zoo-train')
-  with Checkpoints(workdir) as checkpoints:  # closed
-    best = checkpoints.restore_best(like)
-  if best is None:
-    raise ConfigError(f'train.init_from={workdir} has no best checkpoint: its run has '
-                      'not finished an epoch')
-  return best[0]
