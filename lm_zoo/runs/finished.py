@@ -175,8 +175,8 @@ def best_params(workdir: str | pathlib.Path, like: Any, name: str = ''
   with Checkpoints(workdir) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:
-    raise ConfigError(f'{name or workdir} has no best checkpoint ({workdir}/best): its run '
-                      'has not finished an epoch yet')
+    raise ConfigError(f'{name + ": " if name else ""}no best checkpoint in {workdir}/best: '
+                      'training has not finished an epoch yet')
   return best
 
 
