@@ -26,7 +26,6 @@ import logging
 import os
 import pathlib
 import shutil
-import tempfile
 from typing import Any
 
 import jax
@@ -36,7 +35,7 @@ from jax.experimental import multihost_utils
 
 from lm_zoo import __version__
 from lm_zoo.errors import CheckpointError, ConfigError
-from lm_zoo.runs.files import is_main_process, sync_processes, write_text_atomically
+from lm_zoo.runs.files import is_main_process, sync_processes
 
 log = logging.getLogger(__name__)
 

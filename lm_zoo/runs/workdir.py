@@ -14,7 +14,7 @@ import logging
 import os
 import pathlib
 import socket
-from typing import Any, Iterator
+from typing import Iterator
 
 import jax
 import ml_collections
