@@ -73,3 +73,28 @@ def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
   expected, _ = rms.update(grads, rms.init(trained), params)
   np.testing.assert_allclose(_flat_params(updates), _flat_params(expected), rtol=1e-4,
                              atol=1e-6)
+
+
+def test_a_preset_is_meta_trained_into_a_named_folder_and_stays_as_exported(
+    trained_workdir, tmp_path):
+  from lm_zoo.errors import ConfigError
+  from lm_zoo.presets import verify
+  from lm_zoo.runs import export
+  preset = export(trained_workdir, tmp_path / 'preset')
+  files = sorted(p.name for p in preset.iterdir())
+  with pytest.raises(ConfigError, match=r'is a preset.*--config.output=FOLDER'):
+    _meta_train(preset)
+  _meta_train(preset, output=str(tmp_path / 'rule'))
+  assert sorted(p.name for p in preset.iterdir()) == files
+  verify(preset)  # every file as exported
+  saved = load_meta_learner(tmp_path / 'rule')
+  from_workdir = (_meta_train(trained_workdir, output=str(tmp_path / 'rule_w')),
+                  load_meta_learner(tmp_path / 'rule_w'))[1]
+  # The same weights and data: the same Fisher precision in both rules.
+  np.testing.assert_array_equal(_flat_params(saved.transformation.init(None).precision),
+                                _flat_params(from_workdir.transformation.init(None).precision))
+  config = evaluation_config('learned')
+  config.splits = ('valid',)
+  config.learned.meta_learner = str(tmp_path / 'rule')
+  assert (evaluate_workdir(preset, config)['valid'].loss
+          == evaluate_workdir(trained_workdir, config)['valid'].loss)

@@ -6,7 +6,8 @@ then scores the config's `evaluation.splits` with it:
       --config.meta_steps=300 --config.num_updates=40
   lm-zoo-eval --workdir=runs/x --config=experiments/dyneval_learned.py   # later, again
 
-The rule is saved to WORKDIR/meta_learner. Every field of the config can be
+The rule is saved to WORKDIR/meta_learner, or to --config.output=FOLDER (which
+a preset, kept as it was exported, needs). Every field of the config can be
 set with --config.FIELD=VALUE; they are listed under 'Config fields' below.
 """
 
@@ -22,8 +23,8 @@ from lm_zoo.training import evaluate_workdir, meta_train_workdir
 config_flags.DEFINE_config_file(
     'config', str(cli.EXPERIMENTS / 'dyneval_learned.py'), 'An experiments/dyneval_learned.py '
     'config; override fields with --config.FIELD=VALUE.', lock_config=True)
-flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.',
-                    required=True)
+flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train, or a preset '
+                    '(its folder, https:// or hf:// URL).', required=True)
 flags.DEFINE_string('data_dir', None, cli.DATA_DIR_HELP)
 FLAGS = flags.FLAGS
 
@@ -38,6 +39,8 @@ def _meta_train_program(argv):
     tenth = max(1, len(losses) // 10)
     print(f'meta-training: L_meta / K {losses[:tenth].mean():.4f} over the first '
           f'{tenth} steps, {losses[-tenth:].mean():.4f} over the last {tenth}')
+  if config.output and not config.evaluation.learned.meta_learner:
+    config.evaluation.learned.meta_learner = config.output  # the rule just trained
   if config.evaluation.splits:
     results = cli.run(lambda: evaluate_workdir(FLAGS.workdir, config.evaluation, data_dir))
     for split, result in results.items():

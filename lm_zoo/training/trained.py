@@ -17,6 +17,8 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import (EvalResult, Evaluator, build_evaluator, diagonal_fisher,
                                meta_train, split_names)
 from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
+from lm_zoo.presets import is_preset
+from lm_zoo.remote import is_remote, resolve
 from lm_zoo.runs.finished import load_trained
 from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network, load_meta_learner,
                                           save_meta_learner)
@@ -32,7 +34,7 @@ def workdir_evaluator(workdir: str | pathlib.Path, run_config: ml_collections.Co
   meta_learner = None
   if config.evaluator == 'learned':
     meta_learner = load_meta_learner(config.learned.meta_learner
-                                     or pathlib.Path(workdir) / META_LEARNER_DIR)
+                                     or resolve(workdir) / META_LEARNER_DIR)
   return build_evaluator(
       config, bptt=run_config.data.bptt,
       batch_size=config.batch_size or batch_size or run_config.data.test_batch_size,
@@ -61,7 +63,8 @@ def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.Confi
   """Meta-trains the learned update rule (Wolf et al. 2018) for a work
   directory's best weights on its training split, as `config` says
   (`lm_zoo.configs.meta_training_config`), and saves it to
-  WORKDIR/meta_learner for the 'learned' evaluator.
+  `config.output` (default WORKDIR/meta_learner) for the 'learned'
+  evaluator. A preset stays as it was exported: its rule needs an `output`.
 
   theta_0's precision is the diagonal Fisher of `fisher_batches` training
   windows of `fisher_batch_size` rows. The gate network (`hidden` units)
@@ -89,6 +92,7 @@ def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.Confi
   if config.decay_mean not in DECAY_MEANS:
     raise ConfigError(f'decay_mean must be one of {", ".join(DECAY_MEANS)}, got '
                       f'{config.decay_mean!r}')
+  output = _meta_learner_output(workdir, config.output)
   run_config, corpus, model, params = load_trained(workdir, data_dir)
   precision = diagonal_fisher(model, params, corpus.train, config.fisher_batch_size,
                               run_config.data.bptt, config.fisher_batches)
@@ -107,7 +111,7 @@ def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.Confi
                       config.batch_size, optimizer, config.seed,
                       first_order=config.first_order, log_every=config.log_every,
                       carry_over=config.carry_over)
-  save_meta_learner(pathlib.Path(workdir) / META_LEARNER_DIR, result.meta_params, precision,
+  save_meta_learner(output, result.meta_params, precision,
                     {**meta, 'segment_length': config.segment_length,
                      'num_updates': config.num_updates, 'batch_size': config.batch_size,
                      'meta_steps': config.meta_steps,
@@ -115,3 +119,15 @@ def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.Confi
                      'first_order': config.first_order, 'carry_over': config.carry_over,
                      'seed': config.seed, 'losses': [float(x) for x in result.losses]})
   return result.losses
+
+
+def _meta_learner_output(workdir: str | pathlib.Path, output: str) -> pathlib.Path:
+  """Where meta-training saves the rule: `output`, else WORKDIR/meta_learner
+  of a work directory (a preset's folder is not written to)."""
+  if output:
+    return pathlib.Path(output)
+  if is_remote(workdir) or is_preset(workdir):
+    raise ConfigError(f'{workdir} is a preset, kept as it was exported: name the folder '
+                      'the rule goes to with --config.output=FOLDER (and score with '
+                      '--config.learned.meta_learner=FOLDER)')
+  return pathlib.Path(workdir) / META_LEARNER_DIR
