@@ -7,22 +7,30 @@ A URL's preset is downloaded once into $LM_ZOO_CACHE (default
 it lists to a temporary name, renamed when its sha256 matches. A file that
 does not match is refused and the download discarded; an interrupted one
 resumes (where the server takes a Range) or restarts on the next call.
+Processes that ask for a URL at once download it once: the others wait on
+the cache's lock, then read the copy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import http.client
+import logging
 import os
 import pathlib
 import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Iterator
 
 from lm_zoo.errors import ConfigError
 from lm_zoo.presets import SUMS_FILE, read_sums, sha256_file, verify
 from lm_zoo.progress import ProgressLog
+
+log = logging.getLogger(__name__)
 
 _LOCAL_HOSTS = ('localhost', '127.0.0.1', '::1')
 _BLOCK = 1 << 16
@@ -71,6 +79,31 @@ def _from_url(url: str) -> pathlib.Path:
   entry = cache_dir() / hashlib.sha256(base.encode()).hexdigest()[:24]
   if entry.is_dir():
     return entry
+  with _cache_lock(entry.parent):
+    if not entry.is_dir():  # another process may have brought it meanwhile
+      _download_preset(base, entry)
+  return entry
+
+
+@contextlib.contextmanager
+def _cache_lock(folder: pathlib.Path) -> Iterator[None]:
+  """Holds the cache folder's lock (flock on the folder itself, so that no
+  lock file is left behind); waits, saying so, while another process holds it."""
+  folder.mkdir(parents=True, exist_ok=True)
+  descriptor = os.open(folder, os.O_RDONLY)
+  try:
+    try:
+      fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      log.info('Waiting for another process downloading into %s', folder)
+      fcntl.flock(descriptor, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(descriptor)  # releases the lock
+
+
+def _download_preset(base: str, entry: pathlib.Path) -> None:
+  """Downloads the preset at `base` (a URL ending in /) into `entry`."""
   partial = entry.with_name(entry.name + '.partial')
   partial.mkdir(parents=True, exist_ok=True)
   try:
@@ -84,7 +117,6 @@ def _from_url(url: str) -> pathlib.Path:
     raise ConfigError(str(err)) from None
   verify(partial)
   os.replace(partial, entry)
-  return entry
 
 
 class _Damaged(Exception):

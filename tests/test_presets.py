@@ -4,6 +4,7 @@ directory does, and a preset served by a real HTTP server on this host is
 downloaded once, verified, refused when damaged and fetched again cleanly
 after an interrupted download."""
 
+import concurrent.futures
 import hashlib
 import http.server
 import json
@@ -301,3 +302,14 @@ def test_the_programs_export_and_read_a_preset(run, trained, tmp_path):
   results = json.loads((tmp_path / 'e.json').read_text())['results']
   assert results['test']['perplexity'] == pytest.approx(summary['test']['perplexity'], rel=1e-5)
   assert not (out / 'evaluations').exists()  # a preset stays as it was published
+
+
+def test_processes_asking_for_one_url_at_once_download_it_once(served, trained, cache):
+  server, folder = served
+  from lm_zoo.remote import resolve
+  files = len((folder / 'SHA256SUMS').read_text().splitlines()) + 1
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:  # flock parts threads' opens too
+    entries = list(pool.map(resolve, [server.url] * 3))
+  assert len(set(entries)) == 1 and len(server.requests) == files
+  assert sorted(p.name for p in cache.iterdir()) == [entries[0].name]  # no lock file left
+  _same_model(lm_zoo.load(server.url), trained)
