@@ -35,7 +35,7 @@ CASES = {
     'load_corpus(an unknown corpus)': (lambda t: load_corpus('nope', t),
                                        "unknown corpus 'nope': choose one of ptb"),
     'load_corpus(a file as the folder)': (lambda t: load_corpus('ptb', t / 'file.txt'),
-                                          'data folder {t}/file.txt does not exist'),
+                                          'data folder {t}/file.txt is a file, not a folder'),
 }
 
 

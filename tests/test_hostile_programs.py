@@ -45,7 +45,7 @@ PROBES = {
         'train.log_every=-1 must be at least 1'),
     'train: a data folder that is a file': (
         'train', ['--workdir={t}/a', '--config.data.data_dir={t}/file.txt'],
-        'data folder {t}/file.txt does not exist'),
+        'data folder {t}/file.txt is a file, not a folder'),
     'train: a config file with a syntax error': (
         'train', ['--config={t}/syntax.py'],
         '--config={t}/syntax.py does not load (SyntaxError: invalid syntax (syntax.py, line '

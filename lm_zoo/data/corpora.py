@@ -165,7 +165,8 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
   """The data folder (`chosen_data_dir`), which must exist."""
   path = chosen_data_dir(data_dir)
   if not path.is_dir():
-    raise DataError(f'data folder {path} does not exist: name the folder holding ptb/, '
+    what = 'is a file, not a folder' if path.exists() else 'does not exist'
+    raise DataError(f'data folder {path} {what}: name the folder holding ptb/, '
                     'wikitext-2/, ptb-char/ (LM_ZOO_DATA for every program, or '
                     'lm-zoo-train --config.data.data_dir, the other programs\' --data_dir; '
                     'in Python, the data_dir argument), or fetch them with lm-zoo-download')
