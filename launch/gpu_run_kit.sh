@@ -17,7 +17,7 @@
 # and dynamic evaluation's speed under each (dynamic_evaluation.json,
 # dynamic_evaluation.txt); 6 minutes on an H100 were its plan.
 # `agreement` trains AGREEMENT_STEPS updates of the 24M LSTM and Mogrifier
-# recipes and Zaremba's small one, from one seed, under each scan they take,
+# recipes, Zaremba's small one and the small aLSTM's, from one seed, under each scan they take,
 # and collects their validation perplexities (agreement.json, agreement.txt).
 # `stacks` times stacks of
 # seeds against a run alone (benchmarks/stacked_seeds.py: stacked_seeds.json,
@@ -67,10 +67,15 @@ tests=(tests/test_lstm.py tests/test_lstm_recurrence.py tests/test_scans.py
        tests/test_mogrifier.py tests/test_alstm.py tests/test_language_model.py
        tests/test_mixture_of_softmaxes.py tests/test_dual.py tests/test_regularisation.py)
 bench=()
-kernel_tests=(tests/test_lstm_step.py tests/test_pallas_lstm.py tests/test_mogrifier_rounds.py
-              tests/test_pallas_mogrifier.py tests/test_cudnn_lstm.py tests/test_lstm.py)
-# 'auto' is each recipe's way today (the fused windows; the aLSTM's plain scan).
-kernel_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier,alstm_paper:ptb
+# Every kernel test, those marked slow too: interpreted on a CPU they take
+# tens of seconds, compiled on the GPU they do not.
+kernel_tests=(-m 'slow or not slow' tests/test_lstm_step.py tests/test_pallas_lstm.py
+              tests/test_mogrifier_rounds.py tests/test_pallas_mogrifier.py
+              tests/test_pallas_alstm.py tests/test_cudnn_lstm.py tests/test_lstm.py)
+# 'auto' is each recipe's way today (the fused windows; the paper's aLSTM, its
+# latents wired as the LSTM-RHN and dropped, the plain scan). ptb_alstm_small:recurrent
+# is the aLSTM whose layers take the window kernels (an eq. 7 latent each, none dropped).
+kernel_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier,alstm_paper:ptb,ptb_alstm_small:recurrent
               --scans=auto,pallas --steps=10 --rounds=2
               --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_fp16,torch_lstm_bf16)
 dynamic=(--sizes=650 --tokens=1000 --scans=fused,pallas,cudnn)  # ratios against 'fused'
@@ -80,7 +85,8 @@ agreement=(--config.train.max_steps=$AGREEMENT_STEPS --config.train.eval_every=0
            --config.generate.num_lines=0)
 agreement_runs=("mogrifier_paper.py:ptb_lstm fused pallas"
                 "mogrifier_paper.py:ptb_mogrifier fused pallas"
-                "ptb_lstm_small.py fused pallas cudnn")
+                "ptb_lstm_small.py fused pallas cudnn"
+                "ptb_alstm_small.py:recurrent fused pallas")
 train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=valid)
 stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
 seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))

@@ -76,11 +76,11 @@ def base_config() -> ml_collections.ConfigDict:
   # auto (on a GPU cudnn where the layer allows it; else fused where the cell
   # has a kernel, else hoisted where it can, else scan), fused (a hand-written
   # backward pass with one weight-gradient product per window: lstm and
-  # Mogrifier-lstm layers), pallas (the fused window with one Pallas kernel a
-  # step: lstm), cudnn (cuDNN's LSTM, float32: plain lstm layers without state
-  # dropout), hoisted (W x for every step before the scan: lstm), scan (JAX
-  # differentiates the step), or remat (each step recomputed in the backward
-  # pass: memory for long BPTT).
+  # Mogrifier-lstm layers), pallas (the fused window with Pallas kernels a
+  # step: lstm, Mogrifier-lstm and alstm layers), cudnn (cuDNN's LSTM,
+  # float32: plain lstm layers without state dropout), hoisted (W x for
+  # every step before the scan: lstm), scan (JAX differentiates the step), or
+  # remat (each step recomputed in the backward pass: memory for long BPTT).
   c.model.scan = 'auto'
   # Computation dtype: float32, or bfloat16: matrix products on bfloat16
   # operands summed in float32 (GPU/TPU, and CPUs with AVX512-BF16/AMX), with

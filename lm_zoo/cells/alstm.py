@@ -70,9 +70,10 @@ class ALSTMCell(nn.RNNCellBase):
   none) and, under `nn.scan` with that RNG not split over steps (as our
   stacks run cells), it is the same at every step: variational.
 
-  Its fused window kernel (`alstm_recurrence`, latent `LSTMCell` or
-  `StaticLatent`) is registered in `lm_zoo.cells.scans`; a cell that draws
-  a latent dropout mask runs the plain scan.
+  Its window kernels (latent `LSTMCell` or `StaticLatent`: 'fused',
+  `alstm_recurrence`, and 'pallas', `pallas_alstm_recurrence`) are
+  registered in `lm_zoo.cells.scans`; a cell that draws a latent dropout
+  mask runs the plain scan.
 
   Attributes:
     features: hidden size n.

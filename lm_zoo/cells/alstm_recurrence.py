@@ -38,17 +38,17 @@ from lm_zoo.layers.adaptive import split_sizes
 from lm_zoo.layers.products import accumulation_dtype, contract
 
 
-def _is_recurrent(params) -> bool:
+def is_recurrent(params) -> bool:
   """Whether the latent is an `LSTMCell` (eq. 7) rather than `StaticLatent` (eq. 6)."""
   return 'recurrent_kernel' in params['latent']
 
 
-def _latent_dense(params):
+def latent_dense(params):
   latent = params['latent']
-  return latent['input'] if _is_recurrent(params) else latent['Dense_0']
+  return latent['input'] if is_recurrent(params) else latent['Dense_0']
 
 
-def _policy_sizes(m, n):
+def policy_sizes(m, n):
   return (m, n, 4 * n, 4 * n, 4 * n)
 
 
@@ -56,11 +56,11 @@ def _forward_scan(params, inputs, carry, state_mask, dtype, unroll, cap_input_ga
   """The outputs h_1..h_T, the final carry, and per step what the backward
   pass reads: the policies, the products a and r, the gate activations, c_t,
   z and (recurrent latent) its gate activations and cell state."""
-  recurrent = _is_recurrent(params)
+  recurrent = is_recurrent(params)
   m, n = inputs.shape[-1], carry[-1].shape[-1]
   kernel, recurrent_kernel = params['input']['kernel_1'], params['recurrent']['kernel_1']
   bias, policy = params['recurrent']['bias'], params['policy']['kernel']
-  latent_kernel, latent_bias = _latent_dense(params)['kernel'], _latent_dense(params)['bias']
+  latent_kernel, latent_bias = latent_dense(params)['kernel'], latent_dense(params)['bias']
   accumulate = accumulation_dtype(dtype)
 
   def step(carry, x):
@@ -77,7 +77,7 @@ def _forward_scan(params, inputs, carry, state_mask, dtype, unroll, cap_input_ga
     else:
       z, latent_saved = jax.nn.relu(projected), ()
     pi = jnp.tanh(contract('bk,kp->bp', z, policy, dtype))
-    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, _policy_sizes(m, n))
+    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
     a = contract('bm,mk->bk', x * x_scale, kernel, dtype)
     r = contract('bn,nk->bk', h_in * h_scale, recurrent_kernel, dtype)
     act = _activations(a * w_scale + (r * v_scale + bias * b_scale))
@@ -109,7 +109,7 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, residuals, cotangents):
   params, inputs, (latent0, c0, h0), state_mask, hs, saved = residuals
   acts, cs, pis, a_s, rs, zs, latent_saved = saved
   d_hs, (d_latent_last, d_c_last, d_h_last) = cotangents
-  recurrent = _is_recurrent(params)
+  recurrent = is_recurrent(params)
   m, n = inputs.shape[-1], h0.shape[-1]
   bias = params['recurrent']['bias']
   h_prev = shifted(h0, hs)
@@ -117,7 +117,7 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, residuals, cotangents):
   kernel_t = _transposed(params['input']['kernel_1'], dtype)
   recurrent_kernel_t = _transposed(params['recurrent']['kernel_1'], dtype)
   policy_t = _transposed(params['policy']['kernel'], dtype)
-  latent_kernel = _latent_dense(params)['kernel']
+  latent_kernel = latent_dense(params)['kernel']
   if recurrent:
     acts_z, cs_z = latent_saved
     z_prev = shifted(latent0[1], zs)
@@ -132,7 +132,7 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, residuals, cotangents):
     d_h_out, x, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, pi, a, r, latent_t = xs
     h_in = h_prev_t * state_mask
     d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
-    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, _policy_sizes(m, n))
+    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
     d_x_scaled = contract('bk,km->bm', d_gates * w_scale, kernel_t, dtype)
     d_h_scaled = contract('bk,kn->bn', d_gates * v_scale, recurrent_kernel_t, dtype)
     d_pi = jnp.concatenate([d_x_scaled * x, d_h_scaled * h_in, d_gates * a, d_gates * r,
@@ -159,27 +159,27 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, residuals, cotangents):
       jax.lax.scan(step, (d_latent_last, d_c_last, d_h_last, jnp.zeros_like(state_mask)),
                    (d_hs, inputs, h_prev, f, d_c_from_h, gate_scales, pis, a_s, rs,
                     latent_factors), reverse=True, unroll=unroll))
-  grads = _weight_gradients(params, inputs, h_prev * state_mask, pis, zs, d_gates, d_policy_in,
+  grads = weight_gradients(params, inputs, h_prev * state_mask, pis, zs, d_gates, d_policy_in,
                             d_latent_gates, z_prev if recurrent else None, dtype)
   return grads, d_inputs, (d_latent0, d_c0, d_h0), d_mask
 
 
-def _weight_gradients(params, inputs, h_in, pis, zs, d_gates, d_policy_in, d_latent_gates,
+def weight_gradients(params, inputs, h_in, pis, zs, d_gates, d_policy_in, d_latent_gates,
                       z_prev, dtype):
   """Every weight's gradient, each one product (or sum) over the window's T·B rows."""
   m, n = inputs.shape[-1], h_in.shape[-1]
   rows = lambda a: a.reshape(-1, a.shape[-1])
-  x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(rows(pis), _policy_sizes(m, n))
+  x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(rows(pis), policy_sizes(m, n))
   d_gates = rows(d_gates)
   product = lambda a, b, like: contract('tm,tk->mk', a, b, dtype).astype(like.dtype)
   column_sum = lambda a, like: jnp.sum(a, axis=0, dtype=jnp.promote_types(
       like.dtype, jnp.float32)).astype(like.dtype)
   bias = params['recurrent']['bias']
   d_latent_gates = rows(d_latent_gates)
-  latent_dense = _latent_dense(params)
+  dense = latent_dense(params)
   v = jnp.concatenate([rows(inputs), rows(h_in)], axis=-1)
-  d_dense = {'kernel': product(v, d_latent_gates, latent_dense['kernel']),
-             'bias': column_sum(d_latent_gates, latent_dense['bias'])}
+  d_dense = {'kernel': product(v, d_latent_gates, dense['kernel']),
+             'bias': column_sum(d_latent_gates, dense['bias'])}
   if z_prev is None:
     d_latent = {'Dense_0': d_dense}
   else:

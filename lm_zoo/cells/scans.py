@@ -51,6 +51,7 @@ from lm_zoo.cells.cudnn_lstm import STATE_MASK_REFUSAL, cudnn_lstm_window, cudnn
 from lm_zoo.cells.lstm import LSTMCell, gate_bias
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence, mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import Mogrify, MogrifierRounds
+from lm_zoo.cells.pallas_alstm import pallas_alstm_recurrence
 from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
 from lm_zoo.cells.pallas_mogrifier import pallas_mogrified_lstm_recurrence
 from lm_zoo.layers.products import accumulation_dtype, linear
@@ -176,12 +177,22 @@ def _mogrify_kernel(way: str, own: FusedKernel | None = None) -> KernelFactory:
   return kernels
 
 
+def _alstm_dtype(cell: ALSTMCell, params, inputs):
+  return cell.dtype or jnp.result_type(inputs, params['input']['kernel_1'])
+
+
 def alstm_window(cell: ALSTMCell, params, carry, inputs: jax.Array,
                  state_mask: jax.Array | None = None, unroll: int = 1):
   """`ALSTMCell`'s window: `alstm_recurrence`."""
-  dtype = cell.dtype or jnp.result_type(inputs, params['input']['kernel_1'])
-  return alstm_recurrence(inputs, params, carry, state_mask, dtype, unroll,
-                          cell.cap_input_gate)
+  return alstm_recurrence(inputs, params, carry, state_mask, _alstm_dtype(cell, params, inputs),
+                          unroll, cell.cap_input_gate)
+
+
+def pallas_alstm_window(cell: ALSTMCell, params, carry, inputs: jax.Array,
+                        state_mask: jax.Array | None = None, unroll: int = 1):
+  """`ALSTMCell`'s window with one Pallas kernel a step: `pallas_alstm_recurrence`."""
+  return pallas_alstm_recurrence(inputs, params, carry, state_mask,
+                                 _alstm_dtype(cell, params, inputs), unroll, cell.cap_input_gate)
 
 
 # Why an aLSTM that drops its latent runs no window kernel.
@@ -217,7 +228,8 @@ REGISTRY: dict[type, CellScans] = {
     Mogrify: CellScans(fused=_mogrify_kernel('fused', mogrified_lstm_window),
                        pallas=_mogrify_kernel('pallas', pallas_mogrified_lstm_window),
                        cudnn=_mogrify_kernel('cudnn')),
-    ALSTMCell: CellScans(fused=_alstm_kernel(alstm_window)),
+    ALSTMCell: CellScans(fused=_alstm_kernel(alstm_window),
+                         pallas=_alstm_kernel(pallas_alstm_window)),
 }
 
 

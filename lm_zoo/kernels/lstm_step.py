@@ -39,6 +39,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from lm_zoo.kernels.common import (compiler_params, interpret_default, precision_for, product,
+                                   sigmoid)
+
 GATES = 4
 
 
@@ -83,39 +86,6 @@ def tiles_for(batch: int, units: int) -> Tiles:
   return Tiles(batch=rows, units=32 if units >= 256 else 16, chunk=64 if units >= 256 else 16)
 
 
-def interpret_default() -> bool:
-  """Pallas runs compiled on a GPU and interpreted everywhere else."""
-  return jax.default_backend() != 'gpu'
-
-
-def precision_for(dtype: Any) -> jax.lax.Precision:
-  """The products' precision: float32 operands follow JAX's default matmul
-  precision (TF32 on NVIDIA GPUs unless it is 'highest', as XLA's products
-  do); narrower operands are multiplied as they are."""
-  wanted = jax.config.jax_default_matmul_precision
-  if jnp.dtype(dtype).itemsize >= 4 and wanted in ('highest', 'float32'):
-    return jax.lax.Precision.HIGHEST
-  return jax.lax.Precision.DEFAULT
-
-
-def _compiler_params(tiles: Tiles, interpret: bool):
-  if interpret:
-    return None
-  from jax.experimental.pallas import triton as pl_triton
-  return pl_triton.CompilerParams(num_warps=tiles.num_warps, num_stages=2)
-
-
-def _sigmoid(x):
-  return 0.5 * jnp.tanh(0.5 * x) + 0.5
-
-
-def _product(a, b, dtype, precision, transpose_b=False):
-  """a b (or a bᵀ) with operands in `dtype`, summed in float32."""
-  dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
-  return jax.lax.dot_general(a.astype(dtype), b.astype(dtype), dims, precision=precision,
-                             preferred_element_type=jnp.float32)
-
-
 def _forward_kernel(*refs, chunks, chunk, dtype, precision, cap_input_gate, masked):
   if masked:
     h_ref, mask_ref, c_ref, p_ref, u_ref, c_out, h_out, act_out = refs
@@ -125,12 +95,12 @@ def _forward_kernel(*refs, chunks, chunk, dtype, precision, cap_input_gate, mask
   def accumulate(k, gates):
     cols = pl.ds(pl.multiple_of(k * chunk, chunk), chunk)
     h = h_ref[:, cols] if mask_ref is None else h_ref[:, cols] * mask_ref[:, cols]
-    return tuple(g + _product(h, u_ref[gate, cols, :], dtype, precision)
+    return tuple(g + product(h, u_ref[gate, cols, :], dtype, precision)
                  for gate, g in enumerate(gates))
 
   gates = jax.lax.fori_loop(0, chunks, accumulate,
                             tuple(p_ref[gate].astype(jnp.float32) for gate in range(GATES)))
-  i, f, j, o = _sigmoid(gates[0]), _sigmoid(gates[1]), jnp.tanh(gates[2]), _sigmoid(gates[3])
+  i, f, j, o = sigmoid(gates[0]), sigmoid(gates[1]), jnp.tanh(gates[2]), sigmoid(gates[3])
   written = jnp.minimum(1 - f, i) if cap_input_gate else i
   c = f * c_ref[...].astype(jnp.float32) + written * j
   c_out[...] = c.astype(c_out.dtype)
@@ -174,7 +144,7 @@ def forward_step(h: jax.Array, mask: jax.Array | None, c: jax.Array, projected: 
       out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype),
                  jax.ShapeDtypeStruct(c.shape, h.dtype),
                  jax.ShapeDtypeStruct(projected.shape, jnp.float32)],
-      compiler_params=_compiler_params(tiles, interpret), interpret=interpret,
+      compiler_params=compiler_params(tiles, interpret), interpret=interpret,
       name='lstm_step_forward')(h, *masks, c, projected, kernel)
 
 
@@ -198,7 +168,7 @@ def _backward_kernel(d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, sc
       cols = pl.ds(pl.multiple_of(k * chunk, chunk), chunk)
       _, d_gates = _gate_gradients(*refs, cols)
       for gate, d_gate in enumerate(d_gates):
-        total = total + _product(d_gate, u_ref[gate, :, cols], dtype, precision,
+        total = total + product(d_gate, u_ref[gate, :, cols], dtype, precision,
                                  transpose_b=True)
       return total
 
@@ -258,7 +228,7 @@ def backward_step(d_out: jax.Array, d_rec: jax.Array, mask: jax.Array, d_c: jax.
       in_specs=[rows, rows, rows, rows, rows, gate_rows, tile, kernel_spec],
       out_specs=[tile, summed_tile, gate_tile],
       out_shape=[f32(d_c.shape), f32((batch, summed)), f32(scales.shape)],
-      compiler_params=_compiler_params(tiles, interpret), interpret=interpret,
+      compiler_params=compiler_params(tiles, interpret), interpret=interpret,
       name='lstm_step_backward')(d_out, d_rec, mask, d_c, d_c_from_h, scales, forget, kernel)
 
 

@@ -37,52 +37,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
-from lm_zoo.kernels.lstm_step import Tiles, _compiler_params, interpret_default, precision_for
+from lm_zoo.kernels.common import RowProgram, call_by_rows, interpret_default, shifted_columns
+from lm_zoo.kernels.lstm_step import Tiles
 
 
 def _gate(z):
   return 1.0 + jnp.tanh(0.5 * z)  # 2σ(z)
-
-
-def _product(a, b, dtype, precision, transpose_b=False):
-  dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
-  return jax.lax.dot_general(a.astype(dtype), b.astype(dtype), dims, precision=precision,
-                             preferred_element_type=jnp.float32)
-
-
-class _Body:
-  """What a kernel body needs: its rows, chunking, dtypes, the barrier."""
-
-  def __init__(self, rows, chunk, dtype, interpret):
-    self.rows, self.chunk, self.dtype = rows, chunk, dtype
-    self.precision = precision_for(dtype)
-    self.interpret = interpret
-
-  def cols(self, k):
-    return pl.ds(pl.multiple_of(k * self.chunk, self.chunk), self.chunk)
-
-  def barrier(self):
-    """Past here, every thread of the program sees what the others wrote."""
-    if not self.interpret:
-      from jax.experimental.pallas import triton as pl_triton
-      pl_triton.debug_barrier()
-
-  def each_chunk(self, width, body):
-    def step(k, carry):
-      body(self.cols(k))
-      return carry
-    jax.lax.fori_loop(0, width // self.chunk, step, 0)
-
-  def summed(self, width, shape, term):
-    """Σ over the chunks of `width` of term(cols), each of `shape`."""
-    return jax.lax.fori_loop(0, width // self.chunk,
-                             lambda k, total: total + term(self.cols(k)),
-                             jnp.zeros(shape, jnp.float32))
-
-  def product(self, a, b, transpose_b=False):
-    return _product(a, b, self.dtype, self.precision, transpose_b)
 
 
 class _Version:
@@ -93,7 +54,7 @@ class _Version:
     self.ref, self.slot, self.offset = ref, slot, offset
 
   def _index(self, cols):
-    cols = cols if not self.offset else pl.ds(cols.start + self.offset, cols.size)
+    cols = shifted_columns(cols, self.offset)
     return (slice(None), cols) if self.slot is None else (self.slot, slice(None), cols)
 
   def __getitem__(self, cols):
@@ -232,24 +193,6 @@ def _plan(params):
   return tuple('kernel_in' in p for p in params)
 
 
-def _call(kernel, name, row_inputs, weights, outs, tiles, interpret):
-  """A pallas_call over batch tiles: `row_inputs` and (B, ...) outputs by rows,
-  the weights whole; scratch outputs shaped (slots, B, width) by rows too."""
-  def by_rows(shape):
-    block = (tiles.batch, *shape[1:]) if len(shape) == 2 else (shape[0], tiles.batch, shape[2])
-    index = (lambda b: (b, 0)) if len(shape) == 2 else (lambda b: (0, b, 0))
-    return pl.BlockSpec(block, index)
-
-  whole = lambda a: pl.BlockSpec(a.shape, lambda b: (0,) * a.ndim)
-  batch = row_inputs[0].shape[0]
-  return pl.pallas_call(
-      kernel, grid=(batch // tiles.batch,),
-      in_specs=[by_rows(a.shape) for a in row_inputs] + [whole(w) for w in weights],
-      out_specs=[by_rows(o.shape) for o in outs], out_shape=outs,
-      compiler_params=_compiler_params(tiles, interpret), interpret=interpret,
-      name=name)(*row_inputs, *weights)
-
-
 def rounds_forward(x: jax.Array, h: jax.Array, params: list[dict], *, zigzag: bool,
                    tiles: Tiles, dtype: Any, interpret: bool | None = None):
   """The rounds of one step: ([x^↑; h^↑] (B, M + N), each round's gate
@@ -271,8 +214,8 @@ def rounds_forward(x: jax.Array, h: jax.Array, params: list[dict], *, zigzag: bo
           + [f32(batch, p['kernel_in'].shape[1]) for p in params if 'kernel_in' in p]
           + [f32(len(plan), batch, m), f32(len(plan), batch, n)])
   body = functools.partial(_forward_kernel, plan=plan, zigzag=zigzag,
-                           body=_Body(tiles.batch, tiles.chunk, dtype, interpret))
-  mixed, *rest = _call(body, 'mogrifier_rounds_forward', [x, h],
+                           body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret))
+  mixed, *rest = call_by_rows(body, 'mogrifier_rounds_forward', [x, h],
                        _flat_weights(params, plan), outs, tiles, interpret)
   return mixed, rest[:len(plan)], rest[len(plan):len(plan) + sum(plan)]
 
@@ -297,7 +240,7 @@ def rounds_backward(d_mixed: jax.Array, x: jax.Array, h: jax.Array, gates: list[
           + [f32(batch, p['kernel_in'].shape[1]) for p in params if 'kernel_in' in p]
           + [f32(slots, batch, m), f32(slots, batch, n)] * 2)
   body = functools.partial(_backward_kernel, plan=plan, zigzag=zigzag,
-                           body=_Body(tiles.batch, tiles.chunk, dtype, interpret))
-  d_x, d_h, *rest = _call(body, 'mogrifier_rounds_backward', [d_mixed, x, h, *gates],
+                           body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret))
+  d_x, d_h, *rest = call_by_rows(body, 'mogrifier_rounds_backward', [d_mixed, x, h, *gates],
                           _flat_weights(params, plan), outs, tiles, interpret)
   return d_x, d_h, rest[:len(plan)], rest[len(plan):len(plan) + sum(plan)]
