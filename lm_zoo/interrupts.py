@@ -5,8 +5,30 @@ imported, so that Ctrl-C is handled from a program's first moment.
 """
 
 import _thread
+import signal
 import sys
 import threading
+
+_received = threading.Event()
+
+
+def record_interrupts() -> None:
+  """From now on Ctrl-C is remembered (`interrupted`) as it is raised: a C
+  extension interrupted while it loads may print the KeyboardInterrupt and
+  raise an unrelated error, with nothing chained to tell it came from Ctrl-C.
+  Where SIGINT is ignored or handled by someone else, nothing changes."""
+  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _record_and_raise)
+
+
+def _record_and_raise(signum, frame):
+  _received.set()
+  raise KeyboardInterrupt
+
+
+def interrupted() -> bool:
+  """Whether Ctrl-C came since `record_interrupts`."""
+  return _received.is_set()
 
 
 def interrupt_from_unraisable(unraisable) -> None:

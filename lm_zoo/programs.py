@@ -13,12 +13,13 @@ import pathlib
 import signal
 import sys
 
-from lm_zoo.interrupts import interrupt_from_unraisable
+from lm_zoo.interrupts import interrupt_from_unraisable, interrupted, record_interrupts
 
 
 def _launch(name: str) -> None:
   """Imports `lm_zoo.cli.NAME` and runs its `main()`."""
   sys.unraisablehook = interrupt_from_unraisable
+  record_interrupts()
   sys.argv[1:] = installed_configs(sys.argv[1:])
   try:
     program = importlib.import_module(f'lm_zoo.cli.{name}')
@@ -26,7 +27,9 @@ def _launch(name: str) -> None:
     print('interrupted', file=sys.stderr)
     sys.exit(128 + signal.SIGINT)
   except Exception as err:  # the flags and the --config file, read on import
-    if _caused_by_interrupt(err):  # Ctrl-C inside an extension's import, wrapped
+    # Ctrl-C inside an extension's import: wrapped in its ImportError, or
+    # printed by the extension and replaced by another error.
+    if interrupted() or _caused_by_interrupt(err):
       print('interrupted', file=sys.stderr)
       sys.exit(128 + signal.SIGINT)
     if '--verbose' in sys.argv[1:]:
