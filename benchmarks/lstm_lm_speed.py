@@ -11,7 +11,8 @@ batch 20, BPTT 35, plain SGD with gradient clipping (`base_config`):
   backward pass: `model.scan='remat'`), the
   Mogrifier LSTM (r = 5, k = 40; `mogrifier_r5_k40_autodiff` without its
   hand-written backward pass), the aLSTM (recurrent, static and LSTM-RHN
-  adaptation models), AWD-LSTM's dropouts, the dual connection and a
+  adaptation models; `alstm_rhn_scan`: the LSTM-RHN stack under the plain
+  scan instead of its fused window), AWD-LSTM's dropouts, the dual connection and a
   5-component MoS; `*_bf16`: the same in bfloat16 products;
 - baselines: PyTorch's `nn.LSTM` LM (oneDNN's fused kernel; skipped with a
   message when torch is not installed: `pip install torch`), the same under
@@ -61,6 +62,7 @@ MODELS = {
     'alstm_bf16': {'cell': 'alstm', 'dtype': 'bfloat16'},
     'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static'}},
     'alstm_rhn': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn'}},
+    'alstm_rhn_scan': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn'}, 'scan': 'scan'},
     'awd_lstm': {'dropout_embedding': 0.1, 'weight_drop': 0.5, 'dropout_input': 0.4,
                  'dropout_hidden': 0.25, 'dropout_output': 0.4},
     'dual_lstm': lambda hidden: {'tie_embeddings': True, 'dual': {'size': hidden}},

@@ -14,8 +14,11 @@
 # correctness subset on the device (kernel_tests.txt), the benchmark of every
 # recipe under each scan beside cuDNN and PyTorch in every precision, with
 # kernels a step (benchmark_scans.json, benchmark_scans.txt, profile_scans/),
-# and dynamic evaluation's speed under each (dynamic_evaluation.json,
-# dynamic_evaluation.txt); 6 minutes on an H100 were its plan.
+# the aLSTM recipe's LSTM-RHN stack under its fused window ('auto') and its
+# plain scan beside cuDNN's LSTM of its size (benchmark_lstm_rhn.json,
+# benchmark_lstm_rhn.txt, profile_lstm_rhn/), and dynamic evaluation's speed
+# under each (dynamic_evaluation.json, dynamic_evaluation.txt); 6 minutes on
+# an H100 were its plan before the LSTM-RHN rows.
 # `agreement` trains AGREEMENT_STEPS updates of the 24M LSTM and Mogrifier
 # recipes, Zaremba's small one and the small aLSTM's, from one seed, under each scan they take,
 # and collects their validation perplexities (agreement.json, agreement.txt).
@@ -71,13 +74,17 @@ bench=()
 # tens of seconds, compiled on the GPU they do not.
 kernel_tests=(-m 'slow or not slow' tests/test_lstm_step.py tests/test_pallas_lstm.py
               tests/test_mogrifier_rounds.py tests/test_pallas_mogrifier.py
-              tests/test_pallas_alstm.py tests/test_cudnn_lstm.py tests/test_lstm.py)
-# 'auto' is each recipe's way today (the fused windows; the paper's aLSTM, its
-# latents wired as the LSTM-RHN and dropped, the plain scan). ptb_alstm_small:recurrent
-# is the aLSTM whose layers take the window kernels (an eq. 7 latent each, none dropped).
+              tests/test_pallas_alstm.py tests/test_lstm_rhn_recurrence.py
+              tests/test_cudnn_lstm.py tests/test_lstm.py)
+# 'auto' is each recipe's way today (the fused windows, the paper's aLSTM's
+# LSTM-RHN stack's included). ptb_alstm_small:recurrent is the aLSTM whose
+# layers take the Pallas kernel (an eq. 7 latent each, none dropped).
 kernel_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier,alstm_paper:ptb,ptb_alstm_small:recurrent
               --scans=auto,pallas --steps=10 --rounds=2
               --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_fp16,torch_lstm_bf16)
+# The LSTM-RHN stack's fused window against the plain scan it replaced, at the recipe's size.
+rhn_bench=(--recipes=alstm_paper:ptb --scans=auto,scan --steps=10 --rounds=2
+           --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
 dynamic=(--sizes=650 --tokens=1000 --scans=fused,pallas,cudnn)  # ratios against 'fused'
 AGREEMENT_STEPS=${AGREEMENT_STEPS:-200}
 agreement=(--config.train.max_steps=$AGREEMENT_STEPS --config.train.eval_every=0
@@ -96,6 +103,8 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
   kernel_tests=(tests/test_lstm_step.py -k forward_step_is_the_lstm_step)
   kernel_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
                 --scans=pallas --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
+  rhn_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=alstm_paper:ptb --scans=auto
+             --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
   dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=pallas)
   agreement=(--config.train.max_steps=2 --config.train.eval_every=0
              --config.model.param_budget=0 --config.model.hidden_size=16
@@ -152,6 +161,9 @@ if [[ $PARTS == *" kernels "* ]]; then
   "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_scans.json" \
       --profile_dir="$OUT/profile_scans" "${kernel_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_scans.txt" || failed+=(benchmark_scans)
+  "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_lstm_rhn.json" \
+      --profile_dir="$OUT/profile_lstm_rhn" "${rhn_bench[@]}" 2>&1 \
+      | tee "$OUT/benchmark_lstm_rhn.txt" || failed+=(benchmark_lstm_rhn)
   "$PYTHON" benchmarks/dynamic_evaluation_speed.py --output="$OUT/dynamic_evaluation.json" \
       "${dynamic[@]}" 2>&1 | tee "$OUT/dynamic_evaluation.txt" || failed+=(dynamic_evaluation)
 fi

@@ -166,6 +166,9 @@ class LSTMRHNStack(nn.RNNCellBase):
   key not split over steps (as `RecurrentLayer` runs cells) every step draws
   the same masks, so both are variational.
 
+  Its fused window kernel (`lstm_rhn_recurrence`, layers with latent
+  `LSTMCell`) is registered in `lm_zoo.cells.scans`; it draws the same masks.
+
   Attributes:
     cells: the aLSTM layers, bottom first.
     dropout_hidden: rate on each layer's output that feeds the next layer.

@@ -52,37 +52,53 @@ def policy_sizes(m, n):
   return (m, n, 4 * n, 4 * n, 4 * n)
 
 
+def adapted_step(params, x, h_in, c, latent_carry, context=(), latent_mask=None, *, dtype,
+                 cap_input_gate):
+  """One step of the aLSTM with parameters `params` from the input x, the
+  masked fed-back state h_in, the cell state c and the latent's carry;
+  `context` (a tuple of arrays, or ()) extends the latent's input v, and
+  `latent_mask` (or None) multiplies z where the latent makes it.
+
+  Returns:
+    ((latent carry, c_t, h_t), what the backward step reads: the gate
+    activations, c_t, π, a, r, z and the latent's gate activations and cell
+    state (recurrent latent) or nothing (static)).
+  """
+  m, n = x.shape[-1], c.shape[-1]
+  dense = latent_dense(params)
+  accumulate = accumulation_dtype(dtype)
+  v = jnp.concatenate([x, h_in, *context], axis=-1)
+  projected = (contract('bv,vk->bk', v, dense['kernel'], dtype)
+               + dense['bias'].astype(accumulate))
+  if is_recurrent(params):
+    c_z, z_prev = latent_carry
+    act_z = _activations(projected + contract(
+        'bk,kl->bl', z_prev, params['latent']['recurrent_kernel'], dtype))
+    c_z, z = _cell_update(act_z, c_z, z_prev, False)
+    if latent_mask is not None:
+      z = z * latent_mask
+    latent_carry, latent_saved = (c_z, z), (act_z, c_z)
+  else:
+    z, latent_saved = jax.nn.relu(projected), ()
+    if latent_mask is not None:
+      z = z * latent_mask
+  pi = jnp.tanh(contract('bk,kp->bp', z, params['policy']['kernel'], dtype))
+  x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
+  a = contract('bm,mk->bk', x * x_scale, params['input']['kernel_1'], dtype)
+  r = contract('bn,nk->bk', h_in * h_scale, params['recurrent']['kernel_1'], dtype)
+  act = _activations(a * w_scale + (r * v_scale + params['recurrent']['bias'] * b_scale))
+  new_c, new_h = _cell_update(act, c, h_in, cap_input_gate)
+  return (latent_carry, new_c, new_h), (act, new_c, pi, a, r, z, latent_saved)
+
+
 def _forward_scan(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate):
   """The outputs h_1..h_T, the final carry, and per step what the backward
-  pass reads: the policies, the products a and r, the gate activations, c_t,
-  z and (recurrent latent) its gate activations and cell state."""
-  recurrent = is_recurrent(params)
-  m, n = inputs.shape[-1], carry[-1].shape[-1]
-  kernel, recurrent_kernel = params['input']['kernel_1'], params['recurrent']['kernel_1']
-  bias, policy = params['recurrent']['bias'], params['policy']['kernel']
-  latent_kernel, latent_bias = latent_dense(params)['kernel'], latent_dense(params)['bias']
-  accumulate = accumulation_dtype(dtype)
-
+  pass reads (`adapted_step`)."""
   def step(carry, x):
     latent_carry, c, h = carry
-    h_in = h * state_mask
-    v = jnp.concatenate([x, h_in], axis=-1)
-    projected = contract('bv,vk->bk', v, latent_kernel, dtype) + latent_bias.astype(accumulate)
-    if recurrent:
-      c_z, z_prev = latent_carry
-      act_z = _activations(projected + contract(
-          'bk,kl->bl', z_prev, params['latent']['recurrent_kernel'], dtype))
-      c_z, z = _cell_update(act_z, c_z, z_prev, False)
-      latent_carry, latent_saved = (c_z, z), (act_z, c_z)
-    else:
-      z, latent_saved = jax.nn.relu(projected), ()
-    pi = jnp.tanh(contract('bk,kp->bp', z, policy, dtype))
-    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
-    a = contract('bm,mk->bk', x * x_scale, kernel, dtype)
-    r = contract('bn,nk->bk', h_in * h_scale, recurrent_kernel, dtype)
-    act = _activations(a * w_scale + (r * v_scale + bias * b_scale))
-    new_c, new_h = _cell_update(act, c, h, cap_input_gate)
-    return (latent_carry, new_c, new_h), (new_h, act, new_c, pi, a, r, z, latent_saved)
+    new_carry, saved = adapted_step(params, x, h * state_mask, c, latent_carry, dtype=dtype,
+                                    cap_input_gate=cap_input_gate)
+    return new_carry, (new_carry[-1], *saved)
 
   new_carry, (hs, *saved) = jax.lax.scan(step, carry, inputs, unroll=unroll)
   return hs, new_carry, saved
@@ -105,68 +121,109 @@ def _transposed(kernel, dtype):
   return kernel.astype(dtype).T
 
 
-def _recurrence_bwd(dtype, unroll, cap_input_gate, residuals, cotangents):
-  params, inputs, (latent0, c0, h0), state_mask, hs, saved = residuals
-  acts, cs, pis, a_s, rs, zs, latent_saved = saved
-  d_hs, (d_latent_last, d_c_last, d_h_last) = cotangents
-  recurrent = is_recurrent(params)
-  m, n = inputs.shape[-1], h0.shape[-1]
-  bias = params['recurrent']['bias']
-  h_prev = shifted(h0, hs)
-  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
-  kernel_t = _transposed(params['input']['kernel_1'], dtype)
-  recurrent_kernel_t = _transposed(params['recurrent']['kernel_1'], dtype)
-  policy_t = _transposed(params['policy']['kernel'], dtype)
+def transposed_weights(params, dtype):
+  """Wᵀ, Vᵀ, Pᵀ and the latent's [W_z; U_z]ᵀ (W_zᵀ for a static latent) in
+  the products' dtype: what `adapted_step_backward` multiplies by."""
   latent_kernel = latent_dense(params)['kernel']
-  if recurrent:
-    acts_z, cs_z = latent_saved
-    z_prev = shifted(latent0[1], zs)
-    latent_factors = _backward_factors(acts_z, cs_z, latent0[0], False)
+  if is_recurrent(params):
     latent_kernel = jnp.concatenate([latent_kernel, params['latent']['recurrent_kernel']], 0)
+  return tuple(_transposed(kernel, dtype) for kernel in (
+      params['input']['kernel_1'], params['recurrent']['kernel_1'], params['policy']['kernel'],
+      latent_kernel))
+
+
+def step_factors(params, saved, c0, latent0, cap_input_gate):
+  """What the backward step reads that the incoming gradients do not change,
+  for all steps at once, from the forward steps' `saved` (each (T, ...)):
+  per step σ(f), dc/dh, the gate scales, π, a, r and the latent's factors
+  (its σ(f), dc/dz and gate scales; or where z > 0 for a static latent)."""
+  acts, cs, pis, a_s, rs, zs, latent_saved = saved
+  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
+  if is_recurrent(params):
+    acts_z, cs_z = latent_saved
+    latent_factors = _backward_factors(acts_z, cs_z, latent0[0], False)
   else:
     latent_factors = (zs > 0,)
-  latent_kernel_t = _transposed(latent_kernel, dtype)
+  return f, d_c_from_h, gate_scales, pis, a_s, rs, latent_factors
+
+
+def adapted_step_backward(params, weights_t, d_h, d_c, d_latent, x, h_in, factors,
+                          latent_mask=None, *, dtype):
+  """One step of the aLSTM back (the module docstring's equations), from
+  dL/dh_t `d_h`, dL/dc_t `d_c` and the latent carry's gradient `d_latent`
+  (for a recurrent latent (dL/dc_z, dL/dz) from the steps after, z as the
+  carry holds it: masked); `factors`: this step's `step_factors`,
+  `weights_t`: `transposed_weights`.
+
+  Returns:
+    (dL/dc_{t-1}, the latent carry's gradient for step t-1, dL/dx,
+    dL/dh_in, dL/d context (the latent input's columns after [x; h_in]),
+    the step's products (g, q, g_z) that the weight gradients sum).
+  """
+  kernel_t, recurrent_kernel_t, policy_t, latent_kernel_t = weights_t
+  f_t, d_c_from_h_t, gate_scales_t, pi, a, r, latent_t = factors
+  m, n = x.shape[-1], h_in.shape[-1]
+  d_c, d_gates = _gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t)
+  x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
+  d_x_scaled = contract('bk,km->bm', d_gates * w_scale, kernel_t, dtype)
+  d_h_scaled = contract('bk,kn->bn', d_gates * v_scale, recurrent_kernel_t, dtype)
+  d_pi = jnp.concatenate([d_x_scaled * x, d_h_scaled * h_in, d_gates * a, d_gates * r,
+                          d_gates * params['recurrent']['bias']], axis=-1)
+  d_policy_in = (d_pi * (1 - pi * pi)).astype(pi.dtype)
+  d_z = contract('bp,pk->bk', d_policy_in, policy_t, dtype)
+  v_size = latent_dense(params)['kernel'].shape[0]
+  if is_recurrent(params):
+    d_c_z, d_z_next = d_latent
+    f_z, d_c_z_from_z, scales_z = latent_t
+    d_z = d_z + d_z_next
+    if latent_mask is not None:
+      d_z = d_z * latent_mask
+    d_c_z, d_latent_gates = _gates_gradient(d_c_z, d_z, d_c_z_from_z, scales_z)
+    d_v = contract('bl,lv->bv', d_latent_gates, latent_kernel_t, dtype)
+    d_latent = ((d_c_z * f_z).astype(d_c_z.dtype), d_v[:, v_size:].astype(d_z_next.dtype))
+  else:
+    (positive,) = latent_t
+    if latent_mask is not None:
+      d_z = d_z * latent_mask
+    d_latent_gates = jnp.where(positive, d_z, 0)
+    d_v = contract('bl,lv->bv', d_latent_gates, latent_kernel_t, dtype)
+  d_x = (d_x_scaled * x_scale + d_v[:, :m]).astype(x.dtype)
+  d_h_in = d_h_scaled * h_scale + d_v[:, m:m + n]
+  return ((d_c * f_t).astype(d_c.dtype), d_latent, d_x, d_h_in, d_v[:, m + n:v_size],
+          (d_gates, d_policy_in, d_latent_gates))
+
+
+def _recurrence_bwd(dtype, unroll, cap_input_gate, residuals, cotangents):
+  params, inputs, (latent0, c0, h0), state_mask, hs, saved = residuals
+  d_hs, (d_latent_last, d_c_last, d_h_last) = cotangents
+  h_prev = shifted(h0, hs)
+  factors = step_factors(params, saved, c0, latent0, cap_input_gate)
+  weights_t = transposed_weights(params, dtype)
 
   def step(carry, xs):
     d_latent, d_c, d_h_next, d_mask = carry
-    d_h_out, x, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, pi, a, r, latent_t = xs
-    h_in = h_prev_t * state_mask
-    d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
-    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
-    d_x_scaled = contract('bk,km->bm', d_gates * w_scale, kernel_t, dtype)
-    d_h_scaled = contract('bk,kn->bn', d_gates * v_scale, recurrent_kernel_t, dtype)
-    d_pi = jnp.concatenate([d_x_scaled * x, d_h_scaled * h_in, d_gates * a, d_gates * r,
-                            d_gates * bias], axis=-1)
-    d_policy_in = (d_pi * (1 - pi * pi)).astype(pi.dtype)
-    d_z = contract('bp,pk->bk', d_policy_in, policy_t, dtype)
-    if recurrent:
-      d_c_z, d_z_next = d_latent
-      f_z, d_c_z_from_z, scales_z = latent_t
-      d_c_z, d_latent_gates = _gates_gradient(d_c_z, d_z + d_z_next, d_c_z_from_z, scales_z)
-      d_v = contract('bl,lv->bv', d_latent_gates, latent_kernel_t, dtype)
-      d_latent = ((d_c_z * f_z).astype(d_c_z.dtype), d_v[:, m + n:].astype(d_z_next.dtype))
-    else:
-      (positive,) = latent_t
-      d_latent_gates = jnp.where(positive, d_z, 0)
-      d_v = contract('bl,lv->bv', d_latent_gates, latent_kernel_t, dtype)
-    d_x = (d_x_scaled * x_scale + d_v[:, :m]).astype(x.dtype)
-    d_h_in = d_h_scaled * h_scale + d_v[:, m:m + n]
-    carry = (d_latent, (d_c * f_t).astype(d_c.dtype), (d_h_in * state_mask).astype(h0.dtype),
+    d_h_out, x, h_prev_t, factors_t = xs
+    d_c, d_latent, d_x, d_h_in, _, products = adapted_step_backward(
+        params, weights_t, d_h_out + d_h_next, d_c, d_latent, x, h_prev_t * state_mask,
+        factors_t, dtype=dtype)
+    carry = (d_latent, d_c, (d_h_in * state_mask).astype(h0.dtype),
              (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
-    return carry, (d_gates, d_policy_in, d_latent_gates, d_x)
+    return carry, (*products, d_x)
 
   (d_latent0, d_c0, d_h0, d_mask), (d_gates, d_policy_in, d_latent_gates, d_inputs) = (
       jax.lax.scan(step, (d_latent_last, d_c_last, d_h_last, jnp.zeros_like(state_mask)),
-                   (d_hs, inputs, h_prev, f, d_c_from_h, gate_scales, pis, a_s, rs,
-                    latent_factors), reverse=True, unroll=unroll))
-  grads = weight_gradients(params, inputs, h_prev * state_mask, pis, zs, d_gates, d_policy_in,
-                            d_latent_gates, z_prev if recurrent else None, dtype)
+                   (d_hs, inputs, h_prev, factors), reverse=True, unroll=unroll))
+  zs = saved[5]
+  z_prev = shifted(latent0[1], zs) if is_recurrent(params) else None
+  grads = weight_gradients(params, inputs, h_prev * state_mask, saved[2], zs, d_gates,
+                            d_policy_in, d_latent_gates, z_prev, dtype)
   return grads, d_inputs, (d_latent0, d_c0, d_h0), d_mask
 
 
 def weight_gradients(params, inputs, h_in, pis, zs, d_gates, d_policy_in, d_latent_gates,
-                      z_prev, dtype):
-  """Every weight's gradient, each one product (or sum) over the window's T·B rows."""
+                      z_prev, dtype, context=None):
+  """Every weight's gradient, each one product (or sum) over the window's T·B
+  rows; `context`: the columns of the latent's input after [x; h_in], if any."""
   m, n = inputs.shape[-1], h_in.shape[-1]
   rows = lambda a: a.reshape(-1, a.shape[-1])
   x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(rows(pis), policy_sizes(m, n))
@@ -177,7 +234,8 @@ def weight_gradients(params, inputs, h_in, pis, zs, d_gates, d_policy_in, d_late
   bias = params['recurrent']['bias']
   d_latent_gates = rows(d_latent_gates)
   dense = latent_dense(params)
-  v = jnp.concatenate([rows(inputs), rows(h_in)], axis=-1)
+  v = jnp.concatenate([rows(inputs), rows(h_in)] + ([] if context is None else [rows(context)]),
+                      axis=-1)
   d_dense = {'kernel': product(v, d_latent_gates, dense['kernel']),
              'bias': column_sum(d_latent_gates, dense['bias'])}
   if z_prev is None:

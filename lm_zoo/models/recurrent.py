@@ -49,8 +49,10 @@ class RecurrentLayer(nn.Module):
     if scan in WINDOW_KERNELS:
       if self.is_initializing():
         self.cell(carry, inputs[0])  # creates the cell's parameters
-      return window_kernel(self.cell, scan)(self.cell, self.cell.variables['params'], carry,
-                                            inputs, state_mask, self.unroll)
+      # A cell whose parameters live in other modules (LSTMRHNStack's layers) has none here.
+      params = self.cell.variables.get('params', {})
+      return window_kernel(self.cell, scan)(self.cell, params, carry, inputs, state_mask,
+                                            self.unroll)
     if scan == 'hoisted':
       step, xs = _step_projected, cell_scans(self.cell).project(self.cell, inputs)
     else:
