@@ -85,7 +85,7 @@ def lm_zoo_lm(config, vocab: int, num_seeds: int = 0) -> dict:
   params = states[0].params
   matmul_params = sum(x.size for x in jax.tree.leaves(params))
   if not config.model.tie_embeddings:
-    matmul_params -= params['embed']['embedding'].size
+    matmul_params -= params['embedding']['embedding'].size
 
   def train():
     holder['state'], metrics = train_step(holder['state'], inputs, targets, weights)

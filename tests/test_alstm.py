@@ -184,7 +184,7 @@ def test_alstm_language_model_from_config(latent):
   cfg.alstm.update(latent=latent, latent_size=4)
   model = build_model(cfg, 20)
   params = init_params(model, jax.random.key(0))
-  assert params['cell_1']['policy']['kernel'].shape == (4, 7 + 13 * 7)
+  assert params['stack']['cell_1']['policy']['kernel'].shape == (4, 7 + 13 * 7)
   tokens = jnp.ones((2, 5), jnp.int32)
 
   def loss(p):
@@ -195,7 +195,7 @@ def test_alstm_language_model_from_config(latent):
   value, grads = jax.jit(jax.value_and_grad(loss))(params)
   assert np.isfinite(value)
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
-  assert np.abs(grads['cell_0']['policy']['kernel']).sum() > 0  # the policies learn
+  assert np.abs(grads['stack']['cell_0']['policy']['kernel']).sum() > 0  # the policies learn
   cfg.alstm.latent = 'hyper'
   with pytest.raises(ConfigError, match="unknown aLSTM adaptation model 'hyper'"):
     build_model(cfg, 20)
@@ -212,14 +212,15 @@ def test_lstm_rhn_language_model_steps_the_rhn_stack():
   model = build_model(_rhn_lm_config(), 20)
   params = perturb(init_params(model, jax.random.key(0)))
   # The bottom latent sees [x; h; z of the top layer]: 6 + 7 + 4 inputs.
-  assert params['cell_0']['latent']['input']['kernel'].shape[0] == 6 + 7 + 4
+  assert params['stack']['cell_0']['latent']['input']['kernel'].shape[0] == 6 + 7 + 4
   tokens = jnp.asarray(np.random.default_rng(7).integers(0, 20, (B, T)))
   logits, carries = model.apply({'params': params}, tokens, model.initialize_carry(B))
   stack = LSTMRHNStack([ALSTMCell(7, latent_size=4, parent=None) for _ in range(2)])
-  x = params['embed']['embedding'][tokens]
+  x = params['embedding']['embedding'][tokens]
   last, h = nn.RNN(stack, return_carry=True).apply(
-      {'params': {'cell': {'cells_0': params['cell_0'], 'cells_1': params['cell_1']}}}, x)
-  expected = h @ params['softmax']['kernel'].T + params['softmax']['bias']
+      {'params': {'cell': {'cells_0': params['stack']['cell_0'],
+                           'cells_1': params['stack']['cell_1']}}}, x)
+  expected = h @ params['head']['kernel'].T + params['head']['bias']
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
   for got, want in zip(jax.tree.leaves(carries), jax.tree.leaves(last)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -19,10 +19,9 @@ from lm_zoo.runs.checkpoints import FORMAT_VERSION, ORBAX_TMP, Checkpoints, rest
 
 def params(vocab=7, features=3):
   kernel = jnp.arange(vocab * features, dtype=jnp.float32).reshape(vocab, features)
-  return {'softmax': {'kernel': kernel,
-                      'bias': jnp.arange(vocab, dtype=jnp.float32)},
-          'mos': {'softmax': {'kernel': jnp.ones((features, vocab))}},
-          'cell_0': {'recurrent_kernel': jnp.ones((features, 4 * features))}}
+  return {'head': {'kernel': kernel, 'bias': jnp.arange(vocab, dtype=jnp.float32)},
+          'bridge': {'dense': {'kernel': jnp.ones((features, vocab))}},
+          'stack': {'cell_0': {'recurrent_kernel': jnp.ones((features, 4 * features))}}}
 
 
 def _edit_meta(folder, edit):
@@ -40,12 +39,13 @@ def test_a_checkpoint_records_its_format_and_one_of_another_is_refused(tmp_path)
   assert (meta['format_version'], meta['lm_zoo_version']) == (FORMAT_VERSION, lm_zoo.__version__)
   _, meta = Checkpoints(tmp_path).restore_best(params())
   assert meta == {'epoch': 1}  # the digests and the format are the checkpoint's own
-  _edit_meta(tmp_path / 'best' / '3', lambda m: m.update(format_version=0,
+  older = FORMAT_VERSION - 1  # the format before this one's parameter tree
+  _edit_meta(tmp_path / 'best' / '3', lambda m: m.update(format_version=older,
                                                          lm_zoo_version='0.0.9'))
   with pytest.raises(CheckpointError) as refused:
     Checkpoints(tmp_path).restore_best(params())
   assert str(refused.value) == (
-      f'the checkpoint {tmp_path}/best/3 was written by lm_zoo 0.0.9 (format 0); this is '
+      f'the checkpoint {tmp_path}/best/3 was written by lm_zoo 0.0.9 (format {older}); this is '
       f'lm_zoo {lm_zoo.__version__} (format {FORMAT_VERSION}), which reads only its own: use '
       'that lm_zoo to read it, or train again in a new --workdir.')
 
@@ -82,7 +82,7 @@ def test_resuming_skips_a_damaged_newest_checkpoint_for_the_intact_one_before(tm
   with caplog.at_level(logging.WARNING, logger='lm_zoo'):
     state, meta = Checkpoints(tmp_path).restore_latest(params())
   assert meta == {'epoch': 1}
-  np.testing.assert_array_equal(state['softmax']['kernel'], params()['softmax']['kernel'])
+  np.testing.assert_array_equal(state['head']['kernel'], params()['head']['kernel'])
   assert f'Skipping a damaged checkpoint: the checkpoint {newest} is damaged' in caplog.text
   assert f'Resuming from {tmp_path}/checkpoints/4, the newest intact checkpoint' in caplog.text
 
@@ -94,8 +94,8 @@ def test_a_checkpoint_of_other_shapes_is_refused_with_its_path(tmp_path):
   with pytest.raises(ConfigError, match='best/5 does not fit this model') as refused:
     Checkpoints(tmp_path).restore_best(params(features=4))
   message = str(refused.value)
-  assert 'cell_0/recurrent_kernel: saved (3, 12), this model (4, 16)' in message
-  assert 'softmax/kernel: saved (7, 3), this model (7, 4)' in message
+  assert 'stack/cell_0/recurrent_kernel: saved (3, 12), this model (4, 16)' in message
+  assert 'head/kernel: saved (7, 3), this model (7, 4)' in message
 
 
 def test_save_tree_then_restore_tree_gives_the_tree_and_meta_back(tmp_path):

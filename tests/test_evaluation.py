@@ -151,7 +151,7 @@ def test_tuned_temperature_recovers_the_sampling_temperature(true_temperature):
   lowest near T*; the search lands where a grid of real evaluations does."""
   model = _model()
   params = perturb(init_params(model, jax.random.key(0)))
-  params['softmax']['kernel'] = params['softmax']['kernel'] * 3  # peaked predictions
+  params['head']['kernel'] = params['head']['kernel'] * 3  # peaked predictions
   sampled = sample(model, params, np.zeros((1, 1)), 1500, jax.random.key(1),
                    temperature=true_temperature)[0]
   stream = np.concatenate([[0], sampled]).astype(np.int32)

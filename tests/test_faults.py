@@ -112,5 +112,5 @@ def test_a_skipped_update_leaves_the_state_as_it_was():
     np.testing.assert_array_equal(got, want)
   state, metrics = step(state, poisoned % 7, targets, weights)
   assert metrics['finite'] and int(state.step) == 2
-  assert not np.array_equal(state.params['embed']['embedding'],
-                            before.params['embed']['embedding'])
+  assert not np.array_equal(state.params['embedding']['embedding'],
+                            before.params['embedding']['embedding'])

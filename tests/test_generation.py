@@ -65,7 +65,7 @@ def peaked_lm():
   """A bigger random model, with logits scaled so that decoders disagree."""
   model = RecurrentLM(Embedding(13, 6), Stack([LSTMCell(8)]), Softmax(13))
   params = init_params(model, jax.random.key(3))
-  params['softmax']['kernel'] = params['softmax']['kernel'] * 8
+  params['head']['kernel'] = params['head']['kernel'] * 8
   return model, params
 
 

@@ -10,8 +10,8 @@ from conftest import loss_and_grads
 from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
-from lm_zoo.models import (Dual, Embedding, MixtureHead, RecurrentLM, RecurrentStack, Softmax,
-                           Stack, TiedSoftmax, build_model, init_params)
+from lm_zoo.models import (Dual, Embedding, MixtureHead, RecurrentLM, Softmax, Stack,
+                           TiedSoftmax, build_model, init_params)
 
 
 class EchoCell(nn.RNNCellBase):
@@ -47,11 +47,30 @@ def test_stack_equals_nn_rnn_layers():
   params = init_params(model, jax.random.key(0))
   logits, _ = model.apply({'params': params}, tokens, carries)
 
-  x = params['embed']['embedding'][tokens]
+  x = params['embedding']['embedding'][tokens]
   for i, n in enumerate((5, 4)):
-    x = nn.RNN(LSTMCell(n)).apply({'params': {'cell': params[f'cell_{i}']}}, x)
-  expected = x @ params['softmax']['kernel'].T + params['softmax']['bias']
+    x = nn.RNN(LSTMCell(n)).apply({'params': {'cell': params['stack'][f'cell_{i}']}}, x)
+  expected = x @ params['head']['kernel'].T + params['head']['bias']
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_parts_are_children_and_each_layer_has_its_own_cell():
+  """The tree is keyed by the parts; a template cell given twice makes two
+  layers with parameters of their own (not flax's sharing of one instance)."""
+  cell = LSTMCell(6)
+  model = RecurrentLM(Embedding(31, 6), Stack([cell, cell], weight_drop=0.5),
+                      TiedSoftmax(31), Dual(7))
+  params = init_params(model, jax.random.key(0))
+  assert set(params) == {'embedding', 'stack', 'bridge', 'head'}
+  assert set(params['stack']) == {'cell_0', 'cell_1'}
+  assert set(params['head']) == {'projection', 'bias'} and set(params['bridge']) == {'dense'}
+  first, second = (params['stack'][f'cell_{i}']['recurrent_kernel'] for i in range(2))
+  assert not np.array_equal(first, second)
+  dropped = model.dropped_weights(params, jax.random.key(1))
+  for i in range(2):
+    kernel = np.asarray(dropped['stack'][f'cell_{i}']['recurrent_kernel'])
+    assert 0.4 < np.mean(kernel == 0) < 0.6
+  assert dropped['embedding'] is params['embedding'] and dropped['head'] is params['head']
 
 
 def test_carry_continues_across_calls():
@@ -65,8 +84,7 @@ def test_carry_continues_across_calls():
 
 
 def test_dropout_masks_are_shared_over_time():
-  stack = RecurrentStack([EchoCell(3), EchoCell(6)], dropout_hidden=0.5,
-                         dropout_state=0.5)
+  stack = Stack([EchoCell(3), EchoCell(6)], dropout_hidden=0.5, dropout_state=0.5)
   xs = jnp.ones((12, 8, 2))  # (T, B, m)
   carries = [jnp.ones((8, 3)), jnp.ones((8, 6))]
   variables = stack.init(jax.random.key(0), carries, xs, train=False)
@@ -99,13 +117,13 @@ def test_dropout_off_at_evaluation_and_on_in_training():
 def test_tied_softmax_with_projection():
   model = _lm(head=TiedSoftmax(31))
   params = init_params(model, jax.random.key(0))
-  assert params['projection']['kernel'].shape == (4, 6)
-  assert 'softmax' not in params
+  assert params['head']['projection']['kernel'].shape == (4, 6)
+  assert 'kernel' not in params['head']
   tokens = jnp.arange(6, dtype=jnp.int32).reshape(2, 3)
   logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(2))
   assert logits.shape == (2, 3, 31)
   same_size = _lm((5, 6), head=TiedSoftmax(31))
-  assert 'projection' not in init_params(same_size, jax.random.key(0))
+  assert 'projection' not in init_params(same_size, jax.random.key(0))['head']
 
 
 @pytest.mark.parametrize('cell', ['gru', 'flax_lstm'])
@@ -141,8 +159,7 @@ def test_bad_model_configs():
 
 
 def test_per_step_dropout_when_not_variational():
-  stack = RecurrentStack([EchoCell(3), EchoCell(6)], dropout_hidden=0.5,
-                         variational_dropout=False)
+  stack = Stack([EchoCell(3), EchoCell(6)], dropout_hidden=0.5, variational=False)
   xs = jnp.ones((12, 8, 2))
   carries = [jnp.ones((8, 3)), jnp.ones((8, 6))]
   variables = stack.init(jax.random.key(0), carries, xs, train=False)
@@ -163,8 +180,8 @@ def test_non_variational_masks_are_lambs():
   params = model.init(jax.random.key(0), tokens, carries)['params']
   _, sown = model.apply({'params': params}, tokens, carries, train=True,
                         rngs={'dropout': jax.random.key(1)}, mutable=['intermediates'])
-  out = np.asarray(sown['intermediates']['output'][0])  # (T, B, 6 + 3 + 4), undropped
-  dropped = np.asarray(sown['intermediates']['dropped_output'][0])
+  out = np.asarray(sown['intermediates']['stack']['output'][0])  # (T, B, 6 + 3 + 4), undropped
+  dropped = np.asarray(sown['intermediates']['stack']['dropped_output'][0])
   per_step = lambda zero: not np.all(zero == zero[:1])
   # Layer 2's output: [dropped layer-1 output [dropped embedding, state mask 1], state mask 2].
   assert per_step(out[..., :6] == 0)  # input (and between-layer) masks
@@ -174,7 +191,7 @@ def test_non_variational_masks_are_lambs():
   assert per_step((dropped == 0) & (out != 0))  # output mask
   _, sown_2 = model.apply({'params': params}, tokens, carries, train=True,
                           rngs={'dropout': jax.random.key(2)}, mutable=['intermediates'])
-  assert not np.array_equal(np.asarray(sown_2['intermediates']['output'][0])[..., 9:] == 0,
+  assert not np.array_equal(np.asarray(sown_2['intermediates']['stack']['output'][0])[..., 9:] == 0,
                             state_2)  # a new window, a new state mask
 
 
@@ -184,18 +201,18 @@ def test_skip_connections_sum_every_layers_output():
   tokens = np.random.default_rng(6).integers(0, 31, (3, 7)).astype(np.int32)
   params = jax.tree.map(lambda x: x + 0.1, init_params(model, jax.random.key(0)))
   logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(3))
-  x = np.asarray(params['embed']['embedding'])[tokens]  # (B, T, 6)
+  x = np.asarray(params['embedding']['embedding'])[tokens]  # (B, T, 6)
   total = 0
   for layer in range(3):
     c = h = np.zeros((3, 5))
     outputs = []
     for t in range(7):
-      c, h = lstm_step(params[f'cell_{layer}'], c, h, x[:, t])
+      c, h = lstm_step(params['stack'][f'cell_{layer}'], c, h, x[:, t])
       outputs.append(h)
     x = np.stack(outputs, 1)
     total = total + x
-  expected = total @ np.asarray(params['softmax']['kernel']).T + np.asarray(
-      params['softmax']['bias'])
+  expected = total @ np.asarray(params['head']['kernel']).T + np.asarray(
+      params['head']['bias'])
   np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
   with pytest.raises(ConfigError, match='give every layer one size'):
     _lm((5, 4), skip_connections=True).init(
@@ -212,12 +229,12 @@ def test_skip_connections_sum_the_layers_of_any_cell(make_cell):
   tokens = np.random.default_rng(7).integers(0, 31, (3, 6)).astype(np.int32)
   params = init_params(model, jax.random.key(1))
   logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(3))
-  x = params['embed']['embedding'][tokens]
+  x = params['embedding']['embedding'][tokens]
   total = 0
   for i in range(3):
-    x = nn.RNN(make_cell(5)).apply({'params': {'cell': params[f'cell_{i}']}}, x)
+    x = nn.RNN(make_cell(5)).apply({'params': {'cell': params['stack'][f'cell_{i}']}}, x)
     total = total + x
-  expected = total @ params['softmax']['kernel'].T + params['softmax']['bias']
+  expected = total @ params['head']['kernel'].T + params['head']['bias']
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -230,14 +247,15 @@ def test_dual_connection_feeds_the_softmax():
   logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(3))
   _, state = model.apply({'params': params}, tokens, model.initialize_carry(3),
                          mutable=['intermediates'])
-  h = np.asarray(state['intermediates']['output'][0]).transpose(1, 0, 2)
-  e = np.asarray(params['embed']['embedding'])[tokens]
-  w, b = np.asarray(params['dual']['dense']['kernel']), np.asarray(params['dual']['dense']['bias'])
+  h = np.asarray(state['intermediates']['stack']['output'][0]).transpose(1, 0, 2)
+  e = np.asarray(params['embedding']['embedding'])[tokens]
+  dense = params['bridge']['dense']
+  w, b = np.asarray(dense['kernel']), np.asarray(dense['bias'])
   d = np.maximum(e @ w[:6] + h @ w[6:] + b, 0)
-  expected = d @ np.asarray(params['softmax']['kernel']).T + np.asarray(params['softmax']['bias'])
+  expected = d @ np.asarray(params['head']['kernel']).T + np.asarray(params['head']['bias'])
   np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
   tied = init_params(_lm(bridge=Dual(7), head=TiedSoftmax(31)), jax.random.key(0))
-  assert tied['projection']['kernel'].shape == (7, 6)  # dual size -> embedding
+  assert tied['head']['projection']['kernel'].shape == (7, 6)  # dual size -> embedding
 
 
 @pytest.mark.parametrize('tie', [False, True])
@@ -245,15 +263,15 @@ def test_mixture_of_softmaxes_head(tie):
   model = _lm((5, 6), head=MixtureHead(31, 3, tied=tie))
   tokens = np.random.default_rng(3).integers(0, 31, (2, 4)).astype(np.int32)
   params = init_params(model, jax.random.key(0))
-  assert params['mos']['latent']['kernel'].shape == (6, 3 * 6)
-  assert ('softmax' in params['mos']) != tie and 'softmax' not in params
+  assert params['head']['latent']['kernel'].shape == (6, 3 * 6)
+  assert ('softmax' in params['head']) != tie
   log_p, _ = model.apply({'params': params}, tokens, model.initialize_carry(2))
   assert log_p.shape == (2, 4, 31)
   np.testing.assert_allclose(jax.nn.logsumexp(log_p, -1), 0.0, atol=1e-5)
   if tie:  # the mixture's E is the embedding: it gets the softmax's gradient
     grads = jax.grad(lambda p: model.apply({'params': p}, tokens,
                                            model.initialize_carry(2))[0][0, 0, 1])(params)
-    assert np.abs(grads['embed']['embedding'][~np.isin(np.arange(31), tokens)]).max() > 0
+    assert np.abs(grads['embedding']['embedding'][~np.isin(np.arange(31), tokens)]).max() > 0
 
 
 def test_dual_and_mos_from_the_config():
@@ -266,8 +284,8 @@ def test_dual_and_mos_from_the_config():
   assert (model.head.components, model.head.dropout_latent, model.head.tied) == (2, 0.1, True)
   params = init_params(model, jax.random.key(0))
   # 16 -> 8 dual layer; prior 8 x 2; latent 8 -> 2 x 8; tied, so one bias of 20.
-  assert sum(x.size for x in jax.tree.leaves(params['dual'])) == 16 * 8 + 8
-  assert sum(x.size for x in jax.tree.leaves(params['mos'])) == 8 * 2 + 8 * 16 + 16 + 20
+  assert sum(x.size for x in jax.tree.leaves(params['bridge'])) == 16 * 8 + 8
+  assert sum(x.size for x in jax.tree.leaves(params['head'])) == 8 * 2 + 8 * 16 + 16 + 20
   logits, _ = model.apply({'params': params}, jnp.ones((2, 3), jnp.int32),
                           model.initialize_carry(2), train=True,
                           rngs={'dropout': jax.random.key(1)})

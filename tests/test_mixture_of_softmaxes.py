@@ -18,10 +18,8 @@ def _numpy_mos(p, g, embedding=None):
   latent = np.tanh(g @ f64(p['latent']['kernel']) + f64(p['latent']['bias']))
   k = prior.shape[-1]
   latent = latent.reshape(*g.shape[:-1], k, -1)
-  if embedding is None:
-    logits = latent @ f64(p['softmax']['kernel']) + f64(p['softmax']['bias'])
-  else:
-    logits = latent @ f64(embedding).T + f64(p['softmax_bias'])
+  e_t = f64(p['softmax']['kernel']) if embedding is None else f64(embedding).T
+  logits = latent @ e_t + f64(p['bias'])
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
   return np.log((prior[..., None] * probs).sum(-2))
@@ -34,13 +32,9 @@ def test_equals_the_mixture_and_sums_to_one(tied):
   embedding = rng.normal(size=(11, 5)).astype(np.float32) if tied else None
   head = MixtureOfSoftmaxes(vocab_size=11, num_components=3, latent_size=5)
   params = head.init(jax.random.key(0), g, embedding)['params']
+  assert ('softmax' in params) != tied and set(params.get('softmax', {})) <= {'kernel'}
   # Non-zero softmax bias, so that its use is checked too.
-  bias_name = 'softmax_bias' if tied else 'softmax'
-  if tied:
-    params = {**params, 'softmax_bias': jnp.asarray(rng.normal(size=11), jnp.float32)}
-  else:
-    params['softmax']['bias'] = jnp.asarray(rng.normal(size=11), jnp.float32)
-  assert bias_name in params
+  params = {**params, 'bias': jnp.asarray(rng.normal(size=11), jnp.float32)}
   log_p = head.apply({'params': params}, g, embedding)
   assert log_p.shape == (3, 4, 11)
   np.testing.assert_allclose(jax.nn.logsumexp(log_p, axis=-1), 0.0, atol=1e-5)
@@ -68,7 +62,7 @@ def test_one_component_is_a_softmax_over_the_latent():
   head = MixtureOfSoftmaxes(vocab_size=7, num_components=1, latent_size=4)
   params = head.init(jax.random.key(2), g)['params']
   latent = jnp.tanh(g @ params['latent']['kernel'] + params['latent']['bias'])
-  logits = latent @ params['softmax']['kernel'] + params['softmax']['bias']
+  logits = latent @ params['softmax']['kernel'] + params['bias']
   np.testing.assert_allclose(head.apply({'params': params}, g),
                              jax.nn.log_softmax(logits), atol=1e-5)
 

@@ -170,7 +170,7 @@ def _mogrifier_model_config(**kw):
 def test_mogrifier_language_model_under_jit_and_grad():
   model = build_model(_mogrifier_model_config(), 40)
   params = init_params(model, jax.random.key(0))
-  assert set(params['cell_0']) == {'cell', 'q1', 'r2', 'q3', 'r4', 'q5'}
+  assert set(params['stack']['cell_0']) == {'cell', 'q1', 'r2', 'q3', 'r4', 'q5'}
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 6)), jnp.int32)
 
   @jax.jit
@@ -181,7 +181,7 @@ def test_mogrifier_language_model_under_jit_and_grad():
 
   grads = jax.grad(loss)(params)
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
-  assert np.abs(grads['cell_0']['q1']['kernel_in']).sum() > 0
+  assert np.abs(grads['stack']['cell_0']['q1']['kernel_in']).sum() > 0
 
 
 def test_solve_hidden_size_fits_the_budget():

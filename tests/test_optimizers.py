@@ -1,5 +1,6 @@
 """Optimizers from the config and the epoch learning-rate schedules."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -89,12 +90,12 @@ def test_dual_l2_acts_on_the_dual_layer_only():
   cfg = base_config().optimizer
   cfg.update(name='sgd', learning_rate=1.0, clip_norm=0.0, l2=0.0, dual_l2=0.1)
   tx = make_optimizer(cfg)
-  params = {'dual': {'dense': {'kernel': jnp.array([2.0, -1.0])}},
-            'cell_0': {'kernel': jnp.array([3.0])}}
-  zeros = {'dual': {'dense': {'kernel': jnp.zeros(2)}}, 'cell_0': {'kernel': jnp.zeros(1)}}
+  params = {'bridge': {'dense': {'kernel': jnp.array([2.0, -1.0])}},
+            'stack': {'cell_0': {'kernel': jnp.array([3.0])}}}
+  zeros = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
-  np.testing.assert_allclose(updates['dual']['dense']['kernel'], [-0.2, 0.1])
-  np.testing.assert_allclose(updates['cell_0']['kernel'], [0.0])
+  np.testing.assert_allclose(updates['bridge']['dense']['kernel'], [-0.2, 0.1])
+  np.testing.assert_allclose(updates['stack']['cell_0']['kernel'], [0.0])
 
 
 def test_nadam_first_step_has_the_nesterov_lookahead():

@@ -95,9 +95,9 @@ def test_weight_drop_mask_is_shared_over_time_and_batch():
   # stays put; with per-step or per-row masks almost every entry would move.
   before, after, _ = _sgd_step(_lm(hidden=16, weight_drop=0.5), batch=8, length=20)
   unchanged = lambda a, b: float(np.mean(a == b))
-  assert 0.45 < unchanged(before['cell_0']['recurrent_kernel'],
-                         after['cell_0']['recurrent_kernel']) < 0.55
-  assert unchanged(before['cell_0']['input']['kernel'], after['cell_0']['input']['kernel']) < 0.05
+  before, after = before['stack']['cell_0'], after['stack']['cell_0']
+  assert 0.45 < unchanged(before['recurrent_kernel'], after['recurrent_kernel']) < 0.55
+  assert unchanged(before['input']['kernel'], after['input']['kernel']) < 0.05
 
 
 def test_embedding_dropout_drops_whole_words_in_training_only():
@@ -107,7 +107,7 @@ def test_embedding_dropout_drops_whole_words_in_training_only():
   _, captured = model.apply({'params': params}, tokens, model.initialize_carry(B), train=True,
                             rngs={'dropout': jax.random.key(3)}, capture_intermediates=True,
                             mutable=['intermediates'])
-  table = np.asarray(captured['intermediates']['Dropout_0']['__call__'][0])
+  table = np.asarray(captured['intermediates']['embedding']['word_dropout']['__call__'][0])
   assert table.shape == (V, M)
   # Each word type's row is all dropped or all kept, scaled by 1 / (1 - p).
   assert all(set(row) in ({0.0}, {2.0}) for row in table)
@@ -141,15 +141,15 @@ def test_train_step_adds_ar_on_dropped_and_tar_on_undropped_outputs():
                                     train=True, rngs={'dropout': dropout_key},
                                     mutable=['intermediates'])
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-    dropped = sown['intermediates']['dropped_output'][0]
-    undropped = sown['intermediates']['output'][0]
+    dropped = sown['intermediates']['stack']['dropped_output'][0]
+    undropped = sown['intermediates']['stack']['output'][0]
     return (nll + ar * jnp.mean(dropped ** 2)
             + tar * jnp.mean((undropped[1:] - undropped[:-1]) ** 2))
 
   sown = model.apply({'params': before}, tokens[:, :-1], model.initialize_carry(B),
                      train=True, rngs={'dropout': dropout_key}, mutable=['intermediates'])[1]
-  assert not np.allclose(sown['intermediates']['dropped_output'][0],
-                         sown['intermediates']['output'][0])
+  assert not np.allclose(sown['intermediates']['stack']['dropped_output'][0],
+                         sown['intermediates']['stack']['output'][0])
   grads = jax.grad(objective)(before)
   expected = jax.tree.map(lambda p, g: p - g, before, grads)
   for got, want in zip(jax.tree.leaves(after), jax.tree.leaves(expected)):
@@ -192,7 +192,7 @@ def test_weight_drop_refuses_cells_that_declare_no_recurrent_matrix():
   with pytest.raises(ValueError, match='no hidden-to-hidden matrix'):
     model(DeclaredElmanCell(N, ())).dropped_weights(params, jax.random.key(0))
   dropped = model(DeclaredElmanCell(N, ('w_hh',))).dropped_weights(params, jax.random.key(0))
-  assert 0 < np.mean(np.asarray(dropped['cell_0']['w_hh']) == 0) < 1
+  assert 0 < np.mean(np.asarray(dropped['stack']['cell_0']['w_hh']) == 0) < 1
   no_drop = RecurrentLM(Embedding(V, M), Stack([ElmanCell(N)]), Softmax(V))
   assert no_drop.dropped_weights(params, jax.random.key(0)) is params
 

@@ -76,6 +76,9 @@ def test_a_config_of_another_format_or_with_unknown_fields_is_refused(tmp_path):
       f'{tmp_path} was written by lm_zoo an earlier version (format None); this is lm_zoo '
       f'{lm_zoo.__version__} (format {FORMAT_VERSION}), which reads only its own: use that '
       'lm_zoo for it, or train again in a new --workdir')
+  path.write_text(json.dumps({**saved, 'format_version': FORMAT_VERSION - 1}))
+  with pytest.raises(ConfigError, match=rf'\(format {FORMAT_VERSION - 1}\); this is lm_zoo'):
+    load_config(tmp_path)  # the format before this one's parameter tree
   saved['model']['fused_recurrence'] = True
   saved['hyper'] = {'x': 1}
   path.write_text(json.dumps(saved))

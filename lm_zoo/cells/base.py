@@ -53,17 +53,16 @@ def _scaled(value: Any, factor: float) -> Any:
   if isinstance(value, tuple):
     scaled = tuple(_scaled(v, factor) for v in value)
     return value if all(a is b for a, b in zip(scaled, value)) else scaled
-  if isinstance(value, nn.Module) or (dataclasses.is_dataclass(value)
-                                      and not isinstance(value, type)):
+  if isinstance(value, nn.Module):
     return dropout_scaled(value, factor)
   return value
 
 
-def dropout_scaled(obj: Any, factor: float) -> Any:
-  """A copy of `obj` (an unbound cell, a model, or a model's part: any
-  dataclass) with each rate its class names in `dropout_rates` multiplied
-  by `factor`, and so every cell or part among its fields (a wrapped cell,
-  a stack's cells): MC dropout's rate multiplier.
+def dropout_scaled(obj: nn.Module, factor: float) -> nn.Module:
+  """A copy of the unbound module `obj` (a cell, a model or one of its
+  parts) with each rate its class names in `dropout_rates` multiplied by
+  `factor`, and so every module among its fields (a wrapped cell, a model's
+  parts, a stack's cells): MC dropout's rate multiplier.
 
   Raises:
     ValueError: a scaled rate leaves [0, 1), naming it.
@@ -83,6 +82,4 @@ def dropout_scaled(obj: Any, factor: float) -> Any:
         changes[field.name] = scaled
   if not changes:
     return obj
-  if isinstance(obj, nn.Module):
-    return obj.clone(**changes)
-  return dataclasses.replace(obj, **changes)
+  return obj.clone(**changes)

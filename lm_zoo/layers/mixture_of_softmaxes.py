@@ -23,9 +23,11 @@ class MixtureOfSoftmaxes(nn.Module):
   log-probabilities, which any softmax cross-entropy or sampler reads as
   logits unchanged.
 
-  `E` is the module's own (vocab_size, latent_size) matrix, or the one passed
-  as `embedding` (tied with the input embedding, as in the MoS code); `b` is
-  the module's own. Dropout on the latents g_k (`dropout_latent`, the MoS
+  `E` is the module's own matrix (`softmax/kernel`, latent_size x
+  vocab_size), or the one passed as `embedding` (vocab_size, latent_size;
+  tied with the input embedding, as in the MoS code); `b` (`bias`) is the
+  module's own. W_p is `prior/kernel`, the W_k and b_k `latent/kernel` and
+  `latent/bias`. Dropout on the latents g_k (`dropout_latent`, the MoS
   code's dropoutl) shares its mask along `broadcast_dims`.
 
   Attributes:
@@ -62,10 +64,10 @@ class MixtureOfSoftmaxes(nn.Module):
     latents = nn.Dropout(self.dropout_latent, broadcast_dims=self.broadcast_dims,
                          deterministic=deterministic, name='latent_dropout')(latents)
     if embedding is None:
-      logits = dense(v, self.dtype, name='softmax')(latents)
+      logits = dense(v, self.dtype, use_bias=False, name='softmax')(latents)
     else:
-      bias = self.param('softmax_bias', nn.initializers.zeros_init(), (v,))
       logits = attend(latents, embedding, self.dtype)
-      logits = logits + bias.astype(logits.dtype)
+    bias = self.param('bias', nn.initializers.zeros_init(), (v,))
+    logits = logits + bias.astype(logits.dtype)
     log_probs = jax.nn.log_softmax(logits, axis=-1)  # (..., K, V)
     return jax.nn.logsumexp(log_prior[..., None] + log_probs, axis=-2)

@@ -5,10 +5,10 @@ from lm_zoo.models.factory import (CELLS, build_model, cell_factory, count_param
                                    solve_hidden_size)
 from lm_zoo.models.heads import Dual, MixtureHead, Softmax, TiedSoftmax
 from lm_zoo.models.language_model import Embedding, RecurrentLM, symmetric_uniform
-from lm_zoo.models.recurrent import RecurrentLayer, RecurrentStack
+from lm_zoo.models.recurrent import RecurrentLayer
 from lm_zoo.models.stacks import LSTMRHN, Stack
 
 __all__ = ['CELLS', 'LSTMRHN', 'Dual', 'Embedding', 'MixtureHead', 'RecurrentLM', 'RecurrentLayer',
-           'RecurrentStack', 'Softmax', 'Stack', 'TiedSoftmax', 'build_model', 'cell_factory',
+           'Softmax', 'Stack', 'TiedSoftmax', 'build_model', 'cell_factory',
            'count_params', 'describe_model', 'init_params', 'layer_sizes', 'register_cell',
            'solve_hidden_size', 'symmetric_uniform']

@@ -1,25 +1,27 @@
 """The recurrent part of `RecurrentLM`: cells one after another (`Stack`), or
 aLSTM cells stepped together (`LSTMRHN`).
 
-A part is a frozen dataclass, not a module: `RecurrentLM` calls it with
-itself, and the part declares its modules in the model's scope, under the
-names models had before they were built from parts (each layer's cell
-`cell_{i}` beside `stack`), so that their parameter trees and dropout masks
-stay those of checkpoints written then. Its cells are unbound templates,
-copied into the model as `cell_{i}`.
+Both are modules whose `cells` are templates: each layer runs its own copy,
+the stack's child `cell_{i}`, so a template given twice (`[cell] * 2`) makes
+two layers with parameters of their own. The stack's parameters are those of
+its layers' cells, at `cell_{i}/...`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from lm_zoo.cells import LSTMRHNStack, carry_output
-from lm_zoo.models.recurrent import RecurrentLayer, RecurrentStack
+from lm_zoo.errors import ConfigError
+from lm_zoo.models.recurrent import RecurrentLayer
 from lm_zoo.models.regularisation import drop_recurrent_weights, hidden_to_hidden
+
+# The rates of both stacks, scaled by MC dropout (`lm_zoo.cells.dropout_scaled`).
+STACK_DROPOUT_RATES = ('dropout_hidden', 'dropout_state', 'dropout_output', 'weight_drop')
 
 
 def _initialize_carry(cells, batch_size: int, input_size: int, rng: jax.Array | None):
@@ -33,43 +35,61 @@ def _initialize_carry(cells, batch_size: int, input_size: int, rng: jax.Array | 
 
 
 def _dropped_weights(cells, rate: float, params: Any, rng: jax.Array) -> Any:
-  """Weight drop on every layer's hidden-to-hidden matrices (`cell_{i}/...`)."""
+  """Weight drop on every layer's hidden-to-hidden matrices (`cell_{i}/...`
+  of the stack's parameters)."""
   if rate == 0:  # no cell need declare its matrices then
     return params
   paths = [f'cell_{i}/{path}' for i, cell in enumerate(cells) for path in hidden_to_hidden(cell)]
   return drop_recurrent_weights(params, paths, rate, rng)
 
 
-def _bound(model: nn.Module, cells):
-  """Copies of the template cells in the model's scope (deep: a wrapped cell
-  is copied too, so templates that share one do not share its parameters)."""
-  return [cell.copy(parent=model, name=f'cell_{i}') for i, cell in enumerate(cells)]
+def _own_cells(cells) -> list[nn.RNNCellBase]:
+  """Each layer's copy of its template cell, the calling stack's child
+  `cell_{i}` (deep: a wrapped cell is copied too, so templates that share
+  one do not share its parameters)."""
+  return [cell.copy(name=f'cell_{i}') for i, cell in enumerate(cells)]
 
 
-def output_dropout(model: nn.Module, h: jax.Array, rate: float, variational: bool,
-                   train: bool) -> jax.Array:
+def _dropped_output(h: jax.Array, rate: float, variational: bool, train: bool,
+                    sow: Any) -> jax.Array:
   """Dropout on the stack's output (T, B, n), one mask per window when
-  `variational`; the undropped and dropped outputs are sown into the model's
-  'intermediates' as `output` and `dropped_output` (for AR and TAR)."""
-  model.sow('intermediates', 'output', h)
+  `variational`; `sow` (the stack's) keeps the undropped and dropped output
+  in 'intermediates' as `output` and `dropped_output`, for AR and TAR."""
+  sow('intermediates', 'output', h)
   h = nn.Dropout(rate, broadcast_dims=(0,) if variational else (), deterministic=not train,
-                 parent=model)(h)
-  model.sow('intermediates', 'dropped_output', h)
+                 name='output_dropout')(h)
+  sow('intermediates', 'dropped_output', h)
   return h
 
 
-@dataclasses.dataclass(frozen=True)
-class Stack:
-  """Layers of cells one after another (`RecurrentStack`): dropout between
-  them (`dropout_hidden`) and on each one's fed-back h (`dropout_state`),
-  one mask per window, or per step between layers when not `variational`;
-  the output is the last layer's, or with `skip_connections` the sum of
-  every layer's. `dropout_output` drops it, and `weight_drop` (DropConnect on
-  every hidden-to-hidden matrix) acts on the parameters before the model
-  runs (`dropped_weights`).
+class Stack(nn.Module):
+  """Layers of cells one after another, each run over the window by a
+  `RecurrentLayer`:
+
+    x^(0) = x,  (c^(l), x^(l)) = layer_l(c^(l), D_hidden(x^(l-1))),
+    y = D_output(x^(L))  (or D_output(Σ_l x^(l)) with `skip_connections`)
+
+  where D_hidden drops the input of every layer but the first, and each
+  layer's fed-back h is multiplied by a mask drawn once per window
+  (`dropout_state`; Gal & Ghahramani 2016). The between-layer and output
+  masks are drawn once per window when `variational`, else at every step
+  (lamb's `shared_mask_dropout=False`; the state mask stays one per window).
+  With `skip_connections` the output is the sum of every layer's undropped
+  output (lamb's `skip_multi_rnn_cell.py`; all layers must then be of one
+  size). `weight_drop` (DropConnect on every hidden-to-hidden matrix) acts on
+  the parameters before the model runs (`dropped_weights`). The undropped
+  and dropped output are sown into 'intermediates' as `output` and
+  `dropped_output` (for AR and TAR).
+
+    >>> stack = Stack([LSTMCell(8), LSTMCell(8)], dropout_hidden=0.2)
+    >>> carries = stack.initialize_carry(batch_size=4, input_size=6)
+    >>> variables = stack.init(key, carries, jnp.ones((10, 4, 6)), train=False)
+    >>> carries, y = stack.apply(variables, carries, jnp.ones((10, 4, 6)), train=False)
+
+  Its parameters are each layer's cell's, at `cell_{i}/...`.
 
   Attributes:
-    cells: one unbound cell per layer, bottom first.
+    cells: one unbound cell per layer, bottom first (each layer runs a copy).
     dropout_hidden, dropout_state, dropout_output, weight_drop: rates.
     variational: share the between-layer and output masks over time.
     skip_connections: the output is the sum of the layers' outputs.
@@ -87,35 +107,64 @@ class Stack:
   unroll: int = 1
   scan: str = 'auto'
 
-  dropout_rates: ClassVar[tuple[str, ...]] = ('dropout_hidden', 'dropout_state',
-                                              'dropout_output', 'weight_drop')
+  dropout_rates: ClassVar[tuple[str, ...]] = STACK_DROPOUT_RATES
 
   def __post_init__(self):
     object.__setattr__(self, 'cells', tuple(self.cells))
+    super().__post_init__()
 
+  @nn.nowrap
   def initialize_carry(self, batch_size: int, input_size: int,
                        rng: jax.Array | None = None) -> list[Any]:
+    """The zero state of every layer for `batch_size` streams of `input_size`."""
     return _initialize_carry(self.cells, batch_size, input_size, rng)
 
+  @nn.nowrap
   def dropped_weights(self, params: Any, rng: jax.Array) -> Any:
+    """The stack's `params` with weight drop applied (unchanged without)."""
     return _dropped_weights(self.cells, self.weight_drop, params, rng)
 
-  def __call__(self, model: nn.Module, carries: Sequence[Any], x: jax.Array, *,
+  @nn.compact
+  def __call__(self, carries: Sequence[Any], inputs: jax.Array, *,
                train: bool) -> tuple[list[Any], jax.Array]:
-    """x (T, B, m) -> (new carries, dropped output (T, B, n))."""
-    carries, h = RecurrentStack(
-        _bound(model, self.cells), dropout_hidden=self.dropout_hidden,
-        dropout_state=self.dropout_state, variational_dropout=self.variational,
-        unroll=self.unroll, scan=self.scan, skip_connections=self.skip_connections,
-        parent=model, name='stack')(carries, x, train=train)
-    return carries, output_dropout(model, h, self.dropout_output, self.variational, train)
+    """inputs (T, B, m) time-major -> (new carries, dropped output (T, B, n))."""
+    new_carries, x, total = [], inputs, None
+    for layer, (cell, carry) in enumerate(zip(_own_cells(self.cells), carries)):
+      if layer > 0:
+        x = nn.Dropout(self.dropout_hidden, broadcast_dims=(0,) if self.variational else (),
+                       deterministic=not train)(x)
+      state_mask = None
+      if train and self.dropout_state > 0:
+        h = carry_output(carry)
+        state_mask = nn.Dropout(self.dropout_state, deterministic=False)(
+            jnp.ones(h.shape, h.dtype))
+      carry, x = RecurrentLayer(cell, unroll=self.unroll, scan=self.scan,
+                                name=f'layer_{layer}')(carry, x, state_mask)
+      new_carries.append(carry)
+      if self.skip_connections:
+        total = x if total is None else _summed(total, x, layer)
+    h = x if total is None else total
+    return new_carries, _dropped_output(h, self.dropout_output, self.variational, train,
+                                        self.sow)
 
 
-@dataclasses.dataclass(frozen=True)
-class LSTMRHN:
+def _summed(total: jax.Array, x: jax.Array, layer: int) -> jax.Array:
+  if x.shape != total.shape:
+    raise ConfigError(f'skip connections sum the layers\' outputs, but layer {layer} '
+                      f'has {x.shape[-1]} units and the layers below '
+                      f'{total.shape[-1]}: give every layer one size')
+  return total + x
+
+
+class LSTMRHN(nn.Module):
   """aLSTM layers with recurrent adaptation models stepped together as the
-  LSTM-RHN of the aLSTM paper's eq. (9) (`LSTMRHNStack`); its dropout is
-  always variational, and it has no skip connections.
+  LSTM-RHN of the aLSTM paper's eq. (9) (`LSTMRHNStack`, run by one
+  `RecurrentLayer`); its dropout is always variational, and it has no skip
+  connections.
+
+    >>> stack = LSTMRHN([ALSTMCell(8, latent_size=4), ALSTMCell(8, latent_size=4)])
+
+  Its parameters are each layer's cell's, at `cell_{i}/...`, as `Stack`'s.
 
   Attributes:
     cells: one unbound `ALSTMCell` per layer, bottom first.
@@ -132,23 +181,29 @@ class LSTMRHN:
   unroll: int = 1
   scan: str = 'auto'
 
-  dropout_rates: ClassVar[tuple[str, ...]] = Stack.dropout_rates
+  dropout_rates: ClassVar[tuple[str, ...]] = STACK_DROPOUT_RATES
 
   def __post_init__(self):
     object.__setattr__(self, 'cells', tuple(self.cells))
+    super().__post_init__()
 
+  @nn.nowrap
   def initialize_carry(self, batch_size: int, input_size: int,
                        rng: jax.Array | None = None) -> list[Any]:
+    """The zero state of every layer for `batch_size` streams of `input_size`."""
     return _initialize_carry(self.cells, batch_size, input_size, rng)
 
+  @nn.nowrap
   def dropped_weights(self, params: Any, rng: jax.Array) -> Any:
+    """The stack's `params` with weight drop applied (unchanged without)."""
     return _dropped_weights(self.cells, self.weight_drop, params, rng)
 
-  def __call__(self, model: nn.Module, carries: Sequence[Any], x: jax.Array, *,
+  @nn.compact
+  def __call__(self, carries: Sequence[Any], inputs: jax.Array, *,
                train: bool) -> tuple[list[Any], jax.Array]:
-    """x (T, B, m) -> (new carries, dropped output (T, B, n))."""
-    rhn = LSTMRHNStack(_bound(model, self.cells), self.dropout_hidden, self.dropout_state,
-                       deterministic=not train, parent=model, name='lstm_rhn')
-    carries, h = RecurrentLayer(rhn, unroll=self.unroll, scan=self.scan, parent=model,
-                                name='stack')(tuple(carries), x)
-    return list(carries), output_dropout(model, h, self.dropout_output, True, train)
+    """inputs (T, B, m) time-major -> (new carries, dropped output (T, B, n))."""
+    rhn = LSTMRHNStack(_own_cells(self.cells), self.dropout_hidden, self.dropout_state,
+                       deterministic=not train, name='lstm_rhn')
+    carries, h = RecurrentLayer(rhn, unroll=self.unroll, scan=self.scan,
+                                name='layer')(tuple(carries), inputs)
+    return list(carries), _dropped_output(h, self.dropout_output, True, train, self.sow)

@@ -60,7 +60,8 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
     if cfg.l2 > 0:
       penalties.append(optax.add_decayed_weights(cfg.l2))
     if cfg.dual_l2 > 0:
-      penalties.append(optax.add_decayed_weights(cfg.dual_l2, mask=module_mask('dual')))
+      # The dual connection is the model's bridge (`build_model`).
+      penalties.append(optax.add_decayed_weights(cfg.dual_l2, mask=module_mask('bridge')))
     clip = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []
     parts = penalties + clip if cfg.l2_before_clip else clip + penalties
     parts.append(OPTIMIZERS[cfg.name](cfg, learning_rate))
@@ -73,7 +74,8 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
 
 def module_mask(name: str) -> Callable[[Any], Any]:
   """A mask function for optax: True on the parameters of the top-level
-  module `name` (for example 'dual'), False elsewhere."""
+  module `name` (a part of `RecurrentLM`: 'embedding', 'stack', 'bridge' or
+  'head'), False elsewhere."""
   def mask(params):
     return {module: jax.tree.map(lambda _, m=module: m == name, subtree)
             for module, subtree in params.items()}

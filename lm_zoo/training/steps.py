@@ -89,7 +89,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
       scale = inputs.shape[1] if sum_over_time else 1
       objective = mean * scale
       if penalised:
-        outputs = sown['intermediates']
+        outputs = sown['intermediates']['stack']  # what the stack sows (RecurrentLM)
         objective += (activation_penalty(outputs['dropped_output'][0], ar)
                       + temporal_activation_penalty(outputs['output'][0], tar))
       return objective, (mean, new_carries)
