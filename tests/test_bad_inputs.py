@@ -198,7 +198,7 @@ CASES = {
                                 '{w}/checkpoints/10/meta/metadata'),
     'truncated checkpoint': (_truncate_best, 'is corrupt or truncated: OUT_OF_RANGE'),
     'checkpoint from another model': (
-        _other_model_config, 'does not fit this model:\n  cell_0/'),
+        _other_model_config, 'does not fit this model:\n  head/kernel: saved'),
     'truncated config.json': (_truncate_config, 'config.json is corrupt or truncated'),
     'evaluate a non-workdir': (lambda d, t, w: lambda: evaluate_workdir(t / 'empty'),
                                'is {t}/empty a work directory written by lm-zoo-train?'),

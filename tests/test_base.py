@@ -6,7 +6,7 @@ import pytest
 
 from lm_zoo.cells import ALSTMCell, LSTMCell, Mogrify, dropout_scaled
 from lm_zoo.cells.base import describe
-from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack
+from lm_zoo.models import LSTMRHN, Dual, Embedding, MixtureHead, RecurrentLM, Softmax, Stack
 
 
 def test_describe_names_a_cell_and_the_cells_it_wraps():
@@ -32,3 +32,15 @@ def test_dropout_scaled_scales_declared_rates_of_wrapped_cells_and_parts():
   with pytest.raises(ValueError, match=r"leaves rates outside \[0, 1\): "
                                        r"\{'Stack.dropout_state': 1.2, 'Stack.weight_drop': 1.0"):
     dropout_scaled(model, 4.0)
+
+
+def test_dropout_scaled_reaches_the_bridge_the_head_and_the_lstm_rhn():
+  cells = [ALSTMCell(4, latent_size=2, dropout_latent=0.1) for _ in range(2)]
+  model = RecurrentLM(Embedding(5, 3), LSTMRHN(cells, dropout_hidden=0.1, dropout_output=0.2),
+                      MixtureHead(5, 2, dropout_latent=0.3), Dual(4, 0.1, 0.2))
+  scaled = dropout_scaled(model, 2.0)
+  assert (scaled.stack.dropout_hidden, scaled.stack.dropout_output) == pytest.approx((0.2, 0.4))
+  assert [c.dropout_latent for c in scaled.stack.cells] == pytest.approx([0.2, 0.2])
+  assert (scaled.bridge.dropout_input, scaled.bridge.dropout_output) == pytest.approx((0.2, 0.4))
+  assert scaled.head.dropout_latent == pytest.approx(0.6)
+  assert (model.bridge.dropout_input, model.head.dropout_latent) == (0.1, 0.3)  # copies

@@ -107,12 +107,20 @@ def test_what_one_set_of_weights_prepared_does_not_touch_another_s(lm):
   its own choice, and scoring one after preparing another gives what it
   gave before."""
   model, params = lm
-  other = jax.tree.map(lambda a: 0.3 * a, params)  # flatter: a lower temperature
+  # Logits log(count) of the words valid scores: the tuned temperature is 1
+  # (that unigram is the maximum-likelihood one), and 1/3 for a third of them.
+  counts = np.bincount(CORPUS.valid[1:], minlength=V)
+  assert counts.min() > 0
+  log_counts = np.log(counts).astype(np.float32)
+  unigram = lambda scale: {**params, 'head': {'kernel': 0 * params['head']['kernel'],
+                                               'bias': scale * log_counts}}
+  params, other = unigram(1.0), unigram(1 / 3)
   evaluator = TunedTemperature(Static(bptt=9, batch_size=1), low=0.1, high=4.0)
   first = evaluator.prepare(model, params, CORPUS)
   before = evaluator.score(first, 'test').loss
   second = evaluator.prepare(model, other, CORPUS)
-  assert second.choice != first.choice
+  assert first.choice == pytest.approx(1.0, abs=0.02)
+  assert second.choice == pytest.approx(1 / 3, abs=0.01)
   assert evaluator.score(first, 'test').loss == before
   assert evaluator.score(second, 'test').loss == evaluator(model, other, CORPUS, 'test').loss
   assert evaluator == TunedTemperature(Static(bptt=9, batch_size=1), low=0.1, high=4.0)
