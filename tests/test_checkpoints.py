@@ -174,16 +174,3 @@ def test_damage_that_still_decodes_is_found_by_the_digests(tmp_path):
       assert 'keeps no other copy' in str(err) or 'corrupt or truncated' in str(err)
     path.write_bytes(original)
   assert refused >= 3
-
-
-def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatch):
-  path = tmp_path / 'summary.json'
-  checkpoints_module.write_text_atomically(path, 'old')
-
-  def full_disk(*args):
-    raise OSError(28, 'No space left on device')
-
-  monkeypatch.setattr(checkpoints_module.os, 'fsync', full_disk)
-  with pytest.raises(OSError, match='No space left'):
-    checkpoints_module.write_text_atomically(path, 'new')
-  assert path.read_text() == 'old' and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
