@@ -12,22 +12,30 @@ import threading
 _received = threading.Event()
 
 
-def record_interrupts() -> None:
-  """From now on Ctrl-C is remembered (`interrupted`) as it is raised: a C
-  extension interrupted while it loads may print the KeyboardInterrupt and
-  raise an unrelated error, with nothing chained to tell it came from Ctrl-C.
-  Where SIGINT is ignored or handled by someone else, nothing changes."""
+def defer_interrupts() -> None:
+  """From now on Ctrl-C is remembered (`interrupted`), not raised, until
+  `raise_interrupts`: a C extension interrupted while it loads prints the
+  KeyboardInterrupt's traceback itself and raises an unrelated error. A
+  second Ctrl-C raises at once. Where SIGINT is ignored or handled by
+  someone else, nothing changes."""
   if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _record_and_raise)
+    signal.signal(signal.SIGINT, _remember)
 
 
-def _record_and_raise(signum, frame):
+def _remember(signum, frame):
+  if _received.is_set():
+    raise KeyboardInterrupt  # asked twice: now
   _received.set()
-  raise KeyboardInterrupt
+
+
+def raise_interrupts() -> None:
+  """Ctrl-C raises KeyboardInterrupt again, as Python's default handler does."""
+  if signal.getsignal(signal.SIGINT) is _remember:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def interrupted() -> bool:
-  """Whether Ctrl-C came since `record_interrupts`."""
+  """Whether Ctrl-C came while it was deferred."""
   return _received.is_set()
 
 

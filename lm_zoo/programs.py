@@ -5,7 +5,9 @@ importing it loads JAX, which takes seconds: both happen inside the error
 handling here, so that a bad --config file, variant or field, and Ctrl-C
 while the libraries load, are one line and not a traceback. This module
 imports nothing else at the top but lm_zoo.interrupts (the standard library
-only), so that Ctrl-C is handled from the start.
+only), so that Ctrl-C is handled from the start: while the program's module
+loads it is deferred (an extension interrupted mid-import prints a traceback
+of its own), then the program exits as interrupted.
 """
 
 import importlib
@@ -13,13 +15,14 @@ import pathlib
 import signal
 import sys
 
-from lm_zoo.interrupts import interrupt_from_unraisable, interrupted, record_interrupts
+from lm_zoo.interrupts import (defer_interrupts, interrupt_from_unraisable, interrupted,
+                               raise_interrupts)
 
 
 def _launch(name: str) -> None:
   """Imports `lm_zoo.cli.NAME` and runs its `main()`."""
   sys.unraisablehook = interrupt_from_unraisable
-  record_interrupts()
+  defer_interrupts()  # until the libraries have loaded
   sys.argv[1:] = installed_configs(sys.argv[1:])
   try:
     program = importlib.import_module(f'lm_zoo.cli.{name}')
@@ -27,8 +30,8 @@ def _launch(name: str) -> None:
     print('interrupted', file=sys.stderr)
     sys.exit(128 + signal.SIGINT)
   except Exception as err:  # the flags and the --config file, read on import
-    # Ctrl-C inside an extension's import: wrapped in its ImportError, or
-    # printed by the extension and replaced by another error.
+    # Ctrl-C while the libraries load (deferred), or one wrapped in an
+    # extension's ImportError.
     if interrupted() or _caused_by_interrupt(err):
       print('interrupted', file=sys.stderr)
       sys.exit(128 + signal.SIGINT)
@@ -42,6 +45,10 @@ def _launch(name: str) -> None:
     print(f'error: {flag_error(err, sys.argv)}\nPass --help to see the flags.',
           file=sys.stderr)
     sys.exit(1)
+  if interrupted():
+    print('interrupted', file=sys.stderr)
+    sys.exit(128 + signal.SIGINT)
+  raise_interrupts()
   program.main()
 
 
