@@ -97,6 +97,20 @@ def perturb(params, seed: int = 1, scale: float = 0.3):
                                    for k, x in zip(keys, leaves)])
 
 
+def alstm_window_inputs(cell, batch: int, inputs: int, units: int, steps: int, seed: int = 1):
+  """A random carry for `cell` (the latent's too), random inputs (steps,
+  batch, inputs) and a state dropout mask (batch, units) at rate 0.3."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  normal = lambda shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+  carry = jax.tree.map(lambda a: normal(a.shape),
+                       cell.initialize_carry(jax.random.key(0), (batch, inputs)))
+  mask = jnp.asarray(rng.binomial(1, 0.7, (batch, units)) / 0.7, jnp.float32)
+  return carry, normal((steps, batch, inputs)), mask
+
+
 def load_experiment(name: str, *args):
   """`get_config(*args)` of experiments/NAME.py, loaded by path as config_flags does."""
   import importlib.util

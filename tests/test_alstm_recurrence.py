@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import perturb
+from conftest import alstm_window_inputs, perturb
 from lm_zoo.cells import ALSTMCell, LSTMCell, StaticLatent, resolve_scan
 from lm_zoo.cells.alstm_recurrence import alstm_recurrence
 from lm_zoo.cells.scans import alstm_window
@@ -18,13 +18,7 @@ LATENTS = {'recurrent': LSTMCell, 'static': StaticLatent}
 
 
 def _window(cell, seed=1):
-  """Random inputs, a random carry (the latent's too) and a dropout mask."""
-  rng = np.random.default_rng(seed)
-  normal = lambda shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
-  carry = jax.tree.map(lambda a: normal(a.shape),
-                       cell.initialize_carry(jax.random.key(0), (B, M)))
-  mask = jnp.asarray(rng.binomial(1, 0.7, (B, N)) / 0.7, jnp.float32)
-  return carry, normal((T, B, M)), mask
+  return alstm_window_inputs(cell, B, M, N, T, seed)
 
 
 def _loss(out):

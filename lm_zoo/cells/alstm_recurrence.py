@@ -278,9 +278,15 @@ def alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
   """
   h0 = carry[-1]
   n = h0.shape[-1]
-  if inputs.ndim != 3 or params['input']['kernel_1'].shape != (inputs.shape[-1], 4 * n):
-    raise ValueError(f'inputs {inputs.shape} do not fit the aLSTM input kernel '
-                     f'{params["input"]["kernel_1"].shape}: expected (T, B, m) with W (m, {4 * n})')
+  check_window(inputs, params, n)
   hs, new_carry = _recurrence(params, inputs, tuple(carry), _state_mask(state_mask, h0),
                               jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate)
   return new_carry, hs
+
+
+def check_window(inputs: jax.Array, params: Any, n: int) -> None:
+  """Raises ValueError unless `inputs` is (T, B, m) and fits the aLSTM input
+  kernel W (m, 4n)."""
+  if inputs.ndim != 3 or params['input']['kernel_1'].shape != (inputs.shape[-1], 4 * n):
+    raise ValueError(f'inputs {inputs.shape} do not fit the aLSTM input kernel '
+                     f'{params["input"]["kernel_1"].shape}: expected (T, B, m) with W (m, {4 * n})')

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.alstm_recurrence import (is_recurrent, latent_dense, policy_sizes,
+from lm_zoo.cells.alstm_recurrence import (check_window, is_recurrent, latent_dense, policy_sizes,
                                            weight_gradients)
 from lm_zoo.cells.lstm_recurrence import _state_mask, gate_factors, shifted
 from lm_zoo.cells.pallas_lstm import pad_to, round_up
@@ -223,9 +223,7 @@ def pallas_alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
   """
   h0 = carry[-1]
   n = h0.shape[-1]
-  if inputs.ndim != 3 or params['input']['kernel_1'].shape != (inputs.shape[-1], 4 * n):
-    raise ValueError(f'inputs {inputs.shape} do not fit the aLSTM input kernel '
-                     f'{params["input"]["kernel_1"].shape}: expected (T, B, m) with W (m, {4 * n})')
+  check_window(inputs, params, n)
   tiles = tiles or tiles_for(h0.shape[0], max(n, inputs.shape[-1]))
   hs, new_carry = _recurrence(params, inputs, tuple(carry), _state_mask(state_mask, h0),
                               jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate, tiles,
