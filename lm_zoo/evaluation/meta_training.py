@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -120,29 +120,12 @@ def meta_train(model, gate_fn: GateFn, meta_params: Any, params: Any, precision:
   Raises:
     TrainingError: L_meta is not finite.
   """
-  if num_updates < 1 or segment_length < 1 or batch_size < 1 or meta_steps < 0:
-    raise ValueError('num_updates, segment_length and batch_size must be positive and '
-                     'meta_steps non-negative')
+  last = _last_start(len(stream), meta_steps, num_updates, segment_length, batch_size)
   span = num_updates * segment_length
-  last = len(stream) - span - 1
-  if last < 0:
-    raise ValueError(f'a stream of {len(stream)} tokens is shorter than one window of '
-                     f'{num_updates} x {segment_length} tokens')
   optimizer = optimizer or optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
   state = learned_update_rule(gate_fn, precision).init(params)
   zero_carries = model.initialize_carry(batch_size)
-
-  @jax.jit
-  def step(meta_params, opt_state, state, theta, carries, segments):
-    def objective(m):
-      return meta_loss(model, gate_fn, m, theta, state, carries, segments,
-                       checkpoint=checkpoint, first_order=first_order)
-    (loss, (theta, carries, _)), grads = jax.value_and_grad(objective, has_aux=True)(
-        meta_params)
-    updates, opt_state = optimizer.update(grads, opt_state, meta_params)
-    return (optax.apply_updates(meta_params, updates), opt_state, theta, carries,
-            loss / num_updates)
-
+  step = _meta_step(model, gate_fn, optimizer, num_updates, checkpoint, first_order)
   rng = np.random.default_rng(seed)
   row_length = (len(stream) - 1) // batch_size
   starts = np.arange(batch_size) * row_length
@@ -165,3 +148,36 @@ def meta_train(model, gate_fn: GateFn, meta_params: Any, params: Any, precision:
       log.info('meta-step %d/%d: L_meta / K %.4f (mean of the last %d)', i + 1, meta_steps,
                np.mean(losses[-log_every:]), log_every)
   return MetaTrainResult(meta_params, np.asarray(losses))
+
+
+def _last_start(stream_length: int, meta_steps: int, num_updates: int, segment_length: int,
+                batch_size: int) -> int:
+  """The last stream position a meta-step's window can start at; raises
+  ValueError for sizes that leave none."""
+  if num_updates < 1 or segment_length < 1 or batch_size < 1 or meta_steps < 0:
+    raise ValueError('num_updates, segment_length and batch_size must be positive and '
+                     'meta_steps non-negative')
+  last = stream_length - num_updates * segment_length - 1
+  if last < 0:
+    raise ValueError(f'a stream of {stream_length} tokens is shorter than one window of '
+                     f'{num_updates} x {segment_length} tokens')
+  return last
+
+
+def _meta_step(model, gate_fn: GateFn, optimizer: optax.GradientTransformation,
+               num_updates: int, checkpoint: bool, first_order: bool) -> Callable:
+  """One jitted meta-step: L_meta through the K updates of a window, its
+  gradient, and the optimizer's step on the meta-parameters."""
+
+  @jax.jit
+  def step(meta_params, opt_state, state, theta, carries, segments):
+    def objective(m):
+      return meta_loss(model, gate_fn, m, theta, state, carries, segments,
+                       checkpoint=checkpoint, first_order=first_order)
+    (loss, (theta, carries, _)), grads = jax.value_and_grad(objective, has_aux=True)(
+        meta_params)
+    updates, opt_state = optimizer.update(grads, opt_state, meta_params)
+    return (optax.apply_updates(meta_params, updates), opt_state, theta, carries,
+            loss / num_updates)
+
+  return step

@@ -41,6 +41,7 @@ U_z (K, 4K). B a multiple of the tiles' batch, M, N and K of the chunk.
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import jax
@@ -120,81 +121,110 @@ def _forward_kernel(*refs, widths, recurrent, cap_input_gate, body):
   body.each_chunk(n, gates)
 
 
+# The backward kernel's refs, in pallas_call's order (inputs, then outputs).
+_BACKWARD_REFS = {
+    True: tuple("""d_out d_rec mask d_c d_c_from_h scales forget x h pi a r d_c_z d_z_next
+        d_c_z_from_z scales_z forget_z kernel recurrent_kernel bias policy latent_h latent_u
+        d_c_out d_h_out d_gates q d_x_out d_latent d_c_z_out d_z_out""".split()),
+    False: tuple("""d_out d_rec mask d_c d_c_from_h scales forget x h pi a r z kernel
+        recurrent_kernel bias policy latent_h d_c_out d_h_out d_gates q d_x_out
+        d_latent""".split()),
+}
+
+
 def _backward_kernel(*refs, widths, recurrent, body):
   m, n, k = widths
-  if recurrent:
-    (d_out, d_rec, mask, d_c, d_c_from_h, scales, forget, x, h, pi, a, r, d_c_z, d_z_next,
-     d_c_z_from_z, scales_z, forget_z, kernel, recurrent_kernel, bias, policy, latent_h,
-     latent_u, d_c_out, d_h_out, d_gates, q, d_x_out, d_latent, d_c_z_out, d_z_out) = refs
-  else:
-    (d_out, d_rec, mask, d_c, d_c_from_h, scales, forget, x, h, pi, a, r, z, kernel,
-     recurrent_kernel, bias, policy, latent_h, d_c_out, d_h_out, d_gates, q, d_x_out,
-     d_latent) = refs
-  shape = (body.rows, body.chunk)
-  _, at_h, at_w, at_v, at_b = policy_offsets(m, n)
-  latent_width = GATES * k if recurrent else k
+  io = types.SimpleNamespace(**dict(zip(_BACKWARD_REFS[recurrent], refs, strict=True)))
+  _gate_gradients(io, body, n)
+  body.barrier()  # the sums below read every gate's gradient
+  _policy_gradients(io, body, m, n)
+  body.barrier()  # dz sums the whole of q
+  _latent_gradients(io, body, m, n, k, recurrent)
+  body.barrier()  # the latent's inputs' gradients sum every latent gate's
+  _latent_input_gradients(io, body, n, k, recurrent)
+
+
+def _gate_gradients(io, body, n):
+  """The gates' gradients g and dL/dc_{t-1}."""
 
   def gates(cols):
-    d_h = d_out[:, cols] + d_rec[:, cols] * mask[:, cols]
-    d_c_t = d_c[:, cols] + d_h * d_c_from_h[:, cols]
+    d_h = io.d_out[:, cols] + io.d_rec[:, cols] * io.mask[:, cols]
+    d_c_t = io.d_c[:, cols] + d_h * io.d_c_from_h[:, cols]
     for g in range(GATES):
       gc = at(cols, g * n)
-      d_gates[:, gc] = scales[:, gc] * (d_h if g == GATES - 1 else d_c_t)
-    d_c_out[:, cols] = d_c_t * forget[:, cols]
+      io.d_gates[:, gc] = io.scales[:, gc] * (d_h if g == GATES - 1 else d_c_t)
+    io.d_c_out[:, cols] = d_c_t * io.forget[:, cols]
 
   body.each_chunk(n, gates)
-  body.barrier()  # the sums below read every gate's gradient
+
+
+def _policy_gradients(io, body, m, n):
+  """q, the gradient of π's pre-activation, and the x- and h-parts that go
+  on through x and h."""
+  shape = (body.rows, body.chunk)
+  _, at_h, at_w, at_v, at_b = policy_offsets(m, n)
 
   def scaled_input(offset, matrix):
     """d(π ⊙ input) at `cols` through W (offset of π_W) or V (of π_V)."""
     return lambda cols: body.summed(GATES * n, shape, lambda s: body.product(
-        d_gates[:, s] * pi[:, at(s, offset)], matrix[cols, s], transpose_b=True))
+        io.d_gates[:, s] * io.pi[:, at(s, offset)], matrix[cols, s], transpose_b=True))
 
   def x_part(cols):
-    d_scaled, pi_x = scaled_input(at_w, kernel)(cols), pi[:, cols]
-    q[:, cols] = d_scaled * x[:, cols] * (1 - pi_x * pi_x)
-    d_x_out[:, cols] = d_scaled * pi_x
+    d_scaled, pi_x = scaled_input(at_w, io.kernel)(cols), io.pi[:, cols]
+    io.q[:, cols] = d_scaled * io.x[:, cols] * (1 - pi_x * pi_x)
+    io.d_x_out[:, cols] = d_scaled * pi_x
 
   def h_part(cols):
-    d_scaled, pi_h = scaled_input(at_v, recurrent_kernel)(cols), pi[:, at(cols, at_h)]
-    q[:, at(cols, at_h)] = d_scaled * h[:, cols] * mask[:, cols] * (1 - pi_h * pi_h)
-    d_h_out[:, cols] = d_scaled * pi_h
+    d_scaled, pi_h = scaled_input(at_v, io.recurrent_kernel)(cols), io.pi[:, at(cols, at_h)]
+    io.q[:, at(cols, at_h)] = d_scaled * io.h[:, cols] * io.mask[:, cols] * (1 - pi_h * pi_h)
+    io.d_h_out[:, cols] = d_scaled * pi_h
 
   def gate_parts(cols):
-    d_g = d_gates[:, cols]
-    for offset, value in ((at_w, a[:, cols]), (at_v, r[:, cols]), (at_b, bias[cols][None, :])):
-      pi_g = pi[:, at(cols, offset)]
-      q[:, at(cols, offset)] = d_g * value * (1 - pi_g * pi_g)
+    d_g = io.d_gates[:, cols]
+    for offset, value in ((at_w, io.a[:, cols]), (at_v, io.r[:, cols]),
+                          (at_b, io.bias[cols][None, :])):
+      pi_g = io.pi[:, at(cols, offset)]
+      io.q[:, at(cols, offset)] = d_g * value * (1 - pi_g * pi_g)
 
   body.each_chunk(m, x_part)
   body.each_chunk(n, h_part)
   body.each_chunk(GATES * n, gate_parts)
-  body.barrier()  # dz sums the whole of q
+
+
+def _latent_gradients(io, body, m, n, k, recurrent):
+  """dz = q Pᵀ (plus the step after's), back to the latent's gates."""
+  shape = (body.rows, body.chunk)
 
   def latent(cols):
-    d_z = body.summed(m + 13 * n, shape, lambda s: body.product(q[:, s], policy[cols, s],
-                                                                 transpose_b=True))
+    d_z = body.summed(m + 13 * n, shape, lambda s: body.product(
+        io.q[:, s], io.policy[cols, s], transpose_b=True))
     if not recurrent:
-      d_latent[:, cols] = jnp.where(z[:, cols] > 0, d_z, 0.0)
+      io.d_latent[:, cols] = jnp.where(io.z[:, cols] > 0, d_z, 0.0)
       return
-    d_z = d_z + d_z_next[:, cols]
-    d_c_z_t = d_c_z[:, cols] + d_z * d_c_z_from_z[:, cols]
+    d_z = d_z + io.d_z_next[:, cols]
+    d_c_z_t = io.d_c_z[:, cols] + d_z * io.d_c_z_from_z[:, cols]
     for g in range(GATES):
       gc = at(cols, g * k)
-      d_latent[:, gc] = scales_z[:, gc] * (d_z if g == GATES - 1 else d_c_z_t)
-    d_c_z_out[:, cols] = d_c_z_t * forget_z[:, cols]
+      io.d_latent[:, gc] = io.scales_z[:, gc] * (d_z if g == GATES - 1 else d_c_z_t)
+    io.d_c_z_out[:, cols] = d_c_z_t * io.forget_z[:, cols]
 
   body.each_chunk(k, latent)
-  body.barrier()  # the latent's inputs' gradients sum every latent gate's
+
+
+def _latent_input_gradients(io, body, n, k, recurrent):
+  """The latent's gates' gradients back to h (added to its part from V) and,
+  for an LSTM latent, to z_{t-1}."""
+  shape = (body.rows, body.chunk)
+  latent_width = GATES * k if recurrent else k
 
   def through_latent(cols, matrix, out, add):
     total = body.summed(latent_width, shape, lambda s: body.product(
-        d_latent[:, s], matrix[cols, s], transpose_b=True))
+        io.d_latent[:, s], matrix[cols, s], transpose_b=True))
     out[:, cols] = out[:, cols] + total if add else total
 
-  body.each_chunk(n, lambda cols: through_latent(cols, latent_h, d_h_out, True))
+  body.each_chunk(n, lambda cols: through_latent(cols, io.latent_h, io.d_h_out, True))
   if recurrent:
-    body.each_chunk(k, lambda cols: through_latent(cols, latent_u, d_z_out, False))
+    body.each_chunk(k, lambda cols: through_latent(cols, io.latent_u, io.d_z_out, False))
 
 
 def _outputs(shapes):

@@ -79,19 +79,7 @@ def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.Confi
   along the stream (`lm_zoo.evaluation.meta_train`). Returns L_meta / K per
   meta-step.
   """
-  if 'prior' not in config:
-    raise ConfigError('the config is not a meta-training config (it has no prior): give '
-                      'experiments/dyneval_learned.py or another of meta_training_config()')
-  for field in ('meta_steps', 'num_updates', 'segment_length', 'batch_size', 'hidden',
-                'fisher_batches', 'fisher_batch_size'):
-    if not isinstance(config[field], int) or config[field] < (field != 'meta_steps'):
-      raise ConfigError(f'{field} must be a whole number >= '
-                        f'{int(field != "meta_steps")}, got {config[field]!r}')
-  if config.prior not in PRIORS:
-    raise ConfigError(f'prior must be one of {", ".join(PRIORS)}, got {config.prior!r}')
-  if config.decay_mean not in DECAY_MEANS:
-    raise ConfigError(f'decay_mean must be one of {", ".join(DECAY_MEANS)}, got '
-                      f'{config.decay_mean!r}')
+  _check_meta_training_config(config)
   output = _meta_learner_output(workdir, config.output)
   run_config, corpus, model, params = load_trained(workdir, data_dir)
   precision = diagonal_fisher(model, params, corpus.train, config.fisher_batch_size,
@@ -131,3 +119,21 @@ def _meta_learner_output(workdir: str | pathlib.Path, output: str) -> pathlib.Pa
                       'the rule goes to with --config.output=FOLDER (and score with '
                       '--config.learned.meta_learner=FOLDER)')
   return pathlib.Path(workdir) / META_LEARNER_DIR
+
+
+def _check_meta_training_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError, naming the field, where `config` is no meta-training
+  config or holds a size or choice it cannot run."""
+  if 'prior' not in config:
+    raise ConfigError('the config is not a meta-training config (it has no prior): give '
+                      'experiments/dyneval_learned.py or another of meta_training_config()')
+  for field in ('meta_steps', 'num_updates', 'segment_length', 'batch_size', 'hidden',
+                'fisher_batches', 'fisher_batch_size'):
+    if not isinstance(config[field], int) or config[field] < (field != 'meta_steps'):
+      raise ConfigError(f'{field} must be a whole number >= '
+                        f'{int(field != "meta_steps")}, got {config[field]!r}')
+  if config.prior not in PRIORS:
+    raise ConfigError(f'prior must be one of {", ".join(PRIORS)}, got {config.prior!r}')
+  if config.decay_mean not in DECAY_MEANS:
+    raise ConfigError(f'decay_mean must be one of {", ".join(DECAY_MEANS)}, got '
+                      f'{config.decay_mean!r}')

@@ -67,23 +67,7 @@ def write_report(study: optuna.Study, tune: ml_collections.ConfigDict,
                    + ' | '.join(cells) + ' |')
     lines += ['', f'Best: trial {best.number}, valid loss {best.value:.4f} '
               f'(perplexity {_perplexity(best):.2f}).']
-    if 'workdir' in best.user_attrs:
-      lines += ['Train it again (the trial\'s own config, read from its work directory):',
-                '', f'    lm-zoo-train --config=experiments/from_workdir.py:'
-                f'{best.user_attrs["workdir"]} --workdir=runs/best_of_{study.study_name}']
-    if tune.kind == 'dyneval':
-      evaluation = tune.dyneval.evaluation
-      tuned = {tune.space[name].field: value for name, value in best.params.items()}
-      # Every setting the trials ran with, so that the command searches nothing.
-      flags = ' '.join(f'--config.dynamic.{field}=' + (
-          f'{tuned[field]:.4g}' if field in tuned
-          else ','.join(f'{v:.4g}' for v in evaluation.dynamic[field]))
-          for field in DYNEVAL_FIELDS)
-      if evaluation.dynamic.rule == 'rms' and evaluation.dynamic.decay_mean != 'coordinates':
-        flags += f' --config.dynamic.decay_mean={evaluation.dynamic.decay_mean}'
-      lines += ['Score valid and test with it:', '',
-                f'    lm-zoo-eval --workdir={tune.dyneval.workdir} '
-                f'--config=experiments/dyneval_{evaluation.dynamic.rule}.py {flags}']
+    lines += _commands(study, tune, best)
     near = neighbourhood(done, best, tune.space, width)
     lines += ['', f'{len(near)} complete trials lie within {width:.0%} of each range '
               'around the best (red in the figure): validation loss '
@@ -103,3 +87,28 @@ def write_report(study: optuna.Study, tune: ml_collections.ConfigDict,
   text = '\n'.join(lines) + '\n'
   (workdir / REPORT_FILE).write_text(text)
   return text
+
+
+def _commands(study: optuna.Study, tune: ml_collections.ConfigDict,
+              best: optuna.trial.FrozenTrial) -> list[str]:
+  """The report's lines with the commands that use the best trial: train it
+  again, or (a dynamic-evaluation study) score valid and test with it."""
+  lines = []
+  if 'workdir' in best.user_attrs:
+    lines += ['Train it again (the trial\'s own config, read from its work directory):',
+              '', f'    lm-zoo-train --config=experiments/from_workdir.py:'
+              f'{best.user_attrs["workdir"]} --workdir=runs/best_of_{study.study_name}']
+  if tune.kind == 'dyneval':
+    evaluation = tune.dyneval.evaluation
+    tuned = {tune.space[name].field: value for name, value in best.params.items()}
+    # Every setting the trials ran with, so that the command searches nothing.
+    flags = ' '.join(f'--config.dynamic.{field}=' + (
+        f'{tuned[field]:.4g}' if field in tuned
+        else ','.join(f'{v:.4g}' for v in evaluation.dynamic[field]))
+        for field in DYNEVAL_FIELDS)
+    if evaluation.dynamic.rule == 'rms' and evaluation.dynamic.decay_mean != 'coordinates':
+      flags += f' --config.dynamic.decay_mean={evaluation.dynamic.decay_mean}'
+    lines += ['Score valid and test with it:', '',
+              f'    lm-zoo-eval --workdir={tune.dyneval.workdir} '
+              f'--config=experiments/dyneval_{evaluation.dynamic.rule}.py {flags}']
+  return lines
