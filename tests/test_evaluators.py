@@ -13,9 +13,9 @@ from lm_zoo.configs import evaluation_config
 from lm_zoo.data import Corpus
 from lm_zoo.data.vocab import Vocab
 from lm_zoo.errors import ConfigError
-from lm_zoo.evaluation import (Dynamic, DynamicEvalSettings, MCDropout, MetaLearner, Static,
-                               TunedTemperature, build_evaluator, dynamic_evaluate,
-                               token_losses, tune_temperature)
+from lm_zoo.evaluation import (Dynamic, DynamicEvalSettings, DynamicRuleSpec, MCDropout,
+                               MetaLearner, Static, TunedTemperature, build_evaluator,
+                               dynamic_evaluate, token_losses, tune_temperature)
 from lm_zoo.evaluation.dynamic import _scan_segments
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.optim import GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
@@ -190,15 +190,30 @@ def test_token_losses_are_the_per_token_losses_and_their_mean(lm):
     ('dynamic', 'dynamic.rule', 'adam', 'unknown dynamic.rule'),
     ('dynamic', 'dynamic.learning_rate', (float('nan'),), 'dynamic.learning_rate must be'),
     ('dynamic', 'dynamic.decay_mean', 'rows', 'dynamic.decay_mean must be one of'),
+    ('dynamic', 'dynamic.segment_length', (0,), 'dynamic.segment_length must be >= 1'),
+    ('dynamic_rms', 'dynamic.eps', (1e-3, 0.0), "dynamic.eps must be > 0 for rule 'rms'"),
     ('static', 'max_tokens', -5, 'max_tokens must be >= 0'),
     ('temperature', 'temperature.low', 3.0, 'need 0 < low < high'),
 ])
 def test_bad_settings_are_refused_naming_the_field(evaluator, field, value, message):
-  config = evaluation_config(evaluator)
+  config = evaluation_config(evaluator.removesuffix('_rms'))
+  if evaluator == 'dynamic_rms':
+    config.dynamic.rule = 'rms'
   section, _, name = field.rpartition('.')
   (config[section] if section else config)[name] = value
   with pytest.raises(ConfigError, match=message):
     build_evaluator(config, bptt=5, batch_size=1)
+
+
+def test_sgd_searches_no_epsilon_and_a_rule_reads_only_searched_settings():
+  grid = Dynamic(bptt=5, rule='sgd', learning_rate=(0.1, 0.2), eps=(1e-3, 1e-2)).grid()
+  assert [(s.learning_rate, s.eps) for s in grid] == [(0.1, 0.0), (0.2, 0.0)]
+  assert len(Dynamic(bptt=5, rule='rms', learning_rate=(0.1, 0.2), eps=(1e-3, 1e-2)).grid()) == 4
+  with pytest.raises(ValueError, match='a rule reads settings of'):
+    DynamicRuleSpec(('momentum',), lambda statistics, decay_mean: dynamic_sgd)
+  with pytest.raises(ValueError, match='positive ones among them'):
+    DynamicRuleSpec(('learning_rate',), lambda statistics, decay_mean: dynamic_sgd,
+                    positive=('eps',))
 
 
 def test_the_learned_evaluator_without_a_meta_learner_says_how_to_get_one():

@@ -6,7 +6,6 @@ prepare-then-score form."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import logging
 import math
@@ -19,11 +18,11 @@ import optax
 from lm_zoo.data import Corpus
 from lm_zoo.errors import TrainingError
 from lm_zoo.evaluation.dynamic import dynamic_evaluate
+from lm_zoo.evaluation.dynamic_rules import DYNAMIC_RULES, SEARCHED
 from lm_zoo.evaluation.evaluators import Evaluator, Prepared, Static, beside_static, first_tokens
 from lm_zoo.evaluation.meta_training import MetaLearner
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.evaluation.statistics import rms_training_gradients
-from lm_zoo.optim import dynamic_rms, dynamic_sgd
 from lm_zoo.progress import eta
 
 log = logging.getLogger(__name__)
@@ -31,10 +30,11 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class DynamicEvalSettings:
-  """One dynamic-evaluation setting: `rule` 'sgd' or 'rms', the learning
-  rate eta, the decay lambda toward the trained weights, RMS's epsilon, the
-  segment length and what RMS's mean(MS) is over ('coordinates' as lamb, or
-  'tensors' as Krause; `dynamic_rms`)."""
+  """One dynamic-evaluation setting: `rule` (a name of `DYNAMIC_RULES`, or
+  'learned'), the learning rate eta, the decay lambda toward the trained
+  weights, RMS's epsilon, the segment length and what RMS's mean(MS) is over
+  ('coordinates' as lamb, or 'tensors' as Krause; `dynamic_rms`). A setting
+  the rule does not read is 0."""
   rule: str
   learning_rate: float
   decay: float
@@ -43,23 +43,22 @@ class DynamicEvalSettings:
   decay_mean: str = 'coordinates'
 
   def used(self) -> dict[str, Any]:
-    """The settings its rule reads (SGD has no epsilon; the learned rule only
-    its segment length)."""
-    names = {'sgd': ('learning_rate', 'decay', 'segment_length'),
-             'rms': ('learning_rate', 'decay', 'eps', 'segment_length', 'decay_mean'),
-             'learned': ('segment_length',)}[self.rule]
+    """The settings its rule reads (the learned rule: its segment length)."""
+    names = (DYNAMIC_RULES[self.rule].used() if self.rule in DYNAMIC_RULES
+             else ('segment_length',))
     return {'rule': self.rule, **{name: getattr(self, name) for name in names}}
 
 
 @dataclasses.dataclass(frozen=True)
 class DynamicSetup:
-  """What every setting of one set of weights shares: RMS's MS (None for
-  SGD) and, per rule and kind of mean(MS), one transformation whose values
-  live in its state (`optax.inject_hyperparams`), so that scoring many
-  settings compiles the scan once per segment length, not once per setting.
+  """What every setting of one set of weights shares: the training
+  gradients' MS (None for a rule that does not read it) and, per rule and
+  kind of mean(MS), one transformation whose values live in its state
+  (`optax.inject_hyperparams`), so that scoring many settings compiles the
+  scan once per segment length, not once per setting.
 
   Attributes:
-    rms_gradients: MS of `dynamic_rms` (`rms_training_gradients`), or None.
+    rms_gradients: MS (`rms_training_gradients`), or None.
     transformations: (rule, decay_mean) -> the injected transformation,
       filled as settings ask for them.
   """
@@ -70,16 +69,11 @@ class DynamicSetup:
   def transformation(self, settings: DynamicEvalSettings, params
                      ) -> tuple[optax.GradientTransformation, Any]:
     """The transformation of `settings` and its initial state."""
-    if settings.rule == 'sgd':
-      factory, values = dynamic_sgd, {'learning_rate': settings.learning_rate,
-                                      'decay': settings.decay}
-    else:
-      factory = functools.partial(dynamic_rms, rms_gradients=self.rms_gradients,
-                                  decay_mean=settings.decay_mean)
-      values = {'learning_rate': settings.learning_rate, 'decay': settings.decay,
-                'eps': settings.eps}
+    rule = DYNAMIC_RULES[settings.rule]
+    values = {name: getattr(settings, name) for name in rule.hyperparameters}
     key = (settings.rule, settings.decay_mean)
     if key not in self.transformations:
+      factory = rule.make(self.rms_gradients, settings.decay_mean)
       self.transformations[key] = optax.inject_hyperparams(factory)(**values)
     injected = self.transformations[key]
     # The inner state (theta_g and MS / mean(MS)) does not depend on the values.
@@ -101,11 +95,13 @@ class DynamicChoice:
 
 @dataclasses.dataclass(frozen=True)
 class Dynamic(Evaluator):
-  """Dynamic evaluation with SGD or RMS steps (`dynamic_evaluate`). `prepare`
+  """Dynamic evaluation with a registered rule's steps (`DYNAMIC_RULES`:
+  SGD, RMS, or one of your own; `dynamic_evaluate`). `prepare`
   scores every combination of the given values on valid (its first
   `search_tokens` tokens when > 0) and keeps the best (diverged settings
   lose); `score` then scores a split with it from the trained weights.
-  RMS's MS comes from `ms_batches` training windows of `ms_batch_size` rows.
+  MS, for a rule that reads it, comes from `ms_batches` training windows of
+  `ms_batch_size` rows.
   The result's details hold the chosen settings, the search, each segment's
   NLL sum and token count, and the static loss of the same tokens."""
 
@@ -123,15 +119,17 @@ class Dynamic(Evaluator):
   max_tokens: int = 0
 
   def grid(self) -> list[DynamicEvalSettings]:
+    read = DYNAMIC_RULES[self.rule].hyperparameters
+    searched = [getattr(self, name) if name in read else (0.0,) for name in SEARCHED]
     return [DynamicEvalSettings(self.rule, lr, decay, eps, int(length), self.decay_mean)
-            for lr, decay, eps, length in itertools.product(
-                self.learning_rate, self.decay, self.eps if self.rule == 'rms' else (0.0,),
-                self.segment_length)]
+            for lr, decay, eps, length in itertools.product(*searched, self.segment_length)]
 
   def setup(self, model, params, corpus: Corpus) -> DynamicSetup:
-    """What every setting shares for these weights (RMS's MS estimated here)."""
+    """What every setting shares for these weights (MS estimated here for a
+    rule that reads it)."""
     ms = (rms_training_gradients(model, params, corpus.train, self.ms_batch_size, self.bptt,
-                                 self.ms_batches) if self.rule == 'rms' else None)
+                                 self.ms_batches)
+          if DYNAMIC_RULES[self.rule].statistics else None)
     return DynamicSetup(ms)
 
   def score_settings(self, setup: DynamicSetup, settings: DynamicEvalSettings, model, params,

@@ -10,7 +10,6 @@ and one `register_evaluator` line; docs/design.md shows one.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import Callable
 
@@ -18,20 +17,11 @@ import ml_collections
 
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation.dynamic_evaluators import Dynamic, Learned
+from lm_zoo.evaluation.dynamic_rules import DYNAMIC_RULES
 from lm_zoo.evaluation.evaluators import (Evaluator, MCDropout, Static, TokenLosses,
                                           TunedTemperature)
 from lm_zoo.evaluation.meta_training import MetaLearner
 from lm_zoo.optim import DECAY_MEANS
-
-
-class DynamicRule(enum.StrEnum):
-  """Dynamic evaluation's update rules (`dynamic.rule`)."""
-
-  SGD = 'sgd'
-  RMS = 'rms'
-
-
-RULES = tuple(rule.value for rule in DynamicRule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +98,10 @@ def _tuned_temperature(config: ml_collections.ConfigDict, windows: Windows
 
 def _dynamic(config: ml_collections.ConfigDict, windows: Windows) -> Dynamic:
   cfg = config.dynamic
-  if cfg.rule not in RULES:
-    raise ConfigError(f'unknown dynamic.rule {cfg.rule!r}: choose one of {", ".join(RULES)}')
+  if cfg.rule not in DYNAMIC_RULES:
+    raise ConfigError(f'unknown dynamic.rule {cfg.rule!r}: choose one of '
+                      f'{", ".join(DYNAMIC_RULES)}')
+  rule = DYNAMIC_RULES[cfg.rule]
   if cfg.decay_mean not in DECAY_MEANS:
     raise ConfigError(f'dynamic.decay_mean must be one of {", ".join(DECAY_MEANS)}, got '
                       f'{cfg.decay_mean!r}')
@@ -119,9 +111,11 @@ def _dynamic(config: ml_collections.ConfigDict, windows: Windows) -> Dynamic:
                                  and math.isfinite(v) and v >= 0 for v in cfg[field]):
       raise ConfigError(f'dynamic.{field} must be one or more numbers >= 0, got '
                         f'{cfg[field]}')
-  if min(cfg.segment_length) < 1 or (cfg.rule == 'rms' and min(cfg.eps) <= 0):
-    raise ConfigError('dynamic.segment_length must be >= 1 and dynamic.eps > 0 (rms), got '
-                      f'{cfg.segment_length} and {cfg.eps}')
+  if min(cfg.segment_length) < 1:
+    raise ConfigError(f'dynamic.segment_length must be >= 1, got {cfg.segment_length}')
+  for field in rule.positive:
+    if min(cfg[field]) <= 0:
+      raise ConfigError(f'dynamic.{field} must be > 0 for rule {cfg.rule!r}, got {cfg[field]}')
   for field in ('ms_batches', 'ms_batch_size'):
     if cfg[field] < 1:
       raise ConfigError(f'dynamic.{field} must be at least 1, got {cfg[field]}')

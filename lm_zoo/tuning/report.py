@@ -13,6 +13,7 @@ import ml_collections
 import optuna
 
 from lm_zoo import plots
+from lm_zoo.evaluation import DYNAMIC_RULES, DynamicRule
 from lm_zoo.tuning.spaces import position
 from lm_zoo.tuning.study import DYNEVAL_FIELDS, best_trial, study_counts
 
@@ -106,9 +107,12 @@ def _commands(study: optuna.Study, tune: ml_collections.ConfigDict,
         f'{tuned[field]:.4g}' if field in tuned
         else ','.join(f'{v:.4g}' for v in evaluation.dynamic[field]))
         for field in DYNEVAL_FIELDS)
-    if evaluation.dynamic.rule == 'rms' and evaluation.dynamic.decay_mean != 'coordinates':
+    if (DYNAMIC_RULES[evaluation.dynamic.rule].statistics
+        and evaluation.dynamic.decay_mean != 'coordinates'):
       flags += f' --config.dynamic.decay_mean={evaluation.dynamic.decay_mean}'
+    rule = evaluation.dynamic.rule
+    config = (f'experiments/dyneval_{rule}.py' if rule in tuple(DynamicRule)
+              else f'experiments/dyneval_sgd.py --config.dynamic.rule={rule}')
     lines += ['Score valid and test with it:', '',
-              f'    lm-zoo-eval --workdir={tune.dyneval.workdir} '
-              f'--config=experiments/dyneval_{evaluation.dynamic.rule}.py {flags}']
+              f'    lm-zoo-eval --workdir={tune.dyneval.workdir} --config={config} {flags}']
   return lines
