@@ -22,6 +22,16 @@ PROBES = {
     'tune: a negative worker': (
         'tune', ['--workdir={t}/tune', '--worker=-1'],
         '--worker: '),
+    'tune: a training config as --tune': (
+        'tune', ['--workdir={t}/tune', '--tune=experiments/default.py'],
+        '--tune is not a tuning config: it has no kind, study, space, base (a training '
+        'config?)'),
+    'tune: a training config as --tune, report only': (
+        'tune', ['--workdir={t}/tune', '--tune=experiments/default.py', '--report_only'],
+        '--tune is not a tuning config: it has no kind, study, space, base'),
+    'tune: an empty workdir': (
+        'tune', ['--workdir=', '--report_only'],
+        '--workdir is empty: name a folder for the study'),
     'tune: a workdir that is a file': (
         'tune', ['--workdir={t}/file.txt'],
         '--workdir={t}/file.txt is a file, not a folder'),
