@@ -111,6 +111,21 @@ def test_small_shards_split_the_weights_and_load_to_the_same_params(run, trained
                                   value)
 
 
+def test_a_changed_byte_in_a_shard_of_a_preset_folder_is_refused(run, trained, tmp_path):
+  sharded = export(run, tmp_path / 'sharded', max_shard_size='2KB')
+  card = sharded / 'README.md'
+  card.write_text(card.read_text() + '\nEdited by its publisher.\n')  # not what is loaded
+  _same_model(lm_zoo.load(sharded), trained)
+  shard = max(sharded.glob('model-*.safetensors'), key=lambda p: p.stat().st_size)
+  data = bytearray(shard.read_bytes())
+  data[-1] ^= 1  # the last byte of an array: it still decodes
+  shard.write_bytes(bytes(data))
+  with pytest.raises(ConfigError) as err:
+    lm_zoo.load(sharded)
+  assert str(err.value) == (f"{shard} is damaged: its sha256 differs from SHA256SUMS'; export "
+                            'or download the preset again')
+
+
 def test_sizes_read_their_units():
   assert parse_size('2GB') == 2 * 10**9
   assert parse_size('1.5 KiB') == 1536
