@@ -12,8 +12,8 @@ from conftest import run_script
 
 import lm_zoo
 from lm_zoo import cli
-from lm_zoo.configs import base_config
-from lm_zoo.training import evaluate_workdir, train_and_evaluate
+from lm_zoo.configs import base_config, meta_training_config
+from lm_zoo.training import evaluate_workdir, meta_train_workdir, train_and_evaluate
 from lm_zoo.runs.finished import load_model
 from lm_zoo.runs.workdir import workdir_lock
 from lm_zoo.tuning import param, run_worker, tuning_config
@@ -59,6 +59,15 @@ def _link_tensorboard(d, t, w):
   shutil.rmtree(w / 'tensorboard', ignore_errors=True)
   os.symlink(t, w / 'tensorboard')
   return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20}), w)
+
+
+def _link_the_meta_learner(d, t, w):
+  os.symlink(t, w / 'meta_learner')
+  config = meta_training_config()
+  config.update_from_flattened_dict({'meta_steps': 1, 'fisher_batches': 1,
+                                     'fisher_batch_size': 2, 'num_updates': 1,
+                                     'segment_length': 5, 'batch_size': 1})
+  return lambda: meta_train_workdir(w, config)
 
 
 def _edit_json(name, edit):
@@ -149,6 +158,8 @@ CASES = {
                                               'nothing through links inside a work directory'),
     'a checkpoint a link': (_link_a_checkpoint, '{w}/checkpoints/99 is a symbolic link'),
     'the TensorBoard folder a link': (_link_tensorboard, '{w}/tensorboard is a symbolic link'),
+    'the meta-learner folder a link': (_link_the_meta_learner,
+                                       '{w}/meta_learner is a symbolic link'),
     'an empty work directory name': (lambda d, t, w: lambda: train_and_evaluate(_config(d), ''),
                                      'the work directory is empty: name a folder'),
     'a work directory that is a file': (
