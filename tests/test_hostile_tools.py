@@ -43,6 +43,16 @@ PROBES = {
         'tune', ['--workdir={t}/tune', '--tune.study.storage=sqlite:///{t}/nope/x/study.db'],
         'the study database sqlite:///{t}/nope/x/study.db cannot be read (unable to open '
         'database file)'),
+    'tune: a database URL of no known kind': (
+        'tune', ['--workdir={t}/tune', '--tune.study.storage=bogus://x'],
+        "tune.study.storage='bogus://x' is not a database URL SQLAlchemy can open"),
+    'tune: a negative grace period': (
+        'tune', ['--workdir={t}/tune', '--tune.study.grace_period=-5'],
+        'tune.study.grace_period=-5 must be a whole number of seconds, at least 1'),
+    'tune: a study database cut short': (
+        'tune', ['--workdir={t}/cut_study'],
+        'the study database sqlite:///{t}/cut_study/study.db cannot be read (database disk '
+        'image is malformed): restore it'),
     'tune: an unknown sampler': (
         'tune', ['--workdir={t}/tune', '--tune.study.sampler=grid'],
         "tune.study.sampler='grid' is not known: choose one of tpe, random"),
