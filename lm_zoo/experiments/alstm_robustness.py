@@ -8,7 +8,7 @@ The paper: 100 draws per model, 10 PTB epochs, each model's own tuned rates.
 Here: `num_samples` draws shared by both models (paired), 1 epoch, the same
 rates r for both.
 
-  LM_ZOO_DATA=../shared/data python launch/run_task.py \
+  lm-zoo-task \
       --config=experiments/alstm_robustness.py --output=runs/alstm_robustness.json
 """
 

@@ -6,7 +6,7 @@ networks of SVA layers, trained with plain SGD (learning rate 0.001, batch
 per model on 2 CPU cores. Adaptive layers use a feed-forward policy network
 on the layer's input.
 
-  python launch/run_task.py --config=experiments/mnist_adaptive.py \
+  lm-zoo-task --config=experiments/mnist_adaptive.py \
       --output=runs/mnist_adaptive.json
 """
 

@@ -34,7 +34,7 @@ per seed where a model's kernels leave the GPU idle (Zaremba's medium train
 step, 8 seeds on an H200: 2.0x; these models were not timed), slower on a
 CPU.
 
-  LM_ZOO_DATA=../shared/data taskset -c 1 python launch/run_task.py \
+  taskset -c 1 lm-zoo-task \
       --config=experiments/seed_study.py --config.workdir=/work/runs/seeds \
       --output=/work/runs/seeds.json
 """
