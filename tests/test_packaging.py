@@ -87,6 +87,16 @@ def test_a_program_without_its_extra_names_the_extra(program, module, extra, tmp
   assert line.endswith(f"pip install 'lm_zoo[{extra}]'"), line
 
 
+def test_lm_zoo_tune_explains_its_flags_without_the_tune_extra():
+  code = ('import sys; sys.modules["optuna"] = sys.modules["sqlalchemy"] = None; '
+          'sys.argv = ["lm-zoo-tune", "--help"]; import lm_zoo.programs as p; p.tune()')
+  shown = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+  assert 'Traceback' not in shown.stderr and 'error' not in shown.stderr
+  for text in ('Tunes hyper-parameters with Optuna', '--tune', '--workdir', '--report_only'):
+    assert text in shown.stdout, text
+
+
 def test_texts_an_installed_user_reads_name_the_programs_not_the_checkout_s_scripts():
   """Help texts, messages and config docstrings travel in the wheel, where
   launch/ does not: a paragraph of them that names a launch/ script names
