@@ -145,10 +145,10 @@ def _load_enwik8(name: str, folder: pathlib.Path) -> Corpus:
   return split_enwik8(path.read_bytes(), name)
 
 
-# name -> (folder under the data directory, vocabulary kind)
 # How a user names the data folder, for errors about it.
 WHERE_DATA_IS_NAMED = ('LM_ZOO_DATA for every program, or lm-zoo-train --config.data.data_dir, '
                        "the other programs' --data_dir; in Python, the data_dir argument")
+# name -> (folder under the data directory, vocabulary kind)
 CORPORA = {
     'ptb': ('ptb', 'word'),
     'wikitext2': ('wikitext-2', 'word'),
