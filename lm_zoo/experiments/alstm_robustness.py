@@ -33,7 +33,7 @@ def get_config():
   c.models = ml_collections.ConfigDict({'lstm': _model('lstm'), 'alstm': _model('alstm')})
   c.rates = ('dropout_input', 'dropout_hidden', 'dropout_state', 'dropout_output')
   c.radius = 0.1
-  c.num_samples = 3  # about 12 min per run on 2 cores; the paper: 100
+  c.num_samples = 3  # the paper: 100
   c.seed = 0
   c.workdir = 'runs/alstm_robustness'
   return c
