@@ -13,6 +13,10 @@ import ml_collections
 from lm_zoo.data import Vocab
 
 _SPLITS = ('train', 'valid', 'test')
+# Trains a preset's model again from its config.json (its data from
+# $LM_ZOO_DATA or the default data folder).
+RETRAIN_COMMAND = ('lm-zoo-train --config=experiments/from_workdir.py:FOLDER '
+                   '--workdir=runs/NAME')
 
 
 def _read(path: pathlib.Path) -> Any:
@@ -66,11 +70,11 @@ def model_card(workdir: pathlib.Path, config: ml_collections.ConfigDict, vocab: 
       lines.append(f'- {path.stem} evaluation, {split}: {_result(result)}')
   if not summary:
     lines.append('- no summary.json: the run had not finished when it was exported')
-  command = summary.get('command')
   lines += ['', '## Training', '',
-            f'`{command}`' if command else
-            'The command was not recorded; config.json holds every setting of the run '
-            '(`lm-zoo-train --config=...` with these fields gives it again).', '',
+            "config.json holds every setting of the run, its seed included; this command "
+            'trains the same model again from it (FOLDER: this folder, for example '
+            '`presets/NAME`):', '',
+            f'    {RETRAIN_COMMAND}', '',
             '## Intended use and limitations', '',
             f'For research and teaching: scoring and sampling {d.name}-like text, and as a '
             'baseline. It knows only its vocabulary (other words are `<unk>` where the '

@@ -7,7 +7,8 @@ from), the best weights as model.safetensors (or shards
 model-0000K-of-0000N.safetensors with model.safetensors.index.json mapping
 each array to its file, as Hugging Face folders do), each array under its
 '/'-joined parameter path, a README.md model card, and SHA256SUMS, the
-sha256 of every other file in `sha256sum`'s format.
+sha256 of every other file in `sha256sum`'s format, checked whenever the
+preset is loaded.
 
   export('runs/small', 'presets/small', max_shard_size='2GB')
   lm_zoo.load('presets/small')
@@ -110,14 +111,16 @@ def read_sums(text: str, where: str) -> dict[str, str]:
   return sums
 
 
-def verify(folder: pathlib.Path) -> None:
+def verify(folder: pathlib.Path, skip: tuple[str, ...] = ()) -> None:
   """Raises ConfigError naming the first file of FOLDER/SHA256SUMS that is
-  missing or whose sha256 differs."""
+  missing or whose sha256 differs; the files named in `skip` go unchecked."""
   path = folder / SUMS_FILE
   if not path.is_file():
     raise ConfigError(f'{path} is missing: a preset lists its files\' sha256 there; export it '
                       'again')
   for name, digest in read_sums(path.read_text(), str(path)).items():
+    if name in skip:
+      continue
     if not (folder / name).is_file():
       raise ConfigError(f'{folder / name} is missing (SHA256SUMS lists it): export the '
                         'preset again')
@@ -129,14 +132,20 @@ def verify(folder: pathlib.Path) -> None:
 def load_params(folder: str | pathlib.Path, like: Any) -> Any:
   """The preset's weights shaped as `like` (a tree of arrays or shapes).
 
+  Every file the model is read from is checked against SHA256SUMS first (a
+  changed byte in a shard would load as other weights); the model card,
+  which a publisher may edit, is not.
+
   Raises:
-    ConfigError: the preset is of another format, or its weights lack an
-      array of `like` or hold one of another shape or dtype.
+    ConfigError: the preset is of another format, a file of it differs
+      from SHA256SUMS, or its weights lack an array of `like` or hold one of
+      another shape or dtype.
   """
   from safetensors.numpy import load_file
 
   folder = pathlib.Path(folder)
   check_format(folder)
+  verify(folder, skip=(CARD_FILE,))
   if (folder / INDEX_FILE).is_file():
     weight_map = json.loads((folder / INDEX_FILE).read_text())['weight_map']
     files = sorted(set(weight_map.values()))

@@ -62,12 +62,31 @@ def _unknown_config_field(w):
   (w / 'config.json').write_text(json.dumps(config))
 
 
+def _unknown_config_section(w):
+  config = json.loads((w / 'config.json').read_text())
+  config['extras'] = {'note': 1}
+  (w / 'config.json').write_text(json.dumps(config))
+
+
 def _data_json_empty_object(w):
   (w / 'data.json').write_text('{}')
 
 
 DAMAGES = [_empty_vocab, _vocab_of_wrong_shape, _config_a_list, _config_a_folder, _best_a_file,
-           _no_best, _unknown_config_field, _data_json_empty_object]
+           _no_best, _unknown_config_field, _unknown_config_section, _data_json_empty_object]
+
+
+def _cut_study_database(folder):
+  """FOLDER/study.db: an Optuna study of three trials, cut to half its size."""
+  import optuna
+  folder.mkdir()
+  optuna.logging.set_verbosity(optuna.logging.WARNING)
+  study = optuna.create_study(storage=f'sqlite:///{folder}/study.db', study_name='cut')
+  study.optimize(lambda trial: trial.suggest_float('x', 0, 1), n_trials=3)
+  del study
+  path = folder / 'study.db'
+  with open(path, 'r+b') as f:
+    f.truncate(path.stat().st_size // 2)
 
 
 def make_folders(data_dir, t) -> dict[str, str]:
@@ -85,6 +104,7 @@ def make_folders(data_dir, t) -> dict[str, str]:
   (t / 'no_get_config.py').write_text('x = 1\n')
   (t / 'raises.py').write_text('def get_config():\n  return 1 / 0\n')
   (t / 'empty_dir').mkdir()
+  _cut_study_database(t / 'cut_study')
   return {'t': str(t), 'w': str(t / 'run'), 'd': str(data_dir)}
 
 

@@ -65,3 +65,20 @@ def test_examples_run(page, data_dir, tmp_path, monkeypatch):
       exec(compile(code, f'{page}:{line}', 'exec'), namespace)  # noqa: S102
     except Exception as err:
       raise AssertionError(f'the block at {page.name} line {line} failed: {err!r}') from err
+
+
+def _anchor(heading: str) -> str:
+  """A Markdown heading's anchor as GitHub writes it."""
+  return re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-')
+
+
+def test_the_results_report_is_short_tells_no_history_and_its_anchors_resolve():
+  report = DOCS.parent / 'WORKSPACE.md'
+  text = report.read_text()
+  assert len(text.splitlines()) < 700
+  narration = re.findall(r'.{0,30}(?:\b(?:sessions?|issues?)\b|#\d+\b).{0,30}', text, re.IGNORECASE)
+  assert not narration, narration
+  anchors = {_anchor(line.lstrip('#')) for line in text.splitlines() if line.startswith('#')}
+  for page in [DOCS.parent / 'README.md', *PAGES]:
+    for anchor in re.findall(r'WORKSPACE\.md#([\w\-]+)', page.read_text()):
+      assert anchor in anchors, f'{page.name} links to WORKSPACE.md#{anchor}'

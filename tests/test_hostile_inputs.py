@@ -12,10 +12,11 @@ from conftest import run_script
 
 import lm_zoo
 from lm_zoo import cli
-from lm_zoo.configs import base_config
-from lm_zoo.training import evaluate_workdir, train_and_evaluate
+from lm_zoo.configs import base_config, meta_training_config
+from lm_zoo.training import evaluate_workdir, meta_train_workdir, train_and_evaluate
 from lm_zoo.runs.finished import load_model
 from lm_zoo.runs.workdir import workdir_lock
+from lm_zoo.tasks.runs import train_or_read
 from lm_zoo.tuning import param, run_worker, tuning_config
 
 TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
@@ -59,6 +60,15 @@ def _link_tensorboard(d, t, w):
   shutil.rmtree(w / 'tensorboard', ignore_errors=True)
   os.symlink(t, w / 'tensorboard')
   return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20}), w)
+
+
+def _link_the_meta_learner(d, t, w):
+  os.symlink(t, w / 'meta_learner')
+  config = meta_training_config()
+  config.update_from_flattened_dict({'meta_steps': 1, 'fisher_batches': 1,
+                                     'fisher_batch_size': 2, 'num_updates': 1,
+                                     'segment_length': 5, 'batch_size': 1})
+  return lambda: meta_train_workdir(w, config)
 
 
 def _edit_json(name, edit):
@@ -142,6 +152,16 @@ def _foreign_folder(d, t, w):
   return lambda: train_and_evaluate(_config(d), t / 'mine')
 
 
+def _cut(name, job):
+  """A set-up that cuts WORKDIR/NAME short, then runs `job(data_dir, workdir)`."""
+  def set_up(d, t, w):
+    path = w / name
+    text = path.read_text() if path.is_file() else '{"seeds": [0, 1]}'
+    path.write_text(text[:len(text) // 2])
+    return lambda: job(d, w)
+  return set_up
+
+
 # id -> (set-up(data_dir, tmp_path, a copy of the trained work directory) -> job,
 #        what the error line says)
 CASES = {
@@ -149,6 +169,8 @@ CASES = {
                                               'nothing through links inside a work directory'),
     'a checkpoint a link': (_link_a_checkpoint, '{w}/checkpoints/99 is a symbolic link'),
     'the TensorBoard folder a link': (_link_tensorboard, '{w}/tensorboard is a symbolic link'),
+    'the meta-learner folder a link': (_link_the_meta_learner,
+                                       '{w}/meta_learner is a symbolic link'),
     'an empty work directory name': (lambda d, t, w: lambda: train_and_evaluate(_config(d), ''),
                                      'the work directory is empty: name a folder'),
     'a work directory that is a file': (
@@ -175,6 +197,12 @@ CASES = {
     'a damaged line inside metrics.jsonl': (
         _garble_metrics_line, '{w}/metrics.jsonl is damaged at line 2: '),
     'a damaged summary.json': (_damage_summary, '{w}/summary.json is damaged (JSONDecodeError'),
+    "a damaged summary.json of a study's run": (
+        _cut('summary.json', lambda d, w: train_or_read(_config(d), w)),
+        '{w}/summary.json is damaged (JSONDecodeError'),
+    'a damaged seeds.json': (
+        _cut('seeds.json', lambda d, w: train_and_evaluate(_config(d), w)),
+        '{w}/seeds.json is damaged (JSONDecodeError'),
     'a seed beyond 2**32': (lambda d, t, w: lambda: train_and_evaluate(
         _config(d, seed=10 ** 23), t / 'new'), 'config field seed=1000000000000000000000'
                                                '00 must be in [0, 2**32)'),

@@ -87,6 +87,15 @@ PROBES = {
     'train: negative train tokens': (
         'train', ['--workdir={t}/a', '--config.data.train_tokens=-1'],
         'config field data.train_tokens=-1 must be >= 0'),
+    'train: a seed of 10**23': (
+        'train', ['--workdir={t}/a', '--config.seed=100000000000000000000000'],
+        'config field seed=100000000000000000000000 must be in [0, 2**32)'),
+    'train: a hidden size of 2**40': (
+        'train', ['--workdir={t}/a', '--config.model.hidden_size=1099511627776'],
+        'model.hidden_size=1099511627776 must be below 2**31'),
+    'train: a hidden size too large for the memory': (
+        'train', ['--workdir={t}/a', '--config.model.hidden_size=300000'],
+        'model.hidden_size=300000 gives 1 x '),
     'train: a unicode, spaced work directory trains': (
         'train', [*TINY_FLAGS, '--config.data.data_dir={d}',
                          '--workdir={t}/rün ✓ x'], None),
@@ -116,6 +125,9 @@ PROBES = {
     'eval: an unknown field in config.json': (
         'evaluate', ['--workdir={t}/_unknown_config_field'],
         'config.json has fields this lm_zoo does not know: model.hiden_size'),
+    'eval: an unknown section in config.json': (
+        'evaluate', ['--workdir={t}/_unknown_config_section'],
+        'config.json has fields this lm_zoo does not know: extras'),
     'eval: an empty data.json object': (
         'evaluate', ['--workdir={t}/_data_json_empty_object'],
         '{t}/_data_json_empty_object/data.json has the fingerprint'),
@@ -171,6 +183,18 @@ PROBES = {
     'generate: beams past the vocabulary': (
         'generate', ['--workdir={w}', '--beam_width=100000'],
         'beam_width must be in [1, vocab size 10000], got 100000'),
+    'generate: -5 tokens': (
+        'generate', ['--workdir={w}', '--num_tokens=-5'],
+        'error: --num_tokens must be from 1 to 10,000, got -5'),
+    'generate: 10**8 tokens': (
+        'generate', ['--workdir={w}', '--num_tokens=100000000'],
+        'error: --num_tokens must be from 1 to 10,000, got 100,000,000'),
+    'generate: no samples': (
+        'generate', ['--workdir={w}', '--num_samples=0'],
+        'error: --num_samples must be from 1 to 1,024, got 0'),
+    'generate: a beam width of -2': (
+        'generate', ['--workdir={w}', '--beam_width=-2'],
+        'error: --beam_width must be at least 0, got -2'),
     'generate: a seed past 2**32': (
         'generate', ['--workdir={w}', '--seed=4294967296'],
         'error: --seed must be from 0 to 4,294,967,295, got 4,294,967,296'),
@@ -184,7 +208,10 @@ PROBES = {
         'generate', ['--workdir={w}', LONG_PROMPT, '--num_tokens=2', '--num_samples=1'], None),
     'generate: a data folder without the corpus': (
         'generate', ['--workdir={w}', '--data_dir={t}/empty_dir'],
-        'corpus folder {t}/empty_dir/ptb is missing'),
+        'corpus folder {t}/empty_dir/ptb is missing: corpus \'ptb\' expects it under the '
+        'data folder; fetch it with lm-zoo-download --data_dir={t}/empty_dir --datasets=ptb, '
+        "or name the data folder that holds it (LM_ZOO_DATA for every program, or "
+        "lm-zoo-train --config.data.data_dir, the other programs' --data_dir"),
     'generate: beam search with a temperature': (
         'generate', ['--workdir={w}', '--beam_width=3', '--temperature=0.5'],
         'error: --temperature and --top_k apply to sampling, not to beam search'),

@@ -22,6 +22,16 @@ PROBES = {
     'tune: a negative worker': (
         'tune', ['--workdir={t}/tune', '--worker=-1'],
         '--worker: '),
+    'tune: a training config as --tune': (
+        'tune', ['--workdir={t}/tune', '--tune=experiments/default.py'],
+        '--tune is not a tuning config: it has no kind, study, space, base (a training '
+        'config?)'),
+    'tune: a training config as --tune, report only': (
+        'tune', ['--workdir={t}/tune', '--tune=experiments/default.py', '--report_only'],
+        '--tune is not a tuning config: it has no kind, study, space, base'),
+    'tune: an empty workdir': (
+        'tune', ['--workdir=', '--report_only'],
+        '--workdir is empty: name a folder for the study'),
     'tune: a workdir that is a file': (
         'tune', ['--workdir={t}/file.txt'],
         '--workdir={t}/file.txt is a file, not a folder'),
@@ -33,6 +43,16 @@ PROBES = {
         'tune', ['--workdir={t}/tune', '--tune.study.storage=sqlite:///{t}/nope/x/study.db'],
         'the study database sqlite:///{t}/nope/x/study.db cannot be read (unable to open '
         'database file)'),
+    'tune: a database URL of no known kind': (
+        'tune', ['--workdir={t}/tune', '--tune.study.storage=bogus://x'],
+        "tune.study.storage='bogus://x' is not a database URL SQLAlchemy can open"),
+    'tune: a negative grace period': (
+        'tune', ['--workdir={t}/tune', '--tune.study.grace_period=-5'],
+        'tune.study.grace_period=-5 must be a whole number of seconds, at least 1'),
+    'tune: a study database cut short': (
+        'tune', ['--workdir={t}/cut_study'],
+        'the study database sqlite:///{t}/cut_study/study.db cannot be read (database disk '
+        'image is malformed): restore it'),
     'tune: an unknown sampler': (
         'tune', ['--workdir={t}/tune', '--tune.study.sampler=grid'],
         "tune.study.sampler='grid' is not known: choose one of tpe, random"),

@@ -120,6 +120,8 @@ def test_train_then_evaluate(trained_run, data_dir, tmp_path):
   assert generate.returncode == 0, generate.stderr
   lines = generate.stdout.strip().splitlines()
   assert len(lines) == 2 and all(line.startswith('the company <unk>') for line in lines)
+  assert ("warning: the prompt has 1 token(s) outside the vocabulary, read as <unk>: 'xyzzy'\n"
+          in generate.stderr)
   beam = run_script(['launch/generate.py', f'--workdir={workdir}', '--beam_width=3',
                      '--num_tokens=6'], {'LM_ZOO_DATA': str(data_dir)})
   assert beam.returncode == 0 and len(beam.stdout.strip().splitlines()) == 1

@@ -85,3 +85,31 @@ def test_a_program_without_its_extra_names_the_extra(program, module, extra, tmp
   [line] = stopped.stderr.strip().splitlines()
   assert line.startswith('error: ') and module in line, line
   assert line.endswith(f"pip install 'lm_zoo[{extra}]'"), line
+
+
+def test_lm_zoo_tune_explains_its_flags_without_the_tune_extra():
+  code = ('import sys; sys.modules["optuna"] = sys.modules["sqlalchemy"] = None; '
+          'sys.argv = ["lm-zoo-tune", "--help"]; import lm_zoo.programs as p; p.tune()')
+  shown = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+  assert 'Traceback' not in shown.stderr and 'error' not in shown.stderr
+  for text in ('Tunes hyper-parameters with Optuna', '--tune', '--workdir', '--report_only'):
+    assert text in shown.stdout, text
+
+
+def test_texts_an_installed_user_reads_name_the_programs_not_the_checkout_s_scripts():
+  """Help texts, messages and config docstrings travel in the wheel, where
+  launch/ does not: a paragraph of them that names a launch/ script names
+  the lm-zoo-* program too (the modules behind the launch/ scripts aside)."""
+  import ast
+  behind_launch = {'programs.py', 'cli/__init__.py'}
+  found = []
+  for path in sorted((REPO / 'lm_zoo').rglob('*.py')):
+    name = path.relative_to(REPO / 'lm_zoo').as_posix()
+    if name in behind_launch:
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        found += [f'{name}: {paragraph.strip()}' for paragraph in node.value.split('\n\n')
+                  if 'launch/' in paragraph and 'lm-zoo-' not in paragraph]
+  assert not found, found

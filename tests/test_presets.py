@@ -53,6 +53,15 @@ def cache(tmp_path, monkeypatch):
   return tmp_path / 'cache'
 
 
+def config_flags_module(path: str):
+  """The config file at `path` as ml_collections' --config flag loads it."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location('config_file', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def _same_model(model, trained):
   assert model.score(TEXT).perplexity == trained.score(TEXT).perplexity  # bit-equal
   assert model.generate('the company', num_tokens=8, num_samples=2, seed=3) == \
@@ -75,6 +84,20 @@ def test_the_model_card_gives_size_data_and_results(preset, run):
   summary = json.loads((run / 'summary.json').read_text())
   assert f'test: perplexity {summary["test"]["perplexity"]:.4g}' in card
   assert '10,000 word tokens' in card and '## Intended use and limitations' in card
+
+
+def test_the_model_card_s_command_trains_the_run_s_config_again(preset, run):
+  from lm_zoo.model_card import RETRAIN_COMMAND
+  card = (preset / 'README.md').read_text()
+  assert f'    {RETRAIN_COMMAND}\n' in card
+  # experiments/NAME.py is the installed package's where no such file is (lm_zoo.programs)
+  config_file, _, folder = RETRAIN_COMMAND.split()[1].removeprefix('--config=').partition(':')
+  assert folder == 'FOLDER'
+  again = config_flags_module(pathlib.Path(lm_zoo.__file__).parent / config_file).get_config(
+      str(preset))
+  original = lm_zoo.runs.load_config(run)
+  original.data.data_dir = ''  # the trainer's folder stays behind; lm-zoo-train names its own
+  assert again == original
 
 
 def test_the_weights_file_holds_the_checkpoint_params_by_path(preset, trained):
@@ -109,6 +132,21 @@ def test_small_shards_split_the_weights_and_load_to_the_same_params(run, trained
   for key, value in traverse_util.flatten_dict(trained.params, sep='/').items():
     np.testing.assert_array_equal(traverse_util.flatten_dict(loaded.params, sep='/')[key],
                                   value)
+
+
+def test_a_changed_byte_in_a_shard_of_a_preset_folder_is_refused(run, trained, tmp_path):
+  sharded = export(run, tmp_path / 'sharded', max_shard_size='2KB')
+  card = sharded / 'README.md'
+  card.write_text(card.read_text() + '\nEdited by its publisher.\n')  # not what is loaded
+  _same_model(lm_zoo.load(sharded), trained)
+  shard = max(sharded.glob('model-*.safetensors'), key=lambda p: p.stat().st_size)
+  data = bytearray(shard.read_bytes())
+  data[-1] ^= 1  # the last byte of an array: it still decodes
+  shard.write_bytes(bytes(data))
+  with pytest.raises(ConfigError) as err:
+    lm_zoo.load(sharded)
+  assert str(err.value) == (f"{shard} is damaged: its sha256 differs from SHA256SUMS'; export "
+                            'or download the preset again')
 
 
 def test_sizes_read_their_units():

@@ -59,6 +59,14 @@ def test_words_outside_the_vocabulary_are_unk_and_counted(model):
     model.generate('the xyzzy', num_tokens=2)
 
 
+def test_a_dynamic_evaluation_s_result_prints_as_its_score_not_its_weights(model):
+  result = model.dynamic_evaluate(TEXT, learning_rate=0.01)
+  assert result.details['static_loss'] > 0  # the details are there, the adapted weights too
+  shown = repr(result)
+  assert shown == (f'EvalResult(loss={result.loss!r}, num_tokens={result.num_tokens!r}, '
+                   f'unit={result.unit!r}, temperature={result.temperature!r})')
+
+
 def test_generation_continues_the_prompt(model):
   texts = model.generate('the company', num_tokens=5, num_samples=2, seed=1)
   assert len(texts) == 2 and all(text.startswith('the company') for text in texts)

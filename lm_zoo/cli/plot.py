@@ -50,7 +50,7 @@ flags.DEFINE_string('output', None, 'PNG file to write.')
 flags.DEFINE_string('workdir_prefix', 'runs/abl_', 'mogrifier_ablation: work '
                     'directories are PREFIX + variant (lstm, r1..r6, nozigzag, ...).')
 flags.DEFINE_string('results', None, 'reverse_copy, tail_regression, robustness, seeds: the JSON '
-                    'written by launch/run_task.py; dyneval_gain: a comma-separated list '
+                    'written by lm-zoo-task; dyneval_gain: a comma-separated list '
                     'of lm-zoo-eval --output files.')
 flags.DEFINE_list('workdirs', [], 'curves: work directories to draw; '
                   'token_loss_difference: the two to compare (trained on one corpus).')
@@ -102,8 +102,8 @@ def draw() -> pathlib.Path:
   if FLAGS.figure in FIGURES:
     results = pathlib.Path(FLAGS.results or f'runs/{FLAGS.figure}.json')
     if not results.is_file():
-      raise ConfigError(f'{results} not found: run launch/run_task.py with '
-                        f'the {FLAGS.figure} experiment first')
+      raise ConfigError(f'{results} not found: run lm-zoo-task with the {FLAGS.figure} '
+                        'experiment first (--config=experiments/NAME.py --output=FILE)')
     try:
       return FIGURES[FLAGS.figure](_read_json(results), FLAGS.output, FLAGS.title)
     except (KeyError, TypeError, IndexError, AttributeError) as err:

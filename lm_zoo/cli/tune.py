@@ -52,6 +52,10 @@ def _tune_program(argv):
 
   def tune() -> str:
     from lm_zoo.tuning import open_study, run_worker, write_report  # needs the [tune] extra
+    from lm_zoo.tuning.study import validate_tuning
+    if not FLAGS.workdir.strip():  # '' would be the current folder
+      raise ConfigError('--workdir is empty: name a folder for the study '
+                        '(--workdir=runs/NAME)')
     if pathlib.Path(FLAGS.workdir).is_file():
       raise ConfigError(f'--workdir={FLAGS.workdir} is a file, not a folder: name a folder '
                         'for the study')
@@ -59,6 +63,7 @@ def _tune_program(argv):
       study = open_study(FLAGS.tune, FLAGS.workdir, FLAGS.worker)
     else:
       tune, data_dir = FLAGS.tune, None
+      validate_tuning(tune)  # before its fields are read here
       if tune.kind == 'dyneval':
         data_dir = cli.workdir_data_dir(tune.dyneval.workdir, FLAGS.data_dir)
       else:

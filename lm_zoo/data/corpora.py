@@ -145,6 +145,9 @@ def _load_enwik8(name: str, folder: pathlib.Path) -> Corpus:
   return split_enwik8(path.read_bytes(), name)
 
 
+# How a user names the data folder, for errors about it.
+WHERE_DATA_IS_NAMED = ('LM_ZOO_DATA for every program, or lm-zoo-train --config.data.data_dir, '
+                       "the other programs' --data_dir; in Python, the data_dir argument")
 # name -> (folder under the data directory, vocabulary kind)
 CORPORA = {
     'ptb': ('ptb', 'word'),
@@ -167,9 +170,8 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
   if not path.is_dir():
     what = 'is a file, not a folder' if path.exists() else 'does not exist'
     raise DataError(f'data folder {path} {what}: name the folder holding ptb/, '
-                    'wikitext-2/, ptb-char/ (LM_ZOO_DATA for every program, or '
-                    'lm-zoo-train --config.data.data_dir, the other programs\' --data_dir; '
-                    'in Python, the data_dir argument), or fetch them with lm-zoo-download')
+                    f'wikitext-2/, ptb-char/ ({WHERE_DATA_IS_NAMED}), or fetch them with '
+                    'lm-zoo-download')
   return path
 
 
@@ -209,8 +211,11 @@ def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
   subdir, kind = CORPORA[name]
   folder = resolve_data_dir(data_dir) / subdir
   if not folder.is_dir():
-    raise DataError(f'corpus folder {folder} is missing: corpus {name!r} '
-                    'expects it under the data folder')
+    fetch = (f'fetch it with lm-zoo-download --data_dir={folder.parent} --datasets={name}'
+             if name in FILES else 'put its files there')
+    raise DataError(f'corpus folder {folder} is missing: corpus {name!r} expects it under '
+                    f'the data folder; {fetch}, or name the data folder that holds it '
+                    f'({WHERE_DATA_IS_NAMED})')
   _warn_if_not_standard(name, folder.parent.resolve())
   if kind == 'byte':
     return _load_enwik8(name, folder)

@@ -8,7 +8,7 @@ The paper: 100 draws per model, 10 PTB epochs, each model's own tuned rates.
 Here: `num_samples` draws shared by both models (paired), 1 epoch, the same
 rates r for both.
 
-  LM_ZOO_DATA=../shared/data python launch/run_task.py \
+  lm-zoo-task \
       --config=experiments/alstm_robustness.py --output=runs/alstm_robustness.json
 """
 
@@ -33,7 +33,7 @@ def get_config():
   c.models = ml_collections.ConfigDict({'lstm': _model('lstm'), 'alstm': _model('alstm')})
   c.rates = ('dropout_input', 'dropout_hidden', 'dropout_state', 'dropout_output')
   c.radius = 0.1
-  c.num_samples = 3  # about 12 min per run on 2 cores; the paper: 100
+  c.num_samples = 3  # the paper: 100
   c.seed = 0
   c.workdir = 'runs/alstm_robustness'
   return c

@@ -8,8 +8,8 @@ rule, at sizes that train on 2 CPU cores.
              embedding), 1 epoch, validation at batch 10
 
 Then, for example:
-  launch/evaluate.py --workdir=runs/dyn_ptb --dyneval=rms --dyneval_lr=...
-  launch/meta_train.py --workdir=runs/dyn_ptb
+  lm-zoo-eval --workdir=runs/dyn_ptb --config=experiments/dyneval_rms.py
+  lm-zoo-meta-train --workdir=runs/dyn_ptb --config=experiments/dyneval_learned.py
 """
 
 from lm_zoo.experiments.recipes import small_ptb_config

@@ -2,11 +2,10 @@
 
 Logistic regression, a 3-layer feed-forward network, and 1- and 3-layer
 networks of SVA layers, trained with plain SGD (learning rate 0.001, batch
-128) as in the paper, for 20,000 steps (the paper: 50,000), about 3 minutes
-per model on 2 CPU cores. Adaptive layers use a feed-forward policy network
-on the layer's input.
+128) as in the paper, for 20,000 steps (the paper: 50,000). Adaptive layers
+use a feed-forward policy network on the layer's input.
 
-  python launch/run_task.py --config=experiments/mnist_adaptive.py \
+  lm-zoo-task --config=experiments/mnist_adaptive.py \
       --output=runs/mnist_adaptive.json
 """
 

@@ -2,7 +2,7 @@
 
 Every variant uses `lm_zoo.experiments.recipes.small_ptb_config()`: the same 3M parameter
 budget (hidden size solved for it), tied embeddings and the same short
-schedule (2 epochs, about 10 min each on 2 cores; Adam beta1 = 0, clip 10,
+schedule (2 epochs; Adam beta1 = 0, clip 10,
 BPTT 35, batch 32). Variants (`--config=...py:VARIANT`):
 
   lstm          the plain LSTM

@@ -6,7 +6,7 @@ embedding size (LSTM 498/787 vs Mogrifier 41/1054 embedding/hidden at 150
 steps). Here: a 100-token vocabulary, hidden 128, lengths 10..40; the
 Mogrifier gets a small embedding as the paper's tuner chose.
 
-  python launch/run_task.py --config=experiments/reverse_copy.py \
+  lm-zoo-task --config=experiments/reverse_copy.py \
       --output=runs/reverse_copy.json
 """
 

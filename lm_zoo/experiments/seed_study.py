@@ -30,11 +30,10 @@ Each run is in its own work directory `{workdir}/{model}_s{seed}`: re-running
 the command resumes the study, and the same command on other cores or hosts
 adds workers to it. On a GPU, `--config.stack=True` trains each model's
 seeds at once (`lm-zoo-train --seeds`), in `{workdir}/{model}_s0-2`: faster
-per seed where a model's kernels leave the GPU idle (Zaremba's medium train
-step, 8 seeds on an H200: 2.0x; these models were not timed), slower on a
-CPU.
+per seed where a model's kernels leave the GPU idle, slower on a CPU
+(docs/usage.md, "Several seeds at once on one accelerator").
 
-  LM_ZOO_DATA=../shared/data taskset -c 1 python launch/run_task.py \
+  taskset -c 1 lm-zoo-task \
       --config=experiments/seed_study.py --config.workdir=/work/runs/seeds \
       --output=/work/runs/seeds.json
 """

@@ -5,7 +5,7 @@ against a 2-layer network with 2 hidden units whose first layer is adaptive
 (SVA, a GLU policy) and whose last is static; 10,000 Adam steps, batch 50,
 learning rate 0.003.
 
-  python launch/run_task.py --config=experiments/tail_regression.py \
+  lm-zoo-task --config=experiments/tail_regression.py \
       --output=runs/tail_regression.json
 """
 

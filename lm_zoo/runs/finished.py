@@ -121,7 +121,13 @@ def check_data(corpus: Corpus, workdir: str | pathlib.Path) -> None:
 def load_seeds(workdir: str | pathlib.Path) -> list[int] | None:
   """The seeds of the stack in `workdir`; None for a run alone."""
   path = pathlib.Path(workdir) / SEEDS_FILE
-  return json.loads(path.read_text())['seeds'] if path.is_file() else None
+  if not path.is_file():
+    return None
+  seeds = read_json(path, 'a stack keeps its seeds')
+  if not (isinstance(seeds, dict) and isinstance(seeds.get('seeds'), list)):
+    raise ConfigError(f'{path} holds no list of seeds: restore it, or train again in a new '
+                      '--workdir')
+  return seeds['seeds']
 
 
 def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:

@@ -14,6 +14,7 @@ import ml_collections
 
 from lm_zoo.errors import TrainingError, WorkdirInUse
 from lm_zoo.training import train_and_evaluate, train_seeds
+from lm_zoo.runs.files import read_json, write_text_atomically
 from lm_zoo.runs.workdir import workdir_lock
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def train_or_read(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     except TrainingError as err:  # a data point of the study, not its end
       log.warning('%s diverged: %s', workdir, err)
       summary = {'diverged': True, 'error': str(err)}
-      (workdir / 'summary.json').write_text(json.dumps(summary, indent=2))
+      write_text_atomically(workdir / 'summary.json', json.dumps(summary, indent=2))
       return summary
 
   return _read_or_run(train, workdir, wait)
@@ -58,7 +59,7 @@ def _read_or_run(run: Callable[[], dict[str, Any]], workdir: pathlib.Path,
   summary_path = workdir / 'summary.json'
   while True:
     if summary_path.is_file():
-      return json.loads(summary_path.read_text())
+      return read_json(summary_path, 'a finished run keeps its summary')
     try:
       return run()
     except WorkdirInUse as busy:

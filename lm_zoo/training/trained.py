@@ -20,6 +20,7 @@ from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
 from lm_zoo.presets import is_preset
 from lm_zoo.remote import is_remote, resolve
 from lm_zoo.runs.finished import load_trained
+from lm_zoo.runs.workdir import refuse_links
 from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network, load_meta_learner,
                                           save_meta_learner)
 
@@ -111,13 +112,15 @@ def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.Confi
 
 def _meta_learner_output(workdir: str | pathlib.Path, output: str) -> pathlib.Path:
   """Where meta-training saves the rule: `output`, else WORKDIR/meta_learner
-  of a work directory (a preset's folder is not written to)."""
+  of a work directory with no symbolic link inside (`refuse_links`: the rule
+  would be written through it); a preset's folder is not written to."""
   if output:
     return pathlib.Path(output)
   if is_remote(workdir) or is_preset(workdir):
     raise ConfigError(f'{workdir} is a preset, kept as it was exported: name the folder '
                       'the rule goes to with --config.output=FOLDER (and score with '
                       '--config.learned.meta_learner=FOLDER)')
+  refuse_links(pathlib.Path(workdir))
   return pathlib.Path(workdir) / META_LEARNER_DIR
 
 
