@@ -1,6 +1,8 @@
 """The meta-learned update rule (eq. 3) against SGD, its gate network against
 NumPy, and the Fisher precision against squared gradients."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -172,25 +174,25 @@ def _tiny_meta_problem(dtype):
 def test_meta_gradients_match_finite_differences():
   with jax.enable_x64(True):
     model, net, meta, params, state, carries, segments = _tiny_meta_problem(jnp.float64)
-    objective = lambda m: meta_loss(model, net.apply, m, params, state, carries,
-                                    segments)[0]
+    # Jitted: run eagerly, each call would compile its scan again.
+    objective = jax.jit(lambda m: meta_loss(model, net.apply, m, params, state, carries,
+                                            segments)[0])
     check_grads(objective, (meta,), order=1, modes=('rev',), eps=1e-6, atol=1e-6,
                 rtol=1e-5)
-    grads = jax.grad(objective)(meta)
+    grads = jax.jit(jax.grad(objective))(meta)
     assert _flat(grads['params']).any()  # phi reaches the loss through the updates
 
 
 def test_meta_loss_scores_before_updating():
   model, net, meta, params, state, carries, segments = _tiny_meta_problem(jnp.float32)
-  total, (theta, _, losses) = meta_loss(model, net.apply, meta, params, state, carries,
-                                        segments)
-  logits, _ = model.apply({'params': params}, segments[0][0], carries)
+  loss = jax.jit(partial(meta_loss, model, net.apply), static_argnames='checkpoint')
+  total, (theta, _, losses) = loss(meta, params, state, carries, segments)
+  logits, _ = jax.jit(model.apply)({'params': params}, segments[0][0], carries)
   first = optax.softmax_cross_entropy_with_integer_labels(logits, segments[1][0]).mean()
   np.testing.assert_allclose(losses[0], first, rtol=1e-5)  # theta_0 scores segment 1
   np.testing.assert_allclose(total, losses.sum(), rtol=1e-6)
   assert not np.allclose(_flat(theta), _flat(params))
-  unchecked = meta_loss(model, net.apply, meta, params, state, carries, segments,
-                        checkpoint=False)[0]
+  unchecked = loss(meta, params, state, carries, segments, checkpoint=False)[0]
   np.testing.assert_allclose(unchecked, total, rtol=1e-6)
 
 
@@ -241,7 +243,7 @@ def test_meta_train_steps_adam_along_the_meta_gradient():
   segments = stream_windows(stream, offsets, 4, 3)
   objective = lambda m: meta_loss(model, net.apply, m, params, state,
                                   model.initialize_carry(2), segments)[0]
-  loss, grads = jax.value_and_grad(objective)(meta)
+  loss, grads = jax.jit(jax.value_and_grad(objective))(meta)
   updates, _ = adam.update(grads, adam.init(meta), meta)
   np.testing.assert_allclose(_flat(out.meta_params), _flat(optax.apply_updates(meta, updates)),
                              rtol=1e-5, atol=1e-7)
@@ -258,8 +260,8 @@ def test_meta_training_lowers_the_meta_loss_on_a_repeating_stream():
   stream = np.tile(np.array([3, 1, 4, 0, 2]), 40)
   state = learned_update_rule(net.apply).init(params)
   segments = stream_windows(stream, np.array([0, 3]), 10, 5)
-  held_out = lambda m: float(meta_loss(model, net.apply, m, params, state,
-                                       model.initialize_carry(2), segments)[0])
+  held_out = jax.jit(lambda m: meta_loss(model, net.apply, m, params, state,
+                                         model.initialize_carry(2), segments)[0])
   # At Adam's 0.05 this run ended at 0.79 of the initial meta-loss, and changes
   # at float rounding level sent it to 0.98: meta-training that fast is chaotic.
   # At 0.02 it ends at 0.65.
@@ -279,13 +281,13 @@ def test_carry_over_continues_along_the_stream_from_the_weights_it_left():
                    num_updates=4, segment_length=3, batch_size=2, optimizer=adam,
                    carry_over=True)
   m, opt_state, theta, carries, losses = meta, adam.init(meta), params, None, []
+  value_and_grad = jax.jit(jax.value_and_grad(partial(meta_loss, model, net.apply),
+                                              has_aux=True))
   for offsets in ([0, 30], [12, 42], [0, 30]):
     if offsets[0] == 0:
       theta, carries = params, model.initialize_carry(2)
     segments = stream_windows(stream, np.array(offsets), 4, 3)
-    (loss, (theta, carries, _)), grads = jax.value_and_grad(
-        lambda m: meta_loss(model, net.apply, m, theta, state, carries, segments),
-        has_aux=True)(m)
+    (loss, (theta, carries, _)), grads = value_and_grad(m, theta, state, carries, segments)
     updates, opt_state = adam.update(grads, opt_state, m)
     m = optax.apply_updates(m, updates)
     losses.append(loss / 4)
