@@ -64,14 +64,11 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   a step where they are not leaves the parameters, optimizer state and
   carries as they were (the update is dropped) and only counts the step.
 
-  With `stacked` every leaf of the state has a leading axis of runs (seeds
-  trained at once, `lm_zoo.training.stacked`) and the step is vmapped over
-  it: each run takes its own update on the same window, and the metrics
-  have that axis too.
+  With `stacked` every leaf of the state has a leading axis of seeds
+  (`lm_zoo.training.seed_axis`; the loop's state always has it) and the step
+  is vmapped over it: each seed takes its own update on the same window, the
+  metrics have that axis too, and a mesh splits the carries' second axis.
   """
-  if stacked and mesh is not None:
-    raise ValueError('stacked: runs stacked on one device are not data parallel; pass '
-                     'mesh=None')
   penalised = ar > 0 or tar > 0
 
   def train_step(state: TrainState, inputs, targets, weights):
