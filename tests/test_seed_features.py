@@ -2,18 +2,24 @@
 averaging, fine-tuning, skipping and rolling back non-finite updates,
 variable BPTT and data parallelism, each trained with two seeds at once and
 checked against the same seed's run alone (tests/test_stacked.py holds the
-rest: schedules, state drop, resuming, signals)."""
+rest: schedules, state drop, resuming, signals); and the step of one seed on
+the seed axis against the step of a run alone."""
 
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from lm_zoo.cells import LSTMCell
 from lm_zoo.data import load_data
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.runs import read_metrics
-from lm_zoo.training import loop, train_and_evaluate
+from lm_zoo.training import TrainState, loop, make_train_step, train_and_evaluate
 from lm_zoo.training import state as train_state
+from lm_zoo.training.seed_axis import stack
 
 
 @pytest.fixture
@@ -177,3 +183,29 @@ def test_seeds_train_data_parallel_as_on_one_device(tiny_config, tmp_path):
   for a, b in zip(one['runs'], two['runs']):
     np.testing.assert_allclose(a['valid']['loss'], b['valid']['loss'], rtol=1e-4)
     assert math.isfinite(b['valid']['loss'])
+
+
+def _two_steps(step, state, inputs, targets, weights):
+  for _ in range(2):
+    state, metrics = step(state, inputs, targets, weights)
+  return jax.tree.map(np.asarray, (state, metrics))
+
+
+def test_one_seed_on_the_seed_axis_takes_the_step_of_a_run_alone_bit_for_bit():
+  model = RecurrentLM(Embedding(7, 4, dropout=0.3), Stack([LSTMCell(4)]), Softmax(7))
+  params = init_params(model, jax.random.key(0))
+  optimizer = optax.adam(0.1)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                     opt_state=optimizer.init(params), carries=model.initialize_carry(2),
+                     rng=jax.random.key_data(jax.random.key(1)))
+  batch = (jnp.array([[1, 2, 6], [3, 4, 5]], jnp.int32), jnp.ones((2, 3), jnp.int32),
+           jnp.ones((2, 3)))
+  one_state, two_state = stack([state]), stack([state, state])  # before it is donated
+  alone = _two_steps(make_train_step(model, optimizer), state, *batch)
+  one = _two_steps(make_train_step(model, optimizer, stacked=True), one_state, *batch)
+  for got, want in zip(jax.tree.leaves(one), jax.tree.leaves(alone)):
+    np.testing.assert_array_equal(got, want[None])
+  # two seeds of one state: each the run alone, up to the rounding vmap changes
+  two = _two_steps(make_train_step(model, optimizer, stacked=True), two_state, *batch)
+  for got, want in zip(jax.tree.leaves(two), jax.tree.leaves(alone)):
+    np.testing.assert_allclose(got, np.stack([want, want]), rtol=1e-5, atol=1e-6)

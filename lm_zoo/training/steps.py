@@ -14,6 +14,7 @@ from lm_zoo.models.objective import token_nll
 from lm_zoo.models.regularisation import (activation_penalty, drop_carried_state,
                                           temporal_activation_penalty)
 from lm_zoo.training.parallel import state_shardings
+from lm_zoo.training.seed_axis import stack, take_seed
 
 
 @flax.struct.dataclass
@@ -67,7 +68,8 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   With `stacked` every leaf of the state has a leading axis of seeds
   (`lm_zoo.training.seed_axis`; the loop's state always has it) and the step
   is vmapped over it: each seed takes its own update on the same window, the
-  metrics have that axis too, and a mesh splits the carries' second axis.
+  metrics have that axis too, and a mesh splits the carries' second axis. A
+  seed axis of one takes the unstacked step, bit for bit.
   """
   penalised = ar > 0 or tar > 0
 
@@ -106,6 +108,16 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
       new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh))
     return new_state, {'loss': loss, 'grad_norm': grad_norm, 'finite': finite}
 
-  if stacked:
-    train_step = jax.vmap(train_step, in_axes=(0, None, None, None))
+  if not stacked:
+    return jax.jit(train_step, donate_argnums=0)
+  one_seed, per_seed = train_step, jax.vmap(train_step, in_axes=(0, None, None, None))
+
+  def train_step(state: TrainState, inputs, targets, weights):  # noqa: F811
+    if state.step.shape[0] > 1:
+      return per_seed(state, inputs, targets, weights)
+    # One seed: the step's own computation, which vmap over an axis of one
+    # would reorder (rounding differs in the last bit).
+    new_state, metrics = one_seed(take_seed(state, 0), inputs, targets, weights)
+    return stack([new_state]), stack([metrics])
+
   return jax.jit(train_step, donate_argnums=0)
