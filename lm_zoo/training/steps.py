@@ -108,16 +108,20 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
       new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh))
     return new_state, {'loss': loss, 'grad_norm': grad_norm, 'finite': finite}
 
-  if not stacked:
-    return jax.jit(train_step, donate_argnums=0)
-  one_seed, per_seed = train_step, jax.vmap(train_step, in_axes=(0, None, None, None))
+  return jax.jit(on_seed_axis(train_step) if stacked else train_step, donate_argnums=0)
 
-  def train_step(state: TrainState, inputs, targets, weights):  # noqa: F811
+
+def on_seed_axis(one_seed: Callable) -> Callable:
+  """`one_seed(state, inputs, targets, weights)` for a state with a leading
+  seed axis: vmapped over it, or for an axis of one, `one_seed` itself on
+  the seed's slice (vmap over an axis of one reorders the computation, and
+  rounding differs in the last bit)."""
+  per_seed = jax.vmap(one_seed, in_axes=(0, None, None, None))
+
+  def train_step(state: TrainState, inputs, targets, weights):
     if state.step.shape[0] > 1:
       return per_seed(state, inputs, targets, weights)
-    # One seed: the step's own computation, which vmap over an axis of one
-    # would reorder (rounding differs in the last bit).
     new_state, metrics = one_seed(take_seed(state, 0), inputs, targets, weights)
     return stack([new_state]), stack([metrics])
 
-  return jax.jit(train_step, donate_argnums=0)
+  return train_step
