@@ -68,7 +68,7 @@ def lm_zoo_lm(config, vocab: int, num_seeds: int = 0) -> dict:
   from lm_zoo.evaluation import make_eval_step
   from lm_zoo.models import build_model, describe_model
   from lm_zoo.training import create_train_state, make_optimizer, make_train_step
-  from lm_zoo.training.stacked import seed_configs, stack
+  from lm_zoo.training.seed_axis import seed_configs, stack
   model = build_model(config.model, vocab)
   optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
   stacked = num_seeds > 0

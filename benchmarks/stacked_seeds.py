@@ -1,5 +1,5 @@
 """Train tokens/s per seed of a recipe trained alone and in stacks of N seeds
-(`lm-zoo-train --seeds=N`, lm_zoo.training.stacked), on this machine's
+(`lm-zoo-train --seeds=N`, lm_zoo.training.seed_axis), on this machine's
 default device.
 
 Each row times the recipe's train step vmapped over N stacked train states

@@ -380,16 +380,6 @@ def test_a_wrong_config_value_is_refused_by_the_program(field, value, expected, 
   assert refused.stderr.strip().startswith(f'error: {expected}'), refused.stderr
 
 
-def test_a_config_that_seeds_stacked_cannot_train_is_refused_by_the_program(tmp_path):
-  refused = run_script(['launch/train.py', '--config=experiments/default.py', '--seeds=2',
-                        f'--workdir={tmp_path}', '--config.data.variable_bptt=True'])
-  assert refused.returncode == 1 and 'Traceback' not in refused.stderr
-  assert refused.stderr.strip() == (
-      'error: data.variable_bptt=True cannot be trained with seeds stacked (each seed draws '
-      'its own window lengths): set data.variable_bptt=False, or train each seed alone '
-      '(lm-zoo-train without --seeds)'), refused.stderr
-
-
 def test_a_negative_tuning_timeout_is_refused(tmp_path):
   refused = run_script(['launch/tune.py', '--tune=experiments/tune_ptb_small.py:mogrifier',
                         f'--workdir={tmp_path}', '--timeout=-1'])

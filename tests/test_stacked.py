@@ -1,5 +1,5 @@
-"""Seeds trained at once, stacked: each seed's run against the same run trained
-alone, resuming, the seed work directories, and what a stack refuses."""
+"""Seeds trained at once on the seed axis: each seed's run against the same
+run trained alone, resuming, the seed work directories."""
 
 import json
 import math
@@ -15,8 +15,9 @@ from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.models import build_model, init_params
 from lm_zoo.runs import Checkpoints, read_metrics
 from lm_zoo.training import evaluate_workdir, train_and_evaluate, train_seeds
-from lm_zoo.training import stacked
-from lm_zoo.training.stacked import check_seeds_config
+from lm_zoo.training import loop
+from lm_zoo.training import state as train_state
+from lm_zoo.training.seed_axis import check_num_seeds
 
 
 def _best_params(config, workdir):
@@ -131,34 +132,22 @@ def test_a_seed_work_directory_is_an_ordinary_run(tiny_config, tmp_path):
 
 def test_a_signal_checkpoints_the_stack_and_the_same_call_resumes(tiny_config, tmp_path,
                                                                   monkeypatch):
-  original = stacked.StopRequest.requested
-  monkeypatch.setattr(stacked.StopRequest, 'requested',
+  original = loop.StopRequest.requested
+  monkeypatch.setattr(loop.StopRequest, 'requested',
                       lambda self, step: signal.SIGTERM if step == 12 else original(self, step))
   tiny_config.train.num_epochs = 2
   with pytest.raises(Preempted, match='SIGTERM received: training stopped at step 12'):
     train_seeds(tiny_config, tmp_path, 2)
-  monkeypatch.setattr(stacked.StopRequest, 'requested', original)
+  monkeypatch.setattr(loop.StopRequest, 'requested', original)
   with Checkpoints(tmp_path) as checkpoints:
     assert checkpoints._latest.latest_step() == 12
   assert train_seeds(tiny_config, tmp_path, 2)['step'] == 20
 
 
-@pytest.mark.parametrize('field, value', [
-    ('parallel.num_devices', 2), ('data.variable_bptt', True), ('train.eval_every', 5),
-    ('averaging.trigger', 'nonmonotone'), ('train.init_from', 'runs/x'),
-    ('train.nonfinite', 'rollback')])
-def test_what_only_a_run_alone_does_is_refused_naming_the_field(tiny_config, field, value):
-  section, name = field.split('.')
-  tiny_config[section][name] = value
-  with pytest.raises(ConfigError, match=rf'^{field}=.*train each seed alone') as err:
-    check_seeds_config(tiny_config, 2)
-  assert '\n' not in str(err.value)
-
-
 @pytest.mark.parametrize('num_seeds', [0, -1, 1.5, True])
-def test_a_bad_number_of_seeds_is_refused(tiny_config, num_seeds):
+def test_a_bad_number_of_seeds_is_refused(num_seeds):
   with pytest.raises(ConfigError, match='num_seeds must be a whole number of at least 1'):
-    check_seeds_config(tiny_config, num_seeds)
+    check_num_seeds(num_seeds)
 
 
 def test_a_stack_resumes_only_as_the_same_stack(tiny_config, tmp_path):
@@ -183,8 +172,8 @@ def test_a_resumed_stack_compiles_its_train_step_once(tiny_config, tmp_path, mon
   tiny_config.train.update(num_epochs=2, max_steps=8)
   train_seeds(tiny_config, tmp_path, 2)
   steps = []
-  original = stacked.make_train_step
-  monkeypatch.setattr(stacked, 'make_train_step',
+  original = loop.make_train_step
+  monkeypatch.setattr(loop, 'make_train_step',
                       lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
   tiny_config.train.max_steps = 0
   train_seeds(tiny_config, tmp_path, 2)  # crosses an epoch end
@@ -192,7 +181,7 @@ def test_a_resumed_stack_compiles_its_train_step_once(tiny_config, tmp_path, mon
 
 
 def test_a_non_finite_seed_stops_the_stack_naming_it(tiny_config, tmp_path, monkeypatch):
-  original = stacked.create_train_state
+  original = train_state.create_train_state
 
   def seed_1_broken(model, optimizer, config):
     state = original(model, optimizer, config)
@@ -200,9 +189,10 @@ def test_a_non_finite_seed_stops_the_stack_naming_it(tiny_config, tmp_path, monk
       state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
     return state
 
-  monkeypatch.setattr(stacked, 'create_train_state', seed_1_broken)
-  with pytest.raises(TrainingError, match=r'^seed 1: non-finite loss or gradient at step 1;'
-                     r'.*no checkpoint was written before it') as stopped:
+  monkeypatch.setattr(train_state, 'create_train_state', seed_1_broken)
+  with pytest.raises(TrainingError, match=r'^seed 1: the training loss or gradient is not '
+                     r'finite at or before step 1 .*No checkpoint was written before '
+                     r'it') as stopped:
     train_seeds(tiny_config, tmp_path, 3)
   assert '\n' not in str(stopped.value)
   assert not list((tmp_path / 'checkpoints').glob('*'))

@@ -28,7 +28,7 @@ def make_eval_step(model: nn.Module, stacked: bool = False) -> Callable:
   tuning it does not recompile). Equal models share one step, so every
   evaluation of a model compiles once per shape. With `stacked` the params
   and carries have a leading axis of runs (seeds trained at once,
-  `lm_zoo.training.stacked`), the step is vmapped over it, and so are the
+  `lm_zoo.training.seed_axis`), the step is vmapped over it, and so are the
   sums it returns."""
 
   def eval_step(params, carries, inputs, targets, weights, temperature=1.0):

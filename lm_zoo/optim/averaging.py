@@ -79,12 +79,23 @@ def is_averaging(opt_state) -> bool:
   return bool(states) and bool(states[0].averaging)
 
 
-def start_averaging(opt_state):
-  """`opt_state` with its `parameter_averaging` switched on."""
-  if not _averaging_states(opt_state):
+def start_averaging(opt_state, index: int | None = None):
+  """`opt_state` with its `parameter_averaging` switched on; for a state
+  with a leading axis of seeds, `index` switches on that seed's alone."""
+  states = _averaging_states(opt_state)
+  if not states:
     raise ValueError('the optimizer keeps no parameter average: set '
                       'averaging.trigger to something other than none')
-  return tree_utils.tree_set(opt_state, averaging=jnp.asarray(True))
+  flag = states[0].averaging
+  started = (jnp.ones_like(flag) if index is None
+             else jnp.asarray(flag).at[index].set(True))
+  return tree_utils.tree_set(opt_state, averaging=started)
+
+
+def averaging_state(opt_state) -> ParameterAveragingState | None:
+  """The state of `opt_state`'s `parameter_averaging`, or None without one."""
+  states = _averaging_states(opt_state)
+  return states[0] if states else None
 
 
 def averaged_params(opt_state) -> Any | None:

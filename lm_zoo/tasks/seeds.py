@@ -42,7 +42,7 @@ from scipy import stats
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation import mean_and_spread
 from lm_zoo.tasks.runs import train_or_read, train_stack_or_read
-from lm_zoo.training.stacked import check_seeds_config, seed_dir
+from lm_zoo.training.seed_axis import check_num_seeds, seed_dir
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +102,7 @@ def _train_stacks(config: ml_collections.ConfigDict, seeds: list[int]
   if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
     raise ConfigError(f'config.seeds must be consecutive and ascending to train them stacked, '
                       f'got {seeds}: list them so, or set config.stack=False')
-  for name in config.models:
-    try:
-      check_seeds_config(config.models[name], len(seeds), alone='config.stack=False')
-    except ConfigError as err:
-      raise ConfigError(f'config.models.{name}: {err}') from None
+  check_num_seeds(len(seeds))
   summaries = {}
   for wait in (False, True):  # as for runs alone: stacks another worker holds wait
     for name in config.models:
@@ -125,7 +121,8 @@ def _stack_or_alone(config: ml_collections.ConfigDict, name: str, seeds: list[in
   alone = [_workdir(config, name, seed) for seed in seeds]
   stack_dir = pathlib.Path(config.workdir) / f'{name}_s{seeds[0]}-{seeds[-1]}'
   diverged = stack_dir / 'diverged.json'
-  if not diverged.is_file() and not any(workdir.exists() for workdir in alone):
+  if (len(seeds) > 1 and not diverged.is_file()
+      and not any(workdir.exists() for workdir in alone)):
     try:
       stack = train_stack_or_read(_seed_config(config, name, seeds[0]), stack_dir,
                                   len(seeds), wait=wait)

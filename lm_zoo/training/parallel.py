@@ -78,21 +78,24 @@ def check_batch(batch_size: int, mesh: Mesh | None, field: str = 'data.batch_siz
                       f'use a multiple of {mesh.size} or set parallel.num_devices')
 
 
-def state_shardings(state: Any, mesh: Mesh) -> Any:
-  """Shardings for a `TrainState`: carries split by batch row, the rest replicated."""
+def state_shardings(state: Any, mesh: Mesh, seed_axis: bool = False) -> Any:
+  """Shardings for a `TrainState`: carries split by batch row, the rest
+  replicated. With `seed_axis` every leaf has a leading axis of seeds
+  (`lm_zoo.training.seed_axis`), and the rows are the carries' second axis."""
   replicated = NamedSharding(mesh, PartitionSpec())
-  by_row = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  by_row = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS) if seed_axis
+                         else PartitionSpec(DATA_AXIS))
   shardings = jax.tree.map(lambda _: replicated, state)
   return shardings.replace(carries=jax.tree.map(lambda _: by_row, state.carries))
 
 
-def place_state(state: Any, mesh: Mesh | None) -> Any:
+def place_state(state: Any, mesh: Mesh | None, seed_axis: bool = False) -> Any:
   """`state` laid out over the mesh by `state_shardings`; without one, on
   the default device, committed there as a step's outputs are: fresh or
   restored arrays in another layout would compile the train step again."""
   if mesh is None:
     return jax.device_put(state, jax.devices()[0])
-  return jax.device_put(state, state_shardings(state, mesh))
+  return jax.device_put(state, state_shardings(state, mesh, seed_axis))
 
 
 def shard_batch(mesh: Mesh | None, *arrays: np.ndarray) -> tuple[Any, ...]:

@@ -14,6 +14,7 @@ from lm_zoo.models.objective import token_nll
 from lm_zoo.models.regularisation import (activation_penalty, drop_carried_state,
                                           temporal_activation_penalty)
 from lm_zoo.training.parallel import state_shardings
+from lm_zoo.training.seed_axis import stack, take_seed
 
 
 @flax.struct.dataclass
@@ -64,14 +65,12 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   a step where they are not leaves the parameters, optimizer state and
   carries as they were (the update is dropped) and only counts the step.
 
-  With `stacked` every leaf of the state has a leading axis of runs (seeds
-  trained at once, `lm_zoo.training.stacked`) and the step is vmapped over
-  it: each run takes its own update on the same window, and the metrics
-  have that axis too.
+  With `stacked` every leaf of the state has a leading axis of seeds
+  (`lm_zoo.training.seed_axis`; the loop's state always has it) and the step
+  is vmapped over it: each seed takes its own update on the same window, the
+  metrics have that axis too, and a mesh splits the carries' second axis. A
+  seed axis of one takes the unstacked step, bit for bit.
   """
-  if stacked and mesh is not None:
-    raise ValueError('stacked: runs stacked on one device are not data parallel; pass '
-                     'mesh=None')
   penalised = ar > 0 or tar > 0
 
   def train_step(state: TrainState, inputs, targets, weights):
@@ -109,6 +108,20 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
       new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh))
     return new_state, {'loss': loss, 'grad_norm': grad_norm, 'finite': finite}
 
-  if stacked:
-    train_step = jax.vmap(train_step, in_axes=(0, None, None, None))
-  return jax.jit(train_step, donate_argnums=0)
+  return jax.jit(on_seed_axis(train_step) if stacked else train_step, donate_argnums=0)
+
+
+def on_seed_axis(one_seed: Callable) -> Callable:
+  """`one_seed(state, inputs, targets, weights)` for a state with a leading
+  seed axis: vmapped over it, or for an axis of one, `one_seed` itself on
+  the seed's slice (vmap over an axis of one reorders the computation, and
+  rounding differs in the last bit)."""
+  per_seed = jax.vmap(one_seed, in_axes=(0, None, None, None))
+
+  def train_step(state: TrainState, inputs, targets, weights):
+    if state.step.shape[0] > 1:
+      return per_seed(state, inputs, targets, weights)
+    new_state, metrics = one_seed(take_seed(state, 0), inputs, targets, weights)
+    return stack([new_state]), stack([metrics])
+
+  return train_step
