@@ -71,29 +71,13 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   metrics have that axis too, and a mesh splits the carries' second axis. A
   seed axis of one takes the unstacked step, bit for bit.
   """
-  penalised = ar > 0 or tar > 0
-
   def train_step(state: TrainState, inputs, targets, weights):
     step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    weight_key, dropout_key = jax.random.split(step_key)
+    keys = jax.random.split(step_key)
     carries = drop_carried_state(state.carries, drop_state, jax.random.fold_in(step_key, 1))
-
-    def objective(params):
-      params = model.dropped_weights(params, weight_key)
-      (logits, new_carries), sown = model.apply(
-          {'params': params}, inputs, carries, train=True,
-          rngs={'dropout': dropout_key}, mutable=['intermediates'] if penalised else [])
-      total, count = token_nll(logits, targets, weights)
-      mean = total / jnp.maximum(count, 1.0)
-      scale = inputs.shape[1] if sum_over_time else 1
-      objective = mean * scale
-      if penalised:
-        outputs = sown['intermediates']['stack']  # what the stack sows (RecurrentLM)
-        objective += (activation_penalty(outputs['dropped_output'][0], ar)
-                      + temporal_activation_penalty(outputs['output'][0], tar))
-      return objective, (mean, new_carries)
-
-    grads, (loss, new_carries) = jax.grad(objective, has_aux=True)(state.params)
+    grads, (loss, new_carries) = jax.grad(
+        lambda params: _objective(model, params, carries, inputs, targets, weights, keys,
+                                  sum_over_time, ar, tar), has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
@@ -109,6 +93,27 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
     return new_state, {'loss': loss, 'grad_norm': grad_norm, 'finite': finite}
 
   return jax.jit(on_seed_axis(train_step) if stacked else train_step, donate_argnums=0)
+
+
+def _objective(model: nn.Module, params, carries, inputs, targets, weights, keys,
+               sum_over_time: bool, ar: float, tar: float):
+  """The train step's objective at `params` (before weight drop, with the
+  step's weight-drop and dropout `keys`) and (the mean NLL, the new carries)."""
+  weight_key, dropout_key = keys
+  penalised = ar > 0 or tar > 0
+  params = model.dropped_weights(params, weight_key)
+  (logits, new_carries), sown = model.apply(
+      {'params': params}, inputs, carries, train=True,
+      rngs={'dropout': dropout_key}, mutable=['intermediates'] if penalised else [])
+  total, count = token_nll(logits, targets, weights)
+  mean = total / jnp.maximum(count, 1.0)
+  scale = inputs.shape[1] if sum_over_time else 1
+  objective = mean * scale
+  if penalised:
+    outputs = sown['intermediates']['stack']  # what the stack sows (RecurrentLM)
+    objective += (activation_penalty(outputs['dropped_output'][0], ar)
+                  + temporal_activation_penalty(outputs['output'][0], tar))
+  return objective, (mean, new_carries)
 
 
 def on_seed_axis(one_seed: Callable) -> Callable:
