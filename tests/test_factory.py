@@ -6,6 +6,7 @@ import pytest
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import LSTMRHN, Dual, MixtureHead, Softmax, Stack, TiedSoftmax, build_model
+from lm_zoo.models import factory
 
 
 def model_config(fields):
@@ -53,3 +54,14 @@ def test_a_scan_the_cells_cannot_take_is_refused_at_build():
   cfg.scan = 'fastest'
   with pytest.raises(ConfigError, match="model.scan='fastest' is not known"):
     build_model(cfg, 10)
+
+
+@pytest.mark.parametrize('growth', [lambda n: 7 * n * n + 3 * n + 50,  # a quadratic: fitted
+                                    lambda n: n ** 3 // 5 + 40 * n,  # far from one: bisection
+                                    lambda n: 4 * n * n + 9 * (n // 3) * 7])  # sizes rounded
+def test_the_solved_hidden_size_is_the_largest_within_the_budget(growth, monkeypatch):
+  monkeypatch.setattr(factory, '_model', lambda cfg, vocab_size, n: n)
+  monkeypatch.setattr(factory, 'count_params', growth)
+  for budget in (growth(1), 1_000, 123_457, 10 ** 7, 987_654_321):
+    n = factory.solve_hidden_size(None, 10, budget)
+    assert growth(n) <= budget < growth(n + 1)

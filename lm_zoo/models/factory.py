@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
 import logging
+import math
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -227,7 +228,41 @@ def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int,
   if count(low) > budget:
     raise ConfigError(f'model.param_budget {budget:,} is below the smallest model '
                       f'({count(low):,} parameters)')
+  near = _walk_to_budget(count, budget, _quadratic_guess(count, low, budget), low)
+  if near is not None:
+    return near
   return _first_true(lambda n: count(n) > budget, start=low) - 1
+
+
+def _quadratic_guess(count: Callable[[int], int], low: int, budget: int) -> int:
+  """Where the quadratic through count(low), count(low + s), count(low + 2s)
+  reaches `budget`: every size of a model grows with n at most linearly, so
+  each count is a quadratic in n up to the rounding of sizes tied to it."""
+  step = max(16, low)
+  c0, c1, c2 = (count(low + k * step) for k in range(3))
+  half_curve, slope = (c2 - 2 * c1 + c0) / 2, (c1 - c0) - (c2 - 2 * c1 + c0) / 2
+  if half_curve > 0:  # c0 + slope t + half_curve t^2 = budget
+    t = (-slope + math.sqrt(slope * slope + 4 * half_curve * (budget - c0))) / (2 * half_curve)
+  else:
+    t = (budget - c0) / slope if slope > 0 else 0.0
+  return max(low, int(low + t * step))
+
+
+def _walk_to_budget(count: Callable[[int], int], budget: int, guess: int, low: int,
+                    steps: int = 8) -> int | None:
+  """The largest n with count(n) <= budget < count(n + 1), found by walking
+  from `guess` one size at a time, or None where it lies over `steps` away."""
+  n = guess
+  for _ in range(steps):
+    if count(n) > budget:
+      if n == low:
+        return None
+      n -= 1
+    elif count(n + 1) <= budget:
+      n += 1
+    else:
+      return n
+  return None
 
 
 def _first_true(test: Callable[[int], bool], start: int = 1) -> int:
