@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from lm_zoo.runtime import retain_host_memory
+from lm_zoo.runtime import accelerator_expected, retain_host_memory
 
 # As lm_zoo's programs do, before any test starts JAX's threads.
 retain_host_memory()
@@ -22,21 +22,11 @@ retain_host_memory()
 os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
     os.environ.get('XLA_FLAGS'), '--xla_force_host_platform_device_count=8']))
 
-
-def _accelerator_plugin_installed() -> bool:
-  """Whether JAX may find a GPU or TPU: a PJRT plugin (the jax_plugins entry
-  points or namespace package, as jax discovers them) or libtpu installed."""
-  import importlib.metadata
-  import importlib.util
-  return bool(importlib.metadata.entry_points(group='jax_plugins')) or any(
-      importlib.util.find_spec(name) is not None for name in ('jax_plugins', 'libtpu'))
-
-
 # On a CPU the tests' tiny programs spend far more time in XLA's compiler than
 # running: LLVM without its optimisation passes compiles them faster and runs
 # the same operations (no fast-math, so the same float rounding). Accelerator
 # hosts keep the default, which their kernels' tests run as users do.
-if not _accelerator_plugin_installed() and 'xla_backend_optimization_level' not in (
+if not accelerator_expected() and 'xla_backend_optimization_level' not in (
     os.environ['XLA_FLAGS']):
   os.environ['XLA_FLAGS'] += ' --xla_backend_optimization_level=0'
 

@@ -6,8 +6,10 @@ config checks and the tuner's report read the registry, so adding a rule
 is its transformation and one `register_dynamic_rule` line (docs/design.md
 shows one).
 
+    >>> sign_descent = lambda learning_rate: optax.chain(
+    ...     optax.scale_by_sign(), optax.scale_by_learning_rate(learning_rate))
     >>> register_dynamic_rule('sign', DynamicRuleSpec(
-    ...     ('learning_rate',), lambda statistics, decay_mean: sign_sgd))
+    ...     ('learning_rate',), lambda statistics, decay_mean: sign_descent))
 """
 
 from __future__ import annotations
