@@ -113,6 +113,40 @@ def test_small_text_corpus_counts(tmp_path):
   np.testing.assert_array_equal(corpus.test, [6, 7, 3])
 
 
+def _reference_load(folder):
+  """The counting convention restated: the file iterated line by line,
+  `line.split() + ['<eos>']`, ids in order of first appearance."""
+  index, streams = {}, {}
+  for split in ('train', 'valid', 'test'):
+    with open(folder / f'{split}.txt', encoding='utf-8', newline=None) as f:
+      tokens = [t for line in f for t in line.split() + ['<eos>']]
+    streams[split] = [index.setdefault(t, len(index)) for t in tokens]
+  return tuple(index), streams
+
+
+def test_ptb_equals_the_convention_restated_line_by_line(data_dir):
+  tokens, streams = _reference_load(data_dir / 'ptb')
+  corpus = load_corpus('ptb', data_dir)
+  assert corpus.vocab.tokens == tokens
+  for split, ids in streams.items():
+    np.testing.assert_array_equal(corpus.split(split), ids)
+
+
+def test_a_corpus_is_read_once_and_again_when_a_file_changes(tmp_path):
+  root = _text_corpus(tmp_path, {'train.txt': GOOD, 'valid.txt': b'the cat\n',
+                                 'test.txt': b'a dog\n'})
+  first = load_corpus('ptb', root)
+  assert load_corpus('ptb', root) is first
+  with pytest.raises(ValueError, match='read-only'):
+    first.train[0] = 1  # shared by every caller, so nobody may change it
+  (root / 'ptb' / 'test.txt').write_bytes(b'a bird\n')
+  changed = load_corpus('ptb', root)
+  assert changed is not first and changed.vocab.decode(changed.test[:2]) == 'a bird'
+  (root / 'ptb' / 'test.txt').unlink()
+  with pytest.raises(DataError, match='missing data file'):
+    load_corpus('ptb', root)
+
+
 def test_enwik8_split_is_90m_5m_5m(tmp_path):
   n = corpora.ENWIK8_BYTES
   raw = bytearray(np.random.default_rng(0).integers(ord('a'), ord('z') + 1, n,

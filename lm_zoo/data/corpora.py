@@ -10,9 +10,11 @@ and test. With it the counts equal the published statistics (PTB 929,589 /
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import pathlib
@@ -79,8 +81,8 @@ def vocab_sha256(vocab: Vocab) -> str:
   return hashlib.sha256('\n'.join(vocab.tokens).encode('utf-8', 'surrogatepass')).hexdigest()
 
 
-def _read_lines(path: pathlib.Path) -> list[list[str]]:
-  """Reads one tokenised text file as lists of tokens, each line ending in <eos>."""
+def _read_tokens(path: pathlib.Path) -> list[str]:
+  """Reads one tokenised text file as its tokens, each line ending in <eos>."""
   if not path.is_file():
     raise DataError(
         f'missing data file {path}: the corpus folder must hold train.txt, '
@@ -100,24 +102,59 @@ def _read_lines(path: pathlib.Path) -> list[list[str]]:
   lines = text.replace('\r\n', '\n').replace('\r', '\n').split('\n')
   if lines[-1] == '':
     lines.pop()
-  return [line.split() + [EOS] for line in lines]
+  tokens: list[str] = []
+  for line in lines:
+    tokens.extend(line.split())
+    tokens.append(EOS)
+  return tokens
 
 
 def _load_text_corpus(name: str, folder: pathlib.Path, kind: str) -> Corpus:
-  splits = {s: _read_lines(folder / f'{s}.txt') for s in SPLITS}
-  index: dict[str, int] = {}
-  for s in SPLITS:
-    for line in splits[s]:
-      for token in line:
-        index.setdefault(token, len(index))
-  vocab = Vocab(tuple(index), kind=kind)
-  streams = {
-      s: np.fromiter((index[t] for line in splits[s] for t in line),
-                     dtype=np.int32)
-      for s in SPLITS
-  }
-  return Corpus(name=name, vocab=vocab, unit='word' if kind == 'word' else 'char',
-                **streams)
+  splits = {s: _read_tokens(folder / f'{s}.txt') for s in SPLITS}
+  # dict keeps insertion order: the tokens in order of first appearance.
+  first_seen = dict.fromkeys(itertools.chain.from_iterable(splits.values()))
+  index = {token: i for i, token in enumerate(first_seen)}
+  streams = {s: _read_only(np.fromiter(map(index.__getitem__, tokens), np.int32, len(tokens)))
+             for s, tokens in splits.items()}
+  return Corpus(name=name, vocab=Vocab(tuple(index), kind=kind),
+                unit='word' if kind == 'word' else 'char', **streams)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+  # Loaded corpora are shared by every caller in the process (`load_corpus`).
+  array.setflags(write=False)
+  return array
+
+
+def _file_states(folder: pathlib.Path) -> tuple | None:
+  """What tells a text corpus' files apart from their earlier versions (None
+  where one is missing, so that loading names it)."""
+  try:
+    return tuple((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                 for st in (os.stat(folder / f'{s}.txt') for s in SPLITS))
+  except OSError:
+    return None
+
+
+# (name, folder) -> (file states, corpus): the text corpora loaded in this
+# process, loaded again when a file changes. A few entries: a process seldom
+# reads more corpora than that, and each is a few MB of ids.
+_LOADED: collections.OrderedDict[tuple[str, pathlib.Path], tuple[tuple, Corpus]] = (
+    collections.OrderedDict())
+_LOADED_MAX = 4
+
+
+def _cached_text_corpus(name: str, folder: pathlib.Path, kind: str) -> Corpus:
+  key, states = (name, folder.resolve()), _file_states(folder)
+  if states is not None and key in _LOADED and _LOADED[key][0] == states:
+    _LOADED.move_to_end(key)
+    return _LOADED[key][1]
+  corpus = _load_text_corpus(name, folder, kind)
+  if states is not None:
+    _LOADED[key] = (states, corpus)
+    while len(_LOADED) > _LOADED_MAX:
+      _LOADED.popitem(last=False)
+  return corpus
 
 
 def split_enwik8(raw: bytes, name: str = 'enwik8') -> Corpus:
@@ -201,7 +238,9 @@ def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
     A `Corpus` whose splits are 1-D int32 arrays.
 
   A file that differs from the standard one (`lm_zoo.data.download.verify`)
-  is loaded with a WARNING naming it.
+  is loaded with a WARNING naming it. A text corpus is read once per process
+  while its files stay unchanged: later calls return the same `Corpus`, whose
+  arrays are read-only (copy one to change it).
 
   Raises:
     DataError: unknown name, missing folder or file, empty or undecodable file.
@@ -219,4 +258,4 @@ def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
   _warn_if_not_standard(name, folder.parent.resolve())
   if kind == 'byte':
     return _load_enwik8(name, folder)
-  return _load_text_corpus(name, folder, kind)
+  return _cached_text_corpus(name, folder, kind)
