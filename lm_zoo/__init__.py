@@ -4,7 +4,9 @@
 text (lm_zoo/pretrained.py); the rest is imported from its modules.
 """
 
-__version__ = '0.2.0'
+from lm_zoo.version import __version__
+
+__all__ = ['__version__', 'load']
 
 
 def __getattr__(name: str):

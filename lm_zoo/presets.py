@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from lm_zoo import __version__
+from lm_zoo.version import __version__
 from lm_zoo.errors import ConfigError
 
 # The layout of a preset folder: a version that reads another refuses it.

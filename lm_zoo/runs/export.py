@@ -15,7 +15,7 @@ import shutil
 import jax
 from safetensors.numpy import save_file
 
-from lm_zoo import __version__
+from lm_zoo.version import __version__
 from lm_zoo.errors import ConfigError
 from lm_zoo.model_card import model_card
 from lm_zoo.models import build_model, init_params

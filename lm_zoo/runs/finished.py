@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from lm_zoo import __version__
+from lm_zoo.version import __version__
 from lm_zoo.configs import base_config
 from lm_zoo.data import Corpus, Vocab, load_data
 from lm_zoo.data.corpora import SPLITS, vocab_sha256

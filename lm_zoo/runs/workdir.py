@@ -19,7 +19,7 @@ from typing import Iterator
 import jax
 import ml_collections
 
-from lm_zoo import __version__
+from lm_zoo.version import __version__
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError, WorkdirInUse
 from lm_zoo.runs.checkpoints import FORMAT_VERSION
