@@ -68,8 +68,9 @@ MODELS = {
     'dual_lstm': lambda hidden: {'tie_embeddings': True, 'dual': {'size': hidden}},
     'dual_lstm_bf16': lambda hidden: {'tie_embeddings': True, 'dual': {'size': hidden},
                                       'dtype': 'bfloat16'},
-    'mos_lstm': {'tie_embeddings': True, 'mos': {'components': 5}},
-    'mos_lstm_bf16': {'tie_embeddings': True, 'mos': {'components': 5}, 'dtype': 'bfloat16'},
+    'mos_lstm': {'tie_embeddings': True, 'head': 'mos', 'mos': {'components': 5}},
+    'mos_lstm_bf16': {'tie_embeddings': True, 'head': 'mos', 'mos': {'components': 5},
+                      'dtype': 'bfloat16'},
     'flax_lstm': {'cell': 'flax_lstm'},
 }
 TORCH = 'torch_lstm'

@@ -6,7 +6,11 @@ Each field is overridable from the command line:
 
 from __future__ import annotations
 
+from typing import Any, Callable, Iterable, Mapping
+
 import ml_collections
+
+from lm_zoo.errors import ConfigError
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -106,10 +110,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dual.size = 0
   c.model.dual.dropout_input = 0.0  # on [e_t; h_t]
   c.model.dual.dropout_output = 0.0  # on d_t
-  # Mixture of softmaxes (Yang et al. 2018); 0 components: one softmax.
+  # What turns the stack's output into next-token probabilities
+  # (lm_zoo.models.registry.HEADS): softmax (tied to the embedding with
+  # model.tie_embeddings) | mos (a mixture of softmaxes: model.mos).
+  c.model.head = 'softmax'
+  # head = 'mos' only: the mixture of softmaxes (Yang et al. 2018).
   c.model.mos = ml_collections.ConfigDict()
-  c.model.mos.components = 0
-  c.model.mos.dropout_latent = 0.0
+  c.model.mos.components = 2
+  c.model.mos.dropout_latent = 0.0  # on the latents g_k
 
   # Data parallelism over a device mesh (lm_zoo.training.parallel): batch rows
   # split over this many devices, parameters replicated; 0: all devices.
@@ -279,3 +287,38 @@ def meta_training_config() -> ml_collections.ConfigDict:
   # scoring with the rule afterwards; splits=() skips it
   c.evaluation = evaluation_config('learned')
   return c
+
+
+def field_value(config: ml_collections.ConfigDict, field: str) -> Any:
+  """The value of a dotted field ('model.mos.components') of `config`."""
+  value = config
+  for part in field.split('.'):
+    value = value[part]
+  return value
+
+
+def field_error(field: str, value: Any, problem: str) -> ConfigError:
+  """The error naming a config field, its value, what is wrong, and its flag."""
+  return ConfigError(f'config field {field}={value!r} {problem} (--config.{field})')
+
+
+# (fields, test, what each value must be): a rule of `check_fields`.
+Rule = tuple[Iterable[str], Callable[[Any], bool], str]
+
+
+def check_fields(config: ml_collections.ConfigDict, choices: Mapping[str, Iterable[str]],
+                 rules: Iterable[Rule], section: str = '') -> None:
+  """Raises `field_error` for the first field of `config` that names no
+  choice of `choices` (field -> the names it may take) or breaks a rule of
+  `rules` (a number that fails the test; a NaN fails every test). Fields are
+  named within `config`, which is the config's `section` ('model')."""
+  prefix = f'{section}.' if section else ''
+  for field, names in choices.items():
+    value = field_value(config, field)
+    if value not in names:
+      raise field_error(prefix + field, value, f'is not known: choose one of {", ".join(names)}')
+  for fields, test, must_be in rules:
+    for field in fields:
+      value = field_value(config, field)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not test(value):
+        raise field_error(prefix + field, value, f'must be {must_be}')

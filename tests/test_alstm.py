@@ -197,7 +197,7 @@ def test_alstm_language_model_from_config(latent):
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
   assert np.abs(grads['stack']['cell_0']['policy']['kernel']).sum() > 0  # the policies learn
   cfg.alstm.latent = 'hyper'
-  with pytest.raises(ConfigError, match="unknown aLSTM adaptation model 'hyper'"):
+  with pytest.raises(ConfigError, match="model.alstm.latent='hyper' is not known"):
     build_model(cfg, 20)
 
 

@@ -178,7 +178,8 @@ def test_seed_study_models_share_the_budget(variant):
 
 def test_seed_study_mixture_is_yangs_head_on_the_budget_lstm():
   config = load_experiment('seed_study', 'mos').models.lstm_mos
-  assert (config.model.mos.components, config.model.mos.dropout_latent) == (2, 0.4)
+  assert (config.model.head, config.model.mos.components, config.model.mos.dropout_latent) == (
+      'mos', 2, 0.4)
   h, k, v = solve_hidden_size(config.model, 10_000, 3_000_000), 2, 10_000
   # Tied embedding, two LSTM layers of h, then Yang et al.'s head: a prior
   # without bias (h -> K), the latents (h -> K h, biased), the softmax's bias.

@@ -19,7 +19,7 @@ def model_config(fields):
 
 
 def test_the_factory_assembles_the_parts_the_config_names():
-  cfg = model_config({'tie_embeddings': True, 'dual': {'size': 5},
+  cfg = model_config({'tie_embeddings': True, 'dual': {'size': 5}, 'head': 'mos',
                                'mos': {'components': 2, 'dropout_latent': 0.1}})
   model = build_model(cfg, 11)
   assert (model.embedding.vocab_size, model.embedding.features, model.vocab_size) == (11, 4, 11)

@@ -37,8 +37,8 @@ MODEL_FIELDS = {
     'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static', 'latent_size': 4}},
     'alstm_rhn': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn', 'latent_size': 4}},
     'dual': {'tie_embeddings': True, 'hidden_size': 6, 'dual': {'size': 5}},
-    'mos': {'mos': {'components': 2}},
-    'mos_tied': {'tie_embeddings': True, 'mos': {'components': 2}},
+    'mos': {'head': 'mos', 'mos': {'components': 2}},
+    'mos_tied': {'tie_embeddings': True, 'head': 'mos', 'mos': {'components': 2}},
 }
 
 
@@ -92,5 +92,5 @@ def test_bfloat16_trains_like_float32(name):
 def test_unknown_dtype_is_named():
   config = base_config()
   config.model.dtype = 'float8'
-  with pytest.raises(ConfigError, match="unknown model.dtype 'float8'"):
+  with pytest.raises(ConfigError, match="model.dtype='float8' is not known"):
     build_model(config.model, 31)

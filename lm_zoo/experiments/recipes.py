@@ -126,7 +126,9 @@ def lamb_config(data: str, *, num_params: int, num_layers: int, feature_mask_rou
                  dropout_hidden=inter_layer_dropout, dropout_state=state_dropout,
                  dropout_output=output_dropout)
   c.model.mogrifier.update(rounds=feature_mask_rounds, rank=feature_mask_rank)
-  c.model.mos.update(components=mos_num_components, dropout_latent=output_dropout)
+  if mos_num_components:
+    c.model.head = 'mos'
+    c.model.mos.update(components=mos_num_components, dropout_latent=output_dropout)
   c.optimizer.update(name='adam', learning_rate=learning_rate, beta1=0.0, beta2=0.999,
                      eps=1e-8, clip_norm=10.0, l2=l2_penalty, l2_before_clip=True,
                      loss_reduction='sum_over_time')

@@ -61,6 +61,7 @@ def _with(c: ml_collections.ConfigDict, cap_input_gate: bool = False,
 
 
 def _mixture(c: ml_collections.ConfigDict, components: int) -> ml_collections.ConfigDict:
+  c.model.head = 'mos'
   c.model.mos.update(components=components, dropout_latent=c.model.dropout_output)
   return c
 

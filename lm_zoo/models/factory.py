@@ -5,126 +5,47 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 
-from lm_zoo.cells import (ALSTMCell, LSTMCell, LSTMRHNStack, MLSTMCell, StaticLatent, mogrified,
-                          resolve_scan)
+from lm_zoo.cells import LSTMRHNStack, mogrified, resolve_scan
 from lm_zoo.errors import ConfigError
-from lm_zoo.models.heads import Dual, MixtureHead, Softmax, TiedSoftmax
+from lm_zoo.models.checks import check_model_config
+from lm_zoo.models.heads import Dual
 from lm_zoo.models.language_model import Embedding, RecurrentLM
+from lm_zoo.models.registry import CELLS, DTYPES, HEADS
+from lm_zoo.models.sizes import embed_size
 from lm_zoo.models.stacks import LSTMRHN, Stack
 
 log = logging.getLogger(__name__)
 
-# aLSTM adaptation models (model.alstm.latent) -> cell constructor taking
-# `features=`. lstm_rhn: LSTM adaptation models wired across layers (eq. 9).
-LATENTS = {'lstm': LSTMCell, 'static': StaticLatent, 'lstm_rhn': LSTMCell}
-
 
 def _lstm_rhn(cfg: ml_collections.ConfigDict) -> bool:
-  """Whether the layers are wired as the LSTM-RHN; checks that they can be."""
-  if cfg.cell != 'alstm' or cfg.alstm.latent != 'lstm_rhn':
-    return False
-  if cfg.mogrifier.rounds > 0:
-    raise ConfigError('model.alstm.latent=lstm_rhn steps the aLSTM cells together '
-                      'and does not take Mogrifier rounds: use latent=lstm with them')
-  if not cfg.variational_dropout:
-    raise ConfigError('model.alstm.latent=lstm_rhn has variational dropout only: '
-                      'set model.variational_dropout=True')
-  if cfg.skip_connections:
-    raise ConfigError('model.alstm.latent=lstm_rhn steps the layers together and has no '
-                      'skip connections: set model.skip_connections=False')
-  return True
-
-
-def _alstm(cfg: ml_collections.ConfigDict):
-  if cfg.alstm.latent not in LATENTS:
-    raise ConfigError(f'unknown aLSTM adaptation model {cfg.alstm.latent!r} '
-                      f'(model.alstm.latent): choose one of {", ".join(LATENTS)}')
-  return functools.partial(ALSTMCell, latent=LATENTS[cfg.alstm.latent],
-                           latent_size=cfg.alstm.latent_size, forget_bias=cfg.forget_bias,
-                           cap_input_gate=cfg.cap_input_gate,
-                           dropout_latent=cfg.alstm.dropout_latent)
-
-
-def _lstm_family(cell_class):
-  return lambda cfg: functools.partial(cell_class, forget_bias=cfg.forget_bias,
-                                       cap_input_gate=cfg.cap_input_gate)
-
-
-def _lstm(cfg):
-  return functools.partial(_lstm_family(LSTMCell)(cfg), recurrent_bias=cfg.recurrent_bias)
-
-
-# Cell name -> (model config -> constructor taking `features=` and `dtype=`);
-# `register_cell` adds one.
-CELLS = {
-    'lstm': _lstm,
-    'mlstm': _lstm_family(MLSTMCell),
-    'alstm': _alstm,
-    'flax_lstm': lambda cfg: nn.OptimizedLSTMCell,
-    'gru': lambda cfg: nn.GRUCell,
-    'simple': lambda cfg: nn.SimpleCell,
-}
-# The cells that take model.forget_bias and model.cap_input_gate.
-LSTM_FAMILY = ['lstm', 'mlstm', 'alstm']
-
-
-def register_cell(name: str, make: Callable[[ml_collections.ConfigDict], Callable[..., Any]],
-                  *, lstm_family: bool = False) -> None:
-  """Makes `model.cell = name` build its layers with `make(model_config)`,
-  a constructor taking `features=` and `dtype=` (an `nn.RNNCellBase`);
-  `lstm_family`: it takes `forget_bias` and `cap_input_gate` too."""
-  CELLS[name] = make
-  if lstm_family and name not in LSTM_FAMILY:
-    LSTM_FAMILY.append(name)
-
-
-# model.dtype -> computation dtype (None: float32 from the float32 parameters).
-DTYPES = {'float32': None, 'bfloat16': jnp.bfloat16}
+  """Whether the layers are wired as the LSTM-RHN (aLSTM layers stepped together)."""
+  return cfg.cell == 'alstm' and cfg.alstm.latent == 'lstm_rhn'
 
 
 def compute_dtype(cfg: ml_collections.ConfigDict):
   """The computation dtype of `model.dtype`; parameters stay float32."""
-  if cfg.dtype not in DTYPES:
-    raise ConfigError(f'unknown model.dtype {cfg.dtype!r}: choose one of {", ".join(DTYPES)}')
   return DTYPES[cfg.dtype]
 
 
 def cell_factory(cfg: ml_collections.ConfigDict):
   """The constructor of one layer's cell: `model.cell` computing in
-  `model.dtype`, mogrified when `model.mogrifier.rounds` > 0."""
-  if cfg.cell not in CELLS:
-    raise ConfigError(f'unknown cell {cfg.cell!r} (model.cell): choose one of '
-                      f'{", ".join(CELLS)}')
-  if cfg.cap_input_gate and cfg.cell not in LSTM_FAMILY:
-    raise ConfigError(f'model.cap_input_gate applies to the cells {", ".join(LSTM_FAMILY)}, '
-                      f'not {cfg.cell!r}: set it False or choose one of them')
-  if cfg.recurrent_bias and cfg.cell != 'lstm':
-    raise ConfigError(f"model.recurrent_bias applies to model.cell='lstm', not {cfg.cell!r}: "
-                      'set it False')
+  `model.dtype`, mogrified when `model.mogrifier.rounds` > 0.
+
+  Raises ConfigError where `cfg` cannot build a model (`check_model_config`).
+  """
+  check_model_config(cfg)
   dtype = compute_dtype(cfg)
   make_cell = functools.partial(CELLS[cfg.cell](cfg), dtype=dtype)
   mog = cfg.mogrifier
-  if mog.rounds < 0:
-    raise ConfigError(f'model.mogrifier.rounds must be >= 0, got {mog.rounds}')
   if mog.rounds == 0:
     return make_cell
   return mogrified(make_cell, mog.rounds, mog.rank, mog.zigzag, dtype)
-
-
-def embed_size(cfg: ml_collections.ConfigDict, hidden_size: int) -> int:
-  """The embedding size: `embed_ratio` x the hidden size when the ratio is
-  >= 0 (at most the hidden size, at least 1), else `embed_size`, 0 meaning
-  the hidden size."""
-  if cfg.embed_ratio >= 0:
-    return max(1, round(min(cfg.embed_ratio, 1.0) * hidden_size))
-  return cfg.embed_size or hidden_size
 
 
 def _stack(cfg: ml_collections.ConfigDict, cells) -> Stack | LSTMRHN:
@@ -143,13 +64,6 @@ def _stack(cfg: ml_collections.ConfigDict, cells) -> Stack | LSTMRHN:
   return stack
 
 
-def _head(cfg: ml_collections.ConfigDict, vocab_size: int, dtype):
-  if cfg.mos.components:
-    return MixtureHead(vocab_size, cfg.mos.components, cfg.mos.dropout_latent,
-                       cfg.variational_dropout, cfg.tie_embeddings, dtype)
-  return (TiedSoftmax if cfg.tie_embeddings else Softmax)(vocab_size, dtype)
-
-
 def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int) -> RecurrentLM:
   dtype = compute_dtype(cfg)
   make_cell = cell_factory(cfg)
@@ -162,7 +76,7 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int) ->
       stack=_stack(cfg, cells),
       bridge=(Dual(dual.size, dual.dropout_input, dual.dropout_output,
                    cfg.variational_dropout, dtype) if dual.size else None),
-      head=_head(cfg, vocab_size, dtype))
+      head=HEADS[cfg.head].make(cfg, vocab_size, dtype))
 
 
 def layer_sizes(model: RecurrentLM) -> list[int]:
@@ -194,9 +108,7 @@ def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
     parts.append('skip connections')
   if cfg.dual.size:
     parts.append(f'dual connection {cfg.dual.size}')
-  softmax = 'tied softmax' if cfg.tie_embeddings else 'softmax'
-  parts.append(f'mixture of {cfg.mos.components} {softmax}es' if cfg.mos.components
-               else softmax)
+  parts.append(HEADS[cfg.head].describe(cfg))
   if cfg.dtype != 'float32':
     parts.append(f'{cfg.dtype} products')
   return ', '.join(parts)
@@ -282,18 +194,10 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
 
   With `model.param_budget` > 0 the hidden size is solved for that budget and
   `model.hidden_size` is ignored.
+
+  Raises ConfigError where `cfg` cannot build a model (`check_model_config`).
   """
-  for field in ('num_layers', 'hidden_size'):
-    if cfg[field] < 1:
-      raise ConfigError(f'model.{field} must be at least 1, got {cfg[field]}')
-  for field in ('embed_size', 'dual.size', 'mos.components'):
-    if cfg[field] < 0:
-      raise ConfigError(f'model.{field} must be >= 0, got {cfg[field]}')
-  for field in ('dropout_embedding', 'dropout_input', 'dropout_hidden', 'dropout_state',
-                'dropout_output', 'weight_drop', 'dual.dropout_input',
-                'dual.dropout_output', 'mos.dropout_latent', 'alstm.dropout_latent'):
-    if not 0 <= cfg[field] < 1:
-      raise ConfigError(f'model.{field} must be in [0, 1), got {cfg[field]}')
+  check_model_config(cfg)
   hidden_size = cfg.hidden_size
   if cfg.param_budget > 0:
     hidden_size = solve_hidden_size(cfg, vocab_size, cfg.param_budget)

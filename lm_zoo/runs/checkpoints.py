@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 # The layout of what lm_zoo writes into a work directory (its checkpoints,
 # config.json): a version that reads another format refuses it.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # The keys of a checkpoint's meta that hold its arrays' digests, its format
 # and the lm_zoo that wrote it.
 _DIGESTS, _FORMAT, _WRITER = 'array_digests', 'format_version', 'lm_zoo_version'

@@ -36,7 +36,8 @@ SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.emb
                 'model.hidden_size', 'model.output_size', 'model.param_budget',
                 'model.tie_embeddings',
                 'model.recurrent_bias',
-                'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.mos.components',
+                'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.head',
+                'model.mos.components',
                 'data.name', 'data.batch_size', 'optimizer.name',
                 'averaging.trigger')
 # Sections whose other fields change how the rest of a resumed run trains:
