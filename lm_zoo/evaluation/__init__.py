@@ -13,7 +13,8 @@ from lm_zoo.evaluation.meta_training import (MetaLearner, MetaTrainResult, meta_
                                              meta_train, stream_windows)
 from lm_zoo.evaluation.dynamic_rules import (DYNAMIC_RULES, DynamicRule, DynamicRuleSpec,
                                              register_dynamic_rule)
-from lm_zoo.evaluation.registry import build_evaluator, register_evaluator, split_names
+from lm_zoo.evaluation.registry import (EvaluatorName, build_evaluator, register_evaluator,
+                                        split_names)
 from lm_zoo.evaluation.results import EvalResult, mean_and_spread
 from lm_zoo.evaluation.statistics import diagonal_fisher, rms_training_gradients
 from lm_zoo.evaluation.streams import (evaluate_split, evaluate_stream,
@@ -21,7 +22,8 @@ from lm_zoo.evaluation.streams import (evaluate_split, evaluate_stream,
                                        tune_temperature)
 
 __all__ = ['DYNAMIC_RULES', 'Dynamic', 'DynamicChoice', 'DynamicEvalResult', 'DynamicEvalSettings',
-           'DynamicRule', 'DynamicRuleSpec', 'DynamicSetup', 'EvalResult', 'Evaluator', 'Learned',
+           'DynamicRule', 'DynamicRuleSpec', 'DynamicSetup', 'EvalResult', 'Evaluator',
+           'EvaluatorName', 'Learned',
            'MCDropout', 'MetaLearner', 'MetaTrainResult', 'Prepared', 'Static', 'TokenLosses',
            'TunedTemperature', 'build_evaluator', 'diagonal_fisher', 'dynamic_evaluate',
            'evaluate_split', 'evaluate_stream', 'evaluate_stream_stacked', 'make_eval_step',

@@ -10,6 +10,7 @@ and one `register_evaluator` line; docs/design.md shows one.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from typing import Callable
 
@@ -138,12 +139,24 @@ def _token_losses(config: ml_collections.ConfigDict, windows: Windows) -> TokenL
   return TokenLosses(windows.bptt, config.max_tokens)
 
 
-register_evaluator('static', _static)
-register_evaluator('mc_dropout', _mc_dropout)
-register_evaluator('temperature', _tuned_temperature)
-register_evaluator('dynamic', _dynamic)
-register_evaluator('learned', _learned)
-register_evaluator('token_losses', _token_losses)
+class EvaluatorName(enum.StrEnum):
+  """The evaluators lm_zoo registers (`evaluation.evaluator`); each is its
+  string, so `'dynamic'` and `EvaluatorName.DYNAMIC` are one choice."""
+
+  STATIC = 'static'
+  MC_DROPOUT = 'mc_dropout'
+  TEMPERATURE = 'temperature'
+  DYNAMIC = 'dynamic'
+  LEARNED = 'learned'
+  TOKEN_LOSSES = 'token_losses'
+
+
+register_evaluator(EvaluatorName.STATIC, _static)
+register_evaluator(EvaluatorName.MC_DROPOUT, _mc_dropout)
+register_evaluator(EvaluatorName.TEMPERATURE, _tuned_temperature)
+register_evaluator(EvaluatorName.DYNAMIC, _dynamic)
+register_evaluator(EvaluatorName.LEARNED, _learned)
+register_evaluator(EvaluatorName.TOKEN_LOSSES, _token_losses)
 
 
 def split_names(splits) -> tuple[str, ...]:
