@@ -42,8 +42,7 @@ def test_weight_drop_finds_each_cells_hidden_to_hidden_matrices(cell):
   assert sorted(found) == sorted(RECURRENT[type(cell).__name__])
   # Independent of names: from a zero state the output cannot depend on a
   # hidden-to-hidden matrix, while it does on the input matrices.
-  # Jitted: one compile, where eager operations each compile on their own.
-  grads = jax.jit(jax.grad(lambda p: jnp.sum(cell.apply({'params': p}, zero_state, x)[1] ** 2)))(
+  grads = jax.grad(lambda p: jnp.sum(cell.apply({'params': p}, zero_state, x)[1] ** 2))(
       params)
   flat = {'/'.join(str(k.key) for k in path): g
           for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]}
@@ -147,12 +146,11 @@ def test_train_step_adds_ar_on_dropped_and_tar_on_undropped_outputs():
     return (nll + ar * jnp.mean(dropped ** 2)
             + tar * jnp.mean((undropped[1:] - undropped[:-1]) ** 2))
 
-  sown = jax.jit(lambda p: model.apply(
-      {'params': p}, tokens[:, :-1], model.initialize_carry(B), train=True,
-      rngs={'dropout': dropout_key}, mutable=['intermediates'])[1])(before)
+  sown = model.apply({'params': before}, tokens[:, :-1], model.initialize_carry(B),
+                     train=True, rngs={'dropout': dropout_key}, mutable=['intermediates'])[1]
   assert not np.allclose(sown['intermediates']['stack']['dropped_output'][0],
                          sown['intermediates']['stack']['output'][0])
-  grads = jax.jit(jax.grad(objective))(before)
+  grads = jax.grad(objective)(before)
   expected = jax.tree.map(lambda p, g: p - g, before, grads)
   for got, want in zip(jax.tree.leaves(after), jax.tree.leaves(expected)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
