@@ -123,18 +123,19 @@ def lm():
 def _python_loop(model, params, tx, stream, segment, **extra_args):
   """Reference: score a segment with the current weights, then step on it
   (a transformation with extra arguments also gets the segment's mean NLL)."""
+  def loss(p, carries, x, y):
+    logits, new = model.apply({'params': p}, x, carries)
+    total, count = token_nll(logits, y, np.ones(y.shape, np.float32))
+    return total / count, (total, new)
+
+  # Jitted: eagerly, each of the model's operations would compile on its own.
+  grad = jax.jit(jax.grad(loss, has_aux=True))
   state, carries, scores = tx.init(params), model.initialize_carry(1), []
   for start in range(0, len(stream) - 1, segment):
     x = stream[None, start:start + segment]
     y = stream[None, start + 1:start + segment + 1]
     x = x[:, :y.shape[1]]
-
-    def loss(p, carries=carries, x=x, y=y):
-      logits, new = model.apply({'params': p}, x, carries)
-      total, count = token_nll(logits, y, np.ones(y.shape, np.float32))
-      return total / count, (total, new)
-
-    grads, (total, carries) = jax.grad(loss, has_aux=True)(params)
+    grads, (total, carries) = grad(params, carries, x, y)
     scores.append(float(total))
     if extra_args:
       extra_args['loss'] = total / y.size
@@ -201,17 +202,17 @@ def test_divergence_is_an_error_not_a_number(lm):
 def test_rms_training_gradients_by_hand(lm):
   model, params = lm
   ms = rms_training_gradients(model, params, STREAM, batch_size=2, bptt=10, num_batches=2)
+  def loss(p, carries, x, y):
+    logits, new = model.apply({'params': p}, x, carries)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new
+
+  grad = jax.jit(jax.grad(loss, has_aux=True))  # one compile, not one per operation
   carries, squares = model.initialize_carry(2), []
   inputs = STREAM[:60].reshape(2, 30)
   targets = STREAM[1:61].reshape(2, 30)
   for start in (0, 10):
     x, y = inputs[:, start:start + 10], targets[:, start:start + 10]
-
-    def loss(p, carries=carries, x=x, y=y):
-      logits, new = model.apply({'params': p}, x, carries)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new
-
-    grads, carries = jax.grad(loss, has_aux=True)(params)
+    grads, carries = grad(params, carries, x, y)
     squares.append(_flat_params(grads) ** 2)
   np.testing.assert_allclose(_flat_params(ms), np.sqrt(np.mean(squares, 0)), rtol=1e-4,
                              atol=1e-7)

@@ -232,8 +232,19 @@ def test_stream_windows_read_consecutive_segments_from_each_offset():
     stream_windows(stream, np.array([58]), num_updates=6, segment_length=7)
 
 
-def test_meta_train_steps_adam_along_the_meta_gradient():
+@pytest.fixture(scope='module')
+def meta_problem():
+  """`_tiny_meta_problem` in float32 (less its carries and segments) and the
+  jitted value and meta-gradient of `meta_loss` on it, compiled once for the
+  tests that restate meta-training by hand."""
   model, net, meta, params, state, _, _ = _tiny_meta_problem(jnp.float32)
+  value_and_grad = jax.jit(jax.value_and_grad(partial(meta_loss, model, net.apply),
+                                              has_aux=True))
+  return model, net, meta, params, state, value_and_grad
+
+
+def test_meta_train_steps_adam_along_the_meta_gradient(meta_problem):
+  model, net, meta, params, state, value_and_grad = meta_problem
   stream = np.random.default_rng(4).integers(0, 7, 60)
   adam = optax.adam(0.01)
   out = meta_train(model, net.apply, meta, params, None, stream, meta_steps=1,
@@ -241,9 +252,7 @@ def test_meta_train_steps_adam_along_the_meta_gradient():
   # The same draw of stream positions, the meta-gradient and one Adam step by hand.
   offsets = np.random.default_rng(5).integers(0, len(stream) - 12, 2)
   segments = stream_windows(stream, offsets, 4, 3)
-  objective = lambda m: meta_loss(model, net.apply, m, params, state,
-                                  model.initialize_carry(2), segments)[0]
-  loss, grads = jax.jit(jax.value_and_grad(objective))(meta)
+  (loss, _), grads = value_and_grad(meta, params, state, model.initialize_carry(2), segments)
   updates, _ = adam.update(grads, adam.init(meta), meta)
   np.testing.assert_allclose(_flat(out.meta_params), _flat(optax.apply_updates(meta, updates)),
                              rtol=1e-5, atol=1e-7)
@@ -272,8 +281,8 @@ def test_meta_training_lowers_the_meta_loss_on_a_repeating_stream():
   assert out.losses[-5:].mean() < out.losses[:5].mean()
 
 
-def test_carry_over_continues_along_the_stream_from_the_weights_it_left():
-  model, net, meta, params, state, _, _ = _tiny_meta_problem(jnp.float32)
+def test_carry_over_continues_along_the_stream_from_the_weights_it_left(meta_problem):
+  model, net, meta, params, state, value_and_grad = meta_problem
   stream = np.random.default_rng(4).integers(0, 7, 61)
   adam = optax.adam(0.01)
   # Rows of 30 tokens hold two windows of 4 x 3 = 12: the third meta-step starts over.
@@ -281,8 +290,6 @@ def test_carry_over_continues_along_the_stream_from_the_weights_it_left():
                    num_updates=4, segment_length=3, batch_size=2, optimizer=adam,
                    carry_over=True)
   m, opt_state, theta, carries, losses = meta, adam.init(meta), params, None, []
-  value_and_grad = jax.jit(jax.value_and_grad(partial(meta_loss, model, net.apply),
-                                              has_aux=True))
   for offsets in ([0, 30], [12, 42], [0, 30]):
     if offsets[0] == 0:
       theta, carries = params, model.initialize_carry(2)

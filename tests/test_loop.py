@@ -9,7 +9,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import read_scalar_events
+from conftest import read_scalar_events, tiny_lm_config
 
 from lm_zoo.data import BatchedStream
 from lm_zoo.errors import ConfigError, TrainingError
@@ -29,29 +29,45 @@ def _final_params(config, workdir):
   return state, meta
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted(tiny_config, tmp_path):
+@pytest.fixture(scope='module')
+def resumed_runs(data_dir, tmp_path_factory):
+  """One plateau run of 25 steps three ways: uninterrupted (full/), stopped at
+  step 12 and resumed (split/), and killed at step 14 with only its
+  checkpoint of step 12 kept, then resumed (killed/). Returns (config,
+  folder, the train steps the resumed part of split/ built)."""
   # 10 windows an epoch, 3 epochs: 25 steps cross an epoch end (validation,
   # carry reset, plateau schedule) and stop mid-epoch; the resumed run finishes.
   # (Resuming variable-length windows is covered in test_batching.py.)
-  tiny_config.schedule.kind = 'plateau'
-  full = tiny_config.copy_and_resolve_references()
+  config = tiny_lm_config(data_dir)
+  config.schedule.kind = 'plateau'
+  folder = tmp_path_factory.mktemp('resumed')
+  full = config.copy_and_resolve_references()
   full.train.max_steps = 25
-  train_and_evaluate(full, tmp_path / 'full')
+  train_and_evaluate(full, folder / 'full')
 
-  half = tiny_config.copy_and_resolve_references()
+  half = config.copy_and_resolve_references()
   half.train.max_steps = 12
-  train_and_evaluate(half, tmp_path / 'split')
+  train_and_evaluate(half, folder / 'split')
   half.train.max_steps = 25
-  train_and_evaluate(half, tmp_path / 'split')
+  steps = []
+  original = loop.make_train_step
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(loop, 'make_train_step',
+                  lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
+    train_and_evaluate(half, folder / 'split')
 
   # a kill: the run got to step 14 but only its checkpoint of step 12 survived
-  killed = tiny_config.copy_and_resolve_references()
+  killed = config.copy_and_resolve_references()
   killed.train.update(max_steps=14, checkpoint_every=3)
-  train_and_evaluate(killed, tmp_path / 'killed')
-  shutil.rmtree(tmp_path / 'killed' / 'checkpoints' / '14')
+  train_and_evaluate(killed, folder / 'killed')
+  shutil.rmtree(folder / 'killed' / 'checkpoints' / '14')
   killed.train.max_steps = 25
-  train_and_evaluate(killed, tmp_path / 'killed')
+  train_and_evaluate(killed, folder / 'killed')
+  return full, folder, steps
 
+
+def test_interrupted_and_resumed_run_equals_uninterrupted(resumed_runs):
+  full, tmp_path, _ = resumed_runs
   a, meta_a = _final_params(full, tmp_path / 'full')
   # Equal but for the wall time spent training, which the resumed runs add up.
   assert meta_a.pop('train_seconds') > 0
@@ -73,17 +89,11 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tiny_config, tmp_path)
     assert sum(1 for r in records if r.get('final')) == 2
 
 
-def test_a_resumed_run_compiles_its_train_step_once(tiny_config, tmp_path, monkeypatch):
+def test_a_resumed_run_compiles_its_train_step_once(resumed_runs):
   # Restored arrays, the fresh carries of each epoch and each epoch's rate
   # share one layout; before, a resumed run compiled its step three times.
-  tiny_config.train.update(num_epochs=2, max_steps=8)
-  train_and_evaluate(tiny_config, tmp_path)
-  steps = []
-  original = loop.make_train_step
-  monkeypatch.setattr(loop, 'make_train_step',
-                      lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
-  tiny_config.train.max_steps = 0
-  train_and_evaluate(tiny_config, tmp_path)  # crosses an epoch end
+  # The resumed part of split/ (steps 13 to 25) crosses the epoch end of step 20.
+  *_, steps = resumed_runs
   assert steps[0]._cache_size() == 1
 
 
@@ -142,16 +152,25 @@ def test_a_wall_time_budget_stops_training_and_counts_the_resumed_runs(tiny_conf
   assert train_and_evaluate(tiny_config, tmp_path / 'resumed')['step'] == 5
 
 
-def test_resuming_with_other_shapes_is_refused(tiny_config, tmp_path):
-  tiny_config.train.max_steps = 3
-  train_and_evaluate(tiny_config, tmp_path)
-  tiny_config.model.hidden_size = 24
+@pytest.fixture(scope='module')
+def finished_run(data_dir, tmp_path_factory):
+  """`tiny_config` trained to its end (3 epochs, 30 steps): (config, work
+  directory, summary). Tests read it, or are refused before writing to it."""
+  config = tiny_lm_config(data_dir)
+  workdir = tmp_path_factory.mktemp('finished')
+  return config, workdir, train_and_evaluate(config, workdir)
+
+
+def test_resuming_with_other_shapes_is_refused(finished_run):
+  config, workdir, _ = finished_run
+  config = config.copy_and_resolve_references()
+  config.model.hidden_size = 24
   with pytest.raises(ConfigError, match='different model.hidden_size'):
-    train_and_evaluate(tiny_config, tmp_path)
+    train_and_evaluate(config, workdir)
 
 
-def test_run_writes_metrics_checkpoints_and_evaluates(tiny_config, tmp_path):
-  summary = train_and_evaluate(tiny_config, tmp_path)
+def test_run_writes_metrics_checkpoints_and_evaluates(finished_run):
+  _, tmp_path, summary = finished_run
   records = read_metrics(tmp_path / 'metrics.jsonl')
   kinds = [r['kind'] for r in records]
   assert kinds.count('valid') == 3 + 1 and kinds[-2:] == ['valid', 'test']
@@ -219,15 +238,18 @@ def test_a_finished_run_run_again_is_left_as_it_is(tiny_config, tmp_path, caplog
 def test_planned_steps_are_the_steps_the_run_takes(tiny_config, tmp_path):
   # Variable BPTT draws each epoch's window lengths anew: the plan must too.
   tiny_config.data.variable_bptt = True
-  tiny_config.data.train_tokens = 201  # 50 steps a row: each window length compiles
+  # Rows of 25 tokens: epoch 1 draws 3 windows and epoch 2 draws 4, of 5
+  # lengths (each compiles); 2 x 3 fixed windows, or epoch 1's draw twice,
+  # would be 6 steps.
+  tiny_config.data.train_tokens = 101
   tiny_config.train.num_epochs = 2
   tiny_config.generate.num_lines = 0
   batched = BatchedStream(load_data(tiny_config).train, tiny_config.data.batch_size)
   planned = planned_steps(tiny_config, batched)
   assert train_and_evaluate(tiny_config, tmp_path)['step'] == planned
-  assert planned != 10  # not 2 x 5 fixed windows
-  tiny_config.train.max_steps = 7
-  assert planned_steps(tiny_config, batched) == 7
+  assert planned != 6
+  tiny_config.train.max_steps = 4
+  assert planned_steps(tiny_config, batched) == 4
 
 
 def test_non_finite_loss_stops_with_a_clear_error(tiny_config, tmp_path):

@@ -5,6 +5,7 @@ import logging
 import jax
 import numpy as np
 import pytest
+from conftest import tiny_lm_config
 
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
@@ -69,27 +70,53 @@ def test_mesh_and_batch_checks_name_the_field():
     check_batch(6, data_mesh(4))
 
 
-def test_training_loop_runs_data_parallel_and_matches_one_device(tiny_config, tmp_path):
-  tiny_config.data.batch_size = 4
-  tiny_config.generate.num_lines = 0
-  tiny_config.train.num_epochs = 1
-  one = train_and_evaluate(tiny_config, tmp_path / 'one')
-  tiny_config.parallel.num_devices = 4
-  four = train_and_evaluate(tiny_config, tmp_path / 'four')
-  assert four['valid']['perplexity'] == pytest.approx(one['valid']['perplexity'], rel=1e-4)
-  assert four['test']['perplexity'] == pytest.approx(one['test']['perplexity'], rel=1e-4)
+class _Records(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.records = []
+
+  def emit(self, record):
+    self.records.append(record)
+
+
+@pytest.fixture(scope='module')
+def runs_by_devices(data_dir, tmp_path_factory):
+  """{num_devices: (summary, the train step's compile log lines)} of
+  `tiny_config` on 1 and 2 devices over 3 epochs with a rate that falls
+  after the first."""
+  runs = {}
+  jax_log = logging.getLogger('jax')
+  for num_devices in (1, 2):
+    config = tiny_lm_config(data_dir)
+    config.update_from_flattened_dict({
+        'parallel.num_devices': num_devices, 'train.num_epochs': 3, 'generate.num_lines': 0,
+        'schedule.kind': 'exponential', 'schedule.decay_after': 1})
+    handler, level = _Records(), jax_log.level
+    jax_log.addHandler(handler)
+    jax_log.setLevel(logging.WARNING)
+    try:
+      with jax.log_compiles(True):
+        summary = train_and_evaluate(config, tmp_path_factory.mktemp(f'devices_{num_devices}'))
+    finally:
+      jax_log.removeHandler(handler)
+      jax_log.setLevel(level)
+    compiles = [r for r in handler.records
+                if r.getMessage().startswith('Compiling jit(train_step)')]
+    runs[num_devices] = summary, compiles
+  return runs
+
+
+def test_training_loop_runs_data_parallel_and_matches_one_device(runs_by_devices):
+  (one, _), (two, _) = runs_by_devices[1], runs_by_devices[2]
+  assert two['valid']['perplexity'] == pytest.approx(one['valid']['perplexity'], rel=1e-4)
+  assert two['test']['perplexity'] == pytest.approx(one['test']['perplexity'], rel=1e-4)
 
 
 @pytest.mark.parametrize('num_devices', [1, 2])
-def test_the_train_step_compiles_once_over_epochs_and_learning_rates(num_devices, tiny_config,
-                                                                     tmp_path, caplog):
+def test_the_train_step_compiles_once_over_epochs_and_learning_rates(num_devices,
+                                                                     runs_by_devices):
   """The carries reset at each epoch and each new learning rate are placed as
   the steps leave them: another input layout would compile the step again
   (on a mesh, at every epoch: seconds each on a real model)."""
-  tiny_config.update_from_flattened_dict({
-      'parallel.num_devices': num_devices, 'train.num_epochs': 3, 'generate.num_lines': 0,
-      'schedule.kind': 'exponential', 'schedule.decay_after': 1})
-  with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger='jax'):
-    train_and_evaluate(tiny_config, tmp_path)
-  compiles = [r for r in caplog.records if r.getMessage().startswith('Compiling jit(train_step)')]
+  _, compiles = runs_by_devices[num_devices]
   assert len(compiles) == 1

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import hold_lock
+from conftest import hold_lock, tiny_lm_config
 from scipy import stats
 
 from lm_zoo.errors import ConfigError
@@ -65,8 +65,7 @@ def test_summary_puts_the_reference_first_and_leaves_diverged_runs_out_of_the_me
     summarise(rows, 'gru')
 
 
-@pytest.fixture
-def study(tiny_config, tmp_path):
+def _study(tiny_config, folder):
   import ml_collections
   tiny_config.train.num_epochs = 1
   tiny_config.generate.num_lines = 0
@@ -77,12 +76,32 @@ def study(tiny_config, tmp_path):
   c.models = ml_collections.ConfigDict({'lstm': tiny_config, 'wider': wider})
   c.seeds = (3, 4)
   c.reference = 'lstm'
-  c.workdir = str(tmp_path / 'study')
+  c.workdir = str(folder / 'study')
   return c
 
 
-def test_study_trains_each_model_per_seed_and_resumes(study, tmp_path):
+@pytest.fixture
+def study(tiny_config, tmp_path):
+  return _study(tiny_config, tmp_path)
+
+
+@pytest.fixture(scope='module')
+def held_study(data_dir, tmp_path_factory):
+  """The study with another worker holding lstm_s3, which it stops holding
+  (without training it) once this one has finished wider_s4: (study, folder,
+  rows, each run's summary.json modification time as the study left it)."""
+  folder = tmp_path_factory.mktemp('held_study')
+  study = _study(tiny_lm_config(data_dir), folder)
+  holder = hold_lock(folder / 'study' / 'lstm_s3', folder / 'study' / 'wider_s4' / 'summary.json')
   rows = run_seed_study(study)
+  holder.wait(timeout=30)
+  finished = {r['workdir']: (pathlib.Path(r['workdir']) / 'summary.json').stat().st_mtime_ns
+              for r in rows}
+  return study, folder, rows, finished
+
+
+def test_study_trains_each_model_per_seed_and_resumes(held_study):
+  study, tmp_path, rows, _ = held_study
   assert [(r['model'], r['seed']) for r in rows] == [
       ('lstm', 3), ('wider', 3), ('lstm', 4), ('wider', 4)]
   for row in rows:
@@ -100,27 +119,39 @@ def test_study_trains_each_model_per_seed_and_resumes(study, tmp_path):
   assert run_seed_study(study)[3]['test_perplexity'] == 1.5
 
 
-def test_a_run_another_worker_holds_is_left_to_it_then_waited_for(study, tmp_path):
-  # Another worker holds lstm_s3 and stops (without finishing it) once this
-  # one has trained the three other runs; this one then resumes lstm_s3.
-  study.seeds = (3, 4)
-  holder = hold_lock(tmp_path / 'study' / 'lstm_s3',
-                     tmp_path / 'study' / 'wider_s4' / 'summary.json')
-  rows = run_seed_study(study)
-  holder.wait(timeout=30)
+def test_a_run_another_worker_holds_is_left_to_it_then_waited_for(held_study):
+  # This worker trains the three other runs, then resumes lstm_s3.
+  _, _, rows, finished = held_study
   assert [(r['model'], r['seed']) for r in rows] == [
       ('lstm', 3), ('wider', 3), ('lstm', 4), ('wider', 4)]
-  finished = {r['workdir']: (pathlib.Path(r['workdir']) / 'summary.json').stat().st_mtime_ns
-              for r in rows}
   assert max(finished, key=finished.get).endswith('lstm_s3')
   assert all(math.isfinite(r['test_perplexity']) for r in rows)
 
 
-def test_a_stacked_study_trains_each_models_seeds_at_once_and_reads_them_back(study, tmp_path):
-  # That seed s of a stack is the run seed s trains alone: tests/test_stacked.py.
+@pytest.fixture(scope='module')
+def held_stacks(data_dir, tmp_path_factory):
+  """The study stacked, with another worker holding lstm's stack, which it
+  stops holding (without training it) once this one has finished wider's:
+  (study, folder, rows, each stack's summary.json modification time as the
+  study left it)."""
+  folder = tmp_path_factory.mktemp('held_stacks')
+  study = _study(tiny_lm_config(data_dir), folder)
   study.stack = True
-  study.models = {'lstm': study.models.lstm}
+  holder = hold_lock(folder / 'study' / 'lstm_s3-4',
+                     folder / 'study' / 'wider_s3-4' / 'summary.json')
   rows = run_seed_study(study)
+  holder.wait(timeout=30)
+  finished = {name: (folder / 'study' / f'{name}_s3-4' / 'summary.json').stat().st_mtime_ns
+              for name in ('lstm', 'wider')}
+  return study, folder, rows, finished
+
+
+def test_a_stacked_study_trains_each_models_seeds_at_once_and_reads_them_back(held_stacks):
+  # That seed s of a stack is the run seed s trains alone: tests/test_stacked.py.
+  study, tmp_path, rows, _ = held_stacks
+  study = study.copy_and_resolve_references()
+  study.models = {'lstm': study.models.lstm}
+  rows = [r for r in rows if r['model'] == 'lstm']
   assert [(r['model'], r['seed']) for r in rows] == [('lstm', 3), ('lstm', 4)]
   for row in rows:
     folder = tmp_path / 'study' / f'{row["model"]}_s3-4' / f'seed_{row["seed"]}'
@@ -137,18 +168,11 @@ def test_a_stacked_study_trains_each_models_seeds_at_once_and_reads_them_back(st
   assert run_seed_study(study)[1]['test_perplexity'] == 1.5
 
 
-def test_a_stack_another_worker_holds_is_left_to_it_then_waited_for(study, tmp_path):
-  # Another worker holds lstm's stack and stops (without finishing it) once
-  # this one has trained wider's; this one then trains lstm's stack itself.
-  study.stack = True
-  holder = hold_lock(tmp_path / 'study' / 'lstm_s3-4',
-                     tmp_path / 'study' / 'wider_s3-4' / 'summary.json')
-  rows = run_seed_study(study)
-  holder.wait(timeout=30)
+def test_a_stack_another_worker_holds_is_left_to_it_then_waited_for(held_stacks):
+  # This worker trains wider's stack, then lstm's itself.
+  _, _, rows, finished = held_stacks
   assert [(r['model'], r['seed']) for r in rows] == [
       ('lstm', 3), ('wider', 3), ('lstm', 4), ('wider', 4)]
-  finished = {name: (tmp_path / 'study' / f'{name}_s3-4' / 'summary.json').stat().st_mtime_ns
-              for name in ('lstm', 'wider')}
   assert finished['lstm'] > finished['wider']
   assert all(math.isfinite(r['test_perplexity']) for r in rows)
 

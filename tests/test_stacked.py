@@ -9,7 +9,7 @@ import signal
 import jax
 import numpy as np
 import pytest
-from conftest import read_events
+from conftest import read_events, tiny_lm_config
 
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.models import build_model, init_params
@@ -27,25 +27,40 @@ def _best_params(config, workdir):
     return checkpoints.restore_best(like)
 
 
-@pytest.fixture
-def plateau_config(tiny_config):
+def _plateau(config):
   # Plateau drops follow each seed's own validation history: at this rate
   # seed 3 validates worse after epoch 2 than after epoch 1 and seed 4
   # better, so their rates for epoch 3 part ways, which the stack must follow.
-  tiny_config.schedule.kind = 'plateau'
-  tiny_config.optimizer.learning_rate = 10.0
-  tiny_config.seed = 3
-  return tiny_config
+  config.schedule.kind = 'plateau'
+  config.optimizer.learning_rate = 10.0
+  config.seed = 3
+  return config
 
 
-def test_each_seed_trains_the_run_it_would_train_alone(plateau_config, tmp_path):
-  summary = train_seeds(plateau_config, tmp_path / 'stack', 2)
+@pytest.fixture(scope='module')
+def plateau_stack(data_dir, tmp_path_factory):
+  """`plateau_config`'s seeds 3 and 4 trained at once (3 epochs), and each
+  alone: (config, folder with stack/, alone_3/, alone_4/, stack summary,
+  {seed: summary alone}). Tests read the folders, never train in them."""
+  config = _plateau(tiny_lm_config(data_dir))
+  folder = tmp_path_factory.mktemp('plateau')
+  summary = train_seeds(config, folder / 'stack', 2)
+  alone = {}
+  for seed in (3, 4):
+    single = config.copy_and_resolve_references()
+    single.seed = seed
+    alone[seed] = train_and_evaluate(single, folder / f'alone_{seed}')
+  return config, folder, summary, alone
+
+
+def test_each_seed_trains_the_run_it_would_train_alone(plateau_stack):
+  plateau_config, tmp_path, summary, alone_summaries = plateau_stack
   assert summary['seeds'] == [3, 4]
   rates = {}
   for k, seed in enumerate((3, 4)):
     alone = plateau_config.copy_and_resolve_references()
     alone.seed = seed
-    expected = train_and_evaluate(alone, tmp_path / f'alone_{seed}')
+    expected = alone_summaries[seed]
     run = summary['runs'][k]
     assert run['seed'] == seed
     assert run['best_epoch'] == expected['best_epoch']
@@ -92,17 +107,16 @@ def test_each_seed_drops_its_own_carried_state_rows(tiny_config, tmp_path):
   assert abs(kept - expected) > 1e-3  # the drop does act
 
 
-def test_a_stopped_stack_resumes_as_if_it_had_not_stopped(plateau_config, tmp_path):
-  full = plateau_config.copy_and_resolve_references()
-  full.train.max_steps = 25
-  expected = train_seeds(full, tmp_path / 'full', 2)
-
+def test_a_stopped_stack_resumes_as_if_it_had_not_stopped(plateau_stack, tmp_path):
+  # Stopped at step 14 of 30, it resumes from step 7 across the epoch ends of
+  # steps 10 and 20 (validation, carry reset, each seed's plateau drop).
+  plateau_config, _, expected, _ = plateau_stack
   stopped = plateau_config.copy_and_resolve_references()
   stopped.train.max_steps = 14
   train_seeds(stopped, tmp_path / 'stopped', 2)
   # a kill after the save of step 14 reached disk only in part: the one of step 7 is used
   shutil.rmtree(tmp_path / 'stopped' / 'checkpoints' / '14')
-  stopped.train.max_steps = 25
+  stopped.train.max_steps = 0
   resumed = train_seeds(stopped, tmp_path / 'stopped', 2)
   for a, b in zip(expected['runs'], resumed['runs']):
     assert a['valid_curve'] == b['valid_curve']
@@ -114,8 +128,9 @@ def test_a_stopped_stack_resumes_as_if_it_had_not_stopped(plateau_config, tmp_pa
   assert train_seeds(stopped, tmp_path / 'stopped', 2) == resumed
 
 
-def test_a_seed_work_directory_is_an_ordinary_run(tiny_config, tmp_path):
-  summary = train_seeds(tiny_config, tmp_path, 2)
+def test_a_seed_work_directory_is_an_ordinary_run(plateau_stack):
+  _, folder, summary, _ = plateau_stack
+  tmp_path = folder / 'stack'
   for run in summary['runs']:
     folder = tmp_path / f'seed_{run["seed"]}'
     assert json.loads((folder / 'config.json').read_text())['seed'] == run['seed']
@@ -130,18 +145,37 @@ def test_a_seed_work_directory_is_an_ordinary_run(tiny_config, tmp_path):
     assert run['samples'][0] in texts[f'seed_{run["seed"]}/samples/text_summary']
 
 
-def test_a_signal_checkpoints_the_stack_and_the_same_call_resumes(tiny_config, tmp_path,
-                                                                  monkeypatch):
+@pytest.fixture(scope='module')
+def signalled_stack(data_dir, tmp_path_factory):
+  """A 2-epoch stack that SIGTERM stops at step 8, then the same call
+  resumed across the epoch end of step 10: (the stop's error, the latest
+  checkpoint's step after it, the resumed summary, the resumed run's train
+  steps)."""
+  config = tiny_lm_config(data_dir)
+  config.train.num_epochs = 2
+  workdir = tmp_path_factory.mktemp('signalled')
   original = loop.StopRequest.requested
-  monkeypatch.setattr(loop.StopRequest, 'requested',
-                      lambda self, step: signal.SIGTERM if step == 12 else original(self, step))
-  tiny_config.train.num_epochs = 2
-  with pytest.raises(Preempted, match='SIGTERM received: training stopped at step 12'):
-    train_seeds(tiny_config, tmp_path, 2)
-  monkeypatch.setattr(loop.StopRequest, 'requested', original)
-  with Checkpoints(tmp_path) as checkpoints:
-    assert checkpoints._latest.latest_step() == 12
-  assert train_seeds(tiny_config, tmp_path, 2)['step'] == 20
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(loop.StopRequest, 'requested',
+                  lambda self, step: signal.SIGTERM if step == 8 else original(self, step))
+    with pytest.raises(Preempted) as stopped:
+      train_seeds(config, workdir, 2)
+  with Checkpoints(workdir) as checkpoints:
+    latest = checkpoints._latest.latest_step()
+  steps = []
+  make_train_step = loop.make_train_step
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(loop, 'make_train_step',
+                  lambda *a, **k: steps.append(make_train_step(*a, **k)) or steps[-1])
+    resumed = train_seeds(config, workdir, 2)
+  return stopped.value, latest, resumed, steps
+
+
+def test_a_signal_checkpoints_the_stack_and_the_same_call_resumes(signalled_stack):
+  stopped, latest, resumed, _ = signalled_stack
+  assert 'SIGTERM received: training stopped at step 8' in str(stopped)
+  assert latest == 8
+  assert resumed['step'] == 20
 
 
 @pytest.mark.parametrize('num_seeds', [0, -1, 1.5, True])
@@ -150,33 +184,22 @@ def test_a_bad_number_of_seeds_is_refused(num_seeds):
     check_num_seeds(num_seeds)
 
 
-def test_a_stack_resumes_only_as_the_same_stack(tiny_config, tmp_path):
-  tiny_config.train.max_steps = 7
-  train_seeds(tiny_config, tmp_path / 'stack', 2)
-  tiny_config.train.max_steps = 0
-  with pytest.raises(ConfigError, match=r'holds a stack of seeds \[0, 1\], not a stack of '
-                     r'seeds \[0, 1, 2\]: resume it with --seeds=2 and config.seed=0'):
-    train_seeds(tiny_config, tmp_path / 'stack', 3)
-  with pytest.raises(ConfigError, match=r'holds a stack of seeds \[0, 1\], not a run alone'):
-    train_and_evaluate(tiny_config, tmp_path / 'stack')
-  tiny_config.train.max_steps = 7
-  train_and_evaluate(tiny_config, tmp_path / 'alone')
-  with pytest.raises(ConfigError, match=r'holds a run alone, not a stack of seeds \[0, 1\]: '
+def test_a_stack_resumes_only_as_the_same_stack(plateau_stack):
+  config, folder, _, _ = plateau_stack  # refused before anything is written there
+  with pytest.raises(ConfigError, match=r'holds a stack of seeds \[3, 4\], not a stack of '
+                     r'seeds \[3, 4, 5\]: resume it with --seeds=2 and config.seed=3'):
+    train_seeds(config, folder / 'stack', 3)
+  with pytest.raises(ConfigError, match=r'holds a stack of seeds \[3, 4\], not a run alone'):
+    train_and_evaluate(config, folder / 'stack')
+  with pytest.raises(ConfigError, match=r'holds a run alone, not a stack of seeds \[3, 4\]: '
                      'resume it without --seeds'):
-    train_seeds(tiny_config, tmp_path / 'alone', 2)
+    train_seeds(config, folder / 'alone_3', 2)
 
 
-def test_a_resumed_stack_compiles_its_train_step_once(tiny_config, tmp_path, monkeypatch):
+def test_a_resumed_stack_compiles_its_train_step_once(signalled_stack):
   # Restored arrays, the fresh carries of each epoch and each epoch's rates
   # must share one layout, or the step compiles again (2 s on the H200).
-  tiny_config.train.update(num_epochs=2, max_steps=8)
-  train_seeds(tiny_config, tmp_path, 2)
-  steps = []
-  original = loop.make_train_step
-  monkeypatch.setattr(loop, 'make_train_step',
-                      lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
-  tiny_config.train.max_steps = 0
-  train_seeds(tiny_config, tmp_path, 2)  # crosses an epoch end
+  *_, steps = signalled_stack  # the resumed run crosses an epoch end
   assert steps[0]._cache_size() == 1
 
 
