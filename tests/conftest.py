@@ -221,7 +221,7 @@ with tempfile.TemporaryDirectory() as folder:
     if pid == 0:
       for fd, path in ((1, out), (2, err)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-      signal.alarm(300)  # a hang ends the child, not the test session
+      signal.alarm(600)  # a hang ends the child (run_script waits as long)
       sys.argv = list(args)
       try:
         runpy.run_path(args[0], run_name='__main__')
@@ -255,7 +255,7 @@ def run_scripts(command_lines, env_extra=None) -> list[subprocess.CompletedProce
   env = {**os.environ, 'PYTHONUNBUFFERED': '1', **(env_extra or {})}
   ran = subprocess.run([sys.executable, '-c', SCRIPTS_RUNNER], cwd=REPO, env=env,
                        input=json.dumps([list(map(str, args)) for args in command_lines]),
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=600 * len(command_lines))
   assert ran.returncode == 0, ran.stderr
   return [subprocess.CompletedProcess(args, r['returncode'], r['stdout'], r['stderr'])
           for args, r in zip(command_lines, json.loads(ran.stdout))]
