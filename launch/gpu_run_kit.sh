@@ -112,8 +112,8 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
              --config.data.train_tokens=2000 --config.data.valid_tokens=200
              --config.evaluation.splits=valid --config.generate.num_lines=0)
   agreement_runs=("ptb_lstm_small.py fused pallas")
-  bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
-         --baselines=jax_cudnn_lstm)
+  bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_mogrifier
+         --scans=auto,cudnn --baselines=jax_cudnn_lstm,flax_lstm --baseline_hidden=recipe)
   train=(--config.train.max_steps=4 --config.train.eval_every=0 --config.model.param_budget=0
          --config.model.hidden_size=16 --config.model.mogrifier.rank=4
          --config.data.batch_size=4 --config.data.bptt=5 --config.data.train_tokens=2000

@@ -7,13 +7,9 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
-from conftest import REPO, run_script
+from conftest import run_script
 
 from lm_zoo import cli
 from lm_zoo.configs import base_config, evaluation_config
@@ -267,60 +263,6 @@ def test_the_programs_print_one_line_and_verbose_adds_the_traceback(tmp_path, tr
   assert f'error: the checkpoint {workdir}/best/10 is corrupt or truncated' in broken.stderr
 
 
-# Command lines the flag parsers refuse, run as the programs (absl's and
-# ml_collections' parsing included): (program, flags, the line's text).
-COMMAND_LINES = {
-    'config field typo': ('train', ['--config=experiments/default.py',
-                                    '--config.model.hiden_size=3'],
-                          'error: --config.model.hiden_size: no such config field; did you '
-                          'mean hidden_size?'),
-    'missing config file': ('train', ['--config=experiments/nope.py'],
-                            "error: --config: [Errno 2] No such file or directory: "
-                            "'experiments/nope.py'"),
-    'missing config file, overrides': ('train', ['--config=experiments/nope.py',
-                                                 '--config.model.hidden_size=3'],
-                                       'error: --config: [Errno 2] No such file'),
-    'unknown variant': ('evaluate', ['--config=experiments/dyneval_rms.py:nope'],
-                        "error: --config: ValueError: variant must be one of lamb, krause"),
-    'unknown section': ('evaluate', ['--config.nosection.x=1'],
-                        'error: --config.nosection.x: no such config field'),
-    'not a number': ('evaluate', ['--config.static.temperature=warm'],
-                     "error: --config.static.temperature: could not convert string to float"),
-    'unknown flag': ('generate', ['--top_p=0.9'], "error: Unknown command line flag 'top_p'"),
-    'negative seeds': ('train', ['--seeds=-1'], 'error: --seeds: -1 is not a non-negative integer'),
-    'unknown recipe schedule': ('train', ['--config=experiments/ptb_lstm_medium.py:text'],
-                                "error: --config: ValueError: schedule must be 'code' or "
-                                "'paper', got 'text'"),
-}
-
-
-@pytest.mark.parametrize('case', COMMAND_LINES)
-def test_a_bad_command_line_is_one_error_line(case, tmp_path):
-  program, bad_flags, expected = COMMAND_LINES[case]
-  refused = run_script([f'launch/{program}.py', f'--workdir={tmp_path}', *bad_flags])
-  assert refused.returncode == 1 and 'Traceback' not in refused.stderr
-  assert refused.stderr.startswith(expected), refused.stderr
-  assert len(refused.stderr.strip().splitlines()) == 2  # and where to find the flags
-
-
-def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
-  """SIGINT during the imports (JAX takes seconds to load) exits 130 with
-  one line, before any training."""
-  process = subprocess.Popen(
-      [sys.executable, 'launch/train.py', '--config=experiments/default.py',
-       f'--workdir={tmp_path}'], cwd=REPO, stderr=subprocess.PIPE, text=True,
-      env={**os.environ, 'PYTHONUNBUFFERED': '1'},
-      # pytest-xdist workers ignore SIGINT, and children inherit that.
-      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-  time.sleep(0.5)
-  process.send_signal(signal.SIGINT)
-  _, err = process.communicate(timeout=120)
-  assert process.returncode == 130, err
-  assert 'Traceback' not in err and err.strip().splitlines()[-1] in ('interrupted',
-                                                                    'stopped: SIGINT')
-  assert not (tmp_path / 'checkpoints').exists()
-
-
 def _api_cases():
   """Calls of the library with one wrong argument: (call, the message's text)."""
   import jax
@@ -365,23 +307,3 @@ def test_a_wrong_argument_of_the_library_is_refused_naming_it(case):
   with pytest.raises(ValueError) as refused:
     call()
   assert expected in str(refused.value)
-
-
-@pytest.mark.parametrize('field, value, expected', [
-    ('optimizer.clip_norm', 'nan', 'config field optimizer.clip_norm=nan must be a number'),
-    ('model.init_scale', 'nan', 'config field model.init_scale=nan must be a number >= 0'),
-    ('model.init_scale', '-0.1', 'config field model.init_scale=-0.1 must be a number >= 0'),
-    ('data.test_tokens', '-5', 'config field data.test_tokens=-5 must be >= 0'),
-])
-def test_a_wrong_config_value_is_refused_by_the_program(field, value, expected, tmp_path):
-  refused = run_script(['launch/train.py', '--config=experiments/default.py',
-                        f'--workdir={tmp_path}', f'--config.{field}={value}'])
-  assert refused.returncode == 1 and 'Traceback' not in refused.stderr
-  assert refused.stderr.strip().startswith(f'error: {expected}'), refused.stderr
-
-
-def test_a_negative_tuning_timeout_is_refused(tmp_path):
-  refused = run_script(['launch/tune.py', '--tune=experiments/tune_ptb_small.py:mogrifier',
-                        f'--workdir={tmp_path}', '--timeout=-1'])
-  assert refused.returncode == 1 and 'Traceback' not in refused.stderr
-  assert 'error: timeout must be >= 0 seconds' in refused.stderr

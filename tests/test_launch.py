@@ -10,9 +10,10 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, run_script
+from conftest import REPO, load_experiment, run_script, run_scripts
 
 from lm_zoo.runs import load_trained, read_metrics
+from lm_zoo.training import train_and_evaluate
 
 
 # A tiny run of experiments/default.py: 200 training windows of 2 x 16 LSTM.
@@ -42,22 +43,23 @@ def test_evaluation_writes_nothing_through_a_link_and_names_a_place_it_cannot_wr
   """lm-zoo-eval saves its results in WORKDIR/evaluations: a link there
   (to a folder outside) is refused before scoring; an --output it cannot
   write is one line after the printed scores."""
-  workdir = shutil.copytree(trained_run[0], tmp_path / 'run')
+  linked_dir = shutil.copytree(trained_run[0], tmp_path / 'linked')
   outside = tmp_path / 'outside'
   outside.mkdir()
+  shutil.rmtree(linked_dir / 'evaluations', ignore_errors=True)
+  os.symlink(outside, linked_dir / 'evaluations')
+  workdir = shutil.copytree(trained_run[0], tmp_path / 'run')
   shutil.rmtree(workdir / 'evaluations', ignore_errors=True)
-  os.symlink(outside, workdir / 'evaluations')
-  linked = run_script(['launch/evaluate.py', f'--workdir={workdir}'],
-                      {'LM_ZOO_DATA': str(data_dir)})
-  assert linked.returncode == 1 and not any(outside.iterdir())
-  assert linked.stderr == (f'error: {workdir}/evaluations is a symbolic link: lm_zoo writes '
-                           'nothing through links inside a work directory; remove it, or use '
-                           'a new --workdir\n')
-  (workdir / 'evaluations').unlink()
   blocked = tmp_path / 'a_file'
   blocked.write_text('')
-  unwritable = run_script(['launch/evaluate.py', f'--workdir={workdir}',
-                           f'--output={blocked}/results.json'], {'LM_ZOO_DATA': str(data_dir)})
+  linked, unwritable = run_scripts([
+      ['launch/evaluate.py', f'--workdir={linked_dir}'],
+      ['launch/evaluate.py', f'--workdir={workdir}', f'--output={blocked}/results.json']],
+      {'LM_ZOO_DATA': str(data_dir)})
+  assert linked.returncode == 1 and not any(outside.iterdir())
+  assert linked.stderr == (f'error: {linked_dir}/evaluations is a symbolic link: lm_zoo writes '
+                           'nothing through links inside a work directory; remove it, or use '
+                           'a new --workdir\n')
   assert unwritable.returncode == 1 and 'test: perplexity' in unwritable.stdout
   assert unwritable.stderr.startswith(f'error: the results were printed but cannot be saved to '
                                       f'{blocked}/results.json')
@@ -67,11 +69,18 @@ def test_evaluation_writes_nothing_through_a_link_and_names_a_place_it_cannot_wr
 def test_the_same_command_and_seed_give_bit_identical_parameters(trained_run, data_dir,
                                                                   tmp_path):
   # Another process (another hash seed, so no set or dict order is shared by
-  # chance) with the same seed; and one with another seed, which must differ.
+  # chance) with the same seed; and a run of another seed, which must differ
+  # (trained in this process: it shows that the parameters follow the seed).
   workdir, _ = trained_run
   again, other = tmp_path / 'again', tmp_path / 'other'
   assert _train_tiny(again, data_dir, env={'PYTHONHASHSEED': '2'}).returncode == 0
-  assert _train_tiny(other, data_dir, '--config.seed=1').returncode == 0
+  config = load_experiment('default')
+  for flag in TINY[1:]:  # the flags' overrides, typed as the fields they set
+    field, value = flag.removeprefix('--config.').split('=')
+    section, name = field.split('.')
+    config[section][name] = type(config[section][name])(value)
+  config.data.data_dir, config.seed = str(data_dir), 1
+  train_and_evaluate(config, other)
   params = [jax.tree.leaves(load_trained(w, str(data_dir))[3]) for w in (workdir, again, other)]
   for a, b in zip(params[0], params[1]):
     np.testing.assert_array_equal(a, b)
@@ -91,22 +100,28 @@ def test_train_then_evaluate(trained_run, data_dir, tmp_path):
     assert (workdir / name).exists(), name
   summary = json.loads((workdir / 'summary.json').read_text())
 
-  evaluate = run_script(['launch/evaluate.py', f'--workdir={workdir}'],
-                        {'LM_ZOO_DATA': str(data_dir)})
+  # The programs one after another on the run, each a process of its own.
+  data = {'LM_ZOO_DATA': str(data_dir)}
+  evaluate, moved, extras, generate, beam, dyneval = run_scripts([
+      ['launch/evaluate.py', f'--workdir={workdir}'],
+      ['launch/evaluate.py', f'--workdir={workdir}', f'--data_dir={tmp_path}/nowhere'],
+      ['launch/evaluate.py', f'--workdir={workdir}', '--config=experiments/evaluate.py:temperature',
+       '--config.temperature.base=mc_dropout', '--config.splits=valid',
+       '--config.mc_dropout.samples=2', '--config.mc_dropout.dropout_scale=0'],
+      ['launch/generate.py', f'--workdir={workdir}', '--prompt=the company xyzzy',
+       '--num_tokens=6', '--num_samples=2', '--top_k=5', '--seed=3'],
+      ['launch/generate.py', f'--workdir={workdir}', '--beam_width=3', '--num_tokens=6'],
+      ['launch/evaluate.py', f'--workdir={workdir}', '--config=experiments/dyneval_rms.py',
+       '--config.dynamic.learning_rate=0,1e-3', '--config.dynamic.decay=0',
+       '--config.dynamic.segment_length=5', '--config.dynamic.ms_batches=2',
+       '--config.dynamic.ms_batch_size=2']], data)
   assert evaluate.returncode == 0, evaluate.stderr
   assert f"test: perplexity {summary['test']['perplexity']:.2f}" in evaluate.stdout
   # The program read $LM_ZOO_DATA and the run recorded it; the other programs
   # read the recorded folder back, and --data_dir names where the data is now.
   assert json.loads((workdir / 'config.json').read_text())['data']['data_dir'] == str(data_dir)
-  moved = run_script(['launch/evaluate.py', f'--workdir={workdir}',
-                      f'--data_dir={tmp_path}/nowhere'], {'LM_ZOO_DATA': str(data_dir)})
   assert moved.returncode == 1 and f'{tmp_path}/nowhere does not exist' in moved.stderr
 
-  extras = run_script(['launch/evaluate.py', f'--workdir={workdir}',
-                       '--config=experiments/evaluate.py:temperature',
-                       '--config.temperature.base=mc_dropout', '--config.splits=valid',
-                       '--config.mc_dropout.samples=2', '--config.mc_dropout.dropout_scale=0'],
-                      {'LM_ZOO_DATA': str(data_dir)})
   assert extras.returncode == 0, extras.stderr
   assert 'MC dropout: 2 samples, rates x 0' in extras.stdout
   # Zero dropout: every MC sample is the deterministic model; a tuned
@@ -114,24 +129,13 @@ def test_train_then_evaluate(trained_run, data_dir, tmp_path):
   tuned_ppl = float(extras.stdout.split('perplexity ')[1].split()[0])
   assert tuned_ppl <= summary['valid']['perplexity'] + 0.01
 
-  generate = run_script(['launch/generate.py', f'--workdir={workdir}',
-                         '--prompt=the company xyzzy', '--num_tokens=6', '--num_samples=2',
-                         '--top_k=5', '--seed=3'], {'LM_ZOO_DATA': str(data_dir)})
   assert generate.returncode == 0, generate.stderr
   lines = generate.stdout.strip().splitlines()
   assert len(lines) == 2 and all(line.startswith('the company <unk>') for line in lines)
   assert ("warning: the prompt has 1 token(s) outside the vocabulary, read as <unk>: 'xyzzy'\n"
           in generate.stderr)
-  beam = run_script(['launch/generate.py', f'--workdir={workdir}', '--beam_width=3',
-                     '--num_tokens=6'], {'LM_ZOO_DATA': str(data_dir)})
   assert beam.returncode == 0 and len(beam.stdout.strip().splitlines()) == 1
 
-  dyneval = run_script(['launch/evaluate.py', f'--workdir={workdir}',
-                        '--config=experiments/dyneval_rms.py',
-                        '--config.dynamic.learning_rate=0,1e-3', '--config.dynamic.decay=0',
-                        '--config.dynamic.segment_length=5', '--config.dynamic.ms_batches=2',
-                        '--config.dynamic.ms_batch_size=2'],
-                       {'LM_ZOO_DATA': str(data_dir)})
   assert dyneval.returncode == 0, dyneval.stderr
   out = dyneval.stdout
   assert out.count('search: valid loss') == 2 and 'test: perplexity' in out
@@ -192,38 +196,33 @@ def test_meta_train_then_score_and_plot_the_gain(trained_run, data_dir, tmp_path
 
 def test_token_loss_difference_figure_of_two_work_directories(trained_run, tmp_path):
   workdir, _ = trained_run
-  plot = run_script(['launch/plot.py', '--figure=token_loss_difference',
-                     f'--workdirs={workdir},{workdir}', '--num_tokens=50',
-                     f'--output={tmp_path / "d.png"}'])
+  plot, one = run_scripts([
+      ['launch/plot.py', '--figure=token_loss_difference', f'--workdirs={workdir},{workdir}',
+       '--num_tokens=50', f'--output={tmp_path / "d.png"}'],
+      ['launch/plot.py', '--figure=token_loss_difference', f'--workdirs={workdir}',
+       f'--output={tmp_path / "e.png"}']])
   assert plot.returncode == 0, plot.stderr
   assert (tmp_path / 'd.png').stat().st_size > 0
-  one = run_script(['launch/plot.py', '--figure=token_loss_difference',
-                    f'--workdirs={workdir}', f'--output={tmp_path / "e.png"}'])
   assert one.returncode != 0 and 'needs --workdirs=A,B' in one.stderr
 
 
 def test_clear_errors_instead_of_tracebacks(tmp_path):
-  no_data = run_script(['launch/train.py', '--config=experiments/default.py',
-                        f'--workdir={tmp_path}',
-                        f'--config.data.data_dir={tmp_path / "nope"}'])
-  assert no_data.returncode != 0
-  assert 'error: data folder' in no_data.stderr and 'Traceback' not in no_data.stderr
-  bad_field = run_script(['launch/train.py', '--config=experiments/default.py',
-                          f'--workdir={tmp_path}', '--config.model.hiden_size=3'])
-  assert bad_field.returncode != 0 and 'hiden_size' in bad_field.stderr
-  not_a_run = run_script(['launch/evaluate.py', f'--workdir={tmp_path / "empty"}'])
-  assert not_a_run.returncode != 0 and 'error:' in not_a_run.stderr
-  assert 'Traceback' not in not_a_run.stderr
-  for script, bad_flags, named in (
-      ('evaluate', ['--config.static.temperature=warm'], '--config.static.temperature'),
-      ('evaluate', ['--config.evaluator=mc_dropout', '--config.mc_dropout.samples=0'],
-       'mc_dropout.samples must be at least 1'),
-      ('generate', ['--beam_width=3', '--top_k=5'], '--top_k')):
-    refused = run_script([f'launch/{script}.py', f'--workdir={tmp_path}', *bad_flags])
-    assert refused.returncode != 0 and named in refused.stderr
-    assert 'Traceback' not in refused.stderr
-  no_run = run_script(['launch/generate.py', f'--workdir={tmp_path / "empty"}'])
-  assert no_run.returncode != 0 and 'error:' in no_run.stderr
+  refusals = [  # (command line, the text stderr holds)
+      (['launch/train.py', '--config=experiments/default.py', f'--workdir={tmp_path}',
+        f'--config.data.data_dir={tmp_path / "nope"}'], 'error: data folder'),
+      (['launch/train.py', '--config=experiments/default.py', f'--workdir={tmp_path}',
+        '--config.model.hiden_size=3'], 'hiden_size'),
+      (['launch/evaluate.py', f'--workdir={tmp_path / "empty"}'], 'error:'),
+      (['launch/evaluate.py', f'--workdir={tmp_path}', '--config.static.temperature=warm'],
+       '--config.static.temperature'),
+      (['launch/evaluate.py', f'--workdir={tmp_path}', '--config.evaluator=mc_dropout',
+        '--config.mc_dropout.samples=0'], 'mc_dropout.samples must be at least 1'),
+      (['launch/generate.py', f'--workdir={tmp_path}', '--beam_width=3', '--top_k=5'],
+       '--top_k'),
+      (['launch/generate.py', f'--workdir={tmp_path / "empty"}'], 'error:')]
+  for (args, named), refused in zip(refusals, run_scripts([args for args, _ in refusals])):
+    assert refused.returncode != 0 and named in refused.stderr, args
+    assert 'Traceback' not in refused.stderr, args
 
 
 @pytest.mark.parametrize('program, flags', [
@@ -243,62 +242,120 @@ def test_console_scripts_explain_their_flags(program, flags, tmp_path):
     assert text in shown.stdout, text
 
 
-def test_launch_scripts_show_the_same_help():
-  shown = run_script(['launch/evaluate.py', '--help'])
-  assert '--config.dynamic.learning_rate' in shown.stdout
-  assert 'lm-zoo-eval' in shown.stdout
+# The launch/ shims' --help: (script, its program, flags it explains).
+SHIMS = [('evaluate', 'lm-zoo-eval', ['--config.dynamic.learning_rate']),
+         ('plot', 'lm-zoo-plot', ['--figure', '--workdirs', '--results']),
+         ('run_task', 'lm-zoo-task', ['--config', '--output']),
+         ('export', 'lm-zoo-export', ['--workdir', '--output', '--max_shard_size'])]
 
 
-@pytest.mark.parametrize('script, program, flags', [
-    ('plot', 'lm-zoo-plot', ['--figure', '--workdirs', '--results']),
-    ('run_task', 'lm-zoo-task', ['--config', '--output']),
-    ('export', 'lm-zoo-export', ['--workdir', '--output', '--max_shard_size'])])
-def test_plot_and_task_shims_show_their_programs_help(script, program, flags):
-  shown = run_script([f'launch/{script}.py', '--help'])
+@pytest.fixture(scope='module')
+def shims_help():
+  return dict(zip([script for script, _, _ in SHIMS],
+                  run_scripts([[f'launch/{script}.py', '--help'] for script, _, _ in SHIMS])))
+
+
+@pytest.mark.parametrize('script, program, flags', SHIMS)
+def test_launch_shims_show_their_programs_help(script, program, flags, shims_help):
+  shown = shims_help[script]
   assert program in shown.stdout and 'Traceback' not in shown.stderr
   for text in flags:
     assert text in shown.stdout, text
 
 
-def test_the_kits_kernel_parts_check_time_and_compare_the_scans(tmp_path, data_dir):
-  """The kit's 'kernels' and 'agreement' parts at their tiny size on a CPU:
-  the kernels' tests, the benchmark and dynamic evaluation under a scan, and
-  two short trainings whose validation perplexities agree."""
-  out = tmp_path / 'kit'
-  kit = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
+# Every part of the kit, once: each test below reads the figures of its parts.
+KIT_PARTS = 'tests benchmark train kernels agreement stacks seeds'
+
+
+@pytest.fixture(scope='module')
+def kit(tmp_path_factory, data_dir):
+  """launch/gpu_run_kit.sh with every part at its tiny size on a CPU: its OUT
+  folder. SEEDS_ARGS adds flags to the `seeds` part."""
+  out = tmp_path_factory.mktemp('kit') / 'out'
+  ran = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
                        capture_output=True, text=True, timeout=900,
-                       env={**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': 'kernels agreement',
+                       env={**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': KIT_PARTS,
+                            'SEEDS_ARGS': '--seeds=3 --config.seed=5',
                             'LM_ZOO_DATA': str(data_dir), 'PYTHON': sys.executable,
-                            'WHEELS': str(tmp_path / 'no_wheels')})
-  assert kit.returncode == 0, kit.stdout[-3000:] + kit.stderr[-3000:]
-  assert ' passed' in (out / 'kernel_tests.txt').read_text()
-  scans = {row['row'] for row in json.loads((out / 'benchmark_scans.json').read_text())['results']}
+                            'WHEELS': str(out.parent / 'no_wheels')})
+  assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+  return out
+
+
+def test_the_kits_kernel_parts_check_time_and_compare_the_scans(kit):
+  """The kit's 'kernels' and 'agreement' parts: the kernels' tests, the
+  benchmark and dynamic evaluation under a scan, and two short trainings
+  whose validation perplexities agree."""
+  assert ' passed' in (kit / 'kernel_tests.txt').read_text()
+  scans = {row['row'] for row in json.loads((kit / 'benchmark_scans.json').read_text())['results']}
   assert scans == {'mogrifier_paper:ptb_lstm@pallas'}
-  dynamic = json.loads((out / 'dynamic_evaluation.json').read_text())['results']
+  dynamic = json.loads((kit / 'dynamic_evaluation.json').read_text())['results']
   assert {row['scan'] for row in dynamic} == {'pallas'}
-  agreement = json.loads((out / 'agreement.json').read_text())
+  agreement = json.loads((kit / 'agreement.json').read_text())
   assert set(agreement) == {'ptb_lstm_small_py@fused', 'ptb_lstm_small_py@pallas'}
   fused, pallas = (agreement[f'ptb_lstm_small_py@{scan}']['valid_perplexity']
                    for scan in ('fused', 'pallas'))
   assert pallas == pytest.approx(fused, rel=1e-4)  # the same training, to float32 rounding
 
 
-def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(tmp_path, data_dir):
-  """launch/gpu_run_kit.sh at its tiny size on a CPU: tests, benchmark
-  (cuDNN's row skipped) and a few updates of the PTB Mogrifier recipe."""
-  out = tmp_path / 'kit'
-  kit = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
-                       capture_output=True, text=True, timeout=900,
-                       env={**os.environ, 'KIT_TINY': '1',
-                            'LM_ZOO_DATA': str(data_dir), 'PYTHON': sys.executable,
-                            'WHEELS': str(tmp_path / 'no_wheels')})
-  assert kit.returncode == 0, kit.stdout[-3000:] + kit.stderr[-3000:]
+def test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu(kit):
+  """The kit's accelerator benchmark at its tiny size: cuDNN's row is skipped
+  with a message, and so is a way a recipe's layers cannot run."""
+  out = (kit / 'benchmark.txt').read_text()
+  assert 'jax_cudnn_lstm: skipped, cuDNN runs on NVIDIA GPUs only' in out
+  assert ("mogrifier_paper:ptb_mogrifier@cudnn: skipped, model.scan='cudnn' cannot run "
+          'Mogrify(LSTMCell)') in out
+  result = json.loads((kit / 'benchmark.json').read_text())
+  rows = {row['row']: row for row in result['results']}
+  assert set(rows) == {'mogrifier_paper:ptb_mogrifier', 'flax_lstm@16'}
+  recipe = rows['mogrifier_paper:ptb_mogrifier']
+  assert recipe['model'].startswith('Mogrifier lstm (5 rounds, rank 8)')
+  # 1,000 turns of 200 updates of 4 x 5 tokens (the tiny batch), at the measured rate
+  assert recipe['recipe_tokens'] == 200_000 * 4 * 5
+  assert recipe['recipe_hours'] == recipe['recipe_tokens'] / recipe['train_tokens_per_s'] / 3600
+  assert recipe['train_ms_per_step'] == pytest.approx(1e3 / recipe['train_tokens_per_s'] * 20)
+  assert result['recurrence_matmul_seconds'] > 0
+  # Tied: every parameter multiplies (the embedding as the softmax too); 6 FLOPs
+  # per weight and token of a 4 x 5 window.
+  from lm_zoo.experiments import mogrifier_paper
+  from lm_zoo.models import build_model, count_params
+  model = mogrifier_paper.get_config('ptb_mogrifier').model  # as --tiny=16 shrinks it
+  model.update(param_budget=0, hidden_size=16, embed_size=16, embed_ratio=-1.0, output_size=0)
+  model.mogrifier.rank = 8
+  assert model.tie_embeddings
+  assert recipe['train_step_flops'] == 6 * count_params(build_model(model, 50)) * 20
+  # Untied (flax_lstm): the input embedding is only looked up.
+  assert rows['flax_lstm@16']['matmul_params'] == 2 * (8 * 16 * 16 + 4 * 16) + 16 * 50 + 50
+  for row in rows.values():  # no cuDNN nor PyTorch row to compare with
+    assert 'train_vs_cudnn' not in row and 'train_vs_torch_fastest' not in row
+  assert {p.name for p in (kit / 'profile').iterdir()} == {
+      'mogrifier_paper_ptb_mogrifier', 'flax_lstm_16'}
+
+
+def test_the_kits_stacks_time_each_stack_against_a_run_alone(kit):
+  """benchmarks/stacked_seeds.py as the kit's 'stacks' part runs it: a stack
+  of 2 seeds of the tiny 4 x 5 batch, against a run alone."""
+  alone, one, two = json.loads((kit / 'stacked_seeds.json').read_text())['results']
+  assert (alone['seeds'], one['seeds'], two['seeds']) == ('alone', 1, 2)
+  assert alone['per_seed_speedup'] == 1.0
+  assert two['per_seed_speedup'] == 2 * alone['seconds_per_update'] / two['seconds_per_update']
+  assert two['tokens_per_second'] == 2 * 4 * 5 / two['seconds_per_update']
+
+
+def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
+  """The kit's default parts: tests, benchmark (cuDNN's row skipped) and a few
+  updates of the PTB Mogrifier recipe; and the parts the defaults leave out:
+  stacks of seeds timed, and a stack trained."""
   assert {'devices.txt', 'tests.txt', 'benchmark.json', 'benchmark.txt', 'profile',
-          'ptb_mogrifier.txt', 'ptb_mogrifier'} <= {p.name for p in out.iterdir()}
-  assert ' passed' in (out / 'tests.txt').read_text()
-  assert 'jax_cudnn_lstm: skipped' in (out / 'benchmark.txt').read_text()
-  records = read_metrics(out / 'ptb_mogrifier' / 'metrics.jsonl')
+          'ptb_mogrifier.txt', 'ptb_mogrifier'} <= {p.name for p in kit.iterdir()}
+  assert ' passed' in (kit / 'tests.txt').read_text()
+  assert 'jax_cudnn_lstm: skipped' in (kit / 'benchmark.txt').read_text()
+  records = read_metrics(kit / 'ptb_mogrifier' / 'metrics.jsonl')
   assert any(r['kind'] == 'valid' and r.get('final') for r in records)
+
+  # SEEDS_ARGS overrides the kit's own flags (its tiny size trains 2 seeds).
+  summary = json.loads((kit / 'zaremba_medium' / 'summary.json').read_text())
+  assert summary['seeds'] == [5, 6, 7] and summary['step'] == 4
 
   # A host lent for short spells runs the parts in turns; a misspelt part is
   # refused before anything runs.
@@ -307,17 +364,3 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(tmp_path, data_dir):
   assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
   assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
                           'choose from: tests benchmark train kernels agreement stacks seeds\n')
-
-  # The parts the defaults leave out: stacks of seeds timed, and a stack trained.
-  seeds = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
-                         capture_output=True, text=True, timeout=900,
-                         env={**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': 'stacks seeds',
-                              'SEEDS_ARGS': '--seeds=3 --config.seed=5',
-                              'LM_ZOO_DATA': str(data_dir), 'PYTHON': sys.executable,
-                              'WHEELS': str(tmp_path / 'no_wheels')})
-  assert seeds.returncode == 0, seeds.stdout[-3000:] + seeds.stderr[-3000:]
-  rows = json.loads((out / 'stacked_seeds.json').read_text())['results']
-  assert [row['seeds'] for row in rows] == ['alone', 1, 2]
-  # SEEDS_ARGS overrides the kit's own flags (its tiny size trains 2 seeds).
-  summary = json.loads((out / 'zaremba_medium' / 'summary.json').read_text())
-  assert summary['seeds'] == [5, 6, 7] and summary['step'] == 4

@@ -49,10 +49,19 @@ def _meta_train(workdir, **fields):
   meta_train_workdir(workdir, config)
 
 
-def _learned_and_rms_updates(workdir):
-  """One update of the meta-learner saved in `workdir`, and the RMS rule's
+@pytest.fixture(scope='module')
+def workdir_rule(trained_workdir, tmp_path_factory):
+  """The trained work directory's RMS-prior meta-learner (decay_mean
+  'coordinates', the default) saved in a folder of its own: its path."""
+  folder = tmp_path_factory.mktemp('rule') / 'rule'
+  _meta_train(trained_workdir, output=str(folder))
+  return folder
+
+
+def _learned_and_rms_updates(folder):
+  """One update of the meta-learner saved in `folder`, and the RMS rule's
   ingredients: its ms and the arguments of the update."""
-  learned = load_meta_learner(workdir / META_LEARNER_DIR)
+  learned = load_meta_learner(folder)
   precision = learned.transformation.init(None).precision  # the model's Fisher, saved
   params = jax.tree.map(lambda x: jnp.linspace(-1.0, 1.0, x.size).reshape(x.shape), precision)
   trained = jax.tree.map(lambda p: p + 0.01, params)
@@ -66,9 +75,13 @@ def _learned_and_rms_updates(workdir):
 
 @pytest.mark.parametrize('decay_mean', ['coordinates', 'tensors'])
 def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
-    trained_workdir, decay_mean):
-  _meta_train(trained_workdir, decay_mean=decay_mean)
-  updates, ms, params, trained, grads = _learned_and_rms_updates(trained_workdir)
+    trained_workdir, decay_mean, request):
+  if decay_mean == 'coordinates':  # the default, saved in a folder of its own
+    folder = request.getfixturevalue('workdir_rule')
+  else:  # saved where the work directory keeps it
+    _meta_train(trained_workdir, decay_mean=decay_mean)
+    folder = trained_workdir / META_LEARNER_DIR
+  updates, ms, params, trained, grads = _learned_and_rms_updates(folder)
   rms = dynamic_rms(1e-2, 0.5, 1e-3, ms, decay_mean)
   expected, _ = rms.update(grads, rms.init(trained), params)
   np.testing.assert_allclose(_flat_params(updates), _flat_params(expected), rtol=1e-4,
@@ -76,7 +89,7 @@ def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
 
 
 def test_a_preset_is_meta_trained_into_a_named_folder_and_stays_as_exported(
-    trained_workdir, tmp_path):
+    trained_workdir, workdir_rule, tmp_path):
   from lm_zoo.errors import ConfigError
   from lm_zoo.presets import verify
   from lm_zoo.runs import export
@@ -88,8 +101,7 @@ def test_a_preset_is_meta_trained_into_a_named_folder_and_stays_as_exported(
   assert sorted(p.name for p in preset.iterdir()) == files
   verify(preset)  # every file as exported
   saved = load_meta_learner(tmp_path / 'rule')
-  from_workdir = (_meta_train(trained_workdir, output=str(tmp_path / 'rule_w')),
-                  load_meta_learner(tmp_path / 'rule_w'))[1]
+  from_workdir = load_meta_learner(workdir_rule)
   # The same weights and data: the same Fisher precision in both rules.
   np.testing.assert_array_equal(_flat_params(saved.transformation.init(None).precision),
                                 _flat_params(from_workdir.transformation.init(None).precision))

@@ -23,7 +23,9 @@ from lm_zoo.training import train_and_evaluate
 from lm_zoo.tuning import open_study, run_worker, trial_workdir, write_report
 
 # A tuning config file as a user writes one: 20 steps of a 16-unit LSTM per
-# trial, a validation turn every 10, learning rate and input dropout searched.
+# trial, a validation turn every 10, a checkpoint at the end (the tests that
+# stop a trial midway checkpoint it more often), learning rate and input
+# dropout searched.
 TINY_TUNE = '''
 from lm_zoo.tuning import param, tuning_config
 
@@ -34,7 +36,7 @@ def get_config():
   c.base.model.update(embed_size=16, hidden_size=16, num_layers=1)
   c.base.optimizer.update(name='adam', learning_rate=3e-3)
   c.base.train.update(num_epochs=10, max_steps=20, eval_every=10, log_every=10,
-                     checkpoint_every=5)
+                     checkpoint_every=20)
   c.base.generate.num_lines = 0
   c.space.learning_rate = param('optimizer.learning_rate', 1e-4, 3e-2, log=True)
   c.space.input_dropout = param('model.dropout_input', 0.0, 0.5)
@@ -204,16 +206,19 @@ def test_two_workers_share_one_study_and_run_no_trial_twice(tune_file, tmp_path,
 
 def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_file, tmp_path,
                                                                         database):
-  flags = ('--tune.base.train.max_steps=200', '--tune.study.num_trials=1',
+  # 200 steps, a checkpoint every 50: after the first, the worker is killed
+  # long before its trial ends, and the survivor has 150 steps to train.
+  flags = ('--tune.base.train.max_steps=200', '--tune.base.train.checkpoint_every=50',
+           '--tune.base.train.eval_every=100', '--tune.study.num_trials=1',
            '--tune.study.grace_period=3', f'--tune.study.storage={database}')
-  killed = _worker(tune_file, tmp_path, *flags)  # 200 steps: long enough to be killed
+  killed = _worker(tune_file, tmp_path, *flags)
   checkpoints = _wait_for_checkpoint(killed, tmp_path)
   os.kill(killed.pid, signal.SIGKILL)
   killed.wait()
   killed.stdout.close()
   tune = _tune_config(tune_file)
-  tune.base.train.max_steps, tune.study.num_trials, tune.study.grace_period = 200, 1, 3
-  tune.study.storage = database
+  tune.base.train.update(max_steps=200, checkpoint_every=50, eval_every=100)
+  tune.study.num_trials, tune.study.grace_period, tune.study.storage = 1, 3, database
   study = open_study(tune, tmp_path)
   assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING]
   time.sleep(tune.study.grace_period + 1)  # its heartbeat goes stale
@@ -231,7 +236,8 @@ def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_fi
 
 
 def test_sigterm_checkpoints_the_trial_and_queues_it_again(tune_file, tmp_path):
-  flags = ('--tune.base.train.max_steps=200', '--tune.study.num_trials=1')
+  flags = ('--tune.base.train.max_steps=200', '--tune.base.train.checkpoint_every=5',
+           '--tune.study.num_trials=1')
   worker = _worker(tune_file, tmp_path, *flags)
   _wait_for_checkpoint(worker, tmp_path)
   worker.send_signal(signal.SIGTERM)
@@ -239,7 +245,8 @@ def test_sigterm_checkpoints_the_trial_and_queues_it_again(tune_file, tmp_path):
   assert worker.returncode == 128 + signal.SIGTERM, output
   assert 'stopped: SIGTERM received' in output
   tune = _tune_config(tune_file)
-  tune.base.train.max_steps, tune.study.num_trials = 200, 1
+  tune.base.train.update(max_steps=200, checkpoint_every=5)
+  tune.study.num_trials = 1
   stopped, queued = sorted(open_study(tune, tmp_path).trials, key=lambda t: t.number)
   assert stopped.state == optuna.trial.TrialState.FAIL
   assert queued.state == optuna.trial.TrialState.WAITING
