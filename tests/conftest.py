@@ -29,8 +29,10 @@ os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
 # MLIR fusion emitters, with elementwise functions that may round differently
 # in the last bit, far inside every float32 tolerance here. Accelerator hosts
 # keep the defaults, which their kernels' tests run as users do.
+# LM_ZOO_TEST_COMPILE=default keeps XLA's defaults: for a child process whose
+# claim is about the programs users compile (`users_compile_env`).
 CPU_COMPILE_FLAGS = ('--xla_backend_optimization_level=0', '--xla_cpu_use_fusion_emitters=false')
-if not accelerator_expected():
+if not accelerator_expected() and os.environ.get('LM_ZOO_TEST_COMPILE') != 'default':
   for flag in CPU_COMPILE_FLAGS:
     if flag.split('=')[0] not in os.environ['XLA_FLAGS']:
       os.environ['XLA_FLAGS'] += ' ' + flag
@@ -56,6 +58,14 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '1')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def users_compile_env() -> dict[str, str]:
+  """This process's environment for a child that compiles as users do,
+  without conftest's CPU compile flags."""
+  flags = ' '.join(flag for flag in os.environ.get('XLA_FLAGS', '').split()
+                   if flag not in CPU_COMPILE_FLAGS)
+  return {**os.environ, 'XLA_FLAGS': flags, 'LM_ZOO_TEST_COMPILE': 'default'}
 
 
 @pytest.fixture(scope='session')

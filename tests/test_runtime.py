@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import CPU_COMPILE_FLAGS
+from conftest import users_compile_env
 from lm_zoo import runtime
 
 # A jitted step whose buffers (40 MiB each) glibc would otherwise map fresh at
@@ -38,10 +38,8 @@ print(applied, statistics.median(faults[10:]))
 def _faults_per_call(mode: str) -> tuple[str, float]:
   # Compiled as users compile it: without LLVM's optimisations (conftest's
   # setting for the tests' tiny programs) the 60 steps on 10M numbers take minutes.
-  flags = ' '.join(flag for flag in os.environ.get('XLA_FLAGS', '').split()
-                   if flag not in CPU_COMPILE_FLAGS)
   out = subprocess.run([sys.executable, '-c', PROGRAM, mode], capture_output=True, text=True,
-                       check=True, env={**os.environ, 'XLA_FLAGS': flags}).stdout.split()
+                       check=True, env=users_compile_env()).stdout.split()
   return out[0], float(out[1])
 
 
