@@ -4,9 +4,7 @@
 text (lm_zoo/pretrained.py); the rest is imported from its modules.
 """
 
-from lm_zoo.version import __version__
-
-__all__ = ['__version__', 'load']
+from lm_zoo.version import __version__  # noqa: F401 (lm_zoo.__version__)
 
 
 def __getattr__(name: str):
