@@ -40,6 +40,10 @@ def cell_factory(cfg: ml_collections.ConfigDict):
   Raises ConfigError where `cfg` cannot build a model (`check_model_config`).
   """
   check_model_config(cfg)
+  return _cell_factory(cfg)
+
+
+def _cell_factory(cfg: ml_collections.ConfigDict):
   dtype = compute_dtype(cfg)
   make_cell = functools.partial(CELLS[cfg.cell](cfg), dtype=dtype)
   mog = cfg.mogrifier
@@ -66,7 +70,7 @@ def _stack(cfg: ml_collections.ConfigDict, cells) -> Stack | LSTMRHN:
 
 def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int) -> RecurrentLM:
   dtype = compute_dtype(cfg)
-  make_cell = cell_factory(cfg)
+  make_cell = _cell_factory(cfg)  # cfg checked by build_model
   sizes = (hidden_size,) * (cfg.num_layers - 1) + (cfg.output_size or hidden_size,)
   cells = tuple(make_cell(features=n, parent=None) for n in sizes)
   dual = cfg.dual
