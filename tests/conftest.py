@@ -217,49 +217,8 @@ def hostile_folders(data_dir, tmp_path_factory):
   return make_folders(data_dir, tmp_path_factory.mktemp('hostile'))
 
 
-# --- Shared by the program tests (test_launch, test_bad_inputs): scripts run
-# in forked children of one process. ---
-
-# Reads a JSON list of argument lists (a script, then its arguments); loads
-# lm_zoo's libraries once, then runs each script in a forked child as
-# `python SCRIPT ARGS` runs it (its __main__, sys.argv, exit status, stdout
-# and stderr); writes a JSON list of {"returncode", "stdout", "stderr"}.
-SCRIPTS_RUNNER = '''
-import json, os, runpy, signal, sys, tempfile, traceback
-import lm_zoo.cli, lm_zoo.evaluation, lm_zoo.generation, lm_zoo.training
-results = []
-with tempfile.TemporaryDirectory() as folder:
-  out, err = os.path.join(folder, 'stdout'), os.path.join(folder, 'stderr')
-  for args in json.load(sys.stdin):
-    sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-      for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-      signal.alarm(600)  # a hang ends the child (run_script waits as long)
-      sys.argv = list(args)
-      try:
-        runpy.run_path(args[0], run_name='__main__')
-        code = 0
-      except SystemExit as stopped:  # as the interpreter ends on one
-        code = stopped.code
-        if code is None:
-          code = 0
-        elif not isinstance(code, int):
-          print(code, file=sys.stderr)
-          code = 1
-      except BaseException:
-        traceback.print_exc()
-        code = 1
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    with open(out) as o, open(err) as e:
-      results.append({'returncode': os.waitstatus_to_exitcode(status), 'stdout': o.read(),
-                      'stderr': e.read()})
-json.dump(results, sys.stdout)
-'''
+# --- Shared by the program tests (test_launch, test_bad_command_lines):
+# scripts run in forked children of one process. ---
 
 
 def run_scripts(command_lines, env_extra=None) -> list[subprocess.CompletedProcess]:
@@ -267,10 +226,12 @@ def run_scripts(command_lines, env_extra=None) -> list[subprocess.CompletedProce
   one that loaded JAX and lm_zoo once (seconds a process): for tests of what
   a script prints and its exit status, not of the interpreter's start."""
   import json
-  env = {**os.environ, 'PYTHONUNBUFFERED': '1', **(env_extra or {})}
-  ran = subprocess.run([sys.executable, '-c', SCRIPTS_RUNNER], cwd=REPO, env=env,
+  # Each script as long as `run_script` gives it.
+  env = {**os.environ, 'PYTHONUNBUFFERED': '1', 'PROBE_TIME_LIMIT_S': '600', **(env_extra or {})}
+  ran = subprocess.run([sys.executable, str(REPO / 'tests' / 'program_probes.py'), '--scripts'],
+                       cwd=REPO, env=env,
                        input=json.dumps([list(map(str, args)) for args in command_lines]),
                        capture_output=True, text=True, timeout=600 * len(command_lines))
   assert ran.returncode == 0, ran.stderr
-  return [subprocess.CompletedProcess(args, r['returncode'], r['stdout'], r['stderr'])
+  return [subprocess.CompletedProcess(args, r['status'], r['stdout'], r['stderr'])
           for args, r in zip(command_lines, json.loads(ran.stdout))]
