@@ -2,8 +2,9 @@
 trains to the same score again, the pruner stops a bad trial early, two
 worker processes share one study without running a trial twice, and a
 killed worker's trial is failed, retried from its checkpoints, and the study
-goes on; the last two in SQLite and in a real PostgreSQL server (skipped,
-saying why, where none is installed)."""
+goes on. The workers share the study in SQLite and in a real PostgreSQL server
+(skipped, saying why, where none is installed); a killed worker's trial is
+failed through the same optuna RDB storage in either, so that runs in SQLite."""
 
 import json
 import os
@@ -204,13 +205,12 @@ def test_two_workers_share_one_study_and_run_no_trial_twice(tune_file, tmp_path,
   assert len(ran) == 4
 
 
-def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_file, tmp_path,
-                                                                        database):
+def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_file, tmp_path):
   # 200 steps, a checkpoint every 50: after the first, the worker is killed
   # long before its trial ends, and the survivor has 150 steps to train.
   flags = ('--tune.base.train.max_steps=200', '--tune.base.train.checkpoint_every=50',
            '--tune.base.train.eval_every=100', '--tune.study.num_trials=1',
-           '--tune.study.grace_period=3', f'--tune.study.storage={database}')
+           '--tune.study.grace_period=3')
   killed = _worker(tune_file, tmp_path, *flags)
   checkpoints = _wait_for_checkpoint(killed, tmp_path)
   os.kill(killed.pid, signal.SIGKILL)
@@ -218,7 +218,7 @@ def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_fi
   killed.stdout.close()
   tune = _tune_config(tune_file)
   tune.base.train.update(max_steps=200, checkpoint_every=50, eval_every=100)
-  tune.study.num_trials, tune.study.grace_period, tune.study.storage = 1, 3, database
+  tune.study.num_trials, tune.study.grace_period = 1, 3
   study = open_study(tune, tmp_path)
   assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING]
   time.sleep(tune.study.grace_period + 1)  # its heartbeat goes stale
