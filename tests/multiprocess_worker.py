@@ -33,7 +33,7 @@ from lm_zoo.data import load_data  # noqa: E402
 
 logging.basicConfig(level=logging.INFO, format=f'[{process_id}] %(message)s')
 config = base_config()
-config.data.update(data_dir=sys.argv[6], train_tokens=401, valid_tokens=120, test_tokens=90,
+config.data.update(data_dir=sys.argv[6], train_tokens=401, valid_tokens=121, test_tokens=91,
                    batch_size=4, bptt=10, eval_batch_size=3, test_batch_size=3)
 config.model.update(embed_size=16, hidden_size=16, num_layers=1, dropout_input=0.2,
                     dropout_hidden=0.2)

@@ -36,8 +36,8 @@ def test_the_installed_programs_train_and_evaluate_outside_the_checkout(installe
                                                                         tmp_path):
   import os
   env = {**os.environ, 'LM_ZOO_DATA': str(data_dir)}
-  tiny = ['--config.data.train_tokens=401', '--config.data.valid_tokens=120',
-          '--config.data.test_tokens=90', '--config.data.batch_size=4',
+  tiny = ['--config.data.train_tokens=401', '--config.data.valid_tokens=121',
+          '--config.data.test_tokens=91', '--config.data.batch_size=4',
           '--config.data.bptt=10', '--config.data.eval_batch_size=3',
           '--config.model.embed_size=8', '--config.model.hidden_size=8',
           '--config.generate.num_lines=0']

@@ -27,7 +27,7 @@ from lm_zoo.runs.metrics import MetricsWriter
 # an epoch end between), a checkpoint every 5 steps (so the epoch's end saves
 # step 30 a second time), a log line every step.
 OVERRIDES = {
-    'data.train_tokens': 1201, 'data.valid_tokens': 120, 'data.test_tokens': 90,
+    'data.train_tokens': 1201, 'data.valid_tokens': 121, 'data.test_tokens': 81,
     'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 2,
     'data.test_batch_size': 2, 'model.num_layers': 1, 'model.hidden_size': 16,
     'model.embed_size': 16, 'train.num_epochs': 2, 'train.log_every': 1,
