@@ -10,7 +10,7 @@ they serve training). Prints tokens/s, the ratio to static evaluation and
 to the first scan's row of the same mode; writes JSON.
 
   python benchmarks/dynamic_evaluation_speed.py [--sizes=200,650] [--tokens=2000]
-      [--scans=fused,pallas,cudnn]
+      [--scans=fused,pallas,cudnn] [--rules=dynamic_sgd,dynamic_rms,learned_rule]
 """
 
 import json
@@ -35,6 +35,11 @@ flags.DEFINE_integer('tokens', 2000, 'Length of the scored stream.')
 flags.DEFINE_integer('segment', 5, 'Dynamic evaluation segment length.')
 flags.DEFINE_integer('bptt', 35, 'Static evaluation window length.')
 flags.DEFINE_list('scans', ['auto'], 'Ways to run the layers (lm_zoo.cells.SCANS).')
+RULES = ('dynamic_sgd', 'dynamic_rms', 'learned_rule')
+flags.DEFINE_list('rules', list(RULES), 'Dynamic evaluation rules timed beside static '
+                  f'evaluation: any of {", ".join(RULES)}.')
+flags.register_validator('rules', lambda rules: bool(rules) and set(rules) <= set(RULES),
+                         f'choose one or more of {", ".join(RULES)}')
 flags.DEFINE_string('output', 'runs/bench_dynamic_evaluation.json', 'JSON results file.')
 FLAGS = flags.FLAGS
 
@@ -69,7 +74,8 @@ def measure(hidden: int, scan: str) -> list[dict]:
                                                FLAGS.segment, extra_args=meta),
   }
   rows = [{'mode': mode, 'hidden': hidden, 'scan': scan,
-           'tokens_per_s': _tokens_per_second(fn)} for mode, fn in runs.items()]
+           'tokens_per_s': _tokens_per_second(fn)} for mode, fn in runs.items()
+          if mode == 'static' or mode in FLAGS.rules]
   for row in rows:
     row['ratio_vs_static'] = row['tokens_per_s'] / rows[0]['tokens_per_s']
   return rows

@@ -105,7 +105,7 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
                 --scans=pallas --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
   rhn_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=alstm_paper:ptb --scans=auto
              --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
-  dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=pallas)
+  dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=pallas --rules=dynamic_rms)
   agreement=(--config.train.max_steps=2 --config.train.eval_every=0
              --config.model.param_budget=0 --config.model.hidden_size=16
              --config.model.embed_size=16 --config.data.batch_size=4 --config.data.bptt=5
@@ -120,9 +120,10 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
          --config.data.valid_tokens=200 --config.evaluation.splits=valid
          --config.generate.num_lines=0)
   stacks=(--tiny=8 --seeds=1,2 --steps=1 --rounds=1)
+  # Whole windows of the recipe's 20 x 35 batch and batch-1 test: one step shape each.
   seeds=(--seeds=2 --config.train.max_steps=4 --config.model.hidden_size=16
-         --config.model.embed_size=16 --config.data.train_tokens=2000
-         --config.data.valid_tokens=200 --config.data.test_tokens=200)
+         --config.model.embed_size=16 --config.data.train_tokens=2101
+         --config.data.valid_tokens=200 --config.data.test_tokens=176)
 fi
 
 # Each step runs whatever the one before did: a GPU's time is rare.
