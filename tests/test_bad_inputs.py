@@ -18,8 +18,8 @@ from lm_zoo.training import evaluate_workdir, train_and_evaluate
 from lm_zoo.tuning import param, run_worker, tuning_config
 
 TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
-        'data.test_batch_size': 2, 'data.train_tokens': 401, 'data.valid_tokens': 120,
-        'data.test_tokens': 90, 'model.embed_size': 16, 'model.hidden_size': 16,
+        'data.test_batch_size': 2, 'data.train_tokens': 401, 'data.valid_tokens': 121,
+        'data.test_tokens': 81, 'model.embed_size': 16, 'model.hidden_size': 16,
         'model.dropout_input': 0.2, 'train.max_steps': 10, 'train.log_every': 5,
         'generate.num_lines': 0}
 

@@ -16,9 +16,10 @@ from lm_zoo.runs import load_trained, read_metrics
 from lm_zoo.training import train_and_evaluate
 
 
-# A tiny run of experiments/default.py: 200 training windows of 2 x 16 LSTM.
+# A tiny run of experiments/default.py: 200 training windows of 2 x 16 LSTM;
+# whole evaluation windows (rows of 30 valid and 200 test tokens).
 TINY = ['--config=experiments/default.py', '--config.data.train_tokens=2001',
-        '--config.data.valid_tokens=300', '--config.data.test_tokens=200',
+        '--config.data.valid_tokens=301', '--config.data.test_tokens=201',
         '--config.model.hidden_size=16', '--config.model.embed_size=16',
         '--config.data.bptt=10', '--config.train.log_every=4',
         '--config.generate.num_tokens=5']
