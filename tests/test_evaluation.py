@@ -6,7 +6,6 @@ import math
 
 import jax
 import numpy as np
-import optax
 import pytest
 
 from conftest import perturb
@@ -31,13 +30,28 @@ def _log_softmax(z):
   return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
+# Run op by op, a model's pass would compile each of its operations alone; jitted
+# with the model static, equal models of equal shapes compile once in the file.
+@functools.partial(jax.jit, static_argnames=('model', 'train'))
+def _apply(model, params, tokens, train=False, dropout_key=None):
+  """model.apply on `tokens` from the zero state; the logits."""
+  rngs = {'dropout': dropout_key} if train else None
+  logits, _ = model.apply({'params': params}, tokens, model.initialize_carry(tokens.shape[0]),
+                          train=train, rngs=rngs)
+  return logits
+
+
+def _nll(logits, targets):
+  """Each target's negative log-probability under `logits`, in NumPy."""
+  return -np.take_along_axis(_log_softmax(np.asarray(logits, np.float64)), targets[:, None],
+                             axis=1)[:, 0]
+
+
 def test_batch_sizes_agree_with_one_pass():
   model = RecurrentLM(Embedding(13, 5), Stack([LSTMCell(6)]), Softmax(13))
   params = init_params(model, jax.random.key(0))
   stream = np.random.default_rng(0).integers(0, 13, 101).astype(np.int32)
-  logits, _ = model.apply({'params': params}, stream[None, :-1], model.initialize_carry(1))
-  direct = float(optax.softmax_cross_entropy_with_integer_labels(
-      logits[0], stream[1:]).mean())
+  direct = float(_nll(_apply(model, params, stream[None, :-1])[0], stream[1:]).mean())
   step = make_eval_step(model)
   for bptt in (100, 7):
     result = evaluate_stream(step, params, model.initialize_carry(1), stream, 1, bptt)
@@ -47,8 +61,7 @@ def test_batch_sizes_agree_with_one_pass():
   rows = [stream[25 * b:25 * b + 26] for b in range(4)]
   per_row = []
   for row in rows:
-    logits, _ = model.apply({'params': params}, row[None, :-1], model.initialize_carry(1))
-    per_row.append(optax.softmax_cross_entropy_with_integer_labels(logits[0], row[1:]))
+    per_row.append(_nll(_apply(model, params, row[None, :-1])[0], row[1:]))
   result = evaluate_stream(step, params, model.initialize_carry(4), stream, 4, 9)
   assert result.num_tokens == 100
   np.testing.assert_allclose(result.loss, float(np.mean(np.concatenate(per_row))),
@@ -59,9 +72,7 @@ def test_token_losses_are_each_tokens_nll_given_the_whole_prefix():
   model = _model()
   params = perturb(init_params(model, jax.random.key(0)))
   # One pass over the whole stream, the log-softmax written again in NumPy.
-  logits, _ = model.apply({'params': params}, STREAM[None, :-1], model.initialize_carry(1))
-  expected = -np.take_along_axis(_log_softmax(np.asarray(logits[0], np.float64)),
-                                 STREAM[1:, None], axis=1)[:, 0]
+  expected = _nll(_apply(model, params, STREAM[None, :-1])[0], STREAM[1:])
   losses = token_losses(model, params, STREAM, bptt=7)  # 15 windows, state carried
   assert losses.shape == (100,)
   np.testing.assert_allclose(losses, expected, rtol=1e-5)
@@ -80,7 +91,7 @@ def test_units():
 def test_temperature_divides_the_logits():
   model = _model()
   params = perturb(init_params(model, jax.random.key(0)))
-  logits, _ = model.apply({'params': params}, STREAM[None, :-1], model.initialize_carry(1))
+  logits = _apply(model, params, STREAM[None, :-1])
   step = make_eval_step(model)
   for temperature in (0.7, 1.3):
     direct = -np.mean(np.take_along_axis(
@@ -114,9 +125,8 @@ def test_mc_dropout_averages_probabilities_over_masks():
   probs, nlls = [], []
   for key in jax.random.split(window_key, 3):
     weight_key, dropout_key = jax.random.split(key)
-    logits, _ = model.apply({'params': model.dropped_weights(params, weight_key)}, inputs,
-                            model.initialize_carry(1), train=True,
-                            rngs={'dropout': dropout_key})
+    logits = _apply(model, jax.jit(model.dropped_weights)(params, weight_key), inputs,
+                    train=True, dropout_key=dropout_key)
     log_p = _log_softmax(np.asarray(logits[0], np.float64))
     picked = np.take_along_axis(log_p, targets[0, :, None], axis=1)[:, 0]
     probs.append(np.exp(picked))

@@ -20,13 +20,20 @@ def _random_params(cell, m, key=0):
   return perturb(params, key + 1)  # non-zero biases: every term is exercised
 
 
+# Run op by op, a cell's step would compile each of its operations alone; jitted
+# with the cell static, it compiles once per cell and shape.
+@functools.partial(jax.jit, static_argnums=0)
+def _step(cell, params, carry, x):
+  return cell.apply({'params': params}, carry, x)
+
+
 def test_step_matches_numpy_equations():
   m, n, batch = 5, 7, 3
   cell = LSTMCell(n)
   params = _random_params(cell, m)
   rng = np.random.default_rng(0)
   c, h, x = (rng.normal(size=(batch, d)).astype(np.float32) for d in (n, n, m))
-  (c_new, h_new), out = cell.apply({'params': params}, (c, h), x)
+  (c_new, h_new), out = _step(cell, params, (c, h), x)
   c_ref, h_ref = numpy_lstm_step(params, c, h, x)
   np.testing.assert_allclose(c_new, c_ref, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(h_new, h_ref, rtol=1e-5, atol=1e-6)
@@ -57,7 +64,7 @@ def test_gradients_match_finite_differences():
         carry, h = cell.apply({'params': params}, carry, xs[:, t])
       return jnp.sum(h ** 2) + jnp.sum(carry[0])
 
-    check_grads(loss, (params, jnp.asarray(xs)), order=1,
+    check_grads(jax.jit(loss), (params, jnp.asarray(xs)), order=1,
                 modes=('rev',), eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
@@ -78,7 +85,7 @@ def test_runs_inside_nn_rnn_like_the_equations():
 def test_bidirectional():
   bi = nn.Bidirectional(nn.RNN(LSTMCell(4)), nn.RNN(LSTMCell(4)))
   xs = jnp.ones((2, 5, 3))
-  ys = bi.apply(bi.init(jax.random.key(0), xs), xs)
+  ys = jax.jit(bi.apply)(bi.init(jax.random.key(0), xs), xs)
   assert ys.shape == (2, 5, 8)
 
 
@@ -102,11 +109,11 @@ def _run_window(cell, params, path, seed, batch=4, steps=7):
   carry = tuple(rng.normal(size=(batch, n)).astype(np.float32) for _ in range(2))
   if path == 'step':
     rnn = nn.RNN(cell, return_carry=True, time_major=True)
-    (c_last, _), ys = rnn.apply({'params': {'cell': params}}, xs, initial_carry=carry)
+    (c_last, _), ys = jax.jit(rnn.apply)({'params': {'cell': params}}, xs, initial_carry=carry)
   else:
     layer = RecurrentLayer(cell, scan=path)
     assert resolve_scan(cell, layer.scan) == path
-    (c_last, _), ys = layer.apply({'params': {'cell': params}}, carry, jnp.asarray(xs))
+    (c_last, _), ys = jax.jit(layer.apply)({'params': {'cell': params}}, carry, jnp.asarray(xs))
   return xs, carry, c_last, ys
 
 
@@ -134,8 +141,8 @@ def test_the_cap_binds_where_the_gates_sum_past_one():
   params = _random_params(LSTMCell(n), m)
   rng = np.random.default_rng(4)
   c, h, x = (rng.normal(size=(5, d)).astype(np.float32) for d in (n, n, m))
-  capped = LSTMCell(n, cap_input_gate=True).apply({'params': params}, (c, h), x)[0][0]
-  plain = LSTMCell(n).apply({'params': params}, (c, h), x)[0][0]
+  capped = _step(LSTMCell(n, cap_input_gate=True), params, (c, h), x)[0][0]
+  plain = _step(LSTMCell(n), params, (c, h), x)[0][0]
   gate = lambda k: x @ params['input']['kernel'][:, k * n:(k + 1) * n] + h @ params[
       'recurrent_kernel'][:, k * n:(k + 1) * n] + params['input']['bias'][k * n:(k + 1) * n]
   over = np.asarray(jax.nn.sigmoid(gate(0)) + jax.nn.sigmoid(gate(1)) > 1)
@@ -204,9 +211,10 @@ def test_each_gate_bias_takes_the_whole_gradient():
     (c_new, h_new), _ = cell.apply({'params': p}, (c, h), x)
     return jnp.sum(h_new ** 2) + jnp.sum(c_new)
 
-  g_two = jax.grad(functools.partial(loss, two))(params)
-  g_one = jax.grad(functools.partial(loss, LSTMCell(n)))(one_params)
-  np.testing.assert_allclose(loss(two, params), loss(LSTMCell(n), one_params), rtol=1e-6)
+  value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=1), static_argnums=0)
+  l_two, g_two = value_and_grad(two, params)
+  l_one, g_one = value_and_grad(LSTMCell(n), one_params)
+  np.testing.assert_allclose(l_two, l_one, rtol=1e-6)
   assert float(jnp.abs(g_one['input']['bias']).max()) > 1e-3
   np.testing.assert_allclose(g_two['input']['bias'], g_one['input']['bias'], rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(g_two['recurrent_bias'], g_one['input']['bias'], rtol=1e-5,

@@ -42,8 +42,9 @@ def _relative(got, want):
     (17, 16, True, None)])  # two row tiles
 def test_float32_values_and_gradients_are_the_fused_windows(batch, n, cap, tiles):
   args = _window(batch, n)
-  want, want_grads = jax.value_and_grad(_loss(lstm_recurrence, cap_input_gate=cap),
-                                        argnums=range(5))(*args)
+  # Both sides compiled whole: op by op, the fused window would compile each operation alone.
+  want, want_grads = jax.jit(jax.value_and_grad(_loss(lstm_recurrence, cap_input_gate=cap),
+                                                argnums=range(5)))(*args)
   got, got_grads = jax.jit(jax.value_and_grad(
       _loss(pallas_lstm_recurrence, cap_input_gate=cap, tiles=tiles), argnums=range(5)))(*args)
   assert abs(got - want) <= 1e-5 * abs(want)
@@ -54,7 +55,8 @@ def test_float32_values_and_gradients_are_the_fused_windows(batch, n, cap, tiles
 def test_bfloat16_products_agree_with_the_fused_windows_within_their_rounding():
   args = _window(4, 24, seed=1)
   kwargs = dict(dtype=jnp.bfloat16, cap_input_gate=True)
-  want, want_grads = jax.value_and_grad(_loss(lstm_recurrence, **kwargs), argnums=range(5))(*args)
+  want, want_grads = jax.jit(jax.value_and_grad(_loss(lstm_recurrence, **kwargs),
+                                                argnums=range(5)))(*args)
   got, got_grads = jax.jit(jax.value_and_grad(_loss(pallas_lstm_recurrence, **kwargs),
                                               argnums=range(5)))(*args)
   assert abs(got - want) <= 1e-3 * abs(want)
@@ -68,7 +70,7 @@ def test_a_layer_with_scan_pallas_runs_the_kernels_and_equals_the_plain_scan():
   carry = cell.initialize_carry(jax.random.key(2), (3, 5))
   params = RecurrentLayer(cell, scan='scan').init(jax.random.key(0), carry, xs)
   params = jax.tree.map(lambda p: p + 0.1, params)  # a nonzero second bias
-  run = lambda scan: RecurrentLayer(cell, scan=scan).apply(params, carry, xs)
+  run = lambda scan: jax.jit(RecurrentLayer(cell, scan=scan).apply)(params, carry, xs)
   jaxpr = str(jax.make_jaxpr(lambda p: RecurrentLayer(cell, scan='pallas').apply(
       p, carry, xs))(params))
   assert 'lstm_step_forward' in jaxpr
