@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
+from jax.test_util import check_vjp
 
 from conftest import perturb
 from lm_zoo.cells import ALSTMCell, LSTMRHNStack, Mogrify, StaticLatent
@@ -64,9 +64,10 @@ def test_latent_dropout_is_one_mask_per_window_kept_in_the_latent_carry():
   xs = np.random.default_rng(3).normal(size=(T, 16, M)).astype(np.float32)  # 16 x 8 z's
   params = _init(cell.clone(dropout_latent=0.0), xs[0])
   carry = _random_carry(cell, 4, batch=16)
-  layer = RecurrentLayer(cell)
-  (latent_carry, c, h), ys = layer.apply({'params': {'cell': params}}, carry, xs,
-                                         rngs={'dropout': jax.random.key(5)})
+  # Each run compiled whole (op by op, every operation would compile on its own).
+  layer = jax.jit(RecurrentLayer(cell).apply)
+  (latent_carry, c, h), ys = layer({'params': {'cell': params}}, carry, xs,
+                                   rngs={'dropout': jax.random.key(5)})
   z_dropped = np.asarray(latent_carry[1])
   mask = (z_dropped != 0) * 2.0  # 1 / (1 - 0.5) where kept
   assert 0.2 < (mask == 0).mean() < 0.8
@@ -75,8 +76,8 @@ def test_latent_dropout_is_one_mask_per_window_kept_in_the_latent_carry():
     expected = alstm_step(_np(params), expected, xs[t], latent_mask=mask)
     np.testing.assert_allclose(ys[t], expected[-1], rtol=2e-5, atol=2e-5)
   np.testing.assert_allclose(c, expected[1], rtol=2e-5, atol=2e-5)
-  _, ys_eval = layer.apply({'params': {'cell': params}}, carry, xs)  # no RNG: no dropout
-  plain = RecurrentLayer(cell.clone(dropout_latent=0.0)).apply(
+  _, ys_eval = layer({'params': {'cell': params}}, carry, xs)  # no RNG: no dropout
+  plain = jax.jit(RecurrentLayer(cell.clone(dropout_latent=0.0)).apply)(
       {'params': {'cell': params}}, carry, xs)[1]
   np.testing.assert_array_equal(ys_eval, plain)
 
@@ -122,9 +123,14 @@ def test_gradients_match_finite_differences():
   with jax.enable_x64(True):
     params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
     rnn = nn.RNN(_cell(param_dtype=jnp.float64))
-    loss = lambda p, xs: jnp.sum(rnn.apply({'params': {'cell': p}}, xs) ** 2)
-    check_grads(loss, (params, jnp.asarray(xs)), order=1, modes=('rev',), eps=1e-6,
-                atol=1e-7, rtol=1e-6)
+    loss = jax.jit(lambda p, xs: jnp.sum(rnn.apply({'params': {'cell': p}}, xs) ** 2))
+    # check_grads(order=1, modes=('rev',)) with the reverse-mode gradient compiled
+    # whole: jax.vjp of the jitted loss would compile its forward and backward
+    # passes as programs of their own.
+    args = (params, jnp.asarray(xs))
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(*args)
+    vjp = lambda *a: (loss(*a), lambda ct: jax.tree.map(lambda g: np.asarray(g) * ct, grads))
+    check_vjp(loss, vjp, args, eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
 def test_mogrified_alstm_mogrifies_x_and_h_then_adapts():
@@ -214,13 +220,15 @@ def test_lstm_rhn_language_model_steps_the_rhn_stack():
   # The bottom latent sees [x; h; z of the top layer]: 6 + 7 + 4 inputs.
   assert params['stack']['cell_0']['latent']['input']['kernel'].shape[0] == 6 + 7 + 4
   tokens = jnp.asarray(np.random.default_rng(7).integers(0, 20, (B, T)))
-  logits, carries = model.apply({'params': params}, tokens, model.initialize_carry(B))
+  # Both sides compiled whole: op by op, every operation would compile on its own.
+  logits, carries = jax.jit(model.apply)({'params': params}, tokens, model.initialize_carry(B))
   stack = LSTMRHNStack([ALSTMCell(7, latent_size=4, parent=None) for _ in range(2)])
-  x = params['embedding']['embedding'][tokens]
-  last, h = nn.RNN(stack, return_carry=True).apply(
+  x = np.asarray(params['embedding']['embedding'])[np.asarray(tokens)]
+  last, h = jax.jit(nn.RNN(stack, return_carry=True).apply)(
       {'params': {'cell': {'cells_0': params['stack']['cell_0'],
                            'cells_1': params['stack']['cell_1']}}}, x)
-  expected = h @ params['head']['kernel'].T + params['head']['bias']
+  expected = np.asarray(h) @ np.asarray(params['head']['kernel']).T + np.asarray(
+      params['head']['bias'])
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
   for got, want in zip(jax.tree.leaves(carries), jax.tree.leaves(last)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -232,11 +240,13 @@ def test_lstm_rhn_dropout_is_off_at_evaluation_and_on_in_training():
   model = build_model(cfg, 20)
   params = perturb(init_params(model, jax.random.key(0)), scale=1.0)
   tokens = jnp.ones((B, T), jnp.int32)
-  run = lambda train, key=1: model.apply(
+  # Compiled whole: op by op, every operation would compile on its own.
+  apply = jax.jit(lambda model, train, key: model.apply(
       {'params': params}, tokens, model.initialize_carry(B), train=train,
-      rngs={'dropout': jax.random.key(key)})[0]
-  undropped = build_model(_rhn_lm_config(), 20).apply(
-      {'params': params}, tokens, model.initialize_carry(B), train=True)[0]
+      rngs=None if key is None else {'dropout': jax.random.key(key)})[0],
+      static_argnums=(0, 1))
+  run = lambda train, key=1: apply(model, train, key)
+  undropped = apply(build_model(_rhn_lm_config(), 20), True, None)
   np.testing.assert_allclose(run(False), undropped, rtol=1e-6)
   assert not np.allclose(run(True), undropped, atol=0.1)
   np.testing.assert_array_equal(run(True), run(True))  # one mask per key

@@ -2,6 +2,8 @@
 autodiff of the plain scans of their equations, with and without the capped
 input gate."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,6 +56,10 @@ def objective(recurrence):
   return loss
 
 
+# Every function of these tests is run through jax.jit: op by op, each of its
+# operations (and the scan) would compile on its own.
+
+
 def fused(projected, kernel, c0, h0, mask, unroll=1, cap=False):
   return lstm_recurrence(projected, kernel, (c0, h0), mask, unroll=unroll, cap_input_gate=cap)
 
@@ -63,8 +69,8 @@ def fused(projected, kernel, c0, h0, mask, unroll=1, cap=False):
 def test_outputs_equal_the_plain_scan(unroll, cap):
   with jax.enable_x64():
     args = inputs()
-    (c, h), hs = fused(*args, unroll=unroll, cap=cap)
-    (c_ref, h_ref), hs_ref = reference(*args, cap=cap)
+    (c, h), hs = jax.jit(partial(fused, unroll=unroll, cap=cap))(*args)
+    (c_ref, h_ref), hs_ref = jax.jit(partial(reference, cap=cap))(*args)
     np.testing.assert_allclose(hs, hs_ref, rtol=1e-12)
     np.testing.assert_allclose(c, c_ref, rtol=1e-12)
     np.testing.assert_allclose(h, h_ref, rtol=1e-12)
@@ -76,10 +82,10 @@ def test_custom_vjp_equals_autodiff_for_every_input(unroll, cap):
   with jax.enable_x64():
     args = inputs()
     assert cap_binds_somewhere_but_not_everywhere(args[0])
-    grads = jax.grad(objective(lambda *a: fused(*a, unroll=unroll, cap=cap)),
-                     argnums=range(5))(*args)
-    expected = jax.grad(objective(capped_reference if cap else reference),
-                        argnums=range(5))(*args)
+    grads = jax.jit(jax.grad(objective(lambda *a: fused(*a, unroll=unroll, cap=cap)),
+                             argnums=range(5)))(*args)
+    expected = jax.jit(jax.grad(objective(capped_reference if cap else reference),
+                                argnums=range(5)))(*args)
     for name, got, want in zip(['projected', 'kernel', 'c0', 'h0', 'mask'], grads, expected):
       np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=name)
 
@@ -88,13 +94,14 @@ def test_custom_vjp_equals_autodiff_for_every_input(unroll, cap):
 def test_custom_vjp_matches_finite_differences(cap):
   with jax.enable_x64():
     args = inputs(seed=3)
-    loss = objective(lambda *a: fused(*a, cap=cap))
-    grads = jax.grad(loss, argnums=range(4))(*args)
+    loss = jax.jit(objective(lambda *a: fused(*a, cap=cap)))
+    grads = jax.jit(jax.grad(loss, argnums=range(4)))(*args)
     for k, name in enumerate(['projected', 'kernel', 'c0', 'h0']):
-      direction = jax.random.normal(jax.random.key(9 + k), args[k].shape, args[k].dtype)
-      along = lambda eps: loss(*args[:k], args[k] + eps * direction, *args[k + 1:])
+      direction = np.asarray(jax.random.normal(jax.random.key(9 + k), args[k].shape,
+                                               args[k].dtype))
+      along = lambda eps: loss(*args[:k], np.asarray(args[k]) + eps * direction, *args[k + 1:])
       eps = 1e-6
-      np.testing.assert_allclose(jnp.vdot(grads[k], direction),
+      np.testing.assert_allclose(np.vdot(grads[k], direction),
                                  (along(eps) - along(-eps)) / (2 * eps), rtol=1e-6,
                                  err_msg=name)
 
@@ -102,9 +109,10 @@ def test_custom_vjp_matches_finite_differences(cap):
 def test_float32_gradients_match_autodiff_and_no_mask_means_ones():
   projected, kernel, c0, h0, _ = inputs(jnp.float32, batch=5, n=8, steps=12)
   ones = jnp.ones_like(h0)
-  got = jax.grad(objective(lambda p, k, c, h, m: lstm_recurrence(p, k, (c, h))),
-                 argnums=(0, 1))(projected, kernel, c0, h0, ones)
-  want = jax.grad(objective(reference), argnums=(0, 1))(projected, kernel, c0, h0, ones)
+  got = jax.jit(jax.grad(objective(lambda p, k, c, h, m: lstm_recurrence(p, k, (c, h))),
+                         argnums=(0, 1)))(projected, kernel, c0, h0, ones)
+  want = jax.jit(jax.grad(objective(reference), argnums=(0, 1)))(projected, kernel, c0, h0,
+                                                                  ones)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
 
@@ -129,14 +137,14 @@ def test_bfloat16_products_match_autodiff_of_the_same_rounded_products(cap):
   fused = objective(lambda p, k, c, h, m: lstm_recurrence(p, k, (c, h), m,
                                                           dtype=jnp.bfloat16,
                                                           cap_input_gate=cap))
-  (c, h), hs = lstm_recurrence(projected, kernel, (c0, h0), mask, dtype=jnp.bfloat16,
-                               cap_input_gate=cap)
+  (c, h), hs = jax.eval_shape(partial(lstm_recurrence, dtype=jnp.bfloat16, cap_input_gate=cap),
+                              projected, kernel, (c0, h0), mask)
   assert hs.dtype == c.dtype == h.dtype == jnp.float32
-  got = jax.grad(fused, argnums=(0, 1, 2, 3, 4))(projected, kernel, c0, h0, mask)
-  want = jax.grad(objective(rounded_reference), argnums=(0, 1, 2, 3, 4))(
+  got = jax.jit(jax.grad(fused, argnums=(0, 1, 2, 3, 4)))(projected, kernel, c0, h0, mask)
+  want = jax.jit(jax.grad(objective(rounded_reference), argnums=(0, 1, 2, 3, 4)))(
       projected, kernel, c0, h0, mask)
-  full = jax.grad(objective(lambda *a: reference(*a, cap=cap)), argnums=(0, 1, 2, 3, 4))(
-      projected, kernel, c0, h0, mask)
+  full = jax.jit(jax.grad(objective(lambda *a: reference(*a, cap=cap)),
+                          argnums=(0, 1, 2, 3, 4)))(projected, kernel, c0, h0, mask)
   for g, w, f in zip(got, want, full):
     assert g.dtype == jnp.float32
     # float32 sums in different orders; the capped gate's c_{t-1} - tanh(j) cancels more.
@@ -211,14 +219,15 @@ def test_mixed_recurrence_equals_the_plain_scan_with_every_gradient(rounds, rank
     args = mixed_inputs(rounds, rank, seed=rounds)
     values = [args[name] for name in MIXED_ARGS]
     mix = MogrifierRounds(rounds, zigzag)
-    (c, h), hs = mixed_fused(mix, *values, unroll=unroll, cap=cap)
-    (c_ref, h_ref), hs_ref = mixed_reference(mix, *values, cap=cap)
+    (c, h), hs = jax.jit(partial(mixed_fused, mix, unroll=unroll, cap=cap))(*values)
+    (c_ref, h_ref), hs_ref = jax.jit(partial(mixed_reference, mix, cap=cap))(*values)
     for got, want in ((hs, hs_ref), (c, c_ref), (h, h_ref)):
       np.testing.assert_allclose(got, want, rtol=1e-12)
-    grads = jax.grad(mixed_objective(lambda *a: mixed_fused(*a, unroll=unroll, cap=cap), mix),
-                     argnums=range(len(MIXED_ARGS)))(*values)
-    expected = jax.grad(mixed_objective(lambda *a: mixed_reference(*a, cap=cap), mix),
-                        argnums=range(len(MIXED_ARGS)))(*values)
+    grads = jax.jit(jax.grad(
+        mixed_objective(lambda *a: mixed_fused(*a, unroll=unroll, cap=cap), mix),
+        argnums=range(len(MIXED_ARGS))))(*values)
+    expected = jax.jit(jax.grad(mixed_objective(lambda *a: mixed_reference(*a, cap=cap), mix),
+                                argnums=range(len(MIXED_ARGS))))(*values)
     for name, got, want in zip(MIXED_ARGS, grads, expected):
       jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12,
                                                            err_msg=name), got, want)
@@ -248,13 +257,13 @@ def test_mixed_bfloat16_products_match_autodiff_of_the_same_rounded_products(cap
   fused_bf16 = lambda mix, *a: mixed_lstm_recurrence(
       a[1], a[2], a[3], a[4], (a[5], a[6]), mix, a[0], a[7], dtype=jnp.bfloat16,
       cap_input_gate=cap)
-  (c, h), hs = fused_bf16(mix, *values)
+  (c, h), hs = jax.eval_shape(partial(fused_bf16, mix), *values)
   assert hs.dtype == c.dtype == h.dtype == jnp.float32
   argnums = range(len(MIXED_ARGS))
-  got = jax.grad(mixed_objective(fused_bf16, mix), argnums=argnums)(*values)
-  want = jax.grad(mixed_objective(rounded_reference, mix), argnums=argnums)(*values)
-  full = jax.grad(mixed_objective(lambda m, *a: mixed_reference(m, *a, cap=cap),
-                                  MogrifierRounds(5)), argnums=argnums)(*values)
+  got = jax.jit(jax.grad(mixed_objective(fused_bf16, mix), argnums=argnums))(*values)
+  want = jax.jit(jax.grad(mixed_objective(rounded_reference, mix), argnums=argnums))(*values)
+  full = jax.jit(jax.grad(mixed_objective(lambda m, *a: mixed_reference(m, *a, cap=cap),
+                                          MogrifierRounds(5)), argnums=argnums))(*values)
   # Relative distances per leaf. The two passes round the same operands, but
   # sums taken in another float32 order can tip one bfloat16 rounding the
   # other way, and the window carries the tip on: with this seed one tips
@@ -277,17 +286,18 @@ def test_mixed_recurrence_matches_finite_differences_of_a_round_kernel():
     args = mixed_inputs(3, 2, seed=7)
     mix = MogrifierRounds(3)
     values = [args[name] for name in MIXED_ARGS]
-    loss = mixed_objective(mixed_fused, mix)
-    grad = jax.grad(loss)(*values)['r2']['kernel_in']
-    direction = jax.random.normal(jax.random.key(9), grad.shape, grad.dtype)
+    loss = jax.jit(mixed_objective(mixed_fused, mix))
+    grad = jax.jit(jax.grad(loss))(*values)['r2']['kernel_in']
+    direction = np.asarray(jax.random.normal(jax.random.key(9), grad.shape, grad.dtype))
 
     def along(eps):
       shifted = jax.tree.map(lambda x: x, values[0])
-      shifted['r2'] = {**shifted['r2'], 'kernel_in': shifted['r2']['kernel_in'] + eps * direction}
+      shifted['r2'] = {**shifted['r2'],
+                       'kernel_in': np.asarray(shifted['r2']['kernel_in']) + eps * direction}
       return loss(shifted, *values[1:])
 
     eps = 1e-6
-    np.testing.assert_allclose(jnp.vdot(grad, direction), (along(eps) - along(-eps)) / (2 * eps),
+    np.testing.assert_allclose(np.vdot(grad, direction), (along(eps) - along(-eps)) / (2 * eps),
                                rtol=1e-7)
 
 

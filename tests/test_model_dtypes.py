@@ -61,7 +61,9 @@ _TOKENS = np.random.default_rng(0).integers(0, 31, (4, 9)).astype(np.int32)
 def test_bfloat16_multiplies_in_bfloat16_and_sums_in_float32(fields):
   model, _ = _models(fields)
   params = init_params(model, jax.random.key(0))
-  logits, carries = model.apply({'params': params}, _TOKENS, model.initialize_carry(4))
+  # The dtypes are fixed when traced: op by op, every operation would compile on its own.
+  logits, carries = jax.eval_shape(model.apply, {'params': params}, _TOKENS,
+                                   model.initialize_carry(4))
   assert logits.dtype == jnp.float32
   assert all(c.dtype == jnp.float32 for c in jax.tree.leaves(carries))
   # Every matrix product of every layer, forward and backward, takes bfloat16

@@ -73,7 +73,7 @@ def test_zigzag_and_no_zigzag_differ_from_round_two():
   outs = {}
   for zigzag in (True, False):
     cell = Mogrify(LSTMCell(N), rounds=3, zigzag=zigzag)
-    outs[zigzag] = cell.apply({'params': _init(cell)}, (c, h), x)[1]
+    outs[zigzag] = jax.jit(cell.apply)({'params': _init(cell)}, (c, h), x)[1]
   assert not np.allclose(outs[True], outs[False])
 
 
@@ -95,8 +95,8 @@ def test_zero_mogrifier_weights_give_the_inner_cell(rank):
   params = _init(cell)
   zeroed = {k: (v if k == 'cell' else jax.tree.map(jnp.zeros_like, v))
             for k, v in params.items()}
-  got = cell.apply({'params': zeroed}, (c, h), x)[1]
-  expected = LSTMCell(N).apply({'params': params['cell']}, (c, h), x)[1]
+  got = jax.jit(cell.apply)({'params': zeroed}, (c, h), x)[1]
+  expected = jax.jit(LSTMCell(N).apply)({'params': params['cell']}, (c, h), x)[1]
   np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)  # 2σ(0) = 1
 
 
@@ -120,9 +120,9 @@ def test_other_cells_see_the_mogrified_inputs(inner):
   cell = Mogrify(inner, rounds=4, rank=2)
   params = _init(cell)
   x_up, h_up = mogrify(params, x, h, 4)
-  got = cell.apply({'params': params}, h, x)[1]
-  expected = inner.apply({'params': params['cell']}, jnp.asarray(h_up),
-                         jnp.asarray(x_up))[1]
+  got = jax.jit(cell.apply)({'params': params}, h, x)[1]
+  expected = jax.jit(inner.apply)({'params': params['cell']}, jnp.asarray(h_up),
+                                  jnp.asarray(x_up))[1]
   np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)
 
 
@@ -130,7 +130,7 @@ def test_mlstm_matches_equations():
   c, h, x = _inputs()
   cell = MLSTMCell(N)
   params = _init(cell)
-  (c_new, h_new), _ = cell.apply({'params': params}, (c, h), x)
+  (c_new, h_new), _ = jax.jit(cell.apply)({'params': params}, (c, h), x)
   h_m = (x @ np.asarray(params['mx']['kernel'])) * (h @ np.asarray(params['mh']['kernel']))
   c_ref, h_ref = lstm_step(params['lstm'], c, h_m, x)
   np.testing.assert_allclose(c_new, c_ref, rtol=2e-5, atol=2e-5)
@@ -173,13 +173,12 @@ def test_mogrifier_language_model_under_jit_and_grad():
   assert set(params['stack']['cell_0']) == {'cell', 'q1', 'r2', 'q3', 'r4', 'q5'}
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 6)), jnp.int32)
 
-  @jax.jit
   def loss(p):
     logits, _ = model.apply({'params': p}, tokens, model.initialize_carry(2), train=True,
                             rngs={'dropout': jax.random.key(0)})
     return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
   assert np.abs(grads['stack']['cell_0']['q1']['kernel_in']).sum() > 0
 
@@ -204,30 +203,35 @@ def _with(cfg, **kw):
 
 @pytest.mark.parametrize('rounds, rank, zigzag', [(4, 3, True), (5, 2, False), (6, 0, False)])
 def test_rounds_backward_and_parameter_gradient_equal_autodiff(rounds, rank, zigzag):
+  cell = Mogrify(LSTMCell(N), rounds=rounds, rank=rank, zigzag=zigzag)
+  # Drawn in float32, as the other tests' parameters of these shapes (whose
+  # initialisers are compiled already), then widened.
+  params = jax.tree.map(lambda p: np.asarray(p, np.float64), _init(cell, seed=rounds))
   with jax.enable_x64():
-    cell = Mogrify(LSTMCell(N), rounds=rounds, rank=rank, zigzag=zigzag)
-    params = jax.tree.map(lambda p: p.astype(jnp.float64), _init(cell, seed=rounds))
     round_params = {k: v for k, v in params.items() if k != 'cell'}
     rng = np.random.default_rng(rounds)
     steps = 4
     xs, hs = rng.normal(size=(steps, B, M)), rng.normal(size=(steps, B, N))
     d_xs, d_hs = rng.normal(size=(steps, B, M)), rng.normal(size=(steps, B, N))
     mix = MogrifierRounds(rounds, zigzag)
+    # Each piece compiled whole: op by op, every operation would compile on its own.
+    forward, backward = jax.jit(mix.forward), jax.jit(mix.backward)
     d_x_got, d_h_got, residuals, stashes = [], [], [], []
     for x, h, d_x, d_h in zip(xs, hs, d_xs, d_hs):
-      x_up, h_up, kept = mix.forward(round_params, x, h)
+      x_up, h_up, kept = forward(round_params, x, h)
       np.testing.assert_allclose(np.concatenate([x_up, h_up], -1),
                                  np.concatenate(mogrify(params, x, h, rounds, zigzag), -1),
                                  rtol=1e-12)
-      dx, dh, stash = mix.backward(round_params, x, h, kept, d_x, d_h)
+      dx, dh, stash = backward(round_params, x, h, kept, d_x, d_h)
       d_x_got.append(dx), d_h_got.append(dh), residuals.append(kept), stashes.append(stash)
-    d_params = mix.params_gradient(round_params, xs, hs, jnp.stack(residuals),
-                                   jnp.stack(stashes))
+    d_params = jax.jit(mix.params_gradient)(round_params, xs, hs, np.stack(residuals),
+                                            np.stack(stashes))
 
     def pullback(p, x, h, d_x, d_h):
       return jax.vjp(lambda *a: mix.forward(*a)[:2], p, x, h)[1]((d_x, d_h))
 
-    want = jax.vmap(pullback, in_axes=(None, 0, 0, 0, 0))(round_params, xs, hs, d_xs, d_hs)
+    want = jax.jit(jax.vmap(pullback, in_axes=(None, 0, 0, 0, 0)))(round_params, xs, hs, d_xs,
+                                                                   d_hs)
     np.testing.assert_allclose(np.stack(d_x_got), want[1], rtol=1e-10)
     np.testing.assert_allclose(np.stack(d_h_got), want[2], rtol=1e-10)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w.sum(0), rtol=1e-10, atol=1e-12),
@@ -254,8 +258,10 @@ def test_window_scan_equals_the_step_by_step_scan(rank, zigzag, cap, two_biases)
     (c, h), out = RecurrentLayer(cell, scan=scan).apply({'params': p}, carry, xs, mask)
     return jnp.sum(jnp.sin(out)) + jnp.sum(c ** 2) + jnp.sum(h), out
 
-  (loss, out), grads = jax.value_and_grad(run, has_aux=True)(params, 'fused')
-  (loss_ref, out_ref), grads_ref = jax.value_and_grad(run, has_aux=True)(params, 'scan')
+  # Both sides compiled whole, the same way.
+  value_and_grad = jax.jit(jax.value_and_grad(run, has_aux=True), static_argnums=1)
+  (loss, out), grads = value_and_grad(params, 'fused')
+  (loss_ref, out_ref), grads_ref = value_and_grad(params, 'scan')
   np.testing.assert_allclose(out, out_ref, rtol=1e-5, atol=1e-6)
   jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5),
                grads, grads_ref)

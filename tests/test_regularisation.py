@@ -42,8 +42,8 @@ def test_weight_drop_finds_each_cells_hidden_to_hidden_matrices(cell):
   assert sorted(found) == sorted(RECURRENT[type(cell).__name__])
   # Independent of names: from a zero state the output cannot depend on a
   # hidden-to-hidden matrix, while it does on the input matrices.
-  grads = jax.grad(lambda p: jnp.sum(cell.apply({'params': p}, zero_state, x)[1] ** 2))(
-      params)
+  output_norm = lambda p: jnp.sum(cell.apply({'params': p}, zero_state, x)[1] ** 2)
+  grads = jax.jit(jax.grad(output_norm))(params)  # compiled whole, not op by op
   flat = {'/'.join(str(k.key) for k in path): g
           for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]}
   for path in found:
@@ -104,16 +104,18 @@ def test_embedding_dropout_drops_whole_words_in_training_only():
   model = _lm(embedding=Embedding(V, M, dropout_words=0.5, embedding_init=nn.initializers.ones))
   params = init_params(model, jax.random.key(0))
   tokens = _tokens()
-  _, captured = model.apply({'params': params}, tokens, model.initialize_carry(B), train=True,
-                            rngs={'dropout': jax.random.key(3)}, capture_intermediates=True,
-                            mutable=['intermediates'])
+  # Each run compiled whole: op by op, every operation would compile on its own.
+  _, captured = jax.jit(lambda p: model.apply(
+      {'params': p}, tokens, model.initialize_carry(B), train=True,
+      rngs={'dropout': jax.random.key(3)}, capture_intermediates=True,
+      mutable=['intermediates']))(params)
   table = np.asarray(captured['intermediates']['embedding']['word_dropout']['__call__'][0])
   assert table.shape == (V, M)
   # Each word type's row is all dropped or all kept, scaled by 1 / (1 - p).
   assert all(set(row) in ({0.0}, {2.0}) for row in table)
   assert 0 < (table[:, 0] == 0).sum() < V
-  evaluated = model.apply({'params': params}, tokens, model.initialize_carry(B))[0]
-  plain = _lm(embedding=Embedding(V, M, embedding_init=nn.initializers.ones)).apply(
+  evaluated = jax.jit(model.apply)({'params': params}, tokens, model.initialize_carry(B))[0]
+  plain = jax.jit(_lm(embedding=Embedding(V, M, embedding_init=nn.initializers.ones)).apply)(
       {'params': params}, tokens, model.initialize_carry(B))[0]
   np.testing.assert_array_equal(evaluated, plain)
 
@@ -146,12 +148,14 @@ def test_train_step_adds_ar_on_dropped_and_tar_on_undropped_outputs():
     return (nll + ar * jnp.mean(dropped ** 2)
             + tar * jnp.mean((undropped[1:] - undropped[:-1]) ** 2))
 
-  sown = model.apply({'params': before}, tokens[:, :-1], model.initialize_carry(B),
-                     train=True, rngs={'dropout': dropout_key}, mutable=['intermediates'])[1]
+  # Compiled whole: op by op, every operation would compile on its own.
+  sown = jax.jit(lambda p: model.apply(
+      {'params': p}, tokens[:, :-1], model.initialize_carry(B), train=True,
+      rngs={'dropout': dropout_key}, mutable=['intermediates'])[1])(before)
   assert not np.allclose(sown['intermediates']['stack']['dropped_output'][0],
                          sown['intermediates']['stack']['output'][0])
-  grads = jax.grad(objective)(before)
-  expected = jax.tree.map(lambda p, g: p - g, before, grads)
+  grads = jax.jit(jax.grad(objective))(before)
+  expected = jax.tree.map(lambda p, g: p - np.asarray(g), before, grads)
   for got, want in zip(jax.tree.leaves(after), jax.tree.leaves(expected)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -230,11 +234,14 @@ def test_the_train_step_drops_states_before_the_window():
   tokens = _tokens(length=T + 1)
   batch = (tokens[:, :-1], tokens[:, 1:], jnp.ones((B, T)))
 
+  steps = {rate: make_train_step(model, optimizer, drop_state=rate)
+           for rate in (1 - 1e-7, 0.0)}  # each compiled once
+
   def run(rate, value):  # the train step donates its state: a fresh one each time
-    carries = jax.tree.map(lambda x: jnp.full((B, *x.shape[1:]), value),
+    carries = jax.tree.map(lambda x: np.full((B, *x.shape[1:]), value, x.dtype),
                            model.initialize_carry(B))
-    return make_train_step(model, optimizer, drop_state=rate)(
-        create_train_state(model, optimizer, config).replace(carries=carries), *batch)
+    return steps[rate](create_train_state(model, optimizer, config).replace(carries=carries),
+                       *batch)
 
   dropped, metrics = run(1 - 1e-7, 1.0)
   zero_start, zero_metrics = run(0.0, 0.0)
