@@ -47,7 +47,7 @@ jax.config.update('jax_default_matmul_precision', os.environ['JAX_DEFAULT_MATMUL
 
 # Many tests compile the same tiny models again (each run builds its own jitted
 # steps, and the launch tests start fresh processes): a compilation cache
-# shared by the test process and its subprocesses halves the suite's time.
+# shared by the test processes (xdist's workers) and their subprocesses.
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='lm_zoo_test_jax_cache_')
   atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], True)
@@ -56,6 +56,13 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
 # full runs), and those cost little to compile again.
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '1')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+# jax read its variables when lm_zoo.runtime imported it: this process is told
+# through its config (before its first compilation, which fixes the cache).
+jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+jax.config.update('jax_persistent_cache_min_compile_time_secs',
+                  float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
+jax.config.update('jax_persistent_cache_min_entry_size_bytes',
+                  int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']))
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
