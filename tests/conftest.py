@@ -10,7 +10,9 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.test_util import check_vjp
 
 from lm_zoo.runtime import accelerator_expected, retain_host_memory
 
@@ -118,6 +120,17 @@ def tiny_lm_config(data_dir):
   c.generate.num_lines = 1
   c.generate.num_tokens = 5
   return c
+
+
+def check_reverse_gradient(f, args: tuple, eps: float, atol: float, rtol: float):
+  """`jax.test_util.check_grads(f, args, order=1, modes=('rev',))` against f's
+  gradient compiled whole by one jax.jit (jax.vjp of a jitted f would compile
+  its forward and backward passes as programs of their own): a finite
+  difference along a random direction. Returns the gradient, one tree an arg."""
+  grads = jax.jit(jax.grad(f, argnums=tuple(range(len(args)))))(*args)
+  vjp = lambda *a: (f(*a), lambda ct: jax.tree.map(lambda g: np.asarray(g) * ct, grads))
+  check_vjp(f, vjp, args, eps=eps, atol=atol, rtol=rtol)
+  return grads
 
 
 def perturb(params, seed: int = 1, scale: float = 0.3):

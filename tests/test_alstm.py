@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_vjp
 
-from conftest import perturb
+from conftest import check_reverse_gradient, perturb
 from lm_zoo.cells import ALSTMCell, LSTMRHNStack, Mogrify, StaticLatent
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
@@ -124,13 +123,7 @@ def test_gradients_match_finite_differences():
     params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
     rnn = nn.RNN(_cell(param_dtype=jnp.float64))
     loss = jax.jit(lambda p, xs: jnp.sum(rnn.apply({'params': {'cell': p}}, xs) ** 2))
-    # check_grads(order=1, modes=('rev',)) with the reverse-mode gradient compiled
-    # whole: jax.vjp of the jitted loss would compile its forward and backward
-    # passes as programs of their own.
-    args = (params, jnp.asarray(xs))
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(*args)
-    vjp = lambda *a: (loss(*a), lambda ct: jax.tree.map(lambda g: np.asarray(g) * ct, grads))
-    check_vjp(loss, vjp, args, eps=1e-6, atol=1e-7, rtol=1e-6)
+    check_reverse_gradient(loss, (params, jnp.asarray(xs)), eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
 def test_mogrified_alstm_mogrifies_x_and_h_then_adapts():

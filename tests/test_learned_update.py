@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.test_util import check_vjp
+from conftest import check_reverse_gradient
 
 from lm_zoo.optim import (GateNetwork, RMSGateNetwork, coordinate_features, decay_logits,
                           dynamic_rms, learned_update_rule, mean_rms)
@@ -177,13 +177,7 @@ def test_meta_gradients_match_finite_differences():
     # Jitted: run eagerly, each call would compile its scan again.
     objective = jax.jit(lambda m: meta_loss(model, net.apply, m, params, state, carries,
                                             segments)[0])
-    grads = jax.jit(jax.grad(objective))(meta)
-    # check_grads(order=1, modes=('rev',)) with the reverse-mode gradient compiled
-    # whole: jax.vjp of the jitted objective would compile its forward and
-    # backward passes as programs of their own.
-    vjp = lambda m: (objective(m), lambda ct: (jax.tree.map(lambda g: np.asarray(g) * ct,
-                                                            grads),))
-    check_vjp(objective, vjp, (meta,), eps=1e-6, atol=1e-6, rtol=1e-5)
+    [grads] = check_reverse_gradient(objective, (meta,), eps=1e-6, atol=1e-6, rtol=1e-5)
     assert _flat(grads['params']).any()  # phi reaches the loss through the updates
 
 
