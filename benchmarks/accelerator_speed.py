@@ -32,7 +32,9 @@ and untimed, the kernels a train step runs (`profile_kernels_per_step`):
 from a `jax.profiler` trace of `--steps` more steps for the JAX rows (with the
 fraction of the traced wall time the device spends in them,
 `profile_device_busy`; TensorBoard's profile plugin reads the trace), and
-from PyTorch's profiler for its rows; on a GPU only.
+from PyTorch's profiler for its rows; on a GPU only. A row that fails to
+compile or run is left out with its reason (`failed` in the output), the
+others are timed and written, and the script then exits with an error.
 
   python benchmarks/accelerator_speed.py [--recipes=...] [--scans=auto,pallas]
 """
@@ -123,6 +125,19 @@ def build_baseline(name: str, hidden: int, batch: int, bptt: int) -> dict | None
   return lm_zoo_lm(config, vocab_size())
 
 
+def build_row(name: str, build, failed: dict) -> dict | None:
+  """`build()` (the row's compiled and warmed-up calls), or None with the
+  reason in `failed[name]`: a kernel that does not compile or run on this
+  device costs its own row, not the other rows' timings."""
+  try:
+    return build()
+  except Exception as err:  # any failure: the row's reason, not the run's end
+    first_line = (str(err).strip().splitlines() or [''])[0]
+    failed[name] = f'{type(err).__name__}: {first_line}'
+    print(f'{name}: failed, {failed[name]}')
+    return None
+
+
 def time_rows(built: dict) -> dict:
   seconds = {name: {'train': float('inf'), 'eval': float('inf')} for name in built}
   for _ in range(FLAGS.rounds):
@@ -178,15 +193,20 @@ def main(argv):
   first = experiment_config(FLAGS.recipes[0], FLAGS.tiny)
   recipe_hidden = layer_sizes(build_model(first.model, vocab_size()))[0]
   batch, bptt = first.data.batch_size, first.data.bptt
-  built = {name: lm_zoo_lm(config, vocab_size()) for name, config in configs.items()}
-  hidden_of = {name: recipe_hidden for name in built}
+  built, hidden_of, failed = {}, {}, {}
+  for name, config in configs.items():
+    calls = build_row(name, lambda config=config: lm_zoo_lm(config, vocab_size()), failed)
+    if calls is not None:
+      built[name], hidden_of[name] = calls, recipe_hidden
   for size in FLAGS.baseline_hidden:
     hidden = recipe_hidden if size == 'recipe' else (FLAGS.tiny * 2 if FLAGS.tiny else int(size))
     for name in FLAGS.baselines:
-      if f'{name}@{hidden}' not in built:
-        calls = build_baseline(name, hidden, batch, bptt)
+      row = f'{name}@{hidden}'
+      if row not in built and row not in failed:
+        calls = build_row(row, lambda name=name: build_baseline(name, hidden, batch, bptt),
+                          failed)
         if calls is not None:
-          built[f'{name}@{hidden}'], hidden_of[f'{name}@{hidden}'] = calls, hidden
+          built[row], hidden_of[row] = calls, hidden
   seconds = time_rows(built)
   kernels = count_kernels(built) if FLAGS.profile_dir else {}
 
@@ -216,10 +236,13 @@ def main(argv):
     rows.append(row)
   add_ratios(rows)
   recurrence = recurrence_matmul_seconds(recipe_hidden, batch, bptt)
-  report(rows, recurrence, recipe_hidden, batch, bptt, malloc)
+  report(rows, recurrence, recipe_hidden, batch, bptt, malloc, failed)
+  if failed:
+    raise SystemExit(f'error: {len(failed)} rows failed: {", ".join(failed)} (reasons above '
+                     'and in the output\'s "failed")')
 
 
-def report(rows, recurrence, hidden, batch, bptt, malloc):
+def report(rows, recurrence, hidden, batch, bptt, malloc, failed):
   device = jax.devices()[0]
   print(f'\n{device.platform}: {device.device_kind} x {jax.device_count()}; '
         f'{os.cpu_count()} CPUs; malloc {malloc}; vocabulary {vocab_size()}')
@@ -242,7 +265,7 @@ def report(rows, recurrence, hidden, batch, bptt, malloc):
         'malloc': malloc, 'vocab': vocab_size(), 'recipe_hidden': hidden,
         'recurrence_matmul_seconds': recurrence,
         'baselines': FLAGS.baselines, 'scans': FLAGS.scans, 'jax': jax.__version__,
-        'results': rows}, indent=2))
+        'results': rows, 'failed': failed}, indent=2))
     print(f'wrote {path}')
 
 

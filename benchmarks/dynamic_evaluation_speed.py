@@ -7,7 +7,9 @@ rule of `GateNetwork` (8 hidden units), segments of `--segment` tokens, each
 scored and then trained on), with its layers run each way of `--scans`
 (`lm_zoo.cells.scans`: on a GPU 'fused', 'pallas' and 'cudnn' serve it as
 they serve training). Prints tokens/s, the ratio to static evaluation and
-to the first scan's row of the same mode; writes JSON.
+to the first scan's row of the same mode; writes JSON. A size and scan that
+fails is left out with its reason (`failed`), and the script then exits with
+an error.
 
   python benchmarks/dynamic_evaluation_speed.py [--sizes=200,650] [--tokens=2000]
       [--scans=fused,pallas,cudnn] [--rules=dynamic_sgd,dynamic_rms,learned_rule]
@@ -84,8 +86,15 @@ def measure(hidden: int, scan: str) -> list[dict]:
 def main(argv):
   del argv
   retain_host_memory()  # as lm_zoo's programs do
-  rows = [row for size in FLAGS.sizes for scan in FLAGS.scans
-          for row in measure(int(size), scan)]
+  rows, failed = [], {}
+  for size in FLAGS.sizes:
+    for scan in FLAGS.scans:
+      try:
+        rows += measure(int(size), scan)
+      except Exception as err:  # any failure: this size and scan's reason, not the run's end
+        reason = (str(err).strip().splitlines() or [''])[0]
+        failed[f'{size}@{scan}'] = f'{type(err).__name__}: {reason}'
+        print(f'hidden {size}, scan {scan}: failed, {type(err).__name__}: {reason}')
   for row in rows:
     first = next(r for r in rows if (r['mode'], r['hidden']) == (row['mode'], row['hidden']))
     row['ratio_vs_first_scan'] = row['tokens_per_s'] / first['tokens_per_s']
@@ -100,8 +109,11 @@ def main(argv):
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({'device': str(jax.devices()[0]), 'jax': jax.__version__,
-                                'results': rows}, indent=2))
+                                'results': rows, 'failed': failed}, indent=2))
     print(f'wrote {path}')
+  if failed:
+    raise SystemExit(f'error: {", ".join(failed)} failed (reasons above and in the output\'s '
+                     '"failed")')
 
 
 if __name__ == '__main__':
