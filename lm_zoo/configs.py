@@ -77,8 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.init_scale = 0.0  # > 0: every parameter U(±init_scale) (Zaremba)
   c.model.unroll = 1  # lax.scan unroll
   # How each layer runs a window (lm_zoo.cells.scans; same outputs and gradients):
-  # auto (on a GPU cudnn where the layer allows it; else fused where the cell
-  # has a kernel, else hoisted where it can, else scan), fused (a hand-written
+  # auto (fused where the cell has a kernel, else hoisted where it can, else
+  # scan; on every backend), fused (a hand-written
   # backward pass with one weight-gradient product per window: lstm and
   # Mogrifier-lstm layers), pallas (the fused window with Pallas kernels a
   # step: lstm, Mogrifier-lstm and alstm layers), cudnn (cuDNN's LSTM,

@@ -1,6 +1,6 @@
 """scan='cudnn': our LSTM's parameters packed as cuDNN's, run here through
 jax.experimental.rnn's reference scan, against the plain scan; the refusals;
-what 'auto' picks on a GPU."""
+what 'auto' picks; the layouts its GPU lowering pins."""
 
 import flax.linen as nn
 import jax
@@ -8,9 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import rnn
+from jax.extend.core import Primitive
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo
+from jax.interpreters import mlir
 
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
-from lm_zoo.cells.cudnn_lstm import cudnn_lstm_window, pack_weights
+from lm_zoo.cells.cudnn_lstm import cudnn_lstm_window, pack_weights, pin_row_major
 from lm_zoo.models import RecurrentLayer
 
 M, N, B, T = 3, 5, 2, 6
@@ -65,23 +69,43 @@ def test_a_layer_cudnn_cannot_run_is_refused_with_the_reason(cell, reason):
     resolve_scan(cell, 'cudnn')
 
 
-def test_a_masked_state_is_refused_when_asked_and_passed_over_by_auto(monkeypatch):
+def test_a_masked_state_is_refused():
   with pytest.raises(ValueError, match='cannot mask the fed-back state'):
     resolve_scan(LSTMCell(N), 'cudnn', state_mask=True)
   with pytest.raises(ValueError, match='cannot mask the fed-back state'):
     cudnn_lstm_window(LSTMCell(N), _params(LSTMCell(N))['cell'],
                       (jnp.zeros((B, N)),) * 2, jnp.ones((T, B, M)), jnp.ones((B, N)))
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-  assert resolve_scan(LSTMCell(N), 'auto') == 'cudnn'
-  assert resolve_scan(Mogrify(LSTMCell(N), rounds=0), 'auto') == 'cudnn'
+
+
+@pytest.mark.parametrize('backend', ['cpu', 'gpu'])
+def test_auto_takes_the_fused_window_on_every_backend(monkeypatch, backend):
+  """'cudnn' is taken by name only, until its pinned layouts are checked on a GPU."""
+  monkeypatch.setattr(jax, 'default_backend', lambda: backend)
+  assert resolve_scan(LSTMCell(N), 'auto') == 'fused'
+  assert resolve_scan(Mogrify(LSTMCell(N), rounds=0), 'auto') == 'fused'
   assert resolve_scan(LSTMCell(N), 'auto', state_mask=True) == 'fused'
   assert resolve_scan(LSTMCell(N, cap_input_gate=True), 'auto') == 'fused'
   assert resolve_scan(Mogrify(LSTMCell(N), rounds=2), 'auto') == 'fused'
 
 
-def test_auto_off_a_gpu_keeps_the_fused_window():
-  assert jax.default_backend() == 'cpu'
-  assert resolve_scan(LSTMCell(N), 'auto') == 'fused'
+def test_the_pinned_lowering_gives_its_custom_call_row_major_layouts():
+  """pin_row_major on a rule that leaves its custom call's layouts free (as
+  jaxlib's lowering of cuDNN's LSTM does): the lowered call names the
+  row-major layout of every operand and result, rank by rank."""
+  def free_layouts(ctx, x, lengths):
+    return stablehlo.CustomCallOp([x.type, lengths.type], [x, lengths],
+                                  call_target_name=ir.StringAttr.get('lm_zoo_test_target')).results
+
+  primitive = Primitive('lm_zoo_test_pinned')
+  primitive.multiple_results = True
+  primitive.def_abstract_eval(lambda x, lengths: (x, lengths))
+  mlir.register_lowering(primitive, pin_row_major(free_layouts))
+  text = jax.jit(primitive.bind).trace(jnp.ones((B, T, M)), jnp.ones((B,), jnp.int32)) \
+      .lower().as_text()
+  call = next(line for line in text.splitlines() if 'lm_zoo_test_target' in line)
+  layouts = 'dense<[2, 1, 0]> : tensor<3xindex>, dense<0> : tensor<1xindex>'
+  assert f'operand_layouts = [{layouts}]' in call
+  assert f'result_layouts = [{layouts}]' in call
 
 
 def test_a_stack_of_seeds_runs_one_call_per_seed_with_each_seeds_gradients():

@@ -8,6 +8,14 @@ precision is 'highest'), one layer a call, on NVIDIA GPUs; elsewhere the
 window runs `jax.experimental.rnn`'s reference scan over the same packed
 weights, which is how the mapping is tested without a GPU. A stack of
 seeds (`jax.vmap`) runs one call per seed.
+
+The calls are jaxlib's cuDNN custom calls, bound through primitives of our
+own whose lowering pins every operand and result to the row-major layout
+cuDNN reads and writes. jaxlib's own lowering leaves their layouts free, and
+XLA then folds the batch-major swap beside the call into the buffer's
+layout: on an H200 (jax 0.11.2) the outputs came back permuted between batch
+rows and time steps, only the first and last element of the (batch, time)
+grid in place.
 """
 
 from __future__ import annotations
@@ -16,7 +24,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import rnn
+from jax.extend.core import Primitive
+from jax.extend.mlir import ir
+from jax.interpreters import mlir
 
 from lm_zoo.cells.lstm import LSTMCell
 
@@ -55,15 +67,71 @@ def _reference(x, h0, c0, weights, lengths, input_size, hidden_size):
   return rnn.lstm_ref(x, h0, c0, *unpacked, lengths, input_size, hidden_size, 1, 0.0, False)
 
 
+def row_major_layouts(types) -> ir.ArrayAttr:
+  """A custom call's `operand_layouts` or `result_layouts`: row-major (the
+  last axis fastest) for each MLIR tensor type of `types`."""
+  return ir.ArrayAttr.get([
+      ir.DenseIntElementsAttr.get(
+          np.arange(ir.RankedTensorType(t).rank - 1, -1, -1, dtype=np.int64),
+          type=ir.IndexType.get())
+      for t in types])
+
+
+def pin_row_major(lowering):
+  """`lowering`, a rule that emits one custom call, with every operand and
+  result of that call pinned to the row-major layout."""
+  def rule(ctx, *args, **params):
+    results = lowering(ctx, *args, **params)
+    call = results[0].owner
+    call = getattr(call, 'operation', call)
+    call.attributes['operand_layouts'] = row_major_layouts(v.type for v in call.operands)
+    call.attributes['result_layouts'] = row_major_layouts(v.type for v in call.results)
+    return results
+  return rule
+
+
+@functools.cache
+def _compiled_bind(primitive, params: tuple):
+  return jax.jit(functools.partial(primitive.bind, **dict(params)))
+
+
+def _primitive(name: str, abstract_eval, cuda_lowering) -> Primitive:
+  """A primitive of jax.experimental.rnn's signature whose CUDA lowering is
+  jaxlib's with the layouts pinned; run eagerly, it is compiled once per
+  set of parameters."""
+  primitive = Primitive(name)
+  primitive.multiple_results = True
+  primitive.def_abstract_eval(abstract_eval)
+  primitive.def_impl(
+      lambda *args, **params: _compiled_bind(primitive, tuple(sorted(params.items())))(*args))
+  if cuda_lowering is not None:
+    mlir.register_lowering(primitive, pin_row_major(cuda_lowering), platform='cuda')
+  return primitive
+
+
+_gpu_rnn = getattr(rnn, 'gpu_rnn', None)
+_forward_p = _primitive('lm_zoo_cudnn_lstm_fwd', rnn.rnn_abstract_eval,
+                        getattr(_gpu_rnn, 'cudnn_rnn_lowering', None))
+_backward_p = _primitive('lm_zoo_cudnn_lstm_bwd', rnn.rnn_bwd_abstract_eval,
+                         getattr(_gpu_rnn, 'cudnn_rnn_bwd_lowering', None))
+
+
+def _call_params(input_size: int, hidden_size: int) -> dict:
+  # TF32 products unless JAX's matmul precision is 'highest', as
+  # jax.experimental.rnn.lstm decides.
+  return dict(input_size=input_size, hidden_size=hidden_size, num_layers=1, dropout=0.0,
+              bidirectional=False, cudnn_allow_tf32=rnn._lstm_cudnn_allow_tf32(None))
+
+
 def _forward(input_size, hidden_size, x, h0, c0, weights, lengths):
   """((y, h_n, c_n), residuals) of one layer: cuDNN's on a GPU, the reference
   scan's elsewhere (its residuals are the inputs)."""
   if jax.default_backend() != 'gpu':
     inputs = (x, h0, c0, weights, lengths)
     return _reference(*inputs, input_size, hidden_size), inputs
-  return rnn.lstm_fwd(x, h0, c0, weights, lengths, input_size=input_size,
-                      hidden_size=hidden_size, num_layers=1, dropout=0.0, bidirectional=False,
-                      precision=None)
+  y, h_n, c_n, reserve = _forward_p.bind(x, h0, c0, weights, lengths,
+                                         **_call_params(input_size, hidden_size))
+  return (y, h_n, c_n), (x, h0, c0, weights, lengths, y, reserve)
 
 
 def _backward(input_size, hidden_size, residuals, gradients):
@@ -73,7 +141,9 @@ def _backward(input_size, hidden_size, residuals, gradients):
     _, vjp = jax.vjp(lambda *a: _reference(*a, lengths, input_size, hidden_size),
                      x, h0, c0, weights)
     return vjp(gradients)
-  return rnn.lstm_bwd(input_size, hidden_size, 1, 0.0, False, None, residuals, gradients)[:4]
+  x, h0, c0, weights, lengths, y, reserve = residuals
+  return tuple(_backward_p.bind(*gradients, x, h0, c0, weights, y, reserve, lengths,
+                                **_call_params(input_size, hidden_size)))
 
 
 # cuDNN's primitives have no batching rule: under `jax.vmap` (a stack of

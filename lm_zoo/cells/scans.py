@@ -24,8 +24,10 @@ the ways of `SCANS`:
   capped gate, no bfloat16 products, no mask on the fed-back state (weight
   drop is applied to the weights before the call, and the second gate bias
   is cuDNN's own b_hh).
-- 'auto': on a GPU 'cudnn' where the layer allows it; else 'fused' where
-  the cell has a kernel, else 'hoisted' where it can hoist, else 'scan'.
+- 'auto': 'fused' where the cell has a kernel, else 'hoisted' where it can
+  hoist, else 'scan', on every backend. 'cudnn' is taken by name only: on an
+  H200 its outputs came back permuted (docs/cells.md), and its fix awaits a
+  check on a GPU; 'pallas' is slower than 'fused' there.
 
 All of them give the same outputs and gradients, to rounding. The fused,
 Pallas and cuDNN windows are `jax.custom_vjp`s: reverse mode only (for
@@ -263,7 +265,7 @@ def fused_kernel(cell: nn.Module) -> FusedKernel | None:
 
 def resolve_scan(cell: nn.Module, scan: str, *, state_mask: bool = False) -> str:
   """The way to run `cell` that `scan` (one of `SCANS`) asks for, with
-  'auto' decided for this backend; `state_mask`: whether the layer masks
+  'auto' decided for the cell; `state_mask`: whether the layer masks
   its fed-back state (which cuDNN cannot).
 
   Raises:
@@ -278,8 +280,7 @@ def resolve_scan(cell: nn.Module, scan: str, *, state_mask: bool = False) -> str
   can = {way: callable(kernel) for way, kernel in kernels.items()}
   can.update(hoisted=cell_scans(cell).project is not None, scan=True, remat=True)
   if scan == 'auto':
-    order = ('cudnn',) * (jax.default_backend() == 'gpu') + ('fused', 'hoisted', 'scan')
-    return next(way for way in order if can[way])
+    return next(way for way in ('fused', 'hoisted', 'scan') if can[way])
   if not can[scan]:
     if isinstance(kernels.get(scan), str):
       raise ValueError(f'scan={scan!r} cannot run {describe(cell)}: {kernels[scan]}')
