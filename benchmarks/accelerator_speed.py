@@ -31,7 +31,9 @@ the time of the window's recurrent products alone
 and untimed, the kernels a train step runs (`profile_kernels_per_step`):
 from a `jax.profiler` trace of `--steps` more steps for the JAX rows (with the
 fraction of the traced wall time the device spends in them,
-`profile_device_busy`; TensorBoard's profile plugin reads the trace), and
+`profile_device_busy`, and the 15 kernels that took longest in all, by name,
+with their count and microseconds a step, `profile_top_kernels`;
+TensorBoard's profile plugin reads the trace), and
 from PyTorch's profiler for its rows; on a GPU only. A row that fails to
 compile or run is left out with its reason (`failed` in the output), the
 others are timed and written, and the script then exits with an error.
@@ -74,6 +76,7 @@ flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's
                   'the code; not a speed figure).')
 FLAGS = flags.FLAGS
 VOCAB = 10_000  # PTB's; the papers' PTB recipes
+TOP_KERNELS = 15  # the kernels a row's profile names, the longest in all first
 
 
 def vocab_size() -> int:
@@ -161,8 +164,12 @@ def count_kernels(built: dict) -> dict:
     seconds_per_call(calls, 'train', FLAGS.steps)
     jax.profiler.stop_trace()
     traced = device_kernels(trace_dir)
-    kernels[name] = traced and {'per_step': traced['kernels'] / FLAGS.steps,
-                                'busy': traced['busy_seconds'] / traced['span_seconds']}
+    kernels[name] = traced and {
+        'per_step': traced['kernels'] / FLAGS.steps,
+        'busy': traced['busy_seconds'] / traced['span_seconds'],
+        'top': [{'name': kernel, 'per_step': count / FLAGS.steps,
+                 'us_per_step': seconds / FLAGS.steps * 1e6, 'us_each': seconds / count * 1e6}
+                for kernel, (count, seconds) in list(traced['by_name'].items())[:TOP_KERNELS]]}
   return kernels
 
 
@@ -229,6 +236,7 @@ def main(argv):
       row['profile_kernels_per_step'] = kernels[name]['per_step']
       if 'busy' in kernels[name]:
         row['profile_device_busy'] = kernels[name]['busy']
+        row['profile_top_kernels'] = kernels[name]['top']
     total = recipe_tokens(config) if name in configs else None
     if total is not None:
       row['recipe_tokens'] = total

@@ -19,6 +19,7 @@ step (0.12 TFLOP/s for the 24M Mogrifier on an H100 by it).
 
 from __future__ import annotations
 
+import collections
 import glob
 import gzip
 import importlib
@@ -299,8 +300,9 @@ def device_kernels(trace_dir: str) -> dict | None:
   ran on the device's streams (kernels, and the few copies and memsets
   there), and the wall time they kept it busy (the union of their
   intervals, so that overlapping streams count once) over the span from the
-  first one's start to the last one's end. None when the trace holds no
-  device streams (a CPU run)."""
+  first one's start to the last one's end; and per kernel name, how many
+  ran and their summed seconds (`by_name`, the longest first). None when the
+  trace holds no device streams (a CPU run)."""
   paths = glob.glob(os.path.join(trace_dir, '**', 'perfetto_trace.json.gz'), recursive=True)
   if not paths:
     return None
@@ -313,14 +315,20 @@ def device_kernels(trace_dir: str) -> dict | None:
       names[e['pid']] = e['args']['name']
     elif e.get('ph') == 'M' and e.get('name') == 'thread_name':
       names[e['pid'], e['tid']] = e['args']['name']
-  kernels = sorted((e['ts'], e['ts'] + e.get('dur', 0.0)) for e in events
-                   if e.get('ph') == 'X' and names.get(e['pid'], '').startswith('/device:')
-                   and names.get((e['pid'], e['tid']), '').startswith('Stream'))
-  if not kernels:
+  on_device = [e for e in events
+               if e.get('ph') == 'X' and names.get(e['pid'], '').startswith('/device:')
+               and names.get((e['pid'], e['tid']), '').startswith('Stream')]
+  if not on_device:
     return None
+  kernels = sorted((e['ts'], e['ts'] + e.get('dur', 0.0)) for e in on_device)
+  by_name = collections.defaultdict(lambda: [0, 0.0])
+  for e in on_device:
+    by_name[e['name']][0] += 1
+    by_name[e['name']][1] += e.get('dur', 0.0) * 1e-6
   busy, end = 0.0, -float('inf')
   for start, stop in kernels:  # union of the intervals, in microseconds
     busy += max(0.0, stop - max(start, end))
     end = max(end, stop)
   span = end - kernels[0][0]
-  return {'kernels': len(kernels), 'busy_seconds': busy * 1e-6, 'span_seconds': span * 1e-6}
+  return {'kernels': len(kernels), 'busy_seconds': busy * 1e-6, 'span_seconds': span * 1e-6,
+          'by_name': dict(sorted(by_name.items(), key=lambda item: -item[1][1]))}

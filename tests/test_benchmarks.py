@@ -70,11 +70,12 @@ def test_device_kernels_counts_stream_kernels_and_their_busy_union(tmp_path):
       {'ph': 'M', 'pid': 2, 'tid': 21, 'name': 'thread_name',
        'args': {'name': 'Stream #15(MemcpyH2D)'}},
       {'ph': 'M', 'pid': 2, 'tid': 22, 'name': 'thread_name', 'args': {'name': 'XLA Ops'}}]
-  x = lambda pid, tid, ts, dur: {'ph': 'X', 'pid': pid, 'tid': tid, 'ts': ts, 'dur': dur,
-                                 'name': 'k'}
+  x = lambda pid, tid, ts, dur, name='gemm': {'ph': 'X', 'pid': pid, 'tid': tid, 'ts': ts,
+                                              'dur': dur, 'name': name}
   events = [x(1, 10, 0, 1000),  # host: not a kernel
             x(2, 22, 0, 1000),  # an op line of the device: not a kernel
-            x(2, 20, 100, 10), x(2, 20, 120, 20), x(2, 21, 130, 20), x(2, 20, 190, 10)]
+            x(2, 20, 100, 10), x(2, 20, 120, 20, 'pad'), x(2, 21, 130, 20, 'copy'),
+            x(2, 20, 190, 10, 'pad')]
   # Busy: [100, 110) + [120, 150) + [190, 200) = 50 us of a 100 us span.
   folder = tmp_path / 'row' / 'plugins' / 'profile' / 'run'
   folder.mkdir(parents=True)
@@ -84,6 +85,10 @@ def test_device_kernels_counts_stream_kernels_and_their_busy_union(tmp_path):
   assert kernels['kernels'] == 4
   assert kernels['busy_seconds'] == pytest.approx(50e-6)
   assert kernels['span_seconds'] == pytest.approx(100e-6)
+  by_name = kernels['by_name']  # count and summed seconds, the longest first
+  assert list(by_name) == ['pad', 'copy', 'gemm']
+  assert by_name['pad'] == [2, pytest.approx(30e-6)]
+  assert by_name['gemm'] == [1, pytest.approx(10e-6)]
 
   with gzip.open(folder / 'perfetto_trace.json.gz', 'wt') as f:  # a CPU run's trace
     json.dump({'traceEvents': meta[:2] + events[:1]}, f)
