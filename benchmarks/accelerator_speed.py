@@ -34,7 +34,8 @@ fraction of the traced wall time the device spends in them,
 `profile_device_busy`, and the 15 kernels that took longest in all, by name,
 with their count and microseconds a step, `profile_top_kernels`;
 TensorBoard's profile plugin reads the trace), and
-from PyTorch's profiler for its rows; on a GPU only. A row that fails to
+from PyTorch's profiler for its rows; on a GPU only. `--hlo_dir` keeps each
+recipe row's train step as XLA optimized it for the device (text). A row that fails to
 compile or run is left out with its reason (`failed` in the output), the
 others are timed and written, and the script then exits with an error.
 
@@ -69,6 +70,9 @@ flags.DEFINE_integer('rounds', 3, 'Rounds over all rows; each keeps its fastest.
 flags.DEFINE_string('output', 'runs/bench_accelerator.json', 'JSON results file.')
 flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of --steps more '
                     'train steps of every JAX row, untimed (empty: none, and no kernel counts).')
+flags.DEFINE_string('hlo_dir', '', "Where to write each recipe row's train step as XLA "
+                    'compiled it for this device (optimized HLO text, ROW.hlo.txt): what its '
+                    "kernels are (empty: none).")
 flags.DEFINE_integer('tiny', 0, '> 0: every model at this hidden size, batch 4, BPTT 5 '
                      'and vocabulary 50 (a smoke test of the whole script, as CI runs it).')
 flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's row with "
@@ -150,6 +154,15 @@ def time_rows(built: dict) -> dict:
   return seconds
 
 
+def write_hlo(built: dict, folder: str) -> None:
+  """Each recipe row's optimized train step, as text, into `folder`."""
+  path = pathlib.Path(folder)
+  path.mkdir(parents=True, exist_ok=True)
+  for name, calls in built.items():
+    if 'hlo' in calls:
+      (path / f"{name.replace(':', '_').replace('@', '_')}.hlo.txt").write_text(calls['hlo']())
+
+
 def count_kernels(built: dict) -> dict:
   """Kernels a train step (and the device's busy fraction, JAX rows), traced
   after the timing: profiling slows a step by up to 40% on a GPU."""
@@ -215,6 +228,8 @@ def main(argv):
         if calls is not None:
           built[row], hidden_of[row] = calls, hidden
   seconds = time_rows(built)
+  if FLAGS.hlo_dir:
+    write_hlo(built, FLAGS.hlo_dir)
   kernels = count_kernels(built) if FLAGS.profile_dir else {}
 
   rows = []

@@ -96,10 +96,14 @@ def lm_zoo_lm(config, vocab: int, num_seeds: int = 0) -> dict:
     state = holder['state']
     return eval_step(state.params, state.carries, inputs, targets, weights)[0]
 
+  def optimized_hlo() -> str:
+    return train_step.lower(holder['state'], inputs, targets, weights).compile().as_text()
+
   for fn in (train, evaluate):  # warm up
     jax.block_until_ready(fn())
   return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
-          'model': describe_model(config.model, model), 'matmul_params': matmul_params}
+          'hlo': optimized_hlo, 'model': describe_model(config.model, model),
+          'matmul_params': matmul_params}
 
 
 def lstm_lm_matmul_params(hidden: int, vocab: int, layers: int = 2) -> int:

@@ -13,7 +13,9 @@
 # the ways a layer can run a window (lm_zoo.cells.scans): the kernels'
 # correctness subset on the device (kernel_tests.txt), the benchmark of every
 # recipe under each scan beside cuDNN and PyTorch in every precision, with
-# kernels a step (benchmark_scans.json, benchmark_scans.txt, profile_scans/),
+# kernels a step and the longest ones by name (benchmark_scans.json,
+# benchmark_scans.txt, profile_scans/, and each recipe row's optimized train
+# step in hlo_scans/),
 # the aLSTM recipe's LSTM-RHN stack under its fused window ('auto') and its
 # plain scan beside cuDNN's LSTM of its size (benchmark_lstm_rhn.json,
 # benchmark_lstm_rhn.txt, profile_lstm_rhn/), and dynamic evaluation's speed
@@ -82,6 +84,8 @@ kernel_tests=(-m 'slow or not slow' tests/test_lstm_step.py tests/test_pallas_ls
 kernel_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier,alstm_paper:ptb,ptb_alstm_small:recurrent
               --scans=auto,pallas --steps=10 --rounds=2
               --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_fp16,torch_lstm_bf16)
+# Each recipe row's train step as XLA compiled it (what its kernels are).
+hlo=(--hlo_dir="$OUT/hlo_scans")
 # The LSTM-RHN stack's fused window against the plain scan it replaced, at the recipe's size.
 rhn_bench=(--recipes=alstm_paper:ptb --scans=auto,scan --steps=10 --rounds=2
            --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
@@ -105,6 +109,7 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
                 --scans=pallas --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
   rhn_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=alstm_paper:ptb --scans=auto
              --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
+  hlo=()
   dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=pallas --rules=dynamic_rms)
   agreement=(--config.train.max_steps=2 --config.train.eval_every=0
              --config.model.param_budget=0 --config.model.hidden_size=16
@@ -160,7 +165,7 @@ if [[ $PARTS == *" kernels "* ]]; then
       ${workers[@]+"${workers[@]}"} "${kernel_tests[@]}" 2>&1 | tee "$OUT/kernel_tests.txt" \
       || failed+=(kernel_tests)
   "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_scans.json" \
-      --profile_dir="$OUT/profile_scans" "${kernel_bench[@]}" 2>&1 \
+      --profile_dir="$OUT/profile_scans" ${hlo[@]+"${hlo[@]}"} "${kernel_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_scans.txt" || failed+=(benchmark_scans)
   "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_lstm_rhn.json" \
       --profile_dir="$OUT/profile_lstm_rhn" "${rhn_bench[@]}" 2>&1 \

@@ -39,8 +39,12 @@ def test_accelerator_speed_compares_with_cudnn_s_reference_scan_on_a_cpu(tmp_pat
   script = [sys.executable, str(REPO / 'benchmarks' / 'accelerator_speed.py'), '--tiny=16',
             '--steps=1', '--rounds=1', f'--output={output}']
   subprocess.run([*script, '--recipes=mogrifier_paper:ptb_lstm', '--scans=hoisted',
-                  '--baselines=jax_cudnn_lstm', '--cudnn_reference'],
+                  '--baselines=jax_cudnn_lstm', '--cudnn_reference', f'--hlo_dir={tmp_path}/hlo'],
                  check=True, capture_output=True, cwd=REPO)
+  # The recipe row's train step as XLA optimized it: its window is a loop.
+  hlo, = (tmp_path / 'hlo').iterdir()
+  assert hlo.name == 'mogrifier_paper_ptb_lstm_hoisted.hlo.txt'
+  assert hlo.read_text().startswith('HloModule') and ' while(' in hlo.read_text()
   rows = {row['row']: row for row in json.loads(output.read_text())['results']}
   assert set(rows) == {'mogrifier_paper:ptb_lstm@hoisted',
                        'jax_cudnn_lstm@16', 'jax_cudnn_lstm@32'}  # the recipe's size, and 2x
