@@ -1,6 +1,6 @@
 """Experiments beyond one training run (reverse copy, the adaptive feed-forward
-tasks, the robustness study, seed studies): each a function config -> result
-rows."""
+tasks, the robustness study, seed studies and their evaluations): each a
+function config -> result rows."""
 
 from lm_zoo.tasks.adaptive_ff import (build_feedforward, feedforward_spec, run_mnist,
                                       run_tail_regression, tail_regression_data)
@@ -22,7 +22,8 @@ TASKS = {
 # config.task -> a function (rows, config) -> the Markdown summary printed
 # after the rows.
 REPORTS = {
-    'seeds': lambda rows, config: seed_report(rows, config.reference),
+    'seeds': lambda rows, config: seed_report(rows, config.reference,
+                                              list(config.get('evaluations') or {})),
 }
 
 __all__ = ['REPORTS', 'TASKS', 'EncoderDecoder', 'ReverseCopyData', 'build_feedforward',

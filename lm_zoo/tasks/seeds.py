@@ -42,6 +42,7 @@ from scipy import stats
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation import mean_and_spread
 from lm_zoo.tasks.runs import train_or_read, train_stack_or_read
+from lm_zoo.tasks.study_evaluations import evaluate_runs, evaluations_report, study_evaluations
 from lm_zoo.training.seed_axis import check_num_seeds, seed_dir
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,10 @@ def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:
   `config` (experiments/seed_study.py): `models` maps names to full training
   configs; `seeds` lists the seeds; `reference` names the model the others are
   compared with; `workdir` holds one directory per run; `stack` (optional,
-  default False) trains each model's seeds as one stack.
+  default False) trains each model's seeds as one stack; `evaluations`
+  (optional) names evaluation configs that score every run's best weights
+  besides its own scores (`lm_zoo.tasks.study_evaluations`: their fields
+  join each row).
   """
   if not config.models:
     raise ConfigError('config.models is empty: name at least one training config')
@@ -67,6 +71,7 @@ def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:
   seeds = list(config.seeds)
   if not seeds or len(set(seeds)) != len(seeds):
     raise ConfigError(f'config.seeds must list distinct seeds, got {seeds}')
+  evaluations = study_evaluations(config)
   runs = [(seed, name) for seed in seeds for name in config.models]
   if config.get('stack', False):
     summaries = _train_stacks(config, seeds)
@@ -92,6 +97,7 @@ def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:
            'workdir': str(workdir)}
     log.info('%s', row)
     rows.append(row)
+  evaluate_runs(rows, evaluations)
   return rows
 
 
@@ -193,9 +199,12 @@ def summarise(rows: Sequence[Mapping], reference: str) -> dict[str, dict]:
   return summary
 
 
-def seed_report(rows: Sequence[Mapping], reference: str) -> str:
+def seed_report(rows: Sequence[Mapping], reference: str, evaluations: Sequence[str] = ()
+                ) -> str:
   """Markdown tables: each model's mean ± std, and its paired difference to
-  `reference` with the 95% interval and whether it excludes zero."""
+  `reference` with the 95% interval and whether it excludes zero; then each
+  of `evaluations` (names of the study's) beside the static score of the
+  same tokens."""
   summary = summarise(rows, reference)
   lines = ['| model | seeds | valid, mean ± std | test, mean ± std |', '|---|---|---|---|']
   for m, e in summary.items():
@@ -218,7 +227,8 @@ def seed_report(rows: Sequence[Mapping], reference: str) -> str:
                (False, True): 'test only', (False, False): 'no'}[
                    tuple(e[f'{s}_vs_reference']['resolved'] for s in SPLITS)]
     lines.append(f'| {m} | {e["valid_vs_reference"]["n"]} | {" | ".join(cells)} | {verdict} |')
-  return '\n'.join(lines)
+  evaluated = evaluations_report(rows, evaluations)
+  return '\n'.join(lines + (['', evaluated] if evaluated else []))
 
 
 def _mean_and_spread_text(mean: float, spread: float) -> str:

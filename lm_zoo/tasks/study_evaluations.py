@@ -1,0 +1,130 @@
+"""A seed study's evaluations beyond its runs' own scores: each run's best
+weights scored by each evaluation config the study names (dynamic evaluation
+with its search on valid, MC dropout, a tuned temperature), and the table of
+their means over the seeds beside the static score of the same tokens.
+
+`config.evaluations` maps a name (letters, digits and '_': it names files
+and row fields) to an evaluation config (`lm_zoo.configs.evaluation_config`,
+`experiments/dyneval_*.py`). Each run's scores are kept in
+`{run}/study_evaluations/{name}.json` with the config that made them: a study
+run again reads them back, and scores again where the config changed. An
+evaluation that diverges is a data point (infinite perplexity, its error
+kept), not the study's end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import pathlib
+import re
+from typing import Mapping, Sequence
+
+import ml_collections
+
+from lm_zoo.errors import ConfigError, TrainingError
+from lm_zoo.evaluation import EvalResult, build_evaluator, mean_and_spread, split_names
+from lm_zoo.runs.files import read_json, write_text_atomically
+from lm_zoo.training import evaluate_workdir
+
+log = logging.getLogger(__name__)
+
+SPLITS = ('valid', 'test')
+FOLDER = 'study_evaluations'
+
+
+def study_evaluations(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """`config.evaluations` checked before any run: names that can name files,
+  evaluation configs whose every field an evaluator accepts.
+
+  Raises:
+    ConfigError: naming the evaluation and the fix.
+  """
+  evaluations = dict(config.get('evaluations') or {})
+  for name, evaluation in evaluations.items():
+    if not re.fullmatch(r'[A-Za-z0-9_]+', name):
+      raise ConfigError(f'config.evaluations: {name!r} is not a name of letters, digits and '
+                        "'_': rename it (it names files and result fields)")
+    if not isinstance(evaluation, ml_collections.ConfigDict) or 'evaluator' not in evaluation:
+      raise ConfigError(f'config.evaluations.{name} is not an evaluation config: give one '
+                        'of lm_zoo.configs.evaluation_config or experiments/dyneval_*.py')
+    if evaluation.evaluator == 'learned':
+      raise ConfigError(f'config.evaluations.{name}: the learned rule needs each run '
+                        'meta-trained first (lm-zoo-meta-train): score it with lm-zoo-eval')
+    build_evaluator(evaluation, bptt=1, batch_size=1)  # a bad field fails here
+  return evaluations
+
+
+def evaluate_runs(rows: Sequence[dict], evaluations: Mapping[str, ml_collections.ConfigDict]
+                  ) -> None:
+  """Adds to each converged run's row `{name}_{split}_perplexity`, and where
+  the evaluator also scores the same tokens statically (dynamic evaluation)
+  `{name}_{split}_static_perplexity` and `{name}_settings`, the setting its
+  search chose."""
+  for row in rows:
+    if not math.isfinite(row['valid_perplexity']):
+      continue  # a diverged run has no weights worth scoring
+    for name, evaluation in evaluations.items():
+      scores = _scores(pathlib.Path(row['workdir']), name, evaluation)
+      for split, score in scores.items():
+        row[f'{name}_{split}_perplexity'] = score['perplexity']
+        if 'static_perplexity' in score:
+          row[f'{name}_{split}_static_perplexity'] = score['static_perplexity']
+          row[f'{name}_settings'] = score['settings']
+
+
+def _scores(workdir: pathlib.Path, name: str, evaluation: ml_collections.ConfigDict
+            ) -> dict[str, dict]:
+  path = workdir / FOLDER / f'{name}.json'
+  wanted = json.loads(evaluation.to_json_best_effort())
+  if path.is_file():
+    stored = read_json(path, 'a study keeps the scores it computed')
+    if stored.get('config') == wanted:
+      return stored['scores']
+  scores = {}
+  try:
+    results = evaluate_workdir(workdir, evaluation)
+  except TrainingError as err:  # a data point of the study, not its end
+    log.warning('%s: %s diverged: %s', workdir, name, err)
+    results = {}
+    scores = {split: {'perplexity': math.inf, 'error': str(err)}
+              for split in split_names(evaluation.splits)}
+  for split, result in results.items():
+    scores[split] = {'perplexity': result.perplexity}
+    if 'static_loss' in result.details:
+      static = EvalResult(result.details['static_loss'], result.num_tokens, result.unit)
+      scores[split].update(static_perplexity=static.perplexity,
+                           settings=dict(result.details['settings']))
+  path.parent.mkdir(parents=True, exist_ok=True)
+  write_text_atomically(path, json.dumps({'config': wanted, 'scores': scores}, indent=2))
+  return scores
+
+
+def evaluations_report(rows: Sequence[Mapping], names: Sequence[str]) -> str:
+  """A Markdown table per model and evaluation: the mean ± std over the
+  seeds of the static score of the same tokens, the evaluation's score and
+  the gain (static − evaluated, seed by seed); empty without evaluations."""
+  lines = []
+  for name in names:
+    if not any(f'{name}_valid_perplexity' in r for r in rows):
+      continue
+    if not lines:
+      lines = ['| model | evaluation | seeds | split | static, same tokens | evaluated | '
+               'gain |', '|---|---|---|---|---|---|---|']
+    for model in dict.fromkeys(r['model'] for r in rows):
+      scored = [r for r in rows if r['model'] == model and f'{name}_valid_perplexity' in r]
+      for split in SPLITS:
+        evaluated = [r[f'{name}_{split}_perplexity'] for r in scored]
+        static = [r.get(f'{name}_{split}_static_perplexity', math.nan) for r in scored]
+        gains = [s - e for s, e in zip(static, evaluated)]
+        cells = [_text(values) for values in (static, evaluated, gains)]
+        lines.append(f'| {model} | {name} | {len(scored)} | {split} | {" | ".join(cells)} |')
+  return '\n'.join(lines)
+
+
+def _text(values: Sequence[float]) -> str:
+  if not values or any(math.isnan(v) for v in values):
+    return '-'
+  mean, spread = mean_and_spread(values)
+  return f'{mean:.2f}' if math.isnan(spread) else f'{mean:.2f} ± {spread:.2f}'
