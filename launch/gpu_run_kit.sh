@@ -33,6 +33,13 @@
 # the same OUT, with a larger MINUTES, and it resumes. SEEDS_ARGS adds
 # lm-zoo-train flags to it, which override the kit's (a variant of the
 # recipe: give it its own OUT, or it would resume the other's stack).
+# `dyneval` and `mogrifier24m` run the seed studies of
+# experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
+# then RMS and SGD dynamic evaluation of each seed on the whole valid and
+# test (dyneval.json, dyneval.txt, dyneval/); the 24M LSTM and Mogrifier
+# recipes for MINUTES/2 of training each, then valid and test
+# (mogrifier24m.json, mogrifier24m.txt, mogrifier24m/). Run again into the
+# same OUT, a study reads back what it finished and goes on.
 #
 #   launch/gpu_run_kit.sh [OUT]          # OUT defaults to runs/gpu_kit
 #
@@ -50,8 +57,8 @@ MINUTES=${MINUTES:-10}
 PYTHON=${PYTHON:-python3}
 PARTS=" $(echo ${KIT_PARTS:-tests benchmark train}) "  # any blanks: single spaces
 for part in $PARTS; do
-  case $part in tests|benchmark|train|kernels|agreement|stacks|seeds) ;; *)
-    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train kernels agreement stacks seeds" >&2
+  case $part in tests|benchmark|train|kernels|agreement|stacks|seeds|dyneval|mogrifier24m) ;; *)
+    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train kernels agreement stacks seeds dyneval mogrifier24m" >&2
     exit 2;;
   esac
 done
@@ -102,6 +109,10 @@ train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=v
 stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
 seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))
 read -r -a seeds_args <<< "${SEEDS_ARGS:-}"  # words, not globbed
+dyneval=(--config=experiments/paper_seed_studies.py:zaremba_medium_dyneval)
+mogrifier24m=(--config=experiments/paper_seed_studies.py:mogrifier_24m
+              --config.models.lstm.train.max_seconds=$((MINUTES * 30))
+              --config.models.mogrifier.train.max_seconds=$((MINUTES * 30)))
 if [ "${KIT_TINY:-0}" = 1 ]; then
   tests=(tests/test_lstm.py -k test_step_matches_numpy_equations)
   kernel_tests=(tests/test_lstm_step.py -k forward_step_is_the_lstm_step)
@@ -126,6 +137,26 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
          --config.generate.num_lines=0)
   stacks=(--tiny=8 --seeds=1,2 --steps=1 --rounds=1)
   # Whole windows of the recipe's 20 x 35 batch and batch-1 test: one step shape each.
+  tiny_study() {  # MODEL: the flags that make a study's model tiny
+    local m=--config.models.$1
+    echo "$m.train.max_steps=2 $m.train.eval_every=0 $m.model.param_budget=0" \
+         "$m.model.hidden_size=16 $m.model.embed_size=16 $m.data.batch_size=4 $m.data.bptt=5" \
+         "$m.train.num_epochs=1 $m.data.train_tokens=41 $m.data.valid_tokens=121" \
+         "$m.data.test_tokens=81"
+  }
+  # shellcheck disable=SC2207  # the flags are words without blanks or globs
+  dyneval=(--config=experiments/paper_seed_studies.py:zaremba_medium_dyneval
+           --config.seeds='(0, 1)' $(tiny_study lstm_medium)
+           --config.evaluations.rms.dynamic.learning_rate='(1e-4,)'
+           --config.evaluations.rms.dynamic.decay='(1e-3,)'
+           --config.evaluations.rms.dynamic.ms_batches=2
+           --config.evaluations.rms.dynamic.ms_batch_size=4
+           --config.evaluations.sgd.dynamic.learning_rate='(1e-2,)'
+           --config.evaluations.rms.splits=test --config.evaluations.sgd.splits=test)
+  # shellcheck disable=SC2207
+  mogrifier24m=(--config=experiments/paper_seed_studies.py:mogrifier_24m
+                --config.seeds='(0, 1)' $(tiny_study lstm) $(tiny_study mogrifier)
+                --config.models.mogrifier.model.mogrifier.rank=4)
   seeds=(--seeds=2 --config.train.max_steps=4 --config.model.hidden_size=16
          --config.model.embed_size=16 --config.data.train_tokens=2101
          --config.data.valid_tokens=200 --config.data.test_tokens=176)
@@ -203,6 +234,13 @@ if [[ $PARTS == *" seeds "* ]]; then
       --workdir="$OUT/zaremba_medium" "${seeds[@]}" ${seeds_args[@]+"${seeds_args[@]}"} 2>&1 \
       | tee "$OUT/zaremba_medium.txt" || failed+=(zaremba_medium)
 fi
+for study in dyneval mogrifier24m; do
+  if [[ $PARTS == *" $study "* ]]; then
+    declare -n flags=$study
+    "$PYTHON" launch/run_task.py "${flags[@]}" --config.workdir="$OUT/$study" \
+        --output="$OUT/$study.json" 2>&1 | tee "$OUT/$study.txt" || failed+=("$study")
+  fi
+done
 echo "every figure is in $OUT"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed: ${failed[*]} (their output is in $OUT)" >&2

@@ -137,3 +137,16 @@ def test_a_run_s_recorded_data_folder_wins_over_the_environment(tmp_path, monkey
   config.data.data_dir = '/recorded'
   save_config(config, tmp_path)
   assert cli.workdir_data_dir(tmp_path, None) is None  # load_trained reads /recorded
+
+
+def test_a_tasks_table_has_every_rows_scalar_columns_and_a_dash_where_one_lacks_it():
+  """A seed study's rows: a diverged run has no dynamic-evaluation fields,
+  and the chosen settings (a dict) are no column."""
+  from lm_zoo.cli.task import result_table
+  rows = [{'model': 'lstm', 'seed': 0, 'valid_perplexity': float('inf')},
+          {'model': 'lstm', 'seed': 1, 'valid_perplexity': 80.5, 'rms_valid_perplexity': 75.25,
+           'rms_settings': {'learning_rate': 1e-4}}]
+  header, *lines = result_table(rows).splitlines()
+  assert header.split() == ['model', 'seed', 'valid_perplexity', 'rms_valid_perplexity']
+  assert lines[0].split() == ['lstm', '0', 'inf', '-']
+  assert lines[1].split() == ['lstm', '1', '80.5000', '75.2500']

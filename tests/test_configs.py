@@ -316,3 +316,29 @@ def test_dual_paper_recipe():
   assert abs(count - 23_000_000) < 0.01 * 23_000_000  # the paper: 23M
   assert (config.model.mogrifier.rounds, config.model.mogrifier.rank) == (4, 100)
   assert config.optimizer.name == 'nadam' and config.data.bptt == 25
+
+
+@pytest.mark.parametrize('variant', ['zaremba_medium_dyneval', 'mogrifier_24m'])
+def test_paper_seed_studies_train_the_recipes_they_name(variant):
+  """Each model is its recipe with only the study's changes; the dynamic
+  evaluations are dyneval_rms.py:krause and dyneval_sgd.py searched on valid."""
+  from lm_zoo.tasks.study_evaluations import study_evaluations
+  study = load_experiment('paper_seed_studies', variant)
+  assert study.task == 'seeds' and study.stack and study.reference in study.models
+  if variant == 'zaremba_medium_dyneval':
+    recipes = {'lstm_medium': load_experiment('ptb_lstm_medium')}
+    recipes['lstm_medium'].model.dtype = 'bfloat16'
+    for name, rule in (('rms', load_experiment('dyneval_rms', 'krause')),
+                       ('sgd', load_experiment('dyneval_sgd'))):
+      rule.dynamic.search_tokens = 10_000
+      assert study.evaluations[name].to_dict() == rule.to_dict()
+  else:
+    recipes = {'lstm': load_experiment('mogrifier_paper', 'ptb_lstm'),
+               'mogrifier': load_experiment('mogrifier_paper', 'ptb_mogrifier')}
+    for recipe in recipes.values():
+      recipe.train.max_seconds = 240  # the same training time for both
+  for recipe in recipes.values():
+    recipe.generate.num_lines = 0
+  assert {name: config.to_dict() for name, config in study.models.items()} == {
+      name: recipe.to_dict() for name, recipe in recipes.items()}
+  assert list(study_evaluations(study)) == list(study.get('evaluations') or {})

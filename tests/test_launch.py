@@ -1,6 +1,7 @@
 """The launch scripts as a user runs them: train a tiny config, then evaluate."""
 
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -265,7 +266,7 @@ def test_launch_shims_show_their_programs_help(script, program, flags, shims_hel
 
 
 # Every part of the kit, once: each test below reads the figures of its parts.
-KIT_PARTS = 'tests benchmark train kernels agreement stacks seeds'
+KIT_PARTS = 'tests benchmark train kernels agreement stacks seeds dyneval'
 
 
 @pytest.fixture(scope='module')
@@ -343,6 +344,23 @@ def test_the_kits_stacks_time_each_stack_against_a_run_alone(kit):
   assert two['tokens_per_second'] == 2 * 4 * 5 / two['seconds_per_update']
 
 
+def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit):
+  """The `dyneval` part: the medium recipe's seeds (tiny) as one stack, then
+  RMS and SGD dynamic evaluation of each, tabled beside the static score."""
+  rows = json.loads((kit / 'dyneval.json').read_text())
+  assert [(r['model'], r['seed']) for r in rows] == [('lstm_medium', 0), ('lstm_medium', 1)]
+  for row in rows:
+    assert row['workdir'].endswith(f'dyneval/lstm_medium_s0-1/seed_{row["seed"]}')
+    for rule in ('rms', 'sgd'):
+      # The static score of the same tokens is the run's own test score (batch 1).
+      assert row[f'{rule}_test_static_perplexity'] == pytest.approx(row['test_perplexity'],
+                                                                   rel=1e-5)
+      assert math.isfinite(row[f'{rule}_test_perplexity'])
+  report = (kit / 'dyneval.txt').read_text()
+  assert '| lstm_medium | rms | 2 | test |' in report
+  assert '| lstm_medium | sgd | 2 | test |' in report
+
+
 def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
   """The kit's default parts: tests, benchmark (cuDNN's row skipped) and a few
   updates of the PTB Mogrifier recipe; and the parts the defaults leave out:
@@ -364,4 +382,5 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
                          capture_output=True, text=True, env={**os.environ, 'KIT_PARTS': 'test'})
   assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
   assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
-                          'choose from: tests benchmark train kernels agreement stacks seeds\n')
+                          'choose from: tests benchmark train kernels agreement stacks seeds '
+                          'dyneval mogrifier24m\n')

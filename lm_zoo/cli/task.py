@@ -43,11 +43,17 @@ def _check_output(path: pathlib.Path) -> None:
 
 
 def result_table(rows: list[dict]) -> str:
-  """The rows' scalar columns, one line a row under a header."""
-  columns = [k for k, v in rows[0].items() if not isinstance(v, list)]
+  """The rows' scalar columns (every row's, in order of appearance), one
+  line a row under a header; '-' where a row has none."""
+  columns = list(dict.fromkeys(k for row in rows for k, v in row.items()
+                               if isinstance(v, (int, float, str))))
+
+  def cell(row, column):
+    value = row.get(column, '-')
+    return f'{value:>16.4f}' if isinstance(value, float) else f'{value!s:>16}'
+
   lines = ['  '.join(f'{c:>16}' for c in columns)]
-  lines += ['  '.join(f'{row[c]:>16.4f}' if isinstance(row[c], float) else f'{row[c]:>16}'
-                      for c in columns) for row in rows]
+  lines += ['  '.join(cell(row, c) for c in columns) for row in rows]
   return '\n'.join(lines)
 
 

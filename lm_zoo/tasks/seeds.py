@@ -211,9 +211,10 @@ def seed_report(rows: Sequence[Mapping], reference: str, evaluations: Sequence[s
     diverged = f' ({e["diverged"]} diverged)' if e['diverged'] else ''
     lines.append(f'| {m} | {len(e["seeds"])}{diverged} | '
                  + ' | '.join(_mean_and_spread_text(*e[s]) for s in SPLITS) + ' |')
-  lines += ['', f'| model − {reference} (same seeds) | pairs | valid: mean ± std [95% interval] '
-            '| test: mean ± std [95% interval] | beyond the seed spread |',
-            '|---|---|---|---|---|']
+  if len(summary) > 1:
+    lines += ['', f'| model − {reference} (same seeds) | pairs | valid: mean ± std '
+              '[95% interval] | test: mean ± std [95% interval] | beyond the seed spread |',
+              '|---|---|---|---|---|']
   for m, e in summary.items():
     if m == reference:
       continue

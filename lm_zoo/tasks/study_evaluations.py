@@ -107,14 +107,14 @@ def evaluations_report(rows: Sequence[Mapping], names: Sequence[str]) -> str:
   the gain (static − evaluated, seed by seed); empty without evaluations."""
   lines = []
   for name in names:
-    if not any(f'{name}_valid_perplexity' in r for r in rows):
-      continue
-    if not lines:
-      lines = ['| model | evaluation | seeds | split | static, same tokens | evaluated | '
-               'gain |', '|---|---|---|---|---|---|---|']
     for model in dict.fromkeys(r['model'] for r in rows):
-      scored = [r for r in rows if r['model'] == model and f'{name}_valid_perplexity' in r]
       for split in SPLITS:
+        scored = [r for r in rows if r['model'] == model and f'{name}_{split}_perplexity' in r]
+        if not scored:
+          continue
+        if not lines:
+          lines = ['| model | evaluation | seeds | split | static, same tokens | evaluated | '
+                   'gain |', '|---|---|---|---|---|---|---|']
         evaluated = [r[f'{name}_{split}_perplexity'] for r in scored]
         static = [r.get(f'{name}_{split}_static_perplexity', math.nan) for r in scored]
         gains = [s - e for s, e in zip(static, evaluated)]
