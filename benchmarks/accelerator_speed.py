@@ -49,8 +49,9 @@ import pathlib
 import jax
 from absl import app, flags
 
-from baselines import (TORCH_DTYPES, device_kernels, experiment_config, jax_rnn_lm, lm_zoo_lm,
-                       recurrence_matmul_seconds, seconds_per_call, torch_lm)
+from baselines import (TORCH_DTYPES, device_kernels, experiment_config, failure_reason,
+                       jax_rnn_lm, lm_zoo_lm, recurrence_matmul_seconds, seconds_per_call,
+                       torch_lm)
 from lm_zoo.data import load_corpus
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import build_model, layer_sizes
@@ -139,8 +140,7 @@ def build_row(name: str, build, failed: dict) -> dict | None:
   try:
     return build()
   except Exception as err:  # any failure: the row's reason, not the run's end
-    first_line = (str(err).strip().splitlines() or [''])[0]
-    failed[name] = f'{type(err).__name__}: {first_line}'
+    failed[name] = failure_reason(err)
     print(f'{name}: failed, {failed[name]}')
     return None
 

@@ -106,6 +106,11 @@ def lm_zoo_lm(config, vocab: int, num_seeds: int = 0) -> dict:
           'matmul_params': matmul_params}
 
 
+def failure_reason(err: Exception) -> str:
+  """A row's failure in one line: the exception's type and first line."""
+  return f'{type(err).__name__}: {(str(err).strip().splitlines() or [""])[0]}'
+
+
 def lstm_lm_matmul_params(hidden: int, vocab: int, layers: int = 2) -> int:
   """`matmul_params` of the baselines' LM: `layers` LSTM layers of input and
   hidden size `hidden` (two biases each, as cuDNN and PyTorch keep them) and

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from baselines import failure_reason
 from lm_zoo.cells import LSTMCell
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.runtime import retain_host_memory
@@ -92,9 +93,8 @@ def main(argv):
       try:
         rows += measure(int(size), scan)
       except Exception as err:  # any failure: this size and scan's reason, not the run's end
-        reason = (str(err).strip().splitlines() or [''])[0]
-        failed[f'{size}@{scan}'] = f'{type(err).__name__}: {reason}'
-        print(f'hidden {size}, scan {scan}: failed, {type(err).__name__}: {reason}')
+        failed[f'{size}@{scan}'] = failure_reason(err)
+        print(f'hidden {size}, scan {scan}: failed, {failed[f"{size}@{scan}"]}')
   for row in rows:
     first = next(r for r in rows if (r['mode'], r['hidden']) == (row['mode'], row['hidden']))
     row['ratio_vs_first_scan'] = row['tokens_per_s'] / first['tokens_per_s']

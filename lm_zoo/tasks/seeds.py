@@ -42,7 +42,8 @@ from scipy import stats
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation import mean_and_spread
 from lm_zoo.tasks.runs import train_or_read, train_stack_or_read
-from lm_zoo.tasks.study_evaluations import evaluate_runs, evaluations_report, study_evaluations
+from lm_zoo.tasks.study_evaluations import (evaluate_runs, evaluations_report,
+                                            mean_and_spread_text, study_evaluations)
 from lm_zoo.training.seed_axis import check_num_seeds, seed_dir
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ def seed_report(rows: Sequence[Mapping], reference: str, evaluations: Sequence[s
   for m, e in summary.items():
     diverged = f' ({e["diverged"]} diverged)' if e['diverged'] else ''
     lines.append(f'| {m} | {len(e["seeds"])}{diverged} | '
-                 + ' | '.join(_mean_and_spread_text(*e[s]) for s in SPLITS) + ' |')
+                 + ' | '.join(mean_and_spread_text(*e[s]) for s in SPLITS) + ' |')
   if len(summary) > 1:
     lines += ['', f'| model − {reference} (same seeds) | pairs | valid: mean ± std '
               '[95% interval] | test: mean ± std [95% interval] | beyond the seed spread |',
@@ -230,7 +231,3 @@ def seed_report(rows: Sequence[Mapping], reference: str, evaluations: Sequence[s
     lines.append(f'| {m} | {e["valid_vs_reference"]["n"]} | {" | ".join(cells)} | {verdict} |')
   evaluated = evaluations_report(rows, evaluations)
   return '\n'.join(lines + (['', evaluated] if evaluated else []))
-
-
-def _mean_and_spread_text(mean: float, spread: float) -> str:
-  return f'{mean:.2f}' if math.isnan(spread) else f'{mean:.2f} ± {spread:.2f}'

@@ -123,8 +123,13 @@ def evaluations_report(rows: Sequence[Mapping], names: Sequence[str]) -> str:
   return '\n'.join(lines)
 
 
+def mean_and_spread_text(mean: float, spread: float) -> str:
+  """'mean ± std' to two decimals; the mean alone where there is no spread
+  (one seed)."""
+  return f'{mean:.2f}' if math.isnan(spread) else f'{mean:.2f} ± {spread:.2f}'
+
+
 def _text(values: Sequence[float]) -> str:
   if not values or any(math.isnan(v) for v in values):
     return '-'
-  mean, spread = mean_and_spread(values)
-  return f'{mean:.2f}' if math.isnan(spread) else f'{mean:.2f} ± {spread:.2f}'
+  return mean_and_spread_text(*mean_and_spread(values))
