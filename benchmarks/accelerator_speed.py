@@ -35,7 +35,12 @@ fraction of the traced wall time the device spends in them,
 with their count and microseconds a step, `profile_top_kernels`;
 TensorBoard's profile plugin reads the trace), and
 from PyTorch's profiler for its rows; on a GPU only. `--hlo_dir` keeps each
-recipe row's train step as XLA optimized it for the device (text). A row that fails to
+recipe row's train step as XLA optimized it for the device (text), and gives
+each such row the pads that run inside its loops (`hlo_loop_pads`: each a
+copy at every step). `--unpadded` adds each recipe row under 'auto' or
+'fused' once more with its windows' weights left unpadded
+(`aligned_contractions(1)`), as NAME+unpadded: what padding them before the
+loop saves. A row that fails to
 compile or run is left out with its reason (`failed` in the output), the
 others are timed and written, and the script then exits with an error.
 
@@ -54,8 +59,10 @@ from baselines import (TORCH_DTYPES, device_kernels, experiment_config, failure_
                        torch_lm)
 from lm_zoo.data import load_corpus
 from lm_zoo.errors import ConfigError
+from lm_zoo.layers.products import aligned_contractions
 from lm_zoo.models import build_model, layer_sizes
 from lm_zoo.runtime import retain_host_memory
+from optimized_hlo import loop_pads
 
 flags.DEFINE_list('recipes', ['mogrifier_paper:ptb_lstm', 'mogrifier_paper:ptb_mogrifier',
                               'alstm_paper:ptb'],
@@ -74,6 +81,9 @@ flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of --
 flags.DEFINE_string('hlo_dir', '', "Where to write each recipe row's train step as XLA "
                     'compiled it for this device (optimized HLO text, ROW.hlo.txt): what its '
                     "kernels are (empty: none).")
+flags.DEFINE_bool('unpadded', False, "Also time each 'auto' and 'fused' recipe row with its "
+                  "windows' weights unpadded (NAME+unpadded; "
+                  '`lm_zoo.layers.products.aligned_contractions`).')
 flags.DEFINE_integer('tiny', 0, '> 0: every model at this hidden size, batch 4, BPTT 5 '
                      'and vocabulary 50 (a smoke test of the whole script, as CI runs it).')
 flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's row with "
@@ -154,13 +164,28 @@ def time_rows(built: dict) -> dict:
   return seconds
 
 
-def write_hlo(built: dict, folder: str) -> None:
-  """Each recipe row's optimized train step, as text, into `folder`."""
+def write_hlo(built: dict, folder: str) -> dict:
+  """Each recipe row's optimized train step, as text, into `folder`;
+  returns {row: the pads inside its loops}."""
   path = pathlib.Path(folder)
   path.mkdir(parents=True, exist_ok=True)
+  pads = {}
   for name, calls in built.items():
     if 'hlo' in calls:
-      (path / f"{name.replace(':', '_').replace('@', '_')}.hlo.txt").write_text(calls['hlo']())
+      text = calls['hlo']()
+      (path / f"{name.replace(':', '_').replace('@', '_')}.hlo.txt").write_text(text)
+      pads[name] = loop_pads(text)
+  return pads
+
+
+def unpadded(calls: dict) -> dict:
+  """`calls` with its train step traced and run unaligned."""
+  def inside(fn):
+    def run(*args):
+      with aligned_contractions(1):
+        return fn(*args)
+    return run
+  return {k: inside(v) if k in ('train', 'eval', 'hlo') else v for k, v in calls.items()}
 
 
 def count_kernels(built: dict) -> dict:
@@ -218,6 +243,13 @@ def main(argv):
     calls = build_row(name, lambda config=config: lm_zoo_lm(config, vocab_size()), failed)
     if calls is not None:
       built[name], hidden_of[name] = calls, recipe_hidden
+    if FLAGS.unpadded and config.model.scan in ('auto', 'fused'):
+      def build(config=config):
+        with aligned_contractions(1):  # traced in its warm-up
+          return unpadded(lm_zoo_lm(config, vocab_size()))
+      calls = build_row(f'{name}+unpadded', build, failed)
+      if calls is not None:
+        built[f'{name}+unpadded'], hidden_of[f'{name}+unpadded'] = calls, recipe_hidden
   for size in FLAGS.baseline_hidden:
     hidden = recipe_hidden if size == 'recipe' else (FLAGS.tiny * 2 if FLAGS.tiny else int(size))
     for name in FLAGS.baselines:
@@ -228,13 +260,12 @@ def main(argv):
         if calls is not None:
           built[row], hidden_of[row] = calls, hidden
   seconds = time_rows(built)
-  if FLAGS.hlo_dir:
-    write_hlo(built, FLAGS.hlo_dir)
+  pads = write_hlo(built, FLAGS.hlo_dir) if FLAGS.hlo_dir else {}
   kernels = count_kernels(built) if FLAGS.profile_dir else {}
 
   rows = []
   for name, calls in built.items():
-    config = configs.get(name, first)
+    config = configs.get(name.removesuffix('+unpadded'), first)
     tokens = config.data.batch_size * config.data.bptt
     train, evaluate = seconds[name]['train'], seconds[name]['eval']
     row = {'row': name, 'hidden': hidden_of[name], 'train_seconds': train,
@@ -243,8 +274,10 @@ def main(argv):
            'batch_size': config.data.batch_size, 'bptt': config.data.bptt,
            **{k: calls[k] for k in ('model', 'library') if k in calls},
            'matmul_params': calls['matmul_params']}
-    if name in configs:
+    if name.removesuffix('+unpadded') in configs:
       row['scan'] = config.model.scan
+    if name in pads:
+      row['hlo_loop_pads'] = pads[name]
     row['train_step_flops'] = 6 * calls['matmul_params'] * tokens
     row['train_tflops_per_s'] = row['train_step_flops'] / train / 1e12
     if kernels.get(name):
@@ -252,7 +285,7 @@ def main(argv):
       if 'busy' in kernels[name]:
         row['profile_device_busy'] = kernels[name]['busy']
         row['profile_top_kernels'] = kernels[name]['top']
-    total = recipe_tokens(config) if name in configs else None
+    total = recipe_tokens(config) if 'scan' in row else None
     if total is not None:
       row['recipe_tokens'] = total
       row['recipe_hours'] = total / row['train_tokens_per_s'] / 3600

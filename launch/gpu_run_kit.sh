@@ -16,9 +16,10 @@
 # kernels a step and the longest ones by name (benchmark_scans.json,
 # benchmark_scans.txt, profile_scans/, and each recipe row's optimized train
 # step in hlo_scans/),
-# the aLSTM recipe's LSTM-RHN stack under its fused window ('auto') and its
-# plain scan beside cuDNN's LSTM of its size (benchmark_lstm_rhn.json,
-# benchmark_lstm_rhn.txt, profile_lstm_rhn/), and dynamic evaluation's speed
+# the aLSTM recipe's LSTM-RHN stack under its fused window ('auto'), the
+# same unpadded, and its plain scan beside cuDNN's LSTM of its size
+# (benchmark_lstm_rhn.json, benchmark_lstm_rhn.txt, profile_lstm_rhn/,
+# hlo_lstm_rhn/), and dynamic evaluation's speed
 # under each (dynamic_evaluation.json, dynamic_evaluation.txt); 6 minutes on
 # an H100 were its plan before the LSTM-RHN rows.
 # `agreement` trains AGREEMENT_STEPS updates of the 24M LSTM and Mogrifier
@@ -93,9 +94,11 @@ kernel_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier,a
               --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_fp16,torch_lstm_bf16)
 # Each recipe row's train step as XLA compiled it (what its kernels are).
 hlo=(--hlo_dir="$OUT/hlo_scans")
-# The LSTM-RHN stack's fused window against the plain scan it replaced, at the recipe's size.
-rhn_bench=(--recipes=alstm_paper:ptb --scans=auto,scan --steps=10 --rounds=2
-           --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
+# The LSTM-RHN stack's fused window against the plain scan it replaced, at the
+# recipe's size, and against itself with its weights unpadded (XLA then pads
+# them inside the loop: hlo_lstm_rhn/ and each row's hlo_loop_pads show it).
+rhn_bench=(--recipes=alstm_paper:ptb --scans=auto,scan --steps=10 --rounds=2 --unpadded
+           --baselines=jax_cudnn_lstm --baseline_hidden=recipe --hlo_dir="$OUT/hlo_lstm_rhn")
 dynamic=(--sizes=650 --tokens=1000 --scans=fused,pallas,cudnn)  # ratios against 'fused'
 AGREEMENT_STEPS=${AGREEMENT_STEPS:-200}
 agreement=(--config.train.max_steps=$AGREEMENT_STEPS --config.train.eval_every=0

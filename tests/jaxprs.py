@@ -14,3 +14,29 @@ def dot_equations(jaxpr) -> list:
         if hasattr(inner, 'eqns'):
           dots += dot_equations(inner)
   return dots
+
+
+def loop_equations(jaxpr, inside: bool = False) -> list:
+  """The equations of a jaxpr, and of every jaxpr inside it, that run in the
+  body of a loop (a scan or a while), at any depth."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if inside:
+      found.append(eqn)
+    in_loop = inside or eqn.primitive.name in ('scan', 'while')
+    for param in eqn.params.values():
+      for inner in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(inner, 'jaxpr', inner)
+        if hasattr(inner, 'eqns'):
+          found += loop_equations(inner, in_loop)
+  return found
+
+
+def summed_sizes_in_loops(jaxpr) -> list[int]:
+  """The summed (contracting) axis' size of every product inside a loop."""
+  sizes = []
+  for eqn in loop_equations(jaxpr):
+    if eqn.primitive.name == 'dot_general':
+      (contracting, _), _ = eqn.params['dimension_numbers']
+      sizes += [eqn.invars[0].aval.shape[axis] for axis in contracting]
+  return sizes

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from conftest import alstm_window_inputs, perturb
+from jaxprs import summed_sizes_in_loops
 from lm_zoo.cells import ALSTMCell, LSTMCell, StaticLatent, resolve_scan
 from lm_zoo.cells.alstm_recurrence import alstm_recurrence
 from lm_zoo.cells.scans import alstm_window
+from lm_zoo.layers.products import aligned_contractions
 from lm_zoo.models import RecurrentLayer
 
 M, N, K, B, T = 3, 4, 5, 2, 6
@@ -51,6 +53,29 @@ def test_fused_window_equals_the_scan_in_values_and_every_gradient(latent, cap):
   _assert_close(fused(*args), scanned(*args), 1e-5, 1e-6)
   grad = lambda run: jax.jit(jax.grad(lambda *a: _loss(run(*a)), argnums=(0, 1, 2, 3)))(*args)
   _assert_close(grad(fused), grad(scanned), 1e-5, 1e-6)
+
+
+def test_aligned_weights_give_the_scan_in_values_and_every_gradient():
+  """63 inputs, units and latent units, every weight padded before the
+  loops to a multiple of 64 rows: then every product inside the forward and
+  backward loops sums over a multiple of 64 (v: 126 -> 128, gates: 252 ->
+  256, the policy's 882 -> 896), and values and gradients are the scan's."""
+  cell = ALSTMCell(63, latent_size=63)
+  carry, xs, mask = alstm_window_inputs(cell, 2, 63, 63, 3)
+  params = perturb(cell.init(jax.random.key(0), carry, xs[0])['params'])
+  scanned = lambda p, c, x, k: RecurrentLayer(cell, scan='scan').apply(
+      {'params': {'cell': p}}, c, x, k)
+  fused = lambda p, c, x, k: alstm_recurrence(x, p, c, k)
+  grad = lambda run: jax.grad(lambda *a: _loss(run(*a)), argnums=(0, 1, 2, 3))
+  args = (params, carry, xs, mask)
+  with aligned_contractions(64):
+    sizes = summed_sizes_in_loops(jax.make_jaxpr(grad(fused))(*args).jaxpr)
+    got = jax.jit(fused)(*args), jax.jit(grad(fused))(*args)
+  assert sorted(set(sizes)) == [64, 128, 256, 896]
+  want = jax.jit(scanned)(*args), jax.jit(grad(scanned))(*args)
+  # float32 sums of 63 to 882 terms: within 1e-5 of each array's largest entry
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(
+      g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w)))), got, want)
 
 
 @pytest.mark.parametrize('latent', LATENTS.values(), ids=LATENTS.keys())

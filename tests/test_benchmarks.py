@@ -12,6 +12,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / 'benchmarks'))
 from baselines import device_kernels, lstm_lm_matmul_params  # noqa: E402
+from optimized_hlo import loop_pads  # noqa: E402
 
 
 def test_lstm_lm_speed_writes_every_row_with_ratios(tmp_path):
@@ -38,17 +39,23 @@ def test_accelerator_speed_compares_with_cudnn_s_reference_scan_on_a_cpu(tmp_pat
   output = tmp_path / 'bench.json'
   script = [sys.executable, str(REPO / 'benchmarks' / 'accelerator_speed.py'), '--tiny=16',
             '--steps=1', '--rounds=1', f'--output={output}']
-  subprocess.run([*script, '--recipes=mogrifier_paper:ptb_lstm', '--scans=hoisted',
-                  '--baselines=jax_cudnn_lstm', '--cudnn_reference', f'--hlo_dir={tmp_path}/hlo'],
+  subprocess.run([*script, '--recipes=mogrifier_paper:ptb_lstm', '--scans=hoisted,fused',
+                  '--baselines=jax_cudnn_lstm', '--cudnn_reference', f'--hlo_dir={tmp_path}/hlo',
+                  '--unpadded'],
                  check=True, capture_output=True, cwd=REPO)
-  # The recipe row's train step as XLA optimized it: its window is a loop.
-  hlo, = (tmp_path / 'hlo').iterdir()
-  assert hlo.name == 'mogrifier_paper_ptb_lstm_hoisted.hlo.txt'
-  assert hlo.read_text().startswith('HloModule') and ' while(' in hlo.read_text()
-  rows = {row['row']: row for row in json.loads(output.read_text())['results']}
-  assert set(rows) == {'mogrifier_paper:ptb_lstm@hoisted',
-                       'jax_cudnn_lstm@16', 'jax_cudnn_lstm@32'}  # the recipe's size, and 2x
-  recipe = rows['mogrifier_paper:ptb_lstm@hoisted']
+  # The recipe rows' train steps as XLA optimized them: the window is a loop.
+  hlos = {hlo.name.removeprefix('mogrifier_paper_ptb_lstm_'): hlo.read_text()
+          for hlo in (tmp_path / 'hlo').iterdir()}
+  assert sorted(hlos) == ['fused+unpadded.hlo.txt', 'fused.hlo.txt', 'hoisted.hlo.txt']
+  assert all(h.startswith('HloModule') and ' while(' in h for h in hlos.values())
+  rows = {row['row'].removeprefix('mogrifier_paper:ptb_lstm'): row
+          for row in json.loads(output.read_text())['results']}
+  # the fused window's twin unpadded; cuDNN at the recipe's size, and 2x
+  assert set(rows) == {'@hoisted', '@fused', '@fused+unpadded',
+                       'jax_cudnn_lstm@16', 'jax_cudnn_lstm@32'}
+  assert rows['@fused+unpadded']['scan'] == 'fused'
+  assert rows['@fused']['hlo_loop_pads'] == loop_pads(hlos['fused.hlo.txt'])
+  recipe = rows['@hoisted']
   assert recipe['scan'] == 'hoisted'
   cudnn = rows['jax_cudnn_lstm@16']
   assert 'reference scan' in cudnn['library'] and cudnn['train_vs_cudnn'] == 1
@@ -105,3 +112,20 @@ def test_stacked_seeds_benchmark_refuses_an_empty_stack():
   refused = subprocess.run([sys.executable, str(REPO / 'benchmarks' / 'stacked_seeds.py'),
                             '--tiny=8', '--seeds=0,4'], capture_output=True, text=True, cwd=REPO)
   assert refused.returncode != 0 and 'give stack sizes of at least 1' in refused.stderr
+
+
+def test_loop_pads_finds_the_pads_inside_a_loop_and_no_other():
+  """A pad of the carry inside a scan's body (at every step), beside one of
+  the result after it: only the first is the loop's."""
+  def program(weight, x):
+    def step(h, _):
+      padded = jax.numpy.pad(h, ((0, 0), (0, 3)))
+      return jax.numpy.tanh(padded @ weight), None
+    h, _ = jax.lax.scan(step, x, None, length=4)
+    return jax.numpy.pad(h, ((0, 0), (0, 5)))
+  weight, x = jax.numpy.ones((8, 5)), jax.numpy.ones((2, 5))
+  hlo = jax.jit(program).lower(weight, x).compile().as_text()
+  assert hlo.count(' pad(') == 2
+  assert loop_pads(hlo) == ['f32[2,5]{1,0} -> f32[2,8]{1,0}']
+  no_loop = jax.jit(lambda x: jax.numpy.pad(x, 1)).lower(x).compile().as_text()
+  assert ' pad(' in no_loop and loop_pads(no_loop) == []

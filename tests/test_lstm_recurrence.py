@@ -12,7 +12,8 @@ import pytest
 from lm_zoo.cells.lstm import lstm_update
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence, mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import MogrifierRounds
-from lm_zoo.layers.products import einsum
+from jaxprs import summed_sizes_in_loops
+from lm_zoo.layers.products import aligned_contractions, einsum
 
 
 def reference(projected, kernel, c0, h0, mask, cap=False):
@@ -106,6 +107,28 @@ def test_custom_vjp_matches_finite_differences(cap):
                                  err_msg=name)
 
 
+def test_aligned_weights_give_the_plain_scan_with_every_gradient():
+  """Weights padded to 64 rows before the loop (63 units, 252 gates): every
+  product in the forward and backward loops sums over a multiple of 64, and
+  values and gradients are the plain scan's."""
+  # JAX caches a traced function by its identity: each trace gets a new one.
+  gradient = lambda: lambda *a: jax.grad(objective(fused), argnums=range(5))(*a)
+  with jax.enable_x64():
+    args = inputs(n=63, batch=2, steps=4)
+    assert sorted(set(summed_sizes_in_loops(jax.make_jaxpr(gradient())(*args).jaxpr))) == [63, 252]
+    with aligned_contractions(64):
+      jaxpr = jax.make_jaxpr(gradient())(*args).jaxpr
+      (c, h), hs = jax.jit(lambda *a: fused(*a))(*args)
+      grads = jax.jit(gradient())(*args)
+    assert sorted(set(summed_sizes_in_loops(jaxpr))) == [64, 256]
+    (c_ref, h_ref), hs_ref = jax.jit(reference)(*args)
+    for got, want in ((hs, hs_ref), (c, c_ref), (h, h_ref)):
+      np.testing.assert_allclose(got, want, rtol=1e-12)
+    expected = jax.jit(jax.grad(objective(reference), argnums=range(5)))(*args)
+    for name, got, want in zip(['projected', 'kernel', 'c0', 'h0', 'mask'], grads, expected):
+      np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
 def test_float32_gradients_match_autodiff_and_no_mask_means_ones():
   projected, kernel, c0, h0, _ = inputs(jnp.float32, batch=5, n=8, steps=12)
   ones = jnp.ones_like(h0)
@@ -165,16 +188,16 @@ def test_mismatched_shapes_are_named():
 M = 5  # input size of the mixed recurrence (n = 4 from `inputs`)
 
 
-def mixed_inputs(rounds, rank, seed=0, dtype=jnp.float64, batch=3, n=4, steps=6):
+def mixed_inputs(rounds, rank, seed=0, dtype=jnp.float64, batch=3, n=4, steps=6, m=M):
   keys = iter(jax.random.split(jax.random.key(seed), 7 + 3 * rounds))
   normal = lambda shape, scale=1.0: scale * jax.random.normal(next(keys), shape, dtype)
   round_params = {}
   for i in range(1, rounds + 1):
-    m_in, m_out = (n, M) if i % 2 else (M, n)
+    m_in, m_out = (n, m) if i % 2 else (m, n)
     kernels = ({'kernel_in': normal((m_in, rank), 0.7), 'kernel_out': normal((rank, m_out), 0.7)}
                if rank else {'kernel': normal((m_in, m_out), 0.5)})
     round_params[f'q{i}' if i % 2 else f'r{i}'] = {**kernels, 'bias': normal((m_out,), 0.3)}
-  return dict(inputs=normal((steps, batch, M)), input_kernel=normal((M, 4 * n), 0.5),
+  return dict(inputs=normal((steps, batch, m)), input_kernel=normal((m, 4 * n), 0.5),
               bias=normal((4 * n,), 0.3), recurrent_kernel=normal((n, 4 * n), 0.5),
               c0=normal((batch, n)), h0=jnp.tanh(normal((batch, n))),
               mask=jax.random.bernoulli(next(keys), 0.7, (batch, n)).astype(dtype) / 0.7,
@@ -279,6 +302,30 @@ def test_mixed_bfloat16_products_match_autodiff_of_the_same_rounded_products(cap
       assert distance(g_leaf, w_leaf) < 2e-2, name
       assert distance(g_leaf, w_leaf) < 0.75 * distance(g_leaf, f_leaf), name
       assert 1e-3 < distance(g_leaf, f_leaf) < 0.1, name  # bfloat16 did round
+
+
+def test_mixed_recurrence_with_aligned_weights_gives_the_plain_scan():
+  """[W; U] padded to 128 rows and Uᵀ's 252 gate rows to 256 before the
+  loops (64 inputs, 63 units): the gates' products sum over multiples of 64,
+  and values and gradients are the plain scan's."""
+  with jax.enable_x64():
+    args = mixed_inputs(2, 3, seed=2, batch=2, n=63, steps=3, m=64)
+    values = [args[name] for name in MIXED_ARGS]
+    mix = MogrifierRounds(2, True)
+    gradient = jax.grad(mixed_objective(mixed_fused, mix), argnums=range(len(MIXED_ARGS)))
+    with aligned_contractions(64):
+      sizes = set(summed_sizes_in_loops(jax.make_jaxpr(gradient)(*values).jaxpr))
+      (c, h), hs = jax.jit(partial(mixed_fused, mix))(*values)
+      grads = jax.jit(gradient)(*values)
+    assert {128, 256} <= sizes and not {64 + 63, 4 * 63} & sizes  # (the rounds sum over 63, 64, 3)
+    (c_ref, h_ref), hs_ref = jax.jit(partial(mixed_reference, mix))(*values)
+    for got, want in ((hs, hs_ref), (c, c_ref), (h, h_ref)):
+      np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    expected = jax.jit(jax.grad(mixed_objective(mixed_reference, mix),
+                                argnums=range(len(MIXED_ARGS))))(*values)
+    for name, got, want in zip(MIXED_ARGS, grads, expected):
+      jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12,
+                                                           err_msg=name), got, want)
 
 
 def test_mixed_recurrence_matches_finite_differences_of_a_round_kernel():

@@ -8,10 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxprs import summed_sizes_in_loops
 from lm_zoo.cells import ALSTMCell, LSTMCell, LSTMRHNStack, StaticLatent, resolve_scan
 from lm_zoo.cells.lstm_rhn_recurrence import LayerMasks, lstm_rhn_recurrence
 from lm_zoo.cells.lstm_rhn_window import lstm_rhn_window
 from lm_zoo.configs import base_config
+from lm_zoo.layers.products import aligned_contractions
 from lm_zoo.models import RecurrentLayer, build_model, init_params
 
 M, K, B, T = 3, 2, 2, 5
@@ -78,6 +80,33 @@ def test_fused_window_equals_the_scan_in_values_and_every_gradient(dropout, unro
   rngs = {'dropout': jax.random.key(3)} if dropout else None
   scanned, fused, args = _both(_stack(dropout=dropout), unroll, rngs)
   _assert_close(_outputs_and_grads(fused, args), _outputs_and_grads(scanned, args), 1e-5, 1e-6)
+
+
+def test_aligned_weights_give_the_scan_in_values_and_every_gradient():
+  """Two layers of 63 units and latents, 63 inputs, every weight padded
+  before the loops to a multiple of 64 rows: every product in the forward
+  and backward loops sums over a multiple of 64 (v = [x; h; z]: 189 -> 192,
+  gates 252 -> 256, the policy's 882 -> 896), and values and gradients are
+  the scan's."""
+  cells = [ALSTMCell(63, latent_size=63, cap_input_gate=layer == 1, parent=None)
+           for layer in range(2)]
+  stack = LSTMRHNStack(cells, deterministic=True)
+  rng = np.random.default_rng(2)
+  carry = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
+                       stack.initialize_carry(jax.random.key(0), (B, 63)))
+  xs = jnp.asarray(rng.normal(size=(3, B, 63)), jnp.float32)
+  args = (_params(stack, carry, xs), carry, xs)
+  run = lambda scan: lambda p, c, x: RecurrentLayer(stack, scan=scan).apply(
+      {'params': {'cell': p}}, c, x)
+  with aligned_contractions(64):
+    gradient = jax.grad(lambda *a: _loss(run('fused')(*a)), argnums=(0, 1, 2))
+    sizes = summed_sizes_in_loops(jax.make_jaxpr(gradient)(*args).jaxpr)
+    got = _outputs_and_grads(run('fused'), args)
+  assert sorted(set(sizes)) == [64, 192, 256, 896]
+  # float32 sums of 63 to 882 terms: within 1e-5 of each array's largest entry
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(
+      g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w)))),
+      got, _outputs_and_grads(run('scan'), args))
 
 
 def test_the_language_model_trains_the_same_under_either_path():

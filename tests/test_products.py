@@ -7,8 +7,9 @@ import pytest
 
 from jaxprs import dot_equations
 from lm_zoo.layers.products import dense as products_dense
-from lm_zoo.layers.products import (attend, dense_dot_general, einsum, is_low_precision,
-                                    matmul)
+from lm_zoo.layers.products import (aligned_contractions, aligned_product, aligned_rows,
+                                    aligned_size, attend, contraction_alignment,
+                                    dense_dot_general, einsum, is_low_precision, matmul)
 
 
 def _rounded(x):
@@ -107,3 +108,39 @@ def test_unsupported_contractions_are_named():
     einsum('mk,kn->m', a, b, jnp.bfloat16)
   with pytest.raises(ValueError, match='unsupported dimension numbers'):
     dense_dot_general(jnp.bfloat16)(a, b, (((0,), (0,)), ((), ())))
+
+
+def test_aligned_sizes_round_up_only_where_that_adds_at_most_a_32nd():
+  # the paper aLSTM's summed axes, one already aligned, and two that would
+  # grow by more than 1/32
+  sizes = (1150, 1650, 4600, 6350, 15350, 1152, 400, 100)
+  assert [aligned_size(k, 128) for k in sizes] == [1152, 1664, 4608, 6400, 15360, 1152, 400,
+                                                   100]
+  assert [aligned_size(k, 1) for k in sizes] == list(sizes)
+
+
+def test_the_alignment_is_none_on_a_cpu_unless_set():
+  assert contraction_alignment() == 1
+  with aligned_contractions(128):
+    assert contraction_alignment() == 128
+    with aligned_contractions(1):
+      assert contraction_alignment() == 1
+    assert contraction_alignment() == 128
+  assert contraction_alignment() == 1
+
+
+def test_an_aligned_product_equals_the_plain_product():
+  x, kernel = jax.random.normal(jax.random.key(0), (3, 63)), jax.random.normal(
+      jax.random.key(1), (63, 5))
+  padded = aligned_rows(kernel, 64)
+  assert padded.shape == (64, 5) and not np.any(padded[63:])
+  np.testing.assert_allclose(aligned_product(x, padded, jnp.float32), x @ kernel, rtol=1e-6)
+  assert aligned_rows(kernel, 1) is kernel
+
+
+@pytest.mark.parametrize('multiple', [0, -128, 1.5, '128'])
+def test_an_alignment_that_is_no_positive_integer_is_refused(multiple):
+  with pytest.raises(ValueError, match='aligned_contractions: multiple must be a positive '
+                     f'integer, got {multiple!r}'):
+    with aligned_contractions(multiple):
+      pass

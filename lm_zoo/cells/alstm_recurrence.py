@@ -35,7 +35,8 @@ import jax.numpy as jnp
 from lm_zoo.cells.lstm_recurrence import (
     _activations, _backward_factors, _cell_update, _gates_gradient, _state_mask, shifted)
 from lm_zoo.layers.adaptive import split_sizes
-from lm_zoo.layers.products import accumulation_dtype, contract
+from lm_zoo.layers.products import (accumulation_dtype, aligned_product, aligned_rows,
+                                    contract, contraction_alignment)
 
 
 def is_recurrent(params) -> bool:
@@ -52,12 +53,25 @@ def policy_sizes(m, n):
   return (m, n, 4 * n, 4 * n, 4 * n)
 
 
-def adapted_step(params, x, h_in, c, latent_carry, context=(), latent_mask=None, *, dtype,
-                 cap_input_gate):
-  """One step of the aLSTM with parameters `params` from the input x, the
-  masked fed-back state h_in, the cell state c and the latent's carry;
-  `context` (a tuple of arrays, or ()) extends the latent's input v, and
-  `latent_mask` (or None) multiplies z where the latent makes it.
+def step_weights(params, dtype, alignment):
+  """The latent's W_z, its U_z (None for a static latent), P, W and V in the
+  products' dtype, each from `aligned_rows`: what `adapted_step` multiplies
+  by, made once before a window's loop."""
+  latent = params['latent']
+  recurrent = latent['recurrent_kernel'] if is_recurrent(params) else None
+  return tuple(None if kernel is None else aligned_rows(kernel.astype(dtype), alignment)
+               for kernel in (
+      latent_dense(params)['kernel'], recurrent, params['policy']['kernel'],
+      params['input']['kernel_1'], params['recurrent']['kernel_1']))
+
+
+def adapted_step(params, weights, x, h_in, c, latent_carry, context=(), latent_mask=None, *,
+                 dtype, cap_input_gate):
+  """One step of the aLSTM with parameters `params` (`weights`: their
+  `step_weights`) from the input x, the masked fed-back state h_in, the cell
+  state c and the latent's carry; `context` (a tuple of arrays, or ())
+  extends the latent's input v, and `latent_mask` (or None) multiplies z
+  where the latent makes it.
 
   Returns:
     ((latent carry, c_t, h_t), what the backward step reads: the gate
@@ -65,15 +79,14 @@ def adapted_step(params, x, h_in, c, latent_carry, context=(), latent_mask=None,
     state (recurrent latent) or nothing (static)).
   """
   m, n = x.shape[-1], c.shape[-1]
-  dense = latent_dense(params)
+  latent_kernel, latent_recurrent_kernel, policy, kernel, recurrent_kernel = weights
   accumulate = accumulation_dtype(dtype)
   v = jnp.concatenate([x, h_in, *context], axis=-1)
-  projected = (contract('bv,vk->bk', v, dense['kernel'], dtype)
-               + dense['bias'].astype(accumulate))
+  projected = (aligned_product(v, latent_kernel, dtype)
+               + latent_dense(params)['bias'].astype(accumulate))
   if is_recurrent(params):
     c_z, z_prev = latent_carry
-    act_z = _activations(projected + contract(
-        'bk,kl->bl', z_prev, params['latent']['recurrent_kernel'], dtype))
+    act_z = _activations(projected + aligned_product(z_prev, latent_recurrent_kernel, dtype))
     c_z, z = _cell_update(act_z, c_z, z_prev, False)
     if latent_mask is not None:
       z = z * latent_mask
@@ -82,52 +95,56 @@ def adapted_step(params, x, h_in, c, latent_carry, context=(), latent_mask=None,
     z, latent_saved = jax.nn.relu(projected), ()
     if latent_mask is not None:
       z = z * latent_mask
-  pi = jnp.tanh(contract('bk,kp->bp', z, params['policy']['kernel'], dtype))
+  pi = jnp.tanh(aligned_product(z, policy, dtype))
   x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
-  a = contract('bm,mk->bk', x * x_scale, params['input']['kernel_1'], dtype)
-  r = contract('bn,nk->bk', h_in * h_scale, params['recurrent']['kernel_1'], dtype)
+  a = aligned_product(x * x_scale, kernel, dtype)
+  r = aligned_product(h_in * h_scale, recurrent_kernel, dtype)
   act = _activations(a * w_scale + (r * v_scale + params['recurrent']['bias'] * b_scale))
   new_c, new_h = _cell_update(act, c, h_in, cap_input_gate)
   return (latent_carry, new_c, new_h), (act, new_c, pi, a, r, z, latent_saved)
 
 
-def _forward_scan(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate):
+def _forward_scan(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate, alignment):
   """The outputs h_1..h_T, the final carry, and per step what the backward
   pass reads (`adapted_step`)."""
+  weights = step_weights(params, dtype, alignment)
+
   def step(carry, x):
     latent_carry, c, h = carry
-    new_carry, saved = adapted_step(params, x, h * state_mask, c, latent_carry, dtype=dtype,
-                                    cap_input_gate=cap_input_gate)
+    new_carry, saved = adapted_step(params, weights, x, h * state_mask, c, latent_carry,
+                                    dtype=dtype, cap_input_gate=cap_input_gate)
     return new_carry, (new_carry[-1], *saved)
 
   new_carry, (hs, *saved) = jax.lax.scan(step, carry, inputs, unroll=unroll)
   return hs, new_carry, saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _recurrence(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _recurrence(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate, alignment):
   hs, new_carry, _ = _forward_scan(params, inputs, carry, state_mask, dtype, unroll,
-                                   cap_input_gate)
+                                   cap_input_gate, alignment)
   return hs, new_carry
 
 
-def _recurrence_fwd(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate):
+def _recurrence_fwd(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate,
+                    alignment):
   hs, new_carry, saved = _forward_scan(params, inputs, carry, state_mask, dtype, unroll,
-                                       cap_input_gate)
+                                       cap_input_gate, alignment)
   return (hs, new_carry), (params, inputs, carry, state_mask, hs, saved)
 
 
-def _transposed(kernel, dtype):
-  return kernel.astype(dtype).T
+def _transposed(kernel, dtype, alignment):
+  return aligned_rows(kernel.astype(dtype).T, alignment)
 
 
-def transposed_weights(params, dtype):
+def transposed_weights(params, dtype, alignment):
   """Wᵀ, Vᵀ, Pᵀ and the latent's [W_z; U_z]ᵀ (W_zᵀ for a static latent) in
-  the products' dtype: what `adapted_step_backward` multiplies by."""
+  the products' dtype, each from `aligned_rows`: what
+  `adapted_step_backward` multiplies by."""
   latent_kernel = latent_dense(params)['kernel']
   if is_recurrent(params):
     latent_kernel = jnp.concatenate([latent_kernel, params['latent']['recurrent_kernel']], 0)
-  return tuple(_transposed(kernel, dtype) for kernel in (
+  return tuple(_transposed(kernel, dtype, alignment) for kernel in (
       params['input']['kernel_1'], params['recurrent']['kernel_1'], params['policy']['kernel'],
       latent_kernel))
 
@@ -165,12 +182,12 @@ def adapted_step_backward(params, weights_t, d_h, d_c, d_latent, x, h_in, factor
   m, n = x.shape[-1], h_in.shape[-1]
   d_c, d_gates = _gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t)
   x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
-  d_x_scaled = contract('bk,km->bm', d_gates * w_scale, kernel_t, dtype)
-  d_h_scaled = contract('bk,kn->bn', d_gates * v_scale, recurrent_kernel_t, dtype)
+  d_x_scaled = aligned_product(d_gates * w_scale, kernel_t, dtype)
+  d_h_scaled = aligned_product(d_gates * v_scale, recurrent_kernel_t, dtype)
   d_pi = jnp.concatenate([d_x_scaled * x, d_h_scaled * h_in, d_gates * a, d_gates * r,
                           d_gates * params['recurrent']['bias']], axis=-1)
   d_policy_in = (d_pi * (1 - pi * pi)).astype(pi.dtype)
-  d_z = contract('bp,pk->bk', d_policy_in, policy_t, dtype)
+  d_z = aligned_product(d_policy_in, policy_t, dtype)
   v_size = latent_dense(params)['kernel'].shape[0]
   if is_recurrent(params):
     d_c_z, d_z_next = d_latent
@@ -179,26 +196,26 @@ def adapted_step_backward(params, weights_t, d_h, d_c, d_latent, x, h_in, factor
     if latent_mask is not None:
       d_z = d_z * latent_mask
     d_c_z, d_latent_gates = _gates_gradient(d_c_z, d_z, d_c_z_from_z, scales_z)
-    d_v = contract('bl,lv->bv', d_latent_gates, latent_kernel_t, dtype)
+    d_v = aligned_product(d_latent_gates, latent_kernel_t, dtype)
     d_latent = ((d_c_z * f_z).astype(d_c_z.dtype), d_v[:, v_size:].astype(d_z_next.dtype))
   else:
     (positive,) = latent_t
     if latent_mask is not None:
       d_z = d_z * latent_mask
     d_latent_gates = jnp.where(positive, d_z, 0)
-    d_v = contract('bl,lv->bv', d_latent_gates, latent_kernel_t, dtype)
+    d_v = aligned_product(d_latent_gates, latent_kernel_t, dtype)
   d_x = (d_x_scaled * x_scale + d_v[:, :m]).astype(x.dtype)
   d_h_in = d_h_scaled * h_scale + d_v[:, m:m + n]
   return ((d_c * f_t).astype(d_c.dtype), d_latent, d_x, d_h_in, d_v[:, m + n:v_size],
           (d_gates, d_policy_in, d_latent_gates))
 
 
-def _recurrence_bwd(dtype, unroll, cap_input_gate, residuals, cotangents):
+def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, residuals, cotangents):
   params, inputs, (latent0, c0, h0), state_mask, hs, saved = residuals
   d_hs, (d_latent_last, d_c_last, d_h_last) = cotangents
   h_prev = shifted(h0, hs)
   factors = step_factors(params, saved, c0, latent0, cap_input_gate)
-  weights_t = transposed_weights(params, dtype)
+  weights_t = transposed_weights(params, dtype, alignment)
 
   def step(carry, xs):
     d_latent, d_c, d_h_next, d_mask = carry
@@ -280,7 +297,8 @@ def alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
   n = h0.shape[-1]
   check_window(inputs, params, n)
   hs, new_carry = _recurrence(params, inputs, tuple(carry), _state_mask(state_mask, h0),
-                              jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate)
+                              jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate,
+                              contraction_alignment())
   return new_carry, hs
 
 

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.layers.products import accumulation_dtype, contract
+from lm_zoo.layers.products import (accumulation_dtype, aligned_product, aligned_rows,
+                                    contract, contraction_alignment)
 
 
 def _activations(gates: jax.Array) -> jax.Array:
@@ -100,15 +101,15 @@ def _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d
 
 
 def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
-                  cap_input_gate):
+                  cap_input_gate, alignment):
   """Returns the outputs h_1..h_T (T, B, n), the final carry, and per step
   the gate activations (T, B, 4n) and cell states c_1..c_T (T, B, n). Few
   arrays per step: each is a separate write in every loop iteration."""
-  kernel = recurrent_kernel.astype(dtype)
+  kernel = aligned_rows(recurrent_kernel.astype(dtype), alignment)
 
   def step(carry, p):
     c, h = carry
-    act = _activations(p + contract('bn,nk->bk', h * state_mask, kernel, dtype))
+    act = _activations(p + aligned_product(h * state_mask, kernel, dtype))
     new_c, new_h = _cell_update(act, c, h, cap_input_gate)
     return (new_c, new_h), (new_h, act, new_c)
 
@@ -116,33 +117,33 @@ def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll
   return hs, (c, h), (acts, cs)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
 def _recurrence(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
-                cap_input_gate):
+                cap_input_gate, alignment):
   hs, carry, _ = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
-                               cap_input_gate)
+                               cap_input_gate, alignment)
   return hs, carry
 
 
 def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
-                    cap_input_gate):
+                    cap_input_gate, alignment):
   hs, carry, (acts, cs) = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask,
-                                        dtype, unroll, cap_input_gate)
+                                        dtype, unroll, cap_input_gate, alignment)
   return (hs, carry), (recurrent_kernel, state_mask, c0, h0, hs, acts, cs)
 
 
-def _recurrence_bwd(dtype, unroll, cap_input_gate, saved, cotangents):
+def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, saved, cotangents):
   recurrent_kernel, state_mask, c0, h0, hs, acts, cs = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev = shifted(h0, hs)
   f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
-  kernel_t = recurrent_kernel.astype(dtype).T
+  kernel_t = aligned_rows(recurrent_kernel.astype(dtype).T, alignment)
 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
     d_h_out, h_prev_t, f_t, d_c_from_h_t, gate_scales_t = xs
     d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
-    d_h_in = contract('bk,kn->bn', d_gates, kernel_t, dtype)
+    d_h_in = aligned_product(d_gates, kernel_t, dtype)
     return _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next,
                                     d_mask), d_gates
 
@@ -188,7 +189,8 @@ def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
     raise ValueError(f'projected inputs {projected.shape} do not match the recurrent kernel '
                      f'{recurrent_kernel.shape}: expected (T, B, {recurrent_kernel.shape[-1]})')
   hs, new_carry = _recurrence(projected, recurrent_kernel, c0, h0, _state_mask(state_mask, h0),
-                              jnp.dtype(dtype or projected.dtype), unroll, cap_input_gate)
+                              jnp.dtype(dtype or projected.dtype), unroll, cap_input_gate,
+                              contraction_alignment())
   return new_carry, hs
 
 
@@ -213,15 +215,17 @@ class Mix(Protocol):
 
 
 def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mask, unroll,
-                        cap_input_gate):
+                        cap_input_gate, alignment):
   """The forward scan of `mixed_lstm_recurrence`; per step it also keeps
   mix's residuals and [x', h'], the input of the gates' one matrix product."""
+
+  aligned_kernel = aligned_rows(kernel, alignment)
 
   def step(carry, x):
     c, h = carry
     mixed_x, mixed_h, residuals = mix.forward(mix_params, x, h * state_mask)
     mixed = jnp.concatenate([mixed_x, mixed_h], axis=-1).astype(kernel.dtype)
-    act = _activations(contract('bm,mk->bk', mixed, kernel, kernel.dtype) + bias)
+    act = _activations(aligned_product(mixed, aligned_kernel, kernel.dtype) + bias)
     new_c, new_h = _cell_update(act, c, h, cap_input_gate)
     return (new_c, new_h), (new_h, act, new_c, mixed, residuals)
 
@@ -234,41 +238,41 @@ def _stacked_kernel(input_kernel, recurrent_kernel, dtype):
   return jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 9, 10, 11))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 9, 10, 11, 12))
 def _mixed_recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
-                      state_mask, dtype, unroll, cap_input_gate):
+                      state_mask, dtype, unroll, cap_input_gate, alignment):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
   hs, carry, _ = _mixed_forward_scan(mix, mix_params, kernel,
                                      bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
-                                     state_mask, unroll, cap_input_gate)
+                                     state_mask, unroll, cap_input_gate, alignment)
   return hs, carry
 
 
 def _mixed_recurrence_fwd(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0,
-                          h0, state_mask, dtype, unroll, cap_input_gate):
+                          h0, state_mask, dtype, unroll, cap_input_gate, alignment):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
   hs, carry, (acts, cs, mixed, residuals) = _mixed_forward_scan(
       mix, mix_params, kernel, bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
-      state_mask, unroll, cap_input_gate)
+      state_mask, unroll, cap_input_gate, alignment)
   saved = (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0,
            h0, hs, acts, cs, mixed, residuals)
   return (hs, carry), saved
 
 
-def _mixed_recurrence_bwd(mix, dtype, unroll, cap_input_gate, saved, cotangents):
+def _mixed_recurrence_bwd(mix, dtype, unroll, cap_input_gate, alignment, saved, cotangents):
   (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0, h0, hs,
    acts, cs, mixed, residuals) = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev = shifted(h0, hs)
   f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
-  kernel_t = kernel.T
+  kernel_t = aligned_rows(kernel.T, alignment)
   m = input_kernel.shape[0]
 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
     d_h_out, x_t, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, residuals_t = xs
     d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
-    d_mixed = contract('bk,km->bm', d_gates, kernel_t, dtype)
+    d_mixed = aligned_product(d_gates, kernel_t, dtype)
     d_x, d_h_in, stash = mix.backward(mix_params, x_t, h_prev_t * state_mask, residuals_t,
                                       d_mixed[..., :m].astype(x_t.dtype),
                                       d_mixed[..., m:].astype(h_prev_t.dtype))
@@ -334,5 +338,6 @@ def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.
                      f'{n} units: expected (T, B, m), ({m}, {4 * n}), ({n}, {4 * n}), ({4 * n},)')
   hs, new_carry = _mixed_recurrence(
       mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
-      _state_mask(state_mask, h0), jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate)
+      _state_mask(state_mask, h0), jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate,
+      contraction_alignment())
   return new_carry, hs

@@ -32,8 +32,10 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.alstm_recurrence import (
-    adapted_step, adapted_step_backward, step_factors, transposed_weights, weight_gradients)
+    adapted_step, adapted_step_backward, step_factors, step_weights, transposed_weights,
+    weight_gradients)
 from lm_zoo.cells.lstm_recurrence import shifted
+from lm_zoo.layers.products import contraction_alignment
 
 
 class LayerMasks(NamedTuple):
@@ -59,17 +61,19 @@ def _masked(value, mask):
 _Z = 6
 
 
-def _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps):
+def _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps, alignment):
   """The top layer's outputs h^(L)_1..T, the final carry, and per layer and
   step h_t and what `adapted_step` keeps for the backward pass."""
+  weights = [step_weights(p, dtype, alignment) for p, dtype in zip(params, dtypes)]
+
   def step(carry, x):
     context, new_carry, saved = carry[-1][0][1], [], []
     for layer, (layer_params, (latent, c, h), mask) in enumerate(zip(params, carry, masks)):
       if layer > 0:
         x = _masked(x, mask.hidden)
       layer_carry, layer_saved = adapted_step(
-          layer_params, x, _masked(h, mask.state), c, latent, (context,), mask.latent,
-          dtype=dtypes[layer], cap_input_gate=caps[layer])
+          layer_params, weights[layer], x, _masked(h, mask.state), c, latent, (context,),
+          mask.latent, dtype=dtypes[layer], cap_input_gate=caps[layer])
       context, x = layer_carry[0][1], layer_carry[2]
       new_carry.append(layer_carry)
       saved.append((x, *layer_saved))
@@ -79,14 +83,16 @@ def _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps):
   return saved[-1][0], new_carry, saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _recurrence(params, inputs, carry, masks, dtypes, unroll, caps):
-  hs, new_carry, _ = _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _recurrence(params, inputs, carry, masks, dtypes, unroll, caps, alignment):
+  hs, new_carry, _ = _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps,
+                                   alignment)
   return hs, new_carry
 
 
-def _recurrence_fwd(params, inputs, carry, masks, dtypes, unroll, caps):
-  hs, new_carry, saved = _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps)
+def _recurrence_fwd(params, inputs, carry, masks, dtypes, unroll, caps, alignment):
+  hs, new_carry, saved = _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps,
+                                       alignment)
   return (hs, new_carry), (params, inputs, carry, masks, saved)
 
 
@@ -105,11 +111,11 @@ def _layer_windows(params, inputs, carry, masks, saved, caps):
   return windows
 
 
-def _recurrence_bwd(dtypes, unroll, caps, residuals, cotangents):
+def _recurrence_bwd(dtypes, unroll, caps, alignment, residuals, cotangents):
   params, inputs, carry, masks, saved = residuals
   d_hs, d_carry_last = cotangents
   windows = _layer_windows(params, inputs, carry, masks, saved, caps)
-  weights_t = [transposed_weights(p, dtype) for p, dtype in zip(params, dtypes)]
+  weights_t = [transposed_weights(p, dtype, alignment) for p, dtype in zip(params, dtypes)]
 
   def step(d_carry, xs):
     d_out, layer_xs = xs
@@ -182,5 +188,6 @@ def lstm_rhn_recurrence(inputs: jax.Array, params: Sequence[Any], carry: Sequenc
   dtypes = tuple(jnp.dtype(dtype or inputs.dtype) for dtype in (dtypes or (None,) * layers))
   caps = tuple(bool(cap) for cap in (cap_input_gates or (False,) * layers))
   carry = tuple(((latent[0], latent[1]), c, h) for latent, c, h in carry)
-  hs, new_carry = _recurrence(tuple(params), inputs, carry, masks, dtypes, unroll, caps)
+  hs, new_carry = _recurrence(tuple(params), inputs, carry, masks, dtypes, unroll, caps,
+                              contraction_alignment())
   return new_carry, hs

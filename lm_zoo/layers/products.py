@@ -14,8 +14,9 @@ in the operands' promoted dtype (or `dtype`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import flax.linen as nn
 import jax
@@ -138,6 +139,73 @@ def attend(x: jax.Array, table: jax.Array, dtype: Any = None) -> jax.Array:
   are flattened into one, as in `matmul`."""
   flat = einsum('md,vd->mv', x.reshape(-1, x.shape[-1]), table, dtype)
   return flat.reshape(*x.shape[:-1], table.shape[0])
+
+
+# XLA's GPU backend runs a product summed over a long axis in parts (split-K)
+# and pads that axis to a multiple of the parts' tile first. Inside a loop the
+# pad is not hoisted out of it: each step of a window would copy each such
+# weight whole. So windows pad their weights' summed axes once, before the
+# loop, where that adds little.
+_ALIGNMENT = {'gpu': 128}
+_MAX_ALIGNMENT_OVERHEAD = 1 / 32  # padded rows are read at every step
+_alignment_override: list[int] = []
+
+
+def contraction_alignment() -> int:
+  """The multiple to which windows pad their weights' summed axes
+  (`aligned_rows`): 128 on a GPU, 1 (none) elsewhere, or what
+  `aligned_contractions` sets. A window reads it where it is called and
+  passes it on as a static argument, so that JAX's caches of traced
+  functions key on it."""
+  if _alignment_override:
+    return _alignment_override[-1]
+  return _ALIGNMENT.get(jax.default_backend(), 1)
+
+
+@contextlib.contextmanager
+def aligned_contractions(multiple: int) -> Iterator[None]:
+  """Windows traced inside pad their weights' summed axes to `multiple`
+  (1: not at all), on any backend. It is read when a window is traced, and
+  JAX caches a traced function by its identity: a function traced before
+  (`jax.jit`, `jax.make_jaxpr`) keeps what it was traced with: build and
+  first call the train step inside.
+
+  Example::
+
+    with aligned_contractions(1):  # the windows as XLA gets them unpadded
+      train_step = make_train_step(model, optimizer)
+      state, metrics = train_step(state, inputs, targets, weights)  # traced here
+  """
+  if not isinstance(multiple, int) or multiple < 1:
+    raise ValueError(f'aligned_contractions: multiple must be a positive integer, got {multiple!r}')
+  _alignment_override.append(multiple)
+  try:
+    yield
+  finally:
+    _alignment_override.pop()
+
+
+def aligned_size(size: int, multiple: int) -> int:
+  """`size` rounded up to `multiple` where that adds at most 1/32, else `size`."""
+  padded = -(-size // multiple) * multiple
+  return padded if padded - size <= size * _MAX_ALIGNMENT_OVERHEAD else size
+
+
+def aligned_rows(kernel: jax.Array, multiple: int) -> jax.Array:
+  """`kernel` (k, n) with zero rows appended up to `aligned_size(k,
+  multiple)`: the weight a window's loop multiplies by, padded once outside
+  it."""
+  extra = aligned_size(kernel.shape[0], multiple) - kernel.shape[0]
+  return jnp.pad(kernel, ((0, extra), (0, 0))) if extra else kernel
+
+
+def aligned_product(x: jax.Array, kernel: jax.Array, dtype: Any) -> jax.Array:
+  """x (B, k) @ kernel (k', n) as `contract` in `dtype`, for a kernel from
+  `aligned_rows` (k' >= k): x gains k' - k zero columns, which add nothing."""
+  extra = kernel.shape[0] - x.shape[-1]
+  if extra:
+    x = jnp.pad(x, ((0, 0), (0, extra)))
+  return contract('bk,kn->bn', x, kernel, dtype)
 
 
 def dense_dot_general(dtype: Any):
