@@ -24,7 +24,9 @@
 # an H100 were its plan before the LSTM-RHN rows.
 # `agreement` trains AGREEMENT_STEPS updates of the 24M LSTM and Mogrifier
 # recipes, Zaremba's small one and the small aLSTM's, from one seed, under each scan they take,
-# and collects their validation perplexities (agreement.json, agreement.txt).
+# and collects their validation perplexities (agreement.json, agreement.txt);
+# AGREEMENT_RUNS picks other runs, 'CONFIG SCAN...' separated by ';' (say
+# AGREEMENT_RUNS='ptb_lstm_small.py fused cudnn').
 # `stacks` times stacks of
 # seeds against a run alone (benchmarks/stacked_seeds.py: stacked_seeds.json,
 # stacked_seeds.txt); `seeds` trains 8 seeds of Zaremba's medium recipe at
@@ -163,6 +165,10 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
   seeds=(--seeds=2 --config.train.max_steps=4 --config.model.hidden_size=16
          --config.model.embed_size=16 --config.data.train_tokens=2101
          --config.data.valid_tokens=200 --config.data.test_tokens=176)
+fi
+
+if [ -n "${AGREEMENT_RUNS:-}" ]; then
+  IFS=';' read -r -a agreement_runs <<< "$AGREEMENT_RUNS"
 fi
 
 # Each step runs whatever the one before did: a GPU's time is rare.
