@@ -6,7 +6,9 @@ A URL's preset is downloaded once into $LM_ZOO_CACHE (default
 ~/.cache/lm_zoo), a folder per URL's hash: SHA256SUMS first, then each file
 it lists to a temporary name, renamed when its sha256 matches. A file that
 does not match is refused and the download discarded; an interrupted one
-resumes (where the server takes a Range) or restarts on the next call.
+resumes (where the server takes a Range) or restarts on the next call. The
+model card (README.md), which a publisher may edit (on the Hub, say), is
+fetched but not held to its sum, as `presets.load_params` does not.
 Processes that ask for a URL at once download it once: the others wait on
 the cache's lock, then read the copy.
 """
@@ -27,7 +29,7 @@ import urllib.request
 from typing import Iterator
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.presets import SUMS_FILE, read_sums, sha256_file, verify
+from lm_zoo.presets import CARD_FILE, SUMS_FILE, read_sums, sha256_file, verify
 from lm_zoo.progress import ProgressLog
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ def _from_hub(source: str) -> pathlib.Path:
                       "'lm_zoo[hub]'") from None
   folder = pathlib.Path(huggingface_hub.snapshot_download(
       repo_id=name, revision=revision or None, cache_dir=str(cache_dir() / 'hub')))
-  verify(folder)
+  verify(folder, skip=(CARD_FILE,))
   return folder
 
 
@@ -110,12 +112,13 @@ def _download_preset(base: str, entry: pathlib.Path) -> None:
     sums_text = _fetch_small(base + SUMS_FILE)
     sums = read_sums(sums_text, base + SUMS_FILE)
     for name, digest in sums.items():
-      _download(base + urllib.parse.quote(name), partial / name, digest, partial)
+      _download(base + urllib.parse.quote(name), partial / name,
+                None if name == CARD_FILE else digest, partial)
     (partial / SUMS_FILE).write_text(sums_text)
   except _Damaged as err:
     shutil.rmtree(partial, ignore_errors=True)
     raise ConfigError(str(err)) from None
-  verify(partial)
+  verify(partial, skip=(CARD_FILE,))
   os.replace(partial, entry)
 
 
@@ -139,10 +142,11 @@ def _fetch_small(url: str) -> str:
     raise _interrupted(url, err) from None
 
 
-def _download(url: str, path: pathlib.Path, digest: str, partial: pathlib.Path) -> None:
+def _download(url: str, path: pathlib.Path, digest: str | None,
+              partial: pathlib.Path) -> None:
   """Downloads `url` to `path` through PATH.part, resuming a part that an
-  earlier call left; renames it when its sha256 is `digest`."""
-  if path.is_file() and sha256_file(path) == digest:
+  earlier call left; renames it when its sha256 is `digest` (None: any)."""
+  if path.is_file() and digest is not None and sha256_file(path) == digest:
     return
   part = path.with_name(path.name + '.part')
   have = part.stat().st_size if part.is_file() else 0
@@ -170,7 +174,7 @@ def _download(url: str, path: pathlib.Path, digest: str, partial: pathlib.Path) 
                       'it, but the server has no such file') from None
   except (OSError, http.client.HTTPException) as err:
     raise _interrupted(url, err) from None
-  if sha256_file(part) != digest:
+  if digest is not None and sha256_file(part) != digest:
     raise _Damaged(f'{url} is damaged: its sha256 differs from the preset\'s SHA256SUMS; the '
                    'download was discarded, fetch it again or ask its publisher')
   os.replace(part, path)

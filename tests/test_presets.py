@@ -252,6 +252,17 @@ def test_a_damaged_file_is_refused_and_not_kept(served, cache):
   assert not list(cache.iterdir())
 
 
+def test_an_edited_model_card_still_loads(served, trained):
+  """The card is the publisher's to edit: its sum is not held against it,
+  and the copy is the served one."""
+  server, folder = served
+  card = (folder / 'README.md').read_text() + '\nEdited on the Hub.\n'
+  (folder / 'README.md').write_text(card)
+  model = lm_zoo.load(server.url)
+  _same_model(model, trained)
+  assert (model.workdir / 'README.md').read_text() == card
+
+
 def test_an_interrupted_download_fails_then_fetches_again_cleanly(served, trained):
   server, folder = served
   server.cut = ('model.safetensors', (folder / 'model.safetensors').stat().st_size // 2)
@@ -301,6 +312,8 @@ def test_hub_paths_without_the_network(preset, trained, monkeypatch, tmp_path):
   _same_model(lm_zoo.load('hf://someone/tiny@v1'), trained)
   assert asked == [('someone/tiny', 'v1')]
   copy = next((tmp_path / 'cache' / 'hub').iterdir())
+  (copy / 'README.md').write_text('An edited card.\n')  # the publisher's to edit
+  _same_model(lm_zoo.load('hf://someone/tiny'), trained)
   (copy / 'vocab.json').write_text((copy / 'vocab.json').read_text() + ' ')
   with pytest.raises(ConfigError, match='vocab.json is damaged'):
     lm_zoo.load('hf://someone/tiny')
