@@ -1,6 +1,6 @@
 """The README.md model card of a preset (`lm_zoo.runs.export`), written
 from what the work directory recorded: its config, vocabulary, data
-fingerprint, summary.json, seeds.json and evaluations/*.json."""
+fingerprint, summary.json, seeds.json, evaluations/*.json and commands.txt."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ def _read(path: pathlib.Path) -> Any:
     return json.loads(path.read_text())
   except (OSError, ValueError):
     return None
+
+
+def _commands(workdir: pathlib.Path) -> list[str]:
+  try:
+    return (workdir / 'commands.txt').read_text().splitlines()
+  except OSError:
+    return []
 
 
 def _result(result: Any) -> str:
@@ -74,8 +81,12 @@ def model_card(workdir: pathlib.Path, config: ml_collections.ConfigDict, vocab: 
             "config.json holds every setting of the run, its seed included; this command "
             'trains the same model again from it (FOLDER: this folder, for example '
             '`presets/NAME`):', '',
-            f'    {RETRAIN_COMMAND}', '',
-            '## Intended use and limitations', '',
+            f'    {RETRAIN_COMMAND}', '']
+  commands = _commands(workdir)
+  if commands:
+    lines += ['The command lines that trained it (commands.txt of its work directory):', '',
+              *(f'    {line}' for line in commands), '']
+  lines += ['## Intended use and limitations', '',
             f'For research and teaching: scoring and sampling {d.name}-like text, and as a '
             'baseline. It knows only its vocabulary (other words are `<unk>` where the '
             'vocabulary has it), reflects the biases of its corpus, and is not meant for '

@@ -4,6 +4,8 @@ import json
 import math
 import os
 import pathlib
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import REPO, load_experiment, run_script, run_scripts
 
+import lm_zoo
 from lm_zoo.runs import load_trained, read_metrics
 from lm_zoo.training import train_and_evaluate
 
@@ -101,6 +104,11 @@ def test_train_then_evaluate(trained_run, data_dir, tmp_path):
   for name in ('config.json', 'metrics.jsonl', 'summary.json', 'checkpoints', 'best'):
     assert (workdir / name).exists(), name
   summary = json.loads((workdir / 'summary.json').read_text())
+  # The run recorded the command line that trained it, to type again.
+  command, = (workdir / 'commands.txt').read_text().splitlines()
+  typed = shlex.join(['python', 'launch/train.py', *TINY, f'--workdir={workdir}'])
+  assert re.fullmatch(rf'\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ lm_zoo {re.escape(lm_zoo.__version__)} '
+                      rf'in {re.escape(str(REPO))}: {re.escape(typed)}', command), command
 
   # The programs one after another on the run, each a process of its own.
   data = {'LM_ZOO_DATA': str(data_dir)}

@@ -33,7 +33,7 @@ def run(tmp_path_factory, data_dir):
   workdir = tmp_path_factory.mktemp('trained') / 'run'
   config = tiny_lm_config(data_dir)
   config.train.num_epochs = 1
-  train_and_evaluate(config, workdir)
+  train_and_evaluate(config, workdir, command=f'lm-zoo-train --workdir={workdir}')
   return workdir
 
 
@@ -84,6 +84,8 @@ def test_the_model_card_gives_size_data_and_results(preset, run):
   summary = json.loads((run / 'summary.json').read_text())
   assert f'test: perplexity {summary["test"]["perplexity"]:.4g}' in card
   assert '10,000 word tokens' in card and '## Intended use and limitations' in card
+  command, = (run / 'commands.txt').read_text().splitlines()  # the line train_and_evaluate added
+  assert command.endswith(f': lm-zoo-train --workdir={run}') and f'    {command}\n' in card
 
 
 def test_the_model_card_s_command_trains_the_run_s_config_again(preset, run):

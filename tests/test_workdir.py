@@ -19,7 +19,8 @@ from lm_zoo.training import train_and_evaluate
 from lm_zoo.runs.checkpoints import FORMAT_VERSION
 from lm_zoo.runs.files import DATA_FILE
 from lm_zoo.runs.finished import initial_params, load_config
-from lm_zoo.runs.workdir import SHAPE_FIELDS, check_resumable, save_config, workdir_lock
+from lm_zoo.runs.workdir import (SHAPE_FIELDS, check_resumable, record_command, save_config,
+                                 workdir_lock)
 
 
 def test_a_second_process_is_refused_with_the_holders_pid_and_host(tiny_config, tmp_path):
@@ -185,3 +186,20 @@ def test_a_run_is_scored_and_resumed_only_on_the_data_it_trained_on(tiny_config,
   tiny_config.train.num_epochs = 2
   with pytest.raises(ConfigError, match='the valid split'):
     train_and_evaluate(tiny_config, tmp_path / 'run')  # nor resumed on it
+
+
+def test_each_command_line_is_added_to_commands_txt_and_never_through_a_link(tmp_path):
+  record_command(tmp_path, 'lm-zoo-train --workdir=runs/a')
+  record_command(tmp_path, "lm-zoo-train --config.model.hidden_size=8 'two\nlines'")
+  first, second = (tmp_path / 'commands.txt').read_text().splitlines()
+  assert first.endswith(f'lm_zoo {lm_zoo.__version__} in {os.getcwd()}: '
+                        'lm-zoo-train --workdir=runs/a')
+  assert second.endswith(": lm-zoo-train --config.model.hidden_size=8 'two lines'")
+  linked = tmp_path / 'linked'
+  linked.mkdir()
+  outside = tmp_path / 'outside.txt'
+  os.symlink(outside, linked / 'commands.txt')
+  with pytest.raises(ConfigError, match='commands.txt is a symbolic link: lm_zoo writes '
+                     'nothing through links'):
+    record_command(linked, 'lm-zoo-train')
+  assert not outside.exists()

@@ -13,6 +13,7 @@ import logging
 import os
 import pathlib
 import re
+import shlex
 import signal
 import sys
 import traceback
@@ -45,6 +46,14 @@ DATA_DIR_ENV = 'LM_ZOO_DATA'
 DATA_DIR_HELP = ('Where the run\'s data is now, if not where the run recorded it (default: '
                  f'the recorded folder, else ${DATA_DIR_ENV}, else shared/data beside the '
                  'checkout).')
+
+
+def command_line() -> str:
+  """This process' command line as one would type it again: a console
+  script by its name, a script as `python PATH`."""
+  program = sys.argv[0]
+  words = ['python', program] if program.endswith('.py') else [pathlib.Path(program).name]
+  return shlex.join(words + sys.argv[1:])
 
 
 def env_data_dir() -> str:

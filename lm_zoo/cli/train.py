@@ -41,7 +41,8 @@ def _train_program(argv):
   def train():
     initialize_distributed()  # multi-host only when $LM_ZOO_DISTRIBUTED=1
     cli.with_env_data_dir(FLAGS.config)
-    train_and_evaluate(FLAGS.config, FLAGS.workdir, num_seeds=max(FLAGS.seeds, 1))
+    train_and_evaluate(FLAGS.config, FLAGS.workdir, num_seeds=max(FLAGS.seeds, 1),
+                       command=cli.command_line())
 
   cli.run(train)
 

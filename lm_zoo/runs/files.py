@@ -24,6 +24,8 @@ VOCAB_FILE = 'vocab.json'
 LOCK_FILE = 'lock'
 # The seeds of a stack trained at once; absent for a run alone.
 SEEDS_FILE = 'seeds.json'
+# Every command line that trained in the work directory, a line each (`record_command`).
+COMMANDS_FILE = 'commands.txt'
 # config.json's keys that hold the format it was written in
 # (`lm_zoo.runs.checkpoints.FORMAT_VERSION`) and the lm_zoo that wrote it.
 FORMAT_KEY, WRITER_KEY = 'format_version', 'lm_zoo_version'

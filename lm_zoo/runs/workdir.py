@@ -7,6 +7,7 @@ them back."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import fcntl
 import json
@@ -23,9 +24,9 @@ from lm_zoo.version import __version__
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError, WorkdirInUse
 from lm_zoo.runs.checkpoints import FORMAT_VERSION
-from lm_zoo.runs.files import (CONFIG_FILE, DATA_FILE, FORMAT_KEY, LOCK_FILE, SEEDS_FILE,
-                               VOCAB_FILE, WRITER_KEY, is_main_process, sync_processes,
-                               write_text_atomically)
+from lm_zoo.runs.files import (COMMANDS_FILE, CONFIG_FILE, DATA_FILE, FORMAT_KEY, LOCK_FILE,
+                               SEEDS_FILE, VOCAB_FILE, WRITER_KEY, is_main_process,
+                               sync_processes, write_text_atomically)
 from lm_zoo.runs.finished import check_data, load_config, load_seeds
 from lm_zoo.runs.metrics import flat_fields
 
@@ -71,6 +72,11 @@ def check_workdir(workdir: str | pathlib.Path) -> pathlib.Path:
   return workdir
 
 
+def _link_error(path: pathlib.Path) -> ConfigError:
+  return ConfigError(f'{path} is a symbolic link: lm_zoo writes nothing through links '
+                     'inside a work directory; remove it, or use a new --workdir')
+
+
 def refuse_links(workdir: pathlib.Path) -> None:
   """Raises ConfigError naming the first symbolic link inside `workdir`:
   lm_zoo writes nothing through a link, which could point out of the work
@@ -79,8 +85,7 @@ def refuse_links(workdir: pathlib.Path) -> None:
     for name in sorted(dirs + files):
       path = pathlib.Path(folder) / name
       if path.is_symlink():
-        raise ConfigError(f'{path} is a symbolic link: lm_zoo writes nothing through links '
-                          'inside a work directory; remove it, or use a new --workdir')
+        raise _link_error(path)
 
 
 @contextlib.contextmanager
@@ -114,8 +119,7 @@ def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
       descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as err:
       if err.errno == errno.ELOOP:
-        raise ConfigError(f'{path} is a symbolic link: lm_zoo writes nothing through links '
-                          'inside a work directory; remove it, or use a new --workdir') from None
+        raise _link_error(path) from None
       raise
     f = held.enter_context(os.fdopen(descriptor, 'r+'))
     _flock(f.fileno(), wait, workdir, path)
@@ -139,6 +143,26 @@ def _flock(descriptor: int, wait: bool, workdir: pathlib.Path, path: pathlib.Pat
     holder = holder or 'another process (its lock file was removed)'
     raise WorkdirInUse(f'{workdir} is in use by {holder}: wait for that run to end, or train '
                        'in another --workdir') from None
+
+
+def record_command(workdir: pathlib.Path, command: str) -> None:
+  """Appends `command` (one line) to WORKDIR/commands.txt after the UTC time,
+  lm_zoo's version and the folder it ran in: every command line that trained
+  in the work directory, in order (process 0 of many). Call it holding the
+  work directory's lock."""
+  if not is_main_process():
+    return
+  when = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+  line = f'{when} lm_zoo {__version__} in {os.getcwd()}: {" ".join(command.splitlines())}\n'
+  path = workdir / COMMANDS_FILE
+  try:  # never through a link (`refuse_links`)
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+  except OSError as err:
+    if err.errno == errno.ELOOP:
+      raise _link_error(path) from None
+    raise
+  with os.fdopen(descriptor, 'a') as f:
+    f.write(line)
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:

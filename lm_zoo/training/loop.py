@@ -37,7 +37,7 @@ from lm_zoo.models import build_model, describe_model
 from lm_zoo.runs.metrics import MetricsWriter
 from lm_zoo.runs.nonfinite import PendingUpdates, RollBack
 from lm_zoo.runs.preemption import StopRequest
-from lm_zoo.runs.workdir import (check_workdir, record_data, save_config,
+from lm_zoo.runs.workdir import (check_workdir, record_command, record_data, save_config,
                                  save_seeds, workdir_lock)
 from lm_zoo.training.budget import budget_spent, completed_summary, planned_steps, training_done
 from lm_zoo.training.config_checks import check_memory, validate_config
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                        on_validation: ValidationCallback | None = None,
                        final_splits: Sequence[str] | None = None,
-                       num_seeds: int = 1) -> dict[str, Any]:
+                       num_seeds: int = 1, command: str | None = None) -> dict[str, Any]:
   """Trains, evaluates the best checkpoint on `final_splits`, samples text.
 
   Re-running with the same workdir resumes from the latest checkpoint: the
@@ -86,6 +86,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       the evaluator of `config.evaluation` (None: its `splits`; a tuning
       trial leaves out test).
     num_seeds: how many seeds to train at once.
+    command: the command line that asked for this run, added to
+      WORKDIR/commands.txt (`record_command`) once the work directory is
+      locked (None: nothing added).
 
   Returns:
     The run summary that is also written to `workdir/summary.json`.
@@ -104,6 +107,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   final_splits = split_names(config.evaluation.splits if final_splits is None
                              else final_splits)
   with workdir_lock(workdir):
+    if command is not None:
+      record_command(workdir, command)
     return _train_and_evaluate(config, workdir, on_validation, final_splits, num_seeds)
 
 
