@@ -36,6 +36,9 @@
 # the same OUT, with a larger MINUTES, and it resumes. SEEDS_ARGS adds
 # lm-zoo-train flags to it, which override the kit's (a variant of the
 # recipe: give it its own OUT, or it would resume the other's stack).
+# SEEDS_SIZE=large (or small) trains that Zaremba recipe instead, into
+# zaremba_large/ (SEEDS_ARGS='--seeds=2', say: it is 5 times the medium's
+# products a token and 55 epochs, so its curve as far as MINUTES reach).
 # `dyneval` and `mogrifier24m` run the seed studies of
 # experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
 # then RMS and SGD dynamic evaluation of each seed on the whole valid and
@@ -65,6 +68,10 @@ for part in $PARTS; do
     exit 2;;
   esac
 done
+case ${SEEDS_SIZE:-medium} in small|medium|large) ;; *)
+  echo "error: SEEDS_SIZE: unknown size '$SEEDS_SIZE'; choose from: small medium large" >&2
+  exit 2;;
+esac
 mkdir -p "$OUT"
 
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
@@ -239,9 +246,10 @@ if [[ $PARTS == *" stacks "* ]]; then
       | tee "$OUT/stacked_seeds.txt" || failed+=(stacked_seeds)
 fi
 if [[ $PARTS == *" seeds "* ]]; then
-  "$PYTHON" launch/train.py --config=experiments/ptb_lstm_medium.py \
-      --workdir="$OUT/zaremba_medium" "${seeds[@]}" ${seeds_args[@]+"${seeds_args[@]}"} 2>&1 \
-      | tee "$OUT/zaremba_medium.txt" || failed+=(zaremba_medium)
+  size=${SEEDS_SIZE:-medium}
+  "$PYTHON" launch/train.py --config="experiments/ptb_lstm_$size.py" \
+      --workdir="$OUT/zaremba_$size" "${seeds[@]}" ${seeds_args[@]+"${seeds_args[@]}"} 2>&1 \
+      | tee "$OUT/zaremba_$size.txt" || failed+=("zaremba_$size")
 fi
 for study in dyneval mogrifier24m; do
   if [[ $PARTS == *" $study "* ]]; then

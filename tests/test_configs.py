@@ -196,13 +196,23 @@ def test_zaremba_recipes():
           small.model.init_scale) == (200, 13, 20, 20, 5.0, 0.1)
   medium = load_experiment('ptb_lstm_medium')
   assert (medium.model.hidden_size, medium.train.num_epochs, medium.model.dropout_hidden,
-          medium.model.variational_dropout) == (650, 39, 0.5, False)
-  for c in (small, medium):
+          medium.model.variational_dropout, medium.optimizer.clip_norm) == (650, 39, 0.5, False,
+                                                                            5.0)
+  # main.lua's large params: rnn_size 1500, dropout 0.65, init_weight 0.04,
+  # seq_length 35, max_grad_norm 10 (the paper's section 4.1 says the same)
+  large = load_experiment('ptb_lstm_large')
+  assert (large.model.hidden_size, large.train.num_epochs, large.data.bptt,
+          large.data.batch_size, large.optimizer.clip_norm, large.model.init_scale,
+          large.model.dropout_input, large.model.dropout_hidden, large.model.dropout_output,
+          large.model.variational_dropout) == (1500, 55, 35, 20, 10.0, 0.04, 0.65, 0.65, 0.65,
+                                               False)
+  for c in (small, medium, large):
     assert (c.optimizer.name, c.optimizer.learning_rate,
             c.optimizer.loss_reduction) == ('sgd', 1.0, 'sum_over_time')
 
 
-@pytest.mark.parametrize('name, hidden', [('ptb_lstm_small', 200), ('ptb_lstm_medium', 650)])
+@pytest.mark.parametrize('name, hidden', [('ptb_lstm_small', 200), ('ptb_lstm_medium', 650),
+                                          ('ptb_lstm_large', 1500)])
 def test_zaremba_code_recipes_have_main_luas_two_gate_biases(name, hidden):
   """main.lua's network: a LookupTable, per layer two nn.Linear(h, 4h) with
   their biases (i2h, h2h), and nn.Linear(h, vocab); the text's single affine
@@ -227,7 +237,8 @@ def _main_lua_rates(max_epoch, decay, max_max_epoch):
 
 
 @pytest.mark.parametrize('name, max_epoch, decay, epochs', [
-    ('ptb_lstm_small', 4, 2.0, 13), ('ptb_lstm_medium', 6, 1.2, 39)])
+    ('ptb_lstm_small', 4, 2.0, 13), ('ptb_lstm_medium', 6, 1.2, 39),
+    ('ptb_lstm_large', 14, 1.15, 55)])
 def test_zaremba_schedules_are_the_authors_code_and_the_papers_text(name, max_epoch, decay,
                                                                    epochs):
   code = load_experiment(name)  # the default

