@@ -9,6 +9,10 @@
 #   ptb_mogrifier.txt and the run's work directory ptb_mogrifier/ (its
 #   metrics.jsonl holds tokens/s and the perplexity reached).
 #
+# TRAIN_CONFIG trains another recipe of experiments/ in the `train` part
+# (TRAIN_CONFIG=alstm_paper.py:ptb: alstm_paper_ptb.txt, alstm_paper_ptb/),
+# for its curve over MINUTES; run again into the same OUT, it resumes.
+#
 # Four parts run only when KIT_PARTS names them. `kernels` checks and times
 # the ways a layer can run a window (lm_zoo.cells.scans): the kernels'
 # correctness subset on the device (kernel_tests.txt), the benchmark of every
@@ -199,9 +203,14 @@ if [[ $PARTS == *" benchmark "* ]]; then
       || failed+=(benchmark)
 fi
 if [[ $PARTS == *" train "* ]]; then
-  "$PYTHON" launch/train.py --config=experiments/mogrifier_paper.py:ptb_mogrifier \
-      --workdir="$OUT/ptb_mogrifier" "${train[@]}" 2>&1 \
-      | tee "$OUT/ptb_mogrifier.txt" || failed+=(ptb_mogrifier)
+  recipe=${TRAIN_CONFIG:-mogrifier_paper.py:ptb_mogrifier}
+  run=ptb_mogrifier
+  if [ -n "${TRAIN_CONFIG:-}" ]; then
+    run=${TRAIN_CONFIG/.py/}  # alstm_paper.py:ptb -> alstm_paper_ptb
+    run=${run//:/_}
+  fi
+  "$PYTHON" launch/train.py --config="experiments/$recipe" \
+      --workdir="$OUT/$run" "${train[@]}" 2>&1 | tee "$OUT/$run.txt" || failed+=("$run")
 fi
 if [[ $PARTS == *" kernels "* ]]; then
   workers=()
