@@ -7,15 +7,19 @@ rule of `GateNetwork` (8 hidden units), segments of `--segment` tokens, each
 scored and then trained on), with its layers run each way of `--scans`
 (`lm_zoo.cells.scans`: on a GPU 'fused', 'pallas' and 'cudnn' serve it as
 they serve training). Prints tokens/s, the ratio to static evaluation and
-to the first scan's row of the same mode; writes JSON. A size and scan that
-fails is left out with its reason (`failed`), and the script then exits with
-an error.
+to the first scan's row of the same mode; writes JSON. With
+`--profile_dir`, each row is traced once more, untimed, and gives the device
+kernels a token (`profile_kernels_per_token`), the fraction of the traced
+time the device was busy, and the 10 kernels that took longest in all
+(`profile_top_kernels`; on a GPU only). A size and scan that fails is left
+out with its reason (`failed`), and the script then exits with an error.
 
   python benchmarks/dynamic_evaluation_speed.py [--sizes=200,650] [--tokens=2000]
       [--scans=fused,pallas,cudnn] [--rules=dynamic_sgd,dynamic_rms,learned_rule]
 """
 
 import json
+import os
 import pathlib
 import time
 
@@ -24,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from baselines import failure_reason
+from baselines import device_kernels, failure_reason
 from lm_zoo.cells import LSTMCell
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.runtime import retain_host_memory
@@ -44,6 +48,8 @@ flags.DEFINE_list('rules', list(RULES), 'Dynamic evaluation rules timed beside s
 flags.register_validator('rules', lambda rules: bool(rules) and set(rules) <= set(RULES),
                          f'choose one or more of {", ".join(RULES)}')
 flags.DEFINE_string('output', 'runs/bench_dynamic_evaluation.json', 'JSON results file.')
+flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of one more, '
+                    'untimed run of each row (empty: none).')
 FLAGS = flags.FLAGS
 
 
@@ -52,6 +58,24 @@ def _tokens_per_second(fn) -> float:
   start = time.perf_counter()
   fn()
   return FLAGS.tokens / (time.perf_counter() - start)
+
+
+def profile(fn, name: str) -> dict:
+  """The device kernels of one more run of `fn`, traced into
+  --profile_dir/NAME; {} where the trace holds none (a CPU)."""
+  trace_dir = os.path.join(FLAGS.profile_dir, name)
+  jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+  jax.block_until_ready(fn())
+  jax.profiler.stop_trace()
+  traced = device_kernels(trace_dir)
+  if not traced:
+    return {}
+  return {'profile_kernels_per_token': traced['kernels'] / FLAGS.tokens,
+          'profile_device_busy': traced['busy_seconds'] / traced['span_seconds'],
+          'profile_top_kernels': [
+              {'name': kernel, 'per_token': count / FLAGS.tokens,
+               'us_per_token': seconds / FLAGS.tokens * 1e6}
+              for kernel, (count, seconds) in list(traced['by_name'].items())[:10]]}
 
 
 def measure(hidden: int, scan: str) -> list[dict]:
@@ -76,9 +100,13 @@ def measure(hidden: int, scan: str) -> list[dict]:
       'learned_rule': lambda: dynamic_evaluate(model, params, learned, stream,
                                                FLAGS.segment, extra_args=meta),
   }
-  rows = [{'mode': mode, 'hidden': hidden, 'scan': scan,
-           'tokens_per_s': _tokens_per_second(fn)} for mode, fn in runs.items()
-          if mode == 'static' or mode in FLAGS.rules]
+  rows = []
+  for mode, fn in runs.items():
+    if mode == 'static' or mode in FLAGS.rules:
+      rows.append({'mode': mode, 'hidden': hidden, 'scan': scan,
+                   'tokens_per_s': _tokens_per_second(fn)})
+      if FLAGS.profile_dir:
+        rows[-1].update(profile(fn, f'{mode}_{hidden}_{scan}'))
   for row in rows:
     row['ratio_vs_static'] = row['tokens_per_s'] / rows[0]['tokens_per_s']
   return rows

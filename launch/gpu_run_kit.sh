@@ -24,7 +24,8 @@
 # same unpadded, and its plain scan beside cuDNN's LSTM of its size
 # (benchmark_lstm_rhn.json, benchmark_lstm_rhn.txt, profile_lstm_rhn/,
 # hlo_lstm_rhn/), and dynamic evaluation's speed
-# under each (dynamic_evaluation.json, dynamic_evaluation.txt); 6 minutes on
+# under each, with its longest kernels (dynamic_evaluation.json,
+# dynamic_evaluation.txt, profile_dyneval/); 6 minutes on
 # an H100 were its plan before the LSTM-RHN rows.
 # `agreement` trains AGREEMENT_STEPS updates of the 24M LSTM and Mogrifier
 # recipes, Zaremba's small one and the small aLSTM's, from one seed, under each scan they take,
@@ -112,7 +113,8 @@ hlo=(--hlo_dir="$OUT/hlo_scans")
 # them inside the loop: hlo_lstm_rhn/ and each row's hlo_loop_pads show it).
 rhn_bench=(--recipes=alstm_paper:ptb --scans=auto,scan --steps=10 --rounds=2 --unpadded
            --baselines=jax_cudnn_lstm --baseline_hidden=recipe --hlo_dir="$OUT/hlo_lstm_rhn")
-dynamic=(--sizes=650 --tokens=1000 --scans=fused,pallas,cudnn)  # ratios against 'fused'
+dynamic=(--sizes=650 --tokens=1000 --scans=fused,pallas,cudnn  # ratios against 'fused'
+         --profile_dir="$OUT/profile_dyneval")
 AGREEMENT_STEPS=${AGREEMENT_STEPS:-200}
 agreement=(--config.train.max_steps=$AGREEMENT_STEPS --config.train.eval_every=0
            --config.evaluation.splits=valid --config.data.valid_tokens=20000
@@ -137,7 +139,8 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
   rhn_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=alstm_paper:ptb --scans=auto
              --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
   hlo=()
-  dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=pallas --rules=dynamic_rms)
+  dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=pallas --rules=dynamic_rms
+           --profile_dir="$OUT/profile_dyneval")
   agreement=(--config.train.max_steps=2 --config.train.eval_every=0
              --config.model.param_budget=0 --config.model.hidden_size=16
              --config.model.embed_size=16 --config.data.batch_size=4 --config.data.bptt=5
