@@ -223,12 +223,13 @@ if [[ $PARTS == *" kernels "* ]]; then
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$PYTHON" -m pytest -q -p no:cacheprovider \
       ${workers[@]+"${workers[@]}"} "${kernel_tests[@]}" 2>&1 | tee "$OUT/kernel_tests.txt" \
       || failed+=(kernel_tests)
-  "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_scans.json" \
-      --profile_dir="$OUT/profile_scans" ${hlo[@]+"${hlo[@]}"} "${kernel_bench[@]}" 2>&1 \
-      | tee "$OUT/benchmark_scans.txt" || failed+=(benchmark_scans)
+  # the shortest first: a lent machine may go back before the end
   "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_lstm_rhn.json" \
       --profile_dir="$OUT/profile_lstm_rhn" "${rhn_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_lstm_rhn.txt" || failed+=(benchmark_lstm_rhn)
+  "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_scans.json" \
+      --profile_dir="$OUT/profile_scans" ${hlo[@]+"${hlo[@]}"} "${kernel_bench[@]}" 2>&1 \
+      | tee "$OUT/benchmark_scans.txt" || failed+=(benchmark_scans)
   "$PYTHON" benchmarks/dynamic_evaluation_speed.py --output="$OUT/dynamic_evaluation.json" \
       "${dynamic[@]}" 2>&1 | tee "$OUT/dynamic_evaluation.txt" || failed+=(dynamic_evaluation)
 fi
