@@ -21,8 +21,11 @@ of 128 up to 1024 with the batch a multiple of 8): `jax_cudnn_lstm`
 Every row reports train and eval tokens/s, ms a train step, and its ratios
 to `jax_cudnn_lstm` (`train_vs_cudnn`, `eval_vs_cudnn`) and to the fastest
 PyTorch row (`train_vs_torch_fastest`, `eval_vs_torch_fastest`) of the same
-hidden size in the same run; a recipe is compared at the first baseline
-size. Also written, per recipe: the hours its whole training implies at the
+hidden size in the same run, and to the fastest PyTorch row of its products'
+dtype (`dtype`; `train_vs_torch_same_dtype`: autocast's products are
+bfloat16); a recipe is compared at the first baseline size. `--bfloat16`
+adds each recipe row once more with bfloat16 products, as NAME+bfloat16.
+Also written, per recipe: the hours its whole training implies at the
 measured rate (its planned updates x batch x BPTT tokens; for epoch-based
 recipes the corpus must be in $LM_ZOO_DATA); per row, its model FLOPs (6 x
 the parameters a token is multiplied by x its tokens) and their rate, beside
@@ -54,9 +57,9 @@ import pathlib
 import jax
 from absl import app, flags
 
-from baselines import (TORCH_DTYPES, device_kernels, experiment_config, failure_reason,
-                       jax_rnn_lm, lm_zoo_lm, recurrence_matmul_seconds, seconds_per_call,
-                       torch_lm)
+from baselines import (BASELINE_DTYPES, TORCH_DTYPES, add_ratios, device_kernels,
+                       experiment_config, failure_reason, jax_rnn_lm, lm_zoo_lm,
+                       recurrence_matmul_seconds, seconds_per_call, torch_lm)
 from lm_zoo.data import load_corpus
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers.products import aligned_contractions
@@ -81,6 +84,8 @@ flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of --
 flags.DEFINE_string('hlo_dir', '', "Where to write each recipe row's train step as XLA "
                     'compiled it for this device (optimized HLO text, ROW.hlo.txt): what its '
                     "kernels are (empty: none).")
+flags.DEFINE_bool('bfloat16', False, 'Also time each recipe row with bfloat16 products '
+                  '(model.dtype; NAME+bfloat16), beside the PyTorch rows of that dtype.')
 flags.DEFINE_bool('unpadded', False, "Also time each 'auto' and 'fused' recipe row with its "
                   "windows' weights unpadded (NAME+unpadded; "
                   '`lm_zoo.layers.products.aligned_contractions`).')
@@ -178,6 +183,24 @@ def write_hlo(built: dict, folder: str) -> dict:
   return pads
 
 
+def recipe_variants(configs: dict) -> dict:
+  """{row: (its config, how to build it)} of every recipe row, and of its
+  twins that --unpadded and --bfloat16 ask for."""
+  rows = {}
+  for name, config in configs.items():
+    rows[name] = config, lambda config=config: lm_zoo_lm(config, vocab_size())
+    if FLAGS.unpadded and config.model.scan in ('auto', 'fused'):
+      def build(config=config):
+        with aligned_contractions(1):  # traced in its warm-up
+          return unpadded(lm_zoo_lm(config, vocab_size()))
+      rows[f'{name}+unpadded'] = config, build
+    if FLAGS.bfloat16 and config.model.dtype != 'bfloat16':
+      narrow = config.copy_and_resolve_references()
+      narrow.model.dtype = 'bfloat16'
+      rows[f'{name}+bfloat16'] = narrow, lambda narrow=narrow: lm_zoo_lm(narrow, vocab_size())
+  return rows
+
+
 def unpadded(calls: dict) -> dict:
   """`calls` with its train step traced and run unaligned."""
   def inside(fn):
@@ -211,23 +234,6 @@ def count_kernels(built: dict) -> dict:
   return kernels
 
 
-def add_ratios(rows: list[dict]) -> None:
-  """Each row's ratios to cuDNN from JAX and to the fastest PyTorch row of
-  its hidden size."""
-  for row in rows:
-    same = [r for r in rows if r['hidden'] == row['hidden']]
-    cudnn = [r for r in same if r['row'].startswith('jax_cudnn_lstm')]
-    torch = [r for r in same if r['row'].split('@')[0] in TORCH_DTYPES]
-    for key in ('train', 'eval'):
-      rate = row[f'{key}_tokens_per_s']
-      if cudnn:
-        row[f'{key}_vs_cudnn'] = rate / cudnn[0][f'{key}_tokens_per_s']
-      if torch:
-        fastest = max(torch, key=lambda r: r[f'{key}_tokens_per_s'])
-        row[f'{key}_vs_torch_fastest'] = rate / fastest[f'{key}_tokens_per_s']
-        row[f'{key}_torch_fastest_row'] = fastest['row']
-
-
 def main(argv):
   del argv
   unknown = set(FLAGS.baselines) - set(BASELINES)
@@ -239,17 +245,11 @@ def main(argv):
   recipe_hidden = layer_sizes(build_model(first.model, vocab_size()))[0]
   batch, bptt = first.data.batch_size, first.data.bptt
   built, hidden_of, failed = {}, {}, {}
-  for name, config in configs.items():
-    calls = build_row(name, lambda config=config: lm_zoo_lm(config, vocab_size()), failed)
+  row_configs = {}
+  for name, (config, build) in recipe_variants(configs).items():
+    calls = build_row(name, build, failed)
     if calls is not None:
-      built[name], hidden_of[name] = calls, recipe_hidden
-    if FLAGS.unpadded and config.model.scan in ('auto', 'fused'):
-      def build(config=config):
-        with aligned_contractions(1):  # traced in its warm-up
-          return unpadded(lm_zoo_lm(config, vocab_size()))
-      calls = build_row(f'{name}+unpadded', build, failed)
-      if calls is not None:
-        built[f'{name}+unpadded'], hidden_of[f'{name}+unpadded'] = calls, recipe_hidden
+      built[name], hidden_of[name], row_configs[name] = calls, recipe_hidden, config
   for size in FLAGS.baseline_hidden:
     hidden = recipe_hidden if size == 'recipe' else (FLAGS.tiny * 2 if FLAGS.tiny else int(size))
     for name in FLAGS.baselines:
@@ -265,7 +265,7 @@ def main(argv):
 
   rows = []
   for name, calls in built.items():
-    config = configs.get(name.removesuffix('+unpadded'), first)
+    config = row_configs.get(name, first)
     tokens = config.data.batch_size * config.data.bptt
     train, evaluate = seconds[name]['train'], seconds[name]['eval']
     row = {'row': name, 'hidden': hidden_of[name], 'train_seconds': train,
@@ -274,8 +274,10 @@ def main(argv):
            'batch_size': config.data.batch_size, 'bptt': config.data.bptt,
            **{k: calls[k] for k in ('model', 'library') if k in calls},
            'matmul_params': calls['matmul_params']}
-    if name.removesuffix('+unpadded') in configs:
-      row['scan'] = config.model.scan
+    if name in row_configs:
+      row['scan'], row['dtype'] = config.model.scan, config.model.dtype
+    else:
+      row['dtype'] = BASELINE_DTYPES[name.split('@')[0]]
     if name in pads:
       row['hlo_loop_pads'] = pads[name]
     row['train_step_flops'] = 6 * calls['matmul_params'] * tokens

@@ -147,6 +147,33 @@ TORCH_DTYPES = {  # row name -> (parameter dtype, autocast dtype)
 }
 
 
+# Each baseline's products' dtype (autocast's: bfloat16 operands, float32 weights).
+BASELINE_DTYPES = {'jax_cudnn_lstm': 'float32', 'flax_lstm': 'float32',
+                   **{name: autocast or weights for name, (weights, autocast)
+                      in TORCH_DTYPES.items()}}
+
+
+def add_ratios(rows: list[dict]) -> None:
+  """Each row's ratios to cuDNN from JAX, to the fastest PyTorch row of its
+  hidden size, and to the fastest of those whose `dtype` is the row's."""
+  for row in rows:
+    same = [r for r in rows if r['hidden'] == row['hidden']]
+    cudnn = [r for r in same if r['row'].startswith('jax_cudnn_lstm')]
+    torch = [r for r in same if r['row'].split('@')[0] in TORCH_DTYPES]
+    for key in ('train', 'eval'):
+      rate = row[f'{key}_tokens_per_s']
+      if cudnn:
+        row[f'{key}_vs_cudnn'] = rate / cudnn[0][f'{key}_tokens_per_s']
+      if torch:
+        fastest = max(torch, key=lambda r: r[f'{key}_tokens_per_s'])
+        row[f'{key}_vs_torch_fastest'] = rate / fastest[f'{key}_tokens_per_s']
+        row[f'{key}_torch_fastest_row'] = fastest['row']
+      of_dtype = [r for r in torch if r['dtype'] == row['dtype']]
+      if of_dtype:
+        fastest = max(of_dtype, key=lambda r: r[f'{key}_tokens_per_s'])
+        row[f'{key}_vs_torch_same_dtype'] = rate / fastest[f'{key}_tokens_per_s']
+
+
 def torch_lm(name: str, hidden: int, vocab: int, batch: int, bptt: int) -> dict | None:
   """PyTorch's `nn.LSTM` LM of row `name` (`TORCH_DTYPES`): float32; under
   `torch.autocast` to bfloat16 (float32 parameters); or the whole module in

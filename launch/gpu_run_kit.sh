@@ -23,10 +23,12 @@
 # the aLSTM recipe's LSTM-RHN stack under its fused window ('auto'), the
 # same unpadded, and its plain scan beside cuDNN's LSTM of its size
 # (benchmark_lstm_rhn.json, benchmark_lstm_rhn.txt, profile_lstm_rhn/,
-# hlo_lstm_rhn/), and dynamic evaluation's speed
+# hlo_lstm_rhn/), the 24M LSTM and Mogrifier with bfloat16 products beside
+# PyTorch in each dtype (benchmark_bfloat16.json, benchmark_bfloat16.txt),
+# and dynamic evaluation's speed
 # under each, with its longest kernels (dynamic_evaluation.json,
-# dynamic_evaluation.txt, profile_dyneval/); 6 minutes on
-# an H100 were its plan before the LSTM-RHN rows.
+# dynamic_evaluation.txt, profile_dyneval/). Plan about 10 minutes of an
+# H100 or H200 for it; the shortest benchmarks run first.
 # `agreement` trains AGREEMENT_STEPS updates of the 24M LSTM and Mogrifier
 # recipes, Zaremba's small one and the small aLSTM's, from one seed, under each scan they take,
 # and collects their validation perplexities (agreement.json, agreement.txt);
@@ -113,6 +115,10 @@ hlo=(--hlo_dir="$OUT/hlo_scans")
 # them inside the loop: hlo_lstm_rhn/ and each row's hlo_loop_pads show it).
 rhn_bench=(--recipes=alstm_paper:ptb --scans=auto,scan --steps=10 --rounds=2 --unpadded
            --baselines=jax_cudnn_lstm --baseline_hidden=recipe --hlo_dir="$OUT/hlo_lstm_rhn")
+# The 24M recipes with bfloat16 products beside PyTorch's rows of each dtype.
+bf16_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier --scans=auto
+            --bfloat16 --steps=10 --rounds=2 --baseline_hidden=recipe
+            --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_bf16)
 dynamic=(--sizes=650 --tokens=1000 --scans=fused,pallas,cudnn  # ratios against 'fused'
          --profile_dir="$OUT/profile_dyneval")
 AGREEMENT_STEPS=${AGREEMENT_STEPS:-200}
@@ -139,6 +145,7 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
   rhn_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=alstm_paper:ptb --scans=auto
              --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
   hlo=()
+  bf16_bench=()  # the tiny `benchmark` part times a bfloat16 twin: one process fewer
   dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=pallas --rules=dynamic_rms
            --profile_dir="$OUT/profile_dyneval")
   agreement=(--config.train.max_steps=2 --config.train.eval_every=0
@@ -148,7 +155,8 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
              --config.evaluation.splits=valid --config.generate.num_lines=0)
   agreement_runs=("ptb_lstm_small.py fused pallas")
   bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_mogrifier
-         --scans=auto,cudnn --baselines=jax_cudnn_lstm,flax_lstm --baseline_hidden=recipe)
+         --scans=auto,cudnn --baselines=jax_cudnn_lstm,flax_lstm --baseline_hidden=recipe
+         --bfloat16)
   train=(--config.train.max_steps=4 --config.train.eval_every=0 --config.model.param_budget=0
          --config.model.hidden_size=16 --config.model.mogrifier.rank=4
          --config.data.batch_size=4 --config.data.bptt=5 --config.data.train_tokens=2000
@@ -227,6 +235,10 @@ if [[ $PARTS == *" kernels "* ]]; then
   "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_lstm_rhn.json" \
       --profile_dir="$OUT/profile_lstm_rhn" "${rhn_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_lstm_rhn.txt" || failed+=(benchmark_lstm_rhn)
+  if [ ${#bf16_bench[@]} -gt 0 ]; then
+    "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_bfloat16.json" \
+        "${bf16_bench[@]}" 2>&1 | tee "$OUT/benchmark_bfloat16.txt" || failed+=(benchmark_bfloat16)
+  fi
   "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark_scans.json" \
       --profile_dir="$OUT/profile_scans" ${hlo[@]+"${hlo[@]}"} "${kernel_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_scans.txt" || failed+=(benchmark_scans)

@@ -11,7 +11,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / 'benchmarks'))
-from baselines import device_kernels, lstm_lm_matmul_params  # noqa: E402
+from baselines import add_ratios, device_kernels, lstm_lm_matmul_params  # noqa: E402
 from optimized_hlo import loop_pads  # noqa: E402
 
 
@@ -129,3 +129,23 @@ def test_loop_pads_finds_the_pads_inside_a_loop_and_no_other():
   assert loop_pads(hlo) == ['f32[2,5]{1,0} -> f32[2,8]{1,0}']
   no_loop = jax.jit(lambda x: jax.numpy.pad(x, 1)).lower(x).compile().as_text()
   assert ' pad(' in no_loop and loop_pads(no_loop) == []
+
+
+def test_each_row_is_compared_with_the_fastest_pytorch_row_of_its_dtype():
+  """A bfloat16 recipe against the faster of autocast and the bfloat16
+  module, a float32 one against float32; ratios of tokens/s."""
+  def row(name, hidden, dtype, rate):
+    return {'row': name, 'hidden': hidden, 'dtype': dtype, 'train_tokens_per_s': rate,
+            'eval_tokens_per_s': 2 * rate}
+  rows = [row('recipe', 8, 'float32', 300.0), row('recipe+bfloat16', 8, 'bfloat16', 390.0),
+          row('jax_cudnn_lstm@8', 8, 'float32', 360.0), row('torch_lstm@8', 8, 'float32', 280.0),
+          row('torch_lstm_bf16_autocast@8', 8, 'bfloat16', 380.0),
+          row('torch_lstm_bf16@8', 8, 'bfloat16', 400.0),
+          row('torch_lstm_fp16@8', 8, 'float16', 410.0), row('torch_lstm@16', 16, 'float32', 1.0)]
+  add_ratios(rows)
+  recipe, narrow = rows[0], rows[1]
+  assert recipe['train_vs_torch_same_dtype'] == 300 / 280
+  assert narrow['train_vs_torch_same_dtype'] == 390 / 400
+  assert narrow['eval_vs_torch_same_dtype'] == 780 / 800
+  assert recipe['train_vs_torch_fastest'] == 300 / 410 and recipe['train_vs_cudnn'] == 300 / 360
+  assert recipe['train_torch_fastest_row'] == 'torch_lstm_fp16@8'

@@ -317,9 +317,14 @@ def test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu(kit):
           'Mogrify(LSTMCell)') in out
   result = json.loads((kit / 'benchmark.json').read_text())
   rows = {row['row']: row for row in result['results']}
-  assert set(rows) == {'mogrifier_paper:ptb_mogrifier', 'flax_lstm@16'}
+  assert set(rows) == {'mogrifier_paper:ptb_mogrifier', 'mogrifier_paper:ptb_mogrifier+bfloat16',
+                       'flax_lstm@16'}
   recipe = rows['mogrifier_paper:ptb_mogrifier']
   assert recipe['model'].startswith('Mogrifier lstm (5 rounds, rank 8)')
+  # --bfloat16's twin: the recipe with bfloat16 products
+  narrow = rows['mogrifier_paper:ptb_mogrifier+bfloat16']
+  assert (recipe['dtype'], narrow['dtype']) == ('float32', 'bfloat16')
+  assert narrow['model'] == recipe['model'] + ', bfloat16 products'
   # 1,000 turns of 200 updates of 4 x 5 tokens (the tiny batch), at the measured rate
   assert recipe['recipe_tokens'] == 200_000 * 4 * 5
   assert recipe['recipe_hours'] == recipe['recipe_tokens'] / recipe['train_tokens_per_s'] / 3600
@@ -339,7 +344,7 @@ def test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu(kit):
   for row in rows.values():  # no cuDNN nor PyTorch row to compare with
     assert 'train_vs_cudnn' not in row and 'train_vs_torch_fastest' not in row
   assert {p.name for p in (kit / 'profile').iterdir()} == {
-      'mogrifier_paper_ptb_mogrifier', 'flax_lstm_16'}
+      'mogrifier_paper_ptb_mogrifier', 'mogrifier_paper_ptb_mogrifier+bfloat16', 'flax_lstm_16'}
 
 
 def test_the_kits_stacks_time_each_stack_against_a_run_alone(kit):
