@@ -5,7 +5,8 @@ import pytest
 
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
-from lm_zoo.models import LSTMRHN, Dual, MixtureHead, Softmax, Stack, TiedSoftmax, build_model
+from lm_zoo.models import (LSTMRHN, Dual, MixtureHead, Softmax, Stack, TiedSoftmax, build_model,
+                           layer_sizes)
 from lm_zoo.models import factory
 
 
@@ -62,6 +63,23 @@ def test_a_scan_the_cells_cannot_take_is_refused_at_build():
 def test_the_solved_hidden_size_is_the_largest_within_the_budget(growth, monkeypatch):
   monkeypatch.setattr(factory, '_model', lambda cfg, vocab_size, n: n)
   monkeypatch.setattr(factory, 'count_params', growth)
+  # The solver keeps its answers per config: here each growth law is another model.
+  monkeypatch.setattr(factory, '_solve_hidden_size', factory._solve_hidden_size.__wrapped__)
   for budget in (growth(1), 1_000, 123_457, 10 ** 7, 987_654_321):
     n = factory.solve_hidden_size(None, 10, budget)
     assert growth(n) <= budget < growth(n + 1)
+
+
+def test_a_config_s_budget_is_solved_once_per_process(monkeypatch):
+  counted = []
+  monkeypatch.setattr(factory, 'count_params',
+                      lambda model, count=factory.count_params: counted.append(1) or count(model))
+  cfg = base_config().model
+  cfg.update(param_budget=20_011, embed_size=0)  # a budget no other test asks for
+  sizes = [layer_sizes(build_model(cfg, 50)) for _ in range(2)]
+  first = len(counted)
+  assert sizes[0] == sizes[1] and first > 3  # the first build traced several sizes
+  build_model(cfg, 50)
+  assert len(counted) == first  # the same config: the kept answer
+  cfg.param_budget = 30_011
+  assert layer_sizes(build_model(cfg, 50))[0] > sizes[0][0] and len(counted) > first

@@ -132,7 +132,15 @@ def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int,
   fixes a budget and solves for the hidden size). `model.embed_size` = 0
   ties the embedding size to the hidden size, as for tied softmaxes, and
   `model.embed_ratio` >= 0 keeps it a fixed fraction of the hidden size.
+  The answer is kept for the process: a run builds its model more than once,
+  and each solve traces up to a dozen models.
   """
+  return _solve_hidden_size(ml_collections.FrozenConfigDict(cfg), vocab_size, budget)
+
+
+@functools.lru_cache(maxsize=64)
+def _solve_hidden_size(cfg: ml_collections.FrozenConfigDict, vocab_size: int,
+                       budget: int) -> int:
   @functools.cache
   def count(n: int) -> int | None:
     try:
