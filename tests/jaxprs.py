@@ -40,3 +40,17 @@ def summed_sizes_in_loops(jaxpr) -> list[int]:
       (contracting, _), _ = eqn.params['dimension_numbers']
       sizes += [eqn.invars[0].aval.shape[axis] for axis in contracting]
   return sizes
+
+
+def pallas_grids(jaxpr) -> dict[str, tuple]:
+  """{name: grid} of every pallas_call in a jaxpr, at any depth."""
+  grids = {}
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'pallas_call':
+      grids[eqn.params['name']] = tuple(eqn.params['grid_mapping'].grid)
+    for param in eqn.params.values():
+      for inner in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(inner, 'jaxpr', inner)
+        if hasattr(inner, 'eqns'):
+          grids.update(pallas_grids(inner))
+  return grids

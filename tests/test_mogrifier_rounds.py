@@ -9,19 +9,19 @@ import pytest
 
 from lm_zoo.cells import LSTMCell, Mogrify
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
-from lm_zoo.kernels.lstm_step import Tiles, tiles_for
+from lm_zoo.kernels.lstm_step import Tiles, row_tiles, tiles_for
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
 
 B, M, N, RANK = 16, 32, 48, 16
 TILES = Tiles(batch=16, units=16, chunk=16)
 
 
-def _rounds(rounds, rank, zigzag, seed=0):
+def _rounds(rounds, rank, zigzag, seed=0, batch=B):
   cell = Mogrify(LSTMCell(N), rounds=rounds, rank=rank, zigzag=zigzag)
   keys = jax.random.split(jax.random.key(seed), 4)
-  x = jax.random.normal(keys[0], (B, M))
-  h = jnp.tanh(jax.random.normal(keys[1], (B, N)))
-  params = cell.init(keys[2], cell.initialize_carry(keys[2], (B, M)), x)['params']
+  x = jax.random.normal(keys[0], (batch, M))
+  h = jnp.tanh(jax.random.normal(keys[1], (batch, N)))
+  params = cell.init(keys[2], cell.initialize_carry(keys[2], (batch, M)), x)['params']
   rounds_params = {name: jax.tree.map(  # nonzero biases, gates away from 1
       lambda a: a + 0.2 * jax.random.normal(keys[3], a.shape), p)
       for name, p in params.items() if name != 'cell'}
@@ -53,6 +53,24 @@ def test_forward_and_backward_are_mogrifier_rounds(rounds, rank, zigzag):
                              atol=1e-5)
 
 
+def test_programs_of_16_rows_each_give_their_own_rows():
+  """48 rows as 3 programs (the windows' `row_tiles`): each writes its own
+  rows, forward and backward, as `MogrifierRounds` computes them."""
+  x, h, params, ordered = _rounds(3, RANK, True, seed=2, batch=48)
+  tiles = row_tiles(Tiles(batch=64, units=16, chunk=16))
+  assert tiles == Tiles(batch=16, units=16, chunk=16)
+  mix = MogrifierRounds(3, True)
+  want_x, want_h, want_residuals = mix.forward(params, x, h)
+  mixed, gates, _ = rounds_forward(x, h, ordered, zigzag=True, tiles=tiles, dtype=jnp.float32)
+  np.testing.assert_allclose(mixed, jnp.concatenate([want_x, want_h], -1), rtol=1e-5, atol=1e-5)
+  d_mixed = jax.random.normal(jax.random.key(7), (48, M + N))
+  want_dx, want_dh, _ = mix.backward(params, x, h, want_residuals, d_mixed[:, :M], d_mixed[:, M:])
+  got_dx, got_dh, _, _ = rounds_backward(d_mixed, x, h, gates, ordered, zigzag=True, tiles=tiles,
+                                         dtype=jnp.float32)
+  np.testing.assert_allclose(got_dx, want_dx, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got_dh, want_dh, rtol=1e-5, atol=1e-5)
+
+
 def test_the_rounds_match_the_papers_equations_in_numpy():
   """Independently of `MogrifierRounds`: x^i = 2σ(h^{i-1} Q) ⊙ x^{i-2} and
   h^i = 2σ(x^{i-1} R) ⊙ h^{i-2}, zigzag, low rank, written again in NumPy."""
@@ -70,9 +88,10 @@ def test_the_rounds_match_the_papers_equations_in_numpy():
 @pytest.mark.parametrize('rank', [128, 0], ids=['rank 84 padded', 'full rank'])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16], ids=['float32', 'bfloat16'])
 def test_both_kernels_lower_for_nvidia_gpus(rank, dtype):
-  """The 24M Mogrifier (912 units padded to 960, 5 rounds) at batch 64."""
+  """The 24M Mogrifier (912 units padded to 960, 5 rounds) at batch 64, in
+  programs of the rows its window gives them."""
   batch, width = 64, 960
-  tiles = tiles_for(batch, width)
+  tiles = row_tiles(tiles_for(batch, width))
   spec = jax.ShapeDtypeStruct
   if rank:
     params = [{'kernel_in': spec((width, rank), dtype), 'kernel_out': spec((rank, width), dtype),

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import alstm_window_inputs, perturb
+from jaxprs import pallas_grids
 from lm_zoo.cells import ALSTMCell, LSTMCell, StaticLatent, resolve_scan
 from lm_zoo.cells.pallas_alstm import pallas_alstm_recurrence
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
-from lm_zoo.kernels.lstm_step import GATES, Tiles, tiles_for
+from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
 from lm_zoo.models import RecurrentLayer
 
 M, N, K, B, T = 3, 5, 4, 3, 3
@@ -122,15 +123,28 @@ def test_inputs_that_do_not_fit_the_input_kernel_are_refused():
     pallas_alstm_recurrence(xs[..., :2], params, carry, mask)
 
 
+def test_each_program_owns_16_rows():
+  """The recipe's batch of 20, padded to 32, runs as 2 programs a step,
+  forward and back (`row_tiles`), not one."""
+  cell = ALSTMCell(N, latent_size=K)
+  carry, xs, mask = alstm_window_inputs(cell, 20, M, N, 2)
+  params = jax.eval_shape(cell.init, jax.random.key(0), carry, xs[0])['params']
+  loss = lambda p: _loss(pallas_alstm_recurrence(xs, p, carry, mask))
+  grids = pallas_grids(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+  assert grids == {'alstm_step_forward': (2,), 'alstm_step_backward': (2,)}
+
+
 @pytest.mark.parametrize('recurrent', [True, False], ids=['recurrent', 'static'])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16], ids=['float32', 'bfloat16'])
 def test_both_kernels_lower_for_nvidia_gpus(recurrent, dtype):
   """Pallas lowers the kernels to Triton for CUDA without a GPU, at the 17M
-  recipe's padded sizes (batch 20, 1150 units and 400 inputs, latent 100)."""
+  recipe's padded sizes (batch 20, 1150 units and 400 inputs, latent 100),
+  in programs of the rows its window gives them."""
   batch, m, n, k = 20, 400, 1150, 100
-  tiles = tiles_for(batch, n)
+  padding = tiles_for(batch, n)
+  tiles = row_tiles(padding)
   pad = lambda size, multiple: -(-size // multiple) * multiple
-  rows, m, n, k = pad(batch, tiles.batch), *(pad(w, tiles.chunk) for w in (m, n, k))
+  rows, m, n, k = pad(batch, padding.batch), *(pad(w, tiles.chunk) for w in (m, n, k))
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   low = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
   latent_gates = GATES if recurrent else 1

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxprs import pallas_grids
 
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
 from lm_zoo.models import RecurrentLayer
@@ -46,3 +47,14 @@ def test_values_and_every_gradient_are_the_fused_windows(rounds, rank, zigzag, d
   assert worst < tolerance
   np.testing.assert_allclose(jax.tree.leaves(got_grads)[0], jax.tree.leaves(want_grads)[0],
                              rtol=10 * tolerance, atol=10 * tolerance)
+
+
+def test_the_rounds_run_16_rows_a_program():
+  """A batch of 40, padded to 64, runs the rounds as 4 programs of 16 rows,
+  forward and back (`row_tiles`)."""
+  layer = RecurrentLayer(Mogrify(LSTMCell(N), rounds=3, rank=2), scan='pallas')
+  xs, carry = jnp.ones((2, 40, M)), (jnp.zeros((40, N)), jnp.zeros((40, N)))
+  params = jax.eval_shape(layer.init, jax.random.key(0), carry, xs)
+  loss = lambda p: jnp.sum(layer.apply(p, carry, xs)[1])
+  grids = pallas_grids(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+  assert grids['mogrifier_rounds_forward'] == grids['mogrifier_rounds_backward'] == (4,)

@@ -24,7 +24,7 @@ from lm_zoo.cells.alstm_recurrence import (check_window, is_recurrent, latent_de
 from lm_zoo.cells.lstm_recurrence import _state_mask, gate_factors, shifted
 from lm_zoo.cells.pallas_lstm import pad_to, round_up
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
-from lm_zoo.kernels.lstm_step import GATES, Tiles, tiles_for
+from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
 from lm_zoo.layers.products import contract
 
 
@@ -104,7 +104,7 @@ def _forward(params, inputs, carry, mask, dtype, unroll, cap_input_gate, tiles, 
   padded_mask = state(mask, s.size_n)
   step_kernel = functools.partial(
       forward_step, weights=(latent_h, *latent_u, policy, kernel, recurrent_kernel, bias),
-      cap_input_gate=cap_input_gate, tiles=tiles, dtype=dtype, interpret=interpret)
+      cap_input_gate=cap_input_gate, tiles=row_tiles(tiles), dtype=dtype, interpret=interpret)
 
   def step(carry, per_step):
     latent, c, h = carry
@@ -169,7 +169,7 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
   h_prev = shifted(h_first, hs)
   step_kernel = functools.partial(
       backward_step, weights=(kernel, recurrent_kernel, bias, policy, latent_h, *latent_u),
-      tiles=tiles, dtype=dtype, interpret=interpret)
+      tiles=row_tiles(tiles), dtype=dtype, interpret=interpret)
 
   def step(carry, per_step):
     d_latent, d_c, d_rec = carry
@@ -214,8 +214,9 @@ def pallas_alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
   Args:
     inputs, params, carry, state_mask, dtype, unroll, cap_input_gate: as
       `lm_zoo.cells.alstm_recurrence.alstm_recurrence`'s.
-    tiles: the rows a program owns (`batch`) and the chunk its loops step by
-      (`chunk`; default `tiles_for` the batch and the widest of m, n).
+    tiles: the multiple the batch is padded to (`batch`; each program owns
+      16 rows of it, `row_tiles`) and the chunk its loops step by (`chunk`;
+      default `tiles_for` the batch and the widest of m, n).
     interpret: run the kernels in Pallas' interpreter (default: off a GPU).
 
   Returns:

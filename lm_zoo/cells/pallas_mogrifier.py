@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
 from lm_zoo.cells.pallas_lstm import gate_major, pad_to, round_up
-from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, tiles_for
+from lm_zoo.kernels.lstm_step import (GATES, Tiles, backward_step, forward_step, row_tiles,
+                                      tiles_for)
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
 from lm_zoo.layers.products import contract
 
@@ -81,7 +82,7 @@ def _forward(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, 
   xs, kernel, gate_bias, c, h, mask = _layout(inputs, input_kernel, bias, recurrent_kernel,
                                               c0, h0, mask, dtype, tiles)
   rounds = _padded_rounds(mix, mix_params, xs.shape[-1], h.shape[-1], mix.dtype or jnp.float32)
-  mogrify = functools.partial(rounds_forward, zigzag=mix.zigzag, tiles=tiles,
+  mogrify = functools.partial(rounds_forward, zigzag=mix.zigzag, tiles=row_tiles(tiles),
                               dtype=mix.dtype or jnp.float32, interpret=interpret)
   gates_step = functools.partial(forward_step, tiles=tiles, dtype=dtype,
                                  cap_input_gate=cap_input_gate, interpret=interpret)
@@ -132,7 +133,7 @@ def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residu
   d_out = pad_to(d_hs.astype(jnp.float32), (steps, size_b, size_n))
   d_out = d_out.at[-1].add(pad_state(d_h_last))
   h_prev = shifted(pad_state(h0), hs)
-  unmogrify = functools.partial(rounds_backward, zigzag=mix.zigzag, tiles=tiles,
+  unmogrify = functools.partial(rounds_backward, zigzag=mix.zigzag, tiles=row_tiles(tiles),
                                 dtype=mix.dtype or jnp.float32, interpret=interpret)
   gates_back = functools.partial(backward_step, tiles=tiles, dtype=dtype, interpret=interpret)
 

@@ -76,6 +76,15 @@ class Tiles:
     return max(self.units, self.chunk)
 
 
+def row_tiles(tiles: Tiles) -> Tiles:
+  """`tiles` for a kernel whose programs own whole rows (the Mogrifier's
+  rounds, the aLSTM's step): 16 rows a program, the fewest a Triton product
+  takes, so that a batch of 64 runs as 4 programs on 4 of the GPU's
+  multiprocessors rather than one. The windows pad the batch to
+  `tiles.batch`, a multiple of 16."""
+  return dataclasses.replace(tiles, batch=16)
+
+
 def tiles_for(batch: int, units: int) -> Tiles:
   """Tiles for a (batch, units) step: every row of a batch of up to 64 in one
   program (the recurrent weights then stream from memory once a step), the
