@@ -37,8 +37,13 @@ def _launch(workdir, out, data_dir, num_processes, devices_each, epochs=1, overr
   `overrides`: config sections to update, {'train': {...}, ...}."""
   out.mkdir()
   port = _free_port()
+  # conftest's CPU compile flags kept: the claims are about the processes'
+  # agreement, which each compiles alike, not about XLA's default programs.
+  flags = [f for f in os.environ.get('XLA_FLAGS', '').split()
+           if not f.startswith('--xla_force_host_platform_device_count=')]
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': str(REPO),
-         'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices_each}'}
+         'XLA_FLAGS': ' '.join([f'--xla_force_host_platform_device_count={devices_each}',
+                                *flags])}
   return [subprocess.Popen(
       [sys.executable, str(WORKER), str(workdir), str(out), str(i), str(num_processes),
        str(port), str(data_dir), str(epochs), json.dumps(overrides or {})],
