@@ -1,12 +1,14 @@
 """Models built from a config: the parts the config names, and the scan
 switch checked at build."""
 
+import jax
+import numpy as np
 import pytest
 
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import (LSTMRHN, Dual, MixtureHead, Softmax, Stack, TiedSoftmax, build_model,
-                           layer_sizes)
+                           init_params, layer_sizes)
 from lm_zoo.models import factory
 
 
@@ -40,6 +42,22 @@ def test_the_factory_assembles_the_parts_the_config_names():
     assert model.stack.skip_connections
     for mogrify in model.stack.cells:
       assert mogrify.rounds == 3 and mogrify.cell.cap_input_gate, (cell, mogrify)
+
+
+def test_init_params_are_flax_inits_on_real_inputs():
+  """init_params gives flax the inputs' shapes only (lazy_init): the values
+  of flax's init, which runs the forward pass on real inputs, bit for bit
+  (a Mogrifier LSTM, a dual bridge and a tied mixture head)."""
+  model = build_model(model_config({'num_layers': 1, 'tie_embeddings': True, 'dual': {'size': 5},
+                                    'head': 'mos', 'mos': {'components': 2},
+                                    'mogrifier': {'rounds': 2, 'rank': 2}}), 11)
+  key = jax.random.key(3)
+  tokens = jax.numpy.zeros((1, 1), jax.numpy.int32)
+  eager = model.init(jax.random.split(key)[0], tokens, model.initialize_carry(1))['params']
+  params = init_params(model, key)
+  assert jax.tree.structure(params) == jax.tree.structure(eager)
+  for got, expected in zip(jax.tree.leaves(params), jax.tree.leaves(eager)):
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_a_scan_the_cells_cannot_take_is_refused_at_build():

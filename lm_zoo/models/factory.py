@@ -225,9 +225,12 @@ def init_params(model: RecurrentLM, rng: jax.Array, init_scale: float = 0.0):
   biases (it replaces the cells' own initialisers, forget bias included).
   """
   init_key, uniform_key = jax.random.split(rng)
-  carries = model.initialize_carry(1)
-  tokens = jax.numpy.zeros((1, 1), jax.numpy.int32)
-  params = model.init(init_key, tokens, carries)['params']
+  # The inputs by shape only: flax evaluates the initialisers alone (the same
+  # values), not the forward pass op by op, each op compiled (seconds a model).
+  tokens = jax.ShapeDtypeStruct((1, 1), jax.numpy.int32)
+  carries = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                         jax.eval_shape(lambda: model.initialize_carry(1)))
+  params = model.lazy_init(init_key, tokens, carries)['params']
   if init_scale > 0:
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(uniform_key, len(leaves))
