@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO, load_experiment, run_script, run_scripts
+from warm_python import warm_python
 
 import lm_zoo
 from lm_zoo.runs import load_trained, read_metrics
@@ -280,14 +281,18 @@ KIT_PARTS = 'tests benchmark train kernels agreement stacks seeds dyneval'
 @pytest.fixture(scope='module')
 def kit(tmp_path_factory, data_dir):
   """launch/gpu_run_kit.sh with every part at its tiny size on a CPU: its OUT
-  folder. SEEDS_ARGS adds flags to the `seeds` part."""
+  folder. SEEDS_ARGS adds flags to the `seeds` part. Its $PYTHON is a warm
+  one (tests/warm_python.py): each of its 14 Python processes is forked from
+  one that imported JAX and lm_zoo, not started cold (3 s of CPU each)."""
   out = tmp_path_factory.mktemp('kit') / 'out'
-  ran = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
-                       capture_output=True, text=True, timeout=900,
-                       env={**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': KIT_PARTS,
-                            'SEEDS_ARGS': '--seeds=3 --config.seed=5',
-                            'LM_ZOO_DATA': str(data_dir), 'PYTHON': sys.executable,
-                            'WHEELS': str(out.parent / 'no_wheels')})
+  env = {**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': KIT_PARTS,
+         'SEEDS_ARGS': '--seeds=3 --config.seed=5', 'LM_ZOO_DATA': str(data_dir),
+         'WHEELS': str(out.parent / 'no_wheels'), 'PYTHONUNBUFFERED': '1',
+         'PYTHONPATH': os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')]))}
+  with warm_python(env) as python:  # the environment the kit gives its programs
+    ran = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
+                         capture_output=True, text=True, timeout=900,
+                         env={**env, 'PYTHON': python})
   assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
   return out
 
