@@ -109,18 +109,17 @@ def make_folders(data_dir, t) -> dict[str, str]:
 
 
 def run_probes(probes: dict, folders: dict[str, str]) -> dict[str, dict]:
-  """Each probe's {"status", "stdout", "stderr"}, the probes of one program
-  run by one process."""
-  results = {}
-  for program in sorted({p for p, _, _ in probes.values()}):
-    ids = [i for i, (p, _, _) in probes.items() if p == program]
-    command_lines = [[arg.format(**folders) for arg in probes[i][1]] for i in ids]
-    ran = subprocess.run([sys.executable, 'tests/program_probes.py', program], cwd=REPO,
-                         input=json.dumps(command_lines), capture_output=True, text=True,
-                         timeout=900, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
-    assert ran.returncode == 0, ran.stderr
-    results.update(zip(ids, json.loads(ran.stdout)))
-  return results
+  """Each probe's {"status", "stdout", "stderr"}: every probe forked from one
+  process (JAX and lm_zoo imported once), a program's probes one after
+  another, the programs in name order."""
+  ids = sorted(probes, key=lambda i: probes[i][0])  # stable: each program's in order
+  command_lines = [[probes[i][0], *(arg.format(**folders) for arg in probes[i][1])]
+                   for i in ids]
+  ran = subprocess.run([sys.executable, 'tests/program_probes.py', '--programs'], cwd=REPO,
+                       input=json.dumps(command_lines), capture_output=True, text=True,
+                       timeout=900, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+  assert ran.returncode == 0, ran.stderr
+  return dict(zip(ids, json.loads(ran.stdout)))
 
 
 def check(got: dict, expected: str | None, folders: dict[str, str]) -> None:

@@ -3,11 +3,13 @@ once (JAX loads in seconds), then each command line runs in a forked child,
 with its own sys.argv, exit status, stdout and stderr.
 
   python tests/program_probes.py PROGRAM < command_lines.json > results.json
+  python tests/program_probes.py --programs < command_lines.json > results.json
   python tests/program_probes.py --scripts < command_lines.json > results.json
 
 With PROGRAM, each command line is that lm_zoo program's arguments, run as
 its console script runs them (the program's module imported with sys.argv
-set: config_flags reads --config there). With --scripts, each is a script's
+set: config_flags reads --config there); with --programs, each is a
+program's name, then its arguments. With --scripts, each is a script's
 path and its arguments, run as `python SCRIPT ARGS` runs them (as
 `__main__`). The input is a JSON list of argument lists; the output a JSON
 list of {"status", "stdout", "stderr"}, one per command line, in order.
@@ -89,7 +91,10 @@ def main() -> None:
   results = []
   with tempfile.TemporaryDirectory() as folder:
     for args in command_lines:
-      run = _script(args) if name == '--scripts' else _program(name, args)
+      if name == '--scripts':
+        run = _script(args)
+      else:
+        run = _program(args[0], args[1:]) if name == '--programs' else _program(name, args)
       results.append(_run_in_child(run, folder))
   json.dump(results, sys.stdout)
 
