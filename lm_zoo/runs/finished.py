@@ -130,11 +130,17 @@ def load_seeds(workdir: str | pathlib.Path) -> list[int] | None:
   return seeds['seeds']
 
 
+def check_init_from(workdir: str | pathlib.Path) -> None:
+  """Raises ConfigError unless `workdir` (train.init_from) is a work
+  directory of lm-zoo-train."""
+  if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
+    raise ConfigError(f'train.init_from={workdir} is not a work directory of lm-zoo-train')
+
+
 def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
   """The best weights of the run in `workdir`, shaped as `like` (a fine-tuning
   stage starts from them)."""
-  if not (pathlib.Path(workdir) / CONFIG_FILE).is_file():
-    raise ConfigError(f'train.init_from={workdir} is not a work directory of lm-zoo-train')
+  check_init_from(workdir)
   return best_params(workdir, like, f'train.init_from={workdir}')[0]
 
 

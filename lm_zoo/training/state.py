@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 
 from lm_zoo.models import RecurrentLM
 from lm_zoo.runs.checkpoints import Checkpoints
-from lm_zoo.runs.finished import initial_params
+from lm_zoo.runs.finished import check_init_from, initial_params
 from lm_zoo.runs.workdir import check_resumable
 from lm_zoo.training.parallel import place_state
 from lm_zoo.training.run import Progress, create_train_state
@@ -73,6 +73,8 @@ def restore_or_init(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   the same for every seed), laid out over `mesh`; and whether it resumed.
   Checkpoints restore straight into that layout: on many processes, arrays
   restored onto each one's devices could not be moved onto the others'."""
+  if config.train.init_from and not checkpoints.has_latest():
+    check_init_from(config.train.init_from)  # before the seconds each new state takes
   states = [create_train_state(model, optimizer, seeded) for seeded in configs]
   if checkpoints.has_latest():
     check_resumable(config, workdir, [c.seed for c in configs] if len(configs) > 1 else None)
