@@ -4,6 +4,7 @@ diagonal Fisher precision of the learned rule's long-term memory."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -12,6 +13,15 @@ import numpy as np
 
 from lm_zoo.data import BatchedStream
 from lm_zoo.models.objective import window_loss
+
+
+# One jit for every call: the weights of many seeds (or runs) of one model
+# share its compiled program.
+@functools.partial(jax.jit, static_argnames='model')
+def _squared_gradients(model, params, carries, x, y, w):
+  grads, (_, _, carries) = jax.grad(window_loss, argnums=1, has_aux=True)(
+      model, params, carries, x, y, w)
+  return jax.tree.map(jnp.square, grads), jax.lax.stop_gradient(carries)
 
 
 def rms_training_gradients(model, params: Any, stream: np.ndarray, batch_size: int,
@@ -23,20 +33,13 @@ def rms_training_gradients(model, params: Any, stream: np.ndarray, batch_size: i
   """
   if num_batches < 1:
     raise ValueError(f'num_batches must be at least 1, got {num_batches}')
-
-  @jax.jit
-  def squared_gradients(params, carries, x, y, w):
-    grads, (_, _, carries) = jax.grad(window_loss, argnums=1, has_aux=True)(
-        model, params, carries, x, y, w)
-    return jax.tree.map(jnp.square, grads), jax.lax.stop_gradient(carries)
-
   sums = jax.tree.map(jnp.zeros_like, params)
   carries, seen = model.initialize_carry(batch_size), 0
   for window in BatchedStream(stream, batch_size).windows(bptt):
     if seen == num_batches:
       break
-    squares, carries = squared_gradients(params, carries, window.inputs, window.targets,
-                                         window.weights)
+    squares, carries = _squared_gradients(model, params, carries, window.inputs,
+                                          window.targets, window.weights)
     sums = jax.tree.map(jnp.add, sums, squares)
     seen += 1
   return jax.tree.map(lambda s: jnp.sqrt(s / seen), sums)
