@@ -280,16 +280,13 @@ KIT_PARTS = 'tests benchmark train kernels agreement stacks seeds dyneval'
 
 @pytest.fixture(scope='module')
 def kit(tmp_path_factory, data_dir):
-  """launch/gpu_run_kit.sh with every part at its tiny size on a CPU: its OUT
-  folder. SEEDS_ARGS adds flags to the `seeds` part. Its $PYTHON is a warm
-  one (tests/warm_python.py): each of its 14 Python processes is forked from
-  one that imported JAX and lm_zoo, not started cold (3 s of CPU each)."""
+  """launch/gpu_run_kit.sh, every part tiny, on a CPU, its $PYTHON a warm one
+  (tests/warm_python.py): its OUT folder. SEEDS_ARGS adds flags to `seeds`."""
   out = tmp_path_factory.mktemp('kit') / 'out'
   env = {**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': KIT_PARTS,
          'SEEDS_ARGS': '--seeds=3 --config.seed=5', 'LM_ZOO_DATA': str(data_dir),
-         'WHEELS': str(out.parent / 'no_wheels'), 'PYTHONUNBUFFERED': '1',
-         'PYTHONPATH': os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')]))}
-  with warm_python(env) as python:  # the environment the kit gives its programs
+         'WHEELS': str(out.parent / 'no_wheels')}
+  with warm_python(env) as python:  # the kit's programs forked from one interpreter
     ran = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
                          capture_output=True, text=True, timeout=900,
                          env={**env, 'PYTHON': python})

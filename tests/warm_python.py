@@ -105,10 +105,11 @@ def serve(path: str) -> None:
 
 @contextlib.contextmanager
 def warm_python(env: dict[str, str]):
-  """A server started with `env` (that of the script that will call it, so
-  that JAX reads the same variables when it is imported): yields the path of
-  an executable to give the script as its Python. The server and any child
-  left are killed at the end."""
+  """A server started with `env`, the environment of the script that will
+  call it, as the GPU run kit gives it to its programs (this checkout first
+  on PYTHONPATH, PYTHONUNBUFFERED), so that JAX and lm_zoo are imported as
+  they would be: yields the path of an executable to give the script as its
+  Python. The server and any child left are killed at the end."""
   import subprocess
   import tempfile
   with tempfile.TemporaryDirectory(prefix='warm_python_') as folder:  # a short socket path
@@ -117,6 +118,9 @@ def warm_python(env: dict[str, str]):
     with open(python, 'w') as f:
       f.write(f'#!/bin/sh\nexec {sys.executable} -S {os.path.abspath(__file__)} {path} "$@"\n')
     os.chmod(python, 0o755)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**env, 'PYTHONUNBUFFERED': '1',
+           'PYTHONPATH': os.pathsep.join(filter(None, [repo, env.get('PYTHONPATH')]))}
     server = subprocess.Popen([sys.executable, __file__, '--serve', path], env=env,
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               text=True, start_new_session=True)
