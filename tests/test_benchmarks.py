@@ -35,7 +35,7 @@ def test_lstm_lm_speed_writes_every_row_with_ratios(tmp_path):
 def test_accelerator_speed_compares_with_cudnn_s_reference_scan_on_a_cpu(tmp_path):
   """cuDNN's code runs with jax.experimental.rnn's reference scan when asked,
   and the recipe's row is given as a ratio of it. (The benchmark's rows
-  skipped on a CPU: test_launch.py's test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu.)"""
+  skipped on a CPU: test_gpu_run_kit.py's test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu.)"""
   output = tmp_path / 'bench.json'
   script = [sys.executable, str(REPO / 'benchmarks' / 'accelerator_speed.py'), '--tiny=16',
             '--steps=1', '--rounds=1', f'--output={output}']
@@ -107,7 +107,7 @@ def test_device_kernels_counts_stream_kernels_and_their_busy_union(tmp_path):
 
 
 def test_stacked_seeds_benchmark_refuses_an_empty_stack():
-  """(Its timings at a tiny size: test_launch.py's
+  """(Its timings at a tiny size: test_gpu_run_kit.py's
   test_the_kits_stacks_time_each_stack_against_a_run_alone.)"""
   refused = subprocess.run([sys.executable, str(REPO / 'benchmarks' / 'stacked_seeds.py'),
                             '--tiny=8', '--seeds=0,4'], capture_output=True, text=True, cwd=REPO)

@@ -1,7 +1,6 @@
 """The launch scripts as a user runs them: train a tiny config, then evaluate."""
 
 import json
-import math
 import os
 import pathlib
 import re
@@ -14,7 +13,6 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO, load_experiment, run_script, run_scripts
-from warm_python import warm_python
 
 import lm_zoo
 from lm_zoo.runs import load_trained, read_metrics
@@ -272,136 +270,3 @@ def test_launch_shims_show_their_programs_help(script, program, flags, shims_hel
   assert program in shown.stdout and 'Traceback' not in shown.stderr
   for text in flags:
     assert text in shown.stdout, text
-
-
-# Every part of the kit, once: each test below reads the figures of its parts.
-KIT_PARTS = 'tests benchmark train kernels agreement stacks seeds dyneval'
-
-
-@pytest.fixture(scope='module')
-def kit(tmp_path_factory, data_dir):
-  """launch/gpu_run_kit.sh, every part tiny, on a CPU, its $PYTHON a warm one
-  (tests/warm_python.py): its OUT folder. SEEDS_ARGS adds flags to `seeds`."""
-  out = tmp_path_factory.mktemp('kit') / 'out'
-  env = {**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': KIT_PARTS,
-         'SEEDS_ARGS': '--seeds=3 --config.seed=5', 'LM_ZOO_DATA': str(data_dir),
-         'WHEELS': str(out.parent / 'no_wheels')}
-  with warm_python(env) as python:  # the kit's programs forked from one interpreter
-    ran = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
-                         capture_output=True, text=True, timeout=900,
-                         env={**env, 'PYTHON': python})
-  assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-  return out
-
-
-def test_the_kits_kernel_parts_check_time_and_compare_the_scans(kit):
-  """The kit's 'kernels' and 'agreement' parts: the kernels' tests, the
-  benchmark and dynamic evaluation under a scan, and two short trainings
-  whose validation perplexities agree."""
-  assert ' passed' in (kit / 'kernel_tests.txt').read_text()
-  scans = {row['row'] for row in json.loads((kit / 'benchmark_scans.json').read_text())['results']}
-  assert scans == {'mogrifier_paper:ptb_lstm@pallas'}
-  dynamic = json.loads((kit / 'dynamic_evaluation.json').read_text())['results']
-  assert {row['scan'] for row in dynamic} == {'pallas'}
-  agreement = json.loads((kit / 'agreement.json').read_text())
-  assert set(agreement) == {'ptb_lstm_small_py@fused', 'ptb_lstm_small_py@pallas'}
-  fused, pallas = (agreement[f'ptb_lstm_small_py@{scan}']['valid_perplexity']
-                   for scan in ('fused', 'pallas'))
-  assert pallas == pytest.approx(fused, rel=1e-4)  # the same training, to float32 rounding
-
-
-def test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu(kit):
-  """The kit's accelerator benchmark at its tiny size: cuDNN's row is skipped
-  with a message, and so is a way a recipe's layers cannot run."""
-  out = (kit / 'benchmark.txt').read_text()
-  assert 'jax_cudnn_lstm: skipped, cuDNN runs on NVIDIA GPUs only' in out
-  assert ("mogrifier_paper:ptb_mogrifier@cudnn: skipped, model.scan='cudnn' cannot run "
-          'Mogrify(LSTMCell)') in out
-  result = json.loads((kit / 'benchmark.json').read_text())
-  rows = {row['row']: row for row in result['results']}
-  assert set(rows) == {'mogrifier_paper:ptb_mogrifier', 'mogrifier_paper:ptb_mogrifier+bfloat16',
-                       'flax_lstm@16'}
-  recipe = rows['mogrifier_paper:ptb_mogrifier']
-  assert recipe['model'].startswith('Mogrifier lstm (5 rounds, rank 8)')
-  # --bfloat16's twin: the recipe with bfloat16 products
-  narrow = rows['mogrifier_paper:ptb_mogrifier+bfloat16']
-  assert (recipe['dtype'], narrow['dtype']) == ('float32', 'bfloat16')
-  assert narrow['model'] == recipe['model'] + ', bfloat16 products'
-  # 1,000 turns of 200 updates of 4 x 5 tokens (the tiny batch), at the measured rate
-  assert recipe['recipe_tokens'] == 200_000 * 4 * 5
-  assert recipe['recipe_hours'] == recipe['recipe_tokens'] / recipe['train_tokens_per_s'] / 3600
-  assert recipe['train_ms_per_step'] == pytest.approx(1e3 / recipe['train_tokens_per_s'] * 20)
-  assert result['recurrence_matmul_seconds'] > 0
-  # Tied: every parameter multiplies (the embedding as the softmax too); 6 FLOPs
-  # per weight and token of a 4 x 5 window.
-  from lm_zoo.experiments import mogrifier_paper
-  from lm_zoo.models import build_model, count_params
-  model = mogrifier_paper.get_config('ptb_mogrifier').model  # as --tiny=16 shrinks it
-  model.update(param_budget=0, hidden_size=16, embed_size=16, embed_ratio=-1.0, output_size=0)
-  model.mogrifier.rank = 8
-  assert model.tie_embeddings
-  assert recipe['train_step_flops'] == 6 * count_params(build_model(model, 50)) * 20
-  # Untied (flax_lstm): the input embedding is only looked up.
-  assert rows['flax_lstm@16']['matmul_params'] == 2 * (8 * 16 * 16 + 4 * 16) + 16 * 50 + 50
-  for row in rows.values():  # no cuDNN nor PyTorch row to compare with
-    assert 'train_vs_cudnn' not in row and 'train_vs_torch_fastest' not in row
-  assert {p.name for p in (kit / 'profile').iterdir()} == {
-      'mogrifier_paper_ptb_mogrifier', 'mogrifier_paper_ptb_mogrifier+bfloat16', 'flax_lstm_16'}
-
-
-def test_the_kits_stacks_time_each_stack_against_a_run_alone(kit):
-  """benchmarks/stacked_seeds.py as the kit's 'stacks' part runs it: a stack
-  of 2 seeds of the tiny 4 x 5 batch, against a run alone."""
-  alone, one, two = json.loads((kit / 'stacked_seeds.json').read_text())['results']
-  assert (alone['seeds'], one['seeds'], two['seeds']) == ('alone', 1, 2)
-  assert alone['per_seed_speedup'] == 1.0
-  assert two['per_seed_speedup'] == 2 * alone['seconds_per_update'] / two['seconds_per_update']
-  assert two['tokens_per_second'] == 2 * 4 * 5 / two['seconds_per_update']
-
-
-def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit):
-  """The `dyneval` part: the medium recipe's seeds (tiny) as one stack, then
-  RMS and SGD dynamic evaluation of each, tabled beside the static score."""
-  rows = json.loads((kit / 'dyneval.json').read_text())
-  assert [(r['model'], r['seed']) for r in rows] == [('lstm_medium', 0), ('lstm_medium', 1)]
-  for row in rows:
-    assert row['workdir'].endswith(f'dyneval/lstm_medium_s0-1/seed_{row["seed"]}')
-    for rule in ('rms', 'sgd'):
-      # The static score of the same tokens is the run's own test score (batch 1).
-      assert row[f'{rule}_test_static_perplexity'] == pytest.approx(row['test_perplexity'],
-                                                                   rel=1e-5)
-      assert math.isfinite(row[f'{rule}_test_perplexity'])
-  report = (kit / 'dyneval.txt').read_text()
-  assert '| lstm_medium | rms | 2 | test |' in report
-  assert '| lstm_medium | sgd | 2 | test |' in report
-
-
-def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
-  """The kit's default parts: tests, benchmark (cuDNN's row skipped) and a few
-  updates of the PTB Mogrifier recipe; and the parts the defaults leave out:
-  stacks of seeds timed, and a stack trained."""
-  assert {'devices.txt', 'tests.txt', 'benchmark.json', 'benchmark.txt', 'profile',
-          'ptb_mogrifier.txt', 'ptb_mogrifier'} <= {p.name for p in kit.iterdir()}
-  assert ' passed' in (kit / 'tests.txt').read_text()
-  assert 'jax_cudnn_lstm: skipped' in (kit / 'benchmark.txt').read_text()
-  records = read_metrics(kit / 'ptb_mogrifier' / 'metrics.jsonl')
-  assert any(r['kind'] == 'valid' and r.get('final') for r in records)
-
-  # SEEDS_ARGS overrides the kit's own flags (its tiny size trains 2 seeds).
-  summary = json.loads((kit / 'zaremba_medium' / 'summary.json').read_text())
-  assert summary['seeds'] == [5, 6, 7] and summary['step'] == 4
-
-  # A host lent for short spells runs the parts in turns; a misspelt part is
-  # refused before anything runs.
-  wrong = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')], cwd=REPO,
-                         capture_output=True, text=True, env={**os.environ, 'KIT_PARTS': 'test'})
-  assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
-  assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
-                          'choose from: tests benchmark train kernels agreement stacks seeds '
-                          'dyneval mogrifier24m\n')
-  wrong = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')], cwd=REPO,
-                         capture_output=True, text=True,
-                         env={**os.environ, 'KIT_PARTS': 'seeds', 'SEEDS_SIZE': 'huge'})
-  assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
-  assert wrong.stderr == ("error: SEEDS_SIZE: unknown size 'huge'; "
-                          'choose from: small medium large\n')

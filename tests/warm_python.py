@@ -1,5 +1,5 @@
 """A warm Python for a shell script that runs many Python processes one after
-another (the GPU run kit's tiny run, tests/test_launch.py): a server that
+another (the GPU run kit's tiny run, tests/test_gpu_run_kit.py): a server that
 imported JAX and lm_zoo once forks a child for each command line, which runs
 it as `python ARGS` would, in the client's folder and environment, on its
 stdin, stdout and stderr; the client exits with the child's status. The
