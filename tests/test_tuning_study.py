@@ -138,6 +138,20 @@ def test_the_median_pruner_stops_a_trial_worse_than_the_first(tune_file, tmp_pat
   assert bad.intermediate_values[10] > good.intermediate_values[10]
 
 
+@pytest.mark.parametrize('linked', ['study.db', 'trials'])
+def test_a_link_inside_the_work_directory_is_refused_before_anything_is_written(
+    tune_file, tmp_path, linked):
+  outside = tmp_path / 'outside'
+  outside.mkdir()
+  workdir = tmp_path / 'tuning'
+  workdir.mkdir()
+  os.symlink(outside / linked, workdir / linked)
+  with pytest.raises(ConfigError, match=f'{linked} is a symbolic link: lm_zoo writes nothing '
+                     'through links inside a work directory'):
+    open_study(_tune_config(tune_file), workdir)
+  assert not list(outside.iterdir())
+
+
 def test_workers_must_share_the_search_space(tune_file, tmp_path):
   tune = _tune_config(tune_file)
   open_study(tune, tmp_path)

@@ -42,6 +42,7 @@ import sqlalchemy
 
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.evaluation import build_evaluator
+from lm_zoo.runs.workdir import refuse_links
 from lm_zoo.training import train_and_evaluate
 from lm_zoo.tuning.spaces import check_space, set_fields, suggest
 
@@ -175,11 +176,13 @@ def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   """The study `tune` describes, created or joined in its database.
 
   Raises ConfigError when the database holds a study of that name with
-  another search space, base config or kind.
+  another search space, base config or kind, or `workdir` a symbolic link
+  (to a database elsewhere: name it by `study.storage`).
   """
   validate_tuning(tune)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  refuse_links(workdir)
   url = storage_url(tune, workdir)
   for attempt in range(5):
     try:
