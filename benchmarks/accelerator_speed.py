@@ -59,7 +59,7 @@ from absl import app, flags
 
 from baselines import (BASELINE_DTYPES, TORCH_DTYPES, add_ratios, device_kernels,
                        experiment_config, failure_reason, jax_rnn_lm, lm_zoo_lm,
-                       recurrence_matmul_seconds, seconds_per_call, torch_lm)
+                       recurrence_matmul_seconds, seconds_per_call, top_kernels, torch_lm)
 from lm_zoo.data import load_corpus
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers.products import aligned_contractions
@@ -228,9 +228,7 @@ def count_kernels(built: dict) -> dict:
     kernels[name] = traced and {
         'per_step': traced['kernels'] / FLAGS.steps,
         'busy': traced['busy_seconds'] / traced['span_seconds'],
-        'top': [{'name': kernel, 'per_step': count / FLAGS.steps,
-                 'us_per_step': seconds / FLAGS.steps * 1e6, 'us_each': seconds / count * 1e6}
-                for kernel, (count, seconds) in list(traced['by_name'].items())[:TOP_KERNELS]]}
+        'top': top_kernels(traced, FLAGS.steps, 'step', TOP_KERNELS)}
   return kernels
 
 

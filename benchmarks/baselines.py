@@ -331,6 +331,15 @@ def recurrence_matmul_seconds(hidden: int, batch: int, bptt: int, layers: int = 
   return best_seconds(lambda: window(h), repeats)
 
 
+def top_kernels(traced: dict, per: float, unit: str, top: int) -> list[dict]:
+  """The `top` kernels of `device_kernels`' `by_name` that took longest in
+  all: each one's count and microseconds per `unit` (`per` of them traced),
+  and its microseconds a launch."""
+  return [{'name': kernel, f'per_{unit}': count / per, f'us_per_{unit}': seconds / per * 1e6,
+           'us_each': seconds / count * 1e6}
+          for kernel, (count, seconds) in list(traced['by_name'].items())[:top]]
+
+
 def device_kernels(trace_dir: str) -> dict | None:
   """The GPU work in the Perfetto trace under `trace_dir`: how many events
   ran on the device's streams (kernels, and the few copies and memsets

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from baselines import device_kernels, failure_reason
+from baselines import device_kernels, failure_reason, top_kernels
 from lm_zoo.cells import LSTMCell
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.runtime import retain_host_memory
@@ -72,10 +72,7 @@ def profile(fn, name: str) -> dict:
     return {}
   return {'profile_kernels_per_token': traced['kernels'] / FLAGS.tokens,
           'profile_device_busy': traced['busy_seconds'] / traced['span_seconds'],
-          'profile_top_kernels': [
-              {'name': kernel, 'per_token': count / FLAGS.tokens,
-               'us_per_token': seconds / FLAGS.tokens * 1e6}
-              for kernel, (count, seconds) in list(traced['by_name'].items())[:10]]}
+          'profile_top_kernels': top_kernels(traced, FLAGS.tokens, 'token', 10)}
 
 
 def measure(hidden: int, scan: str) -> list[dict]:

@@ -11,7 +11,8 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / 'benchmarks'))
-from baselines import add_ratios, device_kernels, lstm_lm_matmul_params  # noqa: E402
+from baselines import (add_ratios, device_kernels, lstm_lm_matmul_params,  # noqa: E402
+                       top_kernels)
 from optimized_hlo import loop_pads  # noqa: E402
 
 
@@ -100,6 +101,11 @@ def test_device_kernels_counts_stream_kernels_and_their_busy_union(tmp_path):
   assert list(by_name) == ['pad', 'copy', 'gemm']
   assert by_name['pad'] == [2, pytest.approx(30e-6)]
   assert by_name['gemm'] == [1, pytest.approx(10e-6)]
+  # The two longest over 2 traced steps: per step, and microseconds a launch.
+  pad, copy = top_kernels(kernels, 2, 'step', 2)
+  assert pad == {'name': 'pad', 'per_step': 1.0, 'us_per_step': pytest.approx(15.0),
+                 'us_each': pytest.approx(15.0)}
+  assert copy['name'] == 'copy' and copy['us_per_step'] == pytest.approx(10.0)
 
   with gzip.open(folder / 'perfetto_trace.json.gz', 'wt') as f:  # a CPU run's trace
     json.dump({'traceEvents': meta[:2] + events[:1]}, f)
