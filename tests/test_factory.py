@@ -60,6 +60,17 @@ def test_init_params_are_flax_inits_on_real_inputs():
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize('fields', [
+    {'num_layers': 2, 'dual': {'size': 5}, 'head': 'mos', 'mos': {'components': 2},
+     'mogrifier': {'rounds': 2, 'rank': 2}},
+    {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn'}, 'tie_embeddings': True}],
+    ids=['mogrifier mos dual', 'alstm lstm_rhn tied'])
+def test_count_params_counts_the_initialised_parameters(fields):
+  model = build_model(model_config(fields), 11)
+  params = init_params(model, jax.random.key(0))
+  assert factory.count_params(model) == sum(x.size for x in jax.tree.leaves(params))
+
+
 def test_a_scan_the_cells_cannot_take_is_refused_at_build():
   cfg = base_config().model
   cfg.update(cell='gru', scan='fused')

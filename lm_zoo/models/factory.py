@@ -119,9 +119,10 @@ def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
 
 
 def count_params(model: nn.Module) -> int:
-  """Number of parameters, computed from shapes only (nothing is allocated)."""
-  shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  return sum(x.size for x in jax.tree.leaves(shapes))
+  """Number of parameters, computed from shapes only (nothing is allocated):
+  one abstract trace of `model.init`."""
+  shapes = jax.eval_shape(model.init, jax.random.key(0), *_abstract_inputs(model))
+  return sum(x.size for x in jax.tree.leaves(shapes['params']))
 
 
 def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int,
@@ -218,6 +219,14 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
   return _model(cfg, vocab_size, hidden_size)
 
 
+def _abstract_inputs(model: RecurrentLM):
+  """A window of one token and the carries of one row, by shape only."""
+  tokens = jax.ShapeDtypeStruct((1, 1), jax.numpy.int32)
+  carries = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                         jax.eval_shape(lambda: model.initialize_carry(1)))
+  return tokens, carries
+
+
 def init_params(model: RecurrentLM, rng: jax.Array, init_scale: float = 0.0):
   """Initial parameters; with `init_scale` > 0 every one is U(±init_scale).
 
@@ -227,10 +236,7 @@ def init_params(model: RecurrentLM, rng: jax.Array, init_scale: float = 0.0):
   init_key, uniform_key = jax.random.split(rng)
   # The inputs by shape only: flax evaluates the initialisers alone (the same
   # values), not the forward pass op by op, each op compiled (seconds a model).
-  tokens = jax.ShapeDtypeStruct((1, 1), jax.numpy.int32)
-  carries = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
-                         jax.eval_shape(lambda: model.initialize_carry(1)))
-  params = model.lazy_init(init_key, tokens, carries)['params']
+  params = model.lazy_init(init_key, *_abstract_inputs(model))['params']
   if init_scale > 0:
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(uniform_key, len(leaves))
