@@ -30,6 +30,26 @@ def test_every_pair_exactly_once_in_order(n, batch_size, bptt, variable):
   assert pairs == expected  # nothing lost, nothing repeated, rows contiguous
 
 
+@pytest.mark.parametrize('variable', [False, True])
+def test_a_padded_last_window_has_the_shape_of_the_others_and_scores_the_same_pairs(variable):
+  stream = np.arange(1001, dtype=np.int32) * 3 + 1
+  batched = BatchedStream(stream, 7)  # rows of 143 pairs: 14 windows of 10, one of 3
+  plain = list(batched.windows(10, variable=variable, seed=4))
+  padded = list(batched.windows(10, variable=variable, seed=4, pad_last=True))
+  assert _pairs_by_row(batched, padded) == _pairs_by_row(batched, plain)
+  assert [w.length for w in padded] == [w.length for w in plain]
+  assert [w.start for w in padded] == [w.start for w in plain]
+  for before, after in zip(plain[:-1], padded[:-1]):  # only the last one changes
+    np.testing.assert_array_equal(before.inputs, after.inputs)
+  last, short = padded[-1], plain[-1]
+  if short.length < 10:
+    assert last.inputs.shape == last.targets.shape == last.weights.shape == (7, 10)
+    assert not last.weights[:, short.length:].any()
+  np.testing.assert_array_equal(last.targets[:, :short.length], short.targets)
+  if not variable:
+    assert {w.inputs.shape for w in padded} == {(7, 10)}
+
+
 def test_rows_continue_across_windows():
   stream = np.arange(200, dtype=np.int32)
   batched = BatchedStream(stream, 4)

@@ -66,6 +66,9 @@ def test_batch_sizes_agree_with_one_pass():
   assert result.num_tokens == 100
   np.testing.assert_allclose(result.loss, float(np.mean(np.concatenate(per_row))),
                              rtol=1e-5)
+  # One program per batch size and bptt: a pass's short last window (2 of
+  # 7, 7 of 9) comes padded to the others' shape, its padding unscored.
+  assert step._cache_size() == 3
 
 
 def test_token_losses_are_each_tokens_nll_given_the_whole_prefix():

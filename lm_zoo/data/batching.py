@@ -24,17 +24,15 @@ class Window:
   """One BPTT window: `inputs`, `targets` int32 and `weights` float32, all (B, T).
 
   `start` is the window's first time index within the rows, the position to
-  resume from.
+  resume from; `length` its time steps of the rows: T, or fewer where the
+  window was padded (`BatchedStream.windows(pad_last=True)`).
   """
 
   inputs: np.ndarray
   targets: np.ndarray
   weights: np.ndarray
   start: int
-
-  @property
-  def length(self) -> int:
-    return self.inputs.shape[1]
+  length: int
 
 
 def variable_bptt_lengths(num_steps: int, bptt: int, seed: int,
@@ -103,18 +101,25 @@ class BatchedStream:
     return [bptt] * full + ([rest] if rest else [])
 
   def windows(self, bptt: int, start: int = 0, variable: bool = False,
-              seed: int = 0) -> Iterator[Window]:
+              seed: int = 0, pad_last: bool = False) -> Iterator[Window]:
     """Iterates the windows of one pass, beginning at time index `start`.
 
     `start` must be a window boundary of the same (bptt, variable, seed), such
-    as a `Window.start` or the end of the last window seen.
+    as a `Window.start` or the end of the last window seen. With `pad_last`,
+    a last window shorter than `bptt` comes padded to it with steps of weight
+    0, so that a pass of fixed windows has one shape (a jitted step compiles
+    once). Its scores are those of its own steps, but the recurrent state
+    after it is that after the padding: for passes that do not carry it on.
     """
     position = 0
     for length in self.window_lengths(bptt, variable, seed):
       if position >= start:
         end = position + length
-        yield Window(self.inputs[:, position:end], self.targets[:, position:end],
-                     self.weights[:, position:end], position)
+        arrays = (self.inputs[:, position:end], self.targets[:, position:end],
+                  self.weights[:, position:end])
+        if pad_last and end == self.row_length and length < bptt:
+          arrays = tuple(np.pad(a, ((0, 0), (0, bptt - length))) for a in arrays)
+        yield Window(*arrays, start=position, length=length)
       elif position + length > start:
         raise DataError(f'resume position {start} is not a window boundary')
       position += length

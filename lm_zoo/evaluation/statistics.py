@@ -35,7 +35,7 @@ def rms_training_gradients(model, params: Any, stream: np.ndarray, batch_size: i
     raise ValueError(f'num_batches must be at least 1, got {num_batches}')
   sums = jax.tree.map(jnp.zeros_like, params)
   carries, seen = model.initialize_carry(batch_size), 0
-  for window in BatchedStream(stream, batch_size).windows(bptt):
+  for window in BatchedStream(stream, batch_size).windows(bptt, pad_last=True):
     if seen == num_batches:
       break
     squares, carries = _squared_gradients(model, params, carries, window.inputs,

@@ -82,7 +82,7 @@ def _stream_sums(eval_step: Callable, params: Any, initial_carries: Any, stream:
   batched = BatchedStream(stream, batch_size)
   carries, sums = initial_carries, []
   progress = ProgressLog(what, batched.num_windows(bptt))
-  for window in batched.windows(bptt):
+  for window in batched.windows(bptt, pad_last=True):  # one compiled shape
     nll, n, carries = eval_step(params, carries, window.inputs, window.targets,
                                 window.weights, temperature)
     sums.append((nll, n))  # fetched once at the end, so dispatch stays async

@@ -78,15 +78,27 @@ def drop_recurrent_weights(params: Any, paths: Sequence[str], rate: float,
   return jax.tree.unflatten(treedef, leaves)
 
 
-def activation_penalty(outputs: jax.Array, alpha: float) -> jax.Array:
-  """AR: alpha * mean(h²) over the last layer's dropped outputs (T, B, n)."""
-  return alpha * jnp.mean(jnp.square(outputs))
+def activation_penalty(outputs: jax.Array, alpha: float,
+                       steps: jax.Array | None = None) -> jax.Array:
+  """AR: alpha * mean(h²) over the last layer's dropped outputs (T, B, n);
+  with `steps` (T,) bool, over the steps it marks only (a padded window's
+  own)."""
+  return alpha * _mean_over_steps(jnp.square(outputs), steps)
 
 
-def temporal_activation_penalty(outputs: jax.Array, beta: float) -> jax.Array:
+def temporal_activation_penalty(outputs: jax.Array, beta: float,
+                                steps: jax.Array | None = None) -> jax.Array:
   """TAR: beta * mean((h_t - h_{t-1})²) over the last layer's undropped
-  outputs (T, B, n), time first."""
-  return beta * jnp.mean(jnp.square(outputs[1:] - outputs[:-1]))
+  outputs (T, B, n), time first; with `steps` (T,) bool, a window's own
+  steps first and the rest padding, over the pairs of its own steps."""
+  return beta * _mean_over_steps(jnp.square(outputs[1:] - outputs[:-1]),
+                                 None if steps is None else steps[1:])
+
+
+def _mean_over_steps(x: jax.Array, steps: jax.Array | None) -> jax.Array:
+  if steps is None:
+    return jnp.mean(x)
+  return jnp.mean(x, where=jnp.broadcast_to(steps[:, None, None], x.shape))
 
 
 def drop_carried_state(carries: Any, rate: float, rng: jax.Array) -> Any:

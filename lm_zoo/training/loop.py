@@ -224,8 +224,9 @@ def train_epoch(t: Trainer, run: Run, stop: StopRequest) -> RollBack | None:
     carries = stack([t.model.initialize_carry(data.batch_size)] * t.num_seeds)
     run.state = place_state(run.state.replace(carries=carries), t.mesh, seed_axis=True)
   # One draw of window lengths for every seed: config.seed's.
+  # The last window padded to bptt: its state is not carried into the next epoch.
   for window in t.batched.windows(data.bptt, progress.position, data.variable_bptt,
-                                  seed=(t.config.seed, progress.epoch)):
+                                  seed=(t.config.seed, progress.epoch), pad_last=True):
     train_window(t, run, window, rates)
     stopping = budget_spent(t.config, run.step, run.seconds_trained())
     fault = after_update(t, run, rates, stopping, stop)
@@ -258,8 +259,9 @@ def train_window(t: Trainer, run: Run, window: Window, rates: np.ndarray) -> Non
   run.progress.position = window.start + window.length
   run.step += 1
   run.updates.add(run.step, step_metrics)
-  run.throughput.add(window.inputs.size * t.num_seeds)
-  run.tokens_trained += window.inputs.size * t.num_seeds
+  tokens = window.length * window.inputs.shape[0] * t.num_seeds
+  run.throughput.add(tokens)
+  run.tokens_trained += tokens
 
 
 def after_update(t: Trainer, run: Run, rates: np.ndarray, stopping: bool,

@@ -107,12 +107,14 @@ def _objective(model: nn.Module, params, carries, inputs, targets, weights, keys
       rngs={'dropout': dropout_key}, mutable=['intermediates'] if penalised else [])
   total, count = token_nll(logits, targets, weights)
   mean = total / jnp.maximum(count, 1.0)
-  scale = inputs.shape[1] if sum_over_time else 1
-  objective = mean * scale
+  # A window's own steps: those scored in some row (row 0 is never padding);
+  # an epoch's last window is padded past them (`windows(pad_last=True)`).
+  steps = jnp.any(weights > 0, axis=0)
+  objective = mean * jnp.sum(steps) if sum_over_time else mean
   if penalised:
     outputs = sown['intermediates']['stack']  # what the stack sows (RecurrentLM)
-    objective += (activation_penalty(outputs['dropped_output'][0], ar)
-                  + temporal_activation_penalty(outputs['output'][0], tar))
+    objective += (activation_penalty(outputs['dropped_output'][0], ar, steps)
+                  + temporal_activation_penalty(outputs['output'][0], tar, steps))
   return objective, (mean, new_carries)
 
 
