@@ -30,10 +30,12 @@ measured rate (its planned updates x batch x BPTT tokens; for epoch-based
 recipes the corpus must be in $LM_ZOO_DATA); per row, its model FLOPs (6 x
 the parameters a token is multiplied by x its tokens) and their rate, beside
 the time of the window's recurrent products alone
-(`recurrence_matmul_seconds`). `--profile_dir` counts, after the timed rounds
-and untimed, the kernels a train step runs (`profile_kernels_per_step`):
-from a `jax.profiler` trace of `--steps` more steps for the JAX rows (with the
-fraction of the traced wall time the device spends in them,
+(`recurrence_matmul_seconds`); per lm_zoo row, the seconds of its train and
+eval steps' first calls, their compilation included
+(`train_first_call_seconds`, `eval_first_call_seconds`). `--profile_dir`
+counts, after the timed rounds and untimed, the kernels a train step runs
+(`profile_kernels_per_step`): from a `jax.profiler` trace of `--steps` more
+steps for the JAX rows (with the fraction of the traced wall time the device spends in them,
 `profile_device_busy`, and the 15 kernels that took longest in all, by name,
 with their count and microseconds a step, `profile_top_kernels`;
 TensorBoard's profile plugin reads the trace), and
@@ -278,6 +280,9 @@ def main(argv):
       row['dtype'] = BASELINE_DTYPES[name.split('@')[0]]
     if name in pads:
       row['hlo_loop_pads'] = pads[name]
+    if 'first_call_seconds' in calls:
+      row['train_first_call_seconds'] = calls['first_call_seconds']['train']
+      row['eval_first_call_seconds'] = calls['first_call_seconds']['eval']
     row['train_step_flops'] = 6 * calls['matmul_params'] * tokens
     row['train_tflops_per_s'] = row['train_step_flops'] / train / 1e12
     if kernels.get(name):

@@ -99,11 +99,14 @@ def lm_zoo_lm(config, vocab: int, num_seeds: int = 0) -> dict:
   def optimized_hlo() -> str:
     return train_step.lower(holder['state'], inputs, targets, weights).compile().as_text()
 
-  for fn in (train, evaluate):  # warm up
+  first_call = {}  # each compiles here: what a run waits for before its first step
+  for key, fn in (('train', train), ('eval', evaluate)):
+    start = time.perf_counter()
     jax.block_until_ready(fn())
+    first_call[key] = time.perf_counter() - start
   return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
           'hlo': optimized_hlo, 'model': describe_model(config.model, model),
-          'matmul_params': matmul_params}
+          'matmul_params': matmul_params, 'first_call_seconds': first_call}
 
 
 def failure_reason(err: Exception) -> str:

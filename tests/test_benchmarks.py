@@ -58,6 +58,9 @@ def test_accelerator_speed_compares_with_cudnn_s_reference_scan_on_a_cpu(tmp_pat
   assert rows['@fused']['hlo_loop_pads'] == loop_pads(hlos['fused.hlo.txt'])
   recipe = rows['@hoisted']
   assert recipe['scan'] == 'hoisted'
+  # the first calls compile: far longer than a step
+  assert recipe['train_first_call_seconds'] > 3 * recipe['train_seconds']
+  assert recipe['eval_first_call_seconds'] > 3 * recipe['eval_seconds']
   cudnn = rows['jax_cudnn_lstm@16']
   assert 'reference scan' in cudnn['library'] and cudnn['train_vs_cudnn'] == 1
   assert recipe['train_vs_cudnn'] == recipe['train_tokens_per_s'] / cudnn['train_tokens_per_s']
