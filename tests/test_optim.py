@@ -56,6 +56,22 @@ def test_direct_jitted_and_chained_updates_agree(name):
   assert any(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(direct))
 
 
+@pytest.mark.parametrize('name', [*_transformations(), 'dynamic_rms_injected'])
+def test_a_jitted_update_closes_over_no_array(name):
+  """What a transformation was built with (MS, the decay's scale) reaches a
+  jitted update through the state: as constants, a large model's MS would be
+  compiled into every program that updates, once per set of weights."""
+  if name == 'dynamic_rms_injected':
+    transformation, extra = optax.inject_hyperparams(
+        lambda learning_rate, decay, eps: dynamic_rms(learning_rate, decay, eps, MS))(
+            learning_rate=0.1, decay=0.2, eps=1e-3), {}
+  else:
+    transformation, extra = _transformations()[name]
+  traced = jax.make_jaxpr(lambda g, s, p, e: transformation.update(g, s, p, **e))(
+      GRADS, transformation.init(TRAINED), PARAMS, extra)
+  assert traced.consts == []
+
+
 @pytest.mark.parametrize('factory, values', [
     (dynamic_sgd, {'learning_rate': 0.1, 'decay': 0.05}),
     (lambda learning_rate, decay, eps: dynamic_rms(learning_rate, decay, eps, MS),

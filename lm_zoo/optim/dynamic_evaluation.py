@@ -10,7 +10,7 @@ that step; `lm_zoo.evaluation.dynamic_evaluate` runs a whole stream with one.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,11 @@ class DecayMean(enum.StrEnum):
 
 
 DECAY_MEANS = tuple(mean.value for mean in DecayMean)
+
+
+class ScaleByFixedRmsState(NamedTuple):
+  """MS, the fixed root mean square of gradients the updates are divided by."""
+  rms_gradients: optax.Updates
 
 
 class DecayTowardTrainedState(NamedTuple):
@@ -47,26 +52,35 @@ def _check(**values) -> None:
 def scale_by_fixed_rms(rms_gradients: optax.Updates,
                        eps: float) -> optax.GradientTransformation:
   """g / (MS + eps) for a fixed MS (`rms_gradients`, a tree like the
-  parameters): RMSProp's scaling with statistics estimated once, ahead."""
+  parameters): RMSProp's scaling with statistics estimated once, ahead.
+  MS is kept in the state, so that a jitted `update` takes it as an
+  argument rather than compiling it into its program as constants."""
   def update_fn(updates, state, params=None):
     del params
-    return jax.tree.map(lambda g, ms: g / (ms + eps), updates, rms_gradients), state
+    return jax.tree.map(lambda g, ms: g / (ms + eps), updates, state.rms_gradients), state
 
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+  return optax.GradientTransformation(lambda params: ScaleByFixedRmsState(rms_gradients),
+                                      update_fn)
 
 
-def decay_toward_trained(decay: float, decay_scale: optax.Updates | None = None,
+def decay_toward_trained(decay: float,
+                         decay_scale: optax.Updates | Callable[[optax.Params], optax.Updates]
+                         | None = None,
                          clip: bool = False) -> optax.GradientTransformation:
   """Adds rate * (theta_g - theta) to the updates, theta_g the parameters
   `init` is called with (the trained weights) and rate = decay * s, or
   min(1, decay * s) with `clip`, s the per-coordinate `decay_scale` (ones
-  when None).
+  when None), or what it returns when called with the parameters at `init`
+  (as `optax.masked` takes a mask). The scale and theta_g live in the state.
 
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
   """
   def init_fn(params):
-    scale = jax.tree.map(jnp.ones_like, params) if decay_scale is None else decay_scale
+    if decay_scale is None:
+      scale = jax.tree.map(jnp.ones_like, params)
+    else:
+      scale = decay_scale(params) if callable(decay_scale) else decay_scale
     return DecayTowardTrainedState(trained=params, decay_scale=scale)
 
   def update_fn(updates, state, params=None):
@@ -101,14 +115,18 @@ def dynamic_sgd(learning_rate: optax.ScalarOrSchedule,
   return optax.chain(optax.scale_by_learning_rate(learning_rate), decay_toward_trained(decay))
 
 
+def _check_decay_mean(over: str) -> None:
+  if over not in DECAY_MEANS:
+    raise ValueError(f'the mean of the decay rate must be over one of {DECAY_MEANS}, '
+                     f'got {over!r}')
+
+
 def mean_ms(rms_gradients: optax.Updates, over: str = 'coordinates') -> jax.Array:
   """mean(MS) of the RMS decay rate: over every coordinate of the model
   ('coordinates', lamb's `dyneval.py`), or over the parameter tensors of each
   tensor's mean ('tensors', Krause's `dynamiceval.py`, where a tensor is a
   leaf of the tree)."""
-  if over not in DECAY_MEANS:
-    raise ValueError(f'the mean of the decay rate must be over one of {DECAY_MEANS}, '
-                     f'got {over!r}')
+  _check_decay_mean(over)
   leaves = jax.tree.leaves(rms_gradients)
   if over == 'tensors':
     return sum(jnp.mean(x) for x in leaves) / len(leaves)
@@ -145,8 +163,15 @@ def dynamic_rms(learning_rate: optax.ScalarOrSchedule, decay: float, eps: float,
   _check(learning_rate=learning_rate, decay=decay, eps=eps)
   if isinstance(eps, (int, float)) and eps == 0:
     raise ValueError('eps must be positive: it keeps g / (MS + eps) finite where MS is 0')
-  mean = mean_ms(rms_gradients, decay_mean)
+  _check_decay_mean(decay_mean)
+
+  def relative_ms(params):
+    del params
+    mean = mean_ms(rms_gradients, decay_mean)
+    return jax.tree.map(lambda ms: ms / mean, rms_gradients)
+
+  # MS enters only `init`'s state: inside `optax.inject_hyperparams`, whose
+  # `update` builds the chain again, no array of it is computed at update.
   return optax.chain(
       scale_by_fixed_rms(rms_gradients, eps), optax.scale_by_learning_rate(learning_rate),
-      decay_toward_trained(decay, jax.tree.map(lambda ms: ms / mean, rms_gradients),
-                           clip=True))
+      decay_toward_trained(decay, relative_ms, clip=True))
