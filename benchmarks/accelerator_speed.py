@@ -35,8 +35,8 @@ eval steps' first calls, their compilation included
 (`train_first_call_seconds`, `eval_first_call_seconds`). `--profile_dir`
 counts, after the timed rounds and untimed, the kernels a train step runs
 (`profile_kernels_per_step`): from a `jax.profiler` trace of `--steps` more
-steps for the JAX rows (with the fraction of the traced wall time the device spends in them,
-`profile_device_busy`, and the 15 kernels that took longest in all, by name,
+steps for the JAX rows (with the fraction of the traced wall time the device
+spends in them, `profile_device_busy`, and the 15 kernels that took longest in all, by name,
 with their count and microseconds a step, `profile_top_kernels`;
 TensorBoard's profile plugin reads the trace), and
 from PyTorch's profiler for its rows; on a GPU only. `--hlo_dir` keeps each

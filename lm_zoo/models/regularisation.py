@@ -98,7 +98,7 @@ def temporal_activation_penalty(outputs: jax.Array, beta: float,
 def _mean_over_steps(x: jax.Array, steps: jax.Array | None) -> jax.Array:
   if steps is None:
     return jnp.mean(x)
-  return jnp.mean(x, where=jnp.broadcast_to(steps[:, None, None], x.shape))
+  return jnp.mean(x, where=steps[:, None, None])
 
 
 def drop_carried_state(carries: Any, rate: float, rng: jax.Array) -> Any:

@@ -63,8 +63,7 @@ def fit(model: nn.Module, params, sample_batch: Callable, loss_fn: Callable,
   """`steps` optimizer steps on batches `sample_batch(key, *data)` -> (x, y),
   run as jitted `lax.scan`s of `log_every` steps; returns the trained params.
   The arrays batches are drawn from go in `data`: arguments of the compiled
-  scan, where a closure would make them constants of its program (MNIST's
-  188 MB, folded by the compiler)."""
+  scan, where a closure would make them constants of its program."""
   def step(carry, key, data):
     params, opt_state = carry
     x, y = sample_batch(key, *data)
