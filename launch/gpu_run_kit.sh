@@ -58,10 +58,12 @@
 #
 # Environment: WHEELS, the folder of wheels (default .whl; docs/usage.md says
 # how to fill it); LM_ZOO_DATA, the data folder (PTB at least); MINUTES of
-# training (default 10); KIT_PARTS, which parts to run (default
-# "tests benchmark train": a host lent for short spells can run them in turns
-# into one OUT, and add "stacks" and "seeds"); KIT_TINY=1 runs everything at a tiny size, on any machine
-# (CI runs it so on a CPU).
+# training (default 10); KIT_PARTS, which parts to run, in the order named
+# (default "tests benchmark train": a host lent for short spells can run them
+# in turns into one OUT, and add "stacks" and "seeds"); KIT_TINY=1 runs
+# everything at a tiny size, on any machine (CI runs it so on a CPU).
+# launch/gpu_kit_background.sh runs the kit detached, for hosts lent in calls
+# shorter than the kit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/gpu_kit}
@@ -197,23 +199,24 @@ fi
 failed=()
 "$PYTHON" -c 'import jax; print(jax.__version__, jax.devices())' 2>&1 \
     | tee "$OUT/devices.txt" || failed+=(devices)
-if [[ $PARTS == *" tests "* ]]; then
+part_tests() {
   # In parallel where pytest-xdist is installed: one at a time the subset had
   # run 130 of its 172 tests in 370 s on an H100; 6 workers took 100 s. The
   # workers share the device, so none takes JAX's default 75% of its memory.
-  workers=()
+  local workers=()
   if [ "${KIT_TINY:-0}" != 1 ] && "$PYTHON" -c 'import xdist' 2>/dev/null; then
     workers=(-n "${KIT_TEST_WORKERS:-6}")
   fi
   XLA_PYTHON_CLIENT_PREALLOCATE=false "$PYTHON" -m pytest -q -p no:cacheprovider \
       ${workers[@]+"${workers[@]}"} "${tests[@]}" 2>&1 | tee "$OUT/tests.txt" || failed+=(tests)
-fi
-if [[ $PARTS == *" benchmark "* ]]; then
+}
+part_benchmark() {
   "$PYTHON" benchmarks/accelerator_speed.py --output="$OUT/benchmark.json" \
       --profile_dir="$OUT/profile" ${bench[@]+"${bench[@]}"} 2>&1 | tee "$OUT/benchmark.txt" \
       || failed+=(benchmark)
-fi
-if [[ $PARTS == *" train "* ]]; then
+}
+part_train() {
+  local recipe run
   recipe=${TRAIN_CONFIG:-mogrifier_paper.py:ptb_mogrifier}
   run=ptb_mogrifier
   if [ -n "${TRAIN_CONFIG:-}" ]; then
@@ -222,9 +225,9 @@ if [[ $PARTS == *" train "* ]]; then
   fi
   "$PYTHON" launch/train.py --config="experiments/$recipe" \
       --workdir="$OUT/$run" "${train[@]}" 2>&1 | tee "$OUT/$run.txt" || failed+=("$run")
-fi
-if [[ $PARTS == *" kernels "* ]]; then
-  workers=()
+}
+part_kernels() {
+  local workers=()
   if [ "${KIT_TINY:-0}" != 1 ] && "$PYTHON" -c 'import xdist' 2>/dev/null; then
     workers=(-n "${KIT_TEST_WORKERS:-6}")
   fi
@@ -244,8 +247,9 @@ if [[ $PARTS == *" kernels "* ]]; then
       | tee "$OUT/benchmark_scans.txt" || failed+=(benchmark_scans)
   "$PYTHON" benchmarks/dynamic_evaluation_speed.py --output="$OUT/dynamic_evaluation.json" \
       "${dynamic[@]}" 2>&1 | tee "$OUT/dynamic_evaluation.txt" || failed+=(dynamic_evaluation)
-fi
-if [[ $PARTS == *" agreement "* ]]; then
+}
+part_agreement() {
+  local run config scans scan
   for run in "${agreement_runs[@]}"; do
     read -r config scans <<< "$run"
     for scan in $scans; do
@@ -265,23 +269,31 @@ for summary in sorted((out / 'agreement').glob('*/summary.json')):
   print(f"{summary.parent.name:>45} step {s['step']:>5} valid {s['valid']['perplexity']:.6f}")
 (out / 'agreement.json').write_text(json.dumps(runs, indent=2))
 COLLECT
-fi
-if [[ $PARTS == *" stacks "* ]]; then
+}
+part_stacks() {
   "$PYTHON" benchmarks/stacked_seeds.py --output="$OUT/stacked_seeds.json" "${stacks[@]}" 2>&1 \
       | tee "$OUT/stacked_seeds.txt" || failed+=(stacked_seeds)
-fi
-if [[ $PARTS == *" seeds "* ]]; then
+}
+part_seeds() {
+  local size
   size=${SEEDS_SIZE:-medium}
   "$PYTHON" launch/train.py --config="experiments/ptb_lstm_$size.py" \
       --workdir="$OUT/zaremba_$size" "${seeds[@]}" ${seeds_args[@]+"${seeds_args[@]}"} 2>&1 \
       | tee "$OUT/zaremba_$size.txt" || failed+=("zaremba_$size")
-fi
-for study in dyneval mogrifier24m; do
-  if [[ $PARTS == *" $study "* ]]; then
-    declare -n flags=$study
-    "$PYTHON" launch/run_task.py "${flags[@]}" --config.workdir="$OUT/$study" \
-        --output="$OUT/$study.json" 2>&1 | tee "$OUT/$study.txt" || failed+=("$study")
-  fi
+}
+# the seed studies of experiments/paper_seed_studies.py: STUDY names its flags
+run_study() {
+  local -n flags=$1
+  "$PYTHON" launch/run_task.py "${flags[@]}" --config.workdir="$OUT/$1" \
+      --output="$OUT/$1.json" 2>&1 | tee "$OUT/$1.txt" || failed+=("$1")
+}
+part_dyneval() { run_study dyneval; }
+part_mogrifier24m() { run_study mogrifier24m; }
+
+# The parts in the order KIT_PARTS names them: a lent machine may go back
+# before the last.
+for part in $PARTS; do
+  "part_$part"
 done
 echo "every figure is in $OUT"
 if [ ${#failed[@]} -gt 0 ]; then

@@ -1,0 +1,94 @@
+"""launch/gpu_kit_background.sh: the kit started once, detached, then waited
+on and packed by each call, with a stand-in kit whose files and end the test
+controls."""
+
+import os
+import re
+import subprocess
+import tarfile
+
+import pytest
+from conftest import REPO
+
+# The stand-in: counts its starts, writes figures, a work directory with a
+# checkpoint, optimized HLO, then (once told to go on) a profile of 17 MiB of
+# noise, and ends with exit code 3.
+STAND_IN = r'''
+set -e
+out=$1
+echo started >> "$out/starts"
+echo '{"rows": 1}' > "$out/benchmark.json"
+mkdir -p "$out/run/checkpoints/7" "$out/hlo_scans"
+echo step > "$out/run/metrics.jsonl"
+echo weights > "$out/run/checkpoints/7/params"
+echo HloModule > "$out/hlo_scans/train.txt"
+for _ in $(seq 300); do [ -e "$out/go" ] && break; sleep 0.2; done
+head -c $((17 * 1024 * 1024)) /dev/urandom > "$out/profile_scans.bin"
+echo "every figure is in $out"
+exit 3
+'''
+
+
+def background(seconds, pack, run, **env):
+  """A call with this environment alone of what the kit reads."""
+  kits = re.compile(r'(KIT_|AGREEMENT_|MINUTES$|SEEDS_|TRAIN_CONFIG$|WHEELS$|LM_ZOO_DATA$)')
+  others = {k: v for k, v in os.environ.items() if not kits.match(k)}
+  return subprocess.run(['bash', 'launch/gpu_kit_background.sh', str(seconds), str(pack),
+                         str(run)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                        env={**others, **env})
+
+
+def members(archive):
+  with tarfile.open(archive) as tar:
+    return {m.name.removeprefix('./') for m in tar.getmembers() if m.isfile()}
+
+
+def test_the_kit_starts_once_and_each_call_packs_what_it_has_written(tmp_path):
+  kit = tmp_path / 'stand_in.sh'
+  kit.write_text(STAND_IN)
+  run = tmp_path / 'run'
+  first = background(0, tmp_path / 'pack1', run, KIT=str(kit), KIT_PARTS='kernels')
+  assert first.returncode == 0, first.stderr
+  assert first.stdout.startswith(f'started {kit} into {run}\n')
+  assert (run / 'kit.env').read_text() == 'KIT_PARTS=kernels\n'
+
+  # A later call neither starts it again nor reads its environment.
+  second = background(1, tmp_path / 'pack2', run, KIT=str(kit), KIT_PARTS='seeds')
+  assert second.returncode == 0, second.stderr
+  assert 'started' not in second.stdout
+  assert (tmp_path / 'pack2' / 'status.txt').read_text().startswith('running\n')
+  assert (run / 'starts').read_text() == 'started\n'
+  assert members(tmp_path / 'pack2' / 'figures.tar.gz') == {
+      'benchmark.json', 'run/metrics.jsonl', 'kit.env', 'starts'}
+  assert members(tmp_path / 'pack2' / 'hlo.tar.gz') == {'hlo_scans/train.txt'}
+
+  (run / 'go').touch()
+  last = background(60, tmp_path / 'pack3', run, KIT=str(kit), MAX_PIECES='1')
+  assert last.returncode == 0, last.stderr
+  status = (tmp_path / 'pack3' / 'status.txt').read_text()
+  assert status.startswith(f'finished: exit code 3\n--- the log\'s last lines\n'
+                           f'every figure is in {run}\n')
+  assert status.endswith('profiles: 2 pieces, only the first 1 kept\n')
+  assert (tmp_path / 'pack3' / 'kit.log').read_text() == f'every figure is in {run}\n'
+  assert sorted(p.name for p in (tmp_path / 'pack3').glob('profiles.*')) == ['profiles.tar.gz.00']
+
+  # With the default number of pieces, they join into the whole profile.
+  again = background(0, tmp_path / 'pack4', run)
+  assert again.returncode == 0, again.stderr
+  pieces = sorted((tmp_path / 'pack4').glob('profiles.tar.gz.*'))
+  assert [p.name for p in pieces] == ['profiles.tar.gz.00', 'profiles.tar.gz.01']
+  whole = tmp_path / 'profiles.tar.gz'
+  whole.write_bytes(b''.join(p.read_bytes() for p in pieces))
+  assert members(whole) == {'profile_scans.bin'}
+  with tarfile.open(whole) as tar:
+    assert tar.extractfile('profile_scans.bin').read() == (run / 'profile_scans.bin').read_bytes()
+
+
+@pytest.mark.parametrize('args', [[], ['soon', 'pack']])
+def test_a_call_without_seconds_and_pack_is_refused(args, tmp_path):
+  ran = subprocess.run(['bash', 'launch/gpu_kit_background.sh', *args], cwd=REPO,
+                       capture_output=True, text=True)
+  assert ran.returncode == 2
+  assert ran.stderr == ('usage: launch/gpu_kit_background.sh SECONDS PACK [RUN]: '
+                        'SECONDS to wait, a whole number\n')
+  assert not (REPO / 'pack').exists()
