@@ -252,3 +252,28 @@ def test_token_ids_outside_the_vocabulary_are_refused(lm):
   model, params = lm
   with pytest.raises(ValueError, match=f'token ids must be in \\[0, {V}\\)'):
     dynamic_evaluate(model, params, dynamic_sgd(0.1), np.array([1, 2, V, 3]), 2)
+
+
+def test_rules_that_are_the_same_program_share_one_compiled_scan(lm):
+  """Two sets of weights, each with its own MS: their RMS rules' updates are
+  one program (MS is in the state), so the scan compiles once, and each
+  score equals the one its own compilation gives. Rules that hold their
+  settings as arrays are other programs and compile their own."""
+  from lm_zoo.evaluation.dynamic import _scan_segments
+  model, params = lm
+  weights = (params, perturb(params, seed=3, scale=0.05))
+  ms = [jax.tree.map(lambda p, s=s: jnp.full(p.shape, s), params) for s in (0.3, 2.0)]
+  rules = [dynamic_rms(0.05, 0.02, 1e-3, m) for m in ms]
+  _scan_segments.clear_cache()
+  shared = [dynamic_evaluate(model, w, rule, STREAM, 7) for w, rule in zip(weights, rules)]
+  assert _scan_segments._cache_size() == 1
+  _scan_segments.clear_cache()
+  alone = dynamic_evaluate(model, weights[1], rules[1], STREAM, 7)
+  np.testing.assert_array_equal(shared[1].segment_nll, alone.segment_nll)
+  assert abs(shared[1].result.loss - shared[0].result.loss) > 1e-3  # not the first's score
+
+  _scan_segments.clear_cache()
+  held = [dynamic_evaluate(model, params, dynamic_sgd(jnp.float32(lr)), STREAM, 7)
+          for lr in (0.5, 2.0)]
+  assert _scan_segments._cache_size() == 2
+  assert abs(held[0].result.loss - held[1].result.loss) > 1e-3

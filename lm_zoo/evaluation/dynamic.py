@@ -38,10 +38,34 @@ def _segments(stream: np.ndarray, batch_size: int, segment_length: int):
   return split(batched.inputs), split(batched.targets), split(batched.weights)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'transformation'))
-def _scan_segments(model, transformation, params, opt_state, carries, inputs, targets,
-                   weights, extra_args):
-  transformation = optax.with_extra_args_support(transformation)
+class _Rule:
+  """A transformation as `_scan_segments`' static argument: equal to another
+  whose update traces to the same program with no constant, so that one
+  compiled scan serves both (the RMS rule of each seed, whose MS lives in its
+  state, say); else equal only to itself."""
+
+  def __init__(self, transformation: optax.GradientTransformationExtraArgs, params, opt_state,
+               extra_args: dict[str, Any]):
+    self.transformation = transformation
+    update = lambda grads, state, params, loss, extra: transformation.update(
+        grads, state, params, loss=loss, **extra)
+    traced = jax.make_jaxpr(update)(params, opt_state, params, jnp.float32(0), extra_args)
+    # Constants are values the program holds: another's would differ.
+    self.program = None if traced.consts else str(traced.jaxpr)
+
+  def __eq__(self, other):
+    if self.program is None or not isinstance(other, _Rule):
+      return self is other
+    return self.program == other.program
+
+  def __hash__(self):
+    return id(self) if self.program is None else hash(self.program)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'rule'))
+def _scan_segments(model, rule: _Rule, params, opt_state, carries, inputs, targets, weights,
+                   extra_args):
+  transformation = rule.transformation
   value_and_grad = jax.value_and_grad(window_loss, argnums=1, has_aux=True)
 
   def step(state, segment):
@@ -97,10 +121,12 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
   `extra_args` are traced, so new values do not recompile.
 
   `opt_state` is the transformation's state to start from (default:
-  `transformation.init(params)`). It is traced too: with one transformation
-  object from `optax.inject_hyperparams`, a state holding other
-  hyperparameters scores another setting without compiling again (a new
-  transformation object compiles the scan anew).
+  `transformation.init(params)`). It is traced too: with a transformation
+  from `optax.inject_hyperparams`, a state holding other hyperparameters
+  scores another setting without compiling again. So does another
+  transformation whose update is the same program, holding no array of its
+  own (each seed's `dynamic_rms`: its MS is in its state); one that closes
+  over arrays compiles the scan anew.
 
   An update that is not finite (for example an overflowing gradient) is
   skipped inside the scan, counted in `skipped_updates` and logged as a
@@ -117,9 +143,11 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
   check_token_ids(stream, model.vocab_size)
   inputs, targets, weights = _segments(stream, batch_size, segment_length)
   opt_state = transformation.init(params) if opt_state is None else opt_state
+  transformation = optax.with_extra_args_support(transformation)
+  rule = _Rule(transformation, params, opt_state, extra_args or {})
   totals, counts, skipped, final = _scan_segments(
-      model, transformation, params, opt_state, model.initialize_carry(batch_size), inputs,
-      targets, weights, extra_args or {})
+      model, rule, params, opt_state, model.initialize_carry(batch_size), inputs, targets,
+      weights, extra_args or {})
   totals, counts = np.asarray(totals, np.float64), np.asarray(counts, np.float64)
   skipped = int(np.sum(skipped))
   loss = _checked_loss(totals, counts, skipped,

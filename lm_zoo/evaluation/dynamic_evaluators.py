@@ -55,7 +55,8 @@ class DynamicSetup:
   gradients' MS (None for a rule that does not read it) and, per rule and
   kind of mean(MS), one transformation whose values live in its state
   (`optax.inject_hyperparams`), so that scoring many settings compiles the
-  scan once per segment length, not once per setting.
+  scan once per segment length, not once per setting (and the setups of
+  other weights reuse it: `dynamic_evaluate`).
 
   Attributes:
     rms_gradients: MS (`rms_training_gradients`), or None.
