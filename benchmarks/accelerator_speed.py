@@ -326,6 +326,7 @@ def report(rows, recurrence, hidden, batch, bptt, malloc, failed):
         'malloc': malloc, 'vocab': vocab_size(), 'recipe_hidden': hidden,
         'recurrence_matmul_seconds': recurrence,
         'baselines': FLAGS.baselines, 'scans': FLAGS.scans, 'jax': jax.__version__,
+        'xla_flags': os.environ.get('XLA_FLAGS', ''),
         'results': rows, 'failed': failed}, indent=2))
     print(f'wrote {path}')
 

@@ -134,6 +134,7 @@ def main(argv):
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({'device': str(jax.devices()[0]), 'jax': jax.__version__,
+                                'xla_flags': os.environ.get('XLA_FLAGS', ''),
                                 'results': rows, 'failed': failed}, indent=2))
     print(f'wrote {path}')
   if failed:

@@ -13,7 +13,7 @@
 # (TRAIN_CONFIG=alstm_paper.py:ptb: alstm_paper_ptb.txt, alstm_paper_ptb/),
 # for its curve over MINUTES; run again into the same OUT, it resumes.
 #
-# Four parts run only when KIT_PARTS names them. `kernels` checks and times
+# These parts run only when KIT_PARTS names them. `kernels` checks and times
 # the ways a layer can run a window (lm_zoo.cells.scans): the kernels'
 # correctness subset on the device (kernel_tests.txt), the benchmark of every
 # recipe under each scan beside cuDNN and PyTorch in every precision, with
@@ -29,6 +29,11 @@
 # under each, with its longest kernels (dynamic_evaluation.json,
 # dynamic_evaluation.txt, profile_dyneval/). Plan about 10 minutes of an
 # H100 or H200 for it; the shortest benchmarks run first.
+# `graphs` times the three paper recipes' train steps ('auto') beside cuDNN's
+# LSTM, and dynamic evaluation, with XLA's command buffers (CUDA graphs)
+# extended to loops (GRAPH_FLAGS, added to XLA_FLAGS): benchmark_graphs.json,
+# dynamic_evaluation_graphs.json, each with its .txt, against the same rows
+# of `kernels` (about 2 minutes).
 # `agreement` trains AGREEMENT_STEPS updates of the 24M LSTM and Mogrifier
 # recipes, Zaremba's small one and the small aLSTM's, from one seed, under each scan they take,
 # and collects their validation perplexities (agreement.json, agreement.txt);
@@ -72,8 +77,8 @@ MINUTES=${MINUTES:-10}
 PYTHON=${PYTHON:-python3}
 PARTS=" $(echo ${KIT_PARTS:-tests benchmark train}) "  # any blanks: single spaces
 for part in $PARTS; do
-  case $part in tests|benchmark|train|kernels|agreement|stacks|seeds|dyneval|mogrifier24m) ;; *)
-    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train kernels agreement stacks seeds dyneval mogrifier24m" >&2
+  case $part in tests|benchmark|train|kernels|graphs|agreement|stacks|seeds|dyneval|mogrifier24m) ;; *)
+    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train kernels graphs agreement stacks seeds dyneval mogrifier24m" >&2
     exit 2;;
   esac
 done
@@ -123,6 +128,13 @@ bf16_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier --s
             --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_bf16)
 dynamic=(--sizes=650 --tokens=1000 --scans=fused,pallas,cudnn  # ratios against 'fused'
          --profile_dir="$OUT/profile_dyneval")
+# XLA's command buffers (CUDA graphs) by default hold runs of kernels but not
+# loops; with WHILE and CONDITIONAL a scan's whole loop is one graph, which
+# may cut the launches that bound the recurrences' steps.
+GRAPH_FLAGS=${GRAPH_FLAGS:---xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL}
+graph_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier,alstm_paper:ptb
+             --scans=auto --steps=10 --rounds=2 --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
+graph_dynamic=(--sizes=650 --tokens=1000 --scans=fused)
 AGREEMENT_STEPS=${AGREEMENT_STEPS:-200}
 agreement=(--config.train.max_steps=$AGREEMENT_STEPS --config.train.eval_every=0
            --config.evaluation.splits=valid --config.data.valid_tokens=20000
@@ -150,6 +162,9 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
   bf16_bench=()  # the tiny `benchmark` part times a bfloat16 twin: one process fewer
   dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=pallas --rules=dynamic_rms
            --profile_dir="$OUT/profile_dyneval")
+  graph_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm --scans=auto
+               --baselines=jax_cudnn_lstm --baseline_hidden=recipe)
+  graph_dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=fused --rules=dynamic_sgd)
   agreement=(--config.train.max_steps=2 --config.train.eval_every=0
              --config.model.param_budget=0 --config.model.hidden_size=16
              --config.model.embed_size=16 --config.data.batch_size=4 --config.data.bptt=5
@@ -247,6 +262,14 @@ part_kernels() {
       | tee "$OUT/benchmark_scans.txt" || failed+=(benchmark_scans)
   "$PYTHON" benchmarks/dynamic_evaluation_speed.py --output="$OUT/dynamic_evaluation.json" \
       "${dynamic[@]}" 2>&1 | tee "$OUT/dynamic_evaluation.txt" || failed+=(dynamic_evaluation)
+}
+part_graphs() {
+  XLA_FLAGS="${XLA_FLAGS:-} $GRAPH_FLAGS" "$PYTHON" benchmarks/accelerator_speed.py \
+      --output="$OUT/benchmark_graphs.json" "${graph_bench[@]}" 2>&1 \
+      | tee "$OUT/benchmark_graphs.txt" || failed+=(benchmark_graphs)
+  XLA_FLAGS="${XLA_FLAGS:-} $GRAPH_FLAGS" "$PYTHON" benchmarks/dynamic_evaluation_speed.py \
+      --output="$OUT/dynamic_evaluation_graphs.json" "${graph_dynamic[@]}" 2>&1 \
+      | tee "$OUT/dynamic_evaluation_graphs.txt" || failed+=(dynamic_evaluation_graphs)
 }
 part_agreement() {
   local run config scans scan

@@ -14,7 +14,7 @@ from lm_zoo.runs import read_metrics
 
 
 # Every part of the kit, once: each test below reads the figures of its parts.
-KIT_PARTS = 'tests benchmark train kernels agreement stacks seeds dyneval'
+KIT_PARTS = 'tests benchmark train kernels graphs agreement stacks seeds dyneval'
 
 
 @pytest.fixture(scope='module')
@@ -47,6 +47,25 @@ def test_the_kits_kernel_parts_check_time_and_compare_the_scans(kit):
   fused, pallas = (agreement[f'ptb_lstm_small_py@{scan}']['valid_perplexity']
                    for scan in ('fused', 'pallas'))
   assert pallas == pytest.approx(fused, rel=1e-4)  # the same training, to float32 rounding
+
+
+def test_the_kits_graphs_part_times_the_recipes_under_its_xla_flags(kit):
+  """The 'graphs' part: the benchmark and dynamic evaluation, each process
+  under XLA_FLAGS with the kit's command-buffer flags added (on a CPU XLA
+  reads and ignores them)."""
+  graphs = '--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,' \
+           'DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL'
+  plain = json.loads((kit / 'benchmark_scans.json').read_text())
+  assert graphs not in plain['xla_flags']
+  for name, rows in (('benchmark_graphs', {'mogrifier_paper:ptb_lstm'}),
+                     ('dynamic_evaluation_graphs', None)):
+    result = json.loads((kit / f'{name}.json').read_text())
+    assert result['xla_flags'].endswith(' ' + graphs) and not result['failed']
+    if rows:
+      assert {row['row'] for row in result['results']} == rows
+    else:
+      assert {(row['mode'], row['scan']) for row in result['results']} == {
+          ('static', 'fused'), ('dynamic_sgd', 'fused')}
 
 
 def test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu(kit):
@@ -136,8 +155,8 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
                          capture_output=True, text=True, env={**os.environ, 'KIT_PARTS': 'test'})
   assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
   assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
-                          'choose from: tests benchmark train kernels agreement stacks seeds '
-                          'dyneval mogrifier24m\n')
+                          'choose from: tests benchmark train kernels graphs agreement stacks '
+                          'seeds dyneval mogrifier24m\n')
   wrong = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')], cwd=REPO,
                          capture_output=True, text=True,
                          env={**os.environ, 'KIT_PARTS': 'seeds', 'SEEDS_SIZE': 'huge'})
