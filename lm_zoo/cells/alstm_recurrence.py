@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import (
     _activations, _backward_factors, _cell_update, _gates_gradient, _state_mask, shifted)
 from lm_zoo.layers.adaptive import split_sizes
@@ -104,33 +105,36 @@ def adapted_step(params, weights, x, h_in, c, latent_carry, context=(), latent_m
   return (latent_carry, new_c, new_h), (act, new_c, pi, a, r, z, latent_saved)
 
 
-def _forward_scan(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate, alignment):
+def _forward_scan(params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate,
+                  alignment):
   """The outputs h_1..h_T, the final carry, and per step what the backward
   pass reads (`adapted_step`)."""
   weights = step_weights(params, dtype, alignment)
 
-  def step(carry, x):
+  def step(carry, xs):
+    x, valid = xs
     latent_carry, c, h = carry
     new_carry, saved = adapted_step(params, weights, x, h * state_mask, c, latent_carry,
                                     dtype=dtype, cap_input_gate=cap_input_gate)
-    return new_carry, (new_carry[-1], *saved)
+    return held(valid, new_carry, carry), (own(valid, new_carry[-1]), *saved)
 
-  new_carry, (hs, *saved) = jax.lax.scan(step, carry, inputs, unroll=unroll)
+  new_carry, (hs, *saved) = jax.lax.scan(step, carry, (inputs, steps), unroll=unroll)
   return hs, new_carry, saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _recurrence(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate, alignment):
-  hs, new_carry, _ = _forward_scan(params, inputs, carry, state_mask, dtype, unroll,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _recurrence(params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate,
+                alignment):
+  hs, new_carry, _ = _forward_scan(params, inputs, carry, state_mask, steps, dtype, unroll,
                                    cap_input_gate, alignment)
   return hs, new_carry
 
 
-def _recurrence_fwd(params, inputs, carry, state_mask, dtype, unroll, cap_input_gate,
+def _recurrence_fwd(params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate,
                     alignment):
-  hs, new_carry, saved = _forward_scan(params, inputs, carry, state_mask, dtype, unroll,
+  hs, new_carry, saved = _forward_scan(params, inputs, carry, state_mask, steps, dtype, unroll,
                                        cap_input_gate, alignment)
-  return (hs, new_carry), (params, inputs, carry, state_mask, hs, saved)
+  return (hs, new_carry), (params, inputs, carry, state_mask, steps, hs, saved)
 
 
 def _transposed(kernel, dtype, alignment):
@@ -211,7 +215,7 @@ def adapted_step_backward(params, weights_t, d_h, d_c, d_latent, x, h_in, factor
 
 
 def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, residuals, cotangents):
-  params, inputs, (latent0, c0, h0), state_mask, hs, saved = residuals
+  params, inputs, (latent0, c0, h0), state_mask, steps, hs, saved = residuals
   d_hs, (d_latent_last, d_c_last, d_h_last) = cotangents
   h_prev = shifted(h0, hs)
   factors = step_factors(params, saved, c0, latent0, cap_input_gate)
@@ -219,22 +223,22 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, residuals, cotange
 
   def step(carry, xs):
     d_latent, d_c, d_h_next, d_mask = carry
-    d_h_out, x, h_prev_t, factors_t = xs
+    d_h_out, x, h_prev_t, factors_t, valid = xs
     d_c, d_latent, d_x, d_h_in, _, products = adapted_step_backward(
-        params, weights_t, d_h_out + d_h_next, d_c, d_latent, x, h_prev_t * state_mask,
-        factors_t, dtype=dtype)
-    carry = (d_latent, d_c, (d_h_in * state_mask).astype(h0.dtype),
-             (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
-    return carry, (*products, d_x)
+        params, weights_t, own(valid, d_h_out) + d_h_next, d_c, d_latent, x,
+        h_prev_t * state_mask, factors_t, dtype=dtype)
+    previous = (d_latent, d_c, (d_h_in * state_mask).astype(h0.dtype),
+                (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
+    return held(valid, previous, carry), own(valid, (*products, d_x))
 
   (d_latent0, d_c0, d_h0, d_mask), (d_gates, d_policy_in, d_latent_gates, d_inputs) = (
       jax.lax.scan(step, (d_latent_last, d_c_last, d_h_last, jnp.zeros_like(state_mask)),
-                   (d_hs, inputs, h_prev, factors), reverse=True, unroll=unroll))
+                   (d_hs, inputs, h_prev, factors, steps), reverse=True, unroll=unroll))
   zs = saved[5]
   z_prev = shifted(latent0[1], zs) if is_recurrent(params) else None
   grads = weight_gradients(params, inputs, h_prev * state_mask, saved[2], zs, d_gates,
                             d_policy_in, d_latent_gates, z_prev, dtype)
-  return grads, d_inputs, (d_latent0, d_c0, d_h0), d_mask
+  return grads, d_inputs, (d_latent0, d_c0, d_h0), d_mask, None
 
 
 def weight_gradients(params, inputs, h_in, pis, zs, d_gates, d_policy_in, d_latent_gates,
@@ -276,7 +280,7 @@ _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 def alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
                      state_mask: jax.Array | None = None, dtype: Any = None, unroll: int = 1,
-                     cap_input_gate: bool = False):
+                     cap_input_gate: bool = False, steps: jax.Array | None = None):
   """The aLSTM over a window, differentiated by the backward pass above.
 
   Args:
@@ -289,6 +293,7 @@ def alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
       float32 (`products.contract`), the gates and states stay float32.
     unroll: scan steps per loop iteration, forward and backward.
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
+    steps: (T,) bool, the window's own steps (`lm_zoo.cells.held_steps`).
 
   Returns:
     ((latent carry, c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
@@ -297,6 +302,7 @@ def alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
   n = h0.shape[-1]
   check_window(inputs, params, n)
   hs, new_carry = _recurrence(params, inputs, tuple(carry), _state_mask(state_mask, h0),
+                              check_steps(steps, inputs.shape[0]),
                               jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate,
                               contraction_alignment())
   return new_carry, hs

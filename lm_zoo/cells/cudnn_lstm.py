@@ -168,17 +168,21 @@ _lstm.defvjp(_lstm_fwd, _lstm_bwd)
 
 
 def cudnn_lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
-                      state_mask: jax.Array | None = None, unroll: int = 1):
+                      state_mask: jax.Array | None = None, unroll: int = 1,
+                      steps: jax.Array | None = None):
   """`cell`'s layer over a time-major window (T, B, m) in one call of cuDNN's
-  LSTM (its reference scan off a GPU); returns ((c_T, h_T), outputs (T, B, n))."""
+  LSTM (its reference scan off a GPU); returns ((c_T, h_T), outputs (T, B, n)).
+  `steps`, the window's own steps, must come first (`lm_zoo.cells.held_steps`):
+  cuDNN runs each row for their count."""
   del unroll  # cuDNN runs the whole window
   reason = cudnn_refusal(cell, state_mask is not None)
   if reason:
     raise ValueError(f"scan='cudnn' cannot run this layer: {reason}")
   c0, h0 = carry
-  steps, batch, size = inputs.shape
+  _, batch, size = inputs.shape
   x = jnp.swapaxes(inputs, 0, 1).astype(jnp.float32)  # cuDNN's calls are batch-major
-  lengths = jnp.full((batch,), steps, jnp.int32)
+  own_steps = inputs.shape[0] if steps is None else jnp.sum(steps, dtype=jnp.int32)
+  lengths = jnp.full((batch,), own_steps, jnp.int32)
   ys, h_n, c_n = _lstm(size, cell.features, x, h0[None].astype(jnp.float32),
                        c0[None].astype(jnp.float32), pack_weights(params), lengths)
   return ((c_n[0].astype(c0.dtype), h_n[0].astype(h0.dtype)),

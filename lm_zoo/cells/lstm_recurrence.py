@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
+from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.layers.products import (accumulation_dtype, aligned_product, aligned_rows,
                                     contract, contraction_alignment)
 
@@ -100,40 +101,41 @@ def _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d
           (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
 
 
-def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
+def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll,
                   cap_input_gate, alignment):
   """Returns the outputs h_1..h_T (T, B, n), the final carry, and per step
   the gate activations (T, B, 4n) and cell states c_1..c_T (T, B, n). Few
   arrays per step: each is a separate write in every loop iteration."""
   kernel = aligned_rows(recurrent_kernel.astype(dtype), alignment)
 
-  def step(carry, p):
+  def step(carry, xs):
+    p, valid = xs
     c, h = carry
     act = _activations(p + aligned_product(h * state_mask, kernel, dtype))
     new_c, new_h = _cell_update(act, c, h, cap_input_gate)
-    return (new_c, new_h), (new_h, act, new_c)
+    return held(valid, (new_c, new_h), carry), (own(valid, new_h), act, new_c)
 
-  (c, h), (hs, acts, cs) = jax.lax.scan(step, (c0, h0), projected, unroll=unroll)
+  (c, h), (hs, acts, cs) = jax.lax.scan(step, (c0, h0), (projected, steps), unroll=unroll)
   return hs, (c, h), (acts, cs)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _recurrence(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _recurrence(projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll,
                 cap_input_gate, alignment):
-  hs, carry, _ = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
-                               cap_input_gate, alignment)
+  hs, carry, _ = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, steps, dtype,
+                               unroll, cap_input_gate, alignment)
   return hs, carry
 
 
-def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, dtype, unroll,
+def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll,
                     cap_input_gate, alignment):
   hs, carry, (acts, cs) = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask,
-                                        dtype, unroll, cap_input_gate, alignment)
-  return (hs, carry), (recurrent_kernel, state_mask, c0, h0, hs, acts, cs)
+                                        steps, dtype, unroll, cap_input_gate, alignment)
+  return (hs, carry), (recurrent_kernel, state_mask, steps, c0, h0, hs, acts, cs)
 
 
 def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, saved, cotangents):
-  recurrent_kernel, state_mask, c0, h0, hs, acts, cs = saved
+  recurrent_kernel, state_mask, steps, c0, h0, hs, acts, cs = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev = shifted(h0, hs)
   f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
@@ -141,20 +143,22 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, saved, cotangents)
 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
-    d_h_out, h_prev_t, f_t, d_c_from_h_t, gate_scales_t = xs
-    d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
+    d_h_out, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, valid = xs
+    d_c, d_gates = _gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t,
+                                   gate_scales_t)
     d_h_in = aligned_product(d_gates, kernel_t, dtype)
-    return _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next,
-                                    d_mask), d_gates
+    previous = _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next,
+                                        d_mask)
+    return held(valid, previous, carry), own(valid, d_gates)
 
   (d_c0, d_h0, d_mask), d_gates = jax.lax.scan(
       step, (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
-      (d_hs, h_prev, f, d_c_from_h, gate_scales), reverse=True, unroll=unroll)
+      (d_hs, h_prev, f, d_c_from_h, gate_scales, steps), reverse=True, unroll=unroll)
   n = h0.shape[-1]
   h_in = (h_prev * state_mask).reshape(-1, n)
   # The whole window's recurrent weight gradient in one matrix product.
   d_kernel = contract('mn,mk->nk', h_in, d_gates.reshape(-1, 4 * n), dtype)
-  return d_gates, d_kernel.astype(recurrent_kernel.dtype), d_c0, d_h0, d_mask
+  return d_gates, d_kernel.astype(recurrent_kernel.dtype), d_c0, d_h0, d_mask, None
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
@@ -166,7 +170,8 @@ def _state_mask(state_mask, h0):
 
 def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
                     carry: tuple[jax.Array, jax.Array], state_mask: jax.Array | None = None,
-                    unroll: int = 1, dtype: Any = None, cap_input_gate: bool = False):
+                    unroll: int = 1, dtype: Any = None, cap_input_gate: bool = False,
+                    steps: jax.Array | None = None):
   """The LSTM over a window, differentiated with the batched weight gradient.
 
   Args:
@@ -180,6 +185,8 @@ def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
     dtype: the matrix products' operand dtype (None: the projections');
       bfloat16 sums in float32 (`products.contract`).
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
+    steps: (T,) bool, the window's own steps; the others hold the state and
+      output zeros (`lm_zoo.cells.held_steps`). None: every step.
 
   Returns:
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
@@ -189,6 +196,7 @@ def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
     raise ValueError(f'projected inputs {projected.shape} do not match the recurrent kernel '
                      f'{recurrent_kernel.shape}: expected (T, B, {recurrent_kernel.shape[-1]})')
   hs, new_carry = _recurrence(projected, recurrent_kernel, c0, h0, _state_mask(state_mask, h0),
+                              check_steps(steps, projected.shape[0]),
                               jnp.dtype(dtype or projected.dtype), unroll, cap_input_gate,
                               contraction_alignment())
   return new_carry, hs
@@ -214,22 +222,24 @@ class Mix(Protocol):
     """dL/dθ from every step's inputs, residuals and stash, each (T, B, ...)."""
 
 
-def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mask, unroll,
-                        cap_input_gate, alignment):
+def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mask, steps,
+                        unroll, cap_input_gate, alignment):
   """The forward scan of `mixed_lstm_recurrence`; per step it also keeps
   mix's residuals and [x', h'], the input of the gates' one matrix product."""
 
   aligned_kernel = aligned_rows(kernel, alignment)
 
-  def step(carry, x):
+  def step(carry, xs):
+    x, valid = xs
     c, h = carry
     mixed_x, mixed_h, residuals = mix.forward(mix_params, x, h * state_mask)
     mixed = jnp.concatenate([mixed_x, mixed_h], axis=-1).astype(kernel.dtype)
     act = _activations(aligned_product(mixed, aligned_kernel, kernel.dtype) + bias)
     new_c, new_h = _cell_update(act, c, h, cap_input_gate)
-    return (new_c, new_h), (new_h, act, new_c, mixed, residuals)
+    return held(valid, (new_c, new_h), carry), (own(valid, new_h), act, new_c, mixed,
+                                                residuals)
 
-  (c, h), (hs, acts, cs, mixed, residuals) = jax.lax.scan(step, (c0, h0), inputs,
+  (c, h), (hs, acts, cs, mixed, residuals) = jax.lax.scan(step, (c0, h0), (inputs, steps),
                                                           unroll=unroll)
   return hs, (c, h), (acts, cs, mixed, residuals)
 
@@ -238,30 +248,30 @@ def _stacked_kernel(input_kernel, recurrent_kernel, dtype):
   return jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 9, 10, 11, 12))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 10, 11, 12, 13))
 def _mixed_recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
-                      state_mask, dtype, unroll, cap_input_gate, alignment):
+                      state_mask, steps, dtype, unroll, cap_input_gate, alignment):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
   hs, carry, _ = _mixed_forward_scan(mix, mix_params, kernel,
                                      bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
-                                     state_mask, unroll, cap_input_gate, alignment)
+                                     state_mask, steps, unroll, cap_input_gate, alignment)
   return hs, carry
 
 
 def _mixed_recurrence_fwd(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0,
-                          h0, state_mask, dtype, unroll, cap_input_gate, alignment):
+                          h0, state_mask, steps, dtype, unroll, cap_input_gate, alignment):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
   hs, carry, (acts, cs, mixed, residuals) = _mixed_forward_scan(
       mix, mix_params, kernel, bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
-      state_mask, unroll, cap_input_gate, alignment)
-  saved = (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0,
-           h0, hs, acts, cs, mixed, residuals)
+      state_mask, steps, unroll, cap_input_gate, alignment)
+  saved = (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, steps,
+           c0, h0, hs, acts, cs, mixed, residuals)
   return (hs, carry), saved
 
 
 def _mixed_recurrence_bwd(mix, dtype, unroll, cap_input_gate, alignment, saved, cotangents):
-  (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, c0, h0, hs,
-   acts, cs, mixed, residuals) = saved
+  (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, steps, c0, h0,
+   hs, acts, cs, mixed, residuals) = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev = shifted(h0, hs)
   f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
@@ -270,18 +280,20 @@ def _mixed_recurrence_bwd(mix, dtype, unroll, cap_input_gate, alignment, saved, 
 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
-    d_h_out, x_t, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, residuals_t = xs
-    d_c, d_gates = _gates_gradient(d_c, d_h_out + d_h_next, d_c_from_h_t, gate_scales_t)
+    d_h_out, x_t, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, residuals_t, valid = xs
+    d_c, d_gates = _gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t,
+                                   gate_scales_t)
     d_mixed = aligned_product(d_gates, kernel_t, dtype)
     d_x, d_h_in, stash = mix.backward(mix_params, x_t, h_prev_t * state_mask, residuals_t,
                                       d_mixed[..., :m].astype(x_t.dtype),
                                       d_mixed[..., m:].astype(h_prev_t.dtype))
-    return (_previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask),
-            (d_gates, d_x, stash))
+    previous = _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next,
+                                        d_mask)
+    return held(valid, previous, carry), own(valid, (d_gates, d_x, stash))
 
   (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = jax.lax.scan(
       step, (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
-      (d_hs, inputs, h_prev, f, d_c_from_h, gate_scales, residuals), reverse=True,
+      (d_hs, inputs, h_prev, f, d_c_from_h, gate_scales, residuals, steps), reverse=True,
       unroll=unroll)
   d_mix_params = mix.params_gradient(mix_params, inputs, h_prev * state_mask, residuals,
                                      stashes)
@@ -291,7 +303,7 @@ def _mixed_recurrence_bwd(mix, dtype, unroll, cap_input_gate, alignment, saved, 
   d_kernel = contract('tm,tk->mk', mixed.reshape(-1, mixed.shape[-1]), d_gates, dtype)
   return (d_mix_params, d_kernel[:m].astype(input_kernel.dtype),
           jnp.sum(d_gates, axis=0, dtype=accumulate).astype(bias.dtype),
-          d_kernel[m:].astype(recurrent_kernel.dtype), d_inputs, d_c0, d_h0, d_mask)
+          d_kernel[m:].astype(recurrent_kernel.dtype), d_inputs, d_c0, d_h0, d_mask, None)
 
 
 _mixed_recurrence.defvjp(_mixed_recurrence_fwd, _mixed_recurrence_bwd)
@@ -300,7 +312,8 @@ _mixed_recurrence.defvjp(_mixed_recurrence_fwd, _mixed_recurrence_bwd)
 def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.Array,
                           recurrent_kernel: jax.Array, carry: tuple[jax.Array, jax.Array],
                           mix: Mix, mix_params: Any, state_mask: jax.Array | None = None,
-                          dtype: Any = None, unroll: int = 1, cap_input_gate: bool = False):
+                          dtype: Any = None, unroll: int = 1, cap_input_gate: bool = False,
+                          steps: jax.Array | None = None):
   """The LSTM over a window whose gates read (x'_t, h'_{t-1}) = mix(θ, x_t, m ⊙ h_{t-1}):
 
       [i, f, j, o] = x'_t W + h'_{t-1} U + b,
@@ -325,6 +338,7 @@ def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.
       (`products.contract`).
     unroll: scan steps per loop iteration, forward and backward.
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
+    steps: (T,) bool, the window's own steps, as `lstm_recurrence`'s.
 
   Returns:
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
@@ -338,6 +352,6 @@ def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.
                      f'{n} units: expected (T, B, m), ({m}, {4 * n}), ({n}, {4 * n}), ({4 * n},)')
   hs, new_carry = _mixed_recurrence(
       mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
-      _state_mask(state_mask, h0), jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate,
-      contraction_alignment())
+      _state_mask(state_mask, h0), check_steps(steps, inputs.shape[0]),
+      jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate, contraction_alignment())
   return new_carry, hs

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from lm_zoo.cells.alstm_recurrence import (
     adapted_step, adapted_step_backward, step_factors, step_weights, transposed_weights,
     weight_gradients)
+from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import shifted
 from lm_zoo.layers.products import contraction_alignment
 
@@ -61,12 +62,13 @@ def _masked(value, mask):
 _Z = 6
 
 
-def _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps, alignment):
+def _forward_scan(params, inputs, carry, masks, steps, dtypes, unroll, caps, alignment):
   """The top layer's outputs h^(L)_1..T, the final carry, and per layer and
   step h_t and what `adapted_step` keeps for the backward pass."""
   weights = [step_weights(p, dtype, alignment) for p, dtype in zip(params, dtypes)]
 
-  def step(carry, x):
+  def step(carry, xs):
+    x, valid = xs
     context, new_carry, saved = carry[-1][0][1], [], []
     for layer, (layer_params, (latent, c, h), mask) in enumerate(zip(params, carry, masks)):
       if layer > 0:
@@ -76,24 +78,24 @@ def _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps, alignment)
           mask.latent, dtype=dtypes[layer], cap_input_gate=caps[layer])
       context, x = layer_carry[0][1], layer_carry[2]
       new_carry.append(layer_carry)
-      saved.append((x, *layer_saved))
-    return tuple(new_carry), saved
+      saved.append((own(valid, x), *layer_saved))
+    return held(valid, tuple(new_carry), carry), saved
 
-  new_carry, saved = jax.lax.scan(step, carry, inputs, unroll=unroll)
+  new_carry, saved = jax.lax.scan(step, carry, (inputs, steps), unroll=unroll)
   return saved[-1][0], new_carry, saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _recurrence(params, inputs, carry, masks, dtypes, unroll, caps, alignment):
-  hs, new_carry, _ = _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _recurrence(params, inputs, carry, masks, steps, dtypes, unroll, caps, alignment):
+  hs, new_carry, _ = _forward_scan(params, inputs, carry, masks, steps, dtypes, unroll, caps,
                                    alignment)
   return hs, new_carry
 
 
-def _recurrence_fwd(params, inputs, carry, masks, dtypes, unroll, caps, alignment):
-  hs, new_carry, saved = _forward_scan(params, inputs, carry, masks, dtypes, unroll, caps,
-                                       alignment)
-  return (hs, new_carry), (params, inputs, carry, masks, saved)
+def _recurrence_fwd(params, inputs, carry, masks, steps, dtypes, unroll, caps, alignment):
+  hs, new_carry, saved = _forward_scan(params, inputs, carry, masks, steps, dtypes, unroll,
+                                       caps, alignment)
+  return (hs, new_carry), (params, inputs, carry, masks, steps, saved)
 
 
 def _layer_windows(params, inputs, carry, masks, saved, caps):
@@ -112,15 +114,15 @@ def _layer_windows(params, inputs, carry, masks, saved, caps):
 
 
 def _recurrence_bwd(dtypes, unroll, caps, alignment, residuals, cotangents):
-  params, inputs, carry, masks, saved = residuals
+  params, inputs, carry, masks, steps, saved = residuals
   d_hs, d_carry_last = cotangents
   windows = _layer_windows(params, inputs, carry, masks, saved, caps)
   weights_t = [transposed_weights(p, dtype, alignment) for p, dtype in zip(params, dtypes)]
 
   def step(d_carry, xs):
-    d_out, layer_xs = xs
+    d_out, layer_xs, valid = xs
     new_d_carry, products = list(d_carry), [None] * len(params)
-    d_h_above, d_context = d_out, None
+    d_h_above, d_context = own(valid, d_out), None
     for layer in reversed(range(len(params))):
       (d_c_z, d_z), d_c, d_h_next = d_carry[layer]
       x, h_in, _, factors = layer_xs[layer]
@@ -135,18 +137,18 @@ def _recurrence_bwd(dtypes, unroll, caps, alignment, residuals, cotangents):
     # The first layer read the top latent's z of the step before.
     (d_c_z, d_z), d_c, d_h = new_d_carry[-1]
     new_d_carry[-1] = ((d_c_z, (d_z + d_context).astype(d_z.dtype)), d_c, d_h)
-    return tuple(new_d_carry), (d_h_above, products)
+    return held(valid, tuple(new_d_carry), d_carry), own(valid, (d_h_above, products))
 
   layer_xs = [(x, h_in, (), factors) for x, h_in, _, factors in windows]
   d_carry0, (d_inputs, products) = jax.lax.scan(
-      step, d_carry_last, (d_hs, layer_xs), reverse=True, unroll=unroll)
+      step, d_carry_last, (d_hs, layer_xs, steps), reverse=True, unroll=unroll)
   grads = []
   for layer, (x, h_in, context, _) in enumerate(windows):
     latent0 = carry[layer][0]
     _, _, _, pis, _, _, zs, _ = saved[layer]
     grads.append(weight_gradients(params[layer], x, h_in, pis, zs, *products[layer],
                                    shifted(latent0[1], zs), dtypes[layer], context=context))
-  return tuple(grads), d_inputs, d_carry0, jax.tree.map(jnp.zeros_like, masks)
+  return tuple(grads), d_inputs, d_carry0, jax.tree.map(jnp.zeros_like, masks), None
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
@@ -155,7 +157,8 @@ _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 def lstm_rhn_recurrence(inputs: jax.Array, params: Sequence[Any], carry: Sequence[Any],
                         masks: Sequence[LayerMasks] | None = None,
                         dtypes: Sequence[Any] | None = None, unroll: int = 1,
-                        cap_input_gates: Sequence[bool] | None = None):
+                        cap_input_gates: Sequence[bool] | None = None,
+                        steps: jax.Array | None = None):
   """The LSTM-RHN stack over a window, differentiated by the backward pass above.
 
   Args:
@@ -169,6 +172,7 @@ def lstm_rhn_recurrence(inputs: jax.Array, params: Sequence[Any], carry: Sequenc
       sums in float32 (`products.contract`), gates and states stay float32.
     unroll: scan steps per loop iteration, forward and backward.
     cap_input_gates: each layer's capped input gate (None: none capped).
+    steps: (T,) bool, the window's own steps (`lm_zoo.cells.held_steps`).
 
   Returns:
     (each layer's final carry, the top layer's outputs h_1..h_T (T, B, n_L)).
@@ -188,6 +192,7 @@ def lstm_rhn_recurrence(inputs: jax.Array, params: Sequence[Any], carry: Sequenc
   dtypes = tuple(jnp.dtype(dtype or inputs.dtype) for dtype in (dtypes or (None,) * layers))
   caps = tuple(bool(cap) for cap in (cap_input_gates or (False,) * layers))
   carry = tuple(((latent[0], latent[1]), c, h) for latent, c, h in carry)
-  hs, new_carry = _recurrence(tuple(params), inputs, carry, masks, dtypes, unroll, caps,
+  hs, new_carry = _recurrence(tuple(params), inputs, carry, masks,
+                              check_steps(steps, inputs.shape[0]), dtypes, unroll, caps,
                               contraction_alignment())
   return new_carry, hs

@@ -86,7 +86,8 @@ def variational_masks(stack: LSTMRHNStack, carry, x: jax.Array
 
 
 def lstm_rhn_window(stack: LSTMRHNStack, params, carry, inputs: jax.Array,
-                    state_mask: jax.Array | None = None, unroll: int = 1):
+                    state_mask: jax.Array | None = None, unroll: int = 1,
+                    steps: jax.Array | None = None):
   """`LSTMRHNStack`'s window: `lstm_rhn_recurrence` of its layers' parameters
   (their cells', as `params` holds none where the cells live beside the
   stack) under the masks its step draws."""
@@ -100,7 +101,7 @@ def lstm_rhn_window(stack: LSTMRHNStack, params, carry, inputs: jax.Array,
   dtypes = tuple(cell.dtype or jnp.result_type(inputs, p['input']['kernel_1'])
                  for cell, p in zip(cells, layer_params))
   return lstm_rhn_recurrence(inputs, layer_params, carry, masks, dtypes, unroll,
-                             tuple(cell.cap_input_gate for cell in cells))
+                             tuple(cell.cap_input_gate for cell in cells), steps)
 
 
 def lstm_rhn_kernel(stack: LSTMRHNStack):

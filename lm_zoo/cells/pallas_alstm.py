@@ -21,8 +21,9 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.alstm_recurrence import (check_window, is_recurrent, latent_dense, policy_sizes,
                                            weight_gradients)
+from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import _state_mask, gate_factors, shifted
-from lm_zoo.cells.pallas_lstm import pad_to, round_up
+from lm_zoo.cells.pallas_lstm import last_own_step, pad_to, round_up
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
 from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
 from lm_zoo.layers.products import contract
@@ -92,7 +93,8 @@ def _weights(params, sizes: _Sizes, dtype):
   return latent_x, latent_bias, latent_h, latent_u, policy, kernel, recurrent_kernel, bias
 
 
-def _forward(params, inputs, carry, mask, dtype, unroll, cap_input_gate, tiles, interpret):
+def _forward(params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles,
+             interpret):
   s = _Sizes(inputs, carry[-1], params, tiles)
   latent_x, latent_bias, latent_h, latent_u, policy, kernel, recurrent_kernel, bias = (
       _weights(params, s, dtype))
@@ -108,15 +110,16 @@ def _forward(params, inputs, carry, mask, dtype, unroll, cap_input_gate, tiles, 
 
   def step(carry, per_step):
     latent, c, h = carry
-    x, latent_in_t = per_step
+    x, latent_in_t, valid = per_step
     c, h_new, act, pi, a, r, z, *latent_saved = step_kernel(x, h, padded_mask, c, latent_in_t,
                                                             latent)
     latent = (latent_saved[1], z) if s.recurrent else ()
-    return (latent, c, h_new), (h_new, act, c, pi, a, r, z, latent_saved)
+    return held(valid, (latent, c, h_new), carry), (own(valid, h_new), act, c, pi, a, r, z,
+                                                    latent_saved)
 
   latent0 = tuple(state(part, s.size_k) for part in latent0)
   last, (hs, *saved) = jax.lax.scan(step, (latent0, state(c0, s.size_n), state(h0, s.size_n)),
-                                    (xs, latent_in), unroll=unroll)
+                                    (xs, latent_in, own_steps), unroll=unroll)
   return s, last, hs, saved, (xs, padded_mask, latent0, latent_x)
 
 
@@ -129,23 +132,24 @@ def _carry_out(last, carry):
   return tuple(_cut(a, b) for a, b in zip(latent, latent0)), _cut(c, c0), _cut(h, h0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _recurrence(params, inputs, carry, mask, dtype, unroll, cap_input_gate, tiles, interpret):
-  _, last, hs, _, _ = _forward(params, inputs, carry, mask, dtype, unroll, cap_input_gate,
-                               tiles, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _recurrence(params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles,
+                interpret):
+  _, last, hs, _, _ = _forward(params, inputs, carry, mask, own_steps, dtype, unroll,
+                               cap_input_gate, tiles, interpret)
   return _cut(hs, carry[-1]), _carry_out(last, carry)
 
 
-def _recurrence_fwd(params, inputs, carry, mask, dtype, unroll, cap_input_gate, tiles,
-                    interpret):
-  s, last, hs, saved, padded = _forward(params, inputs, carry, mask, dtype, unroll,
+def _recurrence_fwd(params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate,
+                    tiles, interpret):
+  s, last, hs, saved, padded = _forward(params, inputs, carry, mask, own_steps, dtype, unroll,
                                         cap_input_gate, tiles, interpret)
   out = (_cut(hs, carry[-1]), _carry_out(last, carry))
-  return out, (params, inputs, carry, mask, hs, saved, padded)
+  return out, (params, inputs, carry, mask, own_steps, hs, saved, padded)
 
 
 def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, cotangents):
-  params, inputs, carry, mask, hs, saved, padded = residuals
+  params, inputs, carry, mask, own_steps, hs, saved, padded = residuals
   acts, cs, pis, a_s, rs, zs, latent_saved = saved
   xs, padded_mask, latent0, latent_x = padded
   d_hs, (d_latent_last, d_c_last, d_h_last) = cotangents
@@ -164,8 +168,11 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
     d_latent_first = tuple(state(d, s.size_k) for d in d_latent_last)
   else:
     latent_factors, d_latent_first = (zs,), ()
-  d_out = pad_to(d_hs.astype(jnp.float32), (hs.shape[0], s.rows, s.size_n))
-  d_out = d_out.at[-1].add(state(d_h_last, s.size_n))
+  # The final h is the last own step's: its gradient joins that step's output's.
+  d_out = own(own_steps[:, None, None] if own_steps is not None else None,
+              pad_to(d_hs.astype(jnp.float32), (hs.shape[0], s.rows, s.size_n)))
+  d_out = d_out + (last_own_step(own_steps, hs.shape[0])[:, None, None]
+                   * state(d_h_last, s.size_n))
   h_prev = shifted(h_first, hs)
   step_kernel = functools.partial(
       backward_step, weights=(kernel, recurrent_kernel, bias, policy, latent_h, *latent_u),
@@ -173,15 +180,16 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
 
   def step(carry, per_step):
     d_latent, d_c, d_rec = carry
-    d_out_t, factors_t, x, h, saved_t, latent_factors_t = per_step
+    d_out_t, factors_t, x, h, saved_t, latent_factors_t, valid = per_step
     d_c, d_rec, d_gates, q, d_x, d_latent_gates, *d_latent = step_kernel(
         d_out_t, d_rec, padded_mask, d_c, factors_t, x, h, saved_t,
         (*d_latent, *latent_factors_t))
-    return (tuple(d_latent), d_c, d_rec), (d_gates, q, d_x, d_latent_gates, d_rec)
+    return (held(valid, (tuple(d_latent), d_c, d_rec), carry),
+            own(valid, (d_gates, q, d_x, d_latent_gates, d_rec)))
 
   (d_latent0, d_c0, d_rec0), (d_gates, q, d_xs, d_latent_gates, d_recs) = jax.lax.scan(
       step, (d_latent_first, state(d_c_last, s.size_n), jnp.zeros_like(h_first)),
-      (d_out, factors, xs, h_prev, (pis, a_s, rs), latent_factors), reverse=True,
+      (d_out, factors, xs, h_prev, (pis, a_s, rs), latent_factors, own_steps), reverse=True,
       unroll=unroll)
   # Back in the cell's layout, every weight's gradient as one product over the window.
   steps, batch = inputs.shape[0], s.batch
@@ -199,7 +207,7 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
   d_carry = (tuple(_cut(d, like) for d, like in zip(d_latent0, latent_first)), _cut(d_c0, c0),
              _cut(d_rec0 * padded_mask, h0))
   d_mask = _cut(jnp.sum(d_recs * h_prev, axis=0), mask)
-  return grads, d_inputs.astype(inputs.dtype), d_carry, d_mask
+  return grads, d_inputs.astype(inputs.dtype), d_carry, d_mask, None
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
@@ -208,11 +216,12 @@ _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 def pallas_alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
                             state_mask: jax.Array | None = None, dtype: Any = None,
                             unroll: int = 1, cap_input_gate: bool = False,
-                            tiles: Tiles | None = None, interpret: bool | None = None):
+                            tiles: Tiles | None = None, interpret: bool | None = None,
+                            steps: jax.Array | None = None):
   """`alstm_recurrence` with one Pallas kernel per step, forward and back.
 
   Args:
-    inputs, params, carry, state_mask, dtype, unroll, cap_input_gate: as
+    inputs, params, carry, state_mask, dtype, unroll, cap_input_gate, steps: as
       `lm_zoo.cells.alstm_recurrence.alstm_recurrence`'s.
     tiles: the multiple the batch is padded to (`batch`; each program owns
       16 rows of it, `row_tiles`) and the chunk its loops step by (`chunk`;
@@ -227,6 +236,7 @@ def pallas_alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
   check_window(inputs, params, n)
   tiles = tiles or tiles_for(h0.shape[0], max(n, inputs.shape[-1]))
   hs, new_carry = _recurrence(params, inputs, tuple(carry), _state_mask(state_mask, h0),
+                              check_steps(steps, inputs.shape[0]),
                               jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate, tiles,
                               interpret)
   return new_carry, hs

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, tiles_for
 from lm_zoo.layers.products import accumulation_dtype, contract
@@ -55,19 +56,19 @@ def _layout(projected, recurrent_kernel, c0, h0, mask, dtype, tiles):
           state(h0), state(mask))
 
 
-def _forward(projected, recurrent_kernel, c0, h0, mask, dtype, cap_input_gate, tiles,
+def _forward(projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles,
              interpret, unroll):
   gates_in, kernel, c, h, mask = _layout(projected, recurrent_kernel, c0, h0, mask, dtype,
                                          tiles)
   step_kernel = functools.partial(forward_step, tiles=tiles, dtype=dtype,
                                   cap_input_gate=cap_input_gate, interpret=interpret)
 
-  def step(carry, p):
-    c, h = carry
-    c, h, act = step_kernel(h, mask, c, p, kernel)
-    return (c, h), (h, act, c)
+  def step(carry, xs):
+    p, valid = xs
+    c, h, act = step_kernel(carry[1], mask, carry[0], p, kernel)
+    return held(valid, (c, h), carry), (own(valid, h), act, c)
 
-  (c, h), (hs, acts, cs) = jax.lax.scan(step, (c, h), gates_in, unroll=unroll)
+  (c, h), (hs, acts, cs) = jax.lax.scan(step, (c, h), (gates_in, steps), unroll=unroll)
   return (c, h), (hs, acts, cs), (kernel, mask)
 
 
@@ -75,25 +76,32 @@ def _cut(x, like):
   return x[..., :like.shape[-2], :like.shape[-1]].astype(like.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
-def _recurrence(projected, recurrent_kernel, c0, h0, mask, dtype, cap_input_gate, tiles,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _recurrence(projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles,
                 interpret, unroll):
-  (c, h), (hs, _, _), _ = _forward(projected, recurrent_kernel, c0, h0, mask, dtype,
+  (c, h), (hs, _, _), _ = _forward(projected, recurrent_kernel, c0, h0, mask, steps, dtype,
                                    cap_input_gate, tiles, interpret, unroll)
   return _cut(hs, h0), (_cut(c, c0), _cut(h, h0))
 
 
-def _recurrence_fwd(projected, recurrent_kernel, c0, h0, mask, dtype, cap_input_gate, tiles,
-                    interpret, unroll):
+def _recurrence_fwd(projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate,
+                    tiles, interpret, unroll):
   (c, h), (hs, acts, cs), (kernel, padded_mask) = _forward(
-      projected, recurrent_kernel, c0, h0, mask, dtype, cap_input_gate, tiles, interpret,
-      unroll)
-  saved = (projected, recurrent_kernel, c0, h0, mask, kernel, padded_mask, hs, acts, cs)
+      projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles,
+      interpret, unroll)
+  saved = (projected, recurrent_kernel, c0, h0, mask, steps, kernel, padded_mask, hs, acts, cs)
   return (_cut(hs, h0), (_cut(c, c0), _cut(h, h0))), saved
 
 
+def last_own_step(steps, length: int) -> jax.Array:
+  """(T,) bool: the window's last own step (the last step where `steps` is None)."""
+  if steps is None:
+    return jnp.arange(length) == length - 1
+  return steps & ~jnp.append(steps[1:], False)
+
+
 def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cotangents):
-  projected, recurrent_kernel, c0, h0, mask, kernel, padded_mask, hs, acts, cs = saved
+  projected, recurrent_kernel, c0, h0, mask, steps, kernel, padded_mask, hs, acts, cs = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   batch, n = h0.shape
   size_t, size_b, size_n = hs.shape
@@ -102,20 +110,21 @@ def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cota
   forget, d_c_from_h, scales = gate_factors(*(acts[:, g] for g in range(GATES)), cs, c_first,
                                             cap_input_gate)
   scales = jnp.stack(scales, axis=1)
-  d_out = pad_to(d_hs.astype(jnp.float32), (size_t, size_b, size_n))
-  d_out = d_out.at[-1].add(pad_state(d_h_last))
+  # The final h is the last own step's: its gradient joins that step's output's.
+  d_out = own(steps[:, None, None] if steps is not None else None,
+              pad_to(d_hs.astype(jnp.float32), (size_t, size_b, size_n)))
+  d_out = d_out + last_own_step(steps, size_t)[:, None, None] * pad_state(d_h_last)
   step_kernel = functools.partial(backward_step, tiles=tiles, dtype=dtype, interpret=interpret)
 
   def step(carry, xs):
-    d_c, d_rec = carry
-    d_out_t, d_c_from_h_t, scales_t, forget_t = xs
-    d_c, d_rec, d_gates = step_kernel(d_out_t, d_rec, padded_mask, d_c, d_c_from_h_t,
+    d_out_t, d_c_from_h_t, scales_t, forget_t, valid = xs
+    d_c, d_rec, d_gates = step_kernel(d_out_t, carry[1], padded_mask, carry[0], d_c_from_h_t,
                                       scales_t, forget_t, kernel)
-    return (d_c, d_rec), (d_gates, d_rec)
+    return held(valid, (d_c, d_rec), carry), own(valid, (d_gates, d_rec))
 
   (d_c0, d_rec0), (d_gates, d_recs) = jax.lax.scan(
       step, (pad_state(d_c_last), jnp.zeros((size_b, size_n), jnp.float32)),
-      (d_out, d_c_from_h, scales, forget), reverse=True, unroll=unroll)
+      (d_out, d_c_from_h, scales, forget, steps), reverse=True, unroll=unroll)
   # d_recs[t] is dL/d(m ⊙ h_{t-1}).
   h_prev = shifted(pad_state(h0), hs)
   d_mask = jnp.sum(d_recs * h_prev, axis=0)
@@ -126,7 +135,7 @@ def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cota
   d_kernel = d_kernel[:n, :, :n].reshape(n, GATES * n)
   return (gate_minor(d_gates, batch, n).astype(projected.dtype),
           d_kernel.astype(recurrent_kernel.dtype), _cut(d_c0, c0),
-          _cut(d_rec0 * padded_mask, h0), _cut(d_mask, mask))
+          _cut(d_rec0 * padded_mask, h0), _cut(d_mask, mask), None)
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
@@ -136,12 +145,13 @@ def pallas_lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
                            carry: tuple[jax.Array, jax.Array],
                            state_mask: jax.Array | None = None, unroll: int = 1,
                            dtype: Any = None, cap_input_gate: bool = False,
-                           tiles: Tiles | None = None, interpret: bool | None = None):
+                           tiles: Tiles | None = None, interpret: bool | None = None,
+                           steps: jax.Array | None = None):
   """`lstm_recurrence` with one Pallas kernel per step, forward and back.
 
   Args:
     projected, recurrent_kernel, carry, state_mask, unroll, dtype,
-      cap_input_gate: as `lm_zoo.cells.lstm_recurrence.lstm_recurrence`'s.
+      cap_input_gate, steps: as `lm_zoo.cells.lstm_recurrence.lstm_recurrence`'s.
     tiles: the kernels' tiling (`lm_zoo.kernels.lstm_step.Tiles`; default
       `tiles_for` the batch and hidden size).
     interpret: run the kernels in Pallas' interpreter (default: off a GPU).
@@ -167,5 +177,6 @@ def pallas_lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
   dtype = jnp.dtype(dtype or projected.dtype)
   tiles = tiles or tiles_for(h0.shape[0], n)
   hs, new_carry = _recurrence(projected.astype(accumulation_dtype(dtype)), recurrent_kernel,
-                              c0, h0, mask, dtype, cap_input_gate, tiles, interpret, unroll)
+                              c0, h0, mask, check_steps(steps, projected.shape[0]), dtype,
+                              cap_input_gate, tiles, interpret, unroll)
   return new_carry, hs

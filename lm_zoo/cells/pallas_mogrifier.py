@@ -21,9 +21,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
-from lm_zoo.cells.pallas_lstm import gate_major, pad_to, round_up
+from lm_zoo.cells.pallas_lstm import gate_major, last_own_step, pad_to, round_up
 from lm_zoo.kernels.lstm_step import (GATES, Tiles, backward_step, forward_step, row_tiles,
                                       tiles_for)
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
@@ -78,7 +79,7 @@ def _layout(inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask, dtype, t
 
 
 def _forward(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask,
-             dtype, unroll, cap_input_gate, tiles, interpret):
+             own_steps, dtype, unroll, cap_input_gate, tiles, interpret):
   xs, kernel, gate_bias, c, h, mask = _layout(inputs, input_kernel, bias, recurrent_kernel,
                                               c0, h0, mask, dtype, tiles)
   rounds = _padded_rounds(mix, mix_params, xs.shape[-1], h.shape[-1], mix.dtype or jnp.float32)
@@ -87,13 +88,13 @@ def _forward(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, 
   gates_step = functools.partial(forward_step, tiles=tiles, dtype=dtype,
                                  cap_input_gate=cap_input_gate, interpret=interpret)
 
-  def step(carry, x):
-    c, h = carry
-    mixed, round_gates, hiddens = mogrify(x, h * mask, rounds)
-    c, h, act = gates_step(mixed, None, c, gate_bias, kernel)
-    return (c, h), (h, act, c, mixed, round_gates, hiddens)
+  def step(carry, per_step):
+    x, valid = per_step
+    mixed, round_gates, hiddens = mogrify(x, carry[1] * mask, rounds)
+    c, h, act = gates_step(mixed, None, carry[0], gate_bias, kernel)
+    return held(valid, (c, h), carry), (own(valid, h), act, c, mixed, round_gates, hiddens)
 
-  (c, h), saved = jax.lax.scan(step, (c, h), xs, unroll=unroll)
+  (c, h), saved = jax.lax.scan(step, (c, h), (xs, own_steps), unroll=unroll)
   return (c, h), saved, (xs, kernel, mask, rounds)
 
 
@@ -101,27 +102,29 @@ def _cut(x, like):
   return x[..., :like.shape[-2], :like.shape[-1]].astype(like.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 9, 10, 11, 12, 13))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 10, 11, 12, 13, 14))
 def _recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask,
-                dtype, unroll, cap_input_gate, tiles, interpret):
+                own_steps, dtype, unroll, cap_input_gate, tiles, interpret):
   (c, h), (hs, *_), _ = _forward(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs,
-                                 c0, h0, mask, dtype, unroll, cap_input_gate, tiles, interpret)
+                                 c0, h0, mask, own_steps, dtype, unroll, cap_input_gate, tiles,
+                                 interpret)
   return _cut(hs, h0), (_cut(c, c0), _cut(h, h0))
 
 
 def _recurrence_fwd(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask,
-                    dtype, unroll, cap_input_gate, tiles, interpret):
+                    own_steps, dtype, unroll, cap_input_gate, tiles, interpret):
   (c, h), saved, padded = _forward(mix, mix_params, input_kernel, bias, recurrent_kernel,
-                                   inputs, c0, h0, mask, dtype, unroll, cap_input_gate, tiles,
-                                   interpret)
-  originals = (mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask)
+                                   inputs, c0, h0, mask, own_steps, dtype, unroll,
+                                   cap_input_gate, tiles, interpret)
+  originals = (mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask,
+               own_steps)
   return (_cut(saved[0], h0), (_cut(c, c0), _cut(h, h0))), (originals, saved, padded)
 
 
 def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residuals,
                     cotangents):
   originals, (hs, acts, cs, mixed, round_gates, hiddens), padded = residuals
-  mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask = originals
+  mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask, own_steps = originals
   xs, kernel, padded_mask, rounds = padded
   d_hs, (d_c_last, d_h_last) = cotangents
   (steps, batch, m), n = inputs.shape, h0.shape[-1]
@@ -130,25 +133,26 @@ def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residu
   forget, d_c_from_h, scales = gate_factors(*(acts[:, g] for g in range(GATES)), cs,
                                             pad_state(c0), cap_input_gate)
   scales = jnp.stack(scales, axis=1)
-  d_out = pad_to(d_hs.astype(jnp.float32), (steps, size_b, size_n))
-  d_out = d_out.at[-1].add(pad_state(d_h_last))
+  # The final h is the last own step's: its gradient joins that step's output's.
+  d_out = own(own_steps[:, None, None] if own_steps is not None else None,
+              pad_to(d_hs.astype(jnp.float32), (steps, size_b, size_n)))
+  d_out = d_out + last_own_step(own_steps, steps)[:, None, None] * pad_state(d_h_last)
   h_prev = shifted(pad_state(h0), hs)
   unmogrify = functools.partial(rounds_backward, zigzag=mix.zigzag, tiles=row_tiles(tiles),
                                 dtype=mix.dtype or jnp.float32, interpret=interpret)
   gates_back = functools.partial(backward_step, tiles=tiles, dtype=dtype, interpret=interpret)
 
   def step(carry, per_step):
-    d_c, d_rec = carry
-    d_out_t, d_c_from_h_t, scales_t, forget_t, x_t, h_t, round_gates_t = per_step
-    d_c, d_mixed, d_gates = gates_back(d_out_t, d_rec, padded_mask, d_c, d_c_from_h_t,
+    d_out_t, d_c_from_h_t, scales_t, forget_t, x_t, h_t, round_gates_t, valid = per_step
+    d_c, d_mixed, d_gates = gates_back(d_out_t, carry[1], padded_mask, carry[0], d_c_from_h_t,
                                        scales_t, forget_t, kernel)
     d_x, d_rec, d_z, d_hidden = unmogrify(d_mixed, x_t, h_t * padded_mask, round_gates_t,
                                           rounds)
-    return (d_c, d_rec), (d_gates, d_x, d_rec, d_z, d_hidden)
+    return held(valid, (d_c, d_rec), carry), own(valid, (d_gates, d_x, d_rec, d_z, d_hidden))
 
   (d_c0, d_rec0), (d_gates, d_xs, d_recs, d_zs, d_hiddens) = jax.lax.scan(
       step, (pad_state(d_c_last), jnp.zeros((size_b, size_n), jnp.float32)),
-      (d_out, d_c_from_h, scales, forget, xs, h_prev, round_gates), reverse=True,
+      (d_out, d_c_from_h, scales, forget, xs, h_prev, round_gates, own_steps), reverse=True,
       unroll=unroll)
   # W's and U's gradients for the whole window in one matrix product.
   d_gate_rows = jnp.moveaxis(d_gates, 1, 2).reshape(-1, GATES * size_n)
@@ -171,7 +175,7 @@ def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residu
   return (d_mix_params, d_input_kernel.astype(input_kernel.dtype),
           d_bias.astype(bias.dtype), d_recurrent_kernel.astype(recurrent_kernel.dtype),
           cut(d_xs, m).astype(inputs.dtype), _cut(d_c0, c0), _cut(d_rec0 * padded_mask, h0),
-          _cut(jnp.sum(d_recs * h_prev, axis=0), mask))
+          _cut(jnp.sum(d_recs * h_prev, axis=0), mask), None)
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
@@ -183,13 +187,14 @@ def pallas_mogrified_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array,
                                      mix_params: Any, state_mask: jax.Array | None = None,
                                      dtype: Any = None, unroll: int = 1,
                                      cap_input_gate: bool = False, tiles: Tiles | None = None,
-                                     interpret: bool | None = None):
+                                     interpret: bool | None = None,
+                                     steps: jax.Array | None = None):
   """`mixed_lstm_recurrence` with the Mogrifier's rounds as the mix, each
   step two Pallas kernels forward and two back.
 
   Args:
     inputs, input_kernel, bias, recurrent_kernel, carry, state_mask, dtype,
-      unroll, cap_input_gate: as `mixed_lstm_recurrence`'s.
+      unroll, cap_input_gate, steps: as `mixed_lstm_recurrence`'s.
     mix: the rounds (`MogrifierRounds`); its dtype is the rounds' products'.
     mix_params: `Mogrify`'s round parameters, {'q1': ..., 'r2': ...}, each
       with a bias.
@@ -207,5 +212,6 @@ def pallas_mogrified_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array,
   dtype = jnp.dtype(dtype or inputs.dtype)
   tiles = tiles or tiles_for(h0.shape[0], max(h0.shape[-1], inputs.shape[-1]))
   hs, new_carry = _recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs,
-                              c0, h0, mask, dtype, unroll, cap_input_gate, tiles, interpret)
+                              c0, h0, mask, check_steps(steps, inputs.shape[0]), dtype, unroll,
+                              cap_input_gate, tiles, interpret)
   return new_carry, hs

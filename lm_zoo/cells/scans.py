@@ -76,10 +76,11 @@ SCANS = tuple(way.value for way in Scan)
 # The ways that run a window as one kernel call of the cell's parameters.
 WINDOW_KERNELS = tuple(way.value for way in (Scan.FUSED, Scan.PALLAS, Scan.CUDNN))
 
-# kernel(cell, params, carry, inputs (T, B, m), state_mask, unroll) -> (carry, outputs
-# (T, B, n)): a window from the cell's settings and its parameters, given explicitly.
-FusedKernel = Callable[[nn.Module, Any, Any, jax.Array, 'jax.Array | None', int],
-                       tuple[Any, jax.Array]]
+# kernel(cell, params, carry, inputs (T, B, m), state_mask, unroll, steps) -> (carry,
+# outputs (T, B, n)): a window from the cell's settings and its parameters, given
+# explicitly; `steps` (T,) bool marks its own steps, first (`lm_zoo.cells.held_steps`).
+FusedKernel = Callable[[nn.Module, Any, Any, jax.Array, 'jax.Array | None', int,
+                        'jax.Array | None'], tuple[Any, jax.Array]]
 # kernels(cell) -> the cell's kernel, or None where this cell (of the registered
 # type) has none, or a string: why it cannot run (named in the refusal).
 KernelFactory = Callable[[nn.Module], 'FusedKernel | str | None']
@@ -119,19 +120,22 @@ def _dtype(cell: LSTMCell, projected, params):
 
 
 def lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
-                state_mask: jax.Array | None = None, unroll: int = 1):
+                state_mask: jax.Array | None = None, unroll: int = 1,
+                steps: jax.Array | None = None):
   """`LSTMCell`'s window: `lstm_recurrence` of W x + b (+ b_h)."""
   projected = _projected(cell, params, inputs)
   return lstm_recurrence(projected, params['recurrent_kernel'], carry, state_mask, unroll,
-                         _dtype(cell, projected, params), cell.cap_input_gate)
+                         _dtype(cell, projected, params), cell.cap_input_gate, steps)
 
 
 def pallas_lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
-                       state_mask: jax.Array | None = None, unroll: int = 1):
+                       state_mask: jax.Array | None = None, unroll: int = 1,
+                       steps: jax.Array | None = None):
   """`LSTMCell`'s window with a Pallas kernel a step: `pallas_lstm_recurrence`."""
   projected = _projected(cell, params, inputs)
   return pallas_lstm_recurrence(projected, params['recurrent_kernel'], carry, state_mask,
-                                unroll, _dtype(cell, projected, params), cell.cap_input_gate)
+                                unroll, _dtype(cell, projected, params), cell.cap_input_gate,
+                                steps=steps)
 
 
 def _mogrified_args(cell: Mogrify, params, inputs):
@@ -145,23 +149,25 @@ def _mogrified_args(cell: Mogrify, params, inputs):
 
 
 def mogrified_lstm_window(cell: Mogrify, params, carry, inputs: jax.Array,
-                          state_mask: jax.Array | None = None, unroll: int = 1):
+                          state_mask: jax.Array | None = None, unroll: int = 1,
+                          steps: jax.Array | None = None):
   """`Mogrify(LSTMCell)`'s window: `mixed_lstm_recurrence` with the rounds as
   its mix (`MogrifierRounds`), so that every weight gradient of the layer is
   one matrix product per window."""
   kernel, bias, recurrent_kernel, mix, rounds, dtype = _mogrified_args(cell, params, inputs)
   return mixed_lstm_recurrence(inputs, kernel, bias, recurrent_kernel, carry, mix, rounds,
-                               state_mask, dtype, unroll, cell.cell.cap_input_gate)
+                               state_mask, dtype, unroll, cell.cell.cap_input_gate, steps)
 
 
 def pallas_mogrified_lstm_window(cell: Mogrify, params, carry, inputs: jax.Array,
-                                 state_mask: jax.Array | None = None, unroll: int = 1):
+                                 state_mask: jax.Array | None = None, unroll: int = 1,
+                                 steps: jax.Array | None = None):
   """`Mogrify(LSTMCell)`'s window with two Pallas kernels a step:
   `pallas_mogrified_lstm_recurrence`."""
   kernel, bias, recurrent_kernel, mix, rounds, dtype = _mogrified_args(cell, params, inputs)
   return pallas_mogrified_lstm_recurrence(inputs, kernel, bias, recurrent_kernel, carry, mix,
                                           rounds, state_mask, dtype, unroll,
-                                          cell.cell.cap_input_gate)
+                                          cell.cell.cap_input_gate, steps=steps)
 
 
 def _inner_window(kernel: FusedKernel, cell: Mogrify, params, *args):
@@ -185,17 +191,20 @@ def _alstm_dtype(cell: ALSTMCell, params, inputs):
 
 
 def alstm_window(cell: ALSTMCell, params, carry, inputs: jax.Array,
-                 state_mask: jax.Array | None = None, unroll: int = 1):
+                 state_mask: jax.Array | None = None, unroll: int = 1,
+                 steps: jax.Array | None = None):
   """`ALSTMCell`'s window: `alstm_recurrence`."""
   return alstm_recurrence(inputs, params, carry, state_mask, _alstm_dtype(cell, params, inputs),
-                          unroll, cell.cap_input_gate)
+                          unroll, cell.cap_input_gate, steps)
 
 
 def pallas_alstm_window(cell: ALSTMCell, params, carry, inputs: jax.Array,
-                        state_mask: jax.Array | None = None, unroll: int = 1):
+                        state_mask: jax.Array | None = None, unroll: int = 1,
+                        steps: jax.Array | None = None):
   """`ALSTMCell`'s window with one Pallas kernel a step: `pallas_alstm_recurrence`."""
   return pallas_alstm_recurrence(inputs, params, carry, state_mask,
-                                 _alstm_dtype(cell, params, inputs), unroll, cell.cap_input_gate)
+                                 _alstm_dtype(cell, params, inputs), unroll, cell.cap_input_gate,
+                                 steps=steps)
 
 
 # Why an aLSTM that drops its latent runs no window kernel.

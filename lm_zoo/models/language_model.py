@@ -153,9 +153,12 @@ class RecurrentLM(nn.Module):
     return dropout_scaled(self, factor)
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, carries: Sequence[Any], *,
-               train: bool = False) -> tuple[jax.Array, list[Any]]:
-    """tokens (B, T) int; returns logits (B, T, V) and the new carries."""
+  def __call__(self, tokens: jax.Array, carries: Sequence[Any], *, train: bool = False,
+               steps: jax.Array | None = None) -> tuple[jax.Array, list[Any]]:
+    """tokens (B, T) int; returns logits (B, T, V) and the new carries.
+    `steps`, (T,) bool, marks the window's own steps, first: the carries are
+    those after them, as if the window ended there (a window padded to a
+    shared length; `lm_zoo.cells.held_steps`)."""
     if tokens.ndim != 2:
       raise ValueError(f'tokens must be (batch, time), got shape {tokens.shape}')
     if self.embedding.vocab_size != self.head.vocab_size:
@@ -163,7 +166,7 @@ class RecurrentLM(nn.Module):
                        f'head {self.head.vocab_size}: give both one vocab_size')
     # Time-major (T, B) for the scans.
     embedded, x, table = self.embedding(tokens.T, train=train)
-    new_carries, h = self.stack(carries, x, train=train)
+    new_carries, h = self.stack(carries, x, train=train, steps=steps)
     if self.bridge is not None:
       h = self.bridge(embedded, h, train=train)
     logits = self.head(h.transpose(1, 0, 2), table, train=train)

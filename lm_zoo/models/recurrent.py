@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 
 from lm_zoo.cells.base import carry_output, replace_carry_output
+from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.scans import WINDOW_KERNELS, cell_scans, resolve_scan, window_kernel
 
 
@@ -15,12 +16,16 @@ def _masked(carry, state_mask):
   return replace_carry_output(carry, carry_output(carry) * state_mask)
 
 
-def _step(cell, carry, x, state_mask):
-  return cell(_masked(carry, state_mask), x)
+def _step(cell, carry, xs, state_mask):
+  x, valid = xs
+  new_carry, y = cell(_masked(carry, state_mask), x)
+  return held(valid, new_carry, carry), own(valid, y)
 
 
-def _step_projected(cell, carry, projected_x, state_mask):
-  return cell_scans(cell).step(cell, _masked(carry, state_mask), projected_x)
+def _step_projected(cell, carry, xs, state_mask):
+  projected_x, valid = xs
+  new_carry, y = cell_scans(cell).step(cell, _masked(carry, state_mask), projected_x)
+  return held(valid, new_carry, carry), own(valid, y)
 
 
 class RecurrentLayer(nn.Module):
@@ -28,6 +33,9 @@ class RecurrentLayer(nn.Module):
   (`lm_zoo.cells.scans.SCANS`; a way the cell cannot take is refused).
   `state_mask`, if given, multiplies the previous output h fed back into the
   cell at every step (variational dropout on the state: one mask per window).
+  `steps`, if given, (T,) bool, marks the window's own steps, first: the
+  others hold the carry and output zeros (`lm_zoo.cells.held_steps`), so a
+  window padded to a shared length gives its own steps' results.
 
   Attributes:
     cell: any `nn.RNNCellBase`.
@@ -40,15 +48,17 @@ class RecurrentLayer(nn.Module):
   scan: str = 'auto'
 
   @nn.compact
-  def __call__(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None):
+  def __call__(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None,
+               steps: jax.Array | None = None):
     scan = resolve_scan(self.cell, self.scan, state_mask=state_mask is not None)
+    steps = check_steps(steps, inputs.shape[0])
     if scan in WINDOW_KERNELS:
       if self.is_initializing():
         self.cell(carry, inputs[0])  # creates the cell's parameters
       # A cell whose parameters live in other modules (LSTMRHNStack's layers) has none here.
       params = self.cell.variables.get('params', {})
       return window_kernel(self.cell, scan)(self.cell, params, carry, inputs, state_mask,
-                                            self.unroll)
+                                            self.unroll, steps)
     if scan == 'hoisted':
       step, xs = _step_projected, cell_scans(self.cell).project(self.cell, inputs)
     else:
@@ -56,4 +66,4 @@ class RecurrentLayer(nn.Module):
     scanned = nn.scan(step, variable_broadcast='params',
                       split_rngs={'params': False, 'dropout': False},
                       in_axes=(0, nn.broadcast), out_axes=0, unroll=self.unroll)
-    return scanned(self.cell, carry, xs, state_mask)
+    return scanned(self.cell, carry, (xs, steps), state_mask)

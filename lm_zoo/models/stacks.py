@@ -125,9 +125,10 @@ class Stack(nn.Module):
     return _dropped_weights(self.cells, self.weight_drop, params, rng)
 
   @nn.compact
-  def __call__(self, carries: Sequence[Any], inputs: jax.Array, *,
-               train: bool) -> tuple[list[Any], jax.Array]:
-    """inputs (T, B, m) time-major -> (new carries, dropped output (T, B, n))."""
+  def __call__(self, carries: Sequence[Any], inputs: jax.Array, *, train: bool,
+               steps: jax.Array | None = None) -> tuple[list[Any], jax.Array]:
+    """inputs (T, B, m) time-major -> (new carries, dropped output (T, B, n));
+    `steps`: the window's own steps (`RecurrentLayer`)."""
     new_carries, x, total = [], inputs, None
     for layer, (cell, carry) in enumerate(zip(_own_cells(self.cells), carries)):
       if layer > 0:
@@ -139,7 +140,7 @@ class Stack(nn.Module):
         state_mask = nn.Dropout(self.dropout_state, deterministic=False)(
             jnp.ones(h.shape, h.dtype))
       carry, x = RecurrentLayer(cell, unroll=self.unroll, scan=self.scan,
-                                name=f'layer_{layer}')(carry, x, state_mask)
+                                name=f'layer_{layer}')(carry, x, state_mask, steps)
       new_carries.append(carry)
       if self.skip_connections:
         total = x if total is None else _summed(total, x, layer)
@@ -199,11 +200,12 @@ class LSTMRHN(nn.Module):
     return _dropped_weights(self.cells, self.weight_drop, params, rng)
 
   @nn.compact
-  def __call__(self, carries: Sequence[Any], inputs: jax.Array, *,
-               train: bool) -> tuple[list[Any], jax.Array]:
-    """inputs (T, B, m) time-major -> (new carries, dropped output (T, B, n))."""
+  def __call__(self, carries: Sequence[Any], inputs: jax.Array, *, train: bool,
+               steps: jax.Array | None = None) -> tuple[list[Any], jax.Array]:
+    """inputs (T, B, m) time-major -> (new carries, dropped output (T, B, n));
+    `steps`: the window's own steps (`RecurrentLayer`)."""
     rhn = LSTMRHNStack(_own_cells(self.cells), self.dropout_hidden, self.dropout_state,
                        deterministic=not train, name='lstm_rhn')
     carries, h = RecurrentLayer(rhn, unroll=self.unroll, scan=self.scan,
-                                name='layer')(tuple(carries), inputs)
+                                name='layer')(tuple(carries), inputs, None, steps)
     return list(carries), _dropped_output(h, self.dropout_output, True, train, self.sow)
