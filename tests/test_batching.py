@@ -50,6 +50,24 @@ def test_a_padded_last_window_has_the_shape_of_the_others_and_scores_the_same_pa
     assert {w.inputs.shape for w in padded} == {(7, 10)}
 
 
+def test_variable_windows_padded_to_a_multiple_take_few_shapes_and_the_same_pairs():
+  stream = np.arange(5001, dtype=np.int32) * 3 + 1
+  batched = BatchedStream(stream, 20)
+  plain = list(batched.windows(35, variable=True, seed=4))
+  padded = list(batched.windows(35, variable=True, seed=4, pad_last=True, multiple=8))
+  assert _pairs_by_row(batched, padded) == _pairs_by_row(batched, plain)
+  assert [(w.start, w.length) for w in padded] == [(w.start, w.length) for w in plain]
+  for window in padded:
+    # the next multiple of 8; the last window's of bptt where it is shorter
+    shortest = 35 if window is padded[-1] else window.length
+    assert window.inputs.shape[1] == max(8 * -(-window.length // 8), 8 * -(-shortest // 8))
+    assert not window.weights[:, window.length:].any()
+  lengths = {w.length for w in plain}
+  assert len({w.inputs.shape for w in padded}) < len(lengths)
+  with pytest.raises(DataError, match='a multiple of at least 1 step, got 0'):
+    next(batched.windows(35, multiple=0))
+
+
 def test_rows_continue_across_windows():
   stream = np.arange(200, dtype=np.int32)
   batched = BatchedStream(stream, 4)

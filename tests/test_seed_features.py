@@ -171,9 +171,9 @@ def test_a_rollback_lowers_only_the_faulty_seed_rate(tiny_config, tmp_path, monk
 
 
 def test_variable_bptt_draws_config_seed_windows_for_every_seed(tiny_config, tmp_path):
-  tiny_config.data.variable_bptt = True
-  # Rows of 50 tokens: seed 0's draw is 5 windows of 4 lengths (each compiles
-  # the steps again), against 5 windows of 10 tokens had the stack drawn none.
+  tiny_config.data.update(variable_bptt=True, pad_windows_to=8)
+  # Rows of 50 tokens: seed 0's draw is 5 windows of 4 lengths (2 padded
+  # shapes), against 5 windows of 10 tokens had the stack drawn none.
   tiny_config.data.train_tokens = 201
   stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',),
                              num_seeds=2)

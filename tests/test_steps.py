@@ -5,6 +5,7 @@ the window, its gradient clipped to global norm `clip` and taken with lr."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import perturb
 
 from lm_zoo.cells import LSTMCell
@@ -56,11 +57,16 @@ def test_sum_over_time_step_is_main_luas_clipped_sgd_update():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_a_window_padded_with_unscored_steps_takes_the_update_of_the_window_alone():
-  """An epoch's last window comes padded to the others' length (weight 0
-  past its end): the NLL summed over time, AR and TAR count its own steps
-  only, so the update is the unpadded window's."""
-  model = RecurrentLM(Embedding(V, H), Stack([LSTMCell(H)] * 2), Softmax(V))  # no dropout
+@pytest.mark.parametrize('dropout', [0.0, 0.3])
+def test_a_window_padded_with_unscored_steps_takes_the_update_of_the_window_alone(dropout):
+  """A window comes padded to a shared length (weight 0 past its end): the
+  NLL summed over time, AR and TAR count its own steps only, so the update
+  is the unpadded window's, and so is the state carried on (held past its
+  own steps). Variational dropout draws one mask a window, whatever its
+  length: the same masks."""
+  stack = Stack([LSTMCell(H)] * 2, dropout_hidden=dropout, dropout_state=dropout,
+                dropout_output=dropout)
+  model = RecurrentLM(Embedding(V, H, dropout=dropout), stack, Softmax(V))
   tokens = np.random.default_rng(1).integers(0, V, (B, T + 1)).astype(np.int32)
   inputs, targets = tokens[:, :-1], tokens[:, 1:]
   weights = np.ones((B, T), np.float32)
@@ -70,7 +76,8 @@ def test_a_window_padded_with_unscored_steps_takes_the_update_of_the_window_alon
   optimizer = make_optimizer(config.optimizer)
   fresh = lambda: create_train_state(model, optimizer, config).replace(
       carries=model.initialize_carry(B))
-  step = make_train_step(model, optimizer, sum_over_time=True, ar=2.0, tar=1.0)
+  step = make_train_step(model, optimizer, sum_over_time=True, ar=2.0, tar=1.0,
+                         hold_padding=True)
   alone, alone_metrics = step(fresh(), inputs, targets, weights)
   pad = ((0, 0), (0, 4))
   padded, padded_metrics = step(fresh(), np.pad(inputs, pad), np.pad(targets, pad),
@@ -78,4 +85,6 @@ def test_a_window_padded_with_unscored_steps_takes_the_update_of_the_window_alon
   np.testing.assert_allclose(padded_metrics['loss'], alone_metrics['loss'], rtol=1e-6)
   np.testing.assert_allclose(padded_metrics['grad_norm'], alone_metrics['grad_norm'], rtol=1e-5)
   for got, want in zip(jax.tree.leaves(padded.params), jax.tree.leaves(alone.params)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+  for got, want in zip(jax.tree.leaves(padded.carries), jax.tree.leaves(alone.carries)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -101,24 +101,32 @@ class BatchedStream:
     return [bptt] * full + ([rest] if rest else [])
 
   def windows(self, bptt: int, start: int = 0, variable: bool = False,
-              seed: int = 0, pad_last: bool = False) -> Iterator[Window]:
+              seed: int = 0, pad_last: bool = False, multiple: int = 1) -> Iterator[Window]:
     """Iterates the windows of one pass, beginning at time index `start`.
 
     `start` must be a window boundary of the same (bptt, variable, seed), such
     as a `Window.start` or the end of the last window seen. With `pad_last`,
     a last window shorter than `bptt` comes padded to it with steps of weight
     0, so that a pass of fixed windows has one shape (a jitted step compiles
-    once). Its scores are those of its own steps, but the recurrent state
-    after it is that after the padding: for passes that do not carry it on.
+    once); with `multiple`, every window comes padded so to a multiple of
+    that many steps (variable windows: a few shapes, not one per length).
+    A padded window's scores are those of its own steps; the recurrent
+    state after it is that after them where the model is told its own steps
+    (`RecurrentLM(steps=...)`; the train step's `hold_padding`, on for
+    variable windows), else that after the padding.
     """
+    if multiple < 1:
+      raise DataError(f'windows are padded to a multiple of at least 1 step, got {multiple}')
     position = 0
     for length in self.window_lengths(bptt, variable, seed):
       if position >= start:
         end = position + length
         arrays = (self.inputs[:, position:end], self.targets[:, position:end],
                   self.weights[:, position:end])
-        if pad_last and end == self.row_length and length < bptt:
-          arrays = tuple(np.pad(a, ((0, 0), (0, bptt - length))) for a in arrays)
+        padded = bptt if pad_last and end == self.row_length and length < bptt else length
+        padded = -(-padded // multiple) * multiple
+        if padded > length:
+          arrays = tuple(np.pad(a, ((0, 0), (0, padded - length))) for a in arrays)
         yield Window(*arrays, start=position, length=length)
       elif position + length > start:
         raise DataError(f'resume position {start} is not a window boundary')

@@ -30,7 +30,7 @@ CHOICES = {
 # (fields, test, what the value must be); a NaN fails every test.
 RULES = (
     (('data.batch_size', 'data.bptt', 'data.eval_batch_size', 'data.test_batch_size',
-      'averaging.nonmono', 'train.num_epochs', 'train.log_every'),
+      'data.pad_windows_to', 'averaging.nonmono', 'train.num_epochs', 'train.log_every'),
      lambda x: x >= 1, 'at least 1'),
     (('data.train_tokens', 'data.valid_tokens', 'data.test_tokens',
       'parallel.num_devices', 'optimizer.l2',
@@ -50,8 +50,8 @@ RULES = (
     (('optimizer.learning_rate', 'optimizer.l2', 'optimizer.eps', 'schedule.factor',
       'generate.temperature'), lambda x: x < math.inf, 'finite'),
     (('seed',), lambda x: 0 <= x < 2 ** 32, 'in [0, 2**32) (a PRNG seed)'),
-    (('data.batch_size', 'data.bptt', 'data.eval_batch_size', 'data.test_batch_size'),
-     lambda x: x < 2 ** 31, 'below 2**31'),
+    (('data.batch_size', 'data.bptt', 'data.eval_batch_size', 'data.test_batch_size',
+      'data.pad_windows_to'), lambda x: x < 2 ** 31, 'below 2**31'),
 )
 # Bytes a parameter needs at least while training: float32 weights, their
 # gradient and two optimizer statistics.

@@ -136,7 +136,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
       model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
       config.optimizer.ar, config.optimizer.tar, mesh,
       skip_nonfinite=config.train.nonfinite == 'skip', drop_state=config.train.drop_state,
-      stacked=True)
+      stacked=True, hold_padding=config.data.variable_bptt)
   batched = BatchedStream(corpus.train, config.data.batch_size)
   checkpoints, best = open_checkpoints(workdir, configs)
   metrics = None
@@ -223,10 +223,13 @@ def train_epoch(t: Trainer, run: Run, stop: StopRequest) -> RollBack | None:
     # layout, and the train step would compile again at every epoch.
     carries = stack([t.model.initialize_carry(data.batch_size)] * t.num_seeds)
     run.state = place_state(run.state.replace(carries=carries), t.mesh, seed_axis=True)
-  # One draw of window lengths for every seed: config.seed's.
-  # The last window padded to bptt: its state is not carried into the next epoch.
+  # One draw of window lengths for every seed: config.seed's. Variable windows
+  # are padded to few shapes, past which the train step holds the state; the
+  # last window is padded to bptt (its state is not carried into the next epoch).
+  multiple = data.pad_windows_to if data.variable_bptt else 1
   for window in t.batched.windows(data.bptt, progress.position, data.variable_bptt,
-                                  seed=(t.config.seed, progress.epoch), pad_last=True):
+                                  seed=(t.config.seed, progress.epoch), pad_last=True,
+                                  multiple=multiple):
     train_window(t, run, window, rates)
     stopping = budget_spent(t.config, run.step, run.seconds_trained())
     fault = after_update(t, run, rates, stopping, stop)

@@ -41,7 +41,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
                     sum_over_time: bool = False, ar: float = 0.0,
                     tar: float = 0.0, mesh: jax.sharding.Mesh | None = None,
                     skip_nonfinite: bool = False, drop_state: float = 0.0,
-                    stacked: bool = False) -> Callable:
+                    stacked: bool = False, hold_padding: bool = False) -> Callable:
   """Returns jitted `train_step(state, inputs, targets, weights) -> (state, metrics)`.
 
   The objective is the mean NLL per token, or with `sum_over_time` the NLL
@@ -53,6 +53,10 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   `drop_state` > 0 carries in which each batch row's state was zeroed with
   that probability (`drop_carried_state`, lamb's drop_state_probability).
   The new carries are returned with gradients stopped; the state is donated.
+  A window padded past its own steps (weight 0 in every row) is scored on
+  them alone; with `hold_padding` the model holds its state past them too
+  (`RecurrentLM(steps=...)`), so that the new carries are the unpadded
+  window's: for padded windows whose state carries on (variable BPTT's).
 
   With a `mesh` (`lm_zoo.training.parallel.data_mesh`) the step is data
   parallel: it expects the batch and the carries split by row over the mesh's
@@ -77,7 +81,8 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
     carries = drop_carried_state(state.carries, drop_state, jax.random.fold_in(step_key, 1))
     grads, (loss, new_carries) = jax.grad(
         lambda params: _objective(model, params, carries, inputs, targets, weights, keys,
-                                  sum_over_time, ar, tar), has_aux=True)(state.params)
+                                  sum_over_time, ar, tar, hold_padding),
+        has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
@@ -96,20 +101,19 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
 
 
 def _objective(model: nn.Module, params, carries, inputs, targets, weights, keys,
-               sum_over_time: bool, ar: float, tar: float):
+               sum_over_time: bool, ar: float, tar: float, hold_padding: bool):
   """The train step's objective at `params` (before weight drop, with the
   step's weight-drop and dropout `keys`) and (the mean NLL, the new carries)."""
   weight_key, dropout_key = keys
   penalised = ar > 0 or tar > 0
   params = model.dropped_weights(params, weight_key)
+  # A window's own steps: those scored in some row (row 0 is never padding).
+  steps = jnp.any(weights > 0, axis=0)
   (logits, new_carries), sown = model.apply(
-      {'params': params}, inputs, carries, train=True,
+      {'params': params}, inputs, carries, train=True, steps=steps if hold_padding else None,
       rngs={'dropout': dropout_key}, mutable=['intermediates'] if penalised else [])
   total, count = token_nll(logits, targets, weights)
   mean = total / jnp.maximum(count, 1.0)
-  # A window's own steps: those scored in some row (row 0 is never padding);
-  # an epoch's last window is padded past them (`windows(pad_last=True)`).
-  steps = jnp.any(weights > 0, axis=0)
   objective = mean * jnp.sum(steps) if sum_over_time else mean
   if penalised:
     outputs = sown['intermediates']['stack']  # what the stack sows (RecurrentLM)
