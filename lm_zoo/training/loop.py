@@ -136,7 +136,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
       model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
       config.optimizer.ar, config.optimizer.tar, mesh,
       skip_nonfinite=config.train.nonfinite == 'skip', drop_state=config.train.drop_state,
-      stacked=True, hold_padding=config.data.variable_bptt)
+      stacked=True, hold_padding=config.data.variable_bptt and config.data.pad_windows_to > 1)
   batched = BatchedStream(corpus.train, config.data.batch_size)
   checkpoints, best = open_checkpoints(workdir, configs)
   metrics = None
