@@ -39,7 +39,11 @@ if [ ! -e "$RUN/kit.env" ]; then
   env | grep -E '^(KIT_|AGREEMENT_|MINUTES=|SEEDS_|TRAIN_CONFIG=|WHEELS=|LM_ZOO_DATA=)' \
       > "$RUN/kit.env" || true
   # stdin from /dev/null and a session of its own: the call's end does not stop it
-  setsid bash -c 'bash "$1" "$2" > "$2/kit.log" 2>&1; echo $? > "$2/exit_code"' \
+  # setsid(1), or where util-linux is missing Python's os.setsid
+  detach=(setsid)
+  command -v setsid >/dev/null || detach=(python3 -c \
+      'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])')
+  "${detach[@]}" bash -c 'bash "$1" "$2" > "$2/kit.log" 2>&1; echo $? > "$2/exit_code"' \
       kit "$KIT" "$RUN" < /dev/null > /dev/null 2>&1 &
   echo "started $KIT into $RUN"
 fi
