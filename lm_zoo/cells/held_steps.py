@@ -32,6 +32,15 @@ def own(valid: jax.Array | None, value: Any) -> Any:
   return jax.tree.map(lambda v: jnp.where(valid, v, jnp.zeros_like(v)), value)
 
 
+def last_own_step(steps: jax.Array | None, length: int) -> jax.Array:
+  """(T,) bool, true at the window's last own step (the last step where
+  `steps` is None): where a kernel that adds the final h's gradient to one
+  step's output gradient adds it."""
+  if steps is None:
+    return jnp.arange(length) == length - 1
+  return steps & ~jnp.append(steps[1:], False)
+
+
 def check_steps(steps: jax.Array | None, length: int) -> jax.Array | None:
   """`steps` as a (T,) bool array for a window of `length` steps, or None."""
   if steps is None:

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.alstm_recurrence import (check_window, is_recurrent, latent_dense, policy_sizes,
                                            weight_gradients)
-from lm_zoo.cells.held_steps import check_steps, held, own
+from lm_zoo.cells.held_steps import check_steps, held, last_own_step, own
 from lm_zoo.cells.lstm_recurrence import _state_mask, gate_factors, shifted
-from lm_zoo.cells.pallas_lstm import last_own_step, pad_to, round_up
+from lm_zoo.cells.pallas_lstm import pad_to, round_up
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
 from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
 from lm_zoo.layers.products import contract

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.held_steps import check_steps, held, own
+from lm_zoo.cells.held_steps import check_steps, held, last_own_step, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, tiles_for
 from lm_zoo.layers.products import accumulation_dtype, contract
@@ -91,13 +91,6 @@ def _recurrence_fwd(projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap
       interpret, unroll)
   saved = (projected, recurrent_kernel, c0, h0, mask, steps, kernel, padded_mask, hs, acts, cs)
   return (_cut(hs, h0), (_cut(c, c0), _cut(h, h0))), saved
-
-
-def last_own_step(steps, length: int) -> jax.Array:
-  """(T,) bool: the window's last own step (the last step where `steps` is None)."""
-  if steps is None:
-    return jnp.arange(length) == length - 1
-  return steps & ~jnp.append(steps[1:], False)
 
 
 def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cotangents):

@@ -21,10 +21,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.held_steps import check_steps, held, own
+from lm_zoo.cells.held_steps import check_steps, held, last_own_step, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
-from lm_zoo.cells.pallas_lstm import gate_major, last_own_step, pad_to, round_up
+from lm_zoo.cells.pallas_lstm import gate_major, pad_to, round_up
 from lm_zoo.kernels.lstm_step import (GATES, Tiles, backward_step, forward_step, row_tiles,
                                       tiles_for)
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
