@@ -10,7 +10,7 @@
 #   status.txt           running, or the kit's exit code; the log's last lines
 #   kit.log              the kit's output
 #   figures.tar.gz       RUN's files but the profiles, the optimized HLO and
-#                        the work directories' checkpoints
+#                        the work directories' weights (checkpoints/, best/)
 #   hlo.tar.gz           RUN's hlo_*/ folders
 #   profiles.tar.gz.NN   RUN's profile*/ folders, in pieces of 15 MiB (at most
 #                        MAX_PIECES, default 3: `cat profiles.tar.gz.* | tar xz`)
@@ -64,7 +64,7 @@ done
 } > "$PACK/status.txt"
 cp "$RUN/kit.log" "$PACK/kit.log" 2>/dev/null || true
 (cd "$RUN" && pack -czf "$PACK/figures.tar.gz" --exclude='./hlo_*' --exclude='./profile*' \
-    --exclude=checkpoints --exclude=./kit.log .)
+    --exclude=checkpoints --exclude=best --exclude=./kit.log .)
 shopt -s nullglob
 hlo=("$RUN"/hlo_*)
 if [ ${#hlo[@]} -gt 0 ]; then

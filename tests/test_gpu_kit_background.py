@@ -10,17 +10,18 @@ import tarfile
 import pytest
 from conftest import REPO
 
-# The stand-in: counts its starts, writes figures, a work directory with a
-# checkpoint, optimized HLO, then (once told to go on) a profile of 17 MiB of
+# The stand-in: counts its starts, writes figures, a work directory with
+# checkpoints, optimized HLO, then (once told to go on) a profile of 17 MiB of
 # noise, and ends with exit code 3.
 STAND_IN = r'''
 set -e
 out=$1
 echo started >> "$out/starts"
 echo '{"rows": 1}' > "$out/benchmark.json"
-mkdir -p "$out/run/checkpoints/7" "$out/hlo_scans"
+mkdir -p "$out/run/checkpoints/7" "$out/run/best/7" "$out/hlo_scans"
 echo step > "$out/run/metrics.jsonl"
 echo weights > "$out/run/checkpoints/7/params"
+echo weights > "$out/run/best/7/params"
 echo HloModule > "$out/hlo_scans/train.txt"
 for _ in $(seq 300); do [ -e "$out/go" ] && break; sleep 0.2; done
 head -c $((17 * 1024 * 1024)) /dev/urandom > "$out/profile_scans.bin"
