@@ -256,7 +256,7 @@ def test_variable_windows_compile_the_train_step_once_per_padded_length(tiny_con
 
 def test_planned_steps_are_the_steps_the_run_takes(tiny_config, tmp_path):
   # Variable BPTT draws each epoch's window lengths anew: the plan must too.
-  tiny_config.data.variable_bptt = True
+  tiny_config.data.update(variable_bptt=True, pad_windows_to=8)  # 2 shapes to compile
   # Rows of 25 tokens: epoch 1 draws 3 windows and epoch 2 draws 4; 2 x 3
   # fixed windows, or epoch 1's draw twice, would be 6 steps.
   tiny_config.data.train_tokens = 101
