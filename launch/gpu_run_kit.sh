@@ -108,7 +108,7 @@ bench=()
 kernel_tests=(-m 'slow or not slow' tests/test_lstm_step.py tests/test_pallas_lstm.py
               tests/test_mogrifier_rounds.py tests/test_pallas_mogrifier.py
               tests/test_pallas_alstm.py tests/test_lstm_rhn_recurrence.py
-              tests/test_cudnn_lstm.py tests/test_lstm.py)
+              tests/test_cudnn_lstm.py tests/test_lstm.py tests/test_held_steps.py)
 # 'auto' is each recipe's way today (the fused windows, the paper's aLSTM's
 # LSTM-RHN stack's included). ptb_alstm_small:recurrent is the aLSTM whose
 # layers take the Pallas kernel (an eq. 7 latent each, none dropped).
