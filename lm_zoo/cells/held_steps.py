@@ -1,7 +1,9 @@
 """Windows padded past their own steps: a padded step holds the state.
 
 A window of L steps padded to T (so that windows of many lengths share a
-few compiled shapes) runs with `steps`, a (T,) bool mask of its own steps.
+few compiled shapes) runs with `steps`, a (T,) bool mask of its own steps,
+which come first: True for t < L, False after (the hand-written backward
+passes read the steps before each from the outputs, and cuDNN takes a count).
 Every way of running a window (`lm_zoo.cells.scans`) then gives, at a step
 that is not its own, the carry unchanged and an output of zeros, and in the
 backward pass passes the carry's gradient through it unchanged with no
