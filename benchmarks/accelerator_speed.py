@@ -45,7 +45,9 @@ each such row the pads that run inside its loops (`hlo_loop_pads`: each a
 copy at every step). `--unpadded` adds each recipe row under 'auto' or
 'fused' once more with its windows' weights left unpadded
 (`aligned_contractions(1)`), as NAME+unpadded: what padding them before the
-loop saves. A row that fails to
+loop saves; `--held`, with its train step holding the state past a window's
+own steps (`make_train_step(hold_padding=True)`, as padded variable windows
+train), as NAME+held: what that selection costs. A row that fails to
 compile or run is left out with its reason (`failed` in the output), the
 others are timed and written, and the script then exits with an error.
 
@@ -91,6 +93,9 @@ flags.DEFINE_bool('bfloat16', False, 'Also time each recipe row with bfloat16 pr
 flags.DEFINE_bool('unpadded', False, "Also time each 'auto' and 'fused' recipe row with its "
                   "windows' weights unpadded (NAME+unpadded; "
                   '`lm_zoo.layers.products.aligned_contractions`).')
+flags.DEFINE_bool('held', False, "Also time each 'auto' and 'fused' recipe row with its train "
+                  "step holding the state past the window's own steps (NAME+held; "
+                  "`make_train_step(hold_padding=True)`).")
 flags.DEFINE_integer('tiny', 0, '> 0: every model at this hidden size, batch 4, BPTT 5 '
                      'and vocabulary 50 (a smoke test of the whole script, as CI runs it).')
 flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's row with "
@@ -187,7 +192,7 @@ def write_hlo(built: dict, folder: str) -> dict:
 
 def recipe_variants(configs: dict) -> dict:
   """{row: (its config, how to build it)} of every recipe row, and of its
-  twins that --unpadded and --bfloat16 ask for."""
+  twins that --unpadded, --held and --bfloat16 ask for."""
   rows = {}
   for name, config in configs.items():
     rows[name] = config, lambda config=config: lm_zoo_lm(config, vocab_size())
@@ -196,6 +201,9 @@ def recipe_variants(configs: dict) -> dict:
         with aligned_contractions(1):  # traced in its warm-up
           return unpadded(lm_zoo_lm(config, vocab_size()))
       rows[f'{name}+unpadded'] = config, build
+    if FLAGS.held and config.model.scan in ('auto', 'fused'):
+      rows[f'{name}+held'] = config, lambda config=config: lm_zoo_lm(config, vocab_size(),
+                                                                     hold_padding=True)
     if FLAGS.bfloat16 and config.model.dtype != 'bfloat16':
       narrow = config.copy_and_resolve_references()
       narrow.model.dtype = 'bfloat16'

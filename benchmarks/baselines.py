@@ -60,12 +60,14 @@ def experiment_config(recipe: str, tiny: int = 0):
   return config
 
 
-def lm_zoo_lm(config, vocab: int, num_seeds: int = 0) -> dict:
+def lm_zoo_lm(config, vocab: int, num_seeds: int = 0, hold_padding: bool = False) -> dict:
   """Our LM of `config` with the train step its loop builds (losses,
   regularisers, state drop, optimizer), on a random batch of the config's
   size, and its `matmul_params`. With `num_seeds` > 0, seeds config.seed,
   ... stacked as `lm-zoo-train --seeds` trains them
-  (`make_train_step(stacked=True)`), their steps timed as one."""
+  (`make_train_step(stacked=True)`), their steps timed as one. With
+  `hold_padding`, the step holds the state past the window's own steps (as
+  for padded variable windows; here every step is its own)."""
   from lm_zoo.evaluation import make_eval_step
   from lm_zoo.models import build_model, describe_model
   from lm_zoo.training import create_train_state, make_optimizer, make_train_step
@@ -76,7 +78,7 @@ def lm_zoo_lm(config, vocab: int, num_seeds: int = 0) -> dict:
   train_step = make_train_step(
       model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
       config.optimizer.ar, config.optimizer.tar, drop_state=config.train.drop_state,
-      stacked=stacked)
+      stacked=stacked, hold_padding=hold_padding)
   eval_step = make_eval_step(model, stacked=stacked)
   inputs, targets = random_batch(vocab, config.data.batch_size, config.data.bptt)
   weights = np.ones(inputs.shape, np.float32)

@@ -118,9 +118,11 @@ kernel_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier,a
 # Each recipe row's train step as XLA compiled it (what its kernels are).
 hlo=(--hlo_dir="$OUT/hlo_scans")
 # The LSTM-RHN stack's fused window against the plain scan it replaced, at the
-# recipe's size, and against itself with its weights unpadded (XLA then pads
-# them inside the loop: hlo_lstm_rhn/ and each row's hlo_loop_pads show it).
-rhn_bench=(--recipes=alstm_paper:ptb --scans=auto,scan --steps=10 --rounds=2 --unpadded
+# recipe's size, against itself with its weights unpadded (XLA then pads
+# them inside the loop: hlo_lstm_rhn/ and each row's hlo_loop_pads show it),
+# and holding the state past a window's own steps (what padding the recipe's
+# variable windows, data.pad_windows_to, costs a step).
+rhn_bench=(--recipes=alstm_paper:ptb --scans=auto,scan --steps=10 --rounds=2 --unpadded --held
            --baselines=jax_cudnn_lstm --baseline_hidden=recipe --hlo_dir="$OUT/hlo_lstm_rhn")
 # The 24M recipes with bfloat16 products beside PyTorch's rows of each dtype.
 bf16_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier --scans=auto

@@ -42,17 +42,20 @@ def test_accelerator_speed_compares_with_cudnn_s_reference_scan_on_a_cpu(tmp_pat
             '--steps=1', '--rounds=1', f'--output={output}']
   subprocess.run([*script, '--recipes=mogrifier_paper:ptb_lstm', '--scans=hoisted,fused',
                   '--baselines=jax_cudnn_lstm', '--cudnn_reference', f'--hlo_dir={tmp_path}/hlo',
-                  '--unpadded'],
+                  '--unpadded', '--held'],
                  check=True, capture_output=True, cwd=REPO)
   # The recipe rows' train steps as XLA optimized them: the window is a loop.
   hlos = {hlo.name.removeprefix('mogrifier_paper_ptb_lstm_'): hlo.read_text()
           for hlo in (tmp_path / 'hlo').iterdir()}
-  assert sorted(hlos) == ['fused+unpadded.hlo.txt', 'fused.hlo.txt', 'hoisted.hlo.txt']
+  assert sorted(hlos) == ['fused+held.hlo.txt', 'fused+unpadded.hlo.txt', 'fused.hlo.txt',
+                          'hoisted.hlo.txt']
   assert all(h.startswith('HloModule') and ' while(' in h for h in hlos.values())
+  # the held twin's loops select the carry at every step
+  assert hlos['fused+held.hlo.txt'].count(' select(') > hlos['fused.hlo.txt'].count(' select(')
   rows = {row['row'].removeprefix('mogrifier_paper:ptb_lstm'): row
           for row in json.loads(output.read_text())['results']}
-  # the fused window's twin unpadded; cuDNN at the recipe's size, and 2x
-  assert set(rows) == {'@hoisted', '@fused', '@fused+unpadded',
+  # the fused window's twins unpadded and held; cuDNN at the recipe's size, and 2x
+  assert set(rows) == {'@hoisted', '@fused', '@fused+unpadded', '@fused+held',
                        'jax_cudnn_lstm@16', 'jax_cudnn_lstm@32'}
   assert rows['@fused+unpadded']['scan'] == 'fused'
   assert rows['@fused']['hlo_loop_pads'] == loop_pads(hlos['fused.hlo.txt'])
