@@ -21,7 +21,8 @@
 # benchmark_scans.txt, profile_scans/, and each recipe row's optimized train
 # step in hlo_scans/),
 # the aLSTM recipe's LSTM-RHN stack under its fused window ('auto'), the
-# same unpadded, and its plain scan beside cuDNN's LSTM of its size
+# same unpadded and holding its state (+held), and its plain scan beside
+# cuDNN's LSTM of its size
 # (benchmark_lstm_rhn.json, benchmark_lstm_rhn.txt, profile_lstm_rhn/,
 # hlo_lstm_rhn/), the 24M LSTM and Mogrifier with bfloat16 products beside
 # PyTorch in each dtype (benchmark_bfloat16.json, benchmark_bfloat16.txt),
