@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lm_zoo.cells import ALSTMCell, LSTMCell, Mogrify, StaticLatent
-from lm_zoo.cells.held_steps import check_steps, held, last_own_step, own
+from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.models import LSTMRHN, RecurrentLayer, Stack
 
 T, OWN, B, M, N = 6, 4, 3, 5, 7
@@ -90,8 +90,12 @@ def test_held_and_own_select_by_step_and_steps_are_checked():
   assert held(None, new, old) is new and own(None, new) is new
   np.testing.assert_array_equal(held(jnp.array(False), new, old)['c'], old['c'])
   np.testing.assert_array_equal(own(jnp.array(False), new)['c'], jnp.zeros(3))
-  assert list(last_own_step(jnp.array([True, True, False, False]), 4)) == [0, 1, 0, 0]
-  assert list(last_own_step(None, 3)) == [0, 0, 1]
+  d_outputs, d_final_h = jnp.ones((4, 1, 1)), jnp.full((1, 1), 10.0)
+  np.testing.assert_array_equal(output_gradients(d_outputs, None, d_final_h)[:, 0, 0],
+                                [1, 1, 1, 11])
+  np.testing.assert_array_equal(
+      output_gradients(d_outputs, jnp.array([True, True, False, False]), d_final_h)[:, 0, 0],
+      [1, 11, 0, 0])
   assert check_steps(np.array([1, 1, 0]), 3).dtype == jnp.bool_
   with pytest.raises(ValueError, match="mark each of the window's 4 steps, got shape"):
     check_steps(jnp.ones(3, bool), 4)

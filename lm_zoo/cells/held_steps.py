@@ -34,13 +34,16 @@ def own(valid: jax.Array | None, value: Any) -> Any:
   return jax.tree.map(lambda v: jnp.where(valid, v, jnp.zeros_like(v)), value)
 
 
-def last_own_step(steps: jax.Array | None, length: int) -> jax.Array:
-  """(T,) bool, true at the window's last own step (the last step where
-  `steps` is None): where a kernel that adds the final h's gradient to one
-  step's output gradient adds it."""
+def output_gradients(d_outputs: jax.Array, steps: jax.Array | None,
+                     d_final_h: jax.Array) -> jax.Array:
+  """The outputs' gradients (T, B, n) with the final h's added at the
+  window's last own step (the last where `steps` is None), zeros at the
+  others: what a backward loop that takes the final h's gradient through
+  one step's output reads."""
   if steps is None:
-    return jnp.arange(length) == length - 1
-  return steps & ~jnp.append(steps[1:], False)
+    return d_outputs.at[-1].add(d_final_h)
+  last = steps & ~jnp.append(steps[1:], False)
+  return jnp.where(steps[:, None, None], d_outputs, 0) + last[:, None, None] * d_final_h
 
 
 def check_steps(steps: jax.Array | None, length: int) -> jax.Array | None:

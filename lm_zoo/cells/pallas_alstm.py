@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.alstm_recurrence import (check_window, is_recurrent, latent_dense, policy_sizes,
                                            weight_gradients)
-from lm_zoo.cells.held_steps import check_steps, held, last_own_step, own
+from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import _state_mask, gate_factors, shifted
 from lm_zoo.cells.pallas_lstm import pad_to, round_up
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
@@ -169,10 +169,8 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
   else:
     latent_factors, d_latent_first = (zs,), ()
   # The final h is the last own step's: its gradient joins that step's output's.
-  d_out = own(own_steps[:, None, None] if own_steps is not None else None,
-              pad_to(d_hs.astype(jnp.float32), (hs.shape[0], s.rows, s.size_n)))
-  d_out = d_out + (last_own_step(own_steps, hs.shape[0])[:, None, None]
-                   * state(d_h_last, s.size_n))
+  d_out = output_gradients(pad_to(d_hs.astype(jnp.float32), (hs.shape[0], s.rows, s.size_n)),
+                           own_steps, state(d_h_last, s.size_n))
   h_prev = shifted(h_first, hs)
   step_kernel = functools.partial(
       backward_step, weights=(kernel, recurrent_kernel, bias, policy, latent_h, *latent_u),

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.held_steps import check_steps, held, last_own_step, own
+from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, tiles_for
 from lm_zoo.layers.products import accumulation_dtype, contract
@@ -104,9 +104,8 @@ def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cota
                                             cap_input_gate)
   scales = jnp.stack(scales, axis=1)
   # The final h is the last own step's: its gradient joins that step's output's.
-  d_out = own(steps[:, None, None] if steps is not None else None,
-              pad_to(d_hs.astype(jnp.float32), (size_t, size_b, size_n)))
-  d_out = d_out + last_own_step(steps, size_t)[:, None, None] * pad_state(d_h_last)
+  d_out = output_gradients(pad_to(d_hs.astype(jnp.float32), (size_t, size_b, size_n)), steps,
+                           pad_state(d_h_last))
   step_kernel = functools.partial(backward_step, tiles=tiles, dtype=dtype, interpret=interpret)
 
   def step(carry, xs):

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.held_steps import check_steps, held, last_own_step, own
+from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
 from lm_zoo.cells.pallas_lstm import gate_major, pad_to, round_up
@@ -134,9 +134,8 @@ def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residu
                                             pad_state(c0), cap_input_gate)
   scales = jnp.stack(scales, axis=1)
   # The final h is the last own step's: its gradient joins that step's output's.
-  d_out = own(own_steps[:, None, None] if own_steps is not None else None,
-              pad_to(d_hs.astype(jnp.float32), (steps, size_b, size_n)))
-  d_out = d_out + last_own_step(own_steps, steps)[:, None, None] * pad_state(d_h_last)
+  d_out = output_gradients(pad_to(d_hs.astype(jnp.float32), (steps, size_b, size_n)),
+                           own_steps, pad_state(d_h_last))
   h_prev = shifted(pad_state(h0), hs)
   unmogrify = functools.partial(rounds_backward, zigzag=mix.zigzag, tiles=row_tiles(tiles),
                                 dtype=mix.dtype or jnp.float32, interpret=interpret)

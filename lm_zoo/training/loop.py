@@ -136,7 +136,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
       model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
       config.optimizer.ar, config.optimizer.tar, mesh,
       skip_nonfinite=config.train.nonfinite == 'skip', drop_state=config.train.drop_state,
-      stacked=True, hold_padding=config.data.variable_bptt and config.data.pad_windows_to > 1)
+      stacked=True, hold_padding=window_multiple(config.data) > 1)
   batched = BatchedStream(corpus.train, config.data.batch_size)
   checkpoints, best = open_checkpoints(workdir, configs)
   metrics = None
@@ -212,6 +212,13 @@ def epoch_rates(t: Trainer, progress: Progress) -> np.ndarray:
                      for losses, rollbacks in zip(progress.valid_losses, progress.rollbacks)])
 
 
+def window_multiple(data: ml_collections.ConfigDict) -> int:
+  """The multiple training pads its windows to: `pad_windows_to` for
+  variable windows (the train step then holds the state past their own
+  steps), else 1 (fixed windows have one length)."""
+  return data.pad_windows_to if data.variable_bptt else 1
+
+
 def train_epoch(t: Trainer, run: Run, stop: StopRequest) -> RollBack | None:
   """Trains on the epoch's windows from `progress.position` to its end (then
   validates) or to a budget or a signal's stop, and checkpoints. Returns the
@@ -226,10 +233,9 @@ def train_epoch(t: Trainer, run: Run, stop: StopRequest) -> RollBack | None:
   # One draw of window lengths for every seed: config.seed's. Variable windows
   # are padded to few shapes, past which the train step holds the state; the
   # last window is padded to bptt (its state is not carried into the next epoch).
-  multiple = data.pad_windows_to if data.variable_bptt else 1
   for window in t.batched.windows(data.bptt, progress.position, data.variable_bptt,
                                   seed=(t.config.seed, progress.epoch), pad_last=True,
-                                  multiple=multiple):
+                                  multiple=window_multiple(data)):
     train_window(t, run, window, rates)
     stopping = budget_spent(t.config, run.step, run.seconds_trained())
     fault = after_update(t, run, rates, stopping, stop)
