@@ -49,14 +49,13 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   al.'s convention, under which their lr 1 and clip 5 were tuned), plus
   AWD-LSTM's AR (`ar` = alpha) and TAR (`tar` = beta) penalties on the last
   layer's outputs that the model sows. The model sees its weights after
-  weight drop (`model.dropped_weights`), and with
-  `drop_state` > 0 carries in which each batch row's state was zeroed with
-  that probability (`drop_carried_state`, lamb's drop_state_probability).
-  The new carries are returned with gradients stopped; the state is donated.
-  A window padded past its own steps (weight 0 in every row) is scored on
-  them alone; with `hold_padding` the model holds its state past them too
-  (`RecurrentLM(steps=...)`), so that the new carries are the unpadded
-  window's: for padded windows whose state carries on (variable BPTT's).
+  weight drop (`model.dropped_weights`), and with `drop_state` > 0 carries in
+  which each batch row's state was zeroed with that probability
+  (`drop_carried_state`, lamb's drop_state_probability). The new carries are
+  returned with gradients stopped; the state is donated. A window padded past
+  its own steps (weight 0 in every row) is scored on them alone; with
+  `hold_padding` the model holds its state past them too (`RecurrentLM(steps=)`),
+  so the new carries are the unpadded window's (variable BPTT's padded windows).
 
   With a `mesh` (`lm_zoo.training.parallel.data_mesh`) the step is data
   parallel: it expects the batch and the carries split by row over the mesh's
