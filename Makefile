@@ -23,9 +23,11 @@ train: $(VENV)/.installed-train
 test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m pytest -q -n auto --dist worksteal
 
-# `make lint`: ruff's checks (pyproject.toml's [tool.ruff]) over every Python file.
+# `make lint`: ruff's checks and its formatter's style (pyproject.toml's [tool.ruff])
+# over every Python file; `ruff format .` rewrites a file in that style.
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # `make api`: the API reference from the docstrings (pdoc) in build/api, every
 # warning an error but annotations pdoc cannot evaluate (generated __init__s,

@@ -61,9 +61,20 @@ import pathlib
 import jax
 from absl import app, flags
 
-from baselines import (BASELINE_DTYPES, TORCH_DTYPES, add_ratios, device_kernels,
-                       experiment_config, failure_reason, jax_rnn_lm, lm_zoo_lm,
-                       recurrence_matmul_seconds, seconds_per_call, top_kernels, torch_lm)
+from baselines import (
+  BASELINE_DTYPES,
+  TORCH_DTYPES,
+  add_ratios,
+  device_kernels,
+  experiment_config,
+  failure_reason,
+  jax_rnn_lm,
+  lm_zoo_lm,
+  recurrence_matmul_seconds,
+  seconds_per_call,
+  top_kernels,
+  torch_lm,
+)
 from lm_zoo.data import load_corpus
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers.products import aligned_contractions
@@ -71,36 +82,72 @@ from lm_zoo.models import build_model, layer_sizes
 from lm_zoo.runtime import retain_host_memory
 from optimized_hlo import loop_pads
 
-flags.DEFINE_list('recipes', ['mogrifier_paper:ptb_lstm', 'mogrifier_paper:ptb_mogrifier',
-                              'alstm_paper:ptb'],
-                  'NAME:VARIANT of lm_zoo/experiments to time as they train.')
-flags.DEFINE_list('scans', ['auto'], 'Ways to run the recipes\' layers (lm_zoo.cells.SCANS); '
-                  'one row per recipe and way it can take.')
+flags.DEFINE_list(
+  'recipes',
+  ['mogrifier_paper:ptb_lstm', 'mogrifier_paper:ptb_mogrifier', 'alstm_paper:ptb'],
+  'NAME:VARIANT of lm_zoo/experiments to time as they train.',
+)
+flags.DEFINE_list(
+  'scans',
+  ['auto'],
+  "Ways to run the recipes' layers (lm_zoo.cells.SCANS); one row per recipe and way it can take.",
+)
 BASELINES = ('jax_cudnn_lstm', *TORCH_DTYPES, 'flax_lstm')
 flags.DEFINE_list('baselines', list(BASELINES), f'From {list(BASELINES)}.')
-flags.DEFINE_list('baseline_hidden', ['recipe', '1024'], "The baselines' hidden sizes: "
-                  "'recipe' (the first recipe's) or a number.")
+flags.DEFINE_list(
+  'baseline_hidden',
+  ['recipe', '1024'],
+  "The baselines' hidden sizes: 'recipe' (the first recipe's) or a number.",
+)
 flags.DEFINE_integer('steps', 20, 'Timed steps per round.')
 flags.DEFINE_integer('rounds', 3, 'Rounds over all rows; each keeps its fastest.')
 flags.DEFINE_string('output', 'runs/bench_accelerator.json', 'JSON results file.')
-flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of --steps more '
-                    'train steps of every JAX row, untimed (empty: none, and no kernel counts).')
-flags.DEFINE_string('hlo_dir', '', "Where to write each recipe row's train step as XLA "
-                    'compiled it for this device (optimized HLO text, ROW.hlo.txt): what its '
-                    "kernels are (empty: none).")
-flags.DEFINE_bool('bfloat16', False, 'Also time each recipe row with bfloat16 products '
-                  '(model.dtype; NAME+bfloat16), beside the PyTorch rows of that dtype.')
-flags.DEFINE_bool('unpadded', False, "Also time each 'auto' and 'fused' recipe row with its "
-                  "windows' weights unpadded (NAME+unpadded; "
-                  '`lm_zoo.layers.products.aligned_contractions`).')
-flags.DEFINE_bool('held', False, "Also time each 'auto' and 'fused' recipe row with its train "
-                  "step holding the state past the window's own steps (NAME+held; "
-                  "`make_train_step(hold_padding=True)`).")
-flags.DEFINE_integer('tiny', 0, '> 0: every model at this hidden size, batch 4, BPTT 5 '
-                     'and vocabulary 50 (a smoke test of the whole script, as CI runs it).')
-flags.DEFINE_bool('cudnn_reference', False, "Without a GPU, run jax_cudnn_lstm's row with "
-                  "jax.experimental.rnn's reference scan instead of skipping it (tests "
-                  'the code; not a speed figure).')
+flags.DEFINE_string(
+  'profile_dir',
+  '',
+  'Where to keep a jax.profiler trace of --steps more '
+  'train steps of every JAX row, untimed (empty: none, and no kernel counts).',
+)
+flags.DEFINE_string(
+  'hlo_dir',
+  '',
+  "Where to write each recipe row's train step as XLA "
+  'compiled it for this device (optimized HLO text, ROW.hlo.txt): what its '
+  'kernels are (empty: none).',
+)
+flags.DEFINE_bool(
+  'bfloat16',
+  False,
+  'Also time each recipe row with bfloat16 products '
+  '(model.dtype; NAME+bfloat16), beside the PyTorch rows of that dtype.',
+)
+flags.DEFINE_bool(
+  'unpadded',
+  False,
+  "Also time each 'auto' and 'fused' recipe row with its "
+  "windows' weights unpadded (NAME+unpadded; "
+  '`lm_zoo.layers.products.aligned_contractions`).',
+)
+flags.DEFINE_bool(
+  'held',
+  False,
+  "Also time each 'auto' and 'fused' recipe row with its train "
+  "step holding the state past the window's own steps (NAME+held; "
+  '`make_train_step(hold_padding=True)`).',
+)
+flags.DEFINE_integer(
+  'tiny',
+  0,
+  '> 0: every model at this hidden size, batch 4, BPTT 5 '
+  'and vocabulary 50 (a smoke test of the whole script, as CI runs it).',
+)
+flags.DEFINE_bool(
+  'cudnn_reference',
+  False,
+  "Without a GPU, run jax_cudnn_lstm's row with "
+  "jax.experimental.rnn's reference scan instead of skipping it (tests "
+  'the code; not a speed figure).',
+)
 FLAGS = flags.FLAGS
 VOCAB = 10_000  # PTB's; the papers' PTB recipes
 TOP_KERNELS = 15  # the kernels a row's profile names, the longest in all first
@@ -142,15 +189,30 @@ def recipe_rows(recipes: list[str], scans: list[str]) -> dict:
 
 def build_baseline(name: str, hidden: int, batch: int, bptt: int) -> dict | None:
   if name == 'jax_cudnn_lstm':
-    return jax_rnn_lm(hidden, vocab_size(), batch, bptt,
-                      reference=FLAGS.cudnn_reference and jax.default_backend() != 'gpu')
+    return jax_rnn_lm(
+      hidden,
+      vocab_size(),
+      batch,
+      bptt,
+      reference=FLAGS.cudnn_reference and jax.default_backend() != 'gpu',
+    )
   if name in TORCH_DTYPES:
     return torch_lm(name, hidden, vocab_size(), batch, bptt)
   config = experiment_config(FLAGS.recipes[0], FLAGS.tiny)  # flax_lstm: our loop, flax's cell
-  config.model.update(cell='flax_lstm', num_layers=2, param_budget=0, hidden_size=hidden,
-                      embed_size=hidden, embed_ratio=-1.0, output_size=0, dtype='float32',
-                      tie_embeddings=False, skip_connections=False, cap_input_gate=False,
-                      recurrent_bias=False)
+  config.model.update(
+    cell='flax_lstm',
+    num_layers=2,
+    param_budget=0,
+    hidden_size=hidden,
+    embed_size=hidden,
+    embed_ratio=-1.0,
+    output_size=0,
+    dtype='float32',
+    tie_embeddings=False,
+    skip_connections=False,
+    cap_input_gate=False,
+    recurrent_bias=False,
+  )
   config.model.mogrifier.rounds = 0
   return lm_zoo_lm(config, vocab_size())
 
@@ -185,7 +247,7 @@ def write_hlo(built: dict, folder: str) -> dict:
   for name, calls in built.items():
     if 'hlo' in calls:
       text = calls['hlo']()
-      (path / f"{name.replace(':', '_').replace('@', '_')}.hlo.txt").write_text(text)
+      (path / f'{name.replace(":", "_").replace("@", "_")}.hlo.txt').write_text(text)
       pads[name] = loop_pads(text)
   return pads
 
@@ -197,13 +259,17 @@ def recipe_variants(configs: dict) -> dict:
   for name, config in configs.items():
     rows[name] = config, lambda config=config: lm_zoo_lm(config, vocab_size())
     if FLAGS.unpadded and config.model.scan in ('auto', 'fused'):
+
       def build(config=config):
         with aligned_contractions(1):  # traced in its warm-up
           return unpadded(lm_zoo_lm(config, vocab_size()))
+
       rows[f'{name}+unpadded'] = config, build
     if FLAGS.held and config.model.scan in ('auto', 'fused'):
-      rows[f'{name}+held'] = config, lambda config=config: lm_zoo_lm(config, vocab_size(),
-                                                                     hold_padding=True)
+      rows[f'{name}+held'] = (
+        config,
+        lambda config=config: lm_zoo_lm(config, vocab_size(), hold_padding=True),
+      )
     if FLAGS.bfloat16 and config.model.dtype != 'bfloat16':
       narrow = config.copy_and_resolve_references()
       narrow.model.dtype = 'bfloat16'
@@ -213,11 +279,14 @@ def recipe_variants(configs: dict) -> dict:
 
 def unpadded(calls: dict) -> dict:
   """`calls` with its train step traced and run unaligned."""
+
   def inside(fn):
     def run(*args):
       with aligned_contractions(1):
         return fn(*args)
+
     return run
+
   return {k: inside(v) if k in ('train', 'eval', 'hlo') else v for k, v in calls.items()}
 
 
@@ -236,9 +305,10 @@ def count_kernels(built: dict) -> dict:
     jax.profiler.stop_trace()
     traced = device_kernels(trace_dir)
     kernels[name] = traced and {
-        'per_step': traced['kernels'] / FLAGS.steps,
-        'busy': traced['busy_seconds'] / traced['span_seconds'],
-        'top': top_kernels(traced, FLAGS.steps, 'step', TOP_KERNELS)}
+      'per_step': traced['kernels'] / FLAGS.steps,
+      'busy': traced['busy_seconds'] / traced['span_seconds'],
+      'top': top_kernels(traced, FLAGS.steps, 'step', TOP_KERNELS),
+    }
   return kernels
 
 
@@ -263,8 +333,7 @@ def main(argv):
     for name in FLAGS.baselines:
       row = f'{name}@{hidden}'
       if row not in built and row not in failed:
-        calls = build_row(row, lambda name=name: build_baseline(name, hidden, batch, bptt),
-                          failed)
+        calls = build_row(row, lambda name=name: build_baseline(name, hidden, batch, bptt), failed)
         if calls is not None:
           built[row], hidden_of[row] = calls, hidden
   seconds = time_rows(built)
@@ -276,12 +345,19 @@ def main(argv):
     config = row_configs.get(name, first)
     tokens = config.data.batch_size * config.data.bptt
     train, evaluate = seconds[name]['train'], seconds[name]['eval']
-    row = {'row': name, 'hidden': hidden_of[name], 'train_seconds': train,
-           'eval_seconds': evaluate, 'train_ms_per_step': train * 1e3,
-           'train_tokens_per_s': tokens / train, 'eval_tokens_per_s': tokens / evaluate,
-           'batch_size': config.data.batch_size, 'bptt': config.data.bptt,
-           **{k: calls[k] for k in ('model', 'library') if k in calls},
-           'matmul_params': calls['matmul_params']}
+    row = {
+      'row': name,
+      'hidden': hidden_of[name],
+      'train_seconds': train,
+      'eval_seconds': evaluate,
+      'train_ms_per_step': train * 1e3,
+      'train_tokens_per_s': tokens / train,
+      'eval_tokens_per_s': tokens / evaluate,
+      'batch_size': config.data.batch_size,
+      'bptt': config.data.bptt,
+      **{k: calls[k] for k in ('model', 'library') if k in calls},
+      'matmul_params': calls['matmul_params'],
+    }
     if name in row_configs:
       row['scan'], row['dtype'] = config.model.scan, config.model.dtype
     else:
@@ -307,35 +383,59 @@ def main(argv):
   recurrence = recurrence_matmul_seconds(recipe_hidden, batch, bptt)
   report(rows, recurrence, recipe_hidden, batch, bptt, malloc, failed)
   if failed:
-    raise SystemExit(f'error: {len(failed)} rows failed: {", ".join(failed)} (reasons above '
-                     'and in the output\'s "failed")')
+    raise SystemExit(
+      f'error: {len(failed)} rows failed: {", ".join(failed)} (reasons above '
+      'and in the output\'s "failed")'
+    )
 
 
 def report(rows, recurrence, hidden, batch, bptt, malloc, failed):
   device = jax.devices()[0]
-  print(f'\n{device.platform}: {device.device_kind} x {jax.device_count()}; '
-        f'{os.cpu_count()} CPUs; malloc {malloc}; vocabulary {vocab_size()}')
-  print(f'recurrent products of one {batch} x {bptt} window at hidden {hidden} (2 layers, '
-        f'forward only): {recurrence * 1e3:.2f} ms')
-  print(f'{"row":>42} {"train tok/s":>11} {"eval tok/s":>10} {"ms/step":>7} {"kernels":>7} '
-        f'{"hours":>6} {"train/cuDNN":>11} {"train/torch":>11}')
+  print(
+    f'\n{device.platform}: {device.device_kind} x {jax.device_count()}; '
+    f'{os.cpu_count()} CPUs; malloc {malloc}; vocabulary {vocab_size()}'
+  )
+  print(
+    f'recurrent products of one {batch} x {bptt} window at hidden {hidden} (2 layers, '
+    f'forward only): {recurrence * 1e3:.2f} ms'
+  )
+  print(
+    f'{"row":>42} {"train tok/s":>11} {"eval tok/s":>10} {"ms/step":>7} {"kernels":>7} '
+    f'{"hours":>6} {"train/cuDNN":>11} {"train/torch":>11}'
+  )
   nan = float('nan')
   for r in rows:
-    print(f'{r["row"]:>42} {r["train_tokens_per_s"]:>11,.0f} {r["eval_tokens_per_s"]:>10,.0f} '
-          f'{r["train_ms_per_step"]:>7.2f} {r.get("profile_kernels_per_step", nan):>7,.0f} '
-          f'{r.get("recipe_hours", nan):>6.2f} {r.get("train_vs_cudnn", nan):>11.2f} '
-          f'{r.get("train_vs_torch_fastest", nan):>11.2f}')
+    print(
+      f'{r["row"]:>42} {r["train_tokens_per_s"]:>11,.0f} {r["eval_tokens_per_s"]:>10,.0f} '
+      f'{r["train_ms_per_step"]:>7.2f} {r.get("profile_kernels_per_step", nan):>7,.0f} '
+      f'{r.get("recipe_hours", nan):>6.2f} {r.get("train_vs_cudnn", nan):>11.2f} '
+      f'{r.get("train_vs_torch_fastest", nan):>11.2f}'
+    )
   if FLAGS.output:
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        'device': str(device), 'device_kind': device.device_kind,
-        'platform': device.platform, 'devices': jax.device_count(), 'cpus': os.cpu_count(),
-        'malloc': malloc, 'vocab': vocab_size(), 'recipe_hidden': hidden,
-        'recurrence_matmul_seconds': recurrence,
-        'baselines': FLAGS.baselines, 'scans': FLAGS.scans, 'jax': jax.__version__,
-        'xla_flags': os.environ.get('XLA_FLAGS', ''),
-        'results': rows, 'failed': failed}, indent=2))
+    path.write_text(
+      json.dumps(
+        {
+          'device': str(device),
+          'device_kind': device.device_kind,
+          'platform': device.platform,
+          'devices': jax.device_count(),
+          'cpus': os.cpu_count(),
+          'malloc': malloc,
+          'vocab': vocab_size(),
+          'recipe_hidden': hidden,
+          'recurrence_matmul_seconds': recurrence,
+          'baselines': FLAGS.baselines,
+          'scans': FLAGS.scans,
+          'jax': jax.__version__,
+          'xla_flags': os.environ.get('XLA_FLAGS', ''),
+          'results': rows,
+          'failed': failed,
+        },
+        indent=2,
+      )
+    )
     print(f'wrote {path}')
 
 

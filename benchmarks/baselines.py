@@ -39,8 +39,10 @@ def random_batch(vocab: int, batch: int, bptt: int) -> tuple[np.ndarray, np.ndar
   """Inputs and targets of one window, (batch, bptt) int32 ids."""
   rng = np.random.default_rng(0)
   shape = (batch, bptt)
-  return (rng.integers(0, vocab, shape).astype(np.int32),
-          rng.integers(0, vocab, shape).astype(np.int32))
+  return (
+    rng.integers(0, vocab, shape).astype(np.int32),
+    rng.integers(0, vocab, shape).astype(np.int32),
+  )
 
 
 def experiment_config(recipe: str, tiny: int = 0):
@@ -51,8 +53,9 @@ def experiment_config(recipe: str, tiny: int = 0):
   module = importlib.import_module(f'lm_zoo.experiments.{name}')
   config = module.get_config(*([variant] if variant else []))
   if tiny:
-    config.model.update(param_budget=0, hidden_size=tiny, embed_size=tiny,
-                        embed_ratio=-1.0, output_size=0)
+    config.model.update(
+      param_budget=0, hidden_size=tiny, embed_size=tiny, embed_ratio=-1.0, output_size=0
+    )
     if config.model.mogrifier.rank > 0:
       config.model.mogrifier.rank = min(config.model.mogrifier.rank, tiny // 2)
     config.model.alstm.latent_size = min(config.model.alstm.latent_size, tiny)
@@ -72,18 +75,27 @@ def lm_zoo_lm(config, vocab: int, num_seeds: int = 0, hold_padding: bool = False
   from lm_zoo.models import build_model, describe_model
   from lm_zoo.training import create_train_state, make_optimizer, make_train_step
   from lm_zoo.training.seed_axis import seed_configs, stack
+
   model = build_model(config.model, vocab)
   optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
   stacked = num_seeds > 0
   train_step = make_train_step(
-      model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
-      config.optimizer.ar, config.optimizer.tar, drop_state=config.train.drop_state,
-      stacked=stacked, hold_padding=hold_padding)
+    model,
+    optimizer,
+    config.optimizer.loss_reduction == 'sum_over_time',
+    config.optimizer.ar,
+    config.optimizer.tar,
+    drop_state=config.train.drop_state,
+    stacked=stacked,
+    hold_padding=hold_padding,
+  )
   eval_step = make_eval_step(model, stacked=stacked)
   inputs, targets = random_batch(vocab, config.data.batch_size, config.data.bptt)
   weights = np.ones(inputs.shape, np.float32)
-  states = [create_train_state(model, optimizer, seeded)
-            for seeded in seed_configs(config, max(num_seeds, 1))]
+  states = [
+    create_train_state(model, optimizer, seeded)
+    for seeded in seed_configs(config, max(num_seeds, 1))
+  ]
   holder = {'state': stack(states) if stacked else states[0]}
   params = states[0].params
   matmul_params = sum(x.size for x in jax.tree.leaves(params))
@@ -106,9 +118,15 @@ def lm_zoo_lm(config, vocab: int, num_seeds: int = 0, hold_padding: bool = False
     start = time.perf_counter()
     jax.block_until_ready(fn())
     first_call[key] = time.perf_counter() - start
-  return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
-          'hlo': optimized_hlo, 'model': describe_model(config.model, model),
-          'matmul_params': matmul_params, 'first_call_seconds': first_call}
+  return {
+    'train': train,
+    'eval': evaluate,
+    'sync': jax.block_until_ready,
+    'hlo': optimized_hlo,
+    'model': describe_model(config.model, model),
+    'matmul_params': matmul_params,
+    'first_call_seconds': first_call,
+  }
 
 
 def failure_reason(err: Exception) -> str:
@@ -145,17 +163,19 @@ def seconds_per_call(calls: dict, key: str, steps: int) -> float:
 
 
 TORCH_DTYPES = {  # row name -> (parameter dtype, autocast dtype)
-    'torch_lstm': ('float32', None),
-    'torch_lstm_bf16_autocast': ('float32', 'bfloat16'),
-    'torch_lstm_fp16': ('float16', None),
-    'torch_lstm_bf16': ('bfloat16', None),
+  'torch_lstm': ('float32', None),
+  'torch_lstm_bf16_autocast': ('float32', 'bfloat16'),
+  'torch_lstm_fp16': ('float16', None),
+  'torch_lstm_bf16': ('bfloat16', None),
 }
 
 
 # Each baseline's products' dtype (autocast's: bfloat16 operands, float32 weights).
-BASELINE_DTYPES = {'jax_cudnn_lstm': 'float32', 'flax_lstm': 'float32',
-                   **{name: autocast or weights for name, (weights, autocast)
-                      in TORCH_DTYPES.items()}}
+BASELINE_DTYPES = {
+  'jax_cudnn_lstm': 'float32',
+  'flax_lstm': 'float32',
+  **{name: autocast or weights for name, (weights, autocast) in TORCH_DTYPES.items()},
+}
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -202,8 +222,10 @@ def torch_lm(name: str, hidden: int, vocab: int, batch: int, bptt: int) -> dict 
   softmax = torch.nn.Linear(hidden, vocab)
   modules = torch.nn.ModuleList([embed, lstm, softmax]).to(device=device, dtype=param_dtype)
   optimizer = torch.optim.SGD(modules.parameters(), lr=1.0)
-  inputs, targets = (torch.from_numpy(a.T.copy()).long().to(device)  # time-major
-                     for a in random_batch(vocab, batch, bptt))
+  inputs, targets = (
+    torch.from_numpy(a.T.copy()).long().to(device)  # time-major
+    for a in random_batch(vocab, batch, bptt)
+  )
   zeros = lambda: torch.zeros(2, batch, hidden, device=device, dtype=param_dtype)
   state = {'carry': (zeros(), zeros())}
 
@@ -235,8 +257,7 @@ def torch_lm(name: str, hidden: int, vocab: int, batch: int, bptt: int) -> dict 
       for _ in range(steps):
         train()
       torch.cuda.synchronize()
-    return sum(e.device_type == torch.autograd.DeviceType.CUDA
-               for e in profile.events()) / steps
+    return sum(e.device_type == torch.autograd.DeviceType.CUDA for e in profile.events()) / steps
 
   sync = (lambda out: torch.cuda.synchronize()) if device == 'cuda' else (lambda out: out)
   try:
@@ -245,43 +266,76 @@ def torch_lm(name: str, hidden: int, vocab: int, batch: int, bptt: int) -> dict 
   except RuntimeError as err:  # oneDNN has no float16 LSTM, for one
     print(f'{name}: skipped, PyTorch cannot run it on {device}: {str(err).splitlines()[0]}')
     return None
-  return {'train': train, 'eval': evaluate, 'sync': sync, 'kernels': kernels,
-          'library': f'torch {torch.__version__} ({device}, {TORCH_DTYPES[name][0]}'
-                     + (f' under autocast to {TORCH_DTYPES[name][1]})' if autocast else ')'),
-          'matmul_params': lstm_lm_matmul_params(hidden, vocab)}
+  return {
+    'train': train,
+    'eval': evaluate,
+    'sync': sync,
+    'kernels': kernels,
+    'library': f'torch {torch.__version__} ({device}, {TORCH_DTYPES[name][0]}'
+    + (f' under autocast to {TORCH_DTYPES[name][1]})' if autocast else ')'),
+    'matmul_params': lstm_lm_matmul_params(hidden, vocab),
+  }
 
 
-def _reference_lstm(x, h_0, c_0, weights, seq_lengths, input_size, hidden_size, num_layers,
-                    dropout, bidirectional):
+def _reference_lstm(
+  x, h_0, c_0, weights, seq_lengths, input_size, hidden_size, num_layers, dropout, bidirectional
+):
   """`jax.experimental.rnn.lstm`'s reference scan on its packed weights."""
   from jax.experimental import rnn
-  w_ih, w_hh, b_ih, b_hh = rnn.unpack_lstm_weights(weights, input_size, hidden_size,
-                                                   num_layers, bidirectional)
-  return rnn.lstm_ref(x, h_0, c_0, w_ih, w_hh, b_ih, b_hh, seq_lengths, input_size,
-                      hidden_size, num_layers, dropout, bidirectional)
+
+  w_ih, w_hh, b_ih, b_hh = rnn.unpack_lstm_weights(
+    weights, input_size, hidden_size, num_layers, bidirectional
+  )
+  return rnn.lstm_ref(
+    x,
+    h_0,
+    c_0,
+    w_ih,
+    w_hh,
+    b_ih,
+    b_hh,
+    seq_lengths,
+    input_size,
+    hidden_size,
+    num_layers,
+    dropout,
+    bidirectional,
+  )
 
 
-def jax_rnn_lm(hidden: int, vocab: int, batch: int, bptt: int,
-               reference: bool = False) -> dict | None:
+def jax_rnn_lm(
+  hidden: int, vocab: int, batch: int, bptt: int, reference: bool = False
+) -> dict | None:
   """cuDNN's LSTM from JAX (`jax.experimental.rnn.lstm`, float32), which
   lowers on NVIDIA GPUs only. `reference`: its reference scan instead, on
   any backend (the row's code tested on a CPU; not a speed figure)."""
   from jax.experimental import rnn
+
   if not reference and jax.default_backend() != 'gpu':
     print('jax_cudnn_lstm: skipped, cuDNN runs on NVIDIA GPUs only (jax.experimental.rnn)')
     return None
   lstm = _reference_lstm if reference else rnn.lstm
   k_embed, k_lstm, k_out = jax.random.split(jax.random.key(0), 3)
-  params = {'embed': jax.random.uniform(k_embed, (vocab, hidden), minval=-0.1, maxval=0.1),
-            'lstm': rnn.init_lstm_weight(k_lstm, hidden, hidden, 2, False),
-            'out': jax.random.uniform(k_out, (hidden, vocab), minval=-0.1, maxval=0.1),
-            'bias': jnp.zeros(vocab)}
+  params = {
+    'embed': jax.random.uniform(k_embed, (vocab, hidden), minval=-0.1, maxval=0.1),
+    'lstm': rnn.init_lstm_weight(k_lstm, hidden, hidden, 2, False),
+    'out': jax.random.uniform(k_out, (hidden, vocab), minval=-0.1, maxval=0.1),
+    'bias': jnp.zeros(vocab),
+  }
   lengths = jnp.full((batch,), bptt, jnp.int32)
 
   def loss_fn(params, carry, inputs, targets):
-    outputs, h, c = lstm(params['embed'][inputs], *carry, params['lstm'], lengths,
-                         input_size=hidden, hidden_size=hidden, num_layers=2, dropout=0.0,
-                         bidirectional=False)
+    outputs, h, c = lstm(
+      params['embed'][inputs],
+      *carry,
+      params['lstm'],
+      lengths,
+      input_size=hidden,
+      hidden_size=hidden,
+      num_layers=2,
+      dropout=0.0,
+      bidirectional=False,
+    )
     logits = outputs @ params['out'] + params['bias']
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean(), (h, c)
 
@@ -289,20 +343,21 @@ def jax_rnn_lm(hidden: int, vocab: int, batch: int, bptt: int,
 
   @jax.jit
   def train_step(params, opt_state, carry, inputs, targets):
-    (loss, carry), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, carry, inputs,
-                                                                    targets)
+    (loss, carry), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, carry, inputs, targets)
     updates, opt_state = optimizer.update(grads, opt_state)
     return optax.apply_updates(params, updates), opt_state, carry, loss
 
-  eval_step = jax.jit(lambda params, carry, inputs, targets:
-                      loss_fn(params, carry, inputs, targets)[0])
+  eval_step = jax.jit(
+    lambda params, carry, inputs, targets: loss_fn(params, carry, inputs, targets)[0]
+  )
   inputs, targets = random_batch(vocab, batch, bptt)
   zeros = jnp.zeros((2, batch, hidden))
   state = {'params': params, 'opt': optimizer.init(params), 'carry': (zeros, zeros)}
 
   def train():
     state['params'], state['opt'], state['carry'], loss = train_step(
-        state['params'], state['opt'], state['carry'], inputs, targets)
+      state['params'], state['opt'], state['carry'], inputs, targets
+    )
     return loss
 
   def evaluate():
@@ -310,13 +365,18 @@ def jax_rnn_lm(hidden: int, vocab: int, batch: int, bptt: int,
 
   for fn in (train, evaluate):
     jax.block_until_ready(fn())
-  return {'train': train, 'eval': evaluate, 'sync': jax.block_until_ready,
-          'library': f'jax {jax.__version__} ({"reference scan" if reference else "cuDNN"})',
-          'matmul_params': lstm_lm_matmul_params(hidden, vocab)}
+  return {
+    'train': train,
+    'eval': evaluate,
+    'sync': jax.block_until_ready,
+    'library': f'jax {jax.__version__} ({"reference scan" if reference else "cuDNN"})',
+    'matmul_params': lstm_lm_matmul_params(hidden, vocab),
+  }
 
 
-def recurrence_matmul_seconds(hidden: int, batch: int, bptt: int, layers: int = 2,
-                              repeats: int = 5) -> float:
+def recurrence_matmul_seconds(
+  hidden: int, batch: int, bptt: int, layers: int = 2, repeats: int = 5
+) -> float:
   """The best time of a window's recurrent products alone: `layers` x `bptt`
   dependent (batch, hidden) x (hidden, 4 hidden) products in a scan, float32,
   forward only. A train step several times this long is bound by something
@@ -328,6 +388,7 @@ def recurrence_matmul_seconds(hidden: int, batch: int, bptt: int, layers: int = 
   def window(h):
     def step(h, _):
       return jnp.tanh(h @ w)[:, :hidden], None
+
     for _ in range(layers):
       h, _ = jax.lax.scan(step, h, None, length=bptt)
     return h
@@ -340,9 +401,15 @@ def top_kernels(traced: dict, per: float, unit: str, top: int) -> list[dict]:
   """The `top` kernels of `device_kernels`' `by_name` that took longest in
   all: each one's count and microseconds per `unit` (`per` of them traced),
   and its microseconds a launch."""
-  return [{'name': kernel, f'per_{unit}': count / per, f'us_per_{unit}': seconds / per * 1e6,
-           'us_each': seconds / count * 1e6}
-          for kernel, (count, seconds) in list(traced['by_name'].items())[:top]]
+  return [
+    {
+      'name': kernel,
+      f'per_{unit}': count / per,
+      f'us_per_{unit}': seconds / per * 1e6,
+      'us_each': seconds / count * 1e6,
+    }
+    for kernel, (count, seconds) in list(traced['by_name'].items())[:top]
+  ]
 
 
 def device_kernels(trace_dir: str) -> dict | None:
@@ -365,9 +432,13 @@ def device_kernels(trace_dir: str) -> dict | None:
       names[e['pid']] = e['args']['name']
     elif e.get('ph') == 'M' and e.get('name') == 'thread_name':
       names[e['pid'], e['tid']] = e['args']['name']
-  on_device = [e for e in events
-               if e.get('ph') == 'X' and names.get(e['pid'], '').startswith('/device:')
-               and names.get((e['pid'], e['tid']), '').startswith('Stream')]
+  on_device = [
+    e
+    for e in events
+    if e.get('ph') == 'X'
+    and names.get(e['pid'], '').startswith('/device:')
+    and names.get((e['pid'], e['tid']), '').startswith('Stream')
+  ]
   if not on_device:
     return None
   kernels = sorted((e['ts'], e['ts'] + e.get('dur', 0.0)) for e in on_device)
@@ -380,5 +451,9 @@ def device_kernels(trace_dir: str) -> dict | None:
     busy += max(0.0, stop - max(start, end))
     end = max(end, stop)
   span = end - kernels[0][0]
-  return {'kernels': len(kernels), 'busy_seconds': busy * 1e-6, 'span_seconds': span * 1e-6,
-          'by_name': dict(sorted(by_name.items(), key=lambda item: -item[1][1]))}
+  return {
+    'kernels': len(kernels),
+    'busy_seconds': busy * 1e-6,
+    'span_seconds': span * 1e-6,
+    'by_name': dict(sorted(by_name.items(), key=lambda item: -item[1][1])),
+  }

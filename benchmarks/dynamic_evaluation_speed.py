@@ -32,8 +32,7 @@ from baselines import device_kernels, failure_reason, top_kernels
 from lm_zoo.cells import LSTMCell
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.runtime import retain_host_memory
-from lm_zoo.optim import (NUM_FEATURES, GateNetwork, dynamic_rms, dynamic_sgd,
-                          learned_update_rule)
+from lm_zoo.optim import NUM_FEATURES, GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
 from lm_zoo.evaluation import dynamic_evaluate, evaluate_stream, make_eval_step
 
 flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
@@ -43,13 +42,22 @@ flags.DEFINE_integer('segment', 5, 'Dynamic evaluation segment length.')
 flags.DEFINE_integer('bptt', 35, 'Static evaluation window length.')
 flags.DEFINE_list('scans', ['auto'], 'Ways to run the layers (lm_zoo.cells.SCANS).')
 RULES = ('dynamic_sgd', 'dynamic_rms', 'learned_rule')
-flags.DEFINE_list('rules', list(RULES), 'Dynamic evaluation rules timed beside static '
-                  f'evaluation: any of {", ".join(RULES)}.')
-flags.register_validator('rules', lambda rules: bool(rules) and set(rules) <= set(RULES),
-                         f'choose one or more of {", ".join(RULES)}')
+flags.DEFINE_list(
+  'rules',
+  list(RULES),
+  f'Dynamic evaluation rules timed beside static evaluation: any of {", ".join(RULES)}.',
+)
+flags.register_validator(
+  'rules',
+  lambda rules: bool(rules) and set(rules) <= set(RULES),
+  f'choose one or more of {", ".join(RULES)}',
+)
 flags.DEFINE_string('output', 'runs/bench_dynamic_evaluation.json', 'JSON results file.')
-flags.DEFINE_string('profile_dir', '', 'Where to keep a jax.profiler trace of one more, '
-                    'untimed run of each row (empty: none).')
+flags.DEFINE_string(
+  'profile_dir',
+  '',
+  'Where to keep a jax.profiler trace of one more, untimed run of each row (empty: none).',
+)
 FLAGS = flags.FLAGS
 
 
@@ -70,15 +78,19 @@ def profile(fn, name: str) -> dict:
   traced = device_kernels(trace_dir)
   if not traced:
     return {}
-  return {'profile_kernels_per_token': traced['kernels'] / FLAGS.tokens,
-          'profile_device_busy': traced['busy_seconds'] / traced['span_seconds'],
-          'profile_top_kernels': top_kernels(traced, FLAGS.tokens, 'token', 10)}
+  return {
+    'profile_kernels_per_token': traced['kernels'] / FLAGS.tokens,
+    'profile_device_busy': traced['busy_seconds'] / traced['span_seconds'],
+    'profile_top_kernels': top_kernels(traced, FLAGS.tokens, 'token', 10),
+  }
 
 
 def measure(hidden: int, scan: str) -> list[dict]:
-  model = RecurrentLM(Embedding(FLAGS.vocab, hidden),
-                      Stack([LSTMCell(hidden), LSTMCell(hidden)], scan=scan),
-                      Softmax(FLAGS.vocab))
+  model = RecurrentLM(
+    Embedding(FLAGS.vocab, hidden),
+    Stack([LSTMCell(hidden), LSTMCell(hidden)], scan=scan),
+    Softmax(FLAGS.vocab),
+  )
   params = init_params(model, jax.random.key(0))
   stream = np.random.default_rng(0).integers(0, FLAGS.vocab, FLAGS.tokens + 1).astype(np.int32)
   step = make_eval_step(model)
@@ -89,19 +101,21 @@ def measure(hidden: int, scan: str) -> list[dict]:
   learned = learned_update_rule(net.apply, rms)
   meta = {'meta_params': net.init(jax.random.key(1), jnp.zeros((1, NUM_FEATURES)))}
   runs = {
-      'static': lambda: evaluate_stream(step, params, model.initialize_carry(1), stream, 1,
-                                        FLAGS.bptt),
-      'dynamic_sgd': lambda: dynamic_evaluate(model, params, sgd, stream, FLAGS.segment),
-      'dynamic_rms': lambda: dynamic_evaluate(model, params, rms_rule, stream,
-                                              FLAGS.segment),
-      'learned_rule': lambda: dynamic_evaluate(model, params, learned, stream,
-                                               FLAGS.segment, extra_args=meta),
+    'static': lambda: evaluate_stream(
+      step, params, model.initialize_carry(1), stream, 1, FLAGS.bptt
+    ),
+    'dynamic_sgd': lambda: dynamic_evaluate(model, params, sgd, stream, FLAGS.segment),
+    'dynamic_rms': lambda: dynamic_evaluate(model, params, rms_rule, stream, FLAGS.segment),
+    'learned_rule': lambda: dynamic_evaluate(
+      model, params, learned, stream, FLAGS.segment, extra_args=meta
+    ),
   }
   rows = []
   for mode, fn in runs.items():
     if mode == 'static' or mode in FLAGS.rules:
-      rows.append({'mode': mode, 'hidden': hidden, 'scan': scan,
-                   'tokens_per_s': _tokens_per_second(fn)})
+      rows.append(
+        {'mode': mode, 'hidden': hidden, 'scan': scan, 'tokens_per_s': _tokens_per_second(fn)}
+      )
       if FLAGS.profile_dir:
         rows[-1].update(profile(fn, f'{mode}_{hidden}_{scan}'))
   for row in rows:
@@ -123,23 +137,39 @@ def main(argv):
   for row in rows:
     first = next(r for r in rows if (r['mode'], r['hidden']) == (row['mode'], row['hidden']))
     row['ratio_vs_first_scan'] = row['tokens_per_s'] / first['tokens_per_s']
-  print(f'devices: {jax.devices()}; vocab {FLAGS.vocab}, batch 1, {FLAGS.tokens} tokens, '
-        f'segment {FLAGS.segment}, static window {FLAGS.bptt}')
-  print(f'{"mode":>12} {"hidden":>6} {"scan":>7} {"tokens/s":>10} {"vs static":>9} '
-        f'{"vs " + FLAGS.scans[0]:>10}')
+  print(
+    f'devices: {jax.devices()}; vocab {FLAGS.vocab}, batch 1, {FLAGS.tokens} tokens, '
+    f'segment {FLAGS.segment}, static window {FLAGS.bptt}'
+  )
+  print(
+    f'{"mode":>12} {"hidden":>6} {"scan":>7} {"tokens/s":>10} {"vs static":>9} '
+    f'{"vs " + FLAGS.scans[0]:>10}'
+  )
   for r in rows:
-    print(f'{r["mode"]:>12} {r["hidden"]:>6} {r["scan"]:>7} {r["tokens_per_s"]:>10,.0f} '
-          f'{r["ratio_vs_static"]:>9.2f} {r["ratio_vs_first_scan"]:>10.2f}')
+    print(
+      f'{r["mode"]:>12} {r["hidden"]:>6} {r["scan"]:>7} {r["tokens_per_s"]:>10,.0f} '
+      f'{r["ratio_vs_static"]:>9.2f} {r["ratio_vs_first_scan"]:>10.2f}'
+    )
   if FLAGS.output:
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({'device': str(jax.devices()[0]), 'jax': jax.__version__,
-                                'xla_flags': os.environ.get('XLA_FLAGS', ''),
-                                'results': rows, 'failed': failed}, indent=2))
+    path.write_text(
+      json.dumps(
+        {
+          'device': str(jax.devices()[0]),
+          'jax': jax.__version__,
+          'xla_flags': os.environ.get('XLA_FLAGS', ''),
+          'results': rows,
+          'failed': failed,
+        },
+        indent=2,
+      )
+    )
     print(f'wrote {path}')
   if failed:
-    raise SystemExit(f'error: {", ".join(failed)} failed (reasons above and in the output\'s '
-                     '"failed")')
+    raise SystemExit(
+      f'error: {", ".join(failed)} failed (reasons above and in the output\'s "failed")'
+    )
 
 
 if __name__ == '__main__':

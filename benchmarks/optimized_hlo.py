@@ -14,8 +14,10 @@ import re
 # A computation's header: `name {` or `ENTRY name {`, with its parameters.
 _HEADER = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$')
 # The computations an instruction runs: fusions, loops, calls, reductions, branches.
-_CALLED = re.compile(r'(?:calls|body|condition|to_apply)=%?([\w.\-]+)'
-                     r'|branch_computations=\{([^}]*)\}')
+_CALLED = re.compile(
+  r'(?:calls|body|condition|to_apply)=%?([\w.\-]+)'
+  r'|branch_computations=\{([^}]*)\}'
+)
 _PAD = re.compile(r'= (\S+) pad\((?:\S+ )?%?([\w.\-]+), ')
 _SHAPE = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ')
 _LOOP_BODY = re.compile(r' while\(.*\bbody=%?([\w.\-]+)')
@@ -47,8 +49,9 @@ def loop_pads(hlo: str) -> list[str]:
   fusion it calls, or a loop inside it), as 'operand shape -> result shape'."""
   comps = computations(hlo)
   inside = set()
-  pending = [m.group(1) for lines in comps.values() for line in lines
-             for m in [_LOOP_BODY.search(line)] if m]
+  pending = [
+    m.group(1) for lines in comps.values() for line in lines for m in [_LOOP_BODY.search(line)] if m
+  ]
   while pending:
     name = pending.pop()
     if name in inside or name not in comps:

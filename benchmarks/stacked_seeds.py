@@ -27,8 +27,12 @@ flags.DEFINE_list('seeds', ['1', '2', '4', '8'], 'Stack sizes to time, beside a 
 flags.DEFINE_integer('steps', 20, 'Timed updates per round.')
 flags.DEFINE_integer('rounds', 3, 'Rounds over all rows; each keeps its fastest.')
 flags.DEFINE_string('output', 'runs/bench_stacked_seeds.json', 'JSON results file.')
-flags.DEFINE_integer('tiny', 0, '> 0: the model at this hidden size, batch 4, BPTT 5 and '
-                     'vocabulary 50 (a smoke test of the script, as CI runs it).')
+flags.DEFINE_integer(
+  'tiny',
+  0,
+  '> 0: the model at this hidden size, batch 4, BPTT 5 and '
+  'vocabulary 50 (a smoke test of the script, as CI runs it).',
+)
 FLAGS = flags.FLAGS
 
 
@@ -45,18 +49,33 @@ def main(argv):
     for n, calls in built.items():
       seconds[n] = min(seconds[n], seconds_per_call(calls, 'train', FLAGS.steps))
   tokens = config.data.batch_size * config.data.bptt
-  rows = [{'seeds': n or 'alone', 'seconds_per_update': seconds[n],
-           'tokens_per_second': max(n, 1) * tokens / seconds[n],
-           'tokens_per_second_per_seed': tokens / seconds[n],
-           'per_seed_speedup': max(n, 1) * seconds[0] / seconds[n]} for n in built]
+  rows = [
+    {
+      'seeds': n or 'alone',
+      'seconds_per_update': seconds[n],
+      'tokens_per_second': max(n, 1) * tokens / seconds[n],
+      'tokens_per_second_per_seed': tokens / seconds[n],
+      'per_seed_speedup': max(n, 1) * seconds[0] / seconds[n],
+    }
+    for n in built
+  ]
   for row in rows:
-    print(f"{row['seeds']:>5}: {1e3 * row['seconds_per_update']:9.2f} ms an update, "
-          f"{row['tokens_per_second_per_seed']:12,.0f} tokens/s a seed, "
-          f"{row['per_seed_speedup']:5.2f}x a run alone")
-  result = {'recipe': FLAGS.recipe, 'model': built[0]['model'],
-            'batch': config.data.batch_size, 'bptt': config.data.bptt,
-            'dtype': config.model.dtype, 'steps': FLAGS.steps, 'rounds': FLAGS.rounds,
-            'environment': environment(), 'results': rows}
+    print(
+      f'{row["seeds"]:>5}: {1e3 * row["seconds_per_update"]:9.2f} ms an update, '
+      f'{row["tokens_per_second_per_seed"]:12,.0f} tokens/s a seed, '
+      f'{row["per_seed_speedup"]:5.2f}x a run alone'
+    )
+  result = {
+    'recipe': FLAGS.recipe,
+    'model': built[0]['model'],
+    'batch': config.data.batch_size,
+    'bptt': config.data.bptt,
+    'dtype': config.model.dtype,
+    'steps': FLAGS.steps,
+    'rounds': FLAGS.rounds,
+    'environment': environment(),
+    'results': rows,
+  }
   output = pathlib.Path(FLAGS.output)
   output.parent.mkdir(parents=True, exist_ok=True)
   output.write_text(json.dumps(result, indent=2))

@@ -11,5 +11,6 @@ def __getattr__(name: str):
   # Lazily, so that `import lm_zoo.optim` or `lm_zoo.cells` loads no more than they need.
   if name == 'load':
     from lm_zoo.pretrained import load
+
     return load
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

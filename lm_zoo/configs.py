@@ -312,8 +312,12 @@ def field_error(field: str, value: Any, problem: str) -> ConfigError:
 Rule = tuple[Iterable[str], Callable[[Any], bool], str]
 
 
-def check_fields(config: ml_collections.ConfigDict, choices: Mapping[str, Iterable[str]],
-                 rules: Iterable[Rule], section: str = '') -> None:
+def check_fields(
+  config: ml_collections.ConfigDict,
+  choices: Mapping[str, Iterable[str]],
+  rules: Iterable[Rule],
+  section: str = '',
+) -> None:
   """Raises `field_error` for the first field of `config` that names no
   choice of `choices` (field -> the names it may take) or breaks a rule of
   `rules` (a number that fails the test; a NaN fails every test). Fields are

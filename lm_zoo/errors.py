@@ -43,9 +43,16 @@ class Preempted(LMZooError):
 
 # The optional dependencies' top-level modules -> the extra of pyproject.toml
 # that installs them.
-OPTIONAL_MODULES = {'optuna': 'tune', 'sqlalchemy': 'tune', 'matplotlib': 'plot',
-                    'tensorboardX': 'tensorboard', 'tensorflow_datasets': 'tfds',
-                    'array_record': 'tfds', 'psycopg2': 'postgres', 'huggingface_hub': 'hub'}
+OPTIONAL_MODULES = {
+  'optuna': 'tune',
+  'sqlalchemy': 'tune',
+  'matplotlib': 'plot',
+  'tensorboardX': 'tensorboard',
+  'tensorflow_datasets': 'tfds',
+  'array_record': 'tfds',
+  'psycopg2': 'postgres',
+  'huggingface_hub': 'hub',
+}
 
 
 def missing_extra(err: ImportError) -> str | None:

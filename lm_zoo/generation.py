@@ -36,8 +36,7 @@ def _check_prompt(prompt, vocab_size: int) -> jax.Array:
 
 def _read_prompt(model: RecurrentLM, params, prompt):
   """The next-token logits after each prompt row (B, V), and the carries."""
-  logits, carries = model.apply({'params': params}, prompt,
-                                model.initialize_carry(prompt.shape[0]))
+  logits, carries = model.apply({'params': params}, prompt, model.initialize_carry(prompt.shape[0]))
   return logits[:, -1], carries
 
 
@@ -66,8 +65,15 @@ def _sample(model: RecurrentLM, params, prompt, rng, temperature, num_tokens, to
   return tokens.T
 
 
-def sample(model: RecurrentLM, params: Any, prompt: np.ndarray, num_tokens: int,
-           rng: jax.Array, temperature: float = 1.0, top_k: int = 0) -> np.ndarray:
+def sample(
+  model: RecurrentLM,
+  params: Any,
+  prompt: np.ndarray,
+  num_tokens: int,
+  rng: jax.Array,
+  temperature: float = 1.0,
+  top_k: int = 0,
+) -> np.ndarray:
   """Multinomial sampling: `num_tokens` ids after each row of `prompt` (B, P).
 
   Each next token is drawn from softmax(logits / temperature), restricted to
@@ -77,8 +83,17 @@ def sample(model: RecurrentLM, params: Any, prompt: np.ndarray, num_tokens: int,
     raise ValueError(f'temperature must be a positive number, got {temperature}')
   if top_k < 0:
     raise ValueError(f'top_k must be >= 0 (0: no restriction), got {top_k}')
-  return np.asarray(_sample(model, params, _check_prompt(prompt, model.vocab_size), rng,
-                            jnp.float32(temperature), num_tokens, top_k))
+  return np.asarray(
+    _sample(
+      model,
+      params,
+      _check_prompt(prompt, model.vocab_size),
+      rng,
+      jnp.float32(temperature),
+      num_tokens,
+      top_k,
+    )
+  )
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'num_tokens'))
@@ -88,13 +103,11 @@ def _greedy(model: RecurrentLM, params, prompt, num_tokens):
     token = jnp.argmax(logits, axis=-1)
     return _next(model, params, token, carries), token
 
-  _, tokens = jax.lax.scan(step, _read_prompt(model, params, prompt), None,
-                           length=num_tokens)
+  _, tokens = jax.lax.scan(step, _read_prompt(model, params, prompt), None, length=num_tokens)
   return tokens.T
 
 
-def greedy(model: RecurrentLM, params: Any, prompt: np.ndarray,
-           num_tokens: int) -> np.ndarray:
+def greedy(model: RecurrentLM, params: Any, prompt: np.ndarray, num_tokens: int) -> np.ndarray:
   """Greedy decoding: the most likely next token, `num_tokens` times per row."""
   prompt = _check_prompt(prompt, model.vocab_size)
   return np.asarray(_greedy(model, params, prompt, num_tokens))
@@ -135,8 +148,14 @@ def _beam_search(model: RecurrentLM, params, prompt, num_tokens, beam_width, eos
   return history[best], scores[best]
 
 
-def beam_search(model: RecurrentLM, params: Any, prompt: np.ndarray, num_tokens: int,
-                beam_width: int, eos_id: int | None = None) -> tuple[np.ndarray, float]:
+def beam_search(
+  model: RecurrentLM,
+  params: Any,
+  prompt: np.ndarray,
+  num_tokens: int,
+  beam_width: int,
+  eos_id: int | None = None,
+) -> tuple[np.ndarray, float]:
   """The most likely continuation of one prompt found by beam search.
 
   Keeps the `beam_width` best partial sequences by total log-probability (no
@@ -150,8 +169,7 @@ def beam_search(model: RecurrentLM, params: Any, prompt: np.ndarray, num_tokens:
   """
   prompt = _check_prompt(np.reshape(prompt, (1, -1)), model.vocab_size)
   if not 1 <= beam_width <= model.vocab_size:
-    raise ValueError(f'beam_width must be in [1, vocab size {model.vocab_size}], '
-                     f'got {beam_width}')
+    raise ValueError(f'beam_width must be in [1, vocab size {model.vocab_size}], got {beam_width}')
   tokens, score = _beam_search(model, params, prompt, num_tokens, beam_width, eos_id)
   return np.asarray(tokens), float(score)
 
@@ -188,22 +206,31 @@ def _count(name: str, value: Any, low: int, high: int | None = None) -> None:
     raise ValueError(f'{name} must be {bound}, got {value:,}')
 
 
-def check_generation(prompt: Any, num_tokens: Any, num_samples: Any, seed: Any,
-                     beam_width: Any) -> None:
+def check_generation(
+  prompt: Any, num_tokens: Any, num_samples: Any, seed: Any, beam_width: Any
+) -> None:
   """A one-line ValueError naming the first argument of `generate_text`
   that is out of its range (temperature and top_k are `sample`'s)."""
   if not isinstance(prompt, str):
     raise ValueError(f'prompt must be text (a str), got {type(prompt).__name__}')
   _count('num_tokens', num_tokens, 1, MAX_NEW_TOKENS)
   _count('num_samples', num_samples, 1, 1024)
-  _count('seed', seed, 0, 2 ** 32 - 1)
+  _count('seed', seed, 0, 2**32 - 1)
   _count('beam_width', beam_width, 0)
 
 
-def generate_text(model: RecurrentLM, params: Any, vocab: Vocab, prompt: str = '',
-                  num_tokens: int = 30, num_samples: int = 1, seed: int = 0,
-                  temperature: float = 1.0, top_k: int = 0,
-                  beam_width: int = 0) -> list[str]:
+def generate_text(
+  model: RecurrentLM,
+  params: Any,
+  vocab: Vocab,
+  prompt: str = '',
+  num_tokens: int = 30,
+  num_samples: int = 1,
+  seed: int = 0,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  beam_width: int = 0,
+) -> list[str]:
   """Continuations of `prompt` (text) as text: `num_samples` samples, or with
   `beam_width` > 1 the one beam-search continuation (ended at an end of
   sentence where the vocabulary has one).
@@ -216,15 +243,26 @@ def generate_text(model: RecurrentLM, params: Any, vocab: Vocab, prompt: str = '
   ids = encode_prompt(vocab, prompt)
   unknown = vocab.unknown(prompt)
   if unknown:
-    warnings.warn(f'the prompt has {len(unknown)} token(s) outside the vocabulary, read as '
-                  f'{UNK}: {", ".join(map(repr, unknown[:5]))}'
-                  f'{" ..." if len(unknown) > 5 else ""}', UnknownTokensWarning, stacklevel=2)
+    warnings.warn(
+      f'the prompt has {len(unknown)} token(s) outside the vocabulary, read as '
+      f'{UNK}: {", ".join(map(repr, unknown[:5]))}'
+      f'{" ..." if len(unknown) > 5 else ""}',
+      UnknownTokensWarning,
+      stacklevel=2,
+    )
   if beam_width > 1:
     eos_id = vocab.id(EOS) if EOS in vocab else None
     tokens, _ = beam_search(model, params, ids, num_tokens, beam_width, eos_id)
     ended = np.flatnonzero(tokens == eos_id)
-    rows = [tokens[:ended[0]] if ended.size else tokens]  # the sentence, not its padding
+    rows = [tokens[: ended[0]] if ended.size else tokens]  # the sentence, not its padding
   else:
-    rows = sample(model, params, np.tile(ids, (num_samples, 1)), num_tokens,
-                  jax.random.key(seed), temperature, top_k)
+    rows = sample(
+      model,
+      params,
+      np.tile(ids, (num_samples, 1)),
+      num_tokens,
+      jax.random.key(seed),
+      temperature,
+      top_k,
+    )
   return [vocab.decode(np.concatenate([ids[1:], row])) for row in rows]

@@ -15,8 +15,7 @@ from lm_zoo.data import Vocab
 _SPLITS = ('train', 'valid', 'test')
 # Trains a preset's model again from its config.json (its data from
 # $LM_ZOO_DATA or the default data folder).
-RETRAIN_COMMAND = ('lm-zoo-train --config=experiments/from_workdir.py:FOLDER '
-                   '--workdir=runs/NAME')
+RETRAIN_COMMAND = 'lm-zoo-train --config=experiments/from_workdir.py:FOLDER --workdir=runs/NAME'
 
 
 def _read(path: pathlib.Path) -> Any:
@@ -36,38 +35,53 @@ def _commands(workdir: pathlib.Path) -> list[str]:
 def _result(result: Any) -> str:
   if not isinstance(result, dict):
     return str(result)
-  shown = [f'{name} {result[name]:.4g}' for name in ('perplexity', 'bpc', 'loss')
-           if isinstance(result.get(name), (int, float))]
+  shown = [
+    f'{name} {result[name]:.4g}'
+    for name in ('perplexity', 'bpc', 'loss')
+    if isinstance(result.get(name), (int, float))
+  ]
   if isinstance(result.get('num_tokens'), int):
     shown.append(f'{result["num_tokens"]:,} tokens')
   return ', '.join(shown) or json.dumps(result)[:200]
 
 
-def model_card(workdir: pathlib.Path, config: ml_collections.ConfigDict, vocab: Vocab,
-               record: dict) -> str:
+def model_card(
+  workdir: pathlib.Path, config: ml_collections.ConfigDict, vocab: Vocab, record: dict
+) -> str:
   """The model card's Markdown text."""
   m, d = config.model, config.data
   data = _read(workdir / 'data.json') or {}
   summary = _read(workdir / 'summary.json') or {}
   seeds = (_read(workdir / 'seeds.json') or {}).get('seeds') or [config.seed]
   env = summary.get('environment') or {}
-  lines = [f'# {d.name} {m.cell} language model (lm_zoo)', '',
-           'A recurrent language model trained with lm_zoo and exported as a preset. '
-           "Load it with `lm_zoo.load('THIS_FOLDER')` or any lm_zoo program's `--workdir`.", '',
-           '## Architecture', '',
-           f'- cell: {m.cell}, {m.num_layers} layers, hidden size {m.hidden_size}, '
-           f'embedding size {m.embed_size}, tied embeddings: {m.tie_embeddings}',
-           f'- parameters: {record["num_params"]:,}', '',
-           '## Data and tokenisation', '',
-           f'- corpus: {d.name}; vocabulary: {len(vocab):,} {vocab.kind} tokens '
-           f'(vocab.json), BPTT {d.bptt}']
+  lines = [
+    f'# {d.name} {m.cell} language model (lm_zoo)',
+    '',
+    'A recurrent language model trained with lm_zoo and exported as a preset. '
+    "Load it with `lm_zoo.load('THIS_FOLDER')` or any lm_zoo program's `--workdir`.",
+    '',
+    '## Architecture',
+    '',
+    f'- cell: {m.cell}, {m.num_layers} layers, hidden size {m.hidden_size}, '
+    f'embedding size {m.embed_size}, tied embeddings: {m.tie_embeddings}',
+    f'- parameters: {record["num_params"]:,}',
+    '',
+    '## Data and tokenisation',
+    '',
+    f'- corpus: {d.name}; vocabulary: {len(vocab):,} {vocab.kind} tokens '
+    f'(vocab.json), BPTT {d.bptt}',
+  ]
   for split in _SPLITS:
     if isinstance(data.get(split), dict) and 'tokens' in data[split]:
       lines.append(f'- {split}: {data[split]["tokens"]:,} tokens')
-  lines += ['', '## Results', '',
-            f'- seeds: {", ".join(str(s) for s in seeds)}; best epoch: {record["best_epoch"]}',
-            f'- device: {env.get("device_kind", "not recorded")} ({env.get("backend", "?")}, '
-            f'jax {env.get("jax", "?")})']
+  lines += [
+    '',
+    '## Results',
+    '',
+    f'- seeds: {", ".join(str(s) for s in seeds)}; best epoch: {record["best_epoch"]}',
+    f'- device: {env.get("device_kind", "not recorded")} ({env.get("backend", "?")}, '
+    f'jax {env.get("jax", "?")})',
+  ]
   for split in _SPLITS:
     if split in summary:
       lines.append(f'- {split}: {_result(summary[split])}')
@@ -77,18 +91,32 @@ def model_card(workdir: pathlib.Path, config: ml_collections.ConfigDict, vocab: 
       lines.append(f'- {path.stem} evaluation, {split}: {_result(result)}')
   if not summary:
     lines.append('- no summary.json: the run had not finished when it was exported')
-  lines += ['', '## Training', '',
-            "config.json holds every setting of the run, its seed included; this command "
-            'trains the same model again from it (FOLDER: this folder, for example '
-            '`presets/NAME`):', '',
-            f'    {RETRAIN_COMMAND}', '']
+  lines += [
+    '',
+    '## Training',
+    '',
+    'config.json holds every setting of the run, its seed included; this command '
+    'trains the same model again from it (FOLDER: this folder, for example '
+    '`presets/NAME`):',
+    '',
+    f'    {RETRAIN_COMMAND}',
+    '',
+  ]
   commands = _commands(workdir)
   if commands:
-    lines += ['The command lines that trained it (commands.txt of its work directory):', '',
-              *(f'    {line}' for line in commands), '']
-  lines += ['## Intended use and limitations', '',
-            f'For research and teaching: scoring and sampling {d.name}-like text, and as a '
-            'baseline. It knows only its vocabulary (other words are `<unk>` where the '
-            'vocabulary has it), reflects the biases of its corpus, and is not meant for '
-            'generating text that people rely on.', '']
+    lines += [
+      'The command lines that trained it (commands.txt of its work directory):',
+      '',
+      *(f'    {line}' for line in commands),
+      '',
+    ]
+  lines += [
+    '## Intended use and limitations',
+    '',
+    f'For research and teaching: scoring and sampling {d.name}-like text, and as a '
+    'baseline. It knows only its vocabulary (other words are `<unk>` where the '
+    'vocabulary has it), reflects the biases of its corpus, and is not meant for '
+    'generating text that people rely on.',
+    '',
+  ]
   return '\n'.join(lines)

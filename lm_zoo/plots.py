@@ -40,8 +40,7 @@ def _axes():
   return fig, fig.add_subplot()
 
 
-def _save(fig, ax, path: str | pathlib.Path, xlabel: str, ylabel: str,
-          title: str) -> pathlib.Path:
+def _save(fig, ax, path: str | pathlib.Path, xlabel: str, ylabel: str, title: str) -> pathlib.Path:
   ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
   ax.grid(alpha=0.3)
   ax.legend()
@@ -51,11 +50,17 @@ def _save(fig, ax, path: str | pathlib.Path, xlabel: str, ylabel: str,
   return path
 
 
-def line_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
-                xlabel: str, ylabel: str, title: str = '',
-                points: Mapping[str, tuple[float, float]] | None = None,
-                hlines: Mapping[str, float] | None = None,
-                logy: bool = False) -> pathlib.Path:
+def line_figure(
+  series: Mapping[str, Series],
+  path: str | pathlib.Path,
+  *,
+  xlabel: str,
+  ylabel: str,
+  title: str = '',
+  points: Mapping[str, tuple[float, float]] | None = None,
+  hlines: Mapping[str, float] | None = None,
+  logy: bool = False,
+) -> pathlib.Path:
   """Draws labelled lines (xs, ys), single labelled points and horizontal
   reference lines on one axis; saves a PNG at `path` and returns it."""
   fig, ax = _axes()
@@ -67,6 +72,7 @@ def line_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
     ax.axhline(y, linestyle=style, color='gray', label=label)
   if logy:
     from matplotlib import ticker
+
     ax.set_yscale('log')
     ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
@@ -74,9 +80,15 @@ def line_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
   return _save(fig, ax, path, xlabel, ylabel, title)
 
 
-def scatter_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
-                   xlabel: str, ylabel: str, title: str = '',
-                   diagonal: bool = False) -> pathlib.Path:
+def scatter_figure(
+  series: Mapping[str, Series],
+  path: str | pathlib.Path,
+  *,
+  xlabel: str,
+  ylabel: str,
+  title: str = '',
+  diagonal: bool = False,
+) -> pathlib.Path:
   """Labelled point clouds (xs, ys), with the line y = x when `diagonal`."""
   fig, ax = _axes()
   for label, (xs, ys) in series.items():
@@ -88,52 +100,69 @@ def scatter_figure(series: Mapping[str, Series], path: str | pathlib.Path, *,
   return _save(fig, ax, path, xlabel, ylabel, title)
 
 
-def mogrifier_ablation_figure(valid_perplexity: Mapping[str, float],
-                              path: str | pathlib.Path, title: str = '') -> pathlib.Path:
+def mogrifier_ablation_figure(
+  valid_perplexity: Mapping[str, float], path: str | pathlib.Path, title: str = ''
+) -> pathlib.Path:
   """Validation perplexity against rounds r (the paper's Fig. 3).
 
   `valid_perplexity` maps the variants of `experiments/ptb_mogrifier_ablation.py`
   to perplexities: 'lstm' is r = 0, 'r1'...'r6' the Mogrifier; 'nozigzag' and
   'fullrank' (both r = 5) are drawn as points, 'mlstm' as a reference line.
   """
-  rounds = {0 if v == 'lstm' else int(v[1:]): ppl for v, ppl in valid_perplexity.items()
-            if v == 'lstm' or (v[:1] == 'r' and v[1:].isdigit())}
+  rounds = {
+    0 if v == 'lstm' else int(v[1:]): ppl
+    for v, ppl in valid_perplexity.items()
+    if v == 'lstm' or (v[:1] == 'r' and v[1:].isdigit())
+  }
   if not rounds:
-    raise ConfigError('no LSTM or rN variant among '
-                      f'{sorted(valid_perplexity)}: nothing to draw against rounds')
+    raise ConfigError(
+      f'no LSTM or rN variant among {sorted(valid_perplexity)}: nothing to draw against rounds'
+    )
   xs = sorted(rounds)
   labels = {'nozigzag': 'no zigzag (r = 5)', 'fullrank': 'full rank (r = 5)'}
   points = {labels[v]: (5, valid_perplexity[v]) for v in labels if v in valid_perplexity}
   hlines = {'mLSTM': valid_perplexity['mlstm']} if 'mlstm' in valid_perplexity else {}
-  return line_figure({'Mogrifier (r = 0: LSTM)': (xs, [rounds[x] for x in xs])}, path,
-                     xlabel='rounds r', ylabel='validation perplexity', title=title,
-                     points=points, hlines=hlines)
+  return line_figure(
+    {'Mogrifier (r = 0: LSTM)': (xs, [rounds[x] for x in xs])},
+    path,
+    xlabel='rounds r',
+    ylabel='validation perplexity',
+    title=title,
+    points=points,
+    hlines=hlines,
+  )
 
 
-def reverse_copy_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
-                        title: str = '') -> pathlib.Path:
+def reverse_copy_figure(
+  rows: Sequence[Mapping], path: str | pathlib.Path, title: str = ''
+) -> pathlib.Path:
   """Cross-entropy against sequence length per model, from the rows that
   `lm_zoo.tasks.run_experiment` returns (keys model, length, cross_entropy)."""
   by_model: dict[str, list[tuple[float, float]]] = {}
   for row in rows:
     by_model.setdefault(row['model'], []).append((row['length'], row['cross_entropy']))
   series = {model: tuple(zip(*sorted(pairs))) for model, pairs in by_model.items()}
-  return line_figure(series, path, xlabel='sequence length',
-                     ylabel='cross-entropy (nats per token)', title=title)
+  return line_figure(
+    series, path, xlabel='sequence length', ylabel='cross-entropy (nats per token)', title=title
+  )
 
 
-def tail_regression_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
-                           title: str = '') -> pathlib.Path:
+def tail_regression_figure(
+  rows: Sequence[Mapping], path: str | pathlib.Path, title: str = ''
+) -> pathlib.Path:
   """Predictions against the truth per model (the aLSTM paper's Fig. 2, left),
   from the rows of `lm_zoo.tasks.run_tail_regression`."""
-  series = {f"{row['model']} ({row['num_params']} params)": (row['y_true'], row['y_pred'])
-            for row in rows}
-  return scatter_figure(series, path, xlabel='y (truth)', ylabel='prediction',
-                        title=title, diagonal=True)
+  series = {
+    f'{row["model"]} ({row["num_params"]} params)': (row['y_true'], row['y_pred']) for row in rows
+  }
+  return scatter_figure(
+    series, path, xlabel='y (truth)', ylabel='prediction', title=title, diagonal=True
+  )
 
 
-def robustness_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
-                      title: str = '') -> pathlib.Path:
+def robustness_figure(
+  rows: Sequence[Mapping], path: str | pathlib.Path, title: str = ''
+) -> pathlib.Path:
   """The spread of validation perplexity over sampled hyper-parameters per
   model (the aLSTM paper's Fig. 4), from the rows of
   `lm_zoo.tasks.run_robustness`, as empirical distribution functions: the
@@ -147,12 +176,18 @@ def robustness_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
     finite = sorted(v for v in values if math.isfinite(v))
     label = f'{model} ({len(values) - len(finite)} of {len(values)} diverged)'
     series[label] = (finite, [(i + 1) / len(values) for i in range(len(finite))])
-  return line_figure(series, path, xlabel='validation perplexity',
-                     ylabel='fraction of sampled configurations', title=title)
+  return line_figure(
+    series,
+    path,
+    xlabel='validation perplexity',
+    ylabel='fraction of sampled configurations',
+    title=title,
+  )
 
 
-def seed_study_points(rows: Sequence[Mapping], split: str
-                      ) -> dict[str, tuple[dict[int, float], float, float]]:
+def seed_study_points(
+  rows: Sequence[Mapping], split: str
+) -> dict[str, tuple[dict[int, float], float, float]]:
   """Per model, ordered from the worst mean to the best: {seed: perplexity}
   of its converged runs, their mean and sample standard deviation (nan for
   one run), from the rows of `lm_zoo.tasks.run_seed_study`."""
@@ -165,13 +200,17 @@ def seed_study_points(rows: Sequence[Mapping], split: str
   stats = {}
   for model, values in per_seed.items():
     v = np.array(list(values.values()), dtype=np.float64)
-    stats[model] = (values, float(v.mean()) if len(v) else math.nan,
-                    float(v.std(ddof=1)) if len(v) > 1 else math.nan)
+    stats[model] = (
+      values,
+      float(v.mean()) if len(v) else math.nan,
+      float(v.std(ddof=1)) if len(v) > 1 else math.nan,
+    )
   return dict(sorted(stats.items(), key=lambda kv: -kv[1][1]))
 
 
-def seed_study_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
-                      title: str = '') -> pathlib.Path:
+def seed_study_figure(
+  rows: Sequence[Mapping], path: str | pathlib.Path, title: str = ''
+) -> pathlib.Path:
   """Valid and test perplexity per model over seeds, from the rows of
   `lm_zoo.tasks.run_seed_study`: one point per seed (a colour per seed, so
   that the pairs across models show), the mean with a bar of ± one standard
@@ -184,11 +223,25 @@ def seed_study_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
     points = seed_study_points(rows, split)
     for x, (values, mean, spread) in enumerate(points.values()):
       for seed, value in values.items():
-        ax.plot([x + 0.12], [value], marker='o', markersize=4, linestyle='none',
-                color=colours[seed], label=f'seed {seed}' if x == 0 else None)
-      ax.errorbar([x - 0.12], [mean], yerr=[0.0 if math.isnan(spread) else spread],
-                  marker='_', markersize=12, color='black', capsize=3,
-                  label='mean ± std' if x == 0 else None)
+        ax.plot(
+          [x + 0.12],
+          [value],
+          marker='o',
+          markersize=4,
+          linestyle='none',
+          color=colours[seed],
+          label=f'seed {seed}' if x == 0 else None,
+        )
+      ax.errorbar(
+        [x - 0.12],
+        [mean],
+        yerr=[0.0 if math.isnan(spread) else spread],
+        marker='_',
+        markersize=12,
+        color='black',
+        capsize=3,
+        label='mean ± std' if x == 0 else None,
+      )
     ax.set_xticks(range(len(points)), list(points), rotation=30, ha='right')
     ax.set(ylabel=f'{split} perplexity', title=f'{title} ({split})' if title else split)
     ax.grid(alpha=0.3)
@@ -200,8 +253,9 @@ def seed_study_figure(rows: Sequence[Mapping], path: str | pathlib.Path,
   return path
 
 
-def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathlib.Path,
-                  title: str = '') -> pathlib.Path:
+def curves_figure(
+  workdirs: Mapping[str, str | pathlib.Path], path: str | pathlib.Path, title: str = ''
+) -> pathlib.Path:
   """Training and end-of-epoch validation perplexity against step, one pair
   of lines per work directory (read from its metrics.jsonl), and per seed
   for a stack of seeds trained at once (its records carry their `seed`)."""
@@ -209,22 +263,22 @@ def curves_figure(workdirs: Mapping[str, str | pathlib.Path], path: str | pathli
   for label, workdir in workdirs.items():
     metrics_path = pathlib.Path(workdir) / METRICS_FILE
     if not metrics_path.is_file():
-      raise ConfigError(f'{metrics_path} not found: is {workdir} a work directory '
-                        'written by lm-zoo-train?')
+      raise ConfigError(
+        f'{metrics_path} not found: is {workdir} a work directory written by lm-zoo-train?'
+      )
     records = read_metrics(metrics_path)
     for kind in ('train', 'valid'):
       rows = [r for r in records if r['kind'] == kind and not r.get('final')]
       for seed in dict.fromkeys(r.get('seed') for r in rows):  # None: a run alone
         mine = [r for r in rows if r.get('seed') == seed]
         name = f'{label} {kind}' if seed is None else f'{label} seed {seed} {kind}'
-        series[name] = ([r['step'] for r in mine],
-                        [math.exp(min(r['loss'], 700.0)) for r in mine])
-  return line_figure(series, path, xlabel='step', ylabel='perplexity', title=title,
-                     logy=True)
+        series[name] = ([r['step'] for r in mine], [math.exp(min(r['loss'], 700.0)) for r in mine])
+  return line_figure(series, path, xlabel='step', ylabel='perplexity', title=title, logy=True)
 
 
-def binned_loss(segment_nll: Sequence[float], segment_tokens: Sequence[float],
-                bin_tokens: int) -> tuple[list[float], list[float]]:
+def binned_loss(
+  segment_nll: Sequence[float], segment_tokens: Sequence[float], bin_tokens: int
+) -> tuple[list[float], list[float]]:
   """Mean NLL per token over consecutive bins of `bin_tokens` tokens of a
   stream scored segment by segment (a segment falls in the bin of its first
   token): (bin centres in tokens, losses)."""
@@ -237,15 +291,21 @@ def binned_loss(segment_nll: Sequence[float], segment_tokens: Sequence[float],
   return centres[kept].tolist(), (totals[kept] / counts[kept]).tolist()
 
 
-def dyneval_gain_figure(runs: Mapping[str, Mapping], static: Mapping,
-                        path: str | pathlib.Path, split: str = 'test', num_bins: int = 40,
-                        title: str = '') -> pathlib.Path:
+def dyneval_gain_figure(
+  runs: Mapping[str, Mapping],
+  static: Mapping,
+  path: str | pathlib.Path,
+  split: str = 'test',
+  num_bins: int = 40,
+  title: str = '',
+) -> pathlib.Path:
   """Perplexity gain of dynamic evaluation along a stream (the meta-learning
   paper's Fig. 2, left): per bin of tokens, static perplexity minus each
   run's, from the JSON of `lm-zoo-eval --output` with a dynamic or learned
   evaluator (`static`: a run with learning rate 0, or any baseline). Runs
   that scored only a prefix of the stream (`max_tokens`) are compared over
   the shortest one."""
+
   def segments(run):
     if split not in run['segments']:
       raise ConfigError(f'a dynamic evaluation result has no {split!r} split')
@@ -266,15 +326,24 @@ def dyneval_gain_figure(runs: Mapping[str, Mapping], static: Mapping,
   for label, run in runs.items():
     xs, losses = curve(run)
     series[label] = (xs, [math.exp(s) - math.exp(d) for s, d in zip(static_loss, losses)])
-  return line_figure(series, path, xlabel=f'position in the {split} stream (tokens)',
-                     ylabel=f'perplexity gain over static (bins of {bin_tokens:,} tokens)',
-                     title=title, hlines={'no gain': 0.0})
+  return line_figure(
+    series,
+    path,
+    xlabel=f'position in the {split} stream (tokens)',
+    ylabel=f'perplexity gain over static (bins of {bin_tokens:,} tokens)',
+    title=title,
+    hlines={'no gain': 0.0},
+  )
 
 
-def token_loss_difference_figure(losses: Mapping[str, Sequence[float]],
-                                 tokens: Sequence[str], path: str | pathlib.Path,
-                                 window: int = 200, num_labels: int = 8,
-                                 title: str = '') -> pathlib.Path:
+def token_loss_difference_figure(
+  losses: Mapping[str, Sequence[float]],
+  tokens: Sequence[str],
+  path: str | pathlib.Path,
+  window: int = 200,
+  num_labels: int = 8,
+  title: str = '',
+) -> pathlib.Path:
   """Where two models differ along a text: the per-token loss of the first
   minus the second's (nats; above 0: the second predicts better), as a
   moving average over `window` tokens, with the `num_labels` tokens of
@@ -290,27 +359,38 @@ def token_loss_difference_figure(losses: Mapping[str, Sequence[float]],
   (label_a, a), (label_b, b) = losses.items()
   a, b = np.asarray(a, float), np.asarray(b, float)
   if not a.shape == b.shape == (len(tokens),):
-    raise ConfigError(f'the losses ({a.shape}, {b.shape}) and tokens ({len(tokens)}) '
-                      'must cover the same text')
+    raise ConfigError(
+      f'the losses ({a.shape}, {b.shape}) and tokens ({len(tokens)}) must cover the same text'
+    )
   difference = a - b
   window = max(1, min(window, len(difference)))
   smoothed = np.convolve(difference, np.ones(window) / window, mode='valid')
   fig, ax = _axes()
-  ax.plot(np.arange(len(difference)), difference, color='0.8', linewidth=0.5,
-          label='per token')
-  ax.plot(np.arange(len(smoothed)) + (window - 1) / 2, smoothed, linewidth=1.5,
-          label=f'mean over {window} tokens ({difference.mean():+.3f} overall)')
+  ax.plot(np.arange(len(difference)), difference, color='0.8', linewidth=0.5, label='per token')
+  ax.plot(
+    np.arange(len(smoothed)) + (window - 1) / 2,
+    smoothed,
+    linewidth=1.5,
+    label=f'mean over {window} tokens ({difference.mean():+.3f} overall)',
+  )
   for i in np.argsort(-np.abs(difference))[:num_labels]:
     ax.annotate(tokens[i], (i, difference[i]), fontsize=7, ha='center')
   ax.axhline(0.0, color='black', linewidth=0.5)
-  return _save(fig, ax, path, 'position in the text (tokens)',
-               f'NLL {label_a} - NLL {label_b} (nats)', title)
+  return _save(
+    fig, ax, path, 'position in the text (tokens)', f'NLL {label_a} - NLL {label_b} (nats)', title
+  )
 
 
-def parallel_coordinates_figure(axes: Mapping[str, tuple[float, float, bool]],
-                                rows: Sequence[Mapping[str, float]], objective: str,
-                                path: str | pathlib.Path, *, highlight: Sequence[int] = (),
-                                best: int | None = None, title: str = '') -> pathlib.Path:
+def parallel_coordinates_figure(
+  axes: Mapping[str, tuple[float, float, bool]],
+  rows: Sequence[Mapping[str, float]],
+  objective: str,
+  path: str | pathlib.Path,
+  *,
+  highlight: Sequence[int] = (),
+  best: int | None = None,
+  title: str = '',
+) -> pathlib.Path:
   """Tuning trials on parallel coordinates (the Mogrifier paper's Figs. 5
   and 6): one vertical axis per hyper-parameter, spanning its tuning range,
   and a last one for the `objective`; one line per trial. Trials at the
@@ -337,18 +417,31 @@ def parallel_coordinates_figure(axes: Mapping[str, tuple[float, float, bool]],
   fig, ax = _axes()
   fig.set_size_inches(max(6.0, 1.1 * len(ranges)), 4.5)
   xs = np.arange(len(ranges))
-  order = ([i for i in range(len(rows)) if i not in highlight]
-           + [i for i in highlight if i != best] + ([best] if best is not None else []))
+  order = (
+    [i for i in range(len(rows)) if i not in highlight]
+    + [i for i in highlight if i != best]
+    + ([best] if best is not None else [])
+  )
   for i in order:
-    style = ({'color': 'darkred', 'linewidth': 2.5, 'zorder': 3} if i == best else
-             {'color': 'red', 'linewidth': 1.2, 'alpha': 0.8, 'zorder': 2} if i in highlight
-             else {'color': '0.75', 'linewidth': 0.8, 'zorder': 1})
+    style = (
+      {'color': 'darkred', 'linewidth': 2.5, 'zorder': 3}
+      if i == best
+      else {'color': 'red', 'linewidth': 1.2, 'alpha': 0.8, 'zorder': 2}
+      if i in highlight
+      else {'color': '0.75', 'linewidth': 0.8, 'zorder': 1}
+    )
     ax.plot(xs, np.clip(scaled[i], -0.05, 1.05), **style)
   for x, (low, high, log) in zip(xs, ranges):
     ax.axvline(x, color='black', linewidth=0.6)
     for y, value in ((0.0, low), (1.0, high)):
-      ax.annotate(f'{value:.3g}', (x, y), xytext=(0, -9 if y == 0 else 3),
-                  textcoords='offset points', fontsize=7, ha='center')
+      ax.annotate(
+        f'{value:.3g}',
+        (x, y),
+        xytext=(0, -9 if y == 0 else 3),
+        textcoords='offset points',
+        fontsize=7,
+        ha='center',
+      )
   ax.set_xticks(xs, [*names, objective], rotation=30, ha='right', fontsize=8)
   ax.set_yticks([])
   ax.set_ylim(-0.12, 1.25)

@@ -35,8 +35,18 @@ WEIGHTS_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
 SUMS_FILE = 'SHA256SUMS'
 CARD_FILE = 'README.md'
-_UNITS = {'': 1, 'B': 1, 'KB': 10**3, 'MB': 10**6, 'GB': 10**9, 'TB': 10**12,
-          'KIB': 2**10, 'MIB': 2**20, 'GIB': 2**30, 'TIB': 2**40}
+_UNITS = {
+  '': 1,
+  'B': 1,
+  'KB': 10**3,
+  'MB': 10**6,
+  'GB': 10**9,
+  'TB': 10**12,
+  'KIB': 2**10,
+  'MIB': 2**20,
+  'GIB': 2**30,
+  'TIB': 2**40,
+}
 
 
 def parse_size(size: str | int) -> int:
@@ -47,8 +57,10 @@ def parse_size(size: str | int) -> int:
   else:
     match = re.fullmatch(r'\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*', str(size))
     if not match or match.group(2).upper() not in _UNITS:
-      raise ConfigError(f'max_shard_size={size!r} is no size: give bytes with a unit, for '
-                        "example '2GB', '500MB' or '1GiB'")
+      raise ConfigError(
+        f'max_shard_size={size!r} is no size: give bytes with a unit, for '
+        "example '2GB', '500MB' or '1GiB'"
+      )
     number, unit = float(match.group(1)), match.group(2).upper()
   if number * _UNITS[unit] < 1:
     raise ConfigError(f'max_shard_size={size!r} must be at least one byte')
@@ -61,14 +73,15 @@ def is_preset(folder: str | pathlib.Path) -> bool:
 
 
 def _path_key(path) -> str:
-  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k))))
-                  for k in path)
+  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
 
 
 def flat_params(params: Any) -> dict[str, np.ndarray]:
   """The arrays of `params` by their '/'-joined paths, as NumPy arrays."""
-  return {_path_key(path): np.ascontiguousarray(jax.device_get(leaf))
-          for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  return {
+    _path_key(path): np.ascontiguousarray(jax.device_get(leaf))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+  }
 
 
 def split_shards(arrays: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
@@ -105,8 +118,10 @@ def read_sums(text: str, where: str) -> dict[str, str]:
   for line in text.splitlines():
     match = re.fullmatch(r'([0-9a-f]{64}) [ *]([^/\\]+)', line.strip())
     if not match or match.group(2) in ('.', '..'):
-      raise ConfigError(f'{where} has a line that is not "SHA256  NAME": {line[:60]!r}; the '
-                        'preset is damaged, export it again')
+      raise ConfigError(
+        f'{where} has a line that is not "SHA256  NAME": {line[:60]!r}; the '
+        'preset is damaged, export it again'
+      )
     sums[match.group(2)] = match.group(1)
   return sums
 
@@ -116,17 +131,19 @@ def verify(folder: pathlib.Path, skip: tuple[str, ...] = ()) -> None:
   missing or whose sha256 differs; the files named in `skip` go unchecked."""
   path = folder / SUMS_FILE
   if not path.is_file():
-    raise ConfigError(f'{path} is missing: a preset lists its files\' sha256 there; export it '
-                      'again')
+    raise ConfigError(f"{path} is missing: a preset lists its files' sha256 there; export it again")
   for name, digest in read_sums(path.read_text(), str(path)).items():
     if name in skip:
       continue
     if not (folder / name).is_file():
-      raise ConfigError(f'{folder / name} is missing (SHA256SUMS lists it): export the '
-                        'preset again')
+      raise ConfigError(
+        f'{folder / name} is missing (SHA256SUMS lists it): export the preset again'
+      )
     if sha256_file(folder / name) != digest:
-      raise ConfigError(f'{folder / name} is damaged: its sha256 differs from SHA256SUMS\'; '
-                        'export or download the preset again')
+      raise ConfigError(
+        f"{folder / name} is damaged: its sha256 differs from SHA256SUMS'; "
+        'export or download the preset again'
+      )
 
 
 def load_params(folder: str | pathlib.Path, like: Any) -> Any:
@@ -163,12 +180,16 @@ def load_params(folder: str | pathlib.Path, like: Any) -> Any:
     array = arrays.pop(key, None)
     if array is None or array.shape != tuple(leaf.shape) or array.dtype != leaf.dtype:
       what = 'lacks' if array is None else f'has another shape or dtype ({array.shape}) for'
-      raise ConfigError(f'the weights in {folder} {what} {key}: the preset does not fit its '
-                        'config.json; export it again')
+      raise ConfigError(
+        f'the weights in {folder} {what} {key}: the preset does not fit its '
+        'config.json; export it again'
+      )
     out.append(array)
   if arrays:
-    raise ConfigError(f'the weights in {folder} hold {sorted(arrays)[0]}, which its model '
-                      'lacks: the preset does not fit its config.json; export it again')
+    raise ConfigError(
+      f'the weights in {folder} hold {sorted(arrays)[0]}, which its model '
+      'lacks: the preset does not fit its config.json; export it again'
+    )
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -177,11 +198,14 @@ def check_format(folder: pathlib.Path) -> None:
   try:
     record = json.loads((folder / PRESET_FILE).read_text())
   except (OSError, ValueError) as err:
-    raise ConfigError(f'{folder / PRESET_FILE} cannot be read ({type(err).__name__}): export '
-                      'the preset again') from None
+    raise ConfigError(
+      f'{folder / PRESET_FILE} cannot be read ({type(err).__name__}): export the preset again'
+    ) from None
   written = record.get('format_version') if isinstance(record, dict) else None
   if written != PRESET_FORMAT_VERSION:
     writer = record.get('lm_zoo_version', 'another version') if isinstance(record, dict) else '?'
-    raise ConfigError(f'{folder} is a preset of format {written} (lm_zoo {writer}); this is '
-                      f'lm_zoo {__version__} (preset format {PRESET_FORMAT_VERSION}), which '
-                      'reads only its own: use that lm_zoo, or export it again with this one')
+    raise ConfigError(
+      f'{folder} is a preset of format {written} (lm_zoo {writer}); this is '
+      f'lm_zoo {__version__} (preset format {PRESET_FORMAT_VERSION}), which '
+      'reads only its own: use that lm_zoo, or export it again with this one'
+    )

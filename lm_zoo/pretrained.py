@@ -67,8 +67,9 @@ class TrainedModel:
     if EOS not in self.vocab:
       return generation.encode_prompt(self.vocab, text)
     eos = self.vocab.id(EOS)
-    lines = [np.append(generation.encode_prompt(self.vocab, line)[1:], eos)
-             for line in text.splitlines()]
+    lines = [
+      np.append(generation.encode_prompt(self.vocab, line)[1:], eos) for line in text.splitlines()
+    ]
     return np.concatenate([[eos], *lines]).astype(np.int32)
 
   def score(self, text: str) -> EvalResult:
@@ -80,11 +81,18 @@ class TrainedModel:
       ValueError: `text` is not a str, or holds no token to score.
     """
     ids = self._scored(text)
-    result = evaluate_stream(make_eval_step(self.model), self.params,
-                             self.model.initialize_carry(1), ids, 1, self.config.data.bptt,
-                             self.unit)
-    return dataclasses.replace(result, details={**result.details,
-                                                'unknown_tokens': len(self.vocab.unknown(text))})
+    result = evaluate_stream(
+      make_eval_step(self.model),
+      self.params,
+      self.model.initialize_carry(1),
+      ids,
+      1,
+      self.config.data.bptt,
+      self.unit,
+    )
+    return dataclasses.replace(
+      result, details={**result.details, 'unknown_tokens': len(self.vocab.unknown(text))}
+    )
 
   def token_losses(self, text: str) -> tuple[list[str], np.ndarray]:
     """Each token of `text` and its loss in nats given every token before it."""
@@ -98,21 +106,44 @@ class TrainedModel:
       hint = ": decode it first, text.decode('utf-8')" if isinstance(text, bytes) else ''
       raise ValueError(f'text must be a str, got {type(text).__name__}{hint}')
     if not (text.strip() if self.vocab.kind == 'word' else text):
-      raise ValueError(f'text has no {"word" if self.vocab.kind == "word" else "character"} '
-                       'to score: give it at least one')
+      raise ValueError(
+        f'text has no {"word" if self.vocab.kind == "word" else "character"} '
+        'to score: give it at least one'
+      )
     return self.encode(text)
 
-  def generate(self, prompt: str = '', num_tokens: int = 30, num_samples: int = 1,
-               seed: int = 0, temperature: float = 1.0, top_k: int = 0,
-               beam_width: int = 0) -> list[str]:
+  def generate(
+    self,
+    prompt: str = '',
+    num_tokens: int = 30,
+    num_samples: int = 1,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    beam_width: int = 0,
+  ) -> list[str]:
     """Continuations of `prompt` (`generation.generate_text`)."""
-    return generation.generate_text(self.model, self.params, self.vocab, prompt, num_tokens,
-                                    num_samples, seed, temperature, top_k, beam_width)
+    return generation.generate_text(
+      self.model,
+      self.params,
+      self.vocab,
+      prompt,
+      num_tokens,
+      num_samples,
+      seed,
+      temperature,
+      top_k,
+      beam_width,
+    )
 
-  def dynamic_evaluate(self, text: str, learning_rate: float = 1e-2, decay: float = 0.0,
-                       segment_length: int = 5,
-                       transformation: optax.GradientTransformation | None = None
-                       ) -> EvalResult:
+  def dynamic_evaluate(
+    self,
+    text: str,
+    learning_rate: float = 1e-2,
+    decay: float = 0.0,
+    segment_length: int = 5,
+    transformation: optax.GradientTransformation | None = None,
+  ) -> EvalResult:
     """`text` scored with dynamic evaluation from the trained weights: each
     segment of `segment_length` tokens scored, then a step on it, by SGD
     with `learning_rate` and `decay` toward the trained weights, or by
@@ -120,14 +151,26 @@ class TrainedModel:
     included). The result's details hold the static loss of the same tokens
     and the adapted weights."""
     ids = self._scored(text)
-    run = dynamic_evaluate(self.model, self.params,
-                           transformation or dynamic_sgd(learning_rate, decay), ids,
-                           segment_length, 1, self.unit)
+    run = dynamic_evaluate(
+      self.model,
+      self.params,
+      transformation or dynamic_sgd(learning_rate, decay),
+      ids,
+      segment_length,
+      1,
+      self.unit,
+    )
     static = self.score(text)
-    return dataclasses.replace(run.result, details={
-        'static_loss': static.loss, 'segment_nll': run.segment_nll,
-        'segment_tokens': run.segment_tokens, 'skipped_updates': run.skipped_updates,
-        'params': run.params})
+    return dataclasses.replace(
+      run.result,
+      details={
+        'static_loss': static.loss,
+        'segment_nll': run.segment_nll,
+        'segment_tokens': run.segment_tokens,
+        'skipped_updates': run.skipped_updates,
+        'params': run.params,
+      },
+    )
 
 
 def load(workdir: str | pathlib.Path) -> TrainedModel:
@@ -137,8 +180,10 @@ def load(workdir: str | pathlib.Path) -> TrainedModel:
   (downloaded once into $LM_ZOO_CACHE) or hf://OWNER/NAME[@REVISION]
   (`lm_zoo.remote`)."""
   if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
-    raise ConfigError(f'workdir must name a work directory written by lm-zoo-train, a '
-                      f'preset or its URL, got {workdir!r}')
+    raise ConfigError(
+      f'workdir must name a work directory written by lm-zoo-train, a '
+      f'preset or its URL, got {workdir!r}'
+    )
   workdir = resolve(workdir)
   config, vocab, model, params = load_model(workdir)
   return TrainedModel(config, vocab, model, jax.device_put(params), workdir)

@@ -15,8 +15,12 @@ import pathlib
 import signal
 import sys
 
-from lm_zoo.interrupts import (defer_interrupts, interrupt_from_unraisable, interrupted,
-                               raise_interrupts)
+from lm_zoo.interrupts import (
+  defer_interrupts,
+  interrupt_from_unraisable,
+  interrupted,
+  raise_interrupts,
+)
 
 
 def _launch(name: str) -> None:
@@ -38,12 +42,13 @@ def _launch(name: str) -> None:
     if '--verbose' in sys.argv[1:]:
       raise
     from lm_zoo.errors import missing_extra
+
     if missing_extra(err):
       print(f'error: {missing_extra(err)}', file=sys.stderr)
       sys.exit(1)
     from lm_zoo.cli import flag_error
-    print(f'error: {flag_error(err, sys.argv)}\nPass --help to see the flags.',
-          file=sys.stderr)
+
+    print(f'error: {flag_error(err, sys.argv)}\nPass --help to see the flags.', file=sys.stderr)
     sys.exit(1)
   if interrupted():
     print('interrupted', file=sys.stderr)
@@ -77,10 +82,13 @@ def installed_configs(args: list[str]) -> list[str]:
   for arg in args:
     flag = next((f for f in _CONFIG_FLAGS if arg.startswith(f)), None)
     if flag is not None:
-      path, colon, variant = arg[len(flag):].partition(':')
+      path, colon, variant = arg[len(flag) :].partition(':')
       local = pathlib.Path(path)
-      if (not local.exists() and local.parts[:1] == ('experiments',)
-          and (experiments / local.relative_to('experiments')).is_file()):
+      if (
+        not local.exists()
+        and local.parts[:1] == ('experiments',)
+        and (experiments / local.relative_to('experiments')).is_file()
+      ):
         arg = f'{flag}{experiments / local.relative_to("experiments")}{colon}{variant}'
     rewritten.append(arg)
   return rewritten

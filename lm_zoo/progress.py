@@ -38,8 +38,7 @@ class ProgressLog:
   so the count it reports is work finished, not merely queued.
   """
 
-  def __init__(self, what: str, total: int, unit: str = 'windows',
-               interval: float = 30.0):
+  def __init__(self, what: str, total: int, unit: str = 'windows', interval: float = 30.0):
     self.what, self.total, self.unit, self.interval = what, total, unit, interval
     self.start = self.last = time.perf_counter()
 
@@ -49,8 +48,15 @@ class ProgressLog:
     if latest is not None:
       jax.block_until_ready(latest)
     self.last = time.perf_counter()
-    log.info('%s: %d/%d %s (%.0f%%), ETA %s', self.what, done, self.total, self.unit,
-             100 * done / self.total, eta(self.last - self.start, done, self.total))
+    log.info(
+      '%s: %d/%d %s (%.0f%%), ETA %s',
+      self.what,
+      done,
+      self.total,
+      self.unit,
+      100 * done / self.total,
+      eta(self.last - self.start, done, self.total),
+    )
 
 
 class Throughput:

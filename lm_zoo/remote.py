@@ -58,16 +58,20 @@ def resolve(source: str | os.PathLike) -> pathlib.Path:
 
 def _from_hub(source: str) -> pathlib.Path:
   """snapshot_download of hf://OWNER/NAME[@REVISION], its SHA256SUMS checked."""
-  name, _, revision = source[len('hf://'):].partition('@')
+  name, _, revision = source[len('hf://') :].partition('@')
   if name.count('/') != 1 or not all(name.split('/')):
     raise ConfigError(f'{source} names no model repository: write hf://OWNER/NAME[@REVISION]')
   try:
     import huggingface_hub
   except ImportError:
-    raise ConfigError(f"{source} needs huggingface_hub, which is not installed: pip install "
-                      "'lm_zoo[hub]'") from None
-  folder = pathlib.Path(huggingface_hub.snapshot_download(
-      repo_id=name, revision=revision or None, cache_dir=str(cache_dir() / 'hub')))
+    raise ConfigError(
+      f"{source} needs huggingface_hub, which is not installed: pip install 'lm_zoo[hub]'"
+    ) from None
+  folder = pathlib.Path(
+    huggingface_hub.snapshot_download(
+      repo_id=name, revision=revision or None, cache_dir=str(cache_dir() / 'hub')
+    )
+  )
   verify(folder, skip=(CARD_FILE,))
   return folder
 
@@ -75,8 +79,9 @@ def _from_hub(source: str) -> pathlib.Path:
 def _from_url(url: str) -> pathlib.Path:
   parts = urllib.parse.urlsplit(url)
   if parts.scheme == 'http' and parts.hostname not in _LOCAL_HOSTS:
-    raise ConfigError(f'{url}: a preset is downloaded over https only (http on this host): '
-                      'use its https:// address')
+    raise ConfigError(
+      f'{url}: a preset is downloaded over https only (http on this host): use its https:// address'
+    )
   base = url.rstrip('/') + '/'
   entry = cache_dir() / hashlib.sha256(base.encode()).hexdigest()[:24]
   if entry.is_dir():
@@ -112,8 +117,12 @@ def _download_preset(base: str, entry: pathlib.Path) -> None:
     sums_text = _fetch_small(base + SUMS_FILE)
     sums = read_sums(sums_text, base + SUMS_FILE)
     for name, digest in sums.items():
-      _download(base + urllib.parse.quote(name), partial / name,
-                None if name == CARD_FILE else digest, partial)
+      _download(
+        base + urllib.parse.quote(name),
+        partial / name,
+        None if name == CARD_FILE else digest,
+        partial,
+      )
     (partial / SUMS_FILE).write_text(sums_text)
   except _Damaged as err:
     shutil.rmtree(partial, ignore_errors=True)
@@ -127,8 +136,9 @@ class _Damaged(Exception):
 
 
 def _interrupted(url: str, err: BaseException) -> ConfigError:
-  return ConfigError(f'the download of {url} failed ({type(err).__name__}: {err}): run again '
-                     'to resume it')
+  return ConfigError(
+    f'the download of {url} failed ({type(err).__name__}: {err}): run again to resume it'
+  )
 
 
 def _fetch_small(url: str) -> str:
@@ -136,14 +146,15 @@ def _fetch_small(url: str) -> str:
     with urllib.request.urlopen(url, timeout=60) as response:
       return response.read().decode()
   except urllib.error.HTTPError as err:
-    raise ConfigError(f'{url}: HTTP {err.code} {err.reason}: is the address that of a preset '
-                      'folder (written by lm-zoo-export)?') from None
+    raise ConfigError(
+      f'{url}: HTTP {err.code} {err.reason}: is the address that of a preset '
+      'folder (written by lm-zoo-export)?'
+    ) from None
   except (OSError, http.client.HTTPException, UnicodeDecodeError) as err:
     raise _interrupted(url, err) from None
 
 
-def _download(url: str, path: pathlib.Path, digest: str | None,
-              partial: pathlib.Path) -> None:
+def _download(url: str, path: pathlib.Path, digest: str | None, partial: pathlib.Path) -> None:
   """Downloads `url` to `path` through PATH.part, resuming a part that an
   earlier call left; renames it when its sha256 is `digest` (None: any)."""
   if path.is_file() and digest is not None and sha256_file(path) == digest:
@@ -157,8 +168,7 @@ def _download(url: str, path: pathlib.Path, digest: str | None,
       mode = 'ab' if resumed else 'wb'
       done = have if resumed else 0
       total = done + int(response.headers.get('Content-Length') or 0)
-      progress = ProgressLog(f'downloading {path.name}', max(total, 1), unit='bytes',
-                             interval=5.0)
+      progress = ProgressLog(f'downloading {path.name}', max(total, 1), unit='bytes', interval=5.0)
       with open(part, mode) as out:
         for block in iter(lambda: response.read(_BLOCK), b''):
           out.write(block)
@@ -170,11 +180,15 @@ def _download(url: str, path: pathlib.Path, digest: str | None,
     if err.code == 416:  # the part is whole already, or longer than the file: start again
       part.unlink(missing_ok=True)
       return _download(url, path, digest, partial)
-    raise ConfigError(f'{url}: HTTP {err.code} {err.reason}: the preset\'s SHA256SUMS lists '
-                      'it, but the server has no such file') from None
+    raise ConfigError(
+      f"{url}: HTTP {err.code} {err.reason}: the preset's SHA256SUMS lists "
+      'it, but the server has no such file'
+    ) from None
   except (OSError, http.client.HTTPException) as err:
     raise _interrupted(url, err) from None
   if digest is not None and sha256_file(part) != digest:
-    raise _Damaged(f'{url} is damaged: its sha256 differs from the preset\'s SHA256SUMS; the '
-                   'download was discarded, fetch it again or ask its publisher')
+    raise _Damaged(
+      f"{url} is damaged: its sha256 differs from the preset's SHA256SUMS; the "
+      'download was discarded, fetch it again or ask its publisher'
+    )
   os.replace(part, path)

@@ -16,7 +16,7 @@ _log = logging.getLogger(__name__)
 
 # mallopt(3) parameters of glibc's malloc.h
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
-_LARGEST_INT = 2 ** 31 - 1
+_LARGEST_INT = 2**31 - 1
 OPT_OUT = 'LM_ZOO_SYSTEM_MALLOC'
 
 
@@ -51,8 +51,7 @@ def retain_host_memory() -> bool:
   libc = ctypes.CDLL(None)
   if not hasattr(libc, 'gnu_get_libc_version'):
     return False
-  for parameter, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _LARGEST_INT),
-                           (_M_ARENA_MAX, 1)):
+  for parameter, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _LARGEST_INT), (_M_ARENA_MAX, 1)):
     if libc.mallopt(parameter, value) != 1:
       _log.warning('glibc refused mallopt(%d, %d); malloc left as it was', parameter, value)
       return False
@@ -76,8 +75,17 @@ def accelerator_expected() -> bool:
 # The instruction-set extensions among which XLA's CPU kernels choose (the
 # vector width, fused multiply-add, bfloat16 dots): another set computes
 # another rounding of the same sums.
-CPU_EXTENSIONS = ('avx', 'avx2', 'fma', 'avx512f', 'avx512_bf16', 'avx512_fp16',
-                  'avx512_vnni', 'amx_bf16', 'amx_tile')
+CPU_EXTENSIONS = (
+  'avx',
+  'avx2',
+  'fma',
+  'avx512f',
+  'avx512_bf16',
+  'avx512_fp16',
+  'avx512_vnni',
+  'amx_bf16',
+  'amx_tile',
+)
 CPUINFO = pathlib.Path('/proc/cpuinfo')
 
 
@@ -107,11 +115,16 @@ def environment() -> dict:
   another number of threads sums in another order, so one seed trains to
   other weights on 1 core than on 2)."""
   devices = jax.devices()
-  threads = (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
-             else os.cpu_count())
+  threads = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
   model, extensions = cpu()
-  return {'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
-          'backend': jax.default_backend(), 'devices': len(devices),
-          'device_kind': devices[0].device_kind, 'cpu': model,
-          'cpu_extensions': extensions, 'cpu_threads': threads,
-          'xla_flags': os.environ.get('XLA_FLAGS', '')}
+  return {
+    'jax': jax.__version__,
+    'jaxlib': jaxlib.__version__,
+    'backend': jax.default_backend(),
+    'devices': len(devices),
+    'device_kind': devices[0].device_kind,
+    'cpu': model,
+    'cpu_extensions': extensions,
+    'cpu_threads': threads,
+    'xla_flags': os.environ.get('XLA_FLAGS', ''),
+  }

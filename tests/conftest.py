@@ -21,8 +21,9 @@ retain_host_memory()
 
 # Eight simulated CPU devices for the data-parallel tests; XLA reads the flag
 # when jax initialises its backend, so it must be set before any test imports jax.
-os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
-    os.environ.get('XLA_FLAGS'), '--xla_force_host_platform_device_count=8']))
+os.environ['XLA_FLAGS'] = ' '.join(
+  filter(None, [os.environ.get('XLA_FLAGS'), '--xla_force_host_platform_device_count=8'])
+)
 
 # On a CPU the tests' tiny programs spend far more time in XLA's compiler than
 # running. LLVM without its optimisation passes compiles them faster and runs
@@ -61,10 +62,14 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 # jax read its variables when lm_zoo.runtime imported it: this process is told
 # through its config (before its first compilation, which fixes the cache).
 jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
-jax.config.update('jax_persistent_cache_min_compile_time_secs',
-                  float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
-jax.config.update('jax_persistent_cache_min_entry_size_bytes',
-                  int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']))
+jax.config.update(
+  'jax_persistent_cache_min_compile_time_secs',
+  float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']),
+)
+jax.config.update(
+  'jax_persistent_cache_min_entry_size_bytes',
+  int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']),
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -72,8 +77,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def users_compile_env() -> dict[str, str]:
   """This process's environment for a child that compiles as users do,
   without conftest's CPU compile flags."""
-  flags = ' '.join(flag for flag in os.environ.get('XLA_FLAGS', '').split()
-                   if flag not in CPU_COMPILE_FLAGS)
+  flags = ' '.join(
+    flag for flag in os.environ.get('XLA_FLAGS', '').split() if flag not in CPU_COMPILE_FLAGS
+  )
   return {**os.environ, 'XLA_FLAGS': flags, 'LM_ZOO_TEST_COMPILE': 'default'}
 
 
@@ -82,8 +88,10 @@ def data_dir() -> pathlib.Path:
   """$LM_ZOO_DATA, else ../shared/data beside the checkout."""
   path = pathlib.Path(os.environ.get('LM_ZOO_DATA') or REPO.parent / 'shared' / 'data')
   if not (path / 'ptb' / 'train.txt').is_file():
-    pytest.fail(f'the real datasets are not at {path}: set LM_ZOO_DATA to the '
-                'folder holding ptb/, wikitext-2/ and ptb-char/')
+    pytest.fail(
+      f'the real datasets are not at {path}: set LM_ZOO_DATA to the '
+      'folder holding ptb/, wikitext-2/ and ptb-char/'
+    )
   return path
 
 
@@ -96,6 +104,7 @@ def tiny_config(data_dir):
 def tiny_lm_config(data_dir):
   """`tiny_config`'s config, for fixtures of a wider scope."""
   from lm_zoo.configs import base_config
+
   c = base_config()
   c.data.data_dir = str(data_dir)
   c.data.batch_size = 4
@@ -136,10 +145,12 @@ def check_reverse_gradient(f, args: tuple, eps: float, atol: float, rtol: float)
 def perturb(params, seed: int = 1, scale: float = 0.3):
   """params plus N(0, scale²) noise, so that zero-initialised biases count too."""
   import jax
+
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
-                                   for k, x in zip(keys, leaves)])
+  return jax.tree.unflatten(
+    tree, [x + scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
+  )
 
 
 def alstm_window_inputs(cell, batch: int, inputs: int, units: int, steps: int, seed: int = 1):
@@ -148,10 +159,12 @@ def alstm_window_inputs(cell, batch: int, inputs: int, units: int, steps: int, s
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   rng = np.random.default_rng(seed)
   normal = lambda shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
-  carry = jax.tree.map(lambda a: normal(a.shape),
-                       cell.initialize_carry(jax.random.key(0), (batch, inputs)))
+  carry = jax.tree.map(
+    lambda a: normal(a.shape), cell.initialize_carry(jax.random.key(0), (batch, inputs))
+  )
   mask = jnp.asarray(rng.binomial(1, 0.7, (batch, units)) / 0.7, jnp.float32)
   return carry, normal((steps, batch, inputs)), mask
 
@@ -159,6 +172,7 @@ def alstm_window_inputs(cell, batch: int, inputs: int, units: int, steps: int, s
 def load_experiment(name: str, *args):
   """`get_config(*args)` of experiments/NAME.py, loaded by path as config_flags does."""
   import importlib.util
+
   path = REPO / 'experiments' / f'{name}.py'
   spec = importlib.util.spec_from_file_location(path.stem, path)
   module = importlib.util.module_from_spec(spec)
@@ -169,8 +183,9 @@ def load_experiment(name: str, *args):
 def run_script(args, env_extra=None) -> subprocess.CompletedProcess:
   """Runs a repository script as a user would, from the repository root."""
   env = {**os.environ, 'PYTHONUNBUFFERED': '1', **(env_extra or {})}
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=600)
+  return subprocess.run(
+    [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+  )
 
 
 def read_events(logdir):
@@ -178,11 +193,12 @@ def read_events(logdir):
   (their TFRecord framing: length, its crc, the record, its crc)."""
   import struct
   from tensorboardX.proto import event_pb2
+
   for path in sorted(pathlib.Path(logdir).glob('events.out.tfevents.*')):
     data, offset = path.read_bytes(), 0
     while offset < len(data):
       (length,) = struct.unpack_from('<Q', data, offset)
-      yield event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+      yield event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
       offset += 12 + length + 4
 
 
@@ -193,28 +209,30 @@ def read_scalar_events(logdir) -> dict[str, list[tuple[int, float]]]:
   scalars: dict[str, list[tuple[int, float]]] = {}
   for event in read_events(logdir):
     if event.HasField('session_log') and event.session_log.status == event.session_log.START:
-      scalars = {tag: [(s, v) for s, v in points if s < event.step]
-                 for tag, points in scalars.items()}
+      scalars = {
+        tag: [(s, v) for s, v in points if s < event.step] for tag, points in scalars.items()
+      }
     for value in event.summary.value:
       scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
   return scalars
 
 
 # Holds WORKDIR's lock until the file RELEASE exists, then exits.
-HOLDER = '''
+HOLDER = """
 import pathlib, sys, time
 from lm_zoo.runs.workdir import workdir_lock
 with workdir_lock(pathlib.Path(sys.argv[1])):
   print('held', flush=True)
   while not pathlib.Path(sys.argv[2]).exists():
     time.sleep(0.05)
-'''
+"""
 
 
 def hold_lock(workdir, release) -> subprocess.Popen:
   """A process holding `workdir`'s lock until `release` is created."""
-  holder = subprocess.Popen([sys.executable, '-c', HOLDER, str(workdir), str(release)],
-                            stdout=subprocess.PIPE, text=True)
+  holder = subprocess.Popen(
+    [sys.executable, '-c', HOLDER, str(workdir), str(release)], stdout=subprocess.PIPE, text=True
+  )
   assert holder.stdout.readline().strip() == 'held'
   return holder
 
@@ -224,10 +242,12 @@ def loss_and_grads(model, params, tokens, train=False):
   carries = model.initialize_carry(tokens.shape[0])
 
   def loss(p):
-    logits, _ = model.apply({'params': p}, tokens[:, :-1], carries, train=train,
-                            rngs={'dropout': jax.random.key(5)})
+    logits, _ = model.apply(
+      {'params': p}, tokens[:, :-1], carries, train=train, rngs={'dropout': jax.random.key(5)}
+    )
     log_probs = jax.nn.log_softmax(logits)
     return -jnp.mean(jnp.take_along_axis(log_probs, tokens[:, 1:, None], -1))
+
   return jax.value_and_grad(loss)(params)
 
 
@@ -236,6 +256,7 @@ def hostile_folders(data_dir, tmp_path_factory):
   """A tiny trained work directory, damaged copies of it and hostile files
   (tests/hostile_programs.py: make_folders)."""
   from hostile_programs import make_folders
+
   return make_folders(data_dir, tmp_path_factory.mktemp('hostile'))
 
 
@@ -248,12 +269,20 @@ def run_scripts(command_lines, env_extra=None) -> list[subprocess.CompletedProce
   one that loaded JAX and lm_zoo once (seconds a process): for tests of what
   a script prints and its exit status, not of the interpreter's start."""
   import json
+
   # Each script as long as `run_script` gives it.
   env = {**os.environ, 'PYTHONUNBUFFERED': '1', 'PROBE_TIME_LIMIT_S': '600', **(env_extra or {})}
-  ran = subprocess.run([sys.executable, str(REPO / 'tests' / 'program_probes.py'), '--scripts'],
-                       cwd=REPO, env=env,
-                       input=json.dumps([list(map(str, args)) for args in command_lines]),
-                       capture_output=True, text=True, timeout=600 * len(command_lines))
+  ran = subprocess.run(
+    [sys.executable, str(REPO / 'tests' / 'program_probes.py'), '--scripts'],
+    cwd=REPO,
+    env=env,
+    input=json.dumps([list(map(str, args)) for args in command_lines]),
+    capture_output=True,
+    text=True,
+    timeout=600 * len(command_lines),
+  )
   assert ran.returncode == 0, ran.stderr
-  return [subprocess.CompletedProcess(args, r['status'], r['stdout'], r['stderr'])
-          for args, r in zip(command_lines, json.loads(ran.stdout))]
+  return [
+    subprocess.CompletedProcess(args, r['status'], r['stdout'], r['stderr'])
+    for args, r in zip(command_lines, json.loads(ran.stdout))
+  ]

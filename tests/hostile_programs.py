@@ -12,14 +12,27 @@ from conftest import REPO
 
 from lm_zoo.configs import base_config
 from lm_zoo.training import train_and_evaluate
-TINY = {'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 3,
-        'data.test_batch_size': 2, 'data.train_tokens': 401, 'data.valid_tokens': 121,
-        'data.test_tokens': 81, 'model.embed_size': 16, 'model.hidden_size': 16,
-        'train.max_steps': 10, 'train.log_every': 5, 'generate.num_lines': 0}
+
+TINY = {
+  'data.batch_size': 4,
+  'data.bptt': 10,
+  'data.eval_batch_size': 3,
+  'data.test_batch_size': 2,
+  'data.train_tokens': 401,
+  'data.valid_tokens': 121,
+  'data.test_tokens': 81,
+  'model.embed_size': 16,
+  'model.hidden_size': 16,
+  'train.max_steps': 10,
+  'train.log_every': 5,
+  'generate.num_lines': 0,
+}
 # The tiny config as --config overrides of experiments/default.py.
 LONG_PROMPT = '--prompt=' + 'the company ' * 2500
-TINY_FLAGS = ['--config=experiments/default.py',
-              *(f'--config.{field}={value}' for field, value in TINY.items())]
+TINY_FLAGS = [
+  '--config=experiments/default.py',
+  *(f'--config.{field}={value}' for field, value in TINY.items()),
+]
 
 
 def _damaged(workdir, damage):
@@ -72,13 +85,23 @@ def _data_json_empty_object(w):
   (w / 'data.json').write_text('{}')
 
 
-DAMAGES = [_empty_vocab, _vocab_of_wrong_shape, _config_a_list, _config_a_folder, _best_a_file,
-           _no_best, _unknown_config_field, _unknown_config_section, _data_json_empty_object]
+DAMAGES = [
+  _empty_vocab,
+  _vocab_of_wrong_shape,
+  _config_a_list,
+  _config_a_folder,
+  _best_a_file,
+  _no_best,
+  _unknown_config_field,
+  _unknown_config_section,
+  _data_json_empty_object,
+]
 
 
 def _cut_study_database(folder):
   """FOLDER/study.db: an Optuna study of three trials, cut to half its size."""
   import optuna
+
   folder.mkdir()
   optuna.logging.set_verbosity(optuna.logging.WARNING)
   study = optuna.create_study(storage=f'sqlite:///{folder}/study.db', study_name='cut')
@@ -113,11 +136,16 @@ def run_probes(probes: dict, folders: dict[str, str]) -> dict[str, dict]:
   process (JAX and lm_zoo imported once), a program's probes one after
   another, the programs in name order."""
   ids = sorted(probes, key=lambda i: probes[i][0])  # stable: each program's in order
-  command_lines = [[probes[i][0], *(arg.format(**folders) for arg in probes[i][1])]
-                   for i in ids]
-  ran = subprocess.run([sys.executable, 'tests/program_probes.py', '--programs'], cwd=REPO,
-                       input=json.dumps(command_lines), capture_output=True, text=True,
-                       timeout=900, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+  command_lines = [[probes[i][0], *(arg.format(**folders) for arg in probes[i][1])] for i in ids]
+  ran = subprocess.run(
+    [sys.executable, 'tests/program_probes.py', '--programs'],
+    cwd=REPO,
+    input=json.dumps(command_lines),
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env={**os.environ, 'PYTHONUNBUFFERED': '1'},
+  )
   assert ran.returncode == 0, ran.stderr
   return dict(zip(ids, json.loads(ran.stdout)))
 

@@ -38,5 +38,8 @@ def summed_sizes_in_loops(jaxpr) -> list[int]:
 
 def pallas_grids(jaxpr) -> dict[str, tuple]:
   """{name: grid} of every pallas_call in a jaxpr, at any depth."""
-  return {eqn.params['name']: tuple(eqn.params['grid_mapping'].grid)
-          for eqn, _ in _equations(jaxpr) if eqn.primitive.name == 'pallas_call'}
+  return {
+    eqn.params['name']: tuple(eqn.params['grid_mapping'].grid)
+    for eqn, _ in _equations(jaxpr)
+    if eqn.primitive.name == 'pallas_call'
+  }

@@ -14,8 +14,9 @@ def lstm_step(params, c, h, x, cap_input_gate=False):
   b = np.asarray(params['input']['bias'])
   U = np.asarray(params['recurrent_kernel'])
   n = h.shape[-1]
-  gate = lambda k: (x @ W[:, k * n:(k + 1) * n] + h @ U[:, k * n:(k + 1) * n]
-                    + b[k * n:(k + 1) * n])
+  gate = lambda k: (
+    x @ W[:, k * n : (k + 1) * n] + h @ U[:, k * n : (k + 1) * n] + b[k * n : (k + 1) * n]
+  )
   i, f, j, o = sigmoid(gate(0)), sigmoid(gate(1)), np.tanh(gate(2)), sigmoid(gate(3))
   if cap_input_gate:
     i = np.minimum(1 - f, i)
@@ -86,16 +87,15 @@ def alstm_step(params, carry, x, context=None, latent='lstm', latent_mask=None):
       latent_carry = (latent_carry[0], z)
   pi = np.tanh(z @ np.asarray(params['policy']['kernel']))
   m, n = x.shape[-1], h.shape[-1]
-  d3, d1 = pi[:, :m], pi[:, m:m + n]
-  d4, d2, d0 = (pi[:, m + n + k * 4 * n:m + n + (k + 1) * 4 * n] for k in range(3))
+  d3, d1 = pi[:, :m], pi[:, m : m + n]
+  d4, d2, d0 = (pi[:, m + n + k * 4 * n : m + n + (k + 1) * 4 * n] for k in range(3))
   W = np.asarray(params['input']['kernel_1'])
   V = np.asarray(params['recurrent']['kernel_1'])
   b = np.asarray(params['recurrent']['bias'])
 
   def gate(k):
     s = slice(k * n, (k + 1) * n)
-    return (d4[:, s] * ((d3 * x) @ W[:, s]) + d2[:, s] * ((d1 * h) @ V[:, s])
-            + d0[:, s] * b[s])
+    return d4[:, s] * ((d3 * x) @ W[:, s]) + d2[:, s] * ((d1 * h) @ V[:, s]) + d0[:, s] * b[s]
 
   i, f, j, o = sigmoid(gate(0)), sigmoid(gate(1)), np.tanh(gate(2)), sigmoid(gate(3))
   c_new = f * c + i * j

@@ -24,9 +24,10 @@ USER = 'lm_zoo'
 
 
 def _binaries() -> pathlib.Path | None:
-  for folder in [*sorted(glob.glob('/usr/lib/postgresql/*/bin'), reverse=True),
-                 *([str(pathlib.Path(shutil.which('initdb')).parent)]
-                   if shutil.which('initdb') else [])]:
+  for folder in [
+    *sorted(glob.glob('/usr/lib/postgresql/*/bin'), reverse=True),
+    *([str(pathlib.Path(shutil.which('initdb')).parent)] if shutil.which('initdb') else []),
+  ]:
     if all((pathlib.Path(folder) / name).exists() for name in ('initdb', 'pg_ctl')):
       return pathlib.Path(folder)
   return None
@@ -36,8 +37,9 @@ def find_server() -> tuple[pathlib.Path | None, str]:
   """(the folder of initdb and pg_ctl, '') or (None, why there is none)."""
   binaries = _binaries()
   if binaries is None:
-    return None, ('PostgreSQL is not installed (Debian: apt-get install postgresql; '
-                  '.ci/run installs it)')
+    return None, (
+      'PostgreSQL is not installed (Debian: apt-get install postgresql; .ci/run installs it)'
+    )
   try:
     import psycopg2  # noqa: F401
   except ImportError:
@@ -66,22 +68,27 @@ def postgres_server(binaries: pathlib.Path) -> Iterator[str]:
     os.chown(folder, account.pw_uid, account.pw_gid)
     as_user = ['runuser', '-u', 'postgres', '--']
   data, port = folder / 'data', _free_port()
-  run = lambda *args: subprocess.run([*as_user, *map(str, args)], check=True,
-                                     capture_output=True, text=True, timeout=120)
+  run = lambda *args: subprocess.run(
+    [*as_user, *map(str, args)], check=True, capture_output=True, text=True, timeout=120
+  )
   run(binaries / 'initdb', '-D', data, '-U', USER, '-A', 'trust', '--no-sync')
   options = f'-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off'
   run(binaries / 'pg_ctl', '-D', data, '-o', options, '-l', folder / 'log', '-w', 'start')
   try:
     yield f'postgresql+psycopg2://{USER}@127.0.0.1:{port}/postgres'
   finally:
-    subprocess.run([*as_user, str(binaries / 'pg_ctl'), '-D', str(data), '-m', 'immediate',
-                    '-w', 'stop'], capture_output=True, timeout=120)
+    subprocess.run(
+      [*as_user, str(binaries / 'pg_ctl'), '-D', str(data), '-m', 'immediate', '-w', 'stop'],
+      capture_output=True,
+      timeout=120,
+    )
     shutil.rmtree(folder, ignore_errors=True)
 
 
 def new_database(server_url: str, name: str) -> str:
   """Creates database `name` on the server; returns its URL."""
   import sqlalchemy
+
   engine = sqlalchemy.create_engine(server_url, isolation_level='AUTOCOMMIT')
   with engine.connect() as connection:
     connection.execute(sqlalchemy.text(f'CREATE DATABASE {name}'))

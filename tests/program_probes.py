@@ -24,7 +24,7 @@ import tempfile
 from typing import Callable
 
 # A command line that runs longer than this is a hang.
-TIME_LIMIT_S = int(os.environ.get("PROBE_TIME_LIMIT_S", 120))
+TIME_LIMIT_S = int(os.environ.get('PROBE_TIME_LIMIT_S', 120))
 
 
 def _exit_status(stopped: SystemExit) -> int:
@@ -48,6 +48,7 @@ def _run_in_child(run: Callable[[], None], folder: str) -> dict:
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
       os.environ['PYTHONUNBUFFERED'] = '1'
       import signal
+
       signal.alarm(TIME_LIMIT_S)
       run()
       code = 0
@@ -55,6 +56,7 @@ def _run_in_child(run: Callable[[], None], folder: str) -> dict:
       code = _exit_status(stopped)
     except BaseException:  # what the interpreter would print and exit 1 with
       import traceback
+
       traceback.print_exc()
       code = 1
     sys.stdout.flush()
@@ -62,17 +64,18 @@ def _run_in_child(run: Callable[[], None], folder: str) -> dict:
     os._exit(code)
   _, status = os.waitpid(pid, 0)
   with open(out) as o, open(err) as e:
-    return {'status': os.waitstatus_to_exitcode(status), 'stdout': o.read(),
-            'stderr': e.read()}
+    return {'status': os.waitstatus_to_exitcode(status), 'stdout': o.read(), 'stderr': e.read()}
 
 
 def _program(name: str, args: list[str]) -> Callable[[], None]:
   def run():
     from lm_zoo.interrupts import interrupt_from_unraisable
     from lm_zoo.programs import installed_configs
+
     sys.unraisablehook = interrupt_from_unraisable
     sys.argv = [name, *installed_configs(args)]
     importlib.import_module(f'lm_zoo.cli.{name}').main()
+
   return run
 
 
@@ -80,6 +83,7 @@ def _script(args: list[str]) -> Callable[[], None]:
   def run():
     sys.argv = list(args)
     runpy.run_path(args[0], run_name='__main__')
+
   return run
 
 

@@ -8,8 +8,7 @@ from jax.test_util import check_grads
 
 from conftest import perturb
 from lm_zoo.errors import ConfigError
-from lm_zoo.layers import (AdaptiveDense, FeedForwardPolicy, GLUPolicy, LinearPolicy,
-                           policy_slots)
+from lm_zoo.layers import AdaptiveDense, FeedForwardPolicy, GLUPolicy, LinearPolicy, policy_slots
 from numpy_reference import adaptive_dense, dense, sigmoid
 
 M, N, B = 4, 5, 3
@@ -19,8 +18,10 @@ def _x(seed=0, shape=(B, M)):
   return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
 
 
-@pytest.mark.parametrize('policy,inner', [('input', ()), ('output', ()), ('io', ()),
-                                          ('sva', (2,)), (3, (6,)), ((True, False, True), ())])
+@pytest.mark.parametrize(
+  'policy,inner',
+  [('input', ()), ('output', ()), ('io', ()), ('sva', (2,)), (3, (6,)), ((True, False, True), ())],
+)
 def test_policies_match_equations(policy, inner):
   layer = AdaptiveDense(N, policy, inner_features=inner)
   x, cond = _x(0), _x(1, (B, 3))
@@ -32,7 +33,7 @@ def test_policies_match_equations(policy, inner):
   sizes = [M, *(inner or [N] * (len(slots) - 2)), N]
   slot_policies, start = [], 0
   for size, adapts in zip(sizes, slots):
-    slot_policies.append(flat[:, start:start + size] if adapts else None)
+    slot_policies.append(flat[:, start : start + size] if adapts else None)
     start += size if adapts else 0
   bias_policy = flat[:, start:]
   assert bias_policy.shape == (B, N)
@@ -52,15 +53,15 @@ def test_unit_policies_give_the_static_layer(policy, inner):
     static = static @ kernel
   static = static + np.asarray(params['bias'])
   ones = [jnp.ones((B, n)) for n in layer.policy_sizes(M)]
-  np.testing.assert_allclose(layer.apply({'params': params}, x, policies=ones), static,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    layer.apply({'params': params}, x, policies=ones), static, rtol=1e-5, atol=1e-5
+  )
   # A fresh LinearPolicy is the unit policy: the new layer is its static layer.
   fresh = layer.init(jax.random.key(1), x)['params']
   fresh_static = x
   for k in sorted(k for k in fresh if k.startswith('kernel_')):
     fresh_static = fresh_static @ np.asarray(fresh[k])
-  np.testing.assert_allclose(layer.apply({'params': fresh}, x), fresh_static,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(layer.apply({'params': fresh}, x), fresh_static, rtol=1e-5, atol=1e-5)
 
 
 def test_sva_kernels_start_semi_orthogonal():
@@ -76,8 +77,7 @@ def test_policy_networks_match_equations():
   glu = GLUPolicy(6)
   p = perturb(glu.init(jax.random.key(0), v)['params'])
   a, g = np.split(dense(p['Dense_0'], v), 2, axis=-1)
-  np.testing.assert_allclose(glu.apply({'params': p}, v), a * sigmoid(g), rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(glu.apply({'params': p}, v), a * sigmoid(g), rtol=1e-5, atol=1e-6)
   ff = FeedForwardPolicy(6, hidden=8)
   p = perturb(ff.init(jax.random.key(0), v)['params'])
   expected = dense(p['out'], np.maximum(dense(p['hidden'], v), 0))
@@ -93,8 +93,15 @@ def test_gradients_match_finite_differences():
   with jax.enable_x64(True):
     params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
     loss = lambda params, x: jnp.sum(jnp.tanh(layer.apply({'params': params}, x)) ** 2)
-    check_grads(loss, (params, jnp.asarray(x, jnp.float64)), order=1, modes=('rev',),
-                eps=1e-6, atol=1e-7, rtol=1e-6)
+    check_grads(
+      loss,
+      (params, jnp.asarray(x, jnp.float64)),
+      order=1,
+      modes=('rev',),
+      eps=1e-6,
+      atol=1e-7,
+      rtol=1e-6,
+    )
 
 
 def test_bad_policies_are_named():

@@ -52,13 +52,17 @@ def test_unknown_policy_net_is_named():
 
 def test_run_task_script(tmp_path):
   out = tmp_path / 'rows.json'
-  done = run_script(['launch/run_task.py', '--config=experiments/tail_regression.py',
-                     '--config.steps=50', f'--output={out}'])
+  done = run_script(
+    [
+      'launch/run_task.py',
+      '--config=experiments/tail_regression.py',
+      '--config.steps=50',
+      f'--output={out}',
+    ]
+  )
   assert done.returncode == 0, done.stderr
   assert 'test_mse' in done.stdout and 'y_true' not in done.stdout
-  assert {r['model'] for r in json.loads(out.read_text())} == {'adaptive_2x2',
-                                                                'feedforward_3x10'}
-  bad = run_script(['launch/run_task.py', '--config=experiments/default.py',
-                    f'--output={out}'])
-  assert bad.returncode != 0 and "config.task is None" in bad.stderr
+  assert {r['model'] for r in json.loads(out.read_text())} == {'adaptive_2x2', 'feedforward_3x10'}
+  bad = run_script(['launch/run_task.py', '--config=experiments/default.py', f'--output={out}'])
+  assert bad.returncode != 0 and 'config.task is None' in bad.stderr
   assert 'Traceback' not in bad.stderr

@@ -29,8 +29,9 @@ def _random_carry(cell, seed, batch=B):
   carry = cell.initialize_carry(jax.random.key(0), (batch, M))
   leaves, tree = jax.tree.flatten(carry)
   rng = np.random.default_rng(seed)
-  return jax.tree.unflatten(tree, [rng.normal(size=x.shape).astype(np.float32) * 0.5
-                                   for x in leaves])
+  return jax.tree.unflatten(
+    tree, [rng.normal(size=x.shape).astype(np.float32) * 0.5 for x in leaves]
+  )
 
 
 def _init(cell, x, seed=0):
@@ -59,14 +60,16 @@ def test_latent_dropout_is_one_mask_per_window_kept_in_the_latent_carry():
   """The authors' dropout_adapt: z ⊙ m makes the policy and is what the latent
   LSTM carries, with one mask m per call; none without a dropout RNG."""
   from lm_zoo.models.recurrent import RecurrentLayer
+
   cell = ALSTMCell(N, latent_size=8, dropout_latent=0.5)
   xs = np.random.default_rng(3).normal(size=(T, 16, M)).astype(np.float32)  # 16 x 8 z's
   params = _init(cell.clone(dropout_latent=0.0), xs[0])
   carry = _random_carry(cell, 4, batch=16)
   # Each run compiled whole (op by op, every operation would compile on its own).
   layer = jax.jit(RecurrentLayer(cell).apply)
-  (latent_carry, c, h), ys = layer({'params': {'cell': params}}, carry, xs,
-                                   rngs={'dropout': jax.random.key(5)})
+  (latent_carry, c, h), ys = layer(
+    {'params': {'cell': params}}, carry, xs, rngs={'dropout': jax.random.key(5)}
+  )
   z_dropped = np.asarray(latent_carry[1])
   mask = (z_dropped != 0) * 2.0  # 1 / (1 - 0.5) where kept
   assert 0.2 < (mask == 0).mean() < 0.8
@@ -77,15 +80,17 @@ def test_latent_dropout_is_one_mask_per_window_kept_in_the_latent_carry():
   np.testing.assert_allclose(c, expected[1], rtol=2e-5, atol=2e-5)
   _, ys_eval = layer({'params': {'cell': params}}, carry, xs)  # no RNG: no dropout
   plain = jax.jit(RecurrentLayer(cell.clone(dropout_latent=0.0)).apply)(
-      {'params': {'cell': params}}, carry, xs)[1]
+    {'params': {'cell': params}}, carry, xs
+  )[1]
   np.testing.assert_array_equal(ys_eval, plain)
 
 
 def test_params_are_those_of_the_paper():
   """W (m, 4n), V (n, 4n), b (4n), U (k, m + 13n) without bias, and the latent."""
   cell = _cell()
-  params = cell.init(jax.random.key(0), cell.initialize_carry(jax.random.key(0), (B, M)),
-                     jnp.zeros((B, M)))['params']
+  params = cell.init(
+    jax.random.key(0), cell.initialize_carry(jax.random.key(0), (B, M)), jnp.zeros((B, M))
+  )['params']
   shapes = jax.tree.map(jnp.shape, params)
   assert shapes['input'] == {'kernel_1': (M, 4 * N)}
   assert shapes['recurrent'] == {'kernel_1': (N, 4 * N), 'bias': (4 * N,)}
@@ -107,8 +112,7 @@ def test_runs_in_nn_rnn_under_jit(latent):
   carry, ys = jax.jit(rnn.apply)(variables, xs)
   np_carry = _np(cell.initialize_carry(jax.random.key(0), (B, M)))
   for t in range(T):
-    np_carry = alstm_step(_np(variables['params']['cell']), np_carry, xs[:, t],
-                          latent=latent)
+    np_carry = alstm_step(_np(variables['params']['cell']), np_carry, xs[:, t], latent=latent)
     np.testing.assert_allclose(ys[:, t], np_carry[-1], rtol=1e-4, atol=1e-5)
   bidir = nn.Bidirectional(nn.RNN(_cell(latent)), nn.RNN(_cell(latent)))
   out = jax.jit(bidir.apply)(bidir.init(jax.random.key(0), xs), xs)
@@ -167,8 +171,9 @@ def test_rhn_stack_needs_recurrent_latents():
 @pytest.mark.parametrize('latent', ['lstm', 'static'])
 def test_parameter_count_formula(latent):
   cell = _cell(latent)
-  params = cell.init(jax.random.key(0), cell.initialize_carry(jax.random.key(0), (B, M)),
-                     jnp.zeros((B, M)))['params']
+  params = cell.init(
+    jax.random.key(0), cell.initialize_carry(jax.random.key(0), (B, M)), jnp.zeros((B, M))
+  )['params']
   v = M + N  # the latent model's input [x; h]
   latent_count = 4 * K * (v + K) + 4 * K if latent == 'lstm' else v * K + K
   expected = 4 * N * (M + N) + 4 * N + K * (M + 13 * N) + latent_count
@@ -178,8 +183,7 @@ def test_parameter_count_formula(latent):
 @pytest.mark.parametrize('latent', ['lstm', 'static', 'lstm_rhn'])
 def test_alstm_language_model_from_config(latent):
   cfg = base_config().model
-  cfg.update(cell='alstm', embed_size=6, hidden_size=7, dropout_state=0.2,
-             dropout_hidden=0.2)
+  cfg.update(cell='alstm', embed_size=6, hidden_size=7, dropout_state=0.2, dropout_hidden=0.2)
   cfg.alstm.update(latent=latent, latent_size=4)
   model = build_model(cfg, 20)
   params = init_params(model, jax.random.key(0))
@@ -187,8 +191,13 @@ def test_alstm_language_model_from_config(latent):
   tokens = jnp.ones((2, 5), jnp.int32)
 
   def loss(p):
-    logits, _ = model.apply({'params': p}, tokens, model.initialize_carry(2), train=True,
-                            rngs={'dropout': jax.random.key(1)})
+    logits, _ = model.apply(
+      {'params': p},
+      tokens,
+      model.initialize_carry(2),
+      train=True,
+      rngs={'dropout': jax.random.key(1)},
+    )
     return -jnp.mean(jax.nn.log_softmax(logits)[..., 1])
 
   value, grads = jax.jit(jax.value_and_grad(loss))(params)
@@ -218,10 +227,16 @@ def test_lstm_rhn_language_model_steps_the_rhn_stack():
   stack = LSTMRHNStack([ALSTMCell(7, latent_size=4, parent=None) for _ in range(2)])
   x = np.asarray(params['embedding']['embedding'])[np.asarray(tokens)]
   last, h = jax.jit(nn.RNN(stack, return_carry=True).apply)(
-      {'params': {'cell': {'cells_0': params['stack']['cell_0'],
-                           'cells_1': params['stack']['cell_1']}}}, x)
+    {
+      'params': {
+        'cell': {'cells_0': params['stack']['cell_0'], 'cells_1': params['stack']['cell_1']}
+      }
+    },
+    x,
+  )
   expected = np.asarray(h) @ np.asarray(params['head']['kernel']).T + np.asarray(
-      params['head']['bias'])
+    params['head']['bias']
+  )
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
   for got, want in zip(jax.tree.leaves(carries), jax.tree.leaves(last)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -234,10 +249,16 @@ def test_lstm_rhn_dropout_is_off_at_evaluation_and_on_in_training():
   params = perturb(init_params(model, jax.random.key(0)), scale=1.0)
   tokens = jnp.ones((B, T), jnp.int32)
   # Compiled whole: op by op, every operation would compile on its own.
-  apply = jax.jit(lambda model, train, key: model.apply(
-      {'params': params}, tokens, model.initialize_carry(B), train=train,
-      rngs=None if key is None else {'dropout': jax.random.key(key)})[0],
-      static_argnums=(0, 1))
+  apply = jax.jit(
+    lambda model, train, key: model.apply(
+      {'params': params},
+      tokens,
+      model.initialize_carry(B),
+      train=train,
+      rngs=None if key is None else {'dropout': jax.random.key(key)},
+    )[0],
+    static_argnums=(0, 1),
+  )
   run = lambda train, key=1: apply(model, train, key)
   undropped = apply(build_model(_rhn_lm_config(), 20), True, None)
   np.testing.assert_allclose(run(False), undropped, rtol=1e-6)
@@ -245,10 +266,14 @@ def test_lstm_rhn_dropout_is_off_at_evaluation_and_on_in_training():
   np.testing.assert_array_equal(run(True), run(True))  # one mask per key
 
 
-@pytest.mark.parametrize('field, value, match', [
+@pytest.mark.parametrize(
+  'field, value, match',
+  [
     ('mogrifier.rounds', 2, 'Mogrifier rounds'),
     ('variational_dropout', False, 'variational dropout only'),
-    ('skip_connections', True, 'no skip connections')])
+    ('skip_connections', True, 'no skip connections'),
+  ],
+)
 def test_lstm_rhn_rejects_what_it_cannot_wire(field, value, match):
   cfg = _rhn_lm_config()
   section, _, name = field.rpartition('.')

@@ -25,19 +25,23 @@ def _window(cell, seed=1):
 
 def _loss(out):
   carry, hs = out
-  return jnp.sum(jnp.sin(hs)) + sum(jnp.sum(jnp.cos(leaf) * (k + 1))
-                                    for k, leaf in enumerate(jax.tree.leaves(carry)))
+  return jnp.sum(jnp.sin(hs)) + sum(
+    jnp.sum(jnp.cos(leaf) * (k + 1)) for k, leaf in enumerate(jax.tree.leaves(carry))
+  )
 
 
 def _both(cell, seed=1):
   """The scan path and the fused window as functions of (params, carry, xs, mask)."""
   carry, xs, mask = _window(cell, seed)
-  params = perturb(RecurrentLayer(cell, scan='scan').init(
-      jax.random.key(0), carry, xs, mask)['params'])['cell']
+  params = perturb(
+    RecurrentLayer(cell, scan='scan').init(jax.random.key(0), carry, xs, mask)['params']
+  )['cell']
   scanned = lambda p, c, x, k: RecurrentLayer(cell, scan='scan').apply(
-      {'params': {'cell': p}}, c, x, k)
+    {'params': {'cell': p}}, c, x, k
+  )
   fused = lambda p, c, x, k: RecurrentLayer(cell, scan='fused').apply(
-      {'params': {'cell': p}}, c, x, k)
+    {'params': {'cell': p}}, c, x, k
+  )
   return scanned, fused, (params, carry, xs, mask)
 
 
@@ -64,7 +68,8 @@ def test_aligned_weights_give_the_scan_in_values_and_every_gradient():
   carry, xs, mask = alstm_window_inputs(cell, 2, 63, 63, 3)
   params = perturb(cell.init(jax.random.key(0), carry, xs[0])['params'])
   scanned = lambda p, c, x, k: RecurrentLayer(cell, scan='scan').apply(
-      {'params': {'cell': p}}, c, x, k)
+    {'params': {'cell': p}}, c, x, k
+  )
   fused = lambda p, c, x, k: alstm_recurrence(x, p, c, k)
   grad = lambda run: jax.grad(lambda *a: _loss(run(*a)), argnums=(0, 1, 2, 3))
   args = (params, carry, xs, mask)
@@ -74,8 +79,13 @@ def test_aligned_weights_give_the_scan_in_values_and_every_gradient():
   assert sorted(set(sizes)) == [64, 128, 256, 896]
   want = jax.jit(scanned)(*args), jax.jit(grad(scanned))(*args)
   # float32 sums of 63 to 882 terms: within 1e-5 of each array's largest entry
-  jax.tree.map(lambda g, w: np.testing.assert_allclose(
-      g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w)))), got, want)
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(
+      g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w)))
+    ),
+    got,
+    want,
+  )
 
 
 @pytest.mark.parametrize('latent', LATENTS.values(), ids=LATENTS.keys())
@@ -86,8 +96,11 @@ def test_bfloat16_products_agree_with_the_scan_within_their_rounding(latent):
   grad = lambda run: jax.jit(jax.grad(lambda *a: _loss(run(*a)), argnums=(0, 1, 2, 3)))(*args)
   got, want = grad(fused), grad(scanned)
   # Every gradient within bfloat16's rounding of the largest entry of its array.
-  jax.tree.map(lambda g, w: np.testing.assert_allclose(
-      g, w, atol=3e-2 * float(jnp.max(jnp.abs(w))) + 1e-3), got, want)
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(g, w, atol=3e-2 * float(jnp.max(jnp.abs(w))) + 1e-3),
+    got,
+    want,
+  )
 
 
 def test_a_policy_weight_gradient_matches_finite_differences():
@@ -117,7 +130,8 @@ def test_window_of_explicit_parameters_unrolled_matches_the_layer():
   direct = lambda p, c, x, k: alstm_recurrence(x, p, c, k, unroll=4)
   _assert_close(direct(params, carry, xs, mask), scanned(params, carry, xs, mask), 1e-5, 1e-6)
   grad = lambda run: jax.jit(jax.grad(lambda *a: _loss(run(*a)), argnums=(0, 1, 2, 3)))(
-      params, carry, xs, mask)
+    params, carry, xs, mask
+  )
   _assert_close(grad(direct), grad(scanned), 1e-5, 1e-6)
 
 
@@ -126,8 +140,9 @@ def test_latent_dropout_is_refused_for_the_window_kernels_and_auto_scans():
   with pytest.raises(ValueError, match="scan='fused' cannot run ALSTMCell.*dropout_latent"):
     resolve_scan(cell, 'fused')
   assert resolve_scan(cell, 'auto') == 'scan'
-  other_latent = ALSTMCell(N, latent_size=K, latent=lambda **kw: LSTMCell(cap_input_gate=True,
-                                                                          **kw))
+  other_latent = ALSTMCell(
+    N, latent_size=K, latent=lambda **kw: LSTMCell(cap_input_gate=True, **kw)
+  )
   assert resolve_scan(other_latent, 'auto') == 'scan'  # no kernel for other latents
 
 
@@ -136,9 +151,11 @@ def test_a_layer_dropping_its_latent_scans_in_training_and_runs_the_window_in_ev
   carry, xs, _ = _window(cell)
   params = perturb(cell.init(jax.random.key(0), carry, xs[0])['params'])
   run = lambda scan, **rngs: RecurrentLayer(cell, scan=scan).apply(
-      {'params': {'cell': params}}, carry, xs, rngs=rngs)
+    {'params': {'cell': params}}, carry, xs, rngs=rngs
+  )
   np.testing.assert_array_equal(run('auto')[1], run('fused')[1])  # no RNG: nothing dropped
   with pytest.raises(ValueError, match='dropout_latent draws its mask'):
     run('fused', dropout=jax.random.key(1))
-  np.testing.assert_array_equal(run('auto', dropout=jax.random.key(1))[1],
-                                run('scan', dropout=jax.random.key(1))[1])
+  np.testing.assert_array_equal(
+    run('auto', dropout=jax.random.key(1))[1], run('scan', dropout=jax.random.key(1))[1]
+  )

@@ -17,7 +17,7 @@ from lm_zoo.training.averaging import patience_reached, should_start_averaging
 
 def _descend(tx, params, steps):
   """`steps` updates on sum(p²); returns the final state and every iterate."""
-  grad = jax.grad(lambda p: sum(jnp.sum(x ** 2) for x in jax.tree.leaves(p)))
+  grad = jax.grad(lambda p: sum(jnp.sum(x**2) for x in jax.tree.leaves(p)))
   state, iterates = tx.init(params), []
   for _ in range(steps):
     updates, state = tx.update(grad(params), state, params)
@@ -30,11 +30,13 @@ PARAMS = {'w': jnp.array([1.0, -2.0, 3.0]), 'b': jnp.array(0.5)}
 
 
 def test_average_of_the_iterates_since_the_start():
-  state, iterates = _descend(optax.chain(optax.sgd(0.1), parameter_averaging(start=True)),
-                             PARAMS, 6)
+  state, iterates = _descend(
+    optax.chain(optax.sgd(0.1), parameter_averaging(start=True)), PARAMS, 6
+  )
   for name in PARAMS:
-    np.testing.assert_allclose(averaged_params(state)[name],
-                               np.mean([it[name] for it in iterates], axis=0), rtol=1e-6)
+    np.testing.assert_allclose(
+      averaged_params(state)[name], np.mean([it[name] for it in iterates], axis=0), rtol=1e-6
+    )
 
 
 def test_updates_pass_through_and_averaging_waits_for_its_start():
@@ -61,8 +63,7 @@ def test_start_needs_an_average_in_the_state():
 
 
 def _averaging(trigger, **kw):
-  return ml_collections.ConfigDict({'trigger': trigger, 'nonmono': 2,
-                                    'start_fraction': 0.5, **kw})
+  return ml_collections.ConfigDict({'trigger': trigger, 'nonmono': 2, 'start_fraction': 0.5, **kw})
 
 
 def test_nonmonotone_trigger_is_awd_lstms():
@@ -94,8 +95,9 @@ def test_patience_trigger_is_lambs():
   assert not patience_reached(cfg, step=1000, best_step=601)
   assert patience_reached(cfg, step=1000, best_step=600)
   assert patience_reached(cfg, step=1600, best_step=1590)  # at the latest
-  assert not patience_reached(_averaging('patience', patience_steps=400, latest_step=0),
-                              step=1600, best_step=1590)
+  assert not patience_reached(
+    _averaging('patience', patience_steps=400, latest_step=0), step=1600, best_step=1590
+  )
   assert not patience_reached(_averaging('plateau', patience_steps=1, latest_step=1), 9, 0)
   assert not should_start_averaging(cfg, 9.0, [1.0] * 9, 10, 10)  # decided per turn
 
@@ -107,8 +109,11 @@ def test_patience_starts_averaging_at_a_validation_turn(tiny_config, tmp_path):
   tiny_config.averaging.update(trigger='patience', patience_steps=1000, latest_step=12)
   tiny_config.train.update(num_epochs=2, eval_every=4)
   train_and_evaluate(tiny_config, tmp_path / 'run')
-  valid = [(r['step'], r['averaged']) for r in read_metrics(tmp_path / 'run' / 'metrics.jsonl')
-           if r['kind'] == 'valid' and not r.get('final')]
+  valid = [
+    (r['step'], r['averaged'])
+    for r in read_metrics(tmp_path / 'run' / 'metrics.jsonl')
+    if r['kind'] == 'valid' and not r.get('final')
+  ]
   assert valid == [(4, False), (8, False), (10, False), (12, False), (16, True), (20, True)]
 
 
@@ -116,8 +121,11 @@ def test_training_switches_to_averaged_weights_after_the_trigger(tiny_config, tm
   tiny_config.averaging.update(trigger='fraction', start_fraction=0.5)
   tiny_config.train.num_epochs = 3
   summary = train_and_evaluate(tiny_config, tmp_path / 'run')
-  valid = [r for r in read_metrics(tmp_path / 'run' / 'metrics.jsonl')
-           if r['kind'] == 'valid' and not r.get('final')]
+  valid = [
+    r
+    for r in read_metrics(tmp_path / 'run' / 'metrics.jsonl')
+    if r['kind'] == 'valid' and not r.get('final')
+  ]
   # ceil(0.5 * 3) = 2: epochs 1 and 2 evaluate the weights, epoch 3 their average.
   assert [r['averaged'] for r in valid] == [False, False, True]
   assert np.isfinite(summary['valid']['perplexity'])
@@ -125,6 +133,7 @@ def test_training_switches_to_averaged_weights_after_the_trigger(tiny_config, tm
 
 def test_unknown_trigger_in_a_config_is_named():
   from lm_zoo.training import make_optimizer
+
   with pytest.raises(ConfigError, match='averaging.trigger'):
     make_optimizer(base_config().optimizer, 'sometimes')
 

@@ -19,9 +19,16 @@ def _pairs_by_row(batched, windows):
   return [p for row in rows for p in row]
 
 
-@pytest.mark.parametrize('n, batch_size, bptt, variable', [
-    (1001, 7, 9, False), (1001, 1, 35, False), (64, 8, 70, False),
-    (5000, 20, 35, True), (997, 3, 12, True)])
+@pytest.mark.parametrize(
+  'n, batch_size, bptt, variable',
+  [
+    (1001, 7, 9, False),
+    (1001, 1, 35, False),
+    (64, 8, 70, False),
+    (5000, 20, 35, True),
+    (997, 3, 12, True),
+  ],
+)
 def test_every_pair_exactly_once_in_order(n, batch_size, bptt, variable):
   stream = np.arange(n, dtype=np.int32) * 3 + 1
   batched = BatchedStream(stream, batch_size)
@@ -44,8 +51,8 @@ def test_a_padded_last_window_has_the_shape_of_the_others_and_scores_the_same_pa
   last, short = padded[-1], plain[-1]
   if short.length < 10:
     assert last.inputs.shape == last.targets.shape == last.weights.shape == (7, 10)
-    assert not last.weights[:, short.length:].any()
-  np.testing.assert_array_equal(last.targets[:, :short.length], short.targets)
+    assert not last.weights[:, short.length :].any()
+  np.testing.assert_array_equal(last.targets[:, : short.length], short.targets)
   if not variable:
     assert {w.inputs.shape for w in padded} == {(7, 10)}
 
@@ -61,7 +68,7 @@ def test_variable_windows_padded_to_a_multiple_take_few_shapes_and_the_same_pair
     # the next multiple of 8; the last window's of bptt where it is shorter
     shortest = 35 if window is padded[-1] else window.length
     assert window.inputs.shape[1] == max(8 * -(-window.length // 8), 8 * -(-shortest // 8))
-    assert not window.weights[:, window.length:].any()
+    assert not window.weights[:, window.length :].any()
   lengths = {w.length for w in plain}
   assert len({w.inputs.shape for w in padded}) < len(lengths)
   with pytest.raises(DataError, match='a multiple of at least 1 step, got 0'):
@@ -93,7 +100,7 @@ def _awd_lengths(num_steps, bptt, seed):
   cut to what is left (get_batch's min with the data left)."""
   rng, lengths, i = np.random.default_rng(seed), [], 0
   while i < num_steps:
-    base = bptt if rng.random() < 0.95 else bptt / 2.
+    base = bptt if rng.random() < 0.95 else bptt / 2.0
     seq_len = max(5, int(rng.normal(base, 5)))
     seq_len = min(seq_len, num_steps - i)
     lengths.append(seq_len)
@@ -129,10 +136,17 @@ def test_bad_batching_arguments():
 
 
 @settings(deadline=None, max_examples=200)
-@given(n=st.integers(2, 400), batch_size=st.integers(1, 12), bptt=st.integers(1, 40),
-       variable=st.booleans(), seed=st.integers(0, 3), data=st.data())
+@given(
+  n=st.integers(2, 400),
+  batch_size=st.integers(1, 12),
+  bptt=st.integers(1, 40),
+  variable=st.booleans(),
+  seed=st.integers(0, 3),
+  data=st.data(),
+)
 def test_any_layout_scores_every_pair_once_and_resumes_from_any_window(
-    n, batch_size, bptt, variable, seed, data):
+  n, batch_size, bptt, variable, seed, data
+):
   """Every (input, target) pair once per epoch, in order, for any stream
   length, batch size, BPTT and variable BPTT; resuming at any window start
   gives exactly the windows that follow it."""

@@ -19,9 +19,11 @@ from lm_zoo.runs.checkpoints import FORMAT_VERSION, ORBAX_TMP, Checkpoints, rest
 
 def params(vocab=7, features=3):
   kernel = jnp.arange(vocab * features, dtype=jnp.float32).reshape(vocab, features)
-  return {'head': {'kernel': kernel, 'bias': jnp.arange(vocab, dtype=jnp.float32)},
-          'bridge': {'dense': {'kernel': jnp.ones((features, vocab))}},
-          'stack': {'cell_0': {'recurrent_kernel': jnp.ones((features, 4 * features))}}}
+  return {
+    'head': {'kernel': kernel, 'bias': jnp.arange(vocab, dtype=jnp.float32)},
+    'bridge': {'dense': {'kernel': jnp.ones((features, vocab))}},
+    'stack': {'cell_0': {'recurrent_kernel': jnp.ones((features, 4 * features))}},
+  }
 
 
 def _edit_meta(folder, edit):
@@ -40,14 +42,16 @@ def test_a_checkpoint_records_its_format_and_one_of_another_is_refused(tmp_path)
   _, meta = Checkpoints(tmp_path).restore_best(params())
   assert meta == {'epoch': 1}  # the digests and the format are the checkpoint's own
   older = FORMAT_VERSION - 1  # the format before this one's parameter tree
-  _edit_meta(tmp_path / 'best' / '3', lambda m: m.update(format_version=older,
-                                                         lm_zoo_version='0.0.9'))
+  _edit_meta(
+    tmp_path / 'best' / '3', lambda m: m.update(format_version=older, lm_zoo_version='0.0.9')
+  )
   with pytest.raises(CheckpointError) as refused:
     Checkpoints(tmp_path).restore_best(params())
   assert str(refused.value) == (
-      f'the checkpoint {tmp_path}/best/3 was written by lm_zoo 0.0.9 (format {older}); this is '
-      f'lm_zoo {lm_zoo.__version__} (format {FORMAT_VERSION}), which reads only its own: use '
-      'that lm_zoo to read it, or train again in a new --workdir.')
+    f'the checkpoint {tmp_path}/best/3 was written by lm_zoo 0.0.9 (format {older}); this is '
+    f'lm_zoo {lm_zoo.__version__} (format {FORMAT_VERSION}), which reads only its own: use '
+    'that lm_zoo to read it, or train again in a new --workdir.'
+  )
 
 
 def test_a_checkpoint_without_its_digests_or_metadata_is_damaged(tmp_path):
@@ -59,20 +63,22 @@ def test_a_checkpoint_without_its_digests_or_metadata_is_damaged(tmp_path):
   saved.close()
   folder = tmp_path / 'checkpoints' / '4'
   _edit_meta(folder, lambda m: m.pop('array_digests'))
-  with pytest.raises(CheckpointError, match=f'the checkpoint {folder} is damaged: its meta has '
-                                            'no array digests'):
+  with pytest.raises(
+    CheckpointError, match=f'the checkpoint {folder} is damaged: its meta has no array digests'
+  ):
     Checkpoints(tmp_path).restore_latest(params())
   (folder / 'state' / '_METADATA').unlink()
   with pytest.raises(CheckpointError) as refused:
     Checkpoints(tmp_path).restore_latest(params())
-  assert str(refused.value) == (f'no intact checkpoint to resume from in {tmp_path}/checkpoints: '
-                                f'the checkpoint {folder} is damaged: {folder}/state/_METADATA '
-                                f'is missing; delete {folder}, or train again in a new '
-                                '--workdir.')
+  assert str(refused.value) == (
+    f'no intact checkpoint to resume from in {tmp_path}/checkpoints: '
+    f'the checkpoint {folder} is damaged: {folder}/state/_METADATA '
+    f'is missing; delete {folder}, or train again in a new '
+    '--workdir.'
+  )
 
 
-def test_resuming_skips_a_damaged_newest_checkpoint_for_the_intact_one_before(tmp_path,
-                                                                            caplog):
+def test_resuming_skips_a_damaged_newest_checkpoint_for_the_intact_one_before(tmp_path, caplog):
   saved = Checkpoints(tmp_path)
   saved.save_latest(4, params(), {'epoch': 1})
   saved.save_latest(8, jax.tree.map(lambda x: x + 1, params()), {'epoch': 2})
@@ -114,13 +120,15 @@ def _state(value: float):
 
 
 @pytest.mark.parametrize('killed_after', ['previous set aside', 'new one written'])
-def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(tmp_path, monkeypatch,
-                                                                      killed_after):
+def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(
+  tmp_path, monkeypatch, killed_after
+):
   """The epoch's end saves the step of a periodic checkpoint again; a kill
   in the middle of that leaves the previous checkpoint of the step or the
   new one, never neither (it was deleted before the new one was written)."""
   with Checkpoints(tmp_path) as checkpoints:
     checkpoints.save_latest(7, _state(1.0), {'epoch': 1})
+
   def killed(*args, **kwargs):
     raise KeyboardInterrupt('SIGKILL')
 
@@ -144,12 +152,17 @@ def test_damage_that_still_decodes_is_found_by_the_digests(tmp_path):
   """Single flipped bits and 200 garbled bytes in the array files of best/:
   every restore either gives the saved arrays bit for bit or fails naming
   the checkpoint; none gives other weights."""
-  weights = {'w': np.random.default_rng(0).normal(size=(64, 32)).astype(np.float32),
-             'b': np.arange(32, dtype=np.float32)}
+  weights = {
+    'w': np.random.default_rng(0).normal(size=(64, 32)).astype(np.float32),
+    'b': np.arange(32, dtype=np.float32),
+  }
   with Checkpoints(tmp_path) as checkpoints:
     checkpoints.save_best(3, weights, {'epoch': 1})
-  files = sorted(p for p in (tmp_path / 'best' / '3' / 'state').rglob('*')
-                 if p.is_file() and p.parent.name == 'd')
+  files = sorted(
+    p
+    for p in (tmp_path / 'best' / '3' / 'state').rglob('*')
+    if p.is_file() and p.parent.name == 'd'
+  )
   rng = np.random.default_rng(1)
   refused = 0
   for case in range(12):
@@ -158,7 +171,7 @@ def test_damage_that_still_decodes_is_found_by_the_digests(tmp_path):
     damaged = bytearray(original)
     if case == 11:
       start = int(rng.integers(0, max(1, len(damaged) - 200)))
-      damaged[start:start + 200] = rng.integers(0, 256, 200, dtype=np.uint8).tobytes()
+      damaged[start : start + 200] = rng.integers(0, 256, 200, dtype=np.uint8).tobytes()
     else:
       damaged[int(rng.integers(0, len(damaged)))] ^= 1 << int(rng.integers(0, 8))
     path.write_bytes(bytes(damaged))

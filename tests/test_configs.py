@@ -13,9 +13,12 @@ from lm_zoo.training import epoch_learning_rate
 TUNING = sorted(p.stem for p in (REPO / 'experiments').glob('tune_*.py'))
 # (__init__.py makes the folder a package that installs with lm_zoo.)
 EVALUATION = ['dyneval_learned', 'dyneval_rms', 'dyneval_sgd', 'evaluate']
-CONFIGS = sorted(p.stem for p in (REPO / 'experiments').glob('[!_]*.py')
-                 if 'c.task = ' not in p.read_text()
-                 and p.stem not in [*TUNING, *EVALUATION, 'from_workdir', 'recipes'])
+CONFIGS = sorted(
+  p.stem
+  for p in (REPO / 'experiments').glob('[!_]*.py')
+  if 'c.task = ' not in p.read_text()
+  and p.stem not in [*TUNING, *EVALUATION, 'from_workdir', 'recipes']
+)
 
 
 def lstm_lm_params(vocab, embed, hidden, layers, biases=1):
@@ -37,37 +40,63 @@ def test_config_builds_a_model(name):
   elif m.dual.size:  # counted in test_dual_variants_are_their_ers_models_plus_the_dual_layer
     assert m.tie_embeddings
   else:
-    assert count == lstm_lm_params(10_000, m.embed_size, m.hidden_size, m.num_layers,
-                                   2 if m.recurrent_bias else 1)
+    assert count == lstm_lm_params(
+      10_000, m.embed_size, m.hidden_size, m.num_layers, 2 if m.recurrent_bias else 1
+    )
 
 
-@pytest.mark.parametrize('name, variant', [
-    ('evaluate', 'static'), ('evaluate', 'mc_dropout'), ('evaluate', 'temperature'),
-    ('evaluate', 'token_losses'), ('dyneval_sgd', None), ('dyneval_rms', 'lamb'),
-    ('dyneval_rms', 'krause'), ('dyneval_learned', 'sgd'), ('dyneval_learned', 'rms')])
+@pytest.mark.parametrize(
+  'name, variant',
+  [
+    ('evaluate', 'static'),
+    ('evaluate', 'mc_dropout'),
+    ('evaluate', 'temperature'),
+    ('evaluate', 'token_losses'),
+    ('dyneval_sgd', None),
+    ('dyneval_rms', 'lamb'),
+    ('dyneval_rms', 'krause'),
+    ('dyneval_learned', 'sgd'),
+    ('dyneval_learned', 'rms'),
+  ],
+)
 def test_evaluation_configs_build_their_evaluators(name, variant):
   from lm_zoo.evaluation import MetaLearner, build_evaluator
+
   config = load_experiment(name, *[variant] * bool(variant))
   evaluation = config.evaluation if 'evaluation' in config else config
   learned = MetaLearner(None, None, 5, 0.1) if evaluation.evaluator == 'learned' else None
   evaluator = build_evaluator(evaluation, bptt=35, batch_size=1, meta_learner=learned)
-  assert type(evaluator).__name__ == {
-      'static': 'Static', 'mc_dropout': 'MCDropout', 'temperature': 'TunedTemperature',
-      'token_losses': 'TokenLosses', 'dynamic': 'Dynamic', 'learned': 'Learned'}[
-          evaluation.evaluator]
+  assert (
+    type(evaluator).__name__
+    == {
+      'static': 'Static',
+      'mc_dropout': 'MCDropout',
+      'temperature': 'TunedTemperature',
+      'token_losses': 'TokenLosses',
+      'dynamic': 'Dynamic',
+      'learned': 'Learned',
+    }[evaluation.evaluator]
+  )
   if name == 'dyneval_rms':
     assert evaluator.decay_mean == {'lamb': 'coordinates', 'krause': 'tensors'}[variant]
 
 
 # The LSTM variants' spaces are the Mogrifier's without rounds and rank; Enwik8's
 # (Table 5) is Table 4's with narrower dropouts on a 96M model, slow to solve for.
-@pytest.mark.parametrize('name, variant', [
-    ('tune_ptb_small', 'mogrifier'), ('tune_mogrifier', 'mogrifier'),
-    ('tune_dyneval', 'word'), ('tune_dyneval', 'char')])
+@pytest.mark.parametrize(
+  'name, variant',
+  [
+    ('tune_ptb_small', 'mogrifier'),
+    ('tune_mogrifier', 'mogrifier'),
+    ('tune_dyneval', 'word'),
+    ('tune_dyneval', 'char'),
+  ],
+)
 def test_tuning_configs_are_valid_and_their_extremes_fit_the_budget(name, variant):
   from lm_zoo.tuning import set_fields
   from lm_zoo.tuning.study import validate_tuning
   from lm_zoo.training.config_checks import validate_config
+
   tune = load_experiment(name, variant)
   tune.dyneval.workdir = tune.dyneval.workdir or 'runs/x'
   validate_tuning(tune)
@@ -85,9 +114,17 @@ def test_tuning_configs_are_valid_and_their_extremes_fit_the_budget(name, varian
 
 # Vocabulary sizes of our corpora (enwik8: its 205 byte values).
 VOCAB = {'ptb': 10_000, 'wikitext2': 33_278, 'ptb_char': 50, 'enwik8': 205}
-LAMB_VARIANTS = ['ptb_lstm', 'ptb_mogrifier', 'wikitext2_lstm', 'wikitext2_mogrifier',
-                 'ptb_char_mogrifier', 'enwik8_48m_lstm', 'enwik8_48m_mogrifier',
-                 'enwik8_96m_lstm', 'enwik8_96m_mogrifier']
+LAMB_VARIANTS = [
+  'ptb_lstm',
+  'ptb_mogrifier',
+  'wikitext2_lstm',
+  'wikitext2_mogrifier',
+  'ptb_char_mogrifier',
+  'enwik8_48m_lstm',
+  'enwik8_48m_mogrifier',
+  'enwik8_96m_lstm',
+  'enwik8_96m_mogrifier',
+]
 
 
 def lamb_params(fields, vocab, hidden):
@@ -119,6 +156,7 @@ def lamb_params(fields, vocab, hidden):
 @pytest.mark.parametrize('variant', LAMB_VARIANTS)
 def test_mogrifier_paper_configs_build_lambs_model_at_its_budget(variant):
   from runpy import run_path
+
   fields = run_path(str(REPO / 'experiments' / 'mogrifier_paper.py'))['VARIANTS'][variant]
   config = load_experiment('mogrifier_paper', variant)
   vocab, budget = VOCAB[config.data.name], fields['num_params']
@@ -132,20 +170,35 @@ def test_mogrifier_paper_configs_build_lambs_model_at_its_budget(variant):
   assert budget * 0.99 < count <= budget  # the published size: 24M, 35M, 48M, 96M
   assert config.model.param_budget == budget
   c = config
-  assert (c.model.cap_input_gate, c.model.skip_connections, c.train.drop_state,
-          c.model.variational_dropout) == (True, True, 0.01, False)
-  assert (c.optimizer.clip_norm, c.optimizer.loss_reduction, c.optimizer.l2_before_clip,
-          c.optimizer.beta1) == (10.0, 'sum_over_time', True, 0.0)
+  assert (
+    c.model.cap_input_gate,
+    c.model.skip_connections,
+    c.train.drop_state,
+    c.model.variational_dropout,
+  ) == (True, True, 0.01, False)
+  assert (
+    c.optimizer.clip_norm,
+    c.optimizer.loss_reduction,
+    c.optimizer.l2_before_clip,
+    c.optimizer.beta1,
+  ) == (10.0, 'sum_over_time', True, 0.0)
   assert c.train.max_steps == fields['turns'] * fields['steps_per_turn']
-  assert c.averaging.latest_step == (fields['trigger_averaging_at_the_latest']
-                                     * fields['steps_per_turn'])
-  assert (c.model.dropout_input, c.model.dropout_hidden, c.model.dropout_state,
-          c.model.dropout_output) == tuple(fields[k] for k in (
-              'input_dropout', 'inter_layer_dropout', 'state_dropout', 'output_dropout'))
+  assert c.averaging.latest_step == (
+    fields['trigger_averaging_at_the_latest'] * fields['steps_per_turn']
+  )
+  assert (
+    c.model.dropout_input,
+    c.model.dropout_hidden,
+    c.model.dropout_state,
+    c.model.dropout_output,
+  ) == tuple(
+    fields[k] for k in ('input_dropout', 'inter_layer_dropout', 'state_dropout', 'output_dropout')
+  )
 
 
 def test_lamb_budget_solving_finds_lambs_hidden_size():
   from runpy import run_path
+
   for variant in ('ptb_mogrifier', 'wikitext2_mogrifier'):
     fields = run_path(str(REPO / 'experiments' / 'mogrifier_paper.py'))['VARIANTS'][variant]
     config = load_experiment('mogrifier_paper', variant)
@@ -156,10 +209,10 @@ def test_lamb_budget_solving_finds_lambs_hidden_size():
 
 
 def test_ablation_variants_share_the_budget():
-  variants = [('ptb_mogrifier_ablation', v) for v in ('lstm', 'r1', 'nozigzag',
-                                                     'fullrank', 'mlstm')]
-  for name, variant in variants + [('ptb_alstm_small', 'static'),
-                                  ('ptb_alstm_small', 'lstm_rhn')]:
+  variants = [
+    ('ptb_mogrifier_ablation', v) for v in ('lstm', 'r1', 'nozigzag', 'fullrank', 'mlstm')
+  ]
+  for name, variant in variants + [('ptb_alstm_small', 'static'), ('ptb_alstm_small', 'lstm_rhn')]:
     config = load_experiment(name, variant)
     count = count_params(build_model(config.model, 10_000))
     assert 0.97 * 3_000_000 < count <= 3_000_000, variant
@@ -179,7 +232,10 @@ def test_seed_study_models_share_the_budget(variant):
 def test_seed_study_mixture_is_yangs_head_on_the_budget_lstm():
   config = load_experiment('seed_study', 'mos').models.lstm_mos
   assert (config.model.head, config.model.mos.components, config.model.mos.dropout_latent) == (
-      'mos', 2, 0.4)
+    'mos',
+    2,
+    0.4,
+  )
   h, k, v = solve_hidden_size(config.model, 10_000, 3_000_000), 2, 10_000
   # Tied embedding, two LSTM layers of h, then Yang et al.'s head: a prior
   # without bias (h -> K), the latents (h -> K h, biased), the softmax's bias.
@@ -191,38 +247,60 @@ def test_seed_study_mixture_is_yangs_head_on_the_budget_lstm():
 
 def test_zaremba_recipes():
   small = load_experiment('ptb_lstm_small')
-  assert (small.model.hidden_size, small.train.num_epochs, small.data.bptt,
-          small.data.batch_size, small.optimizer.clip_norm,
-          small.model.init_scale) == (200, 13, 20, 20, 5.0, 0.1)
+  assert (
+    small.model.hidden_size,
+    small.train.num_epochs,
+    small.data.bptt,
+    small.data.batch_size,
+    small.optimizer.clip_norm,
+    small.model.init_scale,
+  ) == (200, 13, 20, 20, 5.0, 0.1)
   medium = load_experiment('ptb_lstm_medium')
-  assert (medium.model.hidden_size, medium.train.num_epochs, medium.model.dropout_hidden,
-          medium.model.variational_dropout, medium.optimizer.clip_norm) == (650, 39, 0.5, False,
-                                                                            5.0)
+  assert (
+    medium.model.hidden_size,
+    medium.train.num_epochs,
+    medium.model.dropout_hidden,
+    medium.model.variational_dropout,
+    medium.optimizer.clip_norm,
+  ) == (650, 39, 0.5, False, 5.0)
   # main.lua's large params: rnn_size 1500, dropout 0.65, init_weight 0.04,
   # seq_length 35, max_grad_norm 10 (the paper's section 4.1 says the same)
   large = load_experiment('ptb_lstm_large')
-  assert (large.model.hidden_size, large.train.num_epochs, large.data.bptt,
-          large.data.batch_size, large.optimizer.clip_norm, large.model.init_scale,
-          large.model.dropout_input, large.model.dropout_hidden, large.model.dropout_output,
-          large.model.variational_dropout) == (1500, 55, 35, 20, 10.0, 0.04, 0.65, 0.65, 0.65,
-                                               False)
+  assert (
+    large.model.hidden_size,
+    large.train.num_epochs,
+    large.data.bptt,
+    large.data.batch_size,
+    large.optimizer.clip_norm,
+    large.model.init_scale,
+    large.model.dropout_input,
+    large.model.dropout_hidden,
+    large.model.dropout_output,
+    large.model.variational_dropout,
+  ) == (1500, 55, 35, 20, 10.0, 0.04, 0.65, 0.65, 0.65, False)
   for c in (small, medium, large):
-    assert (c.optimizer.name, c.optimizer.learning_rate,
-            c.optimizer.loss_reduction) == ('sgd', 1.0, 'sum_over_time')
+    assert (c.optimizer.name, c.optimizer.learning_rate, c.optimizer.loss_reduction) == (
+      'sgd',
+      1.0,
+      'sum_over_time',
+    )
 
 
-@pytest.mark.parametrize('name, hidden', [('ptb_lstm_small', 200), ('ptb_lstm_medium', 650),
-                                          ('ptb_lstm_large', 1500)])
+@pytest.mark.parametrize(
+  'name, hidden', [('ptb_lstm_small', 200), ('ptb_lstm_medium', 650), ('ptb_lstm_large', 1500)]
+)
 def test_zaremba_code_recipes_have_main_luas_two_gate_biases(name, hidden):
   """main.lua's network: a LookupTable, per layer two nn.Linear(h, 4h) with
   their biases (i2h, h2h), and nn.Linear(h, vocab); the text's single affine
   map T_{2n,4n} has one bias per layer."""
   code, paper = load_experiment(name), load_experiment(name, 'paper')
   assert code.model.recurrent_bias and not paper.model.recurrent_bias
-  assert (count_params(build_model(code.model, 10_000))
-          == lstm_lm_params(10_000, hidden, hidden, 2, biases=2))
-  assert (count_params(build_model(paper.model, 10_000))
-          == lstm_lm_params(10_000, hidden, hidden, 2, biases=1))
+  assert count_params(build_model(code.model, 10_000)) == lstm_lm_params(
+    10_000, hidden, hidden, 2, biases=2
+  )
+  assert count_params(build_model(paper.model, 10_000)) == lstm_lm_params(
+    10_000, hidden, hidden, 2, biases=1
+  )
 
 
 def _main_lua_rates(max_epoch, decay, max_max_epoch):
@@ -236,19 +314,24 @@ def _main_lua_rates(max_epoch, decay, max_max_epoch):
   return rates
 
 
-@pytest.mark.parametrize('name, max_epoch, decay, epochs', [
-    ('ptb_lstm_small', 4, 2.0, 13), ('ptb_lstm_medium', 6, 1.2, 39),
-    ('ptb_lstm_large', 14, 1.15, 55)])
-def test_zaremba_schedules_are_the_authors_code_and_the_papers_text(name, max_epoch, decay,
-                                                                   epochs):
+@pytest.mark.parametrize(
+  'name, max_epoch, decay, epochs',
+  [
+    ('ptb_lstm_small', 4, 2.0, 13),
+    ('ptb_lstm_medium', 6, 1.2, 39),
+    ('ptb_lstm_large', 14, 1.15, 55),
+  ],
+)
+def test_zaremba_schedules_are_the_authors_code_and_the_papers_text(name, max_epoch, decay, epochs):
   code = load_experiment(name)  # the default
   rates = [epoch_learning_rate(code.schedule, 1.0, e, []) for e in range(1, epochs + 1)]
   assert rates == pytest.approx(_main_lua_rates(max_epoch, decay, epochs), rel=1e-12)
   assert rates[max_epoch] == 1.0  # one epoch more at lr 1 than the text says
   paper = load_experiment(name, 'paper')  # "after 4 (6) epochs we decrease it"
   rates = [epoch_learning_rate(paper.schedule, 1.0, e, []) for e in range(1, epochs + 1)]
-  assert rates == pytest.approx([1.0] * max_epoch
-                                + [decay ** -k for k in range(1, epochs - max_epoch + 1)])
+  assert rates == pytest.approx(
+    [1.0] * max_epoch + [decay**-k for k in range(1, epochs - max_epoch + 1)]
+  )
   with pytest.raises(ValueError, match="schedule must be 'code' or 'paper', got 'text'"):
     load_experiment(name, 'text')
 
@@ -266,8 +349,9 @@ def _authors_alstm_count(vocab, embed, hidden, latent=100):
   return total
 
 
-@pytest.mark.parametrize('corpus, vocab, published', [('ptb', 10_000, 17_000_000),
-                                                      ('wikitext2', 33_278, 32_000_000)])
+@pytest.mark.parametrize(
+  'corpus, vocab, published', [('ptb', 10_000, 17_000_000), ('wikitext2', 33_278, 32_000_000)]
+)
 def test_alstm_recipe_is_the_authors(corpus, vocab, published):
   config = load_experiment('alstm_paper', corpus)
   count = count_params(build_model(config.model, vocab))
@@ -279,8 +363,12 @@ def test_alstm_recipe_is_the_authors(corpus, vocab, published):
   assert count == _authors_alstm_count(vocab, 400, hidden)
   assert abs(count + 800 - published) < 0.015 * published
   assert config.model.alstm.latent == 'lstm_rhn' and config.model.alstm.dropout_latent == 0.1
-  assert (config.model.dropout_embedding, config.model.dropout_input,
-          config.model.dropout_hidden, config.model.dropout_output) == (0.16, 0.6, 0.25, 0.6)
+  assert (
+    config.model.dropout_embedding,
+    config.model.dropout_input,
+    config.model.dropout_hidden,
+    config.model.dropout_output,
+  ) == (0.16, 0.6, 0.25, 0.6)
   assert (config.optimizer.clip_norm, config.optimizer.eps) == (5.0, 1e-9)
   lr = lambda epoch: epoch_learning_rate(config.schedule, 3e-3, epoch, [])
   first_cut = config.schedule.milestones[0]
@@ -296,10 +384,18 @@ def test_awd_lstm_recipe():
   expected = 10_000 * 400 + sum(4 * n * (i + n) + 4 * n for i, n in sizes) + 10_000
   assert count_params(build_model(m, 10_000)) == expected
   assert abs(expected - 24_000_000) < 0.01 * 24_000_000  # the paper: 24M
-  assert (m.dropout_output, m.dropout_hidden, m.dropout_input, m.dropout_embedding,
-          m.weight_drop) == (0.4, 0.25, 0.4, 0.1, 0.5)
+  assert (
+    m.dropout_output,
+    m.dropout_hidden,
+    m.dropout_input,
+    m.dropout_embedding,
+    m.weight_drop,
+  ) == (0.4, 0.25, 0.4, 0.1, 0.5)
   assert (config.optimizer.ar, config.optimizer.tar, config.averaging.trigger) == (
-      2.0, 1.0, 'nonmonotone')
+    2.0,
+    1.0,
+    'nonmonotone',
+  )
   small = load_experiment('awd_lstm', 'small')
   plain = load_experiment('ptb_mogrifier_ablation', 'lstm')
   assert small.model.param_budget == plain.model.param_budget
@@ -315,8 +411,10 @@ def test_dual_variants_are_their_ers_models_plus_the_dual_layer(variant, ers):
     config.model.update(param_budget=0, hidden_size=hidden)
   dual_size = dual.model.dual.size
   extra = (2 * hidden) * dual_size + dual_size  # W_d on [e; h] (embedding = hidden), b_d
-  assert (count_params(build_model(dual.model, 10_000))
-          == count_params(build_model(plain.model, 10_000)) + extra)
+  assert (
+    count_params(build_model(dual.model, 10_000))
+    == count_params(build_model(plain.model, 10_000)) + extra
+  )
   dual.model.dual.update(size=0, dropout_input=0.0, dropout_output=0.0)
   assert dual.to_dict() == plain.to_dict()
 
@@ -334,22 +432,28 @@ def test_paper_seed_studies_train_the_recipes_they_name(variant):
   """Each model is its recipe with only the study's changes; the dynamic
   evaluations are dyneval_rms.py:krause and dyneval_sgd.py searched on valid."""
   from lm_zoo.tasks.study_evaluations import study_evaluations
+
   study = load_experiment('paper_seed_studies', variant)
   assert study.task == 'seeds' and study.stack and study.reference in study.models
   if variant == 'zaremba_medium_dyneval':
     recipes = {'lstm_medium': load_experiment('ptb_lstm_medium')}
     recipes['lstm_medium'].model.dtype = 'bfloat16'
-    for name, rule in (('rms', load_experiment('dyneval_rms', 'krause')),
-                       ('sgd', load_experiment('dyneval_sgd'))):
+    for name, rule in (
+      ('rms', load_experiment('dyneval_rms', 'krause')),
+      ('sgd', load_experiment('dyneval_sgd')),
+    ):
       rule.dynamic.search_tokens = 10_000
       assert study.evaluations[name].to_dict() == rule.to_dict()
   else:
-    recipes = {'lstm': load_experiment('mogrifier_paper', 'ptb_lstm'),
-               'mogrifier': load_experiment('mogrifier_paper', 'ptb_mogrifier')}
+    recipes = {
+      'lstm': load_experiment('mogrifier_paper', 'ptb_lstm'),
+      'mogrifier': load_experiment('mogrifier_paper', 'ptb_mogrifier'),
+    }
     for recipe in recipes.values():
       recipe.train.max_seconds = 240  # the same training time for both
   for recipe in recipes.values():
     recipe.generate.num_lines = 0
   assert {name: config.to_dict() for name, config in study.models.items()} == {
-      name: recipe.to_dict() for name, recipe in recipes.items()}
+    name: recipe.to_dict() for name, recipe in recipes.items()
+  }
   assert list(study_evaluations(study)) == list(study.get('evaluations') or {})

@@ -26,8 +26,9 @@ def _params(cell, seed=0):
   params = RecurrentLayer(cell, scan='scan').init(jax.random.key(seed), carry, xs)['params']
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  return jax.tree.unflatten(tree, [p + 0.2 * jax.random.normal(k, p.shape)
-                                   for p, k in zip(leaves, keys)])  # nonzero biases
+  return jax.tree.unflatten(
+    tree, [p + 0.2 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)]
+  )  # nonzero biases
 
 
 def test_packed_weights_unpack_to_our_matrices_transposed():
@@ -49,21 +50,27 @@ def test_the_window_and_its_gradients_equal_the_plain_scans(recurrent_bias):
 
   def loss(p, scan):
     (c, h), out = RecurrentLayer(cell, scan=scan).apply({'params': p}, carry, xs)
-    return jnp.sum(jnp.sin(out)) + jnp.sum(c ** 2) + jnp.sum(h), out
+    return jnp.sum(jnp.sin(out)) + jnp.sum(c**2) + jnp.sum(h), out
 
   (want, want_out), want_grads = jax.value_and_grad(loss, has_aux=True)(params, 'scan')
-  (got, got_out), got_grads = jax.jit(jax.value_and_grad(loss, has_aux=True),
-                                      static_argnums=1)(params, 'cudnn')
+  (got, got_out), got_grads = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(
+    params, 'cudnn'
+  )
   np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-6)
-  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6),
-               got_grads, want_grads)
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got_grads, want_grads
+  )
 
 
-@pytest.mark.parametrize('cell, reason', [
+@pytest.mark.parametrize(
+  'cell, reason',
+  [
     (LSTMCell(N, cap_input_gate=True), 'no capped input gate'),
     (LSTMCell(N, dtype=jnp.bfloat16), 'float32 products only, not bfloat16'),
     (Mogrify(LSTMCell(N), rounds=2), "choose one of 'auto', 'scan', 'fused', 'pallas', 'remat'"),
-    (nn.GRUCell(N), "choose one of 'auto', 'scan', 'remat'")])
+    (nn.GRUCell(N), "choose one of 'auto', 'scan', 'remat'"),
+  ],
+)
 def test_a_layer_cudnn_cannot_run_is_refused_with_the_reason(cell, reason):
   with pytest.raises(ValueError, match=reason):
     resolve_scan(cell, 'cudnn')
@@ -73,8 +80,13 @@ def test_a_masked_state_is_refused():
   with pytest.raises(ValueError, match='cannot mask the fed-back state'):
     resolve_scan(LSTMCell(N), 'cudnn', state_mask=True)
   with pytest.raises(ValueError, match='cannot mask the fed-back state'):
-    cudnn_lstm_window(LSTMCell(N), _params(LSTMCell(N))['cell'],
-                      (jnp.zeros((B, N)),) * 2, jnp.ones((T, B, M)), jnp.ones((B, N)))
+    cudnn_lstm_window(
+      LSTMCell(N),
+      _params(LSTMCell(N))['cell'],
+      (jnp.zeros((B, N)),) * 2,
+      jnp.ones((T, B, M)),
+      jnp.ones((B, N)),
+    )
 
 
 @pytest.mark.parametrize('backend', ['cpu', 'gpu'])
@@ -92,16 +104,19 @@ def test_the_pinned_lowering_gives_its_custom_call_row_major_layouts():
   """pin_row_major on a rule that leaves its custom call's layouts free (as
   jaxlib's lowering of cuDNN's LSTM does): the lowered call names the
   row-major layout of every operand and result, rank by rank."""
+
   def free_layouts(ctx, x, lengths):
-    return stablehlo.CustomCallOp([x.type, lengths.type], [x, lengths],
-                                  call_target_name=ir.StringAttr.get('lm_zoo_test_target')).results
+    return stablehlo.CustomCallOp(
+      [x.type, lengths.type], [x, lengths], call_target_name=ir.StringAttr.get('lm_zoo_test_target')
+    ).results
 
   primitive = Primitive('lm_zoo_test_pinned')
   primitive.multiple_results = True
   primitive.def_abstract_eval(lambda x, lengths: (x, lengths))
   mlir.register_lowering(primitive, pin_row_major(free_layouts))
-  text = jax.jit(primitive.bind).trace(jnp.ones((B, T, M)), jnp.ones((B,), jnp.int32)) \
-      .lower().as_text()
+  text = (
+    jax.jit(primitive.bind).trace(jnp.ones((B, T, M)), jnp.ones((B,), jnp.int32)).lower().as_text()
+  )
   call = next(line for line in text.splitlines() if 'lm_zoo_test_target' in line)
   layouts = 'dense<[2, 1, 0]> : tensor<3xindex>, dense<0> : tensor<1xindex>'
   assert f'operand_layouts = [{layouts}]' in call
@@ -118,7 +133,7 @@ def test_a_stack_of_seeds_runs_one_call_per_seed_with_each_seeds_gradients():
 
   def loss(p, scan):
     (c, h), out = RecurrentLayer(cell, scan=scan).apply({'params': p}, carry, xs)
-    return jnp.sum(jnp.sin(out)) + jnp.sum(c ** 2)
+    return jnp.sum(jnp.sin(out)) + jnp.sum(c**2)
 
   got = jax.jit(jax.vmap(jax.grad(lambda p: loss(p, 'cudnn'))))(stacked)
   want = jax.vmap(jax.grad(lambda p: loss(p, 'scan')))(stacked)

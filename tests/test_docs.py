@@ -33,8 +33,7 @@ def python_blocks(text: str) -> list[tuple[int, str, bool]]:
 
 
 def test_block_extraction():
-  text = ('x\n```python\na = 1\n```\n```bash\nls\n```\n'
-          '```python no-run\nb = 2\n```\n')
+  text = 'x\n```python\na = 1\n```\n```bash\nls\n```\n```python no-run\nb = 2\n```\n'
   assert python_blocks(text) == [(3, 'a = 1\n', True), (9, 'b = 2\n', False)]
   with pytest.raises(ValueError, match='unknown marker'):
     python_blocks('```python norun\nc = 3\n```\n')
@@ -51,8 +50,9 @@ def test_the_guide_exists_and_its_links_resolve():
         assert (page.parent / target).resolve().is_file(), f'{page.name} links to {target}'
 
 
-@pytest.mark.parametrize('page', [p for p in PAGES if python_blocks(p.read_text())],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+  'page', [p for p in PAGES if python_blocks(p.read_text())], ids=lambda p: p.name
+)
 def test_examples_run(page, data_dir, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   monkeypatch.setenv('LM_ZOO_DATA', str(data_dir))

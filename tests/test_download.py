@@ -35,7 +35,10 @@ def test_download_gives_the_checksummed_bytes(data_dir, tmp_path):
     assert hashlib.sha256((tmp_path / path).read_bytes()).hexdigest() == sha, path
   # ptb-char is rebuilt from the word-level files, byte for byte.
   assert {p for p, status in done.items() if status == 'rebuilt'} == {
-      'ptb-char/train.txt', 'ptb-char/valid.txt', 'ptb-char/test.txt'}
+    'ptb-char/train.txt',
+    'ptb-char/valid.txt',
+    'ptb-char/test.txt',
+  }
   assert not list(tmp_path.rglob('*.part'))
   # A second run finds everything in place and fetches nothing.
   assert set(download(FILES, tmp_path, mirror=UNREACHABLE).values()) == {'present'}
@@ -81,21 +84,35 @@ def test_unknown_dataset(tmp_path):
 
 def test_command(data_dir, tmp_path):
   target = tmp_path / 'data'
-  ok = run_script(['launch/download.py', '--datasets=ptb,mnist', f'--data_dir={target}',
-                   f'--mirror={data_dir.as_uri()}'])
+  ok = run_script(
+    [
+      'launch/download.py',
+      '--datasets=ptb,mnist',
+      f'--data_dir={target}',
+      f'--mirror={data_dir.as_uri()}',
+    ]
+  )
   assert ok.returncode == 0, ok.stderr
   assert 'ptb/train.txt: downloaded' in ok.stdout
   assert 'mnist/t10k-labels-idx1-ubyte.gz: downloaded' in ok.stdout
 
-  check = run_script(['launch/download.py', '--datasets=ptb,ptb_char', '--verify_only'],
-                     {'LM_ZOO_DATA': str(target)})
+  check = run_script(
+    ['launch/download.py', '--datasets=ptb,ptb_char', '--verify_only'], {'LM_ZOO_DATA': str(target)}
+  )
   assert check.returncode == 1
   assert check.stdout.splitlines() == [
-      'ptb: ok',
-      'ptb_char: missing or wrong: ptb-char/train.txt, ptb-char/valid.txt, ptb-char/test.txt']
+    'ptb: ok',
+    'ptb_char: missing or wrong: ptb-char/train.txt, ptb-char/valid.txt, ptb-char/test.txt',
+  ]
 
-  offline = run_script(['launch/download.py', '--datasets=wikitext2',
-                        f'--data_dir={target}', f'--mirror={UNREACHABLE}'])
+  offline = run_script(
+    [
+      'launch/download.py',
+      '--datasets=wikitext2',
+      f'--data_dir={target}',
+      f'--mirror={UNREACHABLE}',
+    ]
+  )
   assert offline.returncode == 1
   assert 'Traceback' not in offline.stderr
   last = offline.stderr.strip().splitlines()[-1]

@@ -28,14 +28,20 @@ def test_dropout_masks_shared_along_broadcast_dims_scaled_and_off_at_eval():
   rng = np.random.default_rng(1)
   e = rng.normal(size=(8, 3, 4)).astype(np.float32)  # time-major (T, B, .)
   h = rng.normal(size=(8, 3, 4)).astype(np.float32)
-  layer = DualConnection(features=5, dropout_input=0.5, dropout_output=0.5,
-                         broadcast_dims=(0,))
+  layer = DualConnection(features=5, dropout_input=0.5, dropout_output=0.5, broadcast_dims=(0,))
   params = layer.init(jax.random.key(0), e, h)['params']
-  np.testing.assert_allclose(layer.apply({'params': params}, e, h),
-                             DualConnection(5).apply({'params': params}, e, h))
-  _, state = layer.apply({'params': params}, e, h, deterministic=False,
-                         rngs={'dropout': jax.random.key(3)},
-                         capture_intermediates=True, mutable=['intermediates'])
+  np.testing.assert_allclose(
+    layer.apply({'params': params}, e, h), DualConnection(5).apply({'params': params}, e, h)
+  )
+  _, state = layer.apply(
+    {'params': params},
+    e,
+    h,
+    deterministic=False,
+    rngs={'dropout': jax.random.key(3)},
+    capture_intermediates=True,
+    mutable=['intermediates'],
+  )
   inter = state['intermediates']
   dropped_in = np.asarray(inter['Dropout_0']['__call__'][0])
   x = np.concatenate([e, h], -1)

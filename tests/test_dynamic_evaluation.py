@@ -10,8 +10,12 @@ import pytest
 from conftest import perturb
 from lm_zoo.cells import LSTMCell
 from lm_zoo.errors import TrainingError
-from lm_zoo.evaluation import (dynamic_evaluate, evaluate_stream, make_eval_step,
-                               rms_training_gradients)
+from lm_zoo.evaluation import (
+  dynamic_evaluate,
+  evaluate_stream,
+  make_eval_step,
+  rms_training_gradients,
+)
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.models.objective import token_nll
 from lm_zoo.optim import dynamic_rms, dynamic_sgd, learned_update_rule, mean_ms
@@ -72,18 +76,21 @@ def _leaves(tree):
   return [np.array(x, np.float64) for x in jax.tree.leaves(tree)]
 
 
-@pytest.mark.parametrize('decay_mean, reference', [('coordinates', _lamb_update),
-                                                   ('tensors', _krause_update)])
+@pytest.mark.parametrize(
+  'decay_mean, reference', [('coordinates', _lamb_update), ('tensors', _krause_update)]
+)
 def test_rms_step_is_the_authors_update(decay_mean, reference):
   # MS's mean is 0.5 over the 4 coordinates and 0.7 over the 2 tensors; at
   # lambda 0.8 the largest MS's rate reaches the clip at 1 under both.
   eta, lam, eps = 0.01, 0.8, 1e-3
   tx = dynamic_rms(eta, lam, eps, MS, decay_mean=decay_mean)
   updates, _ = tx.update(GRADS, tx.init(TRAINED), PARAMS)
-  expected = reference(_leaves(GRADS), _leaves(PARAMS), _leaves(TRAINED), _leaves(MS),
-                       eta, lam, eps)
-  np.testing.assert_allclose(_flat(updates), np.concatenate([np.ravel(x) for x in expected]),
-                             rtol=1e-5)
+  expected = reference(
+    _leaves(GRADS), _leaves(PARAMS), _leaves(TRAINED), _leaves(MS), eta, lam, eps
+  )
+  np.testing.assert_allclose(
+    _flat(updates), np.concatenate([np.ravel(x) for x in expected]), rtol=1e-5
+  )
 
 
 def test_rms_decay_rates_clip_the_product_with_lambda():
@@ -102,8 +109,9 @@ def test_rms_decay_rates_clip_the_product_with_lambda():
     dynamic_rms(1.0, lam, 1e-3, MS, decay_mean='lamb')
 
 
-@pytest.mark.parametrize('make', [lambda: dynamic_sgd(0.1, decay=0.3),
-                                  lambda: dynamic_rms(0.1, 0.3, 1e-8, MS)])
+@pytest.mark.parametrize(
+  'make', [lambda: dynamic_sgd(0.1, decay=0.3), lambda: dynamic_rms(0.1, 0.3, 1e-8, MS)]
+)
 def test_decay_with_zero_gradients_returns_to_the_trained_weights(make):
   tx = make()
   state, params = tx.init(TRAINED), PARAMS
@@ -123,6 +131,7 @@ def lm():
 def _python_loop(model, params, tx, stream, segment, **extra_args):
   """Reference: score a segment with the current weights, then step on it
   (a transformation with extra arguments also gets the segment's mean NLL)."""
+
   def loss(p, carries, x, y):
     logits, new = model.apply({'params': p}, x, carries)
     total, count = token_nll(logits, y, np.ones(y.shape, np.float32))
@@ -132,9 +141,9 @@ def _python_loop(model, params, tx, stream, segment, **extra_args):
   grad = jax.jit(jax.grad(loss, has_aux=True))
   state, carries, scores = tx.init(params), model.initialize_carry(1), []
   for start in range(0, len(stream) - 1, segment):
-    x = stream[None, start:start + segment]
-    y = stream[None, start + 1:start + segment + 1]
-    x = x[:, :y.shape[1]]
+    x = stream[None, start : start + segment]
+    y = stream[None, start + 1 : start + segment + 1]
+    x = x[:, : y.shape[1]]
     grads, (total, carries) = grad(params, carries, x, y)
     scores.append(float(total))
     if extra_args:
@@ -148,17 +157,16 @@ def test_scan_scores_each_segment_before_updating_on_it(lm):
   model, params = lm
   tx = dynamic_sgd(learning_rate=3.0)  # deliberately large: updates change scores a lot
   out = dynamic_evaluate(model, params, tx, STREAM, segment_length=7)
-  static = evaluate_stream(make_eval_step(model), params, model.initialize_carry(1),
-                           STREAM[:8], 1, 7)
+  static = evaluate_stream(
+    make_eval_step(model), params, model.initialize_carry(1), STREAM[:8], 1, 7
+  )
   # The first segment is scored with the trained weights, before any update.
   np.testing.assert_allclose(out.segment_nll[0], static.loss * 7, rtol=1e-5)
   reference, final = _python_loop(model, params, tx, STREAM, 7)
   np.testing.assert_allclose(out.segment_nll, reference, rtol=1e-4)
-  np.testing.assert_allclose(_flat_params(out.params), _flat_params(final), rtol=1e-4,
-                             atol=1e-5)
+  np.testing.assert_allclose(_flat_params(out.params), _flat_params(final), rtol=1e-4, atol=1e-5)
   assert out.result.num_tokens == 60 and out.segment_tokens.sum() == 60
-  whole = evaluate_stream(make_eval_step(model), params, model.initialize_carry(1),
-                          STREAM, 1, 7)
+  whole = evaluate_stream(make_eval_step(model), params, model.initialize_carry(1), STREAM, 1, 7)
   assert abs(out.result.loss - whole.loss) > 1e-3  # the updates did change the scores
 
 
@@ -184,10 +192,8 @@ def _flat_params(tree):
 
 def test_zero_learning_rate_is_static_evaluation(lm):
   model, params = lm
-  out = dynamic_evaluate(model, params, dynamic_sgd(0.0), STREAM, segment_length=9,
-                         batch_size=2)
-  static = evaluate_stream(make_eval_step(model), params, model.initialize_carry(2),
-                           STREAM, 2, 9)
+  out = dynamic_evaluate(model, params, dynamic_sgd(0.0), STREAM, segment_length=9, batch_size=2)
+  static = evaluate_stream(make_eval_step(model), params, model.initialize_carry(2), STREAM, 2, 9)
   np.testing.assert_allclose(out.result.loss, static.loss, rtol=1e-5)
 
 
@@ -202,6 +208,7 @@ def test_divergence_is_an_error_not_a_number(lm):
 def test_rms_training_gradients_by_hand(lm):
   model, params = lm
   ms = rms_training_gradients(model, params, STREAM, batch_size=2, bptt=10, num_batches=2)
+
   def loss(p, carries, x, y):
     logits, new = model.apply({'params': p}, x, carries)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), new
@@ -211,26 +218,28 @@ def test_rms_training_gradients_by_hand(lm):
   inputs = STREAM[:60].reshape(2, 30)
   targets = STREAM[1:61].reshape(2, 30)
   for start in (0, 10):
-    x, y = inputs[:, start:start + 10], targets[:, start:start + 10]
+    x, y = inputs[:, start : start + 10], targets[:, start : start + 10]
     grads, carries = grad(params, carries, x, y)
     squares.append(_flat_params(grads) ** 2)
-  np.testing.assert_allclose(_flat_params(ms), np.sqrt(np.mean(squares, 0)), rtol=1e-4,
-                             atol=1e-7)
+  np.testing.assert_allclose(_flat_params(ms), np.sqrt(np.mean(squares, 0)), rtol=1e-4, atol=1e-7)
 
 
 def _nan_on_update(bad: int, learning_rate: float = 0.1) -> optax.GradientTransformation:
   """SGD whose update number `bad` (0-based) is NaN, and so is every later
   one: a skipped update keeps the rule's state, its count included."""
+
   def update(grads, count, params=None):
     scale = jnp.where(count == bad, jnp.nan, -learning_rate)
     return jax.tree.map(lambda g: scale * g, grads), count + 1
+
   return optax.GradientTransformation(lambda params: jnp.zeros([], jnp.int32), update)
 
 
 def test_a_non_finite_update_is_skipped_inside_the_scan(lm, caplog):
   model, params = lm
-  skipping = dynamic_evaluate(model, params, _nan_on_update(1), STREAM, segment_length=9,
-                              batch_size=2)
+  skipping = dynamic_evaluate(
+    model, params, _nan_on_update(1), STREAM, segment_length=9, batch_size=2
+  )
   updates = len(skipping.segment_nll)
   assert skipping.skipped_updates == updates - 1
   assert f'{updates - 1} of {updates} updates were not finite' in caplog.text
@@ -242,8 +251,9 @@ def test_a_dynamic_evaluation_whose_every_update_was_skipped_is_an_error(lm):
   """It would report the static score as its result."""
   model, params = lm
   with pytest.raises(TrainingError, match='every one of the'):
-    dynamic_evaluate(model, params, optax.scale(float('inf')), STREAM, segment_length=9,
-                     batch_size=2)
+    dynamic_evaluate(
+      model, params, optax.scale(float('inf')), STREAM, segment_length=9, batch_size=2
+    )
   with pytest.raises(ValueError, match='learning_rate must be a number >= 0, got inf'):
     dynamic_sgd(float('inf'))
 
@@ -260,6 +270,7 @@ def test_rules_that_are_the_same_program_share_one_compiled_scan(lm):
   score equals the one its own compilation gives. Rules that hold their
   settings as arrays are other programs and compile their own."""
   from lm_zoo.evaluation.dynamic import _scan_segments
+
   model, params = lm
   weights = (params, perturb(params, seed=3, scale=0.05))
   ms = [jax.tree.map(lambda p, s=s: jnp.full(p.shape, s), params) for s in (0.3, 2.0)]
@@ -273,7 +284,8 @@ def test_rules_that_are_the_same_program_share_one_compiled_scan(lm):
   assert abs(shared[1].result.loss - shared[0].result.loss) > 1e-3  # not the first's score
 
   _scan_segments.clear_cache()
-  held = [dynamic_evaluate(model, params, dynamic_sgd(jnp.float32(lr)), STREAM, 7)
-          for lr in (0.5, 2.0)]
+  held = [
+    dynamic_evaluate(model, params, dynamic_sgd(jnp.float32(lr)), STREAM, 7) for lr in (0.5, 2.0)
+  ]
   assert _scan_segments._cache_size() == 2
   assert abs(held[0].result.loss - held[1].result.loss) > 1e-3

@@ -11,10 +11,15 @@ from lm_zoo.evaluation.registry import REGISTRY
 
 @pytest.mark.parametrize('name', list(EvaluatorName), ids=str)
 def test_each_builtin_name_and_its_string_build_the_same_evaluator(name):
-  learner = (MetaLearner(transformation=None, meta_params={}, segment_length=5,
-                         initial_learning_rate=0.1) if name == 'learned' else None)
-  built = [build_evaluator(evaluation_config(choice), bptt=5, batch_size=2,
-                           meta_learner=learner) for choice in (name, str(name))]
+  learner = (
+    MetaLearner(transformation=None, meta_params={}, segment_length=5, initial_learning_rate=0.1)
+    if name == 'learned'
+    else None
+  )
+  built = [
+    build_evaluator(evaluation_config(choice), bptt=5, batch_size=2, meta_learner=learner)
+    for choice in (name, str(name))
+  ]
   assert built[0] == built[1]
   assert str(name) in REGISTRY and EvaluatorName(str(name)) is name
 
@@ -23,4 +28,4 @@ def test_an_unknown_evaluator_lists_the_registered_names():
   with pytest.raises(ConfigError) as err:
     build_evaluator(evaluation_config('bayes'), bptt=5, batch_size=2)
   assert str(err.value).endswith(', '.join(str(name) for name in REGISTRY))
-  assert [str(name) for name in EvaluatorName] == list(REGISTRY)[:len(EvaluatorName)]
+  assert [str(name) for name in EvaluatorName] == list(REGISTRY)[: len(EvaluatorName)]

@@ -13,17 +13,31 @@ from lm_zoo.configs import evaluation_config
 from lm_zoo.data import Corpus
 from lm_zoo.data.vocab import Vocab
 from lm_zoo.errors import ConfigError
-from lm_zoo.evaluation import (Dynamic, DynamicEvalSettings, DynamicRuleSpec, MCDropout,
-                               MetaLearner, Static, TunedTemperature, build_evaluator,
-                               dynamic_evaluate, token_losses, tune_temperature)
+from lm_zoo.evaluation import (
+  Dynamic,
+  DynamicEvalSettings,
+  DynamicRuleSpec,
+  MCDropout,
+  MetaLearner,
+  Static,
+  TunedTemperature,
+  build_evaluator,
+  dynamic_evaluate,
+  token_losses,
+  tune_temperature,
+)
 from lm_zoo.evaluation.dynamic import _scan_segments
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.optim import GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
 
 V = 11
 _rng = np.random.default_rng(0)
-CORPUS = Corpus('toy', Vocab(tuple(f'w{i}' for i in range(V))),
-                *(_rng.integers(0, V, n).astype(np.int32) for n in (301, 121, 91)), 'word')
+CORPUS = Corpus(
+  'toy',
+  Vocab(tuple(f'w{i}' for i in range(V))),
+  *(_rng.integers(0, V, n).astype(np.int32) for n in (301, 121, 91)),
+  'word',
+)
 
 
 @pytest.fixture(scope='module')
@@ -53,8 +67,7 @@ def test_static_scores_the_first_max_tokens_as_one_pass(lm):
 def test_mc_dropout_at_scale_zero_is_static_evaluation(lm):
   model, params = lm
   static = Static(bptt=9, batch_size=2)(model, params, CORPUS, 'valid')
-  mc = MCDropout(bptt=9, batch_size=2, samples=3, dropout_scale=0.0)(model, params, CORPUS,
-                                                                     'valid')
+  mc = MCDropout(bptt=9, batch_size=2, samples=3, dropout_scale=0.0)(model, params, CORPUS, 'valid')
   np.testing.assert_allclose(mc.loss, static.loss, rtol=1e-5)
   dropped = MCDropout(bptt=9, batch_size=2, samples=3)(model, params, CORPUS, 'valid')
   assert dropped.loss != pytest.approx(static.loss, rel=1e-5)
@@ -64,39 +77,50 @@ def test_a_tuned_temperature_is_tuned_once_on_valid_and_used_on_every_split(lm, 
   model, params = lm
   base = Static(bptt=9, batch_size=1)
   expected = tune_temperature(
-      lambda t: dataclasses.replace(base, temperature=t)(model, params, CORPUS, 'valid').loss)
+    lambda t: dataclasses.replace(base, temperature=t)(model, params, CORPUS, 'valid').loss
+  )
   calls = []
   evaluator = TunedTemperature(base)
   original = Static.score
-  monkeypatch.setattr(Static, 'score', lambda self, prepared, split: calls.append(split)
-                      or original(self, prepared, split))
+  monkeypatch.setattr(
+    Static,
+    'score',
+    lambda self, prepared, split: calls.append(split) or original(self, prepared, split),
+  )
   prepared = evaluator.prepare(model, params, CORPUS)
   assert prepared.choice == expected
   results = {split: evaluator.score(prepared, split) for split in ('valid', 'test')}
   assert results['test'].temperature == results['valid'].temperature == expected
   assert calls.count('test') == 1 and calls.count('valid') == len(calls) - 1
   np.testing.assert_allclose(
-      results['test'].loss,
-      dataclasses.replace(base, temperature=expected)(model, params, CORPUS, 'test').loss)
+    results['test'].loss,
+    dataclasses.replace(base, temperature=expected)(model, params, CORPUS, 'test').loss,
+  )
 
 
 def test_dynamic_searches_valid_and_scores_each_split_with_the_best_setting(lm):
   model, params = lm
-  evaluator = Dynamic(bptt=9, rule='sgd', learning_rate=(0.0, 0.3, 30.0), decay=(0.0,),
-                      segment_length=(4,))
+  evaluator = Dynamic(
+    bptt=9, rule='sgd', learning_rate=(0.0, 0.3, 30.0), decay=(0.0,), segment_length=(4,)
+  )
   prepared = evaluator.prepare(model, params, CORPUS)
   test = evaluator.score(prepared, 'test')
-  losses = {lr: loss for settings, loss in test.details['search']
-            for lr in [settings['learning_rate']]}
-  fresh = {lr: dynamic_evaluate(model, params, dynamic_sgd(lr), CORPUS.valid, 4).result.loss
-           for lr in (0.0, 0.3)}
+  losses = {
+    lr: loss for settings, loss in test.details['search'] for lr in [settings['learning_rate']]
+  }
+  fresh = {
+    lr: dynamic_evaluate(model, params, dynamic_sgd(lr), CORPUS.valid, 4).result.loss
+    for lr in (0.0, 0.3)
+  }
   for lr, loss in fresh.items():
     np.testing.assert_allclose(losses[lr], loss, rtol=1e-5)
   best = min(losses, key=losses.get)
   assert test.details['settings']['learning_rate'] == best
   np.testing.assert_allclose(
-      test.loss, dynamic_evaluate(model, params, dynamic_sgd(best), CORPUS.test, 4).result.loss,
-      rtol=1e-5)
+    test.loss,
+    dynamic_evaluate(model, params, dynamic_sgd(best), CORPUS.test, 4).result.loss,
+    rtol=1e-5,
+  )
   assert test.details['segment_tokens'].sum() == test.num_tokens == len(CORPUS.test) - 1
   # The search scored the whole of valid: valid's result is the search's.
   assert evaluator.score(prepared, 'valid').loss == pytest.approx(losses[best])
@@ -112,8 +136,10 @@ def test_what_one_set_of_weights_prepared_does_not_touch_another_s(lm):
   counts = np.bincount(CORPUS.valid[1:], minlength=V)
   assert counts.min() > 0
   log_counts = np.log(counts).astype(np.float32)
-  unigram = lambda scale: {**params, 'head': {'kernel': 0 * params['head']['kernel'],
-                                               'bias': scale * log_counts}}
+  unigram = lambda scale: {
+    **params,
+    'head': {'kernel': 0 * params['head']['kernel'], 'bias': scale * log_counts},
+  }
   params, other = unigram(1.0), unigram(1 / 3)
   evaluator = TunedTemperature(Static(bptt=9, batch_size=1), low=0.1, high=4.0)
   first = evaluator.prepare(model, params, CORPUS)
@@ -131,12 +157,15 @@ def test_learning_rate_zero_is_the_static_score_at_batch_one(lm):
   dynamic = Dynamic(bptt=9, learning_rate=(0.0,), segment_length=(5,), max_tokens=60)
   static = Static(bptt=9, batch_size=1, max_tokens=60)
   result = dynamic(model, params, CORPUS, 'test')
-  np.testing.assert_allclose(result.loss, static(model, params, CORPUS, 'test').loss,
-                             rtol=1e-5)
+  np.testing.assert_allclose(result.loss, static(model, params, CORPUS, 'test').loss, rtol=1e-5)
   # The static score of the same tokens travels with every dynamic result.
   assert result.details['static_loss'] == static(model, params, CORPUS, 'test').loss
   assert DynamicEvalSettings(**result.details['settings']).used() == {
-      'rule': 'sgd', 'learning_rate': 0.0, 'decay': 0.0, 'segment_length': 5}
+    'rule': 'sgd',
+    'learning_rate': 0.0,
+    'decay': 0.0,
+    'segment_length': 5,
+  }
 
 
 def test_settings_share_one_compiled_scan(lm):
@@ -148,12 +177,15 @@ def test_settings_share_one_compiled_scan(lm):
   setup = evaluator.setup(model, params, CORPUS)
   ms = setup.rms_gradients
   compiled = _scan_segments._cache_size()
-  for lr, decay, eps, mean in ((1e-3, 1e-2, 1e-3, 'tensors'), (3e-2, 1e-1, 1e-2, 'tensors'),
-                               (1e-2, 1e-2, 1e-3, 'coordinates')):
-    shared = evaluator.score_settings(setup, DynamicEvalSettings('rms', lr, decay, eps, 4, mean),
-                                      model, params, CORPUS, 'valid')
-    fresh = dynamic_evaluate(model, params, dynamic_rms(lr, decay, eps, ms, mean),
-                             CORPUS.valid, 4)
+  for lr, decay, eps, mean in (
+    (1e-3, 1e-2, 1e-3, 'tensors'),
+    (3e-2, 1e-1, 1e-2, 'tensors'),
+    (1e-2, 1e-2, 1e-3, 'coordinates'),
+  ):
+    shared = evaluator.score_settings(
+      setup, DynamicEvalSettings('rms', lr, decay, eps, 4, mean), model, params, CORPUS, 'valid'
+    )
+    fresh = dynamic_evaluate(model, params, dynamic_rms(lr, decay, eps, ms, mean), CORPUS.valid, 4)
     np.testing.assert_allclose(shared.details['segment_nll'], fresh.segment_nll, rtol=1e-5)
   assert _scan_segments._cache_size() - compiled == 1 + 3
 
@@ -167,9 +199,11 @@ def test_the_learned_evaluator_runs_the_rule_at_its_segment_length(lm):
   config = evaluation_config('learned')
   config.max_tokens = 40
   result = build_evaluator(config, bptt=9, batch_size=1, meta_learner=learned)(
-      model, params, CORPUS, 'valid')
-  by_hand = dynamic_evaluate(model, params, rule, CORPUS.valid[:41], 3,
-                             extra_args={'meta_params': meta_params})
+    model, params, CORPUS, 'valid'
+  )
+  by_hand = dynamic_evaluate(
+    model, params, rule, CORPUS.valid[:41], 3, extra_args={'meta_params': meta_params}
+  )
   np.testing.assert_allclose(result.loss, by_hand.result.loss, rtol=1e-6)
   assert result.details['settings']['segment_length'] == 3
 
@@ -183,7 +217,9 @@ def test_token_losses_are_the_per_token_losses_and_their_mean(lm):
   np.testing.assert_allclose(result.loss, _nll(model, params, CORPUS.test), rtol=1e-5)
 
 
-@pytest.mark.parametrize('evaluator, field, value, message', [
+@pytest.mark.parametrize(
+  'evaluator, field, value, message',
+  [
     ('bayes', 'evaluator', 'bayes', 'unknown evaluator'),
     ('static', 'static.temperature', float('nan'), 'static.temperature must be a positive'),
     ('static', 'static.temperature', -1.0, 'static.temperature must be a positive'),
@@ -195,7 +231,8 @@ def test_token_losses_are_the_per_token_losses_and_their_mean(lm):
     ('dynamic_rms', 'dynamic.eps', (1e-3, 0.0), "dynamic.eps must be > 0 for rule 'rms'"),
     ('static', 'max_tokens', -5, 'max_tokens must be >= 0'),
     ('temperature', 'temperature.low', 3.0, 'need 0 < low < high'),
-])
+  ],
+)
 def test_bad_settings_are_refused_naming_the_field(evaluator, field, value, message):
   config = evaluation_config(evaluator.removesuffix('_rms'))
   if evaluator == 'dynamic_rms':
@@ -213,8 +250,9 @@ def test_sgd_searches_no_epsilon_and_a_rule_reads_only_searched_settings():
   with pytest.raises(ValueError, match='a rule reads settings of'):
     DynamicRuleSpec(('momentum',), lambda statistics, decay_mean: dynamic_sgd)
   with pytest.raises(ValueError, match='positive ones among them'):
-    DynamicRuleSpec(('learning_rate',), lambda statistics, decay_mean: dynamic_sgd,
-                    positive=('eps',))
+    DynamicRuleSpec(
+      ('learning_rate',), lambda statistics, decay_mean: dynamic_sgd, positive=('eps',)
+    )
 
 
 def test_the_learned_evaluator_without_a_meta_learner_says_how_to_get_one():

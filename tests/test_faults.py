@@ -48,8 +48,7 @@ def _nonfinite_records(workdir):
 POISONED, POISONED_STEPS = 235, [4, 14, 24]
 
 
-def test_skip_drops_the_poisoned_updates_and_trains_on(tiny_config, tmp_path, monkeypatch,
-                                                        caplog):
+def test_skip_drops_the_poisoned_updates_and_trains_on(tiny_config, tmp_path, monkeypatch, caplog):
   _poison(monkeypatch, POISONED)
   tiny_config.train.update(nonfinite='skip', num_epochs=2)
   with caplog.at_level(logging.WARNING, 'lm_zoo'):
@@ -58,7 +57,9 @@ def test_skip_drops_the_poisoned_updates_and_trains_on(tiny_config, tmp_path, mo
   assert math.isfinite(summary['test']['loss'])
   records = _nonfinite_records(tmp_path)
   assert [(r['step'], r['action'], r['skipped_updates']) for r in records] == [
-      (4, 'skip', 1), (14, 'skip', 2)]
+    (4, 'skip', 1),
+    (14, 'skip', 2),
+  ]
   assert 'step 14: non-finite loss or gradient, update skipped (2 skipped so far)' in caplog.text
 
 
@@ -98,19 +99,23 @@ def test_a_skipped_update_leaves_the_state_as_it_was():
   model = RecurrentLM(Embedding(7, 4), Stack([LSTMCell(4)]), Softmax(7))
   params = init_params(model, jax.random.key(0))
   optimizer = optax.adam(0.1)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                     opt_state=optimizer.init(params), carries=model.initialize_carry(2),
-                     rng=jax.random.key_data(jax.random.key(1)))
+  state = TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    carries=model.initialize_carry(2),
+    rng=jax.random.key_data(jax.random.key(1)),
+  )
   before = jax.tree.map(np.asarray, state)
   step = make_train_step(model, optimizer, skip_nonfinite=True)
   targets, weights = jnp.ones((2, 3), jnp.int32), jnp.ones((2, 3))
   poisoned = jnp.array([[1, 2, 99], [3, 4, 5]], jnp.int32)  # 99: past the vocabulary
   state, metrics = step(state, poisoned, targets, weights)
   assert not metrics['finite'] and int(state.step) == 1
-  for got, want in zip(jax.tree.leaves(state.replace(step=before.step)),
-                       jax.tree.leaves(before)):
+  for got, want in zip(jax.tree.leaves(state.replace(step=before.step)), jax.tree.leaves(before)):
     np.testing.assert_array_equal(got, want)
   state, metrics = step(state, poisoned % 7, targets, weights)
   assert metrics['finite'] and int(state.step) == 2
-  assert not np.array_equal(state.params['embedding']['embedding'],
-                            before.params['embedding']['embedding'])
+  assert not np.array_equal(
+    state.params['embedding']['embedding'], before.params['embedding']['embedding']
+  )

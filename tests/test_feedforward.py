@@ -15,8 +15,9 @@ def test_plain_layers_are_an_mlp():
   params = perturb(model.init(jax.random.key(0), x)['params'])
   h = np.maximum(dense(params['layer_0'], x), 0)
   h = np.maximum(dense(params['layer_1'], h), 0)
-  np.testing.assert_allclose(model.apply({'params': params}, x),
-                             dense(params['layer_2'], h), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    model.apply({'params': params}, x), dense(params['layer_2'], h), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_adaptive_layers_where_asked():
@@ -26,5 +27,4 @@ def test_adaptive_layers_where_asked():
   assert params['layer_0']['kernel_1'].shape == (4, 3)
   assert set(params['layer_1']) == {'kernel', 'bias'}
   with pytest.raises(ValueError, match='2 flags for 3 layers'):
-    FeedForward((6, 5, 2), adaptive=(True, False)).init(jax.random.key(0),
-                                                         np.zeros((1, 4)))
+    FeedForward((6, 5, 2), adaptive=(True, False)).init(jax.random.key(0), np.zeros((1, 4)))

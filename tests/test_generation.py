@@ -75,10 +75,8 @@ def test_beam_width_one_is_greedy_and_temperature_near_zero_is_argmax(peaked_lm)
   best = greedy(model, params, prompt[None], 10)[0]
   beam, score = beam_search(model, params, prompt, 10, beam_width=1)
   np.testing.assert_array_equal(beam, best)
-  np.testing.assert_allclose(score, _sequence_log_prob(model, params, prompt, best),
-                             rtol=1e-4)
-  cold = sample(model, params, np.tile(prompt, (4, 1)), 10, jax.random.key(0),
-                temperature=1e-4)
+  np.testing.assert_allclose(score, _sequence_log_prob(model, params, prompt, best), rtol=1e-4)
+  cold = sample(model, params, np.tile(prompt, (4, 1)), 10, jax.random.key(0), temperature=1e-4)
   np.testing.assert_array_equal(cold, np.tile(best, (4, 1)))
   top1 = sample(model, params, prompt[None], 10, jax.random.key(1), top_k=1)[0]
   np.testing.assert_array_equal(top1, best)
@@ -90,8 +88,7 @@ def test_wider_beams_find_likelier_sequences_and_score_them_right(peaked_lm):
   scores = []
   for width in (1, 3, 13):
     tokens, score = beam_search(model, params, prompt, 6, beam_width=width)
-    np.testing.assert_allclose(score, _sequence_log_prob(model, params, prompt, tokens),
-                               rtol=1e-4)
+    np.testing.assert_allclose(score, _sequence_log_prob(model, params, prompt, tokens), rtol=1e-4)
     scores.append(score)
   assert scores[0] <= scores[1] + 1e-5 and scores[0] <= scores[2] + 1e-5
   # Width = vocab size on 2 steps is exhaustive: the best of all 13 x 13 pairs.
@@ -110,7 +107,8 @@ def test_beam_search_stops_at_eos(peaked_lm):
   end = list(tokens).index(eos)
   assert (tokens[end:] == eos).all()
   np.testing.assert_allclose(
-      score, _sequence_log_prob(model, params, prompt, tokens[:end + 1]), rtol=1e-4)
+    score, _sequence_log_prob(model, params, prompt, tokens[: end + 1]), rtol=1e-4
+  )
 
 
 def test_top_k_draws_from_the_renormalised_top_k(lm):

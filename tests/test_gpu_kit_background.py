@@ -13,7 +13,7 @@ from conftest import REPO
 # The stand-in: counts its starts, writes figures, a work directory with
 # checkpoints, optimized HLO, then (once told to go on) a profile of 17 MiB of
 # noise, and ends with exit code 3.
-STAND_IN = r'''
+STAND_IN = r"""
 set -e
 out=$1
 echo started >> "$out/starts"
@@ -27,16 +27,21 @@ for _ in $(seq 300); do [ -e "$out/go" ] && break; sleep 0.2; done
 head -c $((17 * 1024 * 1024)) /dev/urandom > "$out/profile_scans.bin"
 echo "every figure is in $out"
 exit 3
-'''
+"""
 
 
 def background(seconds, pack, run, **env):
   """A call with this environment alone of what the kit reads."""
   kits = re.compile(r'(KIT_|AGREEMENT_|MINUTES$|SEEDS_|TRAIN_CONFIG$|WHEELS$|LM_ZOO_DATA$)')
   others = {k: v for k, v in os.environ.items() if not kits.match(k)}
-  return subprocess.run(['bash', 'launch/gpu_kit_background.sh', str(seconds), str(pack),
-                         str(run)], cwd=REPO, capture_output=True, text=True, timeout=120,
-                        env={**others, **env})
+  return subprocess.run(
+    ['bash', 'launch/gpu_kit_background.sh', str(seconds), str(pack), str(run)],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={**others, **env},
+  )
 
 
 def members(archive):
@@ -60,15 +65,20 @@ def test_the_kit_starts_once_and_each_call_packs_what_it_has_written(tmp_path):
   assert (tmp_path / 'pack2' / 'status.txt').read_text().startswith('running\n')
   assert (run / 'starts').read_text() == 'started\n'
   assert members(tmp_path / 'pack2' / 'figures.tar.gz') == {
-      'benchmark.json', 'run/metrics.jsonl', 'kit.env', 'starts'}
+    'benchmark.json',
+    'run/metrics.jsonl',
+    'kit.env',
+    'starts',
+  }
   assert members(tmp_path / 'pack2' / 'hlo.tar.gz') == {'hlo_scans/train.txt'}
 
   (run / 'go').touch()
   last = background(60, tmp_path / 'pack3', run, KIT=str(kit), MAX_PIECES='1')
   assert last.returncode == 0, last.stderr
   status = (tmp_path / 'pack3' / 'status.txt').read_text()
-  assert status.startswith(f'finished: exit code 3\n--- the log\'s last lines\n'
-                           f'every figure is in {run}\n')
+  assert status.startswith(
+    f"finished: exit code 3\n--- the log's last lines\nevery figure is in {run}\n"
+  )
   assert status.endswith('profiles: 2 pieces, only the first 1 kept\n')
   assert (tmp_path / 'pack3' / 'kit.log').read_text() == f'every figure is in {run}\n'
   assert sorted(p.name for p in (tmp_path / 'pack3').glob('profiles.*')) == ['profiles.tar.gz.00']
@@ -87,9 +97,11 @@ def test_the_kit_starts_once_and_each_call_packs_what_it_has_written(tmp_path):
 
 @pytest.mark.parametrize('args', [[], ['soon', 'pack']])
 def test_a_call_without_seconds_and_pack_is_refused(args, tmp_path):
-  ran = subprocess.run(['bash', 'launch/gpu_kit_background.sh', *args], cwd=REPO,
-                       capture_output=True, text=True)
+  ran = subprocess.run(
+    ['bash', 'launch/gpu_kit_background.sh', *args], cwd=REPO, capture_output=True, text=True
+  )
   assert ran.returncode == 2
-  assert ran.stderr == ('usage: launch/gpu_kit_background.sh SECONDS PACK [RUN]: '
-                        'SECONDS to wait, a whole number\n')
+  assert ran.stderr == (
+    'usage: launch/gpu_kit_background.sh SECONDS PACK [RUN]: SECONDS to wait, a whole number\n'
+  )
   assert not (REPO / 'pack').exists()

@@ -22,13 +22,23 @@ def kit(tmp_path_factory, data_dir):
   """launch/gpu_run_kit.sh, every part tiny, on a CPU, its $PYTHON a warm one
   (tests/warm_python.py): its OUT folder. SEEDS_ARGS adds flags to `seeds`."""
   out = tmp_path_factory.mktemp('kit') / 'out'
-  env = {**os.environ, 'KIT_TINY': '1', 'KIT_PARTS': KIT_PARTS,
-         'SEEDS_ARGS': '--seeds=3 --config.seed=5', 'LM_ZOO_DATA': str(data_dir),
-         'WHEELS': str(out.parent / 'no_wheels')}
+  env = {
+    **os.environ,
+    'KIT_TINY': '1',
+    'KIT_PARTS': KIT_PARTS,
+    'SEEDS_ARGS': '--seeds=3 --config.seed=5',
+    'LM_ZOO_DATA': str(data_dir),
+    'WHEELS': str(out.parent / 'no_wheels'),
+  }
   with warm_python(env) as python:  # the kit's programs forked from one interpreter
-    ran = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(out)], cwd=REPO,
-                         capture_output=True, text=True, timeout=900,
-                         env={**env, 'PYTHON': python})
+    ran = subprocess.run(
+      ['bash', 'launch/gpu_run_kit.sh', str(out)],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=900,
+      env={**env, 'PYTHON': python},
+    )
   assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
   return out
 
@@ -44,8 +54,9 @@ def test_the_kits_kernel_parts_check_time_and_compare_the_scans(kit):
   assert {row['scan'] for row in dynamic} == {'pallas'}
   agreement = json.loads((kit / 'agreement.json').read_text())
   assert set(agreement) == {'ptb_lstm_small_py@fused', 'ptb_lstm_small_py@pallas'}
-  fused, pallas = (agreement[f'ptb_lstm_small_py@{scan}']['valid_perplexity']
-                   for scan in ('fused', 'pallas'))
+  fused, pallas = (
+    agreement[f'ptb_lstm_small_py@{scan}']['valid_perplexity'] for scan in ('fused', 'pallas')
+  )
   assert pallas == pytest.approx(fused, rel=1e-4)  # the same training, to float32 rounding
 
 
@@ -53,19 +64,25 @@ def test_the_kits_graphs_part_times_the_recipes_under_its_xla_flags(kit):
   """The 'graphs' part: the benchmark and dynamic evaluation, each process
   under XLA_FLAGS with the kit's command-buffer flags added (on a CPU XLA
   reads and ignores them)."""
-  graphs = '--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,' \
-           'DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL'
+  graphs = (
+    '--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,'
+    'DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL'
+  )
   plain = json.loads((kit / 'benchmark_scans.json').read_text())
   assert graphs not in plain['xla_flags']
-  for name, rows in (('benchmark_graphs', {'mogrifier_paper:ptb_lstm'}),
-                     ('dynamic_evaluation_graphs', None)):
+  for name, rows in (
+    ('benchmark_graphs', {'mogrifier_paper:ptb_lstm'}),
+    ('dynamic_evaluation_graphs', None),
+  ):
     result = json.loads((kit / f'{name}.json').read_text())
     assert result['xla_flags'].endswith(' ' + graphs) and not result['failed']
     if rows:
       assert {row['row'] for row in result['results']} == rows
     else:
       assert {(row['mode'], row['scan']) for row in result['results']} == {
-          ('static', 'fused'), ('dynamic_sgd', 'fused')}
+        ('static', 'fused'),
+        ('dynamic_sgd', 'fused'),
+      }
 
 
 def test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu(kit):
@@ -73,12 +90,16 @@ def test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu(kit):
   with a message, and so is a way a recipe's layers cannot run."""
   out = (kit / 'benchmark.txt').read_text()
   assert 'jax_cudnn_lstm: skipped, cuDNN runs on NVIDIA GPUs only' in out
-  assert ("mogrifier_paper:ptb_mogrifier@cudnn: skipped, model.scan='cudnn' cannot run "
-          'Mogrify(LSTMCell)') in out
+  assert (
+    "mogrifier_paper:ptb_mogrifier@cudnn: skipped, model.scan='cudnn' cannot run Mogrify(LSTMCell)"
+  ) in out
   result = json.loads((kit / 'benchmark.json').read_text())
   rows = {row['row']: row for row in result['results']}
-  assert set(rows) == {'mogrifier_paper:ptb_mogrifier', 'mogrifier_paper:ptb_mogrifier+bfloat16',
-                       'flax_lstm@16'}
+  assert set(rows) == {
+    'mogrifier_paper:ptb_mogrifier',
+    'mogrifier_paper:ptb_mogrifier+bfloat16',
+    'flax_lstm@16',
+  }
   recipe = rows['mogrifier_paper:ptb_mogrifier']
   assert recipe['model'].startswith('Mogrifier lstm (5 rounds, rank 8)')
   # --bfloat16's twin: the recipe with bfloat16 products
@@ -94,6 +115,7 @@ def test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu(kit):
   # per weight and token of a 4 x 5 window.
   from lm_zoo.experiments import mogrifier_paper
   from lm_zoo.models import build_model, count_params
+
   model = mogrifier_paper.get_config('ptb_mogrifier').model  # as --tiny=16 shrinks it
   model.update(param_budget=0, hidden_size=16, embed_size=16, embed_ratio=-1.0, output_size=0)
   model.mogrifier.rank = 8
@@ -104,7 +126,10 @@ def test_the_kits_benchmark_skips_the_gpu_rows_on_a_cpu(kit):
   for row in rows.values():  # no cuDNN nor PyTorch row to compare with
     assert 'train_vs_cudnn' not in row and 'train_vs_torch_fastest' not in row
   assert {p.name for p in (kit / 'profile').iterdir()} == {
-      'mogrifier_paper_ptb_mogrifier', 'mogrifier_paper_ptb_mogrifier+bfloat16', 'flax_lstm_16'}
+    'mogrifier_paper_ptb_mogrifier',
+    'mogrifier_paper_ptb_mogrifier+bfloat16',
+    'flax_lstm_16',
+  }
 
 
 def test_the_kits_stacks_time_each_stack_against_a_run_alone(kit):
@@ -126,8 +151,9 @@ def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit)
     assert row['workdir'].endswith(f'dyneval/lstm_medium_s0-1/seed_{row["seed"]}')
     for rule in ('rms', 'sgd'):
       # The static score of the same tokens is the run's own test score (batch 1).
-      assert row[f'{rule}_test_static_perplexity'] == pytest.approx(row['test_perplexity'],
-                                                                   rel=1e-5)
+      assert row[f'{rule}_test_static_perplexity'] == pytest.approx(
+        row['test_perplexity'], rel=1e-5
+      )
       assert math.isfinite(row[f'{rule}_test_perplexity'])
   report = (kit / 'dyneval.txt').read_text()
   assert '| lstm_medium | rms | 2 | test |' in report
@@ -138,8 +164,15 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
   """The kit's default parts: tests, benchmark (cuDNN's row skipped) and a few
   updates of the PTB Mogrifier recipe; and the parts the defaults leave out:
   stacks of seeds timed, and a stack trained."""
-  assert {'devices.txt', 'tests.txt', 'benchmark.json', 'benchmark.txt', 'profile',
-          'ptb_mogrifier.txt', 'ptb_mogrifier'} <= {p.name for p in kit.iterdir()}
+  assert {
+    'devices.txt',
+    'tests.txt',
+    'benchmark.json',
+    'benchmark.txt',
+    'profile',
+    'ptb_mogrifier.txt',
+    'ptb_mogrifier',
+  } <= {p.name for p in kit.iterdir()}
   assert ' passed' in (kit / 'tests.txt').read_text()
   assert 'jax_cudnn_lstm: skipped' in (kit / 'benchmark.txt').read_text()
   records = read_metrics(kit / 'ptb_mogrifier' / 'metrics.jsonl')
@@ -151,15 +184,27 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
 
   # A host lent for short spells runs the parts in turns; a misspelt part is
   # refused before anything runs.
-  wrong = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')], cwd=REPO,
-                         capture_output=True, text=True, env={**os.environ, 'KIT_PARTS': 'test'})
+  wrong = subprocess.run(
+    ['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    env={**os.environ, 'KIT_PARTS': 'test'},
+  )
   assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
-  assert wrong.stderr == ("error: KIT_PARTS: unknown part 'test'; "
-                          'choose from: tests benchmark train kernels graphs agreement stacks '
-                          'seeds dyneval mogrifier24m\n')
-  wrong = subprocess.run(['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')], cwd=REPO,
-                         capture_output=True, text=True,
-                         env={**os.environ, 'KIT_PARTS': 'seeds', 'SEEDS_SIZE': 'huge'})
+  assert wrong.stderr == (
+    "error: KIT_PARTS: unknown part 'test'; "
+    'choose from: tests benchmark train kernels graphs agreement stacks '
+    'seeds dyneval mogrifier24m\n'
+  )
+  wrong = subprocess.run(
+    ['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    env={**os.environ, 'KIT_PARTS': 'seeds', 'SEEDS_SIZE': 'huge'},
+  )
   assert wrong.returncode == 2 and not (tmp_path / 'wrong').exists()
-  assert wrong.stderr == ("error: SEEDS_SIZE: unknown size 'huge'; "
-                          'choose from: small medium large\n')
+  assert wrong.stderr == (
+    "error: SEEDS_SIZE: unknown size 'huge'; choose from: small medium large\n"
+  )

@@ -16,10 +16,10 @@ T, OWN, B, M, N = 6, 4, 3, 5, 7
 STEPS = jnp.arange(T) < OWN
 # 'remat' is 'scan''s step recomputed; the capped gate changes no hold.
 WAYS = {
-    'lstm': (LSTMCell(N), ('scan', 'hoisted', 'fused', 'pallas', 'cudnn')),
-    'mogrifier': (Mogrify(LSTMCell(N), rounds=3), ('scan', 'fused', 'pallas')),
-    'alstm': (ALSTMCell(N, latent_size=4), ('scan', 'fused', 'pallas')),
-    'alstm_static': (ALSTMCell(N, latent_size=4, latent=StaticLatent), ('scan', 'fused')),
+  'lstm': (LSTMCell(N), ('scan', 'hoisted', 'fused', 'pallas', 'cudnn')),
+  'mogrifier': (Mogrify(LSTMCell(N), rounds=3), ('scan', 'fused', 'pallas')),
+  'alstm': (ALSTMCell(N, latent_size=4), ('scan', 'fused', 'pallas')),
+  'alstm_static': (ALSTMCell(N, latent_size=4, latent=StaticLatent), ('scan', 'fused')),
 }
 CASES = [(name, scan) for name, (_, scans) in WAYS.items() for scan in scans]
 
@@ -27,8 +27,9 @@ CASES = [(name, scan) for name, (_, scans) in WAYS.items() for scan in scans]
 def _perturbed(tree, seed):
   leaves, treedef = jax.tree.flatten(tree)
   keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(treedef, [x + 0.3 * jax.random.normal(k, x.shape)
-                                      for k, x in zip(keys, leaves)])
+  return jax.tree.unflatten(
+    treedef, [x + 0.3 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
+  )
 
 
 def _compare(apply, variables, carry, inputs, width):
@@ -42,7 +43,8 @@ def _compare(apply, variables, carry, inputs, width):
     else:
       new, ys = apply(variables, carry, inputs[:OWN], None)
     value = jnp.sum(ys[:OWN] * weights[:OWN]) + sum(
-        jnp.sum(c * (0.5 + i)) for i, c in enumerate(jax.tree.leaves(new)))
+      jnp.sum(c * (0.5 + i)) for i, c in enumerate(jax.tree.leaves(new))
+    )
     return value, (new, ys)
 
   grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
@@ -50,8 +52,10 @@ def _compare(apply, variables, carry, inputs, width):
   (_, (new_pad, ys_pad)), grads_pad = grad(variables, inputs, carry, True)
   assert ys_pad.shape[0] == T and not np.any(ys_pad[OWN:])
   assert not np.any(grads_pad[1][OWN:])  # the padded inputs get no gradient
-  for got, want in zip(jax.tree.leaves((new_pad, ys_pad[:OWN], grads_pad)),
-                       jax.tree.leaves((new_own, ys_own, grads_own))):
+  for got, want in zip(
+    jax.tree.leaves((new_pad, ys_pad[:OWN], grads_pad)),
+    jax.tree.leaves((new_own, ys_own, grads_own)),
+  ):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
@@ -67,8 +71,9 @@ def test_a_layer_holds_its_state_past_its_own_steps(name, scan):
   _compare(apply, variables, carry, inputs, N)
 
 
-@pytest.mark.parametrize('stack_type, scan', [(LSTMRHN, 'scan'), (LSTMRHN, 'fused'),
-                                              (Stack, 'fused')])
+@pytest.mark.parametrize(
+  'stack_type, scan', [(LSTMRHN, 'scan'), (LSTMRHN, 'fused'), (Stack, 'fused')]
+)
 def test_a_stack_with_dropout_holds_every_layers_state(stack_type, scan):
   """The aLSTM's LSTM-RHN stack (whose fused window draws its masks once a
   window) and a plain stack, both dropping out, under one dropout key."""
@@ -80,8 +85,9 @@ def test_a_stack_with_dropout_holds_every_layers_state(stack_type, scan):
   carries = _perturbed(stack.initialize_carry(B, M), 3)
   rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(7)}
   variables = _perturbed(stack.init(rngs, carries, inputs, train=True), 4)
-  apply = lambda v, c, x, steps: stack.apply(v, c, x, train=True, steps=steps,
-                                             rngs={'dropout': jax.random.key(7)})
+  apply = lambda v, c, x, steps: stack.apply(
+    v, c, x, train=True, steps=steps, rngs={'dropout': jax.random.key(7)}
+  )
   _compare(apply, variables, carries, inputs, N)
 
 
@@ -91,11 +97,13 @@ def test_held_and_own_select_by_step_and_steps_are_checked():
   np.testing.assert_array_equal(held(jnp.array(False), new, old)['c'], old['c'])
   np.testing.assert_array_equal(own(jnp.array(False), new)['c'], jnp.zeros(3))
   d_outputs, d_final_h = jnp.ones((4, 1, 1)), jnp.full((1, 1), 10.0)
-  np.testing.assert_array_equal(output_gradients(d_outputs, None, d_final_h)[:, 0, 0],
-                                [1, 1, 1, 11])
   np.testing.assert_array_equal(
-      output_gradients(d_outputs, jnp.array([True, True, False, False]), d_final_h)[:, 0, 0],
-      [1, 11, 0, 0])
+    output_gradients(d_outputs, None, d_final_h)[:, 0, 0], [1, 1, 1, 11]
+  )
+  np.testing.assert_array_equal(
+    output_gradients(d_outputs, jnp.array([True, True, False, False]), d_final_h)[:, 0, 0],
+    [1, 11, 0, 0],
+  )
   assert check_steps(np.array([1, 1, 0]), 3).dtype == jnp.bool_
   with pytest.raises(ValueError, match="mark each of the window's 4 steps, got shape"):
     check_steps(jnp.ones(3, bool), 4)

@@ -12,8 +12,17 @@ from conftest import loss_and_grads
 from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
-from lm_zoo.models import (Dual, Embedding, MixtureHead, RecurrentLM, Softmax, Stack,
-                           TiedSoftmax, build_model, init_params)
+from lm_zoo.models import (
+  Dual,
+  Embedding,
+  MixtureHead,
+  RecurrentLM,
+  Softmax,
+  Stack,
+  TiedSoftmax,
+  build_model,
+  init_params,
+)
 
 
 class EchoCell(nn.RNNCellBase):
@@ -21,6 +30,7 @@ class EchoCell(nn.RNNCellBase):
 
   It makes the dropout masks that reach a cell visible.
   """
+
   features: int
 
   @nn.compact
@@ -38,8 +48,12 @@ class EchoCell(nn.RNNCellBase):
 
 def _lm(sizes=(5, 4), make_cell=LSTMCell, embedding=None, head=None, bridge=None, **stack):
   """31 token types embedded in 6 dimensions, a layer of each size, a softmax."""
-  return RecurrentLM(embedding or Embedding(31, 6), Stack([make_cell(n) for n in sizes], **stack),
-                     head or Softmax(31), bridge)
+  return RecurrentLM(
+    embedding or Embedding(31, 6),
+    Stack([make_cell(n) for n in sizes], **stack),
+    head or Softmax(31),
+    bridge,
+  )
 
 
 # Run op by op, each of these would compile every operation of the model on its
@@ -51,8 +65,7 @@ def _apply(model, params, tokens, carries=None, train=False, dropout_key=None, m
   if carries is None:
     carries = model.initialize_carry(tokens.shape[0])
   rngs = {'dropout': dropout_key} if train else None
-  return model.apply({'params': params}, tokens, carries, train=train, rngs=rngs,
-                     mutable=mutable)
+  return model.apply({'params': params}, tokens, carries, train=train, rngs=rngs, mutable=mutable)
 
 
 @partial(jax.jit, static_argnums=0)
@@ -63,8 +76,7 @@ def _rnn_layer(cell, params, x):
 
 def _projected(params, h):
   """h @ W^T + b of the untied softmax, in NumPy."""
-  return np.asarray(h) @ np.asarray(params['head']['kernel']).T + np.asarray(
-      params['head']['bias'])
+  return np.asarray(h) @ np.asarray(params['head']['kernel']).T + np.asarray(params['head']['bias'])
 
 
 def test_stack_equals_nn_rnn_layers():
@@ -83,8 +95,9 @@ def test_the_parts_are_children_and_each_layer_has_its_own_cell():
   """The tree is keyed by the parts; a template cell given twice makes two
   layers with parameters of their own (not flax's sharing of one instance)."""
   cell = LSTMCell(6)
-  model = RecurrentLM(Embedding(31, 6), Stack([cell, cell], weight_drop=0.5),
-                      TiedSoftmax(31), Dual(7))
+  model = RecurrentLM(
+    Embedding(31, 6), Stack([cell, cell], weight_drop=0.5), TiedSoftmax(31), Dual(7)
+  )
   params = init_params(model, jax.random.key(0))
   assert set(params) == {'embedding', 'stack', 'bridge', 'head'}
   assert set(params['stack']) == {'cell_0', 'cell_1'}
@@ -132,8 +145,12 @@ def test_dropout_masks_are_shared_over_time():
 
 
 def test_dropout_off_at_evaluation_and_on_in_training():
-  model = _lm(embedding=Embedding(31, 6, dropout=0.5), dropout_hidden=0.5, dropout_state=0.5,
-              dropout_output=0.5)
+  model = _lm(
+    embedding=Embedding(31, 6, dropout=0.5),
+    dropout_hidden=0.5,
+    dropout_state=0.5,
+    dropout_output=0.5,
+  )
   tokens = jnp.zeros((2, 5), jnp.int32)
   params = init_params(model, jax.random.key(0))
   a, _ = _apply(model, params, tokens)
@@ -162,9 +179,11 @@ def test_any_flax_cell_is_a_layer(cell):
   model = build_model(cfg, 20)
   tokens = jnp.ones((2, 4), jnp.int32)
   params = init_params(model, jax.random.key(0))
-  logits, carries = jax.jit(lambda p, t, c: model.apply(
-      {'params': p}, t, c, train=True, rngs={'dropout': jax.random.key(0)}))(
-          params, tokens, model.initialize_carry(2))
+  logits, carries = jax.jit(
+    lambda p, t, c: model.apply(
+      {'params': p}, t, c, train=True, rngs={'dropout': jax.random.key(0)}
+    )
+  )(params, tokens, model.initialize_carry(2))
   assert logits.shape == (2, 4, 20) and np.all(np.isfinite(logits))
 
 
@@ -200,13 +219,27 @@ def test_non_variational_masks_are_lambs():
   """lamb's shared_mask_dropout=False: the input, between-layer and output
   masks are new at every step, each layer's state mask is drawn once per
   window, and the layers' state masks differ."""
-  model = _lm((3, 4), EchoCell, Embedding(31, 6, dropout=0.5, variational=False),
-              dropout_hidden=0.5, dropout_state=0.5, dropout_output=0.5, variational=False)
+  model = _lm(
+    (3, 4),
+    EchoCell,
+    Embedding(31, 6, dropout=0.5, variational=False),
+    dropout_hidden=0.5,
+    dropout_state=0.5,
+    dropout_output=0.5,
+    variational=False,
+  )
   tokens = np.random.default_rng(5).integers(1, 31, (16, 12)).astype(np.int32)
   carries = [jnp.ones((16, 3)), jnp.ones((16, 4))]
   params = init_params(model, jax.random.key(0))
-  _, sown = _apply(model, params, tokens, carries, train=True, dropout_key=jax.random.key(1),
-                   mutable=('intermediates',))
+  _, sown = _apply(
+    model,
+    params,
+    tokens,
+    carries,
+    train=True,
+    dropout_key=jax.random.key(1),
+    mutable=('intermediates',),
+  )
   out = np.asarray(sown['intermediates']['stack']['output'][0])  # (T, B, 6 + 3 + 4), undropped
   dropped = np.asarray(sown['intermediates']['stack']['dropped_output'][0])
   per_step = lambda zero: not np.all(zero == zero[:1])
@@ -216,18 +249,28 @@ def test_non_variational_masks_are_lambs():
   state_2 = out[..., 9:] == 0
   assert np.all(state_2 == state_2[:1]) and 0.2 < state_2.mean() < 0.8  # once per window
   assert per_step((dropped == 0) & (out != 0))  # output mask
-  _, sown_2 = _apply(model, params, tokens, carries, train=True,
-                     dropout_key=jax.random.key(2), mutable=('intermediates',))
-  assert not np.array_equal(np.asarray(sown_2['intermediates']['stack']['output'][0])[..., 9:] == 0,
-                            state_2)  # a new window, a new state mask
+  _, sown_2 = _apply(
+    model,
+    params,
+    tokens,
+    carries,
+    train=True,
+    dropout_key=jax.random.key(2),
+    mutable=('intermediates',),
+  )
+  assert not np.array_equal(
+    np.asarray(sown_2['intermediates']['stack']['output'][0])[..., 9:] == 0, state_2
+  )  # a new window, a new state mask
 
 
 def test_skip_connections_sum_every_layers_output():
   from numpy_reference import lstm_step
+
   model = _lm((5, 5, 5), skip_connections=True)
   tokens = np.random.default_rng(6).integers(0, 31, (3, 7)).astype(np.int32)
-  params = jax.tree.map(lambda x: np.asarray(x) + np.float32(0.1),
-                        init_params(model, jax.random.key(0)))
+  params = jax.tree.map(
+    lambda x: np.asarray(x) + np.float32(0.1), init_params(model, jax.random.key(0))
+  )
   logits, _ = _apply(model, params, tokens)
   x = np.asarray(params['embedding']['embedding'])[tokens]  # (B, T, 6)
   total = 0
@@ -241,13 +284,24 @@ def test_skip_connections_sum_every_layers_output():
     total = total + x
   np.testing.assert_allclose(logits, _projected(params, total), rtol=1e-4, atol=1e-5)
   with pytest.raises(ConfigError, match='give every layer one size'):  # raised when traced
-    jax.eval_shape(_lm((5, 4), skip_connections=True).init,
-                   jax.random.key(0), tokens, _lm((5, 4)).initialize_carry(3))
+    jax.eval_shape(
+      _lm((5, 4), skip_connections=True).init,
+      jax.random.key(0),
+      tokens,
+      _lm((5, 4)).initialize_carry(3),
+    )
 
 
-@pytest.mark.parametrize('make_cell', [
-    lambda n: nn.GRUCell(n), lambda n: MLSTMCell(n), lambda n: Mogrify(LSTMCell(n), rounds=3),
-    lambda n: LSTMCell(n, cap_input_gate=True)], ids=['flax_gru', 'mlstm', 'mogrifier', 'capped'])
+@pytest.mark.parametrize(
+  'make_cell',
+  [
+    lambda n: nn.GRUCell(n),
+    lambda n: MLSTMCell(n),
+    lambda n: Mogrify(LSTMCell(n), rounds=3),
+    lambda n: LSTMCell(n, cap_input_gate=True),
+  ],
+  ids=['flax_gru', 'mlstm', 'mogrifier', 'capped'],
+)
 def test_skip_connections_sum_the_layers_of_any_cell(make_cell):
   """Any cell, a wrapper or flax's own: the stack's output is the sum of its
   layers' outputs, each layer run alone in nn.RNN."""
@@ -289,8 +343,7 @@ def test_mixture_of_softmaxes_head(tie):
   assert ('softmax' in params['head']) != tie
   log_p, _ = _apply(model, params, tokens)
   assert log_p.shape == (2, 4, 31)
-  np.testing.assert_allclose(np.logaddexp.reduce(np.asarray(log_p, np.float64), -1), 0.0,
-                             atol=1e-5)
+  np.testing.assert_allclose(np.logaddexp.reduce(np.asarray(log_p, np.float64), -1), 0.0, atol=1e-5)
   if tie:  # the mixture's E is the embedding: it gets the softmax's gradient
     grads = jax.jit(jax.grad(lambda p: _apply(model, p, tokens)[0][0, 0, 1]))(params)
     assert np.abs(grads['embedding']['embedding'][~np.isin(np.arange(31), tokens)]).max() > 0
@@ -308,8 +361,9 @@ def test_dual_and_mos_from_the_config():
   # 16 -> 8 dual layer; prior 8 x 2; latent 8 -> 2 x 8; tied, so one bias of 20.
   assert sum(x.size for x in jax.tree.leaves(params['bridge'])) == 16 * 8 + 8
   assert sum(x.size for x in jax.tree.leaves(params['head'])) == 8 * 2 + 8 * 16 + 16 + 20
-  logits, _ = _apply(model, params, jnp.ones((2, 3), jnp.int32), train=True,
-                     dropout_key=jax.random.key(1))
+  logits, _ = _apply(
+    model, params, jnp.ones((2, 3), jnp.int32), train=True, dropout_key=jax.random.key(1)
+  )
   assert np.all(np.isfinite(logits))
   cfg.dual.dropout_output = 1.0
   with pytest.raises(ConfigError, match='dual.dropout_output=1.0 must be in'):

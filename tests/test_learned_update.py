@@ -10,11 +10,23 @@ import optax
 import pytest
 from conftest import check_reverse_gradient
 
-from lm_zoo.optim import (GateNetwork, RMSGateNetwork, coordinate_features, decay_logits,
-                          dynamic_rms, learned_update_rule, mean_rms)
+from lm_zoo.optim import (
+  GateNetwork,
+  RMSGateNetwork,
+  coordinate_features,
+  decay_logits,
+  dynamic_rms,
+  learned_update_rule,
+  mean_rms,
+)
 from lm_zoo.cells import LSTMCell
-from lm_zoo.evaluation import (diagonal_fisher, meta_loss, meta_train, rms_training_gradients,
-                               stream_windows)
+from lm_zoo.evaluation import (
+  diagonal_fisher,
+  meta_loss,
+  meta_train,
+  rms_training_gradients,
+  stream_windows,
+)
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 
 PARAMS = {'w': jnp.array([[0.5, -1.0], [2.0, 0.1]]), 'b': jnp.array([0.3, -0.2])}
@@ -29,9 +41,11 @@ def _flat(tree):
 
 def test_gates_one_minus_eta_zero_are_sgd():
   eta = 0.05
-  fixed = lambda meta, features: (jnp.ones(features.shape[:-1]),
-                                  -meta * jnp.ones(features.shape[:-1]),
-                                  jnp.zeros(features.shape[:-1]))
+  fixed = lambda meta, features: (
+    jnp.ones(features.shape[:-1]),
+    -meta * jnp.ones(features.shape[:-1]),
+    jnp.zeros(features.shape[:-1]),
+  )
   rule = learned_update_rule(fixed)
   updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=eta, loss=2.0)
   sgd = optax.sgd(eta)
@@ -48,8 +62,7 @@ def test_rule_with_the_gate_network_against_numpy():
   net = GateNetwork(hidden=4)
   meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
   rng = np.random.default_rng(0)
-  meta = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, jnp.float32),
-                      meta)
+  meta = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, jnp.float32), meta)
   rule = learned_update_rule(net.apply, precision=PRECISION)
   loss = 3.2
   updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta, loss=loss)
@@ -57,10 +70,10 @@ def test_rule_with_the_gate_network_against_numpy():
   p = jax.tree.map(lambda x: np.asarray(x, np.float64), meta['params'])
   expected = []
   for name in ('b', 'w'):  # the tree's leaf order
-    theta, g, t0, prec = (np.ravel(np.asarray(t[name], np.float64))
-                          for t in (PARAMS, GRADS, THETA0, PRECISION))
-    features = np.stack([theta - t0, g, t0, np.log(prec + 1e-12),
-                         np.full_like(theta, loss)], -1)
+    theta, g, t0, prec = (
+      np.ravel(np.asarray(t[name], np.float64)) for t in (PARAMS, GRADS, THETA0, PRECISION)
+    )
+    features = np.stack([theta - t0, g, t0, np.log(prec + 1e-12), np.full_like(theta, loss)], -1)
     h = np.tanh(features @ p['hidden'] + p['hidden_bias'])
     out = h @ p['gates'] + p['gates_bias']
     f, i, z = 1 / (1 + np.exp(-out[:, 0])), out[:, 1], 1 / (1 + np.exp(-out[:, 2]))
@@ -76,8 +89,11 @@ def test_fresh_gate_network_starts_as_sgd_with_a_slight_pull_to_theta0():
   f, z = 1 / (1 + np.exp(-5.0)), 1 / (1 + np.exp(5.0))
   expected = (f - 1) * _flat(PARAMS) - 0.01 * _flat(GRADS) + z * _flat(THETA0)
   np.testing.assert_allclose(_flat(updates), expected, rtol=1e-5, atol=1e-7)
-  assert coordinate_features(PARAMS['w'], GRADS['w'], THETA0['w'], PRECISION['w'],
-                             1.0).shape == (2, 2, 5)
+  assert coordinate_features(PARAMS['w'], GRADS['w'], THETA0['w'], PRECISION['w'], 1.0).shape == (
+    2,
+    2,
+    5,
+  )
 
 
 @pytest.mark.parametrize('decay', [1e-4, 1e-3, 0.3])
@@ -99,8 +115,9 @@ def test_decay_logits_start_the_rule_as_sgd_with_that_decay_to_theta0(decay):
 @pytest.mark.parametrize('decay_mean', ['coordinates', 'tensors'])
 def test_fresh_rms_gate_network_is_rms_dynamic_evaluation(decay, decay_mean):
   eta, eps = 0.01, 1e-2
-  net = RMSGateNetwork(learning_rate=eta, decay=decay, eps=eps,
-                       mean_ms=mean_rms(PRECISION, decay_mean))
+  net = RMSGateNetwork(
+    learning_rate=eta, decay=decay, eps=eps, mean_ms=mean_rms(PRECISION, decay_mean)
+  )
   meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
   rule = learned_update_rule(net.apply, precision=PRECISION)
   updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta, loss=4.0)
@@ -113,7 +130,8 @@ def test_fresh_rms_gate_network_is_rms_dynamic_evaluation(decay, decay_mean):
   assert mean_rms(PRECISION, 'tensors') == pytest.approx((b.mean() + w.mean()) / 2)
   with pytest.raises(ValueError, match='decay'):
     RMSGateNetwork(learning_rate=eta, decay=0.0, eps=eps, mean_ms=1.0).init(
-        jax.random.key(0), jnp.zeros((1, 5)))
+      jax.random.key(0), jnp.zeros((1, 5))
+    )
 
 
 def test_rms_gate_network_against_numpy():
@@ -122,8 +140,7 @@ def test_rms_gate_network_against_numpy():
   net = RMSGateNetwork(learning_rate=eta, decay=decay, eps=eps, mean_ms=mean_ms, hidden=4)
   meta = net.init(jax.random.key(0), jnp.zeros((1, 5)))
   rng = np.random.default_rng(1)
-  meta = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, jnp.float32),
-                      meta)
+  meta = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, jnp.float32), meta)
   rule = learned_update_rule(net.apply, precision=PRECISION)
   loss = 3.2
   updates, _ = rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta, loss=loss)
@@ -132,13 +149,22 @@ def test_rms_gate_network_against_numpy():
   slog = lambda x: np.sign(x) * np.log1p(np.abs(x))
   expected = []
   for name in ('b', 'w'):  # the tree's leaf order
-    theta, g, t0, prec = (np.ravel(np.asarray(t[name], np.float64))
-                          for t in (PARAMS, GRADS, THETA0, PRECISION))
+    theta, g, t0, prec = (
+      np.ravel(np.asarray(t[name], np.float64)) for t in (PARAMS, GRADS, THETA0, PRECISION)
+    )
     ms = np.sqrt(prec)
     step = eta / (ms + eps)
     rate = np.minimum(1, decay * ms / mean_ms)
-    features = np.stack([slog(g / (ms + eps)), slog((theta - t0) / step), slog(t0 / step),
-                         np.log(ms / mean_ms), slog(np.full_like(theta, loss))], -1)
+    features = np.stack(
+      [
+        slog(g / (ms + eps)),
+        slog((theta - t0) / step),
+        slog(t0 / step),
+        np.log(ms / mean_ms),
+        slog(np.full_like(theta, loss)),
+      ],
+      -1,
+    )
     out = np.tanh(features @ p['hidden'] + p['hidden_bias']) @ p['gates'] + p['gates_bias']
     f = 1 - np.minimum(1, rate * np.exp(out[:, 0]))
     i = -step * np.exp(out[:, 1])
@@ -160,8 +186,11 @@ def _tiny_meta_problem(dtype):
   model = RecurrentLM(Embedding(7, 3), Stack([LSTMCell(4)]), Softmax(7))
   params = jax.tree.map(lambda x: np.asarray(x, dtype), init_params(model, jax.random.key(0)))
   stream = np.random.default_rng(2).integers(0, 7, 13)
-  segments = (stream[:12].reshape(4, 1, 3), stream[1:13].reshape(4, 1, 3),
-              np.ones((4, 1, 3), dtype))
+  segments = (
+    stream[:12].reshape(4, 1, 3),
+    stream[1:13].reshape(4, 1, 3),
+    np.ones((4, 1, 3), dtype),
+  )
   net = GateNetwork(hidden=3, learning_rate=0.5)
   meta = net.init(jax.random.key(1), jnp.zeros((1, 5)))
   rng = np.random.default_rng(3)
@@ -175,8 +204,9 @@ def test_meta_gradients_match_finite_differences():
   with jax.enable_x64(True):
     model, net, meta, params, state, carries, segments = _tiny_meta_problem(jnp.float64)
     # Jitted: run eagerly, each call would compile its scan again.
-    objective = jax.jit(lambda m: meta_loss(model, net.apply, m, params, state, carries,
-                                            segments)[0])
+    objective = jax.jit(
+      lambda m: meta_loss(model, net.apply, m, params, state, carries, segments)[0]
+    )
     [grads] = check_reverse_gradient(objective, (meta,), eps=1e-6, atol=1e-6, rtol=1e-5)
     assert _flat(grads['params']).any()  # phi reaches the loss through the updates
 
@@ -207,10 +237,18 @@ def test_checkpointed_meta_training_stores_only_the_weights_per_update():
   carried_bytes = 4 * sum(x.size for x in jax.tree.leaves((params, carries)))
 
   def temp_bytes(steps, checkpoint):
-    segments = (jnp.zeros((steps, 4, 40), jnp.int32), jnp.zeros((steps, 4, 40), jnp.int32),
-                jnp.ones((steps, 4, 40)))
-    grad = jax.jit(jax.grad(lambda m: meta_loss(model, net.apply, m, params, state, carries,
-                                                segments, checkpoint=checkpoint)[0]))
+    segments = (
+      jnp.zeros((steps, 4, 40), jnp.int32),
+      jnp.zeros((steps, 4, 40), jnp.int32),
+      jnp.ones((steps, 4, 40)),
+    )
+    grad = jax.jit(
+      jax.grad(
+        lambda m: meta_loss(
+          model, net.apply, m, params, state, carries, segments, checkpoint=checkpoint
+        )[0]
+      )
+    )
     return grad.lower(meta).compile().memory_analysis().temp_size_in_bytes
 
   checkpointed = temp_bytes(32, True)
@@ -224,8 +262,8 @@ def test_stream_windows_read_consecutive_segments_from_each_offset():
   inputs, targets, weights = stream_windows(stream, offsets, num_updates=6, segment_length=7)
   assert inputs.shape == targets.shape == weights.shape == (6, 3, 7)
   for b, offset in enumerate(offsets):
-    np.testing.assert_array_equal(inputs[:, b].ravel(), stream[offset:offset + 42])
-    np.testing.assert_array_equal(targets[:, b].ravel(), stream[offset + 1:offset + 43])
+    np.testing.assert_array_equal(inputs[:, b].ravel(), stream[offset : offset + 42])
+    np.testing.assert_array_equal(targets[:, b].ravel(), stream[offset + 1 : offset + 43])
   with pytest.raises(ValueError, match='do not fit'):
     stream_windows(stream, np.array([58]), num_updates=6, segment_length=7)
 
@@ -236,8 +274,7 @@ def meta_problem():
   jitted value and meta-gradient of `meta_loss` on it, compiled once for the
   tests that restate meta-training by hand."""
   model, net, meta, params, state, _, _ = _tiny_meta_problem(jnp.float32)
-  value_and_grad = jax.jit(jax.value_and_grad(partial(meta_loss, model, net.apply),
-                                              has_aux=True))
+  value_and_grad = jax.jit(jax.value_and_grad(partial(meta_loss, model, net.apply), has_aux=True))
   return model, net, meta, params, state, value_and_grad
 
 
@@ -245,15 +282,28 @@ def test_meta_train_steps_adam_along_the_meta_gradient(meta_problem):
   model, net, meta, params, state, value_and_grad = meta_problem
   stream = np.random.default_rng(4).integers(0, 7, 60)
   adam = optax.adam(0.01)
-  out = meta_train(model, net.apply, meta, params, None, stream, meta_steps=1,
-                   num_updates=4, segment_length=3, batch_size=2, optimizer=adam, seed=5)
+  out = meta_train(
+    model,
+    net.apply,
+    meta,
+    params,
+    None,
+    stream,
+    meta_steps=1,
+    num_updates=4,
+    segment_length=3,
+    batch_size=2,
+    optimizer=adam,
+    seed=5,
+  )
   # The same draw of stream positions, the meta-gradient and one Adam step by hand.
   offsets = np.random.default_rng(5).integers(0, len(stream) - 12, 2)
   segments = stream_windows(stream, offsets, 4, 3)
   (loss, _), grads = value_and_grad(meta, params, state, model.initialize_carry(2), segments)
   updates, _ = adam.update(grads, adam.init(meta), meta)
-  np.testing.assert_allclose(_flat(out.meta_params), _flat(optax.apply_updates(meta, updates)),
-                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    _flat(out.meta_params), _flat(optax.apply_updates(meta, updates)), rtol=1e-5, atol=1e-7
+  )
   np.testing.assert_allclose(out.losses, [loss / 4], rtol=1e-5)
 
 
@@ -267,14 +317,26 @@ def test_meta_training_lowers_the_meta_loss_on_a_repeating_stream():
   stream = np.tile(np.array([3, 1, 4, 0, 2]), 40)
   state = learned_update_rule(net.apply).init(params)
   segments = stream_windows(stream, np.array([0, 3]), 10, 5)
-  held_out = jax.jit(lambda m: meta_loss(model, net.apply, m, params, state,
-                                         model.initialize_carry(2), segments)[0])
+  held_out = jax.jit(
+    lambda m: meta_loss(model, net.apply, m, params, state, model.initialize_carry(2), segments)[0]
+  )
   # At Adam's 0.05 this run ended at 0.79 of the initial meta-loss, and changes
   # at float rounding level sent it to 0.98: meta-training that fast is chaotic.
   # At 0.02 it ends at 0.65.
-  out = meta_train(model, net.apply, meta, params, None, stream, meta_steps=40,
-                   num_updates=10, segment_length=5, batch_size=2,
-                   optimizer=optax.adam(0.02), seed=0)
+  out = meta_train(
+    model,
+    net.apply,
+    meta,
+    params,
+    None,
+    stream,
+    meta_steps=40,
+    num_updates=10,
+    segment_length=5,
+    batch_size=2,
+    optimizer=optax.adam(0.02),
+    seed=0,
+  )
   assert held_out(out.meta_params) < 0.8 * held_out(meta)
   assert out.losses[-5:].mean() < out.losses[:5].mean()
 
@@ -284,9 +346,20 @@ def test_carry_over_continues_along_the_stream_from_the_weights_it_left(meta_pro
   stream = np.random.default_rng(4).integers(0, 7, 61)
   adam = optax.adam(0.01)
   # Rows of 30 tokens hold two windows of 4 x 3 = 12: the third meta-step starts over.
-  out = meta_train(model, net.apply, meta, params, None, stream, meta_steps=3,
-                   num_updates=4, segment_length=3, batch_size=2, optimizer=adam,
-                   carry_over=True)
+  out = meta_train(
+    model,
+    net.apply,
+    meta,
+    params,
+    None,
+    stream,
+    meta_steps=3,
+    num_updates=4,
+    segment_length=3,
+    batch_size=2,
+    optimizer=adam,
+    carry_over=True,
+  )
   m, opt_state, theta, carries, losses = meta, adam.init(meta), params, None, []
   for offsets in ([0, 30], [12, 42], [0, 30]):
     if offsets[0] == 0:

@@ -52,8 +52,9 @@ def resumed_runs(data_dir, tmp_path_factory):
   steps = []
   original = loop.make_train_step
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(loop, 'make_train_step',
-                  lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
+    patch.setattr(
+      loop, 'make_train_step', lambda *a, **k: steps.append(original(*a, **k)) or steps[-1]
+    )
     train_and_evaluate(half, folder / 'split')
 
   # a kill: the run got to step 14 but only its checkpoint of step 12 survived
@@ -110,19 +111,24 @@ class _Stop(Exception):
 
 
 def test_validation_turns_within_epochs_reach_the_callback_and_can_stop_the_run(
-    tiny_config, tmp_path):
+  tiny_config, tmp_path
+):
   tiny_config.train.update(num_epochs=2, eval_every=4, max_steps=15)
   turns = []
 
   def record(step, epoch, result):
     turns.append((step, epoch, result.loss))
 
-  summary = train_and_evaluate(tiny_config, tmp_path / 'full', on_validation=record,
-                               final_splits=('valid',))
+  summary = train_and_evaluate(
+    tiny_config, tmp_path / 'full', on_validation=record, final_splits=('valid',)
+  )
   # Every 4 steps, each epoch end (10 windows), and the step the budget stops at.
   assert [(s, e) for s, e, _ in turns] == [(4, 1), (8, 1), (10, 1), (12, 2), (15, 2)]
-  valid = [r for r in read_metrics(tmp_path / 'full' / 'metrics.jsonl')
-           if r['kind'] == 'valid' and not r.get('final')]
+  valid = [
+    r
+    for r in read_metrics(tmp_path / 'full' / 'metrics.jsonl')
+    if r['kind'] == 'valid' and not r.get('final')
+  ]
   assert [r['loss'] for r in valid] == [loss for _, _, loss in turns]
   # The final score is the best turn's checkpoint, and test was left out.
   assert summary['valid']['loss'] == pytest.approx(min(loss for _, _, loss in turns), rel=1e-6)
@@ -131,14 +137,14 @@ def test_validation_turns_within_epochs_reach_the_callback_and_can_stop_the_run(
   def stop_at_8(step, epoch, result):
     if step == 8:
       raise _Stop
+
   with pytest.raises(_Stop):
     train_and_evaluate(tiny_config, tmp_path / 'stopped', on_validation=stop_at_8)
   # The best weights of the turns before the stop are kept.
   assert {p.name for p in (tmp_path / 'stopped' / 'best').iterdir()} & {'4', '8'}
 
 
-def test_a_wall_time_budget_stops_training_and_counts_the_resumed_runs(tiny_config,
-                                                                         tmp_path):
+def test_a_wall_time_budget_stops_training_and_counts_the_resumed_runs(tiny_config, tmp_path):
   tiny_config.train.update(max_seconds=1e-6, eval_every=100)
   summary = train_and_evaluate(tiny_config, tmp_path / 'fresh')
   # Spent before the first update: the initial weights are scored.
@@ -231,12 +237,16 @@ def test_a_finished_run_run_again_is_left_as_it_is(tiny_config, tmp_path, caplog
   # the rate of the same seconds the summary rounds to 0.1 s (a short run's
   # rounding alone moves it by a few percent)
   seconds = longer['train_seconds']
-  assert (tokens / (seconds + 0.05) - 0.05 <= longer['tokens_per_second']
-          <= tokens / (seconds - 0.05) + 0.05)
+  assert (
+    tokens / (seconds + 0.05) - 0.05
+    <= longer['tokens_per_second']
+    <= tokens / (seconds - 0.05) + 0.05
+  )
 
 
-def test_variable_windows_compile_the_train_step_once_per_padded_length(tiny_config, tmp_path,
-                                                                        monkeypatch):
+def test_variable_windows_compile_the_train_step_once_per_padded_length(
+  tiny_config, tmp_path, monkeypatch
+):
   """Windows of many lengths padded to multiples of 4 steps: a compile per
   multiple, not per length (each 2 to 3 s on a CPU, tens on a GPU)."""
   tiny_config.data.update(variable_bptt=True, pad_windows_to=4, train_tokens=201)
@@ -244,12 +254,18 @@ def test_variable_windows_compile_the_train_step_once_per_padded_length(tiny_con
   tiny_config.generate.num_lines = 0
   steps = []
   original = loop.make_train_step
-  monkeypatch.setattr(loop, 'make_train_step',
-                      lambda *a, **k: steps.append(original(*a, **k)) or steps[-1])
+  monkeypatch.setattr(
+    loop, 'make_train_step', lambda *a, **k: steps.append(original(*a, **k)) or steps[-1]
+  )
   train_and_evaluate(tiny_config, tmp_path, final_splits=())
   batched = BatchedStream(load_data(tiny_config).train, tiny_config.data.batch_size)
-  windows = [w for epoch in (1, 2) for w in batched.windows(
-      10, variable=True, seed=(tiny_config.seed, epoch), pad_last=True, multiple=4)]
+  windows = [
+    w
+    for epoch in (1, 2)
+    for w in batched.windows(
+      10, variable=True, seed=(tiny_config.seed, epoch), pad_last=True, multiple=4
+    )
+  ]
   shapes = {w.inputs.shape for w in windows}
   assert steps[0]._cache_size() == len(shapes) < len({w.length for w in windows})
 

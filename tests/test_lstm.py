@@ -62,10 +62,17 @@ def test_gradients_match_finite_differences():
       carry = (jnp.zeros((2, n), jnp.float64), jnp.zeros((2, n), jnp.float64))
       for t in range(xs.shape[1]):
         carry, h = cell.apply({'params': params}, carry, xs[:, t])
-      return jnp.sum(h ** 2) + jnp.sum(carry[0])
+      return jnp.sum(h**2) + jnp.sum(carry[0])
 
-    check_grads(jax.jit(loss), (params, jnp.asarray(xs)), order=1,
-                modes=('rev',), eps=1e-6, atol=1e-7, rtol=1e-6)
+    check_grads(
+      jax.jit(loss),
+      (params, jnp.asarray(xs)),
+      order=1,
+      modes=('rev',),
+      eps=1e-6,
+      atol=1e-7,
+      rtol=1e-6,
+    )
 
 
 def test_runs_inside_nn_rnn_like_the_equations():
@@ -103,6 +110,7 @@ def _run_window(cell, params, path, seed, batch=4, steps=7):
   by step (`nn.RNN`) or as a layer with the scan `path`. Returns (inputs,
   carry, the last c, the outputs)."""
   from lm_zoo.models.recurrent import RecurrentLayer
+
   rng = np.random.default_rng(seed)
   xs = rng.normal(size=(steps, batch, 3)).astype(np.float32)
   n = getattr(cell, 'cell', cell).features
@@ -126,8 +134,9 @@ def test_capped_input_gate_in_every_path_matches_numpy(path, dtype):
   rounding."""
   n = 6
   params = _random_params(LSTMCell(n), 3)
-  xs, carry, c_last, ys = _run_window(LSTMCell(n, cap_input_gate=True, dtype=dtype), params,
-                                      path, seed=3)
+  xs, carry, c_last, ys = _run_window(
+    LSTMCell(n, cap_input_gate=True, dtype=dtype), params, path, seed=3
+  )
   c, h = carry[0].astype(np.float64), carry[1].astype(np.float64)
   tol = 1e-5 if dtype is None else 3e-2
   for t in range(len(xs)):
@@ -143,8 +152,11 @@ def test_the_cap_binds_where_the_gates_sum_past_one():
   c, h, x = (rng.normal(size=(5, d)).astype(np.float32) for d in (n, n, m))
   capped = _step(LSTMCell(n, cap_input_gate=True), params, (c, h), x)[0][0]
   plain = _step(LSTMCell(n), params, (c, h), x)[0][0]
-  gate = lambda k: x @ params['input']['kernel'][:, k * n:(k + 1) * n] + h @ params[
-      'recurrent_kernel'][:, k * n:(k + 1) * n] + params['input']['bias'][k * n:(k + 1) * n]
+  gate = lambda k: (
+    x @ params['input']['kernel'][:, k * n : (k + 1) * n]
+    + h @ params['recurrent_kernel'][:, k * n : (k + 1) * n]
+    + params['input']['bias'][k * n : (k + 1) * n]
+  )
   over = np.asarray(jax.nn.sigmoid(gate(0)) + jax.nn.sigmoid(gate(1)) > 1)
   assert over.any() and not over.all()
   np.testing.assert_allclose(np.asarray(capped)[~over], np.asarray(plain)[~over], rtol=1e-6)
@@ -164,28 +176,32 @@ def _main_lua_lstm(x, c, h, i2h, h2h):
 
 def _as_main_lua(params):
   """Our (i, f, j, o) parameters in main.lua's layout (i, j, f, o)."""
+
   def reorder(a):
     i, f, j, o = np.split(np.asarray(a, np.float64), 4, axis=-1)
     return np.concatenate([i, j, f, o], axis=-1)
-  return ({'weight': reorder(params['input']['kernel']), 'bias': reorder(params['input']['bias'])},
-          {'weight': reorder(params['recurrent_kernel']),
-           'bias': reorder(params['recurrent_bias'])})
+
+  return (
+    {'weight': reorder(params['input']['kernel']), 'bias': reorder(params['input']['bias'])},
+    {'weight': reorder(params['recurrent_kernel']), 'bias': reorder(params['recurrent_bias'])},
+  )
 
 
-@pytest.mark.parametrize('path', ['step', 'hoisted', 'fused', 'pallas', 'cudnn', 'remat',
-                                  'mogrified0'])
+@pytest.mark.parametrize(
+  'path', ['step', 'hoisted', 'fused', 'pallas', 'cudnn', 'remat', 'mogrified0']
+)
 def test_two_gate_biases_in_every_path_are_main_luas_lstm(path):
   """`recurrent_bias`: main.lua's cell over a window, in every way a layer
   runs it (a zero-round Mogrify takes its inner cell's fused kernel)."""
   from lm_zoo.cells import Mogrify
+
   n = 6
   cell = LSTMCell(n, recurrent_bias=True)
   params = _random_params(cell, 3)
   assert params['recurrent_bias'].shape == (4 * n,)
   i2h, h2h = _as_main_lua(params)
   if path == 'mogrified0':
-    xs, carry, c_last, ys = _run_window(Mogrify(cell, rounds=0), {'cell': params}, 'fused',
-                                        seed=5)
+    xs, carry, c_last, ys = _run_window(Mogrify(cell, rounds=0), {'cell': params}, 'fused', seed=5)
   else:
     xs, carry, c_last, ys = _run_window(cell, params, path, seed=5)
   c, h = carry[0].astype(np.float64), carry[1].astype(np.float64)
@@ -202,14 +218,16 @@ def test_each_gate_bias_takes_the_whole_gradient():
   two = LSTMCell(n, recurrent_bias=True)
   params = _random_params(two, m)
   one_params = {k: v for k, v in params.items() if k != 'recurrent_bias'}
-  one_params = {**one_params, 'input': {**params['input'],
-                                       'bias': params['input']['bias'] + params['recurrent_bias']}}
+  one_params = {
+    **one_params,
+    'input': {**params['input'], 'bias': params['input']['bias'] + params['recurrent_bias']},
+  }
   rng = np.random.default_rng(6)
   c, h, x = (jnp.asarray(rng.normal(size=(2, d)), jnp.float32) for d in (n, n, m))
 
   def loss(cell, p):
     (c_new, h_new), _ = cell.apply({'params': p}, (c, h), x)
-    return jnp.sum(h_new ** 2) + jnp.sum(c_new)
+    return jnp.sum(h_new**2) + jnp.sum(c_new)
 
   value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=1), static_argnums=0)
   l_two, g_two = value_and_grad(two, params)
@@ -217,5 +235,4 @@ def test_each_gate_bias_takes_the_whole_gradient():
   np.testing.assert_allclose(l_two, l_one, rtol=1e-6)
   assert float(jnp.abs(g_one['input']['bias']).max()) > 1e-3
   np.testing.assert_allclose(g_two['input']['bias'], g_one['input']['bias'], rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(g_two['recurrent_bias'], g_one['input']['bias'], rtol=1e-5,
-                             atol=1e-7)
+  np.testing.assert_allclose(g_two['recurrent_bias'], g_one['input']['bias'], rtol=1e-5, atol=1e-7)

@@ -18,10 +18,12 @@ from lm_zoo.layers.products import aligned_contractions, einsum
 
 def reference(projected, kernel, c0, h0, mask, cap=False):
   """The same recurrence as a plain scan, differentiated by autodiff."""
+
   def step(carry, p):
     c, h = carry
     new_c, new_h = lstm_update(p + (h * mask) @ kernel, c, cap)
     return (new_c, new_h), new_h
+
   return jax.lax.scan(step, (c0, h0), projected)
 
 
@@ -33,7 +35,7 @@ def cap_binds_somewhere_but_not_everywhere(projected):
   """σ(i) > 1 - σ(f) at some gates of the first step's projections and not
   at others, so both branches of the capped gate's derivative are checked."""
   n = projected.shape[-1] // 4
-  i, f = jax.nn.sigmoid(projected[..., :n]), jax.nn.sigmoid(projected[..., n:2 * n])
+  i, f = jax.nn.sigmoid(projected[..., :n]), jax.nn.sigmoid(projected[..., n : 2 * n])
   binds = np.asarray(i > 1 - f)
   return binds.any() and not binds.all()
 
@@ -50,10 +52,12 @@ def inputs(dtype=jnp.float64, batch=3, n=4, steps=6, seed=0):
 
 def objective(recurrence):
   """A scalar that reads every output and the final carry, with distinct weights."""
+
   def loss(projected, kernel, c0, h0, mask):
     (c, h), hs = recurrence(projected, kernel, c0, h0, mask)
     weights = jnp.arange(1, hs.size + 1, dtype=hs.dtype).reshape(hs.shape) / hs.size
-    return jnp.sum(jnp.sin(hs) * weights) + jnp.sum(c ** 2) + jnp.sum(h * 0.3)
+    return jnp.sum(jnp.sin(hs) * weights) + jnp.sum(c**2) + jnp.sum(h * 0.3)
+
   return loss
 
 
@@ -83,10 +87,12 @@ def test_custom_vjp_equals_autodiff_for_every_input(unroll, cap):
   with jax.enable_x64():
     args = inputs()
     assert cap_binds_somewhere_but_not_everywhere(args[0])
-    grads = jax.jit(jax.grad(objective(lambda *a: fused(*a, unroll=unroll, cap=cap)),
-                             argnums=range(5)))(*args)
-    expected = jax.jit(jax.grad(objective(capped_reference if cap else reference),
-                                argnums=range(5)))(*args)
+    grads = jax.jit(
+      jax.grad(objective(lambda *a: fused(*a, unroll=unroll, cap=cap)), argnums=range(5))
+    )(*args)
+    expected = jax.jit(
+      jax.grad(objective(capped_reference if cap else reference), argnums=range(5))
+    )(*args)
     for name, got, want in zip(['projected', 'kernel', 'c0', 'h0', 'mask'], grads, expected):
       np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=name)
 
@@ -98,13 +104,15 @@ def test_custom_vjp_matches_finite_differences(cap):
     loss = jax.jit(objective(lambda *a: fused(*a, cap=cap)))
     grads = jax.jit(jax.grad(loss, argnums=range(4)))(*args)
     for k, name in enumerate(['projected', 'kernel', 'c0', 'h0']):
-      direction = np.asarray(jax.random.normal(jax.random.key(9 + k), args[k].shape,
-                                               args[k].dtype))
-      along = lambda eps: loss(*args[:k], np.asarray(args[k]) + eps * direction, *args[k + 1:])
+      direction = np.asarray(jax.random.normal(jax.random.key(9 + k), args[k].shape, args[k].dtype))
+      along = lambda eps: loss(*args[:k], np.asarray(args[k]) + eps * direction, *args[k + 1 :])
       eps = 1e-6
-      np.testing.assert_allclose(np.vdot(grads[k], direction),
-                                 (along(eps) - along(-eps)) / (2 * eps), rtol=1e-6,
-                                 err_msg=name)
+      np.testing.assert_allclose(
+        np.vdot(grads[k], direction),
+        (along(eps) - along(-eps)) / (2 * eps),
+        rtol=1e-6,
+        err_msg=name,
+      )
 
 
 def test_aligned_weights_give_the_plain_scan_with_every_gradient():
@@ -132,10 +140,10 @@ def test_aligned_weights_give_the_plain_scan_with_every_gradient():
 def test_float32_gradients_match_autodiff_and_no_mask_means_ones():
   projected, kernel, c0, h0, _ = inputs(jnp.float32, batch=5, n=8, steps=12)
   ones = jnp.ones_like(h0)
-  got = jax.jit(jax.grad(objective(lambda p, k, c, h, m: lstm_recurrence(p, k, (c, h))),
-                         argnums=(0, 1)))(projected, kernel, c0, h0, ones)
-  want = jax.jit(jax.grad(objective(reference), argnums=(0, 1)))(projected, kernel, c0, h0,
-                                                                  ones)
+  got = jax.jit(
+    jax.grad(objective(lambda p, k, c, h, m: lstm_recurrence(p, k, (c, h))), argnums=(0, 1))
+  )(projected, kernel, c0, h0, ones)
+  want = jax.jit(jax.grad(objective(reference), argnums=(0, 1)))(projected, kernel, c0, h0, ones)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
 
@@ -152,22 +160,29 @@ def test_bfloat16_products_match_autodiff_of_the_same_rounded_products(cap):
   def rounded_reference(projected, kernel, c0, h0, mask):
     def step(carry, p):
       c, h = carry
-      new_c, new_h = lstm_update(p + einsum('bn,nk->bk', h * mask, kernel, jnp.bfloat16), c,
-                                 cap)
+      new_c, new_h = lstm_update(p + einsum('bn,nk->bk', h * mask, kernel, jnp.bfloat16), c, cap)
       return (new_c, new_h), new_h
+
     return jax.lax.scan(step, (c0, h0), projected)
 
-  fused = objective(lambda p, k, c, h, m: lstm_recurrence(p, k, (c, h), m,
-                                                          dtype=jnp.bfloat16,
-                                                          cap_input_gate=cap))
-  (c, h), hs = jax.eval_shape(partial(lstm_recurrence, dtype=jnp.bfloat16, cap_input_gate=cap),
-                              projected, kernel, (c0, h0), mask)
+  fused = objective(
+    lambda p, k, c, h, m: lstm_recurrence(p, k, (c, h), m, dtype=jnp.bfloat16, cap_input_gate=cap)
+  )
+  (c, h), hs = jax.eval_shape(
+    partial(lstm_recurrence, dtype=jnp.bfloat16, cap_input_gate=cap),
+    projected,
+    kernel,
+    (c0, h0),
+    mask,
+  )
   assert hs.dtype == c.dtype == h.dtype == jnp.float32
   got = jax.jit(jax.grad(fused, argnums=(0, 1, 2, 3, 4)))(projected, kernel, c0, h0, mask)
   want = jax.jit(jax.grad(objective(rounded_reference), argnums=(0, 1, 2, 3, 4)))(
-      projected, kernel, c0, h0, mask)
-  full = jax.jit(jax.grad(objective(lambda *a: reference(*a, cap=cap)),
-                          argnums=(0, 1, 2, 3, 4)))(projected, kernel, c0, h0, mask)
+    projected, kernel, c0, h0, mask
+  )
+  full = jax.jit(jax.grad(objective(lambda *a: reference(*a, cap=cap)), argnums=(0, 1, 2, 3, 4)))(
+    projected, kernel, c0, h0, mask
+  )
   for g, w, f in zip(got, want, full):
     assert g.dtype == jnp.float32
     # float32 sums in different orders; the capped gate's c_{t-1} - tanh(j) cancels more.
@@ -194,50 +209,89 @@ def mixed_inputs(rounds, rank, seed=0, dtype=jnp.float64, batch=3, n=4, steps=6,
   round_params = {}
   for i in range(1, rounds + 1):
     m_in, m_out = (n, m) if i % 2 else (m, n)
-    kernels = ({'kernel_in': normal((m_in, rank), 0.7), 'kernel_out': normal((rank, m_out), 0.7)}
-               if rank else {'kernel': normal((m_in, m_out), 0.5)})
+    kernels = (
+      {'kernel_in': normal((m_in, rank), 0.7), 'kernel_out': normal((rank, m_out), 0.7)}
+      if rank
+      else {'kernel': normal((m_in, m_out), 0.5)}
+    )
     round_params[f'q{i}' if i % 2 else f'r{i}'] = {**kernels, 'bias': normal((m_out,), 0.3)}
-  return dict(inputs=normal((steps, batch, m)), input_kernel=normal((m, 4 * n), 0.5),
-              bias=normal((4 * n,), 0.3), recurrent_kernel=normal((n, 4 * n), 0.5),
-              c0=normal((batch, n)), h0=jnp.tanh(normal((batch, n))),
-              mask=jax.random.bernoulli(next(keys), 0.7, (batch, n)).astype(dtype) / 0.7,
-              round_params=round_params)
+  return dict(
+    inputs=normal((steps, batch, m)),
+    input_kernel=normal((m, 4 * n), 0.5),
+    bias=normal((4 * n,), 0.3),
+    recurrent_kernel=normal((n, 4 * n), 0.5),
+    c0=normal((batch, n)),
+    h0=jnp.tanh(normal((batch, n))),
+    mask=jax.random.bernoulli(next(keys), 0.7, (batch, n)).astype(dtype) / 0.7,
+    round_params=round_params,
+  )
 
 
-def mixed_reference(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0,
-                    mask, cap=False):
+def mixed_reference(
+  mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask, cap=False
+):
   """The mixed LSTM as a plain scan of its equations, differentiated by autodiff."""
+
   def step(carry, x):
     c, h = carry
     x_up, h_up, _ = mix.forward(round_params, x, h * mask)
     new_c, new_h = lstm_update(x_up @ input_kernel + h_up @ recurrent_kernel + bias, c, cap)
     return (new_c, new_h), new_h
+
   return jax.lax.scan(step, (c0, h0), inputs)
 
 
-def mixed_fused(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask,
-                unroll=1, cap=False):
-  return mixed_lstm_recurrence(inputs, input_kernel, bias, recurrent_kernel, (c0, h0), mix,
-                               round_params, mask, unroll=unroll, cap_input_gate=cap)
+def mixed_fused(
+  mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask, unroll=1, cap=False
+):
+  return mixed_lstm_recurrence(
+    inputs,
+    input_kernel,
+    bias,
+    recurrent_kernel,
+    (c0, h0),
+    mix,
+    round_params,
+    mask,
+    unroll=unroll,
+    cap_input_gate=cap,
+  )
 
 
-MIXED_ARGS = ['round_params', 'inputs', 'input_kernel', 'bias', 'recurrent_kernel', 'c0', 'h0',
-              'mask']
+MIXED_ARGS = [
+  'round_params',
+  'inputs',
+  'input_kernel',
+  'bias',
+  'recurrent_kernel',
+  'c0',
+  'h0',
+  'mask',
+]
 
 
 def mixed_objective(recurrence, mix):
   def loss(*args):
     (c, h), hs = recurrence(mix, *args)
     weights = jnp.arange(1, hs.size + 1, dtype=hs.dtype).reshape(hs.shape) / hs.size
-    return jnp.sum(jnp.sin(hs) * weights) + jnp.sum(c ** 2) + jnp.sum(h * 0.3)
+    return jnp.sum(jnp.sin(hs) * weights) + jnp.sum(c**2) + jnp.sum(h * 0.3)
+
   return loss
 
 
-@pytest.mark.parametrize('rounds, rank, zigzag, unroll, cap',
-                         [(1, 0, True, 1, False), (5, 3, True, 2, False), (5, 0, False, 1, True),
-                          (4, 2, False, 3, False), (5, 3, True, 1, True)])
-def test_mixed_recurrence_equals_the_plain_scan_with_every_gradient(rounds, rank, zigzag,
-                                                                    unroll, cap):
+@pytest.mark.parametrize(
+  'rounds, rank, zigzag, unroll, cap',
+  [
+    (1, 0, True, 1, False),
+    (5, 3, True, 2, False),
+    (5, 0, False, 1, True),
+    (4, 2, False, 3, False),
+    (5, 3, True, 1, True),
+  ],
+)
+def test_mixed_recurrence_equals_the_plain_scan_with_every_gradient(
+  rounds, rank, zigzag, unroll, cap
+):
   with jax.enable_x64():
     args = mixed_inputs(rounds, rank, seed=rounds)
     values = [args[name] for name in MIXED_ARGS]
@@ -246,14 +300,24 @@ def test_mixed_recurrence_equals_the_plain_scan_with_every_gradient(rounds, rank
     (c_ref, h_ref), hs_ref = jax.jit(partial(mixed_reference, mix, cap=cap))(*values)
     for got, want in ((hs, hs_ref), (c, c_ref), (h, h_ref)):
       np.testing.assert_allclose(got, want, rtol=1e-12)
-    grads = jax.jit(jax.grad(
+    grads = jax.jit(
+      jax.grad(
         mixed_objective(lambda *a: mixed_fused(*a, unroll=unroll, cap=cap), mix),
-        argnums=range(len(MIXED_ARGS))))(*values)
-    expected = jax.jit(jax.grad(mixed_objective(lambda *a: mixed_reference(*a, cap=cap), mix),
-                                argnums=range(len(MIXED_ARGS))))(*values)
+        argnums=range(len(MIXED_ARGS)),
+      )
+    )(*values)
+    expected = jax.jit(
+      jax.grad(
+        mixed_objective(lambda *a: mixed_reference(*a, cap=cap), mix),
+        argnums=range(len(MIXED_ARGS)),
+      )
+    )(*values)
     for name, got, want in zip(MIXED_ARGS, grads, expected):
-      jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12,
-                                                           err_msg=name), got, want)
+      jax.tree.map(
+        lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=name),
+        got,
+        want,
+      )
 
 
 @pytest.mark.parametrize('cap', [False, True])
@@ -266,27 +330,36 @@ def test_mixed_bfloat16_products_match_autodiff_of_the_same_rounded_products(cap
   values = [args[name] for name in MIXED_ARGS]
   mix = MogrifierRounds(5, dtype=jnp.bfloat16)
 
-  def rounded_reference(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0,
-                        h0, mask):
+  def rounded_reference(
+    mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask
+  ):
     def step(carry, x):
       c, h = carry
       x_up, h_up, _ = mix.forward(round_params, x, h * mask)
-      gates = (einsum('bm,mk->bk', x_up, input_kernel, jnp.bfloat16)
-               + einsum('bn,nk->bk', h_up, recurrent_kernel, jnp.bfloat16) + bias)
+      gates = (
+        einsum('bm,mk->bk', x_up, input_kernel, jnp.bfloat16)
+        + einsum('bn,nk->bk', h_up, recurrent_kernel, jnp.bfloat16)
+        + bias
+      )
       new_c, new_h = lstm_update(gates, c, cap)
       return (new_c, new_h), new_h
+
     return jax.lax.scan(step, (c0, h0), inputs)
 
   fused_bf16 = lambda mix, *a: mixed_lstm_recurrence(
-      a[1], a[2], a[3], a[4], (a[5], a[6]), mix, a[0], a[7], dtype=jnp.bfloat16,
-      cap_input_gate=cap)
+    a[1], a[2], a[3], a[4], (a[5], a[6]), mix, a[0], a[7], dtype=jnp.bfloat16, cap_input_gate=cap
+  )
   (c, h), hs = jax.eval_shape(partial(fused_bf16, mix), *values)
   assert hs.dtype == c.dtype == h.dtype == jnp.float32
   argnums = range(len(MIXED_ARGS))
   got = jax.jit(jax.grad(mixed_objective(fused_bf16, mix), argnums=argnums))(*values)
   want = jax.jit(jax.grad(mixed_objective(rounded_reference, mix), argnums=argnums))(*values)
-  full = jax.jit(jax.grad(mixed_objective(lambda m, *a: mixed_reference(m, *a, cap=cap),
-                                          MogrifierRounds(5)), argnums=argnums))(*values)
+  full = jax.jit(
+    jax.grad(
+      mixed_objective(lambda m, *a: mixed_reference(m, *a, cap=cap), MogrifierRounds(5)),
+      argnums=argnums,
+    )
+  )(*values)
   # Relative distances per leaf. The two passes round the same operands, but
   # sums taken in another float32 order can tip one bfloat16 rounding the
   # other way, and the window carries the tip on: with this seed one tips
@@ -321,11 +394,15 @@ def test_mixed_recurrence_with_aligned_weights_gives_the_plain_scan():
     (c_ref, h_ref), hs_ref = jax.jit(partial(mixed_reference, mix))(*values)
     for got, want in ((hs, hs_ref), (c, c_ref), (h, h_ref)):
       np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
-    expected = jax.jit(jax.grad(mixed_objective(mixed_reference, mix),
-                                argnums=range(len(MIXED_ARGS))))(*values)
+    expected = jax.jit(
+      jax.grad(mixed_objective(mixed_reference, mix), argnums=range(len(MIXED_ARGS)))
+    )(*values)
     for name, got, want in zip(MIXED_ARGS, grads, expected):
-      jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12,
-                                                           err_msg=name), got, want)
+      jax.tree.map(
+        lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=name),
+        got,
+        want,
+      )
 
 
 def test_mixed_recurrence_matches_finite_differences_of_a_round_kernel():
@@ -339,18 +416,27 @@ def test_mixed_recurrence_matches_finite_differences_of_a_round_kernel():
 
     def along(eps):
       shifted = jax.tree.map(lambda x: x, values[0])
-      shifted['r2'] = {**shifted['r2'],
-                       'kernel_in': np.asarray(shifted['r2']['kernel_in']) + eps * direction}
+      shifted['r2'] = {
+        **shifted['r2'],
+        'kernel_in': np.asarray(shifted['r2']['kernel_in']) + eps * direction,
+      }
       return loss(shifted, *values[1:])
 
     eps = 1e-6
-    np.testing.assert_allclose(np.vdot(grad, direction), (along(eps) - along(-eps)) / (2 * eps),
-                               rtol=1e-7)
+    np.testing.assert_allclose(
+      np.vdot(grad, direction), (along(eps) - along(-eps)) / (2 * eps), rtol=1e-7
+    )
 
 
 def test_mixed_recurrence_names_mismatched_shapes():
   args = mixed_inputs(1, 0, dtype=jnp.float32)
   with pytest.raises(ValueError, match='do not fit an LSTM of 4 units'):
-    mixed_lstm_recurrence(args['inputs'], args['input_kernel'][:-1], args['bias'],
-                          args['recurrent_kernel'], (args['c0'], args['h0']),
-                          MogrifierRounds(1), args['round_params'])
+    mixed_lstm_recurrence(
+      args['inputs'],
+      args['input_kernel'][:-1],
+      args['bias'],
+      args['recurrent_kernel'],
+      (args['c0'], args['h0']),
+      MogrifierRounds(1),
+      args['round_params'],
+    )

@@ -21,25 +21,38 @@ SIZES = (4, 3)  # two layers of different widths
 
 
 def _stack(dtype=None, dropout=0.0, **cell_fields):
-  cells = [ALSTMCell(n, latent_size=K, cap_input_gate=layer == 1, dtype=dtype,
-                     dropout_latent=dropout, parent=None, **cell_fields)
-           for layer, n in enumerate(SIZES)]
-  return LSTMRHNStack(cells, dropout_hidden=dropout, dropout_state=dropout,
-                      deterministic=dropout == 0)
+  cells = [
+    ALSTMCell(
+      n,
+      latent_size=K,
+      cap_input_gate=layer == 1,
+      dtype=dtype,
+      dropout_latent=dropout,
+      parent=None,
+      **cell_fields,
+    )
+    for layer, n in enumerate(SIZES)
+  ]
+  return LSTMRHNStack(
+    cells, dropout_hidden=dropout, dropout_state=dropout, deterministic=dropout == 0
+  )
 
 
 def _window(stack, seed=1):
   """Random inputs and a random carry (the latents' too)."""
   rng = np.random.default_rng(seed)
-  carry = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
-                       stack.initialize_carry(jax.random.key(0), (B, M)))
+  carry = jax.tree.map(
+    lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
+    stack.initialize_carry(jax.random.key(0), (B, M)),
+  )
   return carry, jnp.asarray(rng.normal(size=(T, B, M)), jnp.float32)
 
 
 def _loss(out):
   carry, hs = out
-  return jnp.sum(jnp.sin(hs)) + sum(jnp.sum(jnp.cos(leaf) * (k + 1))
-                                    for k, leaf in enumerate(jax.tree.leaves(carry)))
+  return jnp.sum(jnp.sin(hs)) + sum(
+    jnp.sum(jnp.cos(leaf) * (k + 1)) for k, leaf in enumerate(jax.tree.leaves(carry))
+  )
 
 
 def _random_like(shapes, seed=1, scale=0.5):
@@ -50,24 +63,31 @@ def _random_like(shapes, seed=1, scale=0.5):
 
 
 def _params(stack, carry, xs):
-  return _random_like(jax.eval_shape(RecurrentLayer(stack, scan='scan').init,
-                                     jax.random.key(0), carry, xs)['params']['cell'])
+  return _random_like(
+    jax.eval_shape(RecurrentLayer(stack, scan='scan').init, jax.random.key(0), carry, xs)['params'][
+      'cell'
+    ]
+  )
 
 
 def _both(stack, unroll=1, rngs=None):
   """The scan path and the fused window as functions of (params, carry, xs)."""
   carry, xs = _window(stack)
   params = _params(stack, carry, xs)
-  run = lambda scan: lambda p, c, x: RecurrentLayer(stack, unroll=unroll, scan=scan).apply(
-      {'params': {'cell': p}}, c, x, rngs=rngs)
+  run = lambda scan: (
+    lambda p, c, x: RecurrentLayer(stack, unroll=unroll, scan=scan).apply(
+      {'params': {'cell': p}}, c, x, rngs=rngs
+    )
+  )
   return run('scan'), run('fused'), (params, carry, xs)
 
 
 def _outputs_and_grads(run, args):
   """run(*args) and the gradient of `_loss` of it for every argument, in one compilation."""
   with_outputs = lambda *a: (_loss(run(*a)), run(*a))
-  (_, outputs), grads = jax.jit(jax.value_and_grad(with_outputs, argnums=(0, 1, 2),
-                                                   has_aux=True))(*args)
+  (_, outputs), grads = jax.jit(jax.value_and_grad(with_outputs, argnums=(0, 1, 2), has_aux=True))(
+    *args
+  )
   return outputs, grads
 
 
@@ -88,35 +108,45 @@ def test_aligned_weights_give_the_scan_in_values_and_every_gradient():
   and backward loops sums over a multiple of 64 (v = [x; h; z]: 189 -> 192,
   gates 252 -> 256, the policy's 882 -> 896), and values and gradients are
   the scan's."""
-  cells = [ALSTMCell(63, latent_size=63, cap_input_gate=layer == 1, parent=None)
-           for layer in range(2)]
+  cells = [
+    ALSTMCell(63, latent_size=63, cap_input_gate=layer == 1, parent=None) for layer in range(2)
+  ]
   stack = LSTMRHNStack(cells, deterministic=True)
   rng = np.random.default_rng(2)
-  carry = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
-                       stack.initialize_carry(jax.random.key(0), (B, 63)))
+  carry = jax.tree.map(
+    lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
+    stack.initialize_carry(jax.random.key(0), (B, 63)),
+  )
   xs = jnp.asarray(rng.normal(size=(3, B, 63)), jnp.float32)
   args = (_params(stack, carry, xs), carry, xs)
-  run = lambda scan: lambda p, c, x: RecurrentLayer(stack, scan=scan).apply(
-      {'params': {'cell': p}}, c, x)
+  run = lambda scan: (
+    lambda p, c, x: RecurrentLayer(stack, scan=scan).apply({'params': {'cell': p}}, c, x)
+  )
   with aligned_contractions(64):
     gradient = jax.grad(lambda *a: _loss(run('fused')(*a)), argnums=(0, 1, 2))
     sizes = summed_sizes_in_loops(jax.make_jaxpr(gradient)(*args).jaxpr)
     got = _outputs_and_grads(run('fused'), args)
   assert sorted(set(sizes)) == [64, 192, 256, 896]
   # float32 sums of 63 to 882 terms: within 1e-5 of each array's largest entry
-  jax.tree.map(lambda g, w: np.testing.assert_allclose(
-      g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w)))),
-      got, _outputs_and_grads(run('scan'), args))
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(
+      g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w)))
+    ),
+    got,
+    _outputs_and_grads(run('scan'), args),
+  )
 
 
 def test_the_language_model_trains_the_same_under_either_path():
   """The LSTM-RHN model with all three dropouts, one 'dropout' RNG: the
   fused window draws the masks the scan draws, so loss and gradients agree;
   another RNG gives other masks."""
+
   def model(scan):
     cfg = base_config().model
-    cfg.update(cell='alstm', embed_size=5, hidden_size=6, dropout_hidden=0.3,
-               dropout_state=0.3, scan=scan)
+    cfg.update(
+      cell='alstm', embed_size=5, hidden_size=6, dropout_hidden=0.3, dropout_state=0.3, scan=scan
+    )
     cfg.alstm.update(latent='lstm_rhn', latent_size=K, dropout_latent=0.3)
     return build_model(cfg, 20)
 
@@ -126,28 +156,39 @@ def test_the_language_model_trains_the_same_under_either_path():
 
   def train_step(scan):
     lm = model(scan)
+
     def loss(p, key):
-      logits, _ = lm.apply({'params': p}, tokens, lm.initialize_carry(B), train=True,
-                           rngs={'dropout': key})
+      logits, _ = lm.apply(
+        {'params': p}, tokens, lm.initialize_carry(B), train=True, rngs={'dropout': key}
+      )
       return -jnp.mean(jax.nn.log_softmax(logits)[..., 1])
+
     return jax.jit(jax.value_and_grad(loss))
 
   fused = train_step('fused')
-  _assert_close(fused(params, jax.random.key(3)), train_step('scan')(params, jax.random.key(3)),
-                1e-5, 1e-6)
+  _assert_close(
+    fused(params, jax.random.key(3)), train_step('scan')(params, jax.random.key(3)), 1e-5, 1e-6
+  )
   assert resolve_scan(_stack(dropout=0.3), 'auto') == 'fused'  # so training runs it
   other = jax.tree.leaves(fused(params, jax.random.key(4))[1])
-  assert any(not np.allclose(a, b, rtol=1e-2, atol=1e-4) for a, b in zip(
-      other, jax.tree.leaves(fused(params, jax.random.key(3))[1])))
+  assert any(
+    not np.allclose(a, b, rtol=1e-2, atol=1e-4)
+    for a, b in zip(other, jax.tree.leaves(fused(params, jax.random.key(3))[1]))
+  )
+
 
 def test_bfloat16_products_agree_with_the_scan_within_their_rounding():
   scanned, fused, args = _both(_stack(dtype=jnp.bfloat16))
-  (outputs, grads), (want_outputs, want_grads) = (_outputs_and_grads(run, args)
-                                                  for run in (fused, scanned))
+  (outputs, grads), (want_outputs, want_grads) = (
+    _outputs_and_grads(run, args) for run in (fused, scanned)
+  )
   _assert_close(outputs, want_outputs, 2e-2, 2e-2)
   # Every gradient within bfloat16's rounding of the largest entry of its array.
-  jax.tree.map(lambda g, w: np.testing.assert_allclose(
-      g, w, atol=3e-2 * float(jnp.max(jnp.abs(w))) + 1e-3), grads, want_grads)
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(g, w, atol=3e-2 * float(jnp.max(jnp.abs(w))) + 1e-3),
+    grads,
+    want_grads,
+  )
 
 
 def test_a_context_weight_gradient_matches_finite_differences():
@@ -158,8 +199,10 @@ def test_a_context_weight_gradient_matches_finite_differences():
   params = _params(stack, carry, xs)
   rng = np.random.default_rng(2)
   mask = lambda n: rng.binomial(1, 0.7, (B, n)) / 0.7
-  masks = [LayerMasks(None, mask(SIZES[0]), mask(K)),
-           LayerMasks(mask(SIZES[0]), mask(SIZES[1]), mask(K))]
+  masks = [
+    LayerMasks(None, mask(SIZES[0]), mask(K)),
+    LayerMasks(mask(SIZES[0]), mask(SIZES[1]), mask(K)),
+  ]
   with jax.enable_x64():  # float64 throughout, so that the differences resolve the slope
     wide = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)
     params, carry, xs, masks = wide(([params['cells_0'], params['cells_1']], carry, xs, masks))
@@ -167,10 +210,16 @@ def test_a_context_weight_gradient_matches_finite_differences():
     context = slice(M + SIZES[0], None)  # the rows that read the top layer's z
 
     def loss(value, entry):
-      bottom = {**params[0], 'latent': {**params[0]['latent'], 'input': {
-          **params[0]['latent']['input'], 'kernel': kernel.at[entry].set(value)}}}
-      return _loss(lstm_rhn_recurrence(xs, [bottom, params[1]], carry, masks,
-                                       cap_input_gates=(False, True)))
+      bottom = {
+        **params[0],
+        'latent': {
+          **params[0]['latent'],
+          'input': {**params[0]['latent']['input'], 'kernel': kernel.at[entry].set(value)},
+        },
+      }
+      return _loss(
+        lstm_rhn_recurrence(xs, [bottom, params[1]], carry, masks, cap_input_gates=(False, True))
+      )
 
     loss = jax.jit(loss, static_argnums=1)
     grads = jax.grad(lambda k: loss(k, ...))(kernel)[context]
@@ -186,8 +235,11 @@ def test_auto_runs_the_window_and_other_adaptation_models_are_refused():
   static = LSTMRHNStack([ALSTMCell(n, latent=StaticLatent, parent=None) for n in SIZES])
   capped = _stack(latent=lambda **kw: LSTMCell(cap_input_gate=True, **kw))
   for stack in (static, capped):
-    with pytest.raises(ValueError, match="scan='fused' cannot run LSTMRHNStack: the fused "
-                                         "LSTM-RHN window runs LSTMCell adaptation models only"):
+    with pytest.raises(
+      ValueError,
+      match="scan='fused' cannot run LSTMRHNStack: the fused "
+      'LSTM-RHN window runs LSTMCell adaptation models only',
+    ):
       resolve_scan(stack, 'fused')
     assert resolve_scan(stack, 'auto') == 'scan'
 
@@ -197,8 +249,10 @@ def test_auto_runs_the_window_and_other_adaptation_models_are_refused():
   other = LSTMRHNStack([Other(4, parent=None), ALSTMCell(3, parent=None)])
   with pytest.raises(ValueError, match='steps ALSTMCell layers only, and layer 0 is Other'):
     resolve_scan(other, 'fused')
-  with pytest.raises(ValueError, match="'hoisted' cannot run LSTMRHNStack: choose one of "
-                                       "'auto', 'scan', 'fused', 'remat'"):
+  with pytest.raises(
+    ValueError,
+    match="'hoisted' cannot run LSTMRHNStack: choose one of 'auto', 'scan', 'fused', 'remat'",
+  ):
     resolve_scan(_stack(), 'hoisted')
 
 

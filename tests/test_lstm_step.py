@@ -82,14 +82,26 @@ def test_backward_step_is_the_autodiff_gradient_of_the_step(cap):
   h, mask, c, _, _ = _as32(*args)
   _, _, acts = forward_step(*_as32(*args), tiles=TILES, dtype=jnp.float32, cap_input_gate=cap)
   new_c = _numpy_step(*args, cap)[0]
-  forget, d_c_from_h, scales = gate_factors(*acts[:, None], jnp.asarray(new_c, jnp.float32)[None],
-                                            c, cap)
+  forget, d_c_from_h, scales = gate_factors(
+    *acts[:, None], jnp.asarray(new_c, jnp.float32)[None], c, cap
+  )
   # The step after this one sends d_rec through its mask: dL/dh_t = d_out + d_rec ⊙ m.
-  got = backward_step(d_out, d_rec, mask, d_c, d_c_from_h[0], jnp.stack(scales)[:, 0],
-                      forget[0], _as32(args[4])[0], tiles=TILES, dtype=jnp.float32)
+  got = backward_step(
+    d_out,
+    d_rec,
+    mask,
+    d_c,
+    d_c_from_h[0],
+    jnp.stack(scales)[:, 0],
+    forget[0],
+    _as32(args[4])[0],
+    tiles=TILES,
+    dtype=jnp.float32,
+  )
   d_c_prev, d_masked_h, d_gates = got
-  want_gates, want_masked_h, want_c_prev = _autodiff_step_gradients(args, cap,
-                                                                    d_out + d_rec * mask, d_c)
+  want_gates, want_masked_h, want_c_prev = _autodiff_step_gradients(
+    args, cap, d_out + d_rec * mask, d_c
+  )
   np.testing.assert_allclose(d_gates, want_gates, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(d_masked_h, want_masked_h, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(d_c_prev, want_c_prev, rtol=1e-5, atol=1e-5)
@@ -101,10 +113,21 @@ def test_tiles_are_powers_of_two_and_shapes_must_tile():
   with pytest.raises(ValueError, match='Tiles.batch must be at least 16'):
     Tiles(batch=8)
   h, mask, c, projected, kernel = _as32(*_step_inputs(0))
-  with pytest.raises(ValueError, match=r'a step of \(16, 40, 40\) does not tile .* widths to one '
-                                       'of 16'):
-    forward_step(h[:, :40], mask[:, :40], c[:, :40], projected[..., :40],
-                 kernel[:, :40, :40], tiles=TILES, dtype=jnp.float32, cap_input_gate=False)
+  with pytest.raises(
+    ValueError,
+    match=r'a step of \(16, 40, 40\) does not tile .* widths to one '
+    'of 16',
+  ):
+    forward_step(
+      h[:, :40],
+      mask[:, :40],
+      c[:, :40],
+      projected[..., :40],
+      kernel[:, :40, :40],
+      tiles=TILES,
+      dtype=jnp.float32,
+      cap_input_gate=False,
+    )
 
 
 @pytest.mark.parametrize('batch, units', [(64, 960), (20, 1152), (4, 16)])
@@ -118,11 +141,13 @@ def test_both_kernels_lower_for_nvidia_gpus(batch, units, dtype):
   state = jax.ShapeDtypeStruct((rows, units), jnp.float32)
   gates = jax.ShapeDtypeStruct((4, rows, units), jnp.float32)
   kernel = jax.ShapeDtypeStruct((4, units, units), dtype)
-  forward = jax.jit(lambda *a: forward_step(*a, tiles=tiles, dtype=dtype, cap_input_gate=True,
-                                            interpret=False))
+  forward = jax.jit(
+    lambda *a: forward_step(*a, tiles=tiles, dtype=dtype, cap_input_gate=True, interpret=False)
+  )
   backward = jax.jit(lambda *a: backward_step(*a, tiles=tiles, dtype=dtype, interpret=False))
   lowered = [
-      forward.trace(state, state, state, gates, kernel).lower(lowering_platforms=('cuda',)),
-      backward.trace(*(state,) * 5, gates, state, kernel).lower(lowering_platforms=('cuda',))]
+    forward.trace(state, state, state, gates, kernel).lower(lowering_platforms=('cuda',)),
+    backward.trace(*(state,) * 5, gates, state, kernel).lower(lowering_platforms=('cuda',)),
+  ]
   for low in lowered:
     assert '__gpu$xla.gpu.triton' in low.as_text()

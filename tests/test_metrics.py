@@ -62,7 +62,10 @@ def test_the_file_is_one_trajectory_after_a_torn_line_a_rollback_or_a_new_start(
   resumed.truncate(2)  # a rollback to a checkpoint that had logged two records
   resumed.write('nonfinite', step=5, action='rollback')
   assert [(r['kind'], r['step']) for r in read_metrics(tmp_path / 'metrics.jsonl')] == [
-      ('train', 1), ('train', 2), ('nonfinite', 5)]
+    ('train', 1),
+    ('train', 2),
+    ('nonfinite', 5),
+  ]
   assert resumed.count == 3
   resumed.close()
   again = MetricsWriter(tmp_path)  # checkpoints deleted: a new run starts an empty log
@@ -72,9 +75,15 @@ def test_the_file_is_one_trajectory_after_a_torn_line_a_rollback_or_a_new_start(
 
 def _summary_values(logdir):
   """(tag, plugin name, text) of every summary value in a TensorBoard folder."""
-  return [(value.tag, value.metadata.plugin_data.plugin_name,
-           b''.join(value.tensor.string_val).decode() if value.HasField('tensor') else '')
-          for event in read_events(logdir) for value in event.summary.value]
+  return [
+    (
+      value.tag,
+      value.metadata.plugin_data.plugin_name,
+      b''.join(value.tensor.string_val).decode() if value.HasField('tensor') else '',
+    )
+    for event in read_events(logdir)
+    for value in event.summary.value
+  ]
 
 
 def test_the_config_and_samples_reach_tensorboard(tmp_path):
@@ -90,8 +99,9 @@ def test_the_config_and_samples_reach_tensorboard(tmp_path):
   texts = {tag.split('/')[0]: text for tag, plugin, text in values if plugin == 'text'}
   assert 'the cat sat' in texts['samples']
   assert '"rounds": 5' in texts['config']
-  start = next(v for v in _hparams_data(tmp_path / 'tensorboard')
-               if v.HasField('session_start_info'))
+  start = next(
+    v for v in _hparams_data(tmp_path / 'tensorboard') if v.HasField('session_start_info')
+  )
   assert start.session_start_info.hparams['model.mogrifier.rounds'].number_value == 5
   assert start.session_start_info.hparams['model.cell'].string_value == 'lstm'
   assert flat_fields(config)['optimizer.learning_rate'] == config.optimizer.learning_rate
@@ -100,9 +110,13 @@ def test_the_config_and_samples_reach_tensorboard(tmp_path):
 def _hparams_data(logdir):
   """The HParams plugin's data of every hparams summary in a TensorBoard folder."""
   from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
-  return [HParamsPluginData.FromString(value.metadata.plugin_data.content)
-          for event in read_events(logdir) for value in event.summary.value
-          if value.metadata.plugin_data.plugin_name == 'hparams']
+
+  return [
+    HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    for event in read_events(logdir)
+    for value in event.summary.value
+    if value.metadata.plugin_data.plugin_name == 'hparams'
+  ]
 
 
 def test_only_the_writing_process_writes_and_every_process_counts(tmp_path):
@@ -148,8 +162,12 @@ def test_a_log_deleted_under_a_resumed_run_is_reported(tmp_path, caplog):
 
 
 def test_a_damaged_line_inside_the_log_is_named_not_skipped(tmp_path):
-  (tmp_path / 'metrics.jsonl').write_text('{"kind": "train", "step": 1}\n[1, 2\n'
-                                          '{"kind": "train", "step": 2}\n{"kind": "tr')
-  with pytest.raises(ConfigError, match=r'metrics.jsonl is damaged at line 2: .\[1, 2. is not '
-                                        'a record'):
+  (tmp_path / 'metrics.jsonl').write_text(
+    '{"kind": "train", "step": 1}\n[1, 2\n{"kind": "train", "step": 2}\n{"kind": "tr'
+  )
+  with pytest.raises(
+    ConfigError,
+    match=r'metrics.jsonl is damaged at line 2: .\[1, 2. is not '
+    'a record',
+  ):
     read_metrics(tmp_path / 'metrics.jsonl')

@@ -63,22 +63,29 @@ def test_one_component_is_a_softmax_over_the_latent():
   params = head.init(jax.random.key(2), g)['params']
   latent = jnp.tanh(g @ params['latent']['kernel'] + params['latent']['bias'])
   logits = latent @ params['softmax']['kernel'] + params['bias']
-  np.testing.assert_allclose(head.apply({'params': params}, g),
-                             jax.nn.log_softmax(logits), atol=1e-5)
+  np.testing.assert_allclose(
+    head.apply({'params': params}, g), jax.nn.log_softmax(logits), atol=1e-5
+  )
 
 
 def test_latent_dropout_shares_masks_along_broadcast_dims_and_is_off_at_eval():
   g = np.random.default_rng(3).normal(size=(2, 6, 3)).astype(np.float32)
-  head = MixtureOfSoftmaxes(vocab_size=5, num_components=2, latent_size=4,
-                            dropout_latent=0.5, broadcast_dims=(1,))
+  head = MixtureOfSoftmaxes(
+    vocab_size=5, num_components=2, latent_size=4, dropout_latent=0.5, broadcast_dims=(1,)
+  )
   params = head.init(jax.random.key(0), g)['params']
   latents = np.tanh(g @ params['latent']['kernel'] + params['latent']['bias'])
   latents = latents.reshape(2, 6, 2, 4)
   is_dropout = lambda module, _: module.name == 'latent_dropout'
   for deterministic in (True, False):
-    _, state = head.apply({'params': params}, g, deterministic=deterministic,
-                          rngs={'dropout': jax.random.key(1)},
-                          capture_intermediates=is_dropout, mutable=['intermediates'])
+    _, state = head.apply(
+      {'params': params},
+      g,
+      deterministic=deterministic,
+      rngs={'dropout': jax.random.key(1)},
+      capture_intermediates=is_dropout,
+      mutable=['intermediates'],
+    )
     dropped = np.asarray(state['intermediates']['latent_dropout']['__call__'][0])
     if deterministic:
       np.testing.assert_allclose(dropped, latents, atol=1e-6)

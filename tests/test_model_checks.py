@@ -12,12 +12,19 @@ from lm_zoo.models.checks import CHOICES, RULES
 from lm_zoo.training.config_checks import validate_config
 
 # A value that breaks each kind of rule (`RULES`' what-it-must-be texts).
-BREAKS = {'at least 1': 0, '>= 0': -1,
-          'in [0, 1) (a rate of 1 would drop or keep everything)': 1.0,
-          "a number >= 0 (0: the cells' own initialisers)": math.inf,
-          'below 2**31': 2 ** 31}
-BROKEN = [(field, value, must_be) for fields, _, must_be in RULES
-          for field in fields for value in [BREAKS[must_be]]]
+BREAKS = {
+  'at least 1': 0,
+  '>= 0': -1,
+  'in [0, 1) (a rate of 1 would drop or keep everything)': 1.0,
+  "a number >= 0 (0: the cells' own initialisers)": math.inf,
+  'below 2**31': 2**31,
+}
+BROKEN = [
+  (field, value, must_be)
+  for fields, _, must_be in RULES
+  for field in fields
+  for value in [BREAKS[must_be]]
+]
 
 
 def _set(config, field, value):
@@ -43,8 +50,11 @@ def _both_errors(field, value):
 @pytest.mark.parametrize('field, value, must_be', BROKEN, ids=lambda x: str(x))
 def test_a_field_out_of_range_is_one_error_from_both_entries(field, value, must_be):
   built, validated = _both_errors(field, value)
-  assert built == validated == (f'config field model.{field}={value!r} must be {must_be} '
-                                f'(--config.model.{field})')
+  assert (
+    built
+    == validated
+    == (f'config field model.{field}={value!r} must be {must_be} (--config.model.{field})')
+  )
 
 
 @pytest.mark.parametrize('field', sorted(CHOICES))
@@ -55,15 +65,19 @@ def test_an_unknown_name_lists_the_registry_from_both_entries(field):
   assert built.endswith(f'{", ".join(CHOICES[field])} (--config.model.{field})')
 
 
-@pytest.mark.parametrize('field, value, words', [
+@pytest.mark.parametrize(
+  'field, value, words',
+  [
     ('cap_input_gate', True, "applies to the cells lstm, mlstm, alstm, not model.cell='gru'"),
     ('recurrent_bias', True, "applies to model.cell='lstm', not model.cell='gru'"),
-])
+  ],
+)
 def test_a_field_the_cell_does_not_take_is_refused_by_both(field, value, words):
   config = base_config()
   config.model.update(cell='gru', **{field: value})
-  built, validated = [_raises(check, config) for check in (
-      lambda c: build_model(c.model, 20), validate_config)]
+  built, validated = [
+    _raises(check, config) for check in (lambda c: build_model(c.model, 20), validate_config)
+  ]
   assert built == validated and words in built
 
 
@@ -81,9 +95,10 @@ def test_the_mixtures_section_goes_with_its_head_only():
   with pytest.raises(ConfigError) as err:
     build_model(cfg, 20)
   assert str(err.value) == (
-      "config field model.mos.components=3 configures the 'mos' head, but "
-      "model.head='softmax': set --config.model.head=mos, or leave model.mos alone "
-      '(--config.model.mos.components)')
+    "config field model.mos.components=3 configures the 'mos' head, but "
+    "model.head='softmax': set --config.model.head=mos, or leave model.mos alone "
+    '(--config.model.mos.components)'
+  )
   cfg.update(head='mos', tie_embeddings=True)
   assert build_model(cfg, 20).head == MixtureHead(20, 3, tied=True)
   cfg.update(head='softmax')
@@ -93,6 +108,7 @@ def test_the_mixtures_section_goes_with_its_head_only():
 
 def test_every_head_builds_a_model_that_the_config_describes():
   from lm_zoo.models import describe_model
+
   for name, spec in HEADS.items():
     cfg = base_config().model
     cfg.update(embed_size=8, hidden_size=8, head=name)

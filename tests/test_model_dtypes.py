@@ -15,6 +15,7 @@ from lm_zoo.models import build_model, init_params
 
 def _descend(model, params, tokens, steps=60, learning_rate=1.0):
   """Gradient descent on one batch; returns the loss of every step."""
+
   @jax.jit
   def step(p):
     loss, grads = loss_and_grads(model, p, tokens)
@@ -30,15 +31,15 @@ def _descend(model, params, tokens, steps=60, learning_rate=1.0):
 
 # Every model whose products `model.dtype` sets.
 MODEL_FIELDS = {
-    'lstm': {},
-    'mogrifier': {'mogrifier': {'rounds': 2, 'rank': 2}},
-    'mlstm': {'cell': 'mlstm'},
-    'alstm': {'cell': 'alstm', 'alstm': {'latent': 'lstm', 'latent_size': 4}},
-    'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static', 'latent_size': 4}},
-    'alstm_rhn': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn', 'latent_size': 4}},
-    'dual': {'tie_embeddings': True, 'hidden_size': 6, 'dual': {'size': 5}},
-    'mos': {'head': 'mos', 'mos': {'components': 2}},
-    'mos_tied': {'tie_embeddings': True, 'head': 'mos', 'mos': {'components': 2}},
+  'lstm': {},
+  'mogrifier': {'mogrifier': {'rounds': 2, 'rank': 2}},
+  'mlstm': {'cell': 'mlstm'},
+  'alstm': {'cell': 'alstm', 'alstm': {'latent': 'lstm', 'latent_size': 4}},
+  'alstm_static': {'cell': 'alstm', 'alstm': {'latent': 'static', 'latent_size': 4}},
+  'alstm_rhn': {'cell': 'alstm', 'alstm': {'latent': 'lstm_rhn', 'latent_size': 4}},
+  'dual': {'tie_embeddings': True, 'hidden_size': 6, 'dual': {'size': 5}},
+  'mos': {'head': 'mos', 'mos': {'components': 2}},
+  'mos_tied': {'tie_embeddings': True, 'head': 'mos', 'mos': {'components': 2}},
 }
 
 
@@ -62,8 +63,9 @@ def test_bfloat16_multiplies_in_bfloat16_and_sums_in_float32(fields):
   model, _ = _models(fields)
   params = init_params(model, jax.random.key(0))
   # The dtypes are fixed when traced: op by op, every operation would compile on its own.
-  logits, carries = jax.eval_shape(model.apply, {'params': params}, _TOKENS,
-                                   model.initialize_carry(4))
+  logits, carries = jax.eval_shape(
+    model.apply, {'params': params}, _TOKENS, model.initialize_carry(4)
+  )
   assert logits.dtype == jnp.float32
   assert all(c.dtype == jnp.float32 for c in jax.tree.leaves(carries))
   # Every matrix product of every layer, forward and backward, takes bfloat16

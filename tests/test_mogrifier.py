@@ -27,8 +27,7 @@ def _inputs(seed=0):
 
 def _init(cell, seed=0):
   carry = cell.initialize_carry(jax.random.key(0), (B, M))
-  return perturb(cell.init(jax.random.key(seed), carry, jnp.zeros((B, M)))['params'],
-                 seed + 1)
+  return perturb(cell.init(jax.random.key(seed), carry, jnp.zeros((B, M)))['params'], seed + 1)
 
 
 @pytest.mark.parametrize('rank', [0, 3])
@@ -49,8 +48,7 @@ def test_mogrified_lstm_matches_equations(rounds, rank, zigzag):
 @pytest.mark.parametrize('inner', ['lstm', 'mlstm'])
 def test_capped_input_gate_inside_mogrify_matches_equations(inner):
   """lamb's published Mogrifier configs: rounds, then c' = f c + min(1 - f, i) j."""
-  base = (LSTMCell(N, cap_input_gate=True) if inner == 'lstm'
-          else MLSTMCell(N, cap_input_gate=True))
+  base = LSTMCell(N, cap_input_gate=True) if inner == 'lstm' else MLSTMCell(N, cap_input_gate=True)
   cell = Mogrify(base, rounds=5, rank=3)
   params = _init(cell, seed=2)
   c, h, x = _inputs(2)
@@ -59,7 +57,8 @@ def test_capped_input_gate_inside_mogrify_matches_equations(inner):
   inner_params = params['cell']
   if inner == 'mlstm':
     h_up = (x_up @ np.asarray(inner_params['mx']['kernel'])) * (
-        h_up @ np.asarray(inner_params['mh']['kernel']))
+      h_up @ np.asarray(inner_params['mh']['kernel'])
+    )
     inner_params = inner_params['lstm']
   c_ref, h_ref = lstm_step(inner_params, c, h_up, x_up, cap_input_gate=True)
   np.testing.assert_allclose(c_new, c_ref, rtol=2e-5, atol=2e-5)
@@ -93,8 +92,7 @@ def test_zero_mogrifier_weights_give_the_inner_cell(rank):
   c, h, x = _inputs()
   cell = Mogrify(LSTMCell(N), rounds=5, rank=rank)
   params = _init(cell)
-  zeroed = {k: (v if k == 'cell' else jax.tree.map(jnp.zeros_like, v))
-            for k, v in params.items()}
+  zeroed = {k: (v if k == 'cell' else jax.tree.map(jnp.zeros_like, v)) for k, v in params.items()}
   got = jax.jit(cell.apply)({'params': zeroed}, (c, h), x)[1]
   expected = jax.jit(LSTMCell(N).apply)({'params': params['cell']}, (c, h), x)[1]
   np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)  # 2σ(0) = 1
@@ -113,16 +111,16 @@ def test_parameter_count_formula(rounds, rank):
   assert sum(p.size for p in jax.tree.leaves(params)) == lstm + n_q * q + n_r * r
 
 
-@pytest.mark.parametrize('inner', [nn.GRUCell(N), nn.SimpleCell(N)],
-                         ids=['gru', 'simple'])
+@pytest.mark.parametrize('inner', [nn.GRUCell(N), nn.SimpleCell(N)], ids=['gru', 'simple'])
 def test_other_cells_see_the_mogrified_inputs(inner):
   _, h, x = _inputs()
   cell = Mogrify(inner, rounds=4, rank=2)
   params = _init(cell)
   x_up, h_up = mogrify(params, x, h, 4)
   got = jax.jit(cell.apply)({'params': params}, h, x)[1]
-  expected = jax.jit(inner.apply)({'params': params['cell']}, jnp.asarray(h_up),
-                                  jnp.asarray(x_up))[1]
+  expected = jax.jit(inner.apply)({'params': params['cell']}, jnp.asarray(h_up), jnp.asarray(x_up))[
+    1
+  ]
   np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)
 
 
@@ -143,8 +141,9 @@ def test_low_rank_dense():
   params = layer.init(jax.random.key(0), x)['params']
   assert params['kernel_in'].shape == (64, 8) and params['kernel_out'].shape == (8, 32)
   np.testing.assert_array_equal(params['bias'], 0)
-  np.testing.assert_allclose(layer.apply({'params': params}, x), linear(params, x),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    layer.apply({'params': params}, x), linear(params, x), rtol=1e-5, atol=1e-5
+  )
   # lamb: factors ~ truncated_normal(s = (1/(m k))^(1/4)), cut at ±2s unrescaled
   big = LowRankDense(256, rank=16).init(jax.random.key(1), jnp.zeros((1, 512)))['params']
   s = (1 / (512 * 16)) ** 0.25
@@ -153,15 +152,16 @@ def test_low_rank_dense():
   truncated_var = 0.7737413  # variance of N(0, 1) conditioned on |z| <= 2
   assert abs(factor.var() / (s * s * truncated_var) - 1) < 0.05
   product = np.asarray(big['kernel_in'] @ big['kernel_out'])
-  assert abs(product.var() * 512 / truncated_var ** 2 - 1) < 0.1
+  assert abs(product.var() * 512 / truncated_var**2 - 1) < 0.1
   full = LowRankDense(32, rank=0).init(jax.random.key(0), x)['params']
   assert set(full) == {'kernel', 'bias'}
 
 
 def _mogrifier_model_config(**kw):
   cfg = base_config().model
-  cfg.update(embed_size=12, hidden_size=12, tie_embeddings=True, dropout_input=0.2,
-             dropout_state=0.2)
+  cfg.update(
+    embed_size=12, hidden_size=12, tie_embeddings=True, dropout_input=0.2, dropout_state=0.2
+  )
   cfg.mogrifier.update(rounds=5, rank=3)
   cfg.update(kw)
   return cfg
@@ -174,8 +174,13 @@ def test_mogrifier_language_model_under_jit_and_grad():
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 6)), jnp.int32)
 
   def loss(p):
-    logits, _ = model.apply({'params': p}, tokens, model.initialize_carry(2), train=True,
-                            rngs={'dropout': jax.random.key(0)})
+    logits, _ = model.apply(
+      {'params': p},
+      tokens,
+      model.initialize_carry(2),
+      train=True,
+      rngs={'dropout': jax.random.key(0)},
+    )
     return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
   grads = jax.jit(jax.grad(loss))(params)
@@ -219,49 +224,61 @@ def test_rounds_backward_and_parameter_gradient_equal_autodiff(rounds, rank, zig
     d_x_got, d_h_got, residuals, stashes = [], [], [], []
     for x, h, d_x, d_h in zip(xs, hs, d_xs, d_hs):
       x_up, h_up, kept = forward(round_params, x, h)
-      np.testing.assert_allclose(np.concatenate([x_up, h_up], -1),
-                                 np.concatenate(mogrify(params, x, h, rounds, zigzag), -1),
-                                 rtol=1e-12)
+      np.testing.assert_allclose(
+        np.concatenate([x_up, h_up], -1),
+        np.concatenate(mogrify(params, x, h, rounds, zigzag), -1),
+        rtol=1e-12,
+      )
       dx, dh, stash = backward(round_params, x, h, kept, d_x, d_h)
       d_x_got.append(dx), d_h_got.append(dh), residuals.append(kept), stashes.append(stash)
-    d_params = jax.jit(mix.params_gradient)(round_params, xs, hs, np.stack(residuals),
-                                            np.stack(stashes))
+    d_params = jax.jit(mix.params_gradient)(
+      round_params, xs, hs, np.stack(residuals), np.stack(stashes)
+    )
 
     def pullback(p, x, h, d_x, d_h):
       return jax.vjp(lambda *a: mix.forward(*a)[:2], p, x, h)[1]((d_x, d_h))
 
-    want = jax.jit(jax.vmap(pullback, in_axes=(None, 0, 0, 0, 0)))(round_params, xs, hs, d_xs,
-                                                                   d_hs)
+    want = jax.jit(jax.vmap(pullback, in_axes=(None, 0, 0, 0, 0)))(round_params, xs, hs, d_xs, d_hs)
     np.testing.assert_allclose(np.stack(d_x_got), want[1], rtol=1e-10)
     np.testing.assert_allclose(np.stack(d_h_got), want[2], rtol=1e-10)
-    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w.sum(0), rtol=1e-10, atol=1e-12),
-                 d_params, want[0])
+    jax.tree.map(
+      lambda g, w: np.testing.assert_allclose(g, w.sum(0), rtol=1e-10, atol=1e-12),
+      d_params,
+      want[0],
+    )
 
 
-@pytest.mark.parametrize('rank, zigzag, cap, two_biases', [
-    (0, True, False, False), (2, False, False, True), (3, True, True, False)])
+@pytest.mark.parametrize(
+  'rank, zigzag, cap, two_biases',
+  [(0, True, False, False), (2, False, False, True), (3, True, True, False)],
+)
 def test_window_scan_equals_the_step_by_step_scan(rank, zigzag, cap, two_biases):
-  cell = Mogrify(LSTMCell(N, cap_input_gate=cap, recurrent_bias=two_biases), rounds=5,
-                 rank=rank, zigzag=zigzag)
+  cell = Mogrify(
+    LSTMCell(N, cap_input_gate=cap, recurrent_bias=two_biases), rounds=5, rank=rank, zigzag=zigzag
+  )
   assert resolve_scan(cell, 'auto') == 'fused'
   xs = jax.random.normal(jax.random.key(1), (6, B, M))
-  carry = (jax.random.normal(jax.random.key(2), (B, N)), jnp.tanh(
-      jax.random.normal(jax.random.key(3), (B, N))))
+  carry = (
+    jax.random.normal(jax.random.key(2), (B, N)),
+    jnp.tanh(jax.random.normal(jax.random.key(3), (B, N))),
+  )
   mask = jax.random.bernoulli(jax.random.key(4), 0.7, (B, N)) / 0.7
-  init = lambda scan: RecurrentLayer(cell, scan=scan).init(
-      jax.random.key(0), carry, xs, mask)['params']
+  init = lambda scan: RecurrentLayer(cell, scan=scan).init(jax.random.key(0), carry, xs, mask)[
+    'params'
+  ]
   params = init('fused')
   jax.tree.map(np.testing.assert_array_equal, params, init('scan'))  # same parameters
   params = perturb(params)
 
   def run(p, scan):
     (c, h), out = RecurrentLayer(cell, scan=scan).apply({'params': p}, carry, xs, mask)
-    return jnp.sum(jnp.sin(out)) + jnp.sum(c ** 2) + jnp.sum(h), out
+    return jnp.sum(jnp.sin(out)) + jnp.sum(c**2) + jnp.sum(h), out
 
   # Both sides compiled whole, the same way.
   value_and_grad = jax.jit(jax.value_and_grad(run, has_aux=True), static_argnums=1)
   (loss, out), grads = value_and_grad(params, 'fused')
   (loss_ref, out_ref), grads_ref = value_and_grad(params, 'scan')
   np.testing.assert_allclose(out, out_ref, rtol=1e-5, atol=1e-6)
-  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5),
-               grads, grads_ref)
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5), grads, grads_ref
+  )

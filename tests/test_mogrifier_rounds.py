@@ -22,9 +22,13 @@ def _rounds(rounds, rank, zigzag, seed=0, batch=B):
   x = jax.random.normal(keys[0], (batch, M))
   h = jnp.tanh(jax.random.normal(keys[1], (batch, N)))
   params = cell.init(keys[2], cell.initialize_carry(keys[2], (batch, M)), x)['params']
-  rounds_params = {name: jax.tree.map(  # nonzero biases, gates away from 1
-      lambda a: a + 0.2 * jax.random.normal(keys[3], a.shape), p)
-      for name, p in params.items() if name != 'cell'}
+  rounds_params = {
+    name: jax.tree.map(  # nonzero biases, gates away from 1
+      lambda a: a + 0.2 * jax.random.normal(keys[3], a.shape), p
+    )
+    for name, p in params.items()
+    if name != 'cell'
+  }
   return x, h, rounds_params, [rounds_params[round_name(i)] for i in range(1, rounds + 1)]
 
 
@@ -36,21 +40,31 @@ def test_forward_and_backward_are_mogrifier_rounds(rounds, rank, zigzag):
   x, h, params, ordered = _rounds(rounds, rank, zigzag)
   mix = MogrifierRounds(rounds, zigzag)
   want_x, want_h, want_residuals = mix.forward(params, x, h)
-  mixed, gates, hiddens = rounds_forward(x, h, ordered, zigzag=zigzag, tiles=TILES,
-                                         dtype=jnp.float32)
+  mixed, gates, hiddens = rounds_forward(
+    x, h, ordered, zigzag=zigzag, tiles=TILES, dtype=jnp.float32
+  )
   np.testing.assert_allclose(mixed, jnp.concatenate([want_x, want_h], -1), rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(jnp.concatenate(gates + hiddens, -1), want_residuals, rtol=1e-5,
-                             atol=1e-5)
-  d_x, d_h = jax.random.normal(jax.random.key(9), (B, M)), jax.random.normal(jax.random.key(8),
-                                                                            (B, N))
+  np.testing.assert_allclose(
+    jnp.concatenate(gates + hiddens, -1), want_residuals, rtol=1e-5, atol=1e-5
+  )
+  d_x, d_h = (
+    jax.random.normal(jax.random.key(9), (B, M)),
+    jax.random.normal(jax.random.key(8), (B, N)),
+  )
   want_dx, want_dh, want_stash = mix.backward(params, x, h, want_residuals, d_x, d_h)
-  got_dx, got_dh, d_z, d_hidden = rounds_backward(jnp.concatenate([d_x, d_h], -1), x, h, gates,
-                                                  ordered, zigzag=zigzag, tiles=TILES,
-                                                  dtype=jnp.float32)
+  got_dx, got_dh, d_z, d_hidden = rounds_backward(
+    jnp.concatenate([d_x, d_h], -1),
+    x,
+    h,
+    gates,
+    ordered,
+    zigzag=zigzag,
+    tiles=TILES,
+    dtype=jnp.float32,
+  )
   np.testing.assert_allclose(got_dx, want_dx, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got_dh, want_dh, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(jnp.concatenate(d_z + d_hidden, -1), want_stash, rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(jnp.concatenate(d_z + d_hidden, -1), want_stash, rtol=1e-5, atol=1e-5)
 
 
 def test_programs_of_16_rows_each_give_their_own_rows():
@@ -65,8 +79,9 @@ def test_programs_of_16_rows_each_give_their_own_rows():
   np.testing.assert_allclose(mixed, jnp.concatenate([want_x, want_h], -1), rtol=1e-5, atol=1e-5)
   d_mixed = jax.random.normal(jax.random.key(7), (48, M + N))
   want_dx, want_dh, _ = mix.backward(params, x, h, want_residuals, d_mixed[:, :M], d_mixed[:, M:])
-  got_dx, got_dh, _, _ = rounds_backward(d_mixed, x, h, gates, ordered, zigzag=True, tiles=tiles,
-                                         dtype=jnp.float32)
+  got_dx, got_dh, _, _ = rounds_backward(
+    d_mixed, x, h, gates, ordered, zigzag=True, tiles=tiles, dtype=jnp.float32
+  )
   np.testing.assert_allclose(got_dx, want_dx, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got_dh, want_dh, rtol=1e-5, atol=1e-5)
 
@@ -78,8 +93,7 @@ def test_the_rounds_match_the_papers_equations_in_numpy():
   xs, hs = np.asarray(x, np.float64), np.asarray(h, np.float64)
   for i, p in enumerate(ordered, start=1):
     p = {k: np.asarray(v, np.float64) for k, v in p.items()}
-    gate = 2 / (1 + np.exp(-((hs if i % 2 else xs) @ p['kernel_in'] @ p['kernel_out']
-                              + p['bias'])))
+    gate = 2 / (1 + np.exp(-((hs if i % 2 else xs) @ p['kernel_in'] @ p['kernel_out'] + p['bias'])))
     xs, hs = (gate * xs, hs) if i % 2 else (xs, gate * hs)
   mixed, _, _ = rounds_forward(x, h, ordered, zigzag=True, tiles=TILES, dtype=jnp.float32)
   np.testing.assert_allclose(mixed, np.concatenate([xs, hs], -1), rtol=1e-5, atol=1e-5)
@@ -94,18 +108,29 @@ def test_both_kernels_lower_for_nvidia_gpus(rank, dtype):
   tiles = row_tiles(tiles_for(batch, width))
   spec = jax.ShapeDtypeStruct
   if rank:
-    params = [{'kernel_in': spec((width, rank), dtype), 'kernel_out': spec((rank, width), dtype),
-               'bias': spec((width,), jnp.float32)} for _ in range(5)]
+    params = [
+      {
+        'kernel_in': spec((width, rank), dtype),
+        'kernel_out': spec((rank, width), dtype),
+        'bias': spec((width,), jnp.float32),
+      }
+      for _ in range(5)
+    ]
   else:
-    params = [{'kernel': spec((width, width), dtype), 'bias': spec((width,), jnp.float32)}
-              for _ in range(5)]
+    params = [
+      {'kernel': spec((width, width), dtype), 'bias': spec((width,), jnp.float32)} for _ in range(5)
+    ]
   rows = spec((batch, width), jnp.float32)
-  forward = jax.jit(lambda x, h, p: rounds_forward(x, h, p, zigzag=True, tiles=tiles,
-                                                   dtype=dtype, interpret=False))
-  backward = jax.jit(lambda d, x, h, g, p: rounds_backward(d, x, h, g, p, zigzag=True,
-                                                           tiles=tiles, dtype=dtype,
-                                                           interpret=False))
-  for lowered in (forward.trace(rows, rows, params),
-                  backward.trace(spec((batch, 2 * width), jnp.float32), rows, rows, [rows] * 5,
-                                 params)):
+  forward = jax.jit(
+    lambda x, h, p: rounds_forward(x, h, p, zigzag=True, tiles=tiles, dtype=dtype, interpret=False)
+  )
+  backward = jax.jit(
+    lambda d, x, h, g, p: rounds_backward(
+      d, x, h, g, p, zigzag=True, tiles=tiles, dtype=dtype, interpret=False
+    )
+  )
+  for lowered in (
+    forward.trace(rows, rows, params),
+    backward.trace(spec((batch, 2 * width), jnp.float32), rows, rows, [rows] * 5, params),
+  ):
     assert '__gpu$xla.gpu.triton' in lowered.lower(lowering_platforms=('cuda',)).as_text()

@@ -39,16 +39,37 @@ def _launch(workdir, out, data_dir, num_processes, devices_each, epochs=1, overr
   port = _free_port()
   # conftest's CPU compile flags kept: the claims are about the processes'
   # agreement, which each compiles alike, not about XLA's default programs.
-  flags = [f for f in os.environ.get('XLA_FLAGS', '').split()
-           if not f.startswith('--xla_force_host_platform_device_count=')]
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': str(REPO),
-         'XLA_FLAGS': ' '.join([f'--xla_force_host_platform_device_count={devices_each}',
-                                *flags])}
-  return [subprocess.Popen(
-      [sys.executable, str(WORKER), str(workdir), str(out), str(i), str(num_processes),
-       str(port), str(data_dir), str(epochs), json.dumps(overrides or {})],
-      env=env, stdout=open(out / f'log{i}.txt', 'w'), stderr=subprocess.STDOUT)
-          for i in range(num_processes)]
+  flags = [
+    f
+    for f in os.environ.get('XLA_FLAGS', '').split()
+    if not f.startswith('--xla_force_host_platform_device_count=')
+  ]
+  env = {
+    **os.environ,
+    'JAX_PLATFORMS': 'cpu',
+    'PYTHONPATH': str(REPO),
+    'XLA_FLAGS': ' '.join([f'--xla_force_host_platform_device_count={devices_each}', *flags]),
+  }
+  return [
+    subprocess.Popen(
+      [
+        sys.executable,
+        str(WORKER),
+        str(workdir),
+        str(out),
+        str(i),
+        str(num_processes),
+        str(port),
+        str(data_dir),
+        str(epochs),
+        json.dumps(overrides or {}),
+      ],
+      env=env,
+      stdout=open(out / f'log{i}.txt', 'w'),
+      stderr=subprocess.STDOUT,
+    )
+    for i in range(num_processes)
+  ]
 
 
 def _wait(processes, out, deadline):
@@ -66,8 +87,10 @@ def _wait(processes, out, deadline):
         p.kill()
         p.wait()
   if failed:
-    tails = '\n'.join(f'--- process {i}:\n' + ''.join(
-        (out / f'log{i}.txt').read_text().splitlines(True)[-30:]) for i in failed)
+    tails = '\n'.join(
+      f'--- process {i}:\n' + ''.join((out / f'log{i}.txt').read_text().splitlines(True)[-30:])
+      for i in failed
+    )
     pytest.fail(f'processes {failed} failed or timed out:\n{tails}')
   return [dict(np.load(out / f'{i}.npz')) for i in range(len(processes))]
 
@@ -79,10 +102,12 @@ def _params(result):
 def test_two_processes_train_as_one_over_their_devices(data_dir, tmp_path):
   deadline = time.monotonic() + TIMEOUT
   # One after the other: on one core, a process waiting in gloo slows the rest.
-  first, second = _wait(_launch(tmp_path / 'two', tmp_path / 'out_two', data_dir, 2, 2),
-                        tmp_path / 'out_two', deadline)
-  [reference] = _wait(_launch(tmp_path / 'one', tmp_path / 'out_one', data_dir, 1, 4),
-                      tmp_path / 'out_one', deadline)
+  first, second = _wait(
+    _launch(tmp_path / 'two', tmp_path / 'out_two', data_dir, 2, 2), tmp_path / 'out_two', deadline
+  )
+  [reference] = _wait(
+    _launch(tmp_path / 'one', tmp_path / 'out_one', data_dir, 1, 4), tmp_path / 'out_one', deadline
+  )
 
   # Each process fed the rows of its own devices of every global batch.
   assert list(first['rows']) == [0, 1] and list(second['rows']) == [2, 3]
@@ -114,10 +139,15 @@ def test_a_rollback_restores_every_process_to_one_checkpoint(data_dir, tmp_path)
   or two): every process sees it at the same step, restores the same
   checkpoint into the mesh and trains on at the lowered rate, as one."""
   deadline = time.monotonic() + TIMEOUT
-  overrides = {'optimizer': {'learning_rate': 1e38},
-               'train': {'nonfinite': 'rollback', 'rollback_lr_factor': 1e-38}}
-  first, second = _wait(_launch(tmp_path / 'run', tmp_path / 'out', data_dir, 2, 2,
-                                overrides=overrides), tmp_path / 'out', deadline)
+  overrides = {
+    'optimizer': {'learning_rate': 1e38},
+    'train': {'nonfinite': 'rollback', 'rollback_lr_factor': 1e-38},
+  }
+  first, second = _wait(
+    _launch(tmp_path / 'run', tmp_path / 'out', data_dir, 2, 2, overrides=overrides),
+    tmp_path / 'out',
+    deadline,
+  )
   # Neither process hung or failed, and both trained on to the epoch's end;
   # (both read their parameters back from the same checkpoint files).
   assert first['step'] == second['step'] == 10
@@ -140,8 +170,10 @@ def test_the_process_count_and_index_are_passed_on_from_the_environment(monkeypa
   monkeypatch.setenv('JAX_NUM_PROCESSES', '2')
   monkeypatch.setenv('JAX_PROCESS_ID', '1')
   initialize_distributed()
-  assert calls == [{'num_processes': None, 'process_id': None},
-                   {'num_processes': 2, 'process_id': 1}]
+  assert calls == [
+    {'num_processes': None, 'process_id': None},
+    {'num_processes': 2, 'process_id': 1},
+  ]
   monkeypatch.setenv('JAX_PROCESS_ID', 'first')
   with pytest.raises(ConfigError, match="JAX_PROCESS_ID='first': use a whole number"):
     initialize_distributed()
@@ -155,8 +187,11 @@ def test_a_time_budget_is_refused_on_many_processes(tiny_config, monkeypatch):
   validate_config(tiny_config)
   monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: True)
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
-  with pytest.raises(ConfigError, match='train.max_seconds=60.0 is not kept in step by the '
-                     'processes of a multi-process run: set train.max_steps instead'):
+  with pytest.raises(
+    ConfigError,
+    match='train.max_seconds=60.0 is not kept in step by the '
+    'processes of a multi-process run: set train.max_steps instead',
+  ):
     validate_config(tiny_config)
   tiny_config.train.max_seconds = 0.0
   validate_config(tiny_config)
@@ -187,8 +222,9 @@ def test_a_signal_to_one_process_stops_both_at_one_step(data_dir, tmp_path, sign
     np.testing.assert_array_equal(second[name], value, err_msg=name)
 
   # Both resume from it, into the mesh over both, and finish 4 epochs.
-  first, second = _wait(_launch(workdir, tmp_path / 'resumed', data_dir, 2, 2, epochs=4),
-                        tmp_path / 'resumed', deadline)
+  first, second = _wait(
+    _launch(workdir, tmp_path / 'resumed', data_dir, 2, 2, epochs=4), tmp_path / 'resumed', deadline
+  )
   assert first['stopped_at'] == second['stopped_at'] == 0
   assert first['step'] == second['step'] == 40
   for name, value in _params(first).items():

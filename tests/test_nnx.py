@@ -17,12 +17,17 @@ B, T, M = 2, 6, 5
 X = jnp.asarray(np.random.default_rng(0).normal(size=(B, T, M)), jnp.float32)
 
 
-@pytest.mark.parametrize('make', [
+@pytest.mark.parametrize(
+  'make',
+  [
     lambda: LSTMCell(8, cap_input_gate=True),
     lambda: Mogrify(LSTMCell(8), rounds=3, rank=2),
-    lambda: MLSTMCell(8), lambda: ALSTMCell(8, latent_size=3),
-    lambda: ALSTMCell(8, latent=StaticLatent, latent_size=3)],
-    ids=['lstm', 'mogrifier', 'mlstm', 'alstm', 'alstm_static'])
+    lambda: MLSTMCell(8),
+    lambda: ALSTMCell(8, latent_size=3),
+    lambda: ALSTMCell(8, latent=StaticLatent, latent_size=3),
+  ],
+  ids=['lstm', 'mogrifier', 'mlstm', 'alstm', 'alstm_static'],
+)
 def test_nnx_rnn_of_a_cell_is_the_linen_rnn_with_its_parameters(make):
   cell = NNXCell(make(), M, rngs=nnx.Rngs(0))
   params = perturb(cell.linen_params())  # nonzero biases too

@@ -22,9 +22,13 @@ class _Records:
 
 
 def _updates(policy, tmp_path, max_consecutive_skips=2, max_rollbacks=1):
-  cfg = ml_collections.ConfigDict({'nonfinite': policy,
-                                   'max_consecutive_skips': max_consecutive_skips,
-                                   'max_rollbacks': max_rollbacks})
+  cfg = ml_collections.ConfigDict(
+    {
+      'nonfinite': policy,
+      'max_consecutive_skips': max_consecutive_skips,
+      'max_rollbacks': max_rollbacks,
+    }
+  )
   records = _Records()
   return PendingUpdates(cfg, records, tmp_path), records
 
@@ -32,8 +36,9 @@ def _updates(policy, tmp_path, max_consecutive_skips=2, max_rollbacks=1):
 def _add(updates, step, loss):
   loss = jnp.float32(loss)
   # a stand-in gradient norm that tells the updates apart
-  updates.add(step, {'loss': loss, 'grad_norm': jnp.float32(10 * step),
-                     'finite': jnp.isfinite(loss)})
+  updates.add(
+    step, {'loss': loss, 'grad_norm': jnp.float32(10 * step), 'finite': jnp.isfinite(loss)}
+  )
 
 
 @pytest.mark.parametrize('policy', ['stop', 'skip', 'rollback'])
@@ -64,8 +69,9 @@ def test_skip_counts_and_stops_after_too_many_in_a_row(tmp_path):
   for step, loss in enumerate([math.inf, 1.0, math.nan, math.nan], start=1):
     _add(updates, step, loss)
   # A finite update between two faults resets the run of skips.
-  np.testing.assert_array_equal(updates.fetch(progress).losses, [[np.nan], [1.0], [np.nan],
-                                                                  [np.nan]])
+  np.testing.assert_array_equal(
+    updates.fetch(progress).losses, [[np.nan], [1.0], [np.nan], [np.nan]]
+  )
   assert progress.skipped_updates == [3]
   assert [r['step'] for r in records.records] == [1, 3, 4]
   _add(updates, 5, math.nan)  # the third in a row
@@ -89,8 +95,9 @@ def test_rollback_asks_the_loop_then_stops_past_the_limit(tmp_path):
 
 
 def _seeds_updates(policy, tmp_path):
-  cfg = ml_collections.ConfigDict({'nonfinite': policy, 'max_consecutive_skips': 1,
-                                   'max_rollbacks': 1})
+  cfg = ml_collections.ConfigDict(
+    {'nonfinite': policy, 'max_consecutive_skips': 1, 'max_rollbacks': 1}
+  )
   records = _Records()
   return PendingUpdates(cfg, records, tmp_path, seeds=[7, 8, 9]), records
 
@@ -125,8 +132,12 @@ def test_a_seed_rollback_names_the_faulty_seeds_and_a_stop_names_the_seed(tmp_pa
   np.testing.assert_array_equal(fetched.losses, [[1.0, 1.0, 1.0]])
   stopping, records = _seeds_updates('stop', tmp_path)
   _add_seeds(stopping, 5, [1.0, math.nan, 1.0])
-  with pytest.raises(TrainingError, match=r'^seed 8: the training loss or gradient is not '
-                     r'finite at or before step 5'):
+  with pytest.raises(
+    TrainingError,
+    match=r'^seed 8: the training loss or gradient is not '
+    r'finite at or before step 5',
+  ):
     stopping.fetch(Progress.start(3))
-  assert records.records == [{'kind': 'nonfinite', 'step': 5, 'epoch': 1, 'seed': 8,
-                              'action': 'stop'}]
+  assert records.records == [
+    {'kind': 'nonfinite', 'step': 5, 'epoch': 1, 'seed': 8, 'action': 'stop'}
+  ]

@@ -24,8 +24,12 @@ NUMBER = r'([-+\w.]+)'  # as printed, nan and inf included
 def kernel_env(data_dir) -> dict[str, str]:
   """The test's environment, with this checkout first on PYTHONPATH, the
   smoke settings on, and without conftest's eight simulated devices."""
-  env = dict(os.environ, LM_ZOO_NOTEBOOK_SMOKE='1', LM_ZOO_DATA=str(data_dir),
-             PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')])))
+  env = dict(
+    os.environ,
+    LM_ZOO_NOTEBOOK_SMOKE='1',
+    LM_ZOO_DATA=str(data_dir),
+    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')])),
+  )
   flags = env.get('XLA_FLAGS', '').replace('--xla_force_host_platform_device_count=8', '')
   env['XLA_FLAGS'] = flags.strip()
   return env
@@ -35,18 +39,22 @@ def kernel_env(data_dir) -> dict[str, str]:
 def executed(data_dir, tmp_path_factory):
   """Each notebook executed by nbclient: name -> (notebook, its error or None)."""
   env = kernel_env(data_dir)
-  notebooks = {name: nbformat.read(REPO / 'notebooks' / f'{name}.ipynb', as_version=4)
-               for name in NOTEBOOKS}
+  notebooks = {
+    name: nbformat.read(REPO / 'notebooks' / f'{name}.ipynb', as_version=4) for name in NOTEBOOKS
+  }
 
   async def execute(name):
     cwd = tmp_path_factory.mktemp(name)
-    client = nbclient.NotebookClient(notebooks[name], timeout=300, kernel_name='python3',
-                                     resources={'metadata': {'path': str(cwd)}})
+    client = nbclient.NotebookClient(
+      notebooks[name],
+      timeout=300,
+      kernel_name='python3',
+      resources={'metadata': {'path': str(cwd)}},
+    )
     await client.async_execute(env=env)
 
   async def execute_all():
-    return await asyncio.gather(*(execute(name) for name in NOTEBOOKS),
-                                return_exceptions=True)
+    return await asyncio.gather(*(execute(name) for name in NOTEBOOKS), return_exceptions=True)
 
   errors = asyncio.run(execute_all())
   return {name: (notebooks[name], error) for name, error in zip(NOTEBOOKS, errors)}
@@ -80,9 +88,12 @@ def perplexity(text: str, below: float = VOCAB_SIZE) -> float:
 
 def test_quickstart_trains_samples_and_evaluates_dynamically(executed):
   notebook = ran(executed, 'quickstart')
-  trained = re.findall(rf'^(\w+): \d+ steps in .* valid perplexity {NUMBER}, '
-                       rf'test perplexity {NUMBER}$', stdout(tagged(notebook, 'perplexities')),
-                       re.MULTILINE)
+  trained = re.findall(
+    rf'^(\w+): \d+ steps in .* valid perplexity {NUMBER}, '
+    rf'test perplexity {NUMBER}$',
+    stdout(tagged(notebook, 'perplexities')),
+    re.MULTILINE,
+  )
   assert [name for name, _, _ in trained] == ['lstm', 'mogrifier']
   for _, valid, test in trained:
     perplexity(valid), perplexity(test)
@@ -113,8 +124,11 @@ def test_results_trains_a_tiny_run_when_there_is_none_then_plots_and_tabulates(e
   notebook = ran(executed, 'results')
   curves = tagged(notebook, 'curves')
   assert any('image/png' in o.get('data', {}) for o in curves)
-  table = [o.data['text/markdown'] for o in tagged(notebook, 'summary-table')
-           if o.output_type == 'execute_result']
+  table = [
+    o.data['text/markdown']
+    for o in tagged(notebook, 'summary-table')
+    if o.output_type == 'execute_result'
+  ]
   assert table, 'the summary table is not displayed'
   rows = table[0].splitlines()[2:]
   assert len(rows) == 1 and 'tiny_lstm' in rows[0]

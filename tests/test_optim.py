@@ -9,8 +9,15 @@ import numpy as np
 import optax
 import pytest
 
-from lm_zoo.optim import (GateNetwork, RMSGateNetwork, dynamic_rms, dynamic_sgd,
-                          learned_update_rule, parameter_averaging, start_averaging)
+from lm_zoo.optim import (
+  GateNetwork,
+  RMSGateNetwork,
+  dynamic_rms,
+  dynamic_sgd,
+  learned_update_rule,
+  parameter_averaging,
+  start_averaging,
+)
 
 PARAMS = {'w': jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), 'b': jnp.array([0.5, -0.25])}
 TRAINED = jax.tree.map(lambda p: p + 0.1, PARAMS)
@@ -26,14 +33,15 @@ def _transformations():
   meta = GATES.init(jax.random.key(0), FEATURES)
   rms_meta = RMS_GATES.init(jax.random.key(1), FEATURES)
   return {
-      'dynamic_sgd': (dynamic_sgd(0.1, 0.05), {}),
-      'dynamic_rms': (dynamic_rms(0.1, 0.2, 1e-3, MS), {}),
-      'dynamic_rms_tensors': (dynamic_rms(0.1, 0.2, 1e-3, MS, 'tensors'), {}),
-      'learned_sgd_prior': (learned_update_rule(GATES.apply), {'meta_params': meta,
-                                                                'loss': 3.0}),
-      'learned_rms_prior': (learned_update_rule(RMS_GATES.apply, MS),
-                            {'meta_params': rms_meta, 'loss': 3.0}),
-      'parameter_averaging': (parameter_averaging(start=True), {}),
+    'dynamic_sgd': (dynamic_sgd(0.1, 0.05), {}),
+    'dynamic_rms': (dynamic_rms(0.1, 0.2, 1e-3, MS), {}),
+    'dynamic_rms_tensors': (dynamic_rms(0.1, 0.2, 1e-3, MS, 'tensors'), {}),
+    'learned_sgd_prior': (learned_update_rule(GATES.apply), {'meta_params': meta, 'loss': 3.0}),
+    'learned_rms_prior': (
+      learned_update_rule(RMS_GATES.apply, MS),
+      {'meta_params': rms_meta, 'loss': 3.0},
+    ),
+    'parameter_averaging': (parameter_averaging(start=True), {}),
   }
 
 
@@ -44,15 +52,18 @@ def test_direct_jitted_and_chained_updates_agree(name):
   # A NamedTuple state, or a chain's tuple of them (optax's own pieces included).
   parts = [state] if hasattr(state, '_fields') else list(state)
   assert all(isinstance(part, tuple) and hasattr(part, '_fields') for part in parts)
-  direct, _ = (transformation.update(GRADS, state, PARAMS, **extra) if extra
-               else transformation.update(GRADS, state, PARAMS))
+  direct, _ = (
+    transformation.update(GRADS, state, PARAMS, **extra)
+    if extra
+    else transformation.update(GRADS, state, PARAMS)
+  )
   jitted, _ = jax.jit(lambda g, s, p, e: transformation.update(g, s, p, **e))(
-      GRADS, state, PARAMS, extra)
+    GRADS, state, PARAMS, extra
+  )
   chain = optax.chain(optax.identity(), transformation)
   chained, _ = chain.update(GRADS, chain.init(TRAINED), PARAMS, **extra)
   for other in (jitted, chained):
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-                 direct, other)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), direct, other)
   assert any(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(direct))
 
 
@@ -62,20 +73,30 @@ def test_a_jitted_update_closes_over_no_array(name):
   jitted update through the state: as constants, a large model's MS would be
   compiled into every program that updates, once per set of weights."""
   if name == 'dynamic_rms_injected':
-    transformation, extra = optax.inject_hyperparams(
-        lambda learning_rate, decay, eps: dynamic_rms(learning_rate, decay, eps, MS))(
-            learning_rate=0.1, decay=0.2, eps=1e-3), {}
+    transformation, extra = (
+      optax.inject_hyperparams(
+        lambda learning_rate, decay, eps: dynamic_rms(learning_rate, decay, eps, MS)
+      )(learning_rate=0.1, decay=0.2, eps=1e-3),
+      {},
+    )
   else:
     transformation, extra = _transformations()[name]
   traced = jax.make_jaxpr(lambda g, s, p, e: transformation.update(g, s, p, **e))(
-      GRADS, transformation.init(TRAINED), PARAMS, extra)
+    GRADS, transformation.init(TRAINED), PARAMS, extra
+  )
   assert traced.consts == []
 
 
-@pytest.mark.parametrize('factory, values', [
+@pytest.mark.parametrize(
+  'factory, values',
+  [
     (dynamic_sgd, {'learning_rate': 0.1, 'decay': 0.05}),
-    (lambda learning_rate, decay, eps: dynamic_rms(learning_rate, decay, eps, MS),
-     {'learning_rate': 0.1, 'decay': 0.2, 'eps': 1e-3})])
+    (
+      lambda learning_rate, decay, eps: dynamic_rms(learning_rate, decay, eps, MS),
+      {'learning_rate': 0.1, 'decay': 0.2, 'eps': 1e-3},
+    ),
+  ],
+)
 def test_injected_hyperparameters_give_the_same_update(factory, values):
   plain = factory(**values)
   injected = optax.inject_hyperparams(factory)(**values)
@@ -85,15 +106,18 @@ def test_injected_hyperparameters_give_the_same_update(factory, values):
   assert set(state.hyperparams) == set(values)
 
 
-@pytest.mark.parametrize('transformation', [dynamic_sgd(0.1), dynamic_rms(0.1, 0.2, 1e-3, MS),
-                                            learned_update_rule(GATES.apply)])
+@pytest.mark.parametrize(
+  'transformation',
+  [dynamic_sgd(0.1), dynamic_rms(0.1, 0.2, 1e-3, MS), learned_update_rule(GATES.apply)],
+)
 def test_updates_without_params_are_refused_with_a_message(transformation):
   with pytest.raises(ValueError, match='params'):
     transformation.update(GRADS, transformation.init(TRAINED))
 
 
-@pytest.mark.parametrize('factory', [
-    dynamic_sgd, lambda learning_rate: dynamic_rms(learning_rate, 0.0, 1e-3, MS)])
+@pytest.mark.parametrize(
+  'factory', [dynamic_sgd, lambda learning_rate: dynamic_rms(learning_rate, 0.0, 1e-3, MS)]
+)
 def test_a_learning_rate_schedule_is_called_with_the_updates_taken(factory):
   """As optax takes a number or a schedule: update k steps at schedule(k)."""
   schedule = optax.linear_schedule(0.3, 0.1, transition_steps=2)

@@ -19,13 +19,14 @@ def _schedule(**kw):
 def test_zaremba_small_schedule():
   cfg = _schedule(kind='exponential', factor=0.5, decay_after=4)
   lrs = [epoch_learning_rate(cfg, 1.0, e, []) for e in range(1, 14)]
-  assert lrs == [1, 1, 1, 1] + [0.5 ** k for k in range(1, 10)]
+  assert lrs == [1, 1, 1, 1] + [0.5**k for k in range(1, 10)]
 
 
 def test_milestones_and_plateau():
   cfg = _schedule(kind='milestones', factor=0.1, milestones=(100, 160))
-  assert [epoch_learning_rate(cfg, 3e-3, e, []) for e in (100, 101, 160, 161)] == \
-      pytest.approx([3e-3, 3e-4, 3e-4, 3e-5])
+  assert [epoch_learning_rate(cfg, 3e-3, e, []) for e in (100, 101, 160, 161)] == pytest.approx(
+    [3e-3, 3e-4, 3e-4, 3e-5]
+  )
   cfg = _schedule(kind='plateau', factor=0.5, min_lr=0.2)
   history = [5.0, 4.0, 4.5, 3.9, 3.95, 3.95]
   assert epoch_learning_rate(cfg, 1.0, 7, history[:2]) == 1.0
@@ -62,7 +63,8 @@ def test_l2_before_clip_clips_the_penalty_with_the_loss():
   cfg.l2_before_clip = False  # clipped (2, 5) / sqrt(29), then + 0.5 theta
   updates, _ = make_optimizer(cfg).update(grads, tx.init(params), params)
   np.testing.assert_allclose(
-      updates['w'], -0.1 * (np.array([2.0, 5.0]) / np.sqrt(29) + [1.0, -1.0]), rtol=1e-6)
+    updates['w'], -0.1 * (np.array([2.0, 5.0]) / np.sqrt(29) + [1.0, -1.0]), rtol=1e-6
+  )
 
 
 def test_adam_beta1_zero_is_rmsprop_like():
@@ -75,7 +77,7 @@ def test_adam_beta1_zero_is_rmsprop_like():
   _, state = tx.update({'w': jnp.asarray(g1)}, state, params)
   updates, _ = tx.update({'w': jnp.asarray(g2)}, state, params)
   # beta1 = 0: the step is the current gradient over the RMS of all gradients
-  v = (0.001 * 0.999 * g1 ** 2 + 0.001 * g2 ** 2) / (1 - 0.999 ** 2)
+  v = (0.001 * 0.999 * g1**2 + 0.001 * g2**2) / (1 - 0.999**2)
   np.testing.assert_allclose(updates['w'], -1e-3 * g2 / (np.sqrt(v) + 1e-8), rtol=1e-4)
 
 
@@ -90,8 +92,10 @@ def test_dual_l2_acts_on_the_dual_layer_only():
   cfg = base_config().optimizer
   cfg.update(name='sgd', learning_rate=1.0, clip_norm=0.0, l2=0.0, dual_l2=0.1)
   tx = make_optimizer(cfg)
-  params = {'bridge': {'dense': {'kernel': jnp.array([2.0, -1.0])}},
-            'stack': {'cell_0': {'kernel': jnp.array([3.0])}}}
+  params = {
+    'bridge': {'dense': {'kernel': jnp.array([2.0, -1.0])}},
+    'stack': {'cell_0': {'kernel': jnp.array([3.0])}},
+  }
   zeros = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
   np.testing.assert_allclose(updates['bridge']['dense']['kernel'], [-0.2, 0.1])
@@ -102,11 +106,9 @@ def test_nadam_first_step_has_the_nesterov_lookahead():
   """Dozat's Nadam: the first step is lr * (1 + b1 / (1 + b1)) * g / |g|,
   where Adam's is lr * g / |g|."""
   cfg = base_config().optimizer
-  cfg.update(name='nadam', learning_rate=1e-2, beta1=0.9, beta2=0.999, eps=0.0,
-             clip_norm=0.0)
+  cfg.update(name='nadam', learning_rate=1e-2, beta1=0.9, beta2=0.999, eps=0.0, clip_norm=0.0)
   tx = make_optimizer(cfg)
   params = {'w': jnp.zeros(3)}
   grads = {'w': jnp.array([0.5, -2.0, 4.0])}
   updates, _ = tx.update(grads, tx.init(params), params)
-  np.testing.assert_allclose(updates['w'], -1e-2 * (1 + 0.9 / 1.9) * np.sign(grads['w']),
-                             rtol=1e-5)
+  np.testing.assert_allclose(updates['w'], -1e-2 * (1 + 0.9 / 1.9) * np.sign(grads['w']), rtol=1e-5)

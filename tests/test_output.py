@@ -34,5 +34,6 @@ def test_bfloat16_multiplies_rounded_operands_into_float32_logits():
   assert logits.dtype == jnp.float32
   rounded = lambda x: np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32))
   expected = np.einsum('bth,vh->btv', rounded(h), rounded(params['kernel'])) + np.asarray(
-      params['bias'])
+    params['bias']
+  )
   np.testing.assert_allclose(logits, expected, rtol=1e-6, atol=1e-6)

@@ -29,20 +29,24 @@ def _loss(out):
   carry, hs = out
   weights = jnp.arange(1, hs.size + 1).reshape(hs.shape) / hs.size
   return jnp.sum(jnp.sin(hs) * weights) + sum(
-      jnp.sum(jnp.cos(leaf) * (k + 1)) for k, leaf in enumerate(jax.tree.leaves(carry)))
+    jnp.sum(jnp.cos(leaf) * (k + 1)) for k, leaf in enumerate(jax.tree.leaves(carry))
+  )
 
 
 def _values_and_gradients(cell, scan, args):
   def loss(params, carry, xs, mask):
-    return _loss(RecurrentLayer(cell, scan=scan).apply({'params': {'cell': params}}, carry, xs,
-                                                      mask))
+    return _loss(
+      RecurrentLayer(cell, scan=scan).apply({'params': {'cell': params}}, carry, xs, mask)
+    )
+
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(*args)
 
 
 def _args(cell, seed=1):
   carry, xs, mask = _window(cell, seed)
-  params = perturb(RecurrentLayer(cell, scan='scan').init(
-      jax.random.key(0), carry, xs, mask)['params'])['cell']
+  params = perturb(
+    RecurrentLayer(cell, scan='scan').init(jax.random.key(0), carry, xs, mask)['params']
+  )['cell']
   return params, carry, xs, mask
 
 
@@ -62,10 +66,16 @@ def _assert_gradients_within(got, want, tolerance):
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize('latent, cap', [
-    (LSTMCell, True), pytest.param(LSTMCell, False, marks=SLOW),
-    pytest.param(StaticLatent, True, marks=SLOW), pytest.param(StaticLatent, False, marks=SLOW)],
-    ids=['recurrent capped', 'recurrent', 'static capped', 'static'])
+@pytest.mark.parametrize(
+  'latent, cap',
+  [
+    (LSTMCell, True),
+    pytest.param(LSTMCell, False, marks=SLOW),
+    pytest.param(StaticLatent, True, marks=SLOW),
+    pytest.param(StaticLatent, False, marks=SLOW),
+  ],
+  ids=['recurrent capped', 'recurrent', 'static capped', 'static'],
+)
 def test_values_and_every_gradient_are_the_scans(latent, cap):
   cell = ALSTMCell(N, latent=latent, latent_size=K, cap_input_gate=cap)
   assert resolve_scan(cell, 'pallas') == 'pallas'
@@ -81,14 +91,17 @@ def test_outputs_and_carry_are_the_scans_with_the_state_mask_and_several_row_til
   """17 rows: two programs of 16 rows, the second mostly padding."""
   cell = ALSTMCell(N, latent_size=K, cap_input_gate=True)
   rng = np.random.default_rng(2)
-  carry = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
-                       cell.initialize_carry(jax.random.key(0), (17, M)))
+  carry = jax.tree.map(
+    lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
+    cell.initialize_carry(jax.random.key(0), (17, M)),
+  )
   xs = jnp.asarray(rng.normal(size=(T, 17, M)), jnp.float32)
   mask = jnp.asarray(rng.binomial(1, 0.5, (17, N)) / 0.5, jnp.float32)
   params = perturb(cell.init(jax.random.key(0), carry, xs[0])['params'])
   want = RecurrentLayer(cell, scan='scan').apply({'params': {'cell': params}}, carry, xs, mask)
-  got = pallas_alstm_recurrence(xs, params, carry, mask, cap_input_gate=True,
-                                tiles=Tiles(batch=16, chunk=16))
+  got = pallas_alstm_recurrence(
+    xs, params, carry, mask, cap_input_gate=True, tiles=Tiles(batch=16, chunk=16)
+  )
   jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)
   unmasked = RecurrentLayer(cell, scan='scan').apply({'params': {'cell': params}}, carry, xs)
   assert not np.allclose(unmasked[1], want[1])  # the mask changes what is compared
@@ -110,8 +123,11 @@ def test_latent_dropout_and_other_latents_are_refused_and_auto_never_picks_palla
   with pytest.raises(ValueError, match="scan='pallas' cannot run ALSTMCell.*dropout_latent"):
     resolve_scan(dropping, 'pallas')
   other = ALSTMCell(N, latent_size=K, latent=lambda **kw: LSTMCell(cap_input_gate=True, **kw))
-  with pytest.raises(ValueError, match=r"scan='pallas' cannot run ALSTMCell.*choose one of "
-                                       r"'auto', 'scan', 'remat'"):
+  with pytest.raises(
+    ValueError,
+    match=r"scan='pallas' cannot run ALSTMCell.*choose one of "
+    r"'auto', 'scan', 'remat'",
+  ):
     resolve_scan(other, 'pallas')
   assert resolve_scan(ALSTMCell(N, latent_size=K), 'auto') == 'fused'
 
@@ -150,24 +166,66 @@ def test_both_kernels_lower_for_nvidia_gpus(recurrent, dtype):
   latent_gates = GATES if recurrent else 1
   latent_carry = (f32(rows, k), f32(rows, k)) if recurrent else ()
   latent_u = (low(k, GATES * k),) if recurrent else ()
-  forward = jax.jit(lambda x, h, mask, c, latent_in, latent, weights: forward_step(
-      x, h, mask, c, latent_in, latent, weights, cap_input_gate=True, tiles=tiles, dtype=dtype,
-      interpret=False))
+  forward = jax.jit(
+    lambda x, h, mask, c, latent_in, latent, weights: forward_step(
+      x,
+      h,
+      mask,
+      c,
+      latent_in,
+      latent,
+      weights,
+      cap_input_gate=True,
+      tiles=tiles,
+      dtype=dtype,
+      interpret=False,
+    )
+  )
   backward = jax.jit(lambda *a: backward_step(*a, tiles=tiles, dtype=dtype, interpret=False))
   state = f32(rows, n)
   gates = f32(rows, GATES * n)
   policy = f32(rows, m + 13 * n)
-  latent = ((f32(rows, k), f32(rows, k), f32(rows, k), f32(rows, GATES * k), f32(rows, k))
-            if recurrent else (f32(rows, k),))
+  latent = (
+    (f32(rows, k), f32(rows, k), f32(rows, k), f32(rows, GATES * k), f32(rows, k))
+    if recurrent
+    else (f32(rows, k),)
+  )
   lowered = [
-      forward.trace(f32(rows, m), state, state, state, f32(rows, latent_gates * k), latent_carry,
-                    (low(n, latent_gates * k), *latent_u, low(k, m + 13 * n),
-                     low(m, GATES * n), low(n, GATES * n), f32(GATES * n))).lower(
-                         lowering_platforms=('cuda',)),
-      backward.trace(state, state, state, state, (state, gates, state), f32(rows, m), state,
-                     (policy, gates, gates), latent,
-                     (low(m, GATES * n), low(n, GATES * n), f32(GATES * n),
-                      low(k, m + 13 * n), low(n, latent_gates * k), *latent_u)).lower(
-                          lowering_platforms=('cuda',))]
+    forward.trace(
+      f32(rows, m),
+      state,
+      state,
+      state,
+      f32(rows, latent_gates * k),
+      latent_carry,
+      (
+        low(n, latent_gates * k),
+        *latent_u,
+        low(k, m + 13 * n),
+        low(m, GATES * n),
+        low(n, GATES * n),
+        f32(GATES * n),
+      ),
+    ).lower(lowering_platforms=('cuda',)),
+    backward.trace(
+      state,
+      state,
+      state,
+      state,
+      (state, gates, state),
+      f32(rows, m),
+      state,
+      (policy, gates, gates),
+      latent,
+      (
+        low(m, GATES * n),
+        low(n, GATES * n),
+        f32(GATES * n),
+        low(k, m + 13 * n),
+        low(n, latent_gates * k),
+        *latent_u,
+      ),
+    ).lower(lowering_platforms=('cuda',)),
+  ]
   for lowered_step in lowered:
     assert '__gpu$xla.gpu.triton' in lowered_step.as_text()

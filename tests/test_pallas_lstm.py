@@ -25,10 +25,12 @@ def _window(batch, n, steps=5, seed=0):
 
 def _loss(recurrence, **kwargs):
   """A scalar that reads every output and the final carry, with distinct weights."""
+
   def loss(projected, kernel, c0, h0, mask):
     (c, h), hs = recurrence(projected, kernel, (c0, h0), mask, **kwargs)
     weights = jnp.arange(1, hs.size + 1, dtype=hs.dtype).reshape(hs.shape) / hs.size
-    return jnp.sum(jnp.sin(hs) * weights) + jnp.sum(c ** 2) + jnp.sum(h * 0.3)
+    return jnp.sum(jnp.sin(hs) * weights) + jnp.sum(c**2) + jnp.sum(h * 0.3)
+
   return loss
 
 
@@ -36,17 +38,25 @@ def _relative(got, want):
   return float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
 
 
-@pytest.mark.parametrize('batch, n, cap, tiles', [
-    (3, 20, False, None),   # both axes padded: 3 rows to 16, 20 units to 32
+@pytest.mark.parametrize(
+  'batch, n, cap, tiles',
+  [
+    (3, 20, False, None),  # both axes padded: 3 rows to 16, 20 units to 32
     (16, 32, True, Tiles(batch=16, units=16, chunk=16)),  # two unit tiles, two chunks
-    (17, 16, True, None)])  # two row tiles
+    (17, 16, True, None),
+  ],
+)  # two row tiles
 def test_float32_values_and_gradients_are_the_fused_windows(batch, n, cap, tiles):
   args = _window(batch, n)
   # Both sides compiled whole: op by op, the fused window would compile each operation alone.
-  want, want_grads = jax.jit(jax.value_and_grad(_loss(lstm_recurrence, cap_input_gate=cap),
-                                                argnums=range(5)))(*args)
-  got, got_grads = jax.jit(jax.value_and_grad(
-      _loss(pallas_lstm_recurrence, cap_input_gate=cap, tiles=tiles), argnums=range(5)))(*args)
+  want, want_grads = jax.jit(
+    jax.value_and_grad(_loss(lstm_recurrence, cap_input_gate=cap), argnums=range(5))
+  )(*args)
+  got, got_grads = jax.jit(
+    jax.value_and_grad(
+      _loss(pallas_lstm_recurrence, cap_input_gate=cap, tiles=tiles), argnums=range(5)
+    )
+  )(*args)
   assert abs(got - want) <= 1e-5 * abs(want)
   for name, g, w in zip(('projected', 'kernel', 'c0', 'h0', 'mask'), got_grads, want_grads):
     assert _relative(g, w) < 1e-5, name
@@ -55,10 +65,12 @@ def test_float32_values_and_gradients_are_the_fused_windows(batch, n, cap, tiles
 def test_bfloat16_products_agree_with_the_fused_windows_within_their_rounding():
   args = _window(4, 24, seed=1)
   kwargs = dict(dtype=jnp.bfloat16, cap_input_gate=True)
-  want, want_grads = jax.jit(jax.value_and_grad(_loss(lstm_recurrence, **kwargs),
-                                                argnums=range(5)))(*args)
-  got, got_grads = jax.jit(jax.value_and_grad(_loss(pallas_lstm_recurrence, **kwargs),
-                                              argnums=range(5)))(*args)
+  want, want_grads = jax.jit(
+    jax.value_and_grad(_loss(lstm_recurrence, **kwargs), argnums=range(5))
+  )(*args)
+  got, got_grads = jax.jit(
+    jax.value_and_grad(_loss(pallas_lstm_recurrence, **kwargs), argnums=range(5))
+  )(*args)
   assert abs(got - want) <= 1e-3 * abs(want)
   for g, w in zip(got_grads, want_grads):
     assert _relative(g, w) < 1e-2
@@ -71,15 +83,20 @@ def test_a_layer_with_scan_pallas_runs_the_kernels_and_equals_the_plain_scan():
   params = RecurrentLayer(cell, scan='scan').init(jax.random.key(0), carry, xs)
   params = jax.tree.map(lambda p: p + 0.1, params)  # a nonzero second bias
   run = lambda scan: jax.jit(RecurrentLayer(cell, scan=scan).apply)(params, carry, xs)
-  jaxpr = str(jax.make_jaxpr(lambda p: RecurrentLayer(cell, scan='pallas').apply(
-      p, carry, xs))(params))
+  jaxpr = str(
+    jax.make_jaxpr(lambda p: RecurrentLayer(cell, scan='pallas').apply(p, carry, xs))(params)
+  )
   assert 'lstm_step_forward' in jaxpr
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-               run('pallas'), run('scan'))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), run('pallas'), run('scan')
+  )
 
 
 def test_shapes_that_do_not_fit_are_refused_naming_both():
   projected, kernel, c0, h0, _ = _window(3, 8)
-  with pytest.raises(ValueError, match=r'projected inputs \(5, 3, 28\) and recurrent kernel '
-                                       r'\(8, 32\) do not fit a carry of \(3, 8\)'):
+  with pytest.raises(
+    ValueError,
+    match=r'projected inputs \(5, 3, 28\) and recurrent kernel '
+    r'\(8, 32\) do not fit a carry of \(3, 8\)',
+  ):
     pallas_lstm_recurrence(projected[..., :28], kernel, (c0, h0))

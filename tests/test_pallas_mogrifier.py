@@ -17,12 +17,19 @@ def _relative(got, want):
   return float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
 
 
-@pytest.mark.parametrize('rounds, rank, zigzag, dtype', [
-    (5, 2, True, None), (4, 0, False, None), (3, 3, True, jnp.bfloat16)],
-    ids=['r5 low rank', 'r4 full rank no zigzag', 'r3 bfloat16'])
+@pytest.mark.parametrize(
+  'rounds, rank, zigzag, dtype',
+  [(5, 2, True, None), (4, 0, False, None), (3, 3, True, jnp.bfloat16)],
+  ids=['r5 low rank', 'r4 full rank no zigzag', 'r3 bfloat16'],
+)
 def test_values_and_every_gradient_are_the_fused_windows(rounds, rank, zigzag, dtype):
-  cell = Mogrify(LSTMCell(N, cap_input_gate=True, recurrent_bias=True, dtype=dtype),
-                 rounds=rounds, rank=rank, zigzag=zigzag, dtype=dtype)
+  cell = Mogrify(
+    LSTMCell(N, cap_input_gate=True, recurrent_bias=True, dtype=dtype),
+    rounds=rounds,
+    rank=rank,
+    zigzag=zigzag,
+    dtype=dtype,
+  )
   assert resolve_scan(cell, 'pallas') == 'pallas'
   keys = jax.random.split(jax.random.key(0), 5)
   xs = jax.random.normal(keys[0], (T, B, M))
@@ -34,7 +41,7 @@ def test_values_and_every_gradient_are_the_fused_windows(rounds, rank, zigzag, d
   def loss(p, scan, xs, mask):
     (c, h), out = RecurrentLayer(cell, scan=scan).apply({'params': p}, carry, xs, mask)
     weights = jnp.arange(out.size).reshape(out.shape) / out.size
-    return jnp.sum(jnp.sin(out) * weights) + jnp.sum(c ** 2) + jnp.sum(h)
+    return jnp.sum(jnp.sin(out) * weights) + jnp.sum(c**2) + jnp.sum(h)
 
   gradient = jax.value_and_grad(loss, argnums=(0, 2, 3))
   # Both sides compiled whole: op by op, the fused window would compile each operation alone.
@@ -45,8 +52,12 @@ def test_values_and_every_gradient_are_the_fused_windows(rounds, rank, zigzag, d
   assert abs(got - want) <= tolerance * abs(want)
   worst = max(jax.tree.leaves(jax.tree.map(_relative, got_grads, want_grads)))
   assert worst < tolerance
-  np.testing.assert_allclose(jax.tree.leaves(got_grads)[0], jax.tree.leaves(want_grads)[0],
-                             rtol=10 * tolerance, atol=10 * tolerance)
+  np.testing.assert_allclose(
+    jax.tree.leaves(got_grads)[0],
+    jax.tree.leaves(want_grads)[0],
+    rtol=10 * tolerance,
+    atol=10 * tolerance,
+  )
 
 
 def test_the_rounds_run_16_rows_a_program():

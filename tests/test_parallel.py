@@ -10,8 +10,15 @@ from conftest import tiny_lm_config
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import build_model
-from lm_zoo.training import (create_train_state, data_mesh, make_optimizer, make_train_step,
-                             shard_batch, state_shardings, train_and_evaluate)
+from lm_zoo.training import (
+  create_train_state,
+  data_mesh,
+  make_optimizer,
+  make_train_step,
+  shard_batch,
+  state_shardings,
+  train_and_evaluate,
+)
 from lm_zoo.training.parallel import DATA_AXIS, check_batch
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason='needs 8 (simulated) devices')
@@ -19,8 +26,14 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason='needs 8 (simulat
 
 def tiny_setup(batch_size=8):
   config = base_config()
-  config.model.update(embed_size=12, hidden_size=16, dropout_input=0.2, dropout_hidden=0.2,
-                      dropout_state=0.1, dropout_output=0.2)
+  config.model.update(
+    embed_size=12,
+    hidden_size=16,
+    dropout_input=0.2,
+    dropout_hidden=0.2,
+    dropout_state=0.1,
+    dropout_output=0.2,
+  )
   config.data.batch_size = batch_size
   model = build_model(config.model, 50)
   optimizer = make_optimizer(config.optimizer)
@@ -88,9 +101,15 @@ def runs_by_devices(data_dir, tmp_path_factory):
   jax_log = logging.getLogger('jax')
   for num_devices in (1, 2):
     config = tiny_lm_config(data_dir)
-    config.update_from_flattened_dict({
-        'parallel.num_devices': num_devices, 'train.num_epochs': 3, 'generate.num_lines': 0,
-        'schedule.kind': 'exponential', 'schedule.decay_after': 1})
+    config.update_from_flattened_dict(
+      {
+        'parallel.num_devices': num_devices,
+        'train.num_epochs': 3,
+        'generate.num_lines': 0,
+        'schedule.kind': 'exponential',
+        'schedule.decay_after': 1,
+      }
+    )
     handler, level = _Records(), jax_log.level
     jax_log.addHandler(handler)
     jax_log.setLevel(logging.WARNING)
@@ -100,8 +119,9 @@ def runs_by_devices(data_dir, tmp_path_factory):
     finally:
       jax_log.removeHandler(handler)
       jax_log.setLevel(level)
-    compiles = [r for r in handler.records
-                if r.getMessage().startswith('Compiling jit(train_step)')]
+    compiles = [
+      r for r in handler.records if r.getMessage().startswith('Compiling jit(train_step)')
+    ]
     runs[num_devices] = summary, compiles
   return runs
 
@@ -113,8 +133,7 @@ def test_training_loop_runs_data_parallel_and_matches_one_device(runs_by_devices
 
 
 @pytest.mark.parametrize('num_devices', [1, 2])
-def test_the_train_step_compiles_once_over_epochs_and_learning_rates(num_devices,
-                                                                     runs_by_devices):
+def test_the_train_step_compiles_once_over_epochs_and_learning_rates(num_devices, runs_by_devices):
   """The carries reset at each epoch and each new learning rate are placed as
   the steps leave them: another input layout would compile the step again
   (on a mesh, at every epoch: seconds each on a real model)."""

@@ -23,8 +23,9 @@ def png_size(path):
 def drawn(monkeypatch):
   """Records the arguments of line_figure instead of drawing."""
   calls = []
-  monkeypatch.setattr(plots, 'line_figure',
-                      lambda series, path, **kw: calls.append((series, kw)) or path)
+  monkeypatch.setattr(
+    plots, 'line_figure', lambda series, path, **kw: calls.append((series, kw)) or path
+  )
   return calls
 
 
@@ -34,13 +35,22 @@ def test_line_figure_draws_its_data(tmp_path):
   from matplotlib import image
 
   def draw(ys, name):
-    path = plots.line_figure({'a': ([1, 2, 3], ys)}, tmp_path / 'sub' / name, xlabel='x',
-                             ylabel='y', points={'p': (2, 2.5)}, hlines={'h': 1.5},
-                             logy=True)
+    path = plots.line_figure(
+      {'a': ([1, 2, 3], ys)},
+      tmp_path / 'sub' / name,
+      xlabel='x',
+      ylabel='y',
+      points={'p': (2, 2.5)},
+      hlines={'h': 1.5},
+      logy=True,
+    )
     return image.imread(path)
 
-  first, again, other = draw([3.0, 2.0, 1.0], 'a.png'), draw([3.0, 2.0, 1.0], 'b.png'), draw(
-      [1.0, 2.0, 3.0], 'c.png')
+  first, again, other = (
+    draw([3.0, 2.0, 1.0], 'a.png'),
+    draw([3.0, 2.0, 1.0], 'b.png'),
+    draw([1.0, 2.0, 3.0], 'c.png'),
+  )
   assert first.shape == (4 * 120, 6 * 120, 4)
   np.testing.assert_array_equal(first, again)
   assert np.abs(first - other).sum(-1).astype(bool).sum() > 100  # the line moved
@@ -48,10 +58,9 @@ def test_line_figure_draws_its_data(tmp_path):
 
 
 def test_ablation_figure_places_variants_by_rounds(drawn, tmp_path):
-  ppl = {'r2': 95.0, 'lstm': 100.0, 'r1': 97.0, 'nozigzag': 96.0, 'fullrank': 94.0,
-         'mlstm': 99.0}
+  ppl = {'r2': 95.0, 'lstm': 100.0, 'r1': 97.0, 'nozigzag': 96.0, 'fullrank': 94.0, 'mlstm': 99.0}
   plots.mogrifier_ablation_figure(ppl, tmp_path / 'f.png')
-  (series, kw), = drawn
+  ((series, kw),) = drawn
   assert list(series.values()) == [([0, 1, 2], [100.0, 97.0, 95.0])]
   assert sorted(kw['points'].values()) == [(5, 94.0), (5, 96.0)]
   assert list(kw['hlines'].values()) == [99.0]
@@ -60,22 +69,27 @@ def test_ablation_figure_places_variants_by_rounds(drawn, tmp_path):
 
 
 def test_reverse_copy_figure_groups_by_model_and_sorts_by_length(drawn, tmp_path):
-  rows = [{'model': m, 'length': n, 'cross_entropy': ce}
-          for m, n, ce in (('lstm', 20, 2.0), ('mog', 10, 0.5), ('lstm', 10, 1.0))]
+  rows = [
+    {'model': m, 'length': n, 'cross_entropy': ce}
+    for m, n, ce in (('lstm', 20, 2.0), ('mog', 10, 0.5), ('lstm', 10, 1.0))
+  ]
   plots.reverse_copy_figure(rows, tmp_path / 'f.png')
-  (series, _), = drawn
+  ((series, _),) = drawn
   assert series == {'lstm': ((10, 20), (1.0, 2.0)), 'mog': ((10,), (0.5,))}
 
 
 def test_robustness_figure_draws_distribution_functions(drawn, tmp_path):
-  rows = [{'model': m, 'valid_perplexity': v}
-          for m, v in (('lstm', 120.0), ('lstm', math.inf), ('lstm', 110.0),
-                       ('alstm', 105.0))]
+  rows = [
+    {'model': m, 'valid_perplexity': v}
+    for m, v in (('lstm', 120.0), ('lstm', math.inf), ('lstm', 110.0), ('alstm', 105.0))
+  ]
   plots.robustness_figure(rows, tmp_path / 'f.png')
-  (series, _), = drawn
+  ((series, _),) = drawn
   # Fractions of all runs: the diverged LSTM run keeps its curve below 1.
-  assert series == {'lstm (1 of 3 diverged)': ([110.0, 120.0], [1 / 3, 2 / 3]),
-                    'alstm (0 of 1 diverged)': ([105.0], [1.0])}
+  assert series == {
+    'lstm (1 of 3 diverged)': ([110.0, 120.0], [1 / 3, 2 / 3]),
+    'alstm (0 of 1 diverged)': ([105.0], [1.0]),
+  }
 
 
 def test_binned_loss_sums_whole_segments_per_bin():
@@ -88,20 +102,23 @@ def test_binned_loss_sums_whole_segments_per_bin():
 def test_dyneval_gain_is_static_minus_dynamic_perplexity(drawn, tmp_path):
   def run(nll, tokens=(2, 2, 2, 2)):
     return {'segments': {'test': {'nll': nll, 'tokens': list(tokens)}}}
+
   static, dynamic = run([2.0, 2.0, 4.0, 4.0]), run([2.0, 1.0, 2.0, 2.0])
   plots.dyneval_gain_figure({'rms': dynamic}, static, tmp_path / 'f.png', num_bins=2)
-  (series, _), = drawn
+  ((series, _),) = drawn
   xs, gains = series['rms']
   assert xs == [2.0, 6.0]
-  assert gains == pytest.approx([math.e - math.exp(0.75), math.e ** 2 - math.e])
+  assert gains == pytest.approx([math.e - math.exp(0.75), math.e**2 - math.e])
   # A run of the first 4 tokens only: compared over those, in bins of 2.
-  plots.dyneval_gain_figure({'prefix': run([1.0, 1.0], [2, 2])}, static, tmp_path / 'f.png',
-                            num_bins=2)
-  assert drawn[-1][0]['prefix'] == ([1.0, 3.0], pytest.approx([math.e - math.e ** 0.5] * 2))
+  plots.dyneval_gain_figure(
+    {'prefix': run([1.0, 1.0], [2, 2])}, static, tmp_path / 'f.png', num_bins=2
+  )
+  assert drawn[-1][0]['prefix'] == ([1.0, 3.0], pytest.approx([math.e - math.e**0.5] * 2))
   # Longer segments than the bins asked for: a bin grows to hold a whole one.
-  plots.dyneval_gain_figure({'long': run([4.0, 4.0], [4, 4])}, static, tmp_path / 'f.png',
-                            num_bins=4)
-  assert drawn[-1][0]['long'] == ([2.0, 6.0], pytest.approx([0.0, math.e ** 2 - math.e]))
+  plots.dyneval_gain_figure(
+    {'long': run([4.0, 4.0], [4, 4])}, static, tmp_path / 'f.png', num_bins=4
+  )
+  assert drawn[-1][0]['long'] == ([2.0, 6.0], pytest.approx([0.0, math.e**2 - math.e]))
 
 
 def test_curves_figure_reads_metrics(drawn, tmp_path):
@@ -110,9 +127,8 @@ def test_curves_figure_reads_metrics(drawn, tmp_path):
   writer.write('valid', step=10, epoch=1, loss=3.0)
   writer.write('valid', step=10, final=True, loss=9.0)  # the final evaluation: left out
   plots.curves_figure({'run': tmp_path}, tmp_path / 'f.png')
-  (series, kw), = drawn
-  assert series == {'run train': ([10], [math.exp(2.0)]),
-                    'run valid': ([10], [math.exp(3.0)])}
+  ((series, kw),) = drawn
+  assert series == {'run train': ([10], [math.exp(2.0)]), 'run valid': ([10], [math.exp(3.0)])}
   assert kw['logy']
   with pytest.raises(ConfigError, match='not found'):
     plots.curves_figure({'x': tmp_path / 'missing'}, tmp_path / 'f.png')
@@ -125,25 +141,40 @@ def test_curves_figure_draws_each_seed_of_a_stack(drawn, tmp_path):
   for seed, loss in ((3, 3.0), (4, 3.5)):
     writer.write('valid', step=10, epoch=1, seed=seed, loss=loss)
   plots.curves_figure({'stack': tmp_path}, tmp_path / 'f.png')
-  (series, _), = drawn
-  assert series == {'stack seed 3 train': ([10], [math.exp(2.0)]),
-                    'stack seed 4 train': ([10], [math.exp(2.5)]),
-                    'stack seed 3 valid': ([10], [math.exp(3.0)]),
-                    'stack seed 4 valid': ([10], [math.exp(3.5)])}
+  ((series, _),) = drawn
+  assert series == {
+    'stack seed 3 train': ([10], [math.exp(2.0)]),
+    'stack seed 4 train': ([10], [math.exp(2.5)]),
+    'stack seed 3 valid': ([10], [math.exp(3.0)]),
+    'stack seed 4 valid': ([10], [math.exp(3.5)]),
+  }
 
 
 def test_plot_script_draws_ablation_from_summaries(tmp_path):
   for variant, ppl in (('lstm', 120.0), ('r5', 110.0), ('mlstm', 118.0)):
     (tmp_path / f'abl_{variant}').mkdir()
     (tmp_path / f'abl_{variant}' / 'summary.json').write_text(
-        json.dumps({'valid': {'perplexity': ppl}}))
+      json.dumps({'valid': {'perplexity': ppl}})
+    )
   out = tmp_path / 'ablation.png'
-  done = run_script(['launch/plot.py', '--figure=mogrifier_ablation',
-               f'--workdir_prefix={tmp_path}/abl_', f'--output={out}'])
+  done = run_script(
+    [
+      'launch/plot.py',
+      '--figure=mogrifier_ablation',
+      f'--workdir_prefix={tmp_path}/abl_',
+      f'--output={out}',
+    ]
+  )
   assert done.returncode == 0, done.stderr
   assert png_size(out) == (720, 480)
-  missing = run_script(['launch/plot.py', '--figure=reverse_copy',
-                  f'--results={tmp_path}/none.json', f'--output={out}'])
+  missing = run_script(
+    [
+      'launch/plot.py',
+      '--figure=reverse_copy',
+      f'--results={tmp_path}/none.json',
+      f'--output={out}',
+    ]
+  )
   assert missing.returncode != 0 and 'error:' in missing.stderr
   assert 'Traceback' not in missing.stderr
 
@@ -151,8 +182,9 @@ def test_plot_script_draws_ablation_from_summaries(tmp_path):
 def test_token_loss_difference_figure(tmp_path):
   a = np.full(300, 5.0)
   b = a - np.linspace(0, 1, 300)  # the second model gains along the text
-  path = plots.token_loss_difference_figure({'lstm': a, 'mogrifier': b}, ['w'] * 300,
-                                            tmp_path / 'd.png', window=50)
+  path = plots.token_loss_difference_figure(
+    {'lstm': a, 'mogrifier': b}, ['w'] * 300, tmp_path / 'd.png', window=50
+  )
   assert png_size(path) == (6 * 120, 4 * 120)
   with pytest.raises(ConfigError, match='same text'):
     plots.token_loss_difference_figure({'a': a, 'b': b[:10]}, ['w'] * 300, tmp_path / 'e.png')
@@ -165,14 +197,21 @@ def test_parallel_coordinates_figure_scales_each_axis_to_its_range(monkeypatch, 
   real_axes = plots._axes
   monkeypatch.setattr(plots, '_axes', lambda: drawn_axes.append(real_axes()) or drawn_axes[-1])
   axes = {'lr': (1e-4, 1e-2, True), 'dropout': (0.0, 0.8, False)}
-  rows = [{'lr': 1e-3, 'dropout': 0.2, 'loss': 5.0}, {'lr': 1e-2, 'dropout': 0.8, 'loss': 6.0},
-          {'lr': 1e-4, 'dropout': 0.0, 'loss': 5.5}]
-  path = plots.parallel_coordinates_figure(axes, rows, 'loss', tmp_path / 'p.png',
-                                           highlight=[0, 2], best=0)
+  rows = [
+    {'lr': 1e-3, 'dropout': 0.2, 'loss': 5.0},
+    {'lr': 1e-2, 'dropout': 0.8, 'loss': 6.0},
+    {'lr': 1e-4, 'dropout': 0.0, 'loss': 5.5},
+  ]
+  path = plots.parallel_coordinates_figure(
+    axes, rows, 'loss', tmp_path / 'p.png', highlight=[0, 2], best=0
+  )
   assert png_size(path)[1] == 4.5 * 120
-  (_, ax), = drawn_axes
-  lines = {(line.get_color(), line.get_linewidth()): line.get_ydata()
-           for line in ax.get_lines() if len(line.get_ydata()) == 3}
+  ((_, ax),) = drawn_axes
+  lines = {
+    (line.get_color(), line.get_linewidth()): line.get_ydata()
+    for line in ax.get_lines()
+    if len(line.get_ydata()) == 3
+  }
   # lr 1e-3 is halfway along log10 from -4 to -2; the loss axis spans 5 to 6.
   np.testing.assert_allclose(lines[('darkred', 2.5)], [0.5, 0.25, 0.0])
   np.testing.assert_allclose(lines[('red', 1.2)], [0.0, 0.0, 0.5])
@@ -182,9 +221,17 @@ def test_parallel_coordinates_figure_scales_each_axis_to_its_range(monkeypatch, 
 
 
 def test_seed_study_figure_orders_models_and_leaves_diverged_runs_out(tmp_path):
-  rows = [{'model': m, 'seed': s, 'valid_perplexity': v, 'test_perplexity': v - 5}
-          for m, s, v in (('lstm', 0, 160.0), ('lstm', 1, 164.0), ('mog', 0, 150.0),
-                          ('mog', 1, math.inf), ('mlstm', 0, 170.0), ('mlstm', 1, 172.0))]
+  rows = [
+    {'model': m, 'seed': s, 'valid_perplexity': v, 'test_perplexity': v - 5}
+    for m, s, v in (
+      ('lstm', 0, 160.0),
+      ('lstm', 1, 164.0),
+      ('mog', 0, 150.0),
+      ('mog', 1, math.inf),
+      ('mlstm', 0, 170.0),
+      ('mlstm', 1, 172.0),
+    )
+  ]
   points = plots.seed_study_points(rows, 'test')
   assert list(points) == ['mlstm', 'lstm', 'mog']  # worst mean first
   assert points['lstm'] == ({0: 155.0, 1: 159.0}, 157.0, pytest.approx(2 * math.sqrt(2)))

@@ -27,11 +27,21 @@ from lm_zoo.runs.metrics import MetricsWriter
 # an epoch end between), a checkpoint every 5 steps (so the epoch's end saves
 # step 30 a second time), a log line every step.
 OVERRIDES = {
-    'data.train_tokens': 1201, 'data.valid_tokens': 121, 'data.test_tokens': 81,
-    'data.batch_size': 4, 'data.bptt': 10, 'data.eval_batch_size': 2,
-    'data.test_batch_size': 2, 'model.num_layers': 1, 'model.hidden_size': 16,
-    'model.embed_size': 16, 'train.num_epochs': 2, 'train.log_every': 1,
-    'train.checkpoint_every': 5, 'generate.num_lines': 0}
+  'data.train_tokens': 1201,
+  'data.valid_tokens': 121,
+  'data.test_tokens': 81,
+  'data.batch_size': 4,
+  'data.bptt': 10,
+  'data.eval_batch_size': 2,
+  'data.test_batch_size': 2,
+  'model.num_layers': 1,
+  'model.hidden_size': 16,
+  'model.embed_size': 16,
+  'train.num_epochs': 2,
+  'train.log_every': 1,
+  'train.checkpoint_every': 5,
+  'generate.num_lines': 0,
+}
 TOTAL_STEPS = 60
 
 
@@ -63,18 +73,32 @@ def uninterrupted(data_dir, tmp_path_factory):
 def env(data_dir, tmp_path_factory):
   """The training processes' environment: a compilation cache they share, so
   that each restart after the first skips XLA's compile."""
-  return {**os.environ, 'LM_ZOO_DATA': str(data_dir), 'PYTHONUNBUFFERED': '1',
-          'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
-          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-          'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}
+  return {
+    **os.environ,
+    'LM_ZOO_DATA': str(data_dir),
+    'PYTHONUNBUFFERED': '1',
+    'JAX_COMPILATION_CACHE_DIR': str(tmp_path_factory.mktemp('jax_cache')),
+    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
+  }
 
 
 def _start(workdir, env) -> subprocess.Popen:
   flags = [f'--config.{field}={value}' for field, value in OVERRIDES.items()]
   return subprocess.Popen(
-      [sys.executable, 'launch/train.py', '--config=experiments/default.py',
-       f'--workdir={workdir}', *flags], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      'launch/train.py',
+      '--config=experiments/default.py',
+      f'--workdir={workdir}',
+      *flags,
+    ],
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
 
 
 def _run_to_step(process: subprocess.Popen, target: int) -> list[str]:
@@ -86,8 +110,9 @@ def _run_to_step(process: subprocess.Popen, target: int) -> list[str]:
     if match and int(match.group(1)) >= target:
       return lines
   process.wait()
-  pytest.fail(f'the run ended (status {process.returncode}) before step {target}:\n'
-              + ''.join(lines[-20:]))
+  pytest.fail(
+    f'the run ended (status {process.returncode}) before step {target}:\n' + ''.join(lines[-20:])
+  )
 
 
 def _assert_same_run(uninterrupted, workdir, note=''):
@@ -102,25 +127,31 @@ def _assert_same_run(uninterrupted, workdir, note=''):
   records = read_metrics(workdir / 'metrics.jsonl')
   train_steps = [r['step'] for r in records if r['kind'] == 'train']
   assert train_steps == list(range(1, TOTAL_STEPS + 1)), note
-  assert [(r['step'], r['epoch']) for r in records if r['kind'] == 'valid'
-          and not r.get('final')] == [(30, 1), (60, 2)], note
+  assert [
+    (r['step'], r['epoch']) for r in records if r['kind'] == 'valid' and not r.get('final')
+  ] == [(30, 1), (60, 2)], note
   assert [r['kind'] for r in records if r.get('final')] == ['valid', 'test'], note
   assert len(records) == TOTAL_STEPS + 4, note
 
 
 # ~1 min on 2 cores: five training processes, compiled once.
 def test_sigkill_at_random_moments_then_restart_ends_as_if_never_stopped(
-    uninterrupted, env, tmp_path):
+  uninterrupted, env, tmp_path
+):
   """Kill points drawn as the test runs (the seed is in any failure's
   message): one before the first checkpoint, one in the epoch's end (its
   validation and the second save of step 30), one at a checkpoint step and
   one later, each a random few milliseconds after the step's log line:
   inside an update, a checkpoint write or delete, or a metrics write."""
-  seed = random.randrange(2 ** 32)
+  seed = random.randrange(2**32)
   rng = random.Random(seed)
   workdir = tmp_path / 'run'
-  targets = [rng.randint(1, 4), rng.randint(29, 30), rng.choice(range(35, 56, 5)),
-             rng.randint(31, TOTAL_STEPS - 2)]
+  targets = [
+    rng.randint(1, 4),
+    rng.randint(29, 30),
+    rng.choice(range(35, 56, 5)),
+    rng.randint(31, TOTAL_STEPS - 2),
+  ]
   note = f'kills after the log lines of steps {targets} (random seed {seed})'
   for target in sorted(targets):
     process = _start(workdir, env)
@@ -153,7 +184,8 @@ def test_sigterm_checkpoints_exits_143_and_the_rerun_resumes(uninterrupted, env,
 
 
 def test_sigint_in_process_stops_with_status_130_and_resumes(
-    uninterrupted, tmp_path, monkeypatch, capsys):
+  uninterrupted, tmp_path, monkeypatch, capsys
+):
   """Ctrl-C at a known moment: while the 23rd step's metrics are written."""
   write = MetricsWriter.write
 
@@ -168,8 +200,9 @@ def test_sigint_in_process_stops_with_status_130_and_resumes(
   with pytest.raises(SystemExit) as stopped:
     cli.run(lambda: train_and_evaluate(config, tmp_path))
   assert stopped.value.code == 128 + signal.SIGINT
-  assert ('stopped: SIGINT received: training stopped at step 23 (epoch 1)'
-          in capsys.readouterr().err)
+  assert (
+    'stopped: SIGINT received: training stopped at step 23 (epoch 1)' in capsys.readouterr().err
+  )
   assert signal.getsignal(signal.SIGINT) is before  # restored
   monkeypatch.undo()
   train_and_evaluate(config, tmp_path)
@@ -181,6 +214,7 @@ def test_sigint_on_many_processes_is_passed_on_as_sigterm(monkeypatch):
   signal JAX's preemption notifier tells the others of); SIGTERM itself is
   left alone, and a second SIGINT acts as it would without us."""
   from lm_zoo.runs.preemption import StopRequest
+
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   received = []
   record = lambda signum, frame: received.append(signum)
@@ -198,7 +232,8 @@ def test_sigint_on_many_processes_is_passed_on_as_sigterm(monkeypatch):
 
 
 def test_a_dynamic_evaluation_killed_anywhere_gives_the_same_results_when_run_again(
-    data_dir, env, tmp_path):
+  data_dir, env, tmp_path
+):
   """lm-zoo-eval keeps nothing between runs but its results, written whole:
   one killed with SIGKILL mid-way, then run again with the same command,
   writes what an evaluation never stopped writes."""
@@ -206,9 +241,14 @@ def test_a_dynamic_evaluation_killed_anywhere_gives_the_same_results_when_run_ag
   config = _config(data_dir)
   config.train.num_epochs = 1
   train_and_evaluate(config, workdir)
-  command = [sys.executable, 'launch/evaluate.py', f'--workdir={workdir}',
-             '--config=experiments/dyneval_sgd.py', '--config.dynamic.learning_rate=0.01,0.1',
-             '--config.dynamic.segment_length=5']
+  command = [
+    sys.executable,
+    'launch/evaluate.py',
+    f'--workdir={workdir}',
+    '--config=experiments/dyneval_sgd.py',
+    '--config.dynamic.learning_rate=0.01,0.1',
+    '--config.dynamic.segment_length=5',
+  ]
 
   def results():
     saved = (workdir / 'evaluations' / 'dynamic.json').read_text()
@@ -217,8 +257,9 @@ def test_a_dynamic_evaluation_killed_anywhere_gives_the_same_results_when_run_ag
   assert subprocess.run(command, cwd=REPO, env=env, capture_output=True).returncode == 0
   expected = results()
   (workdir / 'evaluations' / 'dynamic.json').unlink()
-  killed = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+  killed = subprocess.Popen(
+    command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
   for line in killed.stdout:  # the search has begun: kill it there
     if 'search' in line or 'valid' in line:
       break

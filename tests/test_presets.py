@@ -30,6 +30,7 @@ TEXT = 'the company said it expects higher sales\nshares rose in new york tradin
 @pytest.fixture(scope='module')
 def run(tmp_path_factory, data_dir):
   from conftest import tiny_lm_config
+
   workdir = tmp_path_factory.mktemp('trained') / 'run'
   config = tiny_lm_config(data_dir)
   config.train.num_epochs = 1
@@ -56,6 +57,7 @@ def cache(tmp_path, monkeypatch):
 def config_flags_module(path: str):
   """The config file at `path` as ml_collections' --config flag loads it."""
   import importlib.util
+
   spec = importlib.util.spec_from_file_location('config_file', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -64,15 +66,17 @@ def config_flags_module(path: str):
 
 def _same_model(model, trained):
   assert model.score(TEXT).perplexity == trained.score(TEXT).perplexity  # bit-equal
-  assert model.generate('the company', num_tokens=8, num_samples=2, seed=3) == \
-      trained.generate('the company', num_tokens=8, num_samples=2, seed=3)
+  assert model.generate('the company', num_tokens=8, num_samples=2, seed=3) == trained.generate(
+    'the company', num_tokens=8, num_samples=2, seed=3
+  )
 
 
 def test_a_preset_scores_and_samples_as_its_work_directory(preset, trained, run):
   _same_model(lm_zoo.load(preset), trained)
   # The config travels without the trainer's data folder, and is otherwise the run's.
-  exported, original = (json.loads((folder / 'config.json').read_text())
-                        for folder in (preset, run))
+  exported, original = (
+    json.loads((folder / 'config.json').read_text()) for folder in (preset, run)
+  )
   assert original['data'].pop('data_dir') and exported['data'].pop('data_dir') == ''
   assert exported == original
 
@@ -84,19 +88,21 @@ def test_the_model_card_gives_size_data_and_results(preset, run):
   summary = json.loads((run / 'summary.json').read_text())
   assert f'test: perplexity {summary["test"]["perplexity"]:.4g}' in card
   assert '10,000 word tokens' in card and '## Intended use and limitations' in card
-  command, = (run / 'commands.txt').read_text().splitlines()  # the line train_and_evaluate added
+  (command,) = (run / 'commands.txt').read_text().splitlines()  # the line train_and_evaluate added
   assert command.endswith(f': lm-zoo-train --workdir={run}') and f'    {command}\n' in card
 
 
 def test_the_model_card_s_command_trains_the_run_s_config_again(preset, run):
   from lm_zoo.model_card import RETRAIN_COMMAND
+
   card = (preset / 'README.md').read_text()
   assert f'    {RETRAIN_COMMAND}\n' in card
   # experiments/NAME.py is the installed package's where no such file is (lm_zoo.programs)
   config_file, _, folder = RETRAIN_COMMAND.split()[1].removeprefix('--config=').partition(':')
   assert folder == 'FOLDER'
   again = config_flags_module(pathlib.Path(lm_zoo.__file__).parent / config_file).get_config(
-      str(preset))
+    str(preset)
+  )
   original = lm_zoo.runs.load_config(run)
   original.data.data_dir = ''  # the trainer's folder stays behind; lm-zoo-train names its own
   assert again == original
@@ -132,8 +138,7 @@ def test_small_shards_split_the_weights_and_load_to_the_same_params(run, trained
     assert len(held) == 1 or sum(a.nbytes for a in held.values()) <= 2000
   loaded = lm_zoo.load(sharded)
   for key, value in traverse_util.flatten_dict(trained.params, sep='/').items():
-    np.testing.assert_array_equal(traverse_util.flatten_dict(loaded.params, sep='/')[key],
-                                  value)
+    np.testing.assert_array_equal(traverse_util.flatten_dict(loaded.params, sep='/')[key], value)
 
 
 def test_a_changed_byte_in_a_shard_of_a_preset_folder_is_refused(run, trained, tmp_path):
@@ -147,8 +152,9 @@ def test_a_changed_byte_in_a_shard_of_a_preset_folder_is_refused(run, trained, t
   shard.write_bytes(bytes(data))
   with pytest.raises(ConfigError) as err:
     lm_zoo.load(sharded)
-  assert str(err.value) == (f"{shard} is damaged: its sha256 differs from SHA256SUMS'; export "
-                            'or download the preset again')
+  assert str(err.value) == (
+    f"{shard} is damaged: its sha256 differs from SHA256SUMS'; export or download the preset again"
+  )
 
 
 def test_sizes_read_their_units():
@@ -194,7 +200,7 @@ class _Server:
           self.send_response(200)
           self.send_header('Content-Length', str(len(data)))
           self.end_headers()
-          self.wfile.write(data[:server.cut[1]])
+          self.wfile.write(data[: server.cut[1]])
           self.wfile.flush()
           self.close_connection = True
           server.cut = None
@@ -297,6 +303,7 @@ def test_hub_paths_without_the_network(preset, trained, monkeypatch, tmp_path):
   load and the checksums; the hub's own download is not exercised."""
   import sys
   import types
+
   monkeypatch.setitem(sys.modules, 'huggingface_hub', None)
   with pytest.raises(ConfigError, match=re.escape("pip install 'lm_zoo[hub]'")):
     lm_zoo.load('hf://someone/tiny')
@@ -309,8 +316,9 @@ def test_hub_paths_without_the_network(preset, trained, monkeypatch, tmp_path):
       shutil.copytree(preset, target)
     return str(target)
 
-  monkeypatch.setitem(sys.modules, 'huggingface_hub',
-                      types.SimpleNamespace(snapshot_download=snapshot_download))
+  monkeypatch.setitem(
+    sys.modules, 'huggingface_hub', types.SimpleNamespace(snapshot_download=snapshot_download)
+  )
   _same_model(lm_zoo.load('hf://someone/tiny@v1'), trained)
   assert asked == [('someone/tiny', 'v1')]
   copy = next((tmp_path / 'cache' / 'hub').iterdir())
@@ -325,8 +333,10 @@ def test_hub_paths_without_the_network(preset, trained, monkeypatch, tmp_path):
 
 def test_export_refuses_bad_inputs_in_one_line(run, tmp_path):
   from conftest import run_script
-  missing = run_script(['launch/export.py', f'--workdir={tmp_path / "none"}',
-                        f'--output={tmp_path / "out"}'])
+
+  missing = run_script(
+    ['launch/export.py', f'--workdir={tmp_path / "none"}', f'--output={tmp_path / "out"}']
+  )
   used = tmp_path / 'used'
   used.mkdir()
   (used / 'notes.txt').write_text('mine')
@@ -339,16 +349,27 @@ def test_export_refuses_bad_inputs_in_one_line(run, tmp_path):
 @pytest.mark.slow  # three programs, each loading JAX
 def test_the_programs_export_and_read_a_preset(run, trained, tmp_path):
   from conftest import run_script
+
   out = tmp_path / 'preset'
-  exported = run_script(['launch/export.py', f'--workdir={run}', f'--output={out}',
-                         '--max_shard_size=3KB'])
+  exported = run_script(
+    ['launch/export.py', f'--workdir={run}', f'--output={out}', '--max_shard_size=3KB']
+  )
   assert exported.returncode == 0, exported.stderr
   assert len(list(out.glob('model-*-of-*.safetensors'))) > 1
-  generated = run_script(['launch/generate.py', f'--workdir={out}', '--prompt=the company',
-                          '--num_tokens=6', '--num_samples=2', '--seed=5'])
+  generated = run_script(
+    [
+      'launch/generate.py',
+      f'--workdir={out}',
+      '--prompt=the company',
+      '--num_tokens=6',
+      '--num_samples=2',
+      '--seed=5',
+    ]
+  )
   assert generated.returncode == 0, generated.stderr
   assert generated.stdout.splitlines() == [
-      t.replace('\n', ' | ') for t in trained.generate('the company', 6, 2, seed=5)]
+    t.replace('\n', ' | ') for t in trained.generate('the company', 6, 2, seed=5)
+  ]
   scored = run_script(['launch/evaluate.py', f'--workdir={out}', f'--output={tmp_path / "e.json"}'])
   assert scored.returncode == 0, scored.stderr
   summary = json.loads((run / 'summary.json').read_text())
@@ -360,6 +381,7 @@ def test_the_programs_export_and_read_a_preset(run, trained, tmp_path):
 def test_processes_asking_for_one_url_at_once_download_it_once(served, trained, cache):
   server, folder = served
   from lm_zoo.remote import resolve
+
   files = len((folder / 'SHA256SUMS').read_text().splitlines()) + 1
   with concurrent.futures.ThreadPoolExecutor(3) as pool:  # flock parts threads' opens too
     entries = list(pool.map(resolve, [server.url] * 3))

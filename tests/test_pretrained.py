@@ -20,6 +20,7 @@ TEXT = 'the company said it expects higher sales\nshares rose in new york tradin
 def moved_run(tmp_path_factory, data_dir):
   """A tiny trained run, moved to a folder of its own: no data beside it."""
   from conftest import tiny_lm_config
+
   run = tmp_path_factory.mktemp('trained') / 'run'
   config = tiny_lm_config(data_dir)
   config.train.num_epochs = 1
@@ -39,8 +40,9 @@ def test_score_is_the_mean_loss_of_each_token_given_the_text_before_it(model):
   ids = model.encode(TEXT)
   eos, unk = model.vocab.id('<eos>'), model.vocab.id('<unk>')
   assert ids[0] == eos and list(ids).count(eos) == 3 and unk not in ids
-  logits, _ = model.model.apply({'params': model.params}, ids[None, :-1],
-                                model.model.initialize_carry(1))
+  logits, _ = model.model.apply(
+    {'params': model.params}, ids[None, :-1], model.model.initialize_carry(1)
+  )
   expected = optax.softmax_cross_entropy_with_integer_labels(logits[0], ids[1:])
   tokens, losses = model.token_losses(TEXT)
   assert tokens[:2] == ['the', 'company'] and tokens[-1] == '<eos>'
@@ -63,8 +65,10 @@ def test_a_dynamic_evaluation_s_result_prints_as_its_score_not_its_weights(model
   result = model.dynamic_evaluate(TEXT, learning_rate=0.01)
   assert result.details['static_loss'] > 0  # the details are there, the adapted weights too
   shown = repr(result)
-  assert shown == (f'EvalResult(loss={result.loss!r}, num_tokens={result.num_tokens!r}, '
-                   f'unit={result.unit!r}, temperature={result.temperature!r})')
+  assert shown == (
+    f'EvalResult(loss={result.loss!r}, num_tokens={result.num_tokens!r}, '
+    f'unit={result.unit!r}, temperature={result.temperature!r})'
+  )
 
 
 def test_generation_continues_the_prompt(model):
@@ -77,14 +81,16 @@ def test_dynamic_evaluation_at_rate_zero_is_the_static_score(model):
   np.testing.assert_allclose(result.loss, model.score(TEXT).loss, rtol=1e-5)
   assert result.details['static_loss'] == model.score(TEXT).loss
   adapted = model.dynamic_evaluate(TEXT, learning_rate=1.0).details['params']
-  assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(adapted),
-                                                   jax.tree.leaves(model.params)))
+  assert any(
+    not np.allclose(a, b) for a, b in zip(jax.tree.leaves(adapted), jax.tree.leaves(model.params))
+  )
 
 
 def test_a_run_without_its_vocabulary_names_the_missing_file(moved_run, tmp_path):
   damaged = tmp_path / 'damaged'
   shutil.copytree(moved_run, damaged)
   (damaged / 'vocab.json').unlink()
-  with pytest.raises(ConfigError, match=f'{damaged}/vocab.json is missing: every work '
-                                        'directory keeps its vocabulary'):
+  with pytest.raises(
+    ConfigError, match=f'{damaged}/vocab.json is missing: every work directory keeps its vocabulary'
+  ):
     lm_zoo.load(damaged)

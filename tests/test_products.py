@@ -7,9 +7,18 @@ import pytest
 
 from jaxprs import dot_equations
 from lm_zoo.layers.products import dense as products_dense
-from lm_zoo.layers.products import (aligned_contractions, aligned_product, aligned_rows,
-                                    aligned_size, attend, contraction_alignment,
-                                    dense_dot_general, einsum, is_low_precision, matmul)
+from lm_zoo.layers.products import (
+  aligned_contractions,
+  aligned_product,
+  aligned_rows,
+  aligned_size,
+  attend,
+  contraction_alignment,
+  dense_dot_general,
+  einsum,
+  is_low_precision,
+  matmul,
+)
 
 
 def _rounded(x):
@@ -22,8 +31,10 @@ def _operands(spec, seed=0):
   a_spec, rest = spec.split(',')
   b_spec = rest.split('->')[0]
   keys = jax.random.split(jax.random.key(seed))
-  return (jax.random.normal(keys[0], [sizes[c] for c in a_spec]),
-          jax.random.normal(keys[1], [sizes[c] for c in b_spec]))
+  return (
+    jax.random.normal(keys[0], [sizes[c] for c in a_spec]),
+    jax.random.normal(keys[1], [sizes[c] for c in b_spec]),
+  )
 
 
 @pytest.mark.parametrize('spec', ['mk,kn->mn', 'mk,vk->mv'])
@@ -40,18 +51,21 @@ def test_bfloat16_product_and_gradients_are_float32_sums_of_rounded_operands(spe
   b_spec, out_spec = rest.split('->')
   ra, rb, rg = _rounded(a), _rounded(b), _rounded(d_out)
   np.testing.assert_allclose(out, np.einsum(spec, ra, rb), rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(d_a, np.einsum(f'{out_spec},{b_spec}->{a_spec}', rg, rb),
-                             rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(d_b, np.einsum(f'{a_spec},{out_spec}->{b_spec}', ra, rg),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    d_a, np.einsum(f'{out_spec},{b_spec}->{a_spec}', rg, rb), rtol=1e-6, atol=1e-6
+  )
+  np.testing.assert_allclose(
+    d_b, np.einsum(f'{a_spec},{out_spec}->{b_spec}', ra, rg), rtol=1e-6, atol=1e-6
+  )
   # and it is not the float32 product: the rounding shows
   assert np.abs(np.asarray(out) - np.einsum(spec, np.asarray(a), np.asarray(b))).max() > 1e-4
 
 
 def test_bfloat16_jaxpr_multiplies_bfloat16_operands_into_float32():
   a, b = _operands('mk,kn->mn')
-  jaxpr = jax.make_jaxpr(jax.grad(lambda a, b: einsum('mk,kn->mn', a, b, jnp.bfloat16).sum(),
-                                  argnums=(0, 1)))(a, b).jaxpr
+  jaxpr = jax.make_jaxpr(
+    jax.grad(lambda a, b: einsum('mk,kn->mn', a, b, jnp.bfloat16).sum(), argnums=(0, 1))
+  )(a, b).jaxpr
   dots = dot_equations(jaxpr)
   assert len(dots) == 3  # the product and its two gradient products
   for eqn in dots:
@@ -62,10 +76,11 @@ def test_bfloat16_jaxpr_multiplies_bfloat16_operands_into_float32():
 @pytest.mark.parametrize('dtype', [None, jnp.float32])
 def test_full_precision_is_the_plain_einsum(dtype):
   a, b = _operands('mk,vk->mv')
-  np.testing.assert_array_equal(einsum('mk,vk->mv', a, b, dtype),
-                                jnp.einsum('mk,vk->mv', a, b))
-  np.testing.assert_array_equal(jax.grad(lambda a: einsum('mk,vk->mv', a, b, dtype).sum())(a),
-                                jax.grad(lambda a: jnp.einsum('mk,vk->mv', a, b).sum())(a))
+  np.testing.assert_array_equal(einsum('mk,vk->mv', a, b, dtype), jnp.einsum('mk,vk->mv', a, b))
+  np.testing.assert_array_equal(
+    jax.grad(lambda a: einsum('mk,vk->mv', a, b, dtype).sum())(a),
+    jax.grad(lambda a: jnp.einsum('mk,vk->mv', a, b).sum())(a),
+  )
 
 
 def test_low_precision_dtypes():
@@ -81,15 +96,16 @@ def test_matmul_flattens_leading_axes():
   np.testing.assert_allclose(out, _rounded(a) @ _rounded(b), rtol=1e-6, atol=1e-6)
 
 
-
 def test_attend_scores_every_row_of_the_table():
   x = jax.random.normal(jax.random.key(0), (2, 3, 4))
   table = jax.random.normal(jax.random.key(1), (5, 4))
   out = attend(x, table, jnp.bfloat16)
   assert out.shape == (2, 3, 5) and out.dtype == jnp.float32
   np.testing.assert_allclose(out, _rounded(x) @ _rounded(table).T, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(attend(x, table), np.asarray(x) @ np.asarray(table).T,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    attend(x, table), np.asarray(x) @ np.asarray(table).T, rtol=1e-5, atol=1e-5
+  )
+
 
 def test_dense_multiplies_rounded_operands_and_adds_its_bias_in_float32():
   dense = products_dense(3, jnp.bfloat16)
@@ -98,8 +114,9 @@ def test_dense_multiplies_rounded_operands_and_adds_its_bias_in_float32():
   params = {**params, 'bias': jnp.array([1e-3, 1.0, 1000.0])}
   y = dense.apply({'params': params}, x)
   assert y.dtype == jnp.float32
-  np.testing.assert_allclose(y, _rounded(x) @ _rounded(params['kernel'])
-                             + np.asarray(params['bias']), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    y, _rounded(x) @ _rounded(params['kernel']) + np.asarray(params['bias']), rtol=1e-6, atol=1e-6
+  )
 
 
 def test_unsupported_contractions_are_named():
@@ -114,8 +131,7 @@ def test_aligned_sizes_round_up_only_where_that_adds_at_most_a_32nd():
   # the paper aLSTM's summed axes, one already aligned, and two that would
   # grow by more than 1/32
   sizes = (1150, 1650, 4600, 6350, 15350, 1152, 400, 100)
-  assert [aligned_size(k, 128) for k in sizes] == [1152, 1664, 4608, 6400, 15360, 1152, 400,
-                                                   100]
+  assert [aligned_size(k, 128) for k in sizes] == [1152, 1664, 4608, 6400, 15360, 1152, 400, 100]
   assert [aligned_size(k, 1) for k in sizes] == list(sizes)
 
 
@@ -130,8 +146,10 @@ def test_the_alignment_is_none_on_a_cpu_unless_set():
 
 
 def test_an_aligned_product_equals_the_plain_product():
-  x, kernel = jax.random.normal(jax.random.key(0), (3, 63)), jax.random.normal(
-      jax.random.key(1), (63, 5))
+  x, kernel = (
+    jax.random.normal(jax.random.key(0), (3, 63)),
+    jax.random.normal(jax.random.key(1), (63, 5)),
+  )
   padded = aligned_rows(kernel, 64)
   assert padded.shape == (64, 5) and not np.any(padded[63:])
   np.testing.assert_allclose(aligned_product(x, padded, jnp.float32), x @ kernel, rtol=1e-6)
@@ -140,7 +158,8 @@ def test_an_aligned_product_equals_the_plain_product():
 
 @pytest.mark.parametrize('multiple', [0, -128, 1.5, '128'])
 def test_an_alignment_that_is_no_positive_integer_is_refused(multiple):
-  with pytest.raises(ValueError, match='aligned_contractions: multiple must be a positive '
-                     f'integer, got {multiple!r}'):
+  with pytest.raises(
+    ValueError, match=f'aligned_contractions: multiple must be a positive integer, got {multiple!r}'
+  ):
     with aligned_contractions(multiple):
       pass

@@ -17,6 +17,7 @@ def _import_error_from(cause):
       raise cause
     except BaseException as err:
       raise ImportError('numpy._core.multiarray failed to import') from err
+
   return make
 
 

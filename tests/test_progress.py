@@ -8,9 +8,10 @@ import pytest
 from lm_zoo.progress import ProgressLog, Throughput, eta, format_duration
 
 
-@pytest.mark.parametrize('seconds, text', [(0, '0s'), (12.4, '12s'), (59.6, '1m00s'),
-                                           (245, '4m05s'), (3720, '1h02m'),
-                                           (float('inf'), '?')])
+@pytest.mark.parametrize(
+  'seconds, text',
+  [(0, '0s'), (12.4, '12s'), (59.6, '1m00s'), (245, '4m05s'), (3720, '1h02m'), (float('inf'), '?')],
+)
 def test_format_duration(seconds, text):
   assert format_duration(seconds) == text
 

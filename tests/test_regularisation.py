@@ -12,25 +12,35 @@ from conftest import perturb
 from lm_zoo.cells import ALSTMCell, LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.configs import base_config
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
-from lm_zoo.models.regularisation import (activation_penalty, drop_carried_state,
-                                          drop_recurrent_weights, hidden_to_hidden,
-                                          temporal_activation_penalty)
+from lm_zoo.models.regularisation import (
+  activation_penalty,
+  drop_carried_state,
+  drop_recurrent_weights,
+  hidden_to_hidden,
+  temporal_activation_penalty,
+)
 from lm_zoo.training import create_train_state, make_optimizer, make_train_step
 
 M, N, B, T, V = 3, 4, 2, 5, 11
 
 RECURRENT = {
-    'LSTMCell': ['recurrent_kernel'],
-    'MLSTMCell': ['lstm/recurrent_kernel'],
-    'ALSTMCell': ['latent/recurrent_kernel', 'recurrent/kernel_1'],
-    'Mogrify': ['cell/recurrent_kernel'],
-    'OptimizedLSTMCell': ['hi/kernel', 'hf/kernel', 'hg/kernel', 'ho/kernel'],
-    'GRUCell': ['hr/kernel', 'hz/kernel', 'hn/kernel'],
-    'SimpleCell': ['h/kernel'],
+  'LSTMCell': ['recurrent_kernel'],
+  'MLSTMCell': ['lstm/recurrent_kernel'],
+  'ALSTMCell': ['latent/recurrent_kernel', 'recurrent/kernel_1'],
+  'Mogrify': ['cell/recurrent_kernel'],
+  'OptimizedLSTMCell': ['hi/kernel', 'hf/kernel', 'hg/kernel', 'ho/kernel'],
+  'GRUCell': ['hr/kernel', 'hz/kernel', 'hn/kernel'],
+  'SimpleCell': ['h/kernel'],
 }
-CELLS = [LSTMCell(N), MLSTMCell(N), ALSTMCell(N, latent_size=3),
-         Mogrify(LSTMCell(N), rounds=2, rank=2), nn.OptimizedLSTMCell(N), nn.GRUCell(N),
-         nn.SimpleCell(N)]
+CELLS = [
+  LSTMCell(N),
+  MLSTMCell(N),
+  ALSTMCell(N, latent_size=3),
+  Mogrify(LSTMCell(N), rounds=2, rank=2),
+  nn.OptimizedLSTMCell(N),
+  nn.GRUCell(N),
+  nn.SimpleCell(N),
+]
 
 
 @pytest.mark.parametrize('cell', CELLS, ids=lambda c: type(c).__name__)
@@ -44,17 +54,22 @@ def test_weight_drop_finds_each_cells_hidden_to_hidden_matrices(cell):
   # hidden-to-hidden matrix, while it does on the input matrices.
   output_norm = lambda p: jnp.sum(cell.apply({'params': p}, zero_state, x)[1] ** 2)
   grads = jax.jit(jax.grad(output_norm))(params)  # compiled whole, not op by op
-  flat = {'/'.join(str(k.key) for k in path): g
-          for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]}
+  flat = {
+    '/'.join(str(k.key) for k in path): g
+    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]
+  }
   for path in found:
     np.testing.assert_array_equal(flat[path], 0.0)
-  assert any(np.abs(g).sum() > 0 for path, g in flat.items()
-             if path not in found and 'kernel' in path)
+  assert any(
+    np.abs(g).sum() > 0 for path, g in flat.items() if path not in found and 'kernel' in path
+  )
 
 
 def test_weight_drop_masks_and_scales_only_recurrent_matrices():
-  params = {'cell': {'recurrent_kernel': jnp.ones((200, 400)),
-                     'input': {'kernel': jnp.ones((5, 400))}}, 'embed': jnp.ones((3, 2))}
+  params = {
+    'cell': {'recurrent_kernel': jnp.ones((200, 400)), 'input': {'kernel': jnp.ones((5, 400))}},
+    'embed': jnp.ones((3, 2)),
+  }
   paths = ['cell/recurrent_kernel']
   dropped = drop_recurrent_weights(params, paths, 0.3, jax.random.key(0))
   w = np.asarray(dropped['cell']['recurrent_kernel'])
@@ -68,8 +83,9 @@ def test_weight_drop_masks_and_scales_only_recurrent_matrices():
 
 
 def _lm(hidden=N, embedding=None, **stack):
-  return RecurrentLM(embedding or Embedding(V, M), Stack([LSTMCell(hidden)] * 2, **stack),
-                     Softmax(V))
+  return RecurrentLM(
+    embedding or Embedding(V, M), Stack([LSTMCell(hidden)] * 2, **stack), Softmax(V)
+  )
 
 
 def _tokens(seed=1, batch=B, length=T):
@@ -86,7 +102,8 @@ def _sgd_step(model, ar=0.0, tar=0.0, batch=B, length=T):
   before = jax.tree.map(np.asarray, state.params)
   tokens = _tokens(batch=batch, length=length + 1)
   new_state, metrics = make_train_step(model, optimizer, ar=ar, tar=tar)(
-      state, tokens[:, :-1], tokens[:, 1:], jnp.ones((batch, length)))
+    state, tokens[:, :-1], tokens[:, 1:], jnp.ones((batch, length))
+  )
   return before, jax.tree.map(np.asarray, new_state.params), tokens
 
 
@@ -105,10 +122,17 @@ def test_embedding_dropout_drops_whole_words_in_training_only():
   params = init_params(model, jax.random.key(0))
   tokens = _tokens()
   # Each run compiled whole: op by op, every operation would compile on its own.
-  _, captured = jax.jit(lambda p: model.apply(
-      {'params': p}, tokens, model.initialize_carry(B), train=True,
-      rngs={'dropout': jax.random.key(3)}, capture_intermediates=True,
-      mutable=['intermediates']))(params)
+  _, captured = jax.jit(
+    lambda p: model.apply(
+      {'params': p},
+      tokens,
+      model.initialize_carry(B),
+      train=True,
+      rngs={'dropout': jax.random.key(3)},
+      capture_intermediates=True,
+      mutable=['intermediates'],
+    )
+  )(params)
   table = np.asarray(captured['intermediates']['embedding']['word_dropout']['__call__'][0])
   assert table.shape == (V, M)
   # Each word type's row is all dropped or all kept, scaled by 1 / (1 - p).
@@ -116,16 +140,18 @@ def test_embedding_dropout_drops_whole_words_in_training_only():
   assert 0 < (table[:, 0] == 0).sum() < V
   evaluated = jax.jit(model.apply)({'params': params}, tokens, model.initialize_carry(B))[0]
   plain = jax.jit(_lm(embedding=Embedding(V, M, embedding_init=nn.initializers.ones)).apply)(
-      {'params': params}, tokens, model.initialize_carry(B))[0]
+    {'params': params}, tokens, model.initialize_carry(B)
+  )[0]
   np.testing.assert_array_equal(evaluated, plain)
 
 
 def test_ar_and_tar_follow_their_formulas():
   h = np.random.default_rng(2).normal(size=(T, B, N)).astype(np.float32)
-  np.testing.assert_allclose(activation_penalty(h, 2.0), 2.0 * np.mean(h ** 2), rtol=1e-6)
+  np.testing.assert_allclose(activation_penalty(h, 2.0), 2.0 * np.mean(h**2), rtol=1e-6)
   diffs = [h[t] - h[t - 1] for t in range(1, T)]
-  np.testing.assert_allclose(temporal_activation_penalty(h, 1.5),
-                             1.5 * np.mean(np.square(diffs)), rtol=1e-6)
+  np.testing.assert_allclose(
+    temporal_activation_penalty(h, 1.5), 1.5 * np.mean(np.square(diffs)), rtol=1e-6
+  )
 
 
 def test_train_step_adds_ar_on_dropped_and_tar_on_undropped_outputs():
@@ -139,21 +165,33 @@ def test_train_step_adds_ar_on_dropped_and_tar_on_undropped_outputs():
   _, dropout_key = jax.random.split(dropout_key)
 
   def objective(p):
-    (logits, _), sown = model.apply({'params': p}, tokens[:, :-1], model.initialize_carry(B),
-                                    train=True, rngs={'dropout': dropout_key},
-                                    mutable=['intermediates'])
+    (logits, _), sown = model.apply(
+      {'params': p},
+      tokens[:, :-1],
+      model.initialize_carry(B),
+      train=True,
+      rngs={'dropout': dropout_key},
+      mutable=['intermediates'],
+    )
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
     dropped = sown['intermediates']['stack']['dropped_output'][0]
     undropped = sown['intermediates']['stack']['output'][0]
-    return (nll + ar * jnp.mean(dropped ** 2)
-            + tar * jnp.mean((undropped[1:] - undropped[:-1]) ** 2))
+    return nll + ar * jnp.mean(dropped**2) + tar * jnp.mean((undropped[1:] - undropped[:-1]) ** 2)
 
   # Compiled whole: op by op, every operation would compile on its own.
-  sown = jax.jit(lambda p: model.apply(
-      {'params': p}, tokens[:, :-1], model.initialize_carry(B), train=True,
-      rngs={'dropout': dropout_key}, mutable=['intermediates'])[1])(before)
-  assert not np.allclose(sown['intermediates']['stack']['dropped_output'][0],
-                         sown['intermediates']['stack']['output'][0])
+  sown = jax.jit(
+    lambda p: model.apply(
+      {'params': p},
+      tokens[:, :-1],
+      model.initialize_carry(B),
+      train=True,
+      rngs={'dropout': dropout_key},
+      mutable=['intermediates'],
+    )[1]
+  )(before)
+  assert not np.allclose(
+    sown['intermediates']['stack']['dropped_output'][0], sown['intermediates']['stack']['output'][0]
+  )
   grads = jax.jit(jax.grad(objective))(before)
   expected = jax.tree.map(lambda p, g: p - np.asarray(g), before, grads)
   for got, want in zip(jax.tree.leaves(after), jax.tree.leaves(expected)):
@@ -162,6 +200,7 @@ def test_train_step_adds_ar_on_dropped_and_tar_on_undropped_outputs():
 
 class ElmanCell(nn.RNNCellBase):
   """h' = tanh(W x + U h), with U named 'w_hh' and not declared."""
+
   features: int
 
   @nn.compact
@@ -206,17 +245,22 @@ def test_state_drop_zeroes_whole_rows_at_its_rate():
   zeroed together with probability p, the rest untouched. Over 200 draws of
   64 rows the dropped fraction lies within 4.5 binomial standard deviations."""
   rate, rows, draws = 0.2, 64, 200
-  carries = [(jnp.full((rows, 3), 2.0), jnp.full((rows, 3), -1.0)),
-             (jnp.full((rows, 5), 0.5), jnp.full((rows, 5), 3.0))]
+  carries = [
+    (jnp.full((rows, 3), 2.0), jnp.full((rows, 3), -1.0)),
+    (jnp.full((rows, 5), 0.5), jnp.full((rows, 5), 3.0)),
+  ]
   dropped = jax.jit(jax.vmap(lambda key: drop_carried_state(carries, rate, key)))(
-      jax.random.split(jax.random.key(0), draws))
+    jax.random.split(jax.random.key(0), draws)
+  )
   zero = [np.asarray(x) == 0 for x in jax.tree.leaves(dropped)]
   row_zero = zero[0][..., 0]  # (draws, rows)
   for z in zero:  # a row is zeroed in every part of every layer's carry, or in none
     np.testing.assert_array_equal(z, np.broadcast_to(row_zero[..., None], z.shape))
   for kept, original in zip(jax.tree.leaves(dropped), jax.tree.leaves(carries)):
-    np.testing.assert_array_equal(np.asarray(kept)[~row_zero], np.broadcast_to(
-        np.asarray(original), (draws, *original.shape))[~row_zero])  # no rescaling
+    np.testing.assert_array_equal(
+      np.asarray(kept)[~row_zero],
+      np.broadcast_to(np.asarray(original), (draws, *original.shape))[~row_zero],
+    )  # no rescaling
   n = draws * rows
   assert abs(row_zero.mean() - rate) < 4.5 * np.sqrt(rate * (1 - rate) / n)
   assert 0 < row_zero.sum(1).min() and row_zero.sum(1).max() < rows  # draws differ
@@ -234,14 +278,17 @@ def test_the_train_step_drops_states_before_the_window():
   tokens = _tokens(length=T + 1)
   batch = (tokens[:, :-1], tokens[:, 1:], jnp.ones((B, T)))
 
-  steps = {rate: make_train_step(model, optimizer, drop_state=rate)
-           for rate in (1 - 1e-7, 0.0)}  # each compiled once
+  steps = {
+    rate: make_train_step(model, optimizer, drop_state=rate) for rate in (1 - 1e-7, 0.0)
+  }  # each compiled once
 
   def run(rate, value):  # the train step donates its state: a fresh one each time
-    carries = jax.tree.map(lambda x: np.full((B, *x.shape[1:]), value, x.dtype),
-                           model.initialize_carry(B))
-    return steps[rate](create_train_state(model, optimizer, config).replace(carries=carries),
-                       *batch)
+    carries = jax.tree.map(
+      lambda x: np.full((B, *x.shape[1:]), value, x.dtype), model.initialize_carry(B)
+    )
+    return steps[rate](
+      create_train_state(model, optimizer, config).replace(carries=carries), *batch
+    )
 
   dropped, metrics = run(1 - 1e-7, 1.0)
   zero_start, zero_metrics = run(0.0, 0.0)

@@ -6,8 +6,13 @@ import pytest
 from conftest import load_experiment
 
 from lm_zoo.cells import LSTMCell, mogrified
-from lm_zoo.tasks import (EncoderDecoder, fit, reverse_copy_data, run_experiment,
-                          sequence_cross_entropy)
+from lm_zoo.tasks import (
+  EncoderDecoder,
+  fit,
+  reverse_copy_data,
+  run_experiment,
+  sequence_cross_entropy,
+)
 
 
 def test_data_is_reversed_source_with_marker():
@@ -31,8 +36,7 @@ def test_data_is_reversed_source_with_marker():
 def test_encoder_decoder_learns_to_reverse(decoder):
   data = reverse_copy_data(2048, 4, 6, seed=1)
   decoder_cell = LSTMCell if decoder == 'lstm' else mogrified(LSTMCell, rounds=3, rank=4)
-  model = EncoderDecoder(vocab_size=6, embed_size=16, hidden_size=32,
-                         decoder_cell=decoder_cell)
+  model = EncoderDecoder(vocab_size=6, embed_size=16, hidden_size=32, decoder_cell=decoder_cell)
   # 8 epochs: at 6 the Mogrifier was at the edge of learning the task (accuracy
   # 0.925 with jax 0.10.2 / flax 0.12.8 / optax 0.2.8, above 0.95 with earlier versions).
   params = fit(model, data, learning_rate=1e-2, batch_size=64, epochs=8, seed=0)
@@ -47,5 +51,9 @@ def test_experiment_reports_every_length_and_model():
   config.update(lengths=(2, 3), num_train=128, num_test=32, hidden_size=8, epochs=1)
   rows = run_experiment(config)
   assert [(r['length'], r['model']) for r in rows] == [
-      (2, 'lstm'), (2, 'mogrifier'), (3, 'lstm'), (3, 'mogrifier')]
+    (2, 'lstm'),
+    (2, 'mogrifier'),
+    (3, 'lstm'),
+    (3, 'mogrifier'),
+  ]
   assert all(0 < r['cross_entropy'] < 10 and 0 <= r['accuracy'] <= 1 for r in rows)

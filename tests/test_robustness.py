@@ -25,12 +25,16 @@ def test_offsets_are_uniform_on_the_interval_and_seeded():
 
 def test_rates_stay_rates():
   assert offset_rates({'a': 0.05, 'b': 0.5, 'c': 0.9}, {'a': -0.1, 'b': 0.05, 'c': 0.1}) == {
-      'a': 0.0, 'b': 0.55, 'c': 0.95}
+    'a': 0.0,
+    'b': 0.55,
+    'c': 0.95,
+  }
 
 
 @pytest.fixture
 def study(tiny_config, tmp_path):
   import ml_collections
+
   tiny_config.train.num_epochs = 1
   tiny_config.generate.num_lines = 0
   diverging = ml_collections.ConfigDict(tiny_config.to_dict())
@@ -48,11 +52,16 @@ def study(tiny_config, tmp_path):
 def test_study_pairs_draws_counts_divergence_and_resumes(study, tmp_path):
   rows = run_robustness(study)
   assert [(r['model'], r['sample']) for r in rows] == [
-      ('broken', 0), ('lstm', 0), ('broken', 1), ('lstm', 1)]
+    ('broken', 0),
+    ('lstm', 0),
+    ('broken', 1),
+    ('lstm', 1),
+  ]
   offsets = sample_offsets(study.rates, 0.1, 2, seed=0)
   for row in rows:  # both models of a sample share the draw
     assert {f: row[f] for f in study.rates} == offset_rates(
-        study.models.lstm.model, offsets[row['sample']])
+      study.models.lstm.model, offsets[row['sample']]
+    )
   lstm_rows = [r for r in rows if r['model'] == 'lstm']
   assert all(math.isfinite(r['valid_perplexity']) for r in lstm_rows)
   assert all(r['valid_perplexity'] == math.inf for r in rows if r['model'] == 'broken')
@@ -72,6 +81,7 @@ def test_unknown_rate_is_named(study):
 
 def test_experiment_compares_models_at_one_budget_and_one_centre():
   from conftest import load_experiment
+
   config = load_experiment('alstm_robustness')
   lstm, alstm = config.models.lstm.model, config.models.alstm.model
   assert (lstm.cell, alstm.cell, alstm.alstm.latent) == ('lstm', 'alstm', 'lstm')

@@ -19,7 +19,7 @@ from lm_zoo import runtime
 # the first few calls, but a loaded machine (CI's 2 cores under pytest-xdist)
 # sometimes grows one late, and that growth faults its pages in once: the
 # median leaves out such a call, where a mean over a few calls did not.
-PROGRAM = '''
+PROGRAM = """
 import resource, statistics, sys
 from lm_zoo.runtime import retain_host_memory
 applied = retain_host_memory() if sys.argv[1] == 'retain' else False
@@ -32,14 +32,19 @@ for call in range(30):
   jax.block_until_ready(step(x))
   faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print(applied, statistics.median(faults[10:]))
-'''
+"""
 
 
 def _faults_per_call(mode: str) -> tuple[str, float]:
   # Compiled as users compile it: without LLVM's optimisations (conftest's
   # setting for the tests' tiny programs) the 60 steps on 10M numbers take minutes.
-  out = subprocess.run([sys.executable, '-c', PROGRAM, mode], capture_output=True, text=True,
-                       check=True, env=users_compile_env()).stdout.split()
+  out = subprocess.run(
+    [sys.executable, '-c', PROGRAM, mode],
+    capture_output=True,
+    text=True,
+    check=True,
+    env=users_compile_env(),
+  ).stdout.split()
   return out[0], float(out[1])
 
 
@@ -48,7 +53,7 @@ def test_retained_memory_stops_the_page_faults_of_each_step():
   applied, retained = _faults_per_call('retain')
   _, system = _faults_per_call('system')
   assert applied == 'True'
-  pages = 40 * 2 ** 20 // 4096
+  pages = 40 * 2**20 // 4096
   assert system > pages  # each call maps at least one buffer afresh
   assert retained < system / 5
 
@@ -58,16 +63,28 @@ def test_opt_out_leaves_malloc_alone(monkeypatch):
   assert not runtime.retain_host_memory()
 
 
-@pytest.mark.parametrize('plugin, platforms, expected', [
-    (None, '', False), ('jax_cuda12_plugin', '', True), ('libtpu', '', True),
-    ('jax_cuda12_plugin', 'cpu', False), (None, 'cuda', True), (None, 'tpu,cpu', True)])
-def test_the_cpu_malloc_settings_stay_off_where_a_gpu_or_tpu_runs(plugin, platforms, expected,
-                                                                  monkeypatch):
+@pytest.mark.parametrize(
+  'plugin, platforms, expected',
+  [
+    (None, '', False),
+    ('jax_cuda12_plugin', '', True),
+    ('libtpu', '', True),
+    ('jax_cuda12_plugin', 'cpu', False),
+    (None, 'cuda', True),
+    (None, 'tpu,cpu', True),
+  ],
+)
+def test_the_cpu_malloc_settings_stay_off_where_a_gpu_or_tpu_runs(
+  plugin, platforms, expected, monkeypatch
+):
   """An installed GPU or TPU plugin (or JAX_PLATFORMS naming one first) means
   the arrays live on the device: malloc is left alone."""
   find_spec = importlib.util.find_spec
-  monkeypatch.setattr(importlib.util, 'find_spec',
-                      lambda name, *a: object() if name == plugin else find_spec(name, *a))
+  monkeypatch.setattr(
+    importlib.util,
+    'find_spec',
+    lambda name, *a: object() if name == plugin else find_spec(name, *a),
+  )
   monkeypatch.setenv('JAX_PLATFORMS', platforms)
   monkeypatch.delenv(runtime.OPT_OUT, raising=False)
   assert runtime.accelerator_expected() == expected
@@ -95,10 +112,13 @@ def test_the_cpu_layout_of_bfloat16_products_is_for_the_cpu_only(monkeypatch):
   """On a GPU or TPU the weight-gradient product is the plain einsum: the
   transposes that help XLA's CPU backend would only cost there."""
   from lm_zoo.layers import products
+
   a, b = jnp.ones((3, 4)), jnp.ones((3, 5))
+
   def primitives():
     jaxpr = jax.make_jaxpr(lambda a, b: products.contract('ti,tj->ij', a, b, jnp.bfloat16))(a, b)
     return {e.primitive.name for e in jaxpr.eqns}
+
   assert 'layout_constraint' in primitives()
   for backend in ('gpu', 'tpu'):
     monkeypatch.setattr(products.jax, 'default_backend', lambda: backend)
@@ -108,10 +128,17 @@ def test_the_cpu_layout_of_bfloat16_products_is_for_the_cpu_only(monkeypatch):
 @pytest.mark.skipif(not hasattr(os, 'sched_setaffinity'), reason='CPU affinity is Linux only')
 def test_environment_counts_the_cores_this_process_may_use():
   # Pinned to one core (as `taskset -c 0` does), XLA gets one thread.
-  program = ('import os; os.sched_setaffinity(0, {0}); from lm_zoo.runtime import environment; '
-             'e = environment(); print(e["cpu_threads"], e["backend"], e["devices"])')
-  out = subprocess.run([sys.executable, '-c', program], capture_output=True, text=True,
-                       check=True, env={**os.environ, 'XLA_FLAGS': ''}).stdout.split()
+  program = (
+    'import os; os.sched_setaffinity(0, {0}); from lm_zoo.runtime import environment; '
+    'e = environment(); print(e["cpu_threads"], e["backend"], e["devices"])'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', program],
+    capture_output=True,
+    text=True,
+    check=True,
+    env={**os.environ, 'XLA_FLAGS': ''},
+  ).stdout.split()
   assert out == ['1', 'cpu', '1']
   env = runtime.environment()
   assert env['cpu_threads'] == len(os.sched_getaffinity(0))
@@ -120,17 +147,31 @@ def test_environment_counts_the_cores_this_process_may_use():
 
 def test_environment_names_the_cpu_and_the_extensions_xla_chooses_by(tmp_path, monkeypatch):
   # Two hosts' /proc/cpuinfo (the first core's lines; later cores repeat them).
-  xeon = ('processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n'
-          'flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile\n\n'
-          'processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n')
-  zen = ('processor\t: 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n'
-         'flags\t\t: fpu avx2 avx fma avx512f avx512_bf16 avx512_vnni\n')
-  for text, expected in [(xeon, ('Intel(R) Xeon(R) Processor',
-                                 ['avx', 'avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16',
-                                  'amx_tile'])),
-                         (zen, ('AMD EPYC 9R14 96-Core Processor',
-                                ['avx', 'avx2', 'fma', 'avx512f', 'avx512_bf16',
-                                 'avx512_vnni']))]:
+  xeon = (
+    'processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n'
+    'flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile\n\n'
+    'processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n'
+  )
+  zen = (
+    'processor\t: 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n'
+    'flags\t\t: fpu avx2 avx fma avx512f avx512_bf16 avx512_vnni\n'
+  )
+  for text, expected in [
+    (
+      xeon,
+      (
+        'Intel(R) Xeon(R) Processor',
+        ['avx', 'avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile'],
+      ),
+    ),
+    (
+      zen,
+      (
+        'AMD EPYC 9R14 96-Core Processor',
+        ['avx', 'avx2', 'fma', 'avx512f', 'avx512_bf16', 'avx512_vnni'],
+      ),
+    ),
+  ]:
     (tmp_path / 'cpuinfo').write_text(text)
     monkeypatch.setattr(runtime, 'CPUINFO', tmp_path / 'cpuinfo')
     assert runtime.cpu() == expected

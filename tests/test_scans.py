@@ -10,23 +10,32 @@ import numpy as np
 import pytest
 
 from conftest import perturb
-from lm_zoo.cells import (SCANS, ALSTMCell, CellScans, LSTMCell, MLSTMCell, Mogrify, Scan,
-                          register_scans, resolve_scan)
+from lm_zoo.cells import (
+  SCANS,
+  ALSTMCell,
+  CellScans,
+  LSTMCell,
+  MLSTMCell,
+  Mogrify,
+  Scan,
+  register_scans,
+  resolve_scan,
+)
 from lm_zoo.cells.scans import REGISTRY, lstm_window, mogrified_lstm_window
 from lm_zoo.models import RecurrentLayer
 
 M, N, B, T = 3, 5, 2, 6
 
 AUTO = {
-    'LSTMCell': (LSTMCell(N), 'fused'),
-    'Mogrify(LSTMCell)': (Mogrify(LSTMCell(N), rounds=2), 'fused'),
-    'Mogrify(LSTMCell) of no rounds': (Mogrify(LSTMCell(N), rounds=0), 'fused'),
-    'Mogrify(GRUCell)': (Mogrify(nn.GRUCell(N), rounds=2), 'scan'),
-    'Mogrify(GRUCell) of no rounds': (Mogrify(nn.GRUCell(N), rounds=0), 'scan'),
-    'MLSTMCell': (MLSTMCell(N), 'scan'),
-    'ALSTMCell': (ALSTMCell(N, latent_size=2), 'fused'),
-    'ALSTMCell dropping its latent': (ALSTMCell(N, latent_size=2, dropout_latent=0.1), 'scan'),
-    'GRUCell': (nn.GRUCell(N), 'scan'),
+  'LSTMCell': (LSTMCell(N), 'fused'),
+  'Mogrify(LSTMCell)': (Mogrify(LSTMCell(N), rounds=2), 'fused'),
+  'Mogrify(LSTMCell) of no rounds': (Mogrify(LSTMCell(N), rounds=0), 'fused'),
+  'Mogrify(GRUCell)': (Mogrify(nn.GRUCell(N), rounds=2), 'scan'),
+  'Mogrify(GRUCell) of no rounds': (Mogrify(nn.GRUCell(N), rounds=0), 'scan'),
+  'MLSTMCell': (MLSTMCell(N), 'scan'),
+  'ALSTMCell': (ALSTMCell(N, latent_size=2), 'fused'),
+  'ALSTMCell dropping its latent': (ALSTMCell(N, latent_size=2, dropout_latent=0.1), 'scan'),
+  'GRUCell': (nn.GRUCell(N), 'scan'),
 }
 
 
@@ -41,26 +50,32 @@ def test_the_scan_enum_is_the_strings_it_names():
   assert resolve_scan(LSTMCell(N), Scan.HOISTED) == 'hoisted'
   carry, xs, _ = _window()
   params = RecurrentLayer(LSTMCell(N), scan='fused').init(jax.random.key(0), carry, xs)
-  outputs = [RecurrentLayer(LSTMCell(N), scan=scan).apply(params, carry, xs)[1]
-             for scan in ('fused', Scan.FUSED)]
+  outputs = [
+    RecurrentLayer(LSTMCell(N), scan=scan).apply(params, carry, xs)[1]
+    for scan in ('fused', Scan.FUSED)
+  ]
   np.testing.assert_array_equal(*outputs)
 
 
 def test_a_way_a_cell_cannot_take_is_refused_naming_the_cell_and_the_ways_it_can():
   with pytest.raises(ValueError) as refused:
     resolve_scan(nn.GRUCell(N), 'fused')
-  assert str(refused.value) == ("scan='fused' cannot run GRUCell: choose one of 'auto', "
-                                "'scan', 'remat'")
-  with pytest.raises(ValueError, match=r"'hoisted' cannot run Mogrify\(LSTMCell\): choose one "
-                                       r"of 'auto', 'scan', 'fused', 'pallas', 'remat'"):
+  assert str(refused.value) == (
+    "scan='fused' cannot run GRUCell: choose one of 'auto', 'scan', 'remat'"
+  )
+  with pytest.raises(
+    ValueError,
+    match=r"'hoisted' cannot run Mogrify\(LSTMCell\): choose one "
+    r"of 'auto', 'scan', 'fused', 'pallas', 'remat'",
+  ):
     resolve_scan(Mogrify(LSTMCell(N), rounds=2), 'hoisted')
-  with pytest.raises(ValueError, match="scan='fast' is not known: choose one of " +
-                     ', '.join(SCANS)):
+  with pytest.raises(
+    ValueError, match="scan='fast' is not known: choose one of " + ', '.join(SCANS)
+  ):
     resolve_scan(LSTMCell(N), 'fast')
   carry = nn.GRUCell(N).initialize_carry(jax.random.key(0), (B, M))
-  with pytest.raises(ValueError, match="cannot run GRUCell"):  # and when a layer runs
-    RecurrentLayer(nn.GRUCell(N), scan='fused').init(jax.random.key(0), carry,
-                                                     jnp.ones((T, B, M)))
+  with pytest.raises(ValueError, match='cannot run GRUCell'):  # and when a layer runs
+    RecurrentLayer(nn.GRUCell(N), scan='fused').init(jax.random.key(0), carry, jnp.ones((T, B, M)))
 
 
 def _window(seed=1):
@@ -71,37 +86,45 @@ def _window(seed=1):
   return carry, xs, mask
 
 
-@pytest.mark.parametrize('cell, kernel', [
+@pytest.mark.parametrize(
+  'cell, kernel',
+  [
     (LSTMCell(N, cap_input_gate=True), lstm_window),
-    (Mogrify(LSTMCell(N), rounds=3, rank=2), mogrified_lstm_window)],
-    ids=['lstm', 'mogrifier'])
+    (Mogrify(LSTMCell(N), rounds=3, rank=2), mogrified_lstm_window),
+  ],
+  ids=['lstm', 'mogrifier'],
+)
 def test_fused_kernels_take_their_parameters_and_match_the_plain_scan(cell, kernel):
   carry, xs, mask = _window()
-  params = perturb(RecurrentLayer(cell, scan='scan').init(
-      jax.random.key(0), carry, xs, mask)['params'])
+  params = perturb(
+    RecurrentLayer(cell, scan='scan').init(jax.random.key(0), carry, xs, mask)['params']
+  )
 
   def loss(run, p):
     (c, h), out = run(p)
-    return jnp.sum(jnp.sin(out)) + jnp.sum(c ** 2) + jnp.sum(h)
+    return jnp.sum(jnp.sin(out)) + jnp.sum(c**2) + jnp.sum(h)
 
   direct = lambda p: kernel(cell, p['cell'], carry, xs, mask)  # no module around it
   scanned = lambda p: RecurrentLayer(cell, scan='scan').apply({'params': p}, carry, xs, mask)
   np.testing.assert_allclose(direct(params)[1], scanned(params)[1], rtol=1e-5, atol=1e-6)
   # Jitted: one compile each, where eager gradients compile every primitive of the scans.
-  got, want = (jax.jit(jax.grad(lambda p, run=run: loss(run, p)))(params)
-               for run in (direct, scanned))
+  got, want = (
+    jax.jit(jax.grad(lambda p, run=run: loss(run, p)))(params) for run in (direct, scanned)
+  )
   jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5), got, want)
 
 
 class ElmanCell(nn.RNNCellBase):
   """h' = tanh(W x + b + U h), with W x + b computable ahead."""
+
   features: int
   dtype: Any = None
 
   def setup(self):
     self.input = nn.Dense(self.features)
-    self.recurrent_kernel = self.param('recurrent_kernel', nn.initializers.orthogonal(),
-                                       (self.features, self.features))
+    self.recurrent_kernel = self.param(
+      'recurrent_kernel', nn.initializers.orthogonal(), (self.features, self.features)
+    )
 
   def project_inputs(self, xs):
     return self.input(xs)
@@ -125,14 +148,16 @@ class ElmanCell(nn.RNNCellBase):
 def test_a_registered_cell_hoists_and_gives_the_plain_scans_outputs(monkeypatch):
   monkeypatch.setitem(REGISTRY, ElmanCell, CellScans())  # unregistered again afterwards
   assert resolve_scan(ElmanCell(N), 'auto') == 'scan'
-  register_scans(ElmanCell, CellScans(project=ElmanCell.project_inputs,
-                                      step=ElmanCell.step_projected))
+  register_scans(
+    ElmanCell, CellScans(project=ElmanCell.project_inputs, step=ElmanCell.step_projected)
+  )
   assert resolve_scan(ElmanCell(N), 'auto') == 'hoisted'
   xs = jax.random.normal(jax.random.key(1), (T, B, M))
   h0 = jnp.tanh(jax.random.normal(jax.random.key(2), (B, N)))
   params = RecurrentLayer(ElmanCell(N)).init(jax.random.key(0), h0, xs)['params']
   run = lambda scan: RecurrentLayer(ElmanCell(N), scan=scan).apply({'params': params}, h0, xs)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-               run('hoisted'), run('scan'))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), run('hoisted'), run('scan')
+  )
   with pytest.raises(ValueError, match='both project and step'):
     register_scans(ElmanCell, CellScans(project=ElmanCell.project_inputs))

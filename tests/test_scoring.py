@@ -16,10 +16,11 @@ def test_the_final_evaluation_runs_the_configured_evaluator(tiny_config, tmp_pat
   tiny_config.evaluation.evaluator = 'temperature'
   summary = train_and_evaluate(tiny_config, tmp_path)
   config, corpus, model, params = load_trained(tmp_path)
-  for split, batch_size in (('valid', config.data.eval_batch_size),
-                            ('test', config.data.test_batch_size)):
-    expected = TunedTemperature(Static(config.data.bptt, batch_size))(model, params, corpus,
-                                                                      split)
+  for split, batch_size in (
+    ('valid', config.data.eval_batch_size),
+    ('test', config.data.test_batch_size),
+  ):
+    expected = TunedTemperature(Static(config.data.bptt, batch_size))(model, params, corpus, split)
     assert summary[split]['temperature'] == expected.temperature != 1.0
     assert summary[split]['loss'] == pytest.approx(expected.loss, rel=1e-6)
   finals = [r for r in read_metrics(tmp_path / 'metrics.jsonl') if r.get('final')]
@@ -41,8 +42,7 @@ def test_splits_and_a_bad_evaluation_are_checked_before_training(tiny_config, tm
   assert not (tmp_path / 'b' / 'checkpoints').exists()
 
 
-def test_a_finite_loss_past_the_float_range_scores_an_infinite_perplexity(tiny_config,
-                                                                          tmp_path):
+def test_a_finite_loss_past_the_float_range_scores_an_infinite_perplexity(tiny_config, tmp_path):
   """SGD at lr 1e30 keeps the loss finite (the non-finite guard never fires)
   but past 709 nats, where exp overflows: the run ends with its scores."""
   tiny_config.train.num_epochs = 1

@@ -40,8 +40,11 @@ def _alone(config, seed, workdir):
 
 
 def _valid_records(workdir, seed=None):
-  return [(r['step'], r['averaged'], r['loss']) for r in read_metrics(workdir / 'metrics.jsonl')
-          if r['kind'] == 'valid' and not r.get('final') and r.get('seed') == seed]
+  return [
+    (r['step'], r['averaged'], r['loss'])
+    for r in read_metrics(workdir / 'metrics.jsonl')
+    if r['kind'] == 'valid' and not r.get('final') and r.get('seed') == seed
+  ]
 
 
 def _assert_same_records(stacked, alone):
@@ -52,14 +55,14 @@ def _assert_same_records(stacked, alone):
 def _assert_same_run(stacked_run, alone_summary):
   for key in ('best_epoch', 'skipped_updates', 'rollbacks', 'step'):
     assert stacked_run[key] == alone_summary[key], key
-  np.testing.assert_allclose(stacked_run['valid']['loss'], alone_summary['valid']['loss'],
-                             rtol=1e-4)
+  np.testing.assert_allclose(
+    stacked_run['valid']['loss'], alone_summary['valid']['loss'], rtol=1e-4
+  )
 
 
 def test_validation_within_epochs_scores_each_seed_as_alone(tiny_config, tmp_path):
   tiny_config.train.update(eval_every=4, num_epochs=2)
-  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',),
-                             num_seeds=2)
+  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',), num_seeds=2)
   expected = _alone(tiny_config, 1, tmp_path / 'alone')
   _assert_same_run(stack['runs'][1], expected)
   stacked = _valid_records(tmp_path / 'stack', seed=1)
@@ -71,13 +74,20 @@ def test_each_seed_starts_averaging_at_its_own_epoch(tiny_config, tmp_path):
   # At this rate seed 3 validates worse after epoch 2 than after epoch 1 and
   # seed 4 better (tests/test_stacked.py), so the plateau trigger starts
   # seed 3's averaging after epoch 2 and not seed 4's.
-  tiny_config.update_from_flattened_dict({
-      'optimizer.learning_rate': 10.0, 'seed': 3, 'train.num_epochs': 3,
-      'averaging.trigger': 'plateau'})
-  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',),
-                             num_seeds=2)
+  tiny_config.update_from_flattened_dict(
+    {
+      'optimizer.learning_rate': 10.0,
+      'seed': 3,
+      'train.num_epochs': 3,
+      'averaging.trigger': 'plateau',
+    }
+  )
+  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',), num_seeds=2)
   assert [averaged for _, averaged, _ in _valid_records(tmp_path / 'stack', seed=3)] == [
-      False, False, True]
+    False,
+    False,
+    True,
+  ]
   stacked = _valid_records(tmp_path / 'stack', seed=4)
   assert not any(averaged for _, averaged, _ in stacked)
   expected = _alone(tiny_config, 4, tmp_path / 'alone')
@@ -88,12 +98,12 @@ def test_each_seed_starts_averaging_at_its_own_epoch(tiny_config, tmp_path):
 def test_every_seed_fine_tunes_the_same_weights(tiny_config, tmp_path):
   _alone(tiny_config, 0, tmp_path / 'first')
   tiny_config.train.init_from = str(tmp_path / 'first')
-  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',),
-                             num_seeds=2)
+  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',), num_seeds=2)
   expected = _alone(tiny_config, 1, tmp_path / 'alone')
   _assert_same_run(stack['runs'][1], expected)
-  _assert_same_records(_valid_records(tmp_path / 'stack', seed=1),
-                       _valid_records(tmp_path / 'alone'))
+  _assert_same_records(
+    _valid_records(tmp_path / 'stack', seed=1), _valid_records(tmp_path / 'alone')
+  )
 
 
 def _rare_token(config):
@@ -101,8 +111,7 @@ def _rare_token(config):
   (not 0, which pads the windows a batch's rows do not fill)."""
   corpus = load_data(config)
   counts = np.bincount(corpus.train, minlength=len(corpus.vocab))
-  elsewhere = np.bincount(np.concatenate([corpus.valid, corpus.test]),
-                          minlength=len(corpus.vocab))
+  elsewhere = np.bincount(np.concatenate([corpus.valid, corpus.test]), minlength=len(corpus.vocab))
   return int(np.flatnonzero((counts > 0) & (counts <= 2) & (elsewhere == 0))[-1])
 
 
@@ -122,8 +131,7 @@ def test_a_seed_skips_its_own_non_finite_updates(tiny_config, tmp_path, monkeypa
 
   monkeypatch.setattr(train_state, 'create_train_state', seed_1_poisoned)
   tiny_config.train.nonfinite = 'skip'
-  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',),
-                             num_seeds=2)
+  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',), num_seeds=2)
   expected = _alone(tiny_config, 1, tmp_path / 'alone')
   assert stack['runs'][0]['skipped_updates'] == 0
   assert stack['runs'][1]['skipped_updates'] == expected['skipped_updates'] > 0
@@ -155,18 +163,24 @@ def test_a_rollback_lowers_only_the_faulty_seed_rate(tiny_config, tmp_path, monk
   tiny_config.train.update(nonfinite='rollback', rollback_lr_factor=0.5, checkpoint_every=2)
   unfaulted = _alone(tiny_config, 0, tmp_path / 'seed_0')
   _fault_once(monkeypatch, 3, 1)
-  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',),
-                             num_seeds=2)
+  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',), num_seeds=2)
   _fault_once(monkeypatch, 3, 0)
   expected = _alone(tiny_config, 1, tmp_path / 'seed_1')
   assert [run['rollbacks'] for run in stack['runs']] == [0, 1]
   _assert_same_run(stack['runs'][0], unfaulted)  # retrained as it had trained
   _assert_same_run(stack['runs'][1], expected)
-  rates = {seed: [r['learning_rate'] for r in read_metrics(tmp_path / 'stack' / 'metrics.jsonl')
-                  if r['kind'] == 'train' and r['seed'] == seed] for seed in (0, 1)}
+  rates = {
+    seed: [
+      r['learning_rate']
+      for r in read_metrics(tmp_path / 'stack' / 'metrics.jsonl')
+      if r['kind'] == 'train' and r['seed'] == seed
+    ]
+    for seed in (0, 1)
+  }
   assert rates == {0: [0.5, 0.5], 1: [0.25, 0.25]}
-  (record,) = [r for r in read_metrics(tmp_path / 'stack' / 'metrics.jsonl')
-               if r['kind'] == 'nonfinite']
+  (record,) = [
+    r for r in read_metrics(tmp_path / 'stack' / 'metrics.jsonl') if r['kind'] == 'nonfinite'
+  ]
   assert (record['seed'], record['step'], record['to_step']) == (1, 3, 2)
 
 
@@ -175,8 +189,7 @@ def test_variable_bptt_draws_config_seed_windows_for_every_seed(tiny_config, tmp
   # Rows of 50 tokens: seed 0's draw is 5 windows of 4 lengths (2 padded
   # shapes), against 5 windows of 10 tokens had the stack drawn none.
   tiny_config.data.train_tokens = 201
-  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',),
-                             num_seeds=2)
+  stack = train_and_evaluate(tiny_config, tmp_path / 'stack', final_splits=('valid',), num_seeds=2)
   expected = _alone(tiny_config, 0, tmp_path / 'alone')
   _assert_same_run(stack['runs'][0], expected)
   assert stack['step'] == expected['step']
@@ -203,19 +216,30 @@ def test_one_seed_on_the_seed_axis_takes_the_step_of_a_run_alone_bit_for_bit():
     # Bit for bit as users compile: conftest's CPU compile flags fuse the seed
     # axis' squeeze around the step differently, which moves a last bit.
     test = f'{__file__}::test_one_seed_on_the_seed_axis_takes_the_step_of_a_run_alone_bit_for_bit'
-    ran = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:xdist', '-p',
-                          'no:cacheprovider', test], capture_output=True, text=True,
-                         env=users_compile_env(), timeout=600)
+    ran = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-q', '-p', 'no:xdist', '-p', 'no:cacheprovider', test],
+      capture_output=True,
+      text=True,
+      env=users_compile_env(),
+      timeout=600,
+    )
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     return
   model = RecurrentLM(Embedding(7, 4, dropout=0.3), Stack([LSTMCell(4)]), Softmax(7))
   params = init_params(model, jax.random.key(0))
   optimizer = optax.adam(0.1)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                     opt_state=optimizer.init(params), carries=model.initialize_carry(2),
-                     rng=jax.random.key_data(jax.random.key(1)))
-  batch = (jnp.array([[1, 2, 6], [3, 4, 5]], jnp.int32), jnp.ones((2, 3), jnp.int32),
-           jnp.ones((2, 3)))
+  state = TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    carries=model.initialize_carry(2),
+    rng=jax.random.key_data(jax.random.key(1)),
+  )
+  batch = (
+    jnp.array([[1, 2, 6], [3, 4, 5]], jnp.int32),
+    jnp.ones((2, 3), jnp.int32),
+    jnp.ones((2, 3)),
+  )
   one_state, two_state = stack([state]), stack([state, state])  # before it is donated
   alone = _two_steps(make_train_step(model, optimizer), state, *batch)
   one = _two_steps(make_train_step(model, optimizer, stacked=True), one_state, *batch)

@@ -45,9 +45,14 @@ def _row(model, seed, valid, test):
 
 
 def test_summary_puts_the_reference_first_and_leaves_diverged_runs_out_of_the_means():
-  rows = [_row('mog', 0, 150.0, 140.0), _row('lstm', 0, 160.0, 150.0),
-          _row('mog', 1, math.inf, math.inf), _row('lstm', 1, 162.0, 153.0),
-          _row('mog', 2, 154.0, 146.0), _row('lstm', 2, 161.0, 152.0)]
+  rows = [
+    _row('mog', 0, 150.0, 140.0),
+    _row('lstm', 0, 160.0, 150.0),
+    _row('mog', 1, math.inf, math.inf),
+    _row('lstm', 1, 162.0, 153.0),
+    _row('mog', 2, 154.0, 146.0),
+    _row('lstm', 2, 161.0, 152.0),
+  ]
   summary = summarise(rows, 'lstm')
   assert list(summary) == ['lstm', 'mog']
   assert summary['mog']['diverged'] == 1 and summary['mog']['seeds'] == [0, 1, 2]
@@ -67,6 +72,7 @@ def test_summary_puts_the_reference_first_and_leaves_diverged_runs_out_of_the_me
 
 def _study(tiny_config, folder):
   import ml_collections
+
   tiny_config.train.num_epochs = 1
   tiny_config.generate.num_lines = 0
   wider = ml_collections.ConfigDict(tiny_config.to_dict())
@@ -95,18 +101,24 @@ def held_study(data_dir, tmp_path_factory):
   holder = hold_lock(folder / 'study' / 'lstm_s3', folder / 'study' / 'wider_s4' / 'summary.json')
   rows = run_seed_study(study)
   holder.wait(timeout=30)
-  finished = {r['workdir']: (pathlib.Path(r['workdir']) / 'summary.json').stat().st_mtime_ns
-              for r in rows}
+  finished = {
+    r['workdir']: (pathlib.Path(r['workdir']) / 'summary.json').stat().st_mtime_ns for r in rows
+  }
   return study, folder, rows, finished
 
 
 def test_study_trains_each_model_per_seed_and_resumes(held_study):
   study, tmp_path, rows, _ = held_study
   assert [(r['model'], r['seed']) for r in rows] == [
-      ('lstm', 3), ('wider', 3), ('lstm', 4), ('wider', 4)]
+    ('lstm', 3),
+    ('wider', 3),
+    ('lstm', 4),
+    ('wider', 4),
+  ]
   for row in rows:
-    config = json.loads((tmp_path / 'study' / f'{row["model"]}_s{row["seed"]}' /
-                         'config.json').read_text())
+    config = json.loads(
+      (tmp_path / 'study' / f'{row["model"]}_s{row["seed"]}' / 'config.json').read_text()
+    )
     assert config['seed'] == row['seed']
     assert math.isfinite(row['valid_perplexity']) and math.isfinite(row['test_perplexity'])
   # Seeds draw different models; the seed is the only difference between runs.
@@ -123,7 +135,11 @@ def test_a_run_another_worker_holds_is_left_to_it_then_waited_for(held_study):
   # This worker trains the three other runs, then resumes lstm_s3.
   _, _, rows, finished = held_study
   assert [(r['model'], r['seed']) for r in rows] == [
-      ('lstm', 3), ('wider', 3), ('lstm', 4), ('wider', 4)]
+    ('lstm', 3),
+    ('wider', 3),
+    ('lstm', 4),
+    ('wider', 4),
+  ]
   assert max(finished, key=finished.get).endswith('lstm_s3')
   assert all(math.isfinite(r['test_perplexity']) for r in rows)
 
@@ -137,12 +153,15 @@ def held_stacks(data_dir, tmp_path_factory):
   folder = tmp_path_factory.mktemp('held_stacks')
   study = _study(tiny_lm_config(data_dir), folder)
   study.stack = True
-  holder = hold_lock(folder / 'study' / 'lstm_s3-4',
-                     folder / 'study' / 'wider_s3-4' / 'summary.json')
+  holder = hold_lock(
+    folder / 'study' / 'lstm_s3-4', folder / 'study' / 'wider_s3-4' / 'summary.json'
+  )
   rows = run_seed_study(study)
   holder.wait(timeout=30)
-  finished = {name: (folder / 'study' / f'{name}_s3-4' / 'summary.json').stat().st_mtime_ns
-              for name in ('lstm', 'wider')}
+  finished = {
+    name: (folder / 'study' / f'{name}_s3-4' / 'summary.json').stat().st_mtime_ns
+    for name in ('lstm', 'wider')
+  }
   return study, folder, rows, finished
 
 
@@ -157,8 +176,10 @@ def test_a_stacked_study_trains_each_models_seeds_at_once_and_reads_them_back(he
     folder = tmp_path / 'study' / f'{row["model"]}_s3-4' / f'seed_{row["seed"]}'
     assert row['workdir'] == str(folder)
     assert json.loads((folder / 'config.json').read_text())['seed'] == row['seed']
-    assert json.loads((folder / 'summary.json').read_text())['test']['perplexity'] == (
-        row['test_perplexity'])
+    assert (
+      json.loads((folder / 'summary.json').read_text())['test']['perplexity']
+      == (row['test_perplexity'])
+    )
   assert rows[0]['valid_perplexity'] != rows[1]['valid_perplexity']
   # A second call reads the finished stack back.
   path = tmp_path / 'study' / 'lstm_s3-4' / 'summary.json'
@@ -172,7 +193,11 @@ def test_a_stack_another_worker_holds_is_left_to_it_then_waited_for(held_stacks)
   # This worker trains wider's stack, then lstm's itself.
   _, _, rows, finished = held_stacks
   assert [(r['model'], r['seed']) for r in rows] == [
-      ('lstm', 3), ('wider', 3), ('lstm', 4), ('wider', 4)]
+    ('lstm', 3),
+    ('wider', 3),
+    ('lstm', 4),
+    ('wider', 4),
+  ]
   assert finished['lstm'] > finished['wider']
   assert all(math.isfinite(r['test_perplexity']) for r in rows)
 
@@ -180,6 +205,7 @@ def test_a_stack_another_worker_holds_is_left_to_it_then_waited_for(held_stacks)
 def test_a_diverged_stack_trains_its_seeds_one_by_one_once(study, tmp_path, monkeypatch):
   from lm_zoo.errors import TrainingError
   from lm_zoo.tasks import runs
+
   study.stack = True
   study.models = {'lstm': study.models.lstm}
   stacks = []
@@ -206,9 +232,9 @@ def test_a_diverged_stack_trains_its_seeds_one_by_one_once(study, tmp_path, monk
 
 def _rms_dyneval(learning_rate=1e-2):
   from conftest import load_experiment
+
   rms = load_experiment('dyneval_rms', 'krause')
-  rms.dynamic.update(learning_rate=(learning_rate,), decay=(1e-3,), ms_batches=2,
-                     ms_batch_size=4)
+  rms.dynamic.update(learning_rate=(learning_rate,), decay=(1e-3,), ms_batches=2, ms_batch_size=4)
   return rms
 
 
@@ -219,6 +245,7 @@ def test_a_studys_evaluations_score_every_run_and_are_read_back(held_stacks):
   evaluation changes; a diverged evaluation is a data point."""
   from lm_zoo.configs import evaluation_config
   from lm_zoo.training import evaluate_workdir
+
   study, _, trained, _ = held_stacks
   study = study.copy_and_resolve_references()
   study.models = {'lstm': study.models.lstm}
@@ -236,11 +263,19 @@ def test_a_studys_evaluations_score_every_run_and_are_read_back(held_stacks):
     assert run[f'rms_{split}_static_perplexity'] == pytest.approx(result.perplexity, rel=1e-5)
 
   report = seed_report(rows, 'lstm', ['rms'])
-  cells = [mean_and_spread([value(r) for r in rows]) for value in (
-      lambda r: r['rms_valid_static_perplexity'], lambda r: r['rms_valid_perplexity'],
-      lambda r: r['rms_valid_static_perplexity'] - r['rms_valid_perplexity'])]
-  assert ('| lstm | rms | 2 | valid | '
-          + ' | '.join(f'{mean:.2f} ± {spread:.2f}' for mean, spread in cells) + ' |') in report
+  cells = [
+    mean_and_spread([value(r) for r in rows])
+    for value in (
+      lambda r: r['rms_valid_static_perplexity'],
+      lambda r: r['rms_valid_perplexity'],
+      lambda r: r['rms_valid_static_perplexity'] - r['rms_valid_perplexity'],
+    )
+  ]
+  assert (
+    '| lstm | rms | 2 | valid | '
+    + ' | '.join(f'{mean:.2f} ± {spread:.2f}' for mean, spread in cells)
+    + ' |'
+  ) in report
 
   stored = pathlib.Path(run['workdir']) / 'study_evaluations' / 'rms.json'
   kept = json.loads(stored.read_text())
@@ -258,15 +293,19 @@ def test_a_studys_evaluations_score_every_run_and_are_read_back(held_stacks):
   assert 'diverged' in json.loads(stored.read_text())['scores']['test']['error']
 
 
-@pytest.mark.parametrize('name, evaluation, message', [
+@pytest.mark.parametrize(
+  'name, evaluation, message',
+  [
     ('dyn eval', 'rms', "'dyn eval' is not a name"),
     ('rms', None, 'config.evaluations.rms is not an evaluation config'),
     ('learned', 'learned', 'meta-trained first'),
     ('rms', 'bad_rule', 'dynamic.rule'),
-])
+  ],
+)
 def test_bad_evaluations_are_named_before_any_run(study, tmp_path, name, evaluation, message):
   import ml_collections
   from lm_zoo.configs import evaluation_config
+
   if evaluation == 'rms':
     evaluation = _rms_dyneval()
   elif evaluation == 'learned':
@@ -282,11 +321,14 @@ def test_bad_evaluations_are_named_before_any_run(study, tmp_path, name, evaluat
   assert not (tmp_path / 'study').exists()
 
 
-@pytest.mark.parametrize('field, value, message', [
+@pytest.mark.parametrize(
+  'field, value, message',
+  [
     ('reference', 'gru', 'config.reference'),
     ('seeds', (1, 1), 'distinct seeds'),
     ('seeds', (), 'distinct seeds'),
-])
+  ],
+)
 def test_bad_study_settings_are_named(study, field, value, message):
   study[field] = value
   with pytest.raises(ConfigError, match=message):
@@ -296,22 +338,30 @@ def test_bad_study_settings_are_named(study, field, value, message):
 def test_seeds_a_stack_cannot_train_are_named_before_any_run(study, tmp_path):
   study.stack = True
   study.seeds = (3, 5)
-  with pytest.raises(ConfigError,
-                     match=r'^config.seeds must be consecutive and ascending .* got \[3, 5\]'):
+  with pytest.raises(
+    ConfigError, match=r'^config.seeds must be consecutive and ascending .* got \[3, 5\]'
+  ):
     run_seed_study(study)
   assert not (tmp_path / 'study').exists()
 
 
 def test_experiment_models_share_the_budget_and_the_recipe():
   from conftest import load_experiment
+
   config = load_experiment('seed_study')
   models = config.models
   assert config.reference == 'lstm' and len(config.seeds) >= 3
   assert {models[m].model.param_budget for m in models if m != 'lstm_dual'} == {3_000_000}
-  assert (models.mogrifier_r2.model.mogrifier.rounds, models.mogrifier_r5.model.mogrifier.rounds,
-          models.mogrifier_lamb.model.mogrifier.rounds) == (2, 5, 5)
-  assert (models.mlstm.model.cell, models.alstm.model.cell,
-          models.alstm.model.alstm.latent) == ('mlstm', 'alstm', 'lstm')
+  assert (
+    models.mogrifier_r2.model.mogrifier.rounds,
+    models.mogrifier_r5.model.mogrifier.rounds,
+    models.mogrifier_lamb.model.mogrifier.rounds,
+  ) == (2, 5, 5)
+  assert (models.mlstm.model.cell, models.alstm.model.cell, models.alstm.model.alstm.latent) == (
+    'mlstm',
+    'alstm',
+    'lstm',
+  )
   assert models.lstm_dual.model.dual.size > 0
   lamb = models.mogrifier_lamb
   assert lamb.model.cap_input_gate and lamb.model.skip_connections and lamb.train.drop_state == 0.01
@@ -326,15 +376,18 @@ def test_experiment_models_share_the_budget_and_the_recipe():
 
 def test_lamb_feature_variant_adds_one_feature_at_a_time_to_the_same_runs():
   from conftest import load_experiment
+
   main, features = load_experiment('seed_study'), load_experiment('seed_study', 'lamb_features')
   assert features.reference == 'mogrifier_r5' and features.workdir == main.workdir
   # Shared names are the same runs, so both studies read them from one folder.
   for name in ('mogrifier_r5', 'mogrifier_lamb'):
     assert features.models[name] == main.models[name]
   base = features.models.mogrifier_r5
-  for name, (field, value) in {'r5_cap_input_gate': ('model.cap_input_gate', True),
-                               'r5_skip_connections': ('model.skip_connections', True),
-                               'r5_drop_state': ('train.drop_state', 0.01)}.items():
+  for name, (field, value) in {
+    'r5_cap_input_gate': ('model.cap_input_gate', True),
+    'r5_skip_connections': ('model.skip_connections', True),
+    'r5_drop_state': ('train.drop_state', 0.01),
+  }.items():
     changed = features.models[name].copy_and_resolve_references()
     section, key = field.split('.')
     assert changed[section][key] == value

@@ -71,12 +71,16 @@ def test_each_seed_trains_the_run_it_would_train_alone(plateau_stack):
     for split in ('valid', 'test'):
       np.testing.assert_allclose(run[split]['loss'], expected[split]['loss'], rtol=1e-4)
     alone_records = read_metrics(tmp_path / f'alone_{seed}' / 'metrics.jsonl')
-    valid_curve = [math.exp(r['loss']) for r in alone_records
-                   if r['kind'] == 'valid' and not r.get('final')]
+    valid_curve = [
+      math.exp(r['loss']) for r in alone_records if r['kind'] == 'valid' and not r.get('final')
+    ]
     np.testing.assert_allclose(run['valid_curve'], valid_curve, rtol=1e-4)
     rates[seed] = [r['learning_rate'] for r in alone_records if r['kind'] == 'train']
-    stack_rates = [r['learning_rate'] for r in read_metrics(tmp_path / 'stack' / 'metrics.jsonl')
-                   if r['kind'] == 'train' and r['seed'] == seed]
+    stack_rates = [
+      r['learning_rate']
+      for r in read_metrics(tmp_path / 'stack' / 'metrics.jsonl')
+      if r['kind'] == 'train' and r['seed'] == seed
+    ]
     assert stack_rates == rates[seed]
     # the seed's best weights, in its own work directory
     stacked, meta = _best_params(alone, tmp_path / 'stack' / f'seed_{seed}')
@@ -138,9 +142,12 @@ def test_a_seed_work_directory_is_an_ordinary_run(plateau_stack):
     assert scores['test'].loss == pytest.approx(run['test']['loss'], rel=1e-9)
     assert json.loads((folder / 'summary.json').read_text()) == run
   # Each seed's samples in TensorBoard's text tab, under the seed's tag.
-  texts = {value.tag: b''.join(value.tensor.string_val).decode()
-           for event in read_events(tmp_path / 'tensorboard') for value in event.summary.value
-           if value.metadata.plugin_data.plugin_name == 'text'}
+  texts = {
+    value.tag: b''.join(value.tensor.string_val).decode()
+    for event in read_events(tmp_path / 'tensorboard')
+    for value in event.summary.value
+    if value.metadata.plugin_data.plugin_name == 'text'
+  }
   for run in summary['runs']:
     assert run['samples'][0] in texts[f'seed_{run["seed"]}/samples/text_summary']
 
@@ -156,8 +163,11 @@ def signalled_stack(data_dir, tmp_path_factory):
   workdir = tmp_path_factory.mktemp('signalled')
   original = loop.StopRequest.requested
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(loop.StopRequest, 'requested',
-                  lambda self, step: signal.SIGTERM if step == 8 else original(self, step))
+    patch.setattr(
+      loop.StopRequest,
+      'requested',
+      lambda self, step: signal.SIGTERM if step == 8 else original(self, step),
+    )
     with pytest.raises(Preempted) as stopped:
       train_seeds(config, workdir, 2)
   with Checkpoints(workdir) as checkpoints:
@@ -165,8 +175,9 @@ def signalled_stack(data_dir, tmp_path_factory):
   steps = []
   make_train_step = loop.make_train_step
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(loop, 'make_train_step',
-                  lambda *a, **k: steps.append(make_train_step(*a, **k)) or steps[-1])
+    patch.setattr(
+      loop, 'make_train_step', lambda *a, **k: steps.append(make_train_step(*a, **k)) or steps[-1]
+    )
     resumed = train_seeds(config, workdir, 2)
   return stopped.value, latest, resumed, steps
 
@@ -186,13 +197,19 @@ def test_a_bad_number_of_seeds_is_refused(num_seeds):
 
 def test_a_stack_resumes_only_as_the_same_stack(plateau_stack):
   config, folder, _, _ = plateau_stack  # refused before anything is written there
-  with pytest.raises(ConfigError, match=r'holds a stack of seeds \[3, 4\], not a stack of '
-                     r'seeds \[3, 4, 5\]: resume it with --seeds=2 and config.seed=3'):
+  with pytest.raises(
+    ConfigError,
+    match=r'holds a stack of seeds \[3, 4\], not a stack of '
+    r'seeds \[3, 4, 5\]: resume it with --seeds=2 and config.seed=3',
+  ):
     train_seeds(config, folder / 'stack', 3)
   with pytest.raises(ConfigError, match=r'holds a stack of seeds \[3, 4\], not a run alone'):
     train_and_evaluate(config, folder / 'stack')
-  with pytest.raises(ConfigError, match=r'holds a run alone, not a stack of seeds \[3, 4\]: '
-                     'resume it without --seeds'):
+  with pytest.raises(
+    ConfigError,
+    match=r'holds a run alone, not a stack of seeds \[3, 4\]: '
+    'resume it without --seeds',
+  ):
     train_seeds(config, folder / 'alone_3', 2)
 
 
@@ -213,9 +230,12 @@ def test_a_non_finite_seed_stops_the_stack_naming_it(tiny_config, tmp_path, monk
     return state
 
   monkeypatch.setattr(train_state, 'create_train_state', seed_1_broken)
-  with pytest.raises(TrainingError, match=r'^seed 1: the training loss or gradient is not '
-                     r'finite at or before step 1 .*No checkpoint was written before '
-                     r'it') as stopped:
+  with pytest.raises(
+    TrainingError,
+    match=r'^seed 1: the training loss or gradient is not '
+    r'finite at or before step 1 .*No checkpoint was written before '
+    r'it',
+  ) as stopped:
     train_seeds(tiny_config, tmp_path, 3)
   assert '\n' not in str(stopped.value)
   assert not list((tmp_path / 'checkpoints').glob('*'))

@@ -10,8 +10,7 @@ from lm_zoo.data.text import load_text_folder, load_tfds_text, text_corpus
 from lm_zoo.errors import ConfigError, DataError
 from lm_zoo.training import train_and_evaluate
 
-SPLITS = {'train': 'the cat sat\non the mat\n', 'valid': 'the dog sat\n',
-          'test': 'a cat\n'}
+SPLITS = {'train': 'the cat sat\non the mat\n', 'valid': 'the dog sat\n', 'test': 'a cat\n'}
 
 
 def _folder(folder, splits=SPLITS):
@@ -42,10 +41,13 @@ def test_char_level_reads_every_character_spaces_as_underscores(tmp_path):
   assert corpus.vocab.decode(corpus.valid) == 'the dog sat\n'
 
 
-@pytest.mark.parametrize('splits, message', [
+@pytest.mark.parametrize(
+  'splits, message',
+  [
     ({**SPLITS, 'test': '\n'}, 'the test split of'),
     ({'train': 'a b\n', 'valid': 'c\n'}, 'missing data file'),
-])
+  ],
+)
 def test_bad_text_folders_are_one_clear_error(tmp_path, splits, message):
   with pytest.raises(DataError, match=message):
     load_text_folder(_folder(tmp_path, splits))
@@ -55,6 +57,7 @@ def test_bad_text_folders_are_one_clear_error(tmp_path, splits, message):
 
 def test_a_tfds_datasets_text_is_the_corpus_of_its_lines(tmp_path):
   from lm_zoo.data.tfds_export import build_tfds_dataset
+
   data = tmp_path / 'data'
   _folder(data / 'ptb')
   build_tfds_dataset('ptb', data, tmp_path / 'tfds')
@@ -74,16 +77,18 @@ def _capped_by_hand(train, max_size, min_count):
   first = list(dict.fromkeys(words))
   kept = [w for w in first if words.count(w) >= min_count]
   if max_size:
-    kept = sorted(kept, key=lambda w: (-words.count(w), first.index(w)))[:max_size - 1]
+    kept = sorted(kept, key=lambda w: (-words.count(w), first.index(w)))[: max_size - 1]
   return [w for w in first if w in kept]
 
 
 @pytest.mark.parametrize('max_size, min_count', [(4, 1), (0, 2), (3, 2), (100, 1)])
 def test_a_capped_vocabulary_keeps_the_frequent_training_words_and_unks_the_rest(
-    max_size, min_count):
+  max_size, min_count
+):
   splits = {'train': 'a b a c\nb a d d\ne a\n', 'valid': 'a z b\n', 'test': 'd c q\n'}
-  corpus = text_corpus('toy', {s: t.splitlines() for s, t in splits.items()}, 'word',
-                       max_size, min_count)
+  corpus = text_corpus(
+    'toy', {s: t.splitlines() for s, t in splits.items()}, 'word', max_size, min_count
+  )
   kept = _capped_by_hand(splits['train'], max_size, min_count)
   assert corpus.vocab.tokens == (*kept, '<unk>')
   for split, text in splits.items():
@@ -92,14 +97,20 @@ def test_a_capped_vocabulary_keeps_the_frequent_training_words_and_unks_the_rest
     assert [corpus.vocab.tokens[i] for i in corpus.split(split)] == want
 
 
-@pytest.mark.parametrize('max_size, min_count, message', [
-    (1, 1, 'data.max_vocab must be 0'), (-3, 1, 'data.max_vocab must be a whole number'),
+@pytest.mark.parametrize(
+  'max_size, min_count, message',
+  [
+    (1, 1, 'data.max_vocab must be 0'),
+    (-3, 1, 'data.max_vocab must be a whole number'),
     (0, 0, 'data.min_count must be a whole number >= 1'),
-    (2.5, 1, 'data.max_vocab must be a whole number')])
+    (2.5, 1, 'data.max_vocab must be a whole number'),
+  ],
+)
 def test_bad_vocabulary_caps_are_one_clear_error(max_size, min_count, message):
   with pytest.raises(DataError, match=message):
-    text_corpus('toy', {s: ['a b'] for s in ('train', 'valid', 'test')}, 'word', max_size,
-                min_count)
+    text_corpus(
+      'toy', {s: ['a b'] for s in ('train', 'valid', 'test')}, 'word', max_size, min_count
+    )
 
 
 def test_vocabulary_caps_on_a_standard_corpus_are_refused(tiny_config, tmp_path):
@@ -109,11 +120,23 @@ def test_vocabulary_caps_on_a_standard_corpus_are_refused(tiny_config, tmp_path)
 
 
 def test_a_model_trains_on_a_text_folder_and_scores_new_text(tiny_config, tmp_path):
-  folder = _folder(tmp_path / 'text',
-                   {'train': 'the cat sat on the mat\n' * 40, 'valid': 'the cat sat\n' * 5,
-                    'test': 'on the mat\n' * 5})
-  tiny_config.data.update(name='text', data_dir=str(folder), level='char', train_tokens=0,
-                          valid_tokens=0, test_tokens=0, eval_batch_size=2)
+  folder = _folder(
+    tmp_path / 'text',
+    {
+      'train': 'the cat sat on the mat\n' * 40,
+      'valid': 'the cat sat\n' * 5,
+      'test': 'on the mat\n' * 5,
+    },
+  )
+  tiny_config.data.update(
+    name='text',
+    data_dir=str(folder),
+    level='char',
+    train_tokens=0,
+    valid_tokens=0,
+    test_tokens=0,
+    eval_batch_size=2,
+  )
   tiny_config.train.num_epochs = 2
   summary = train_and_evaluate(tiny_config, tmp_path / 'run')
   assert summary['unit'] == 'char' and summary['test']['bits_per_token'] < np.log2(12)

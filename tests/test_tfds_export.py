@@ -52,8 +52,7 @@ def test_examples_decode_to_the_lines(ptb_tfds, data_dir, split):
     assert vocab.tokens[example['ids'][-1]] == EOS
     assert vocab.decode(example['ids'][:-1]) == ' '.join(line.split())
   # In index order the examples are the stream load_corpus gives.
-  np.testing.assert_array_equal(np.concatenate([e['ids'] for e in examples]),
-                                corpus.split(split))
+  np.testing.assert_array_equal(np.concatenate([e['ids'] for e in examples]), corpus.split(split))
 
 
 def test_prepared_dataset_is_kept(ptb_tfds, data_dir):
@@ -70,7 +69,9 @@ def test_only_text_corpora(data_dir, tmp_path):
 
 
 def test_command_skips_mnist(data_dir, tmp_path):
-  run = run_script(['launch/download.py', '--datasets=mnist', '--verify_only',
-                    f'--tfds_dir={tmp_path}'], {'LM_ZOO_DATA': str(data_dir)})
+  run = run_script(
+    ['launch/download.py', '--datasets=mnist', '--verify_only', f'--tfds_dir={tmp_path}'],
+    {'LM_ZOO_DATA': str(data_dir)},
+  )
   assert run.returncode == 0, run.stderr
   assert run.stdout.splitlines() == ['mnist: ok', 'mnist: no TFDS export (text corpora only)']

@@ -1,7 +1,6 @@
 """Finished work directories: scoring them by evaluation configs, and the
 meta-learned rule trained for them and stored beside them."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +18,7 @@ from lm_zoo.training.meta_learner import META_LEARNER_DIR, load_meta_learner
 def trained_workdir(tmp_path_factory, data_dir):
   from conftest import tiny_lm_config
   from lm_zoo.training import train_and_evaluate
+
   workdir = tmp_path_factory.mktemp('trained')
   config = tiny_lm_config(data_dir)
   config.train.update(num_epochs=1)
@@ -44,8 +44,17 @@ def test_evaluate_workdir_is_the_evaluator_on_the_best_weights(trained_workdir):
 
 def _meta_train(workdir, **fields):
   config = meta_training_config()
-  config.update(meta_steps=0, prior='rms', initial_learning_rate=1e-2, initial_decay=0.5,
-                initial_eps=1e-3, fisher_batches=2, fisher_batch_size=2, hidden=4, **fields)
+  config.update(
+    meta_steps=0,
+    prior='rms',
+    initial_learning_rate=1e-2,
+    initial_decay=0.5,
+    initial_eps=1e-3,
+    fisher_batches=2,
+    fisher_batch_size=2,
+    hidden=4,
+    **fields,
+  )
   meta_train_workdir(workdir, config)
 
 
@@ -66,8 +75,9 @@ def _learned_and_rms_updates(folder):
   params = jax.tree.map(lambda x: jnp.linspace(-1.0, 1.0, x.size).reshape(x.shape), precision)
   trained = jax.tree.map(lambda p: p + 0.01, params)
   grads = jax.tree.map(lambda p: jnp.cos(3.0 * p), params)
-  updates, _ = learned.transformation.update(grads, learned.transformation.init(trained),
-                                             params, loss=4.0, meta_params=learned.meta_params)
+  updates, _ = learned.transformation.update(
+    grads, learned.transformation.init(trained), params, loss=4.0, meta_params=learned.meta_params
+  )
   # The rule's ms: weights no gradient reached have a floor, not 0.
   ms = jax.tree.map(lambda x: jnp.sqrt(x + PRECISION_FLOOR), precision)
   return updates, ms, params, trained, grads
@@ -75,7 +85,8 @@ def _learned_and_rms_updates(folder):
 
 @pytest.mark.parametrize('decay_mean', ['coordinates', 'tensors'])
 def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
-    trained_workdir, decay_mean, request):
+  trained_workdir, decay_mean, request
+):
   if decay_mean == 'coordinates':  # the default, saved in a folder of its own
     folder = request.getfixturevalue('workdir_rule')
   else:  # saved where the work directory keeps it
@@ -84,15 +95,16 @@ def test_a_saved_rms_prior_meta_learner_loads_as_the_rms_rule_it_started_as(
   updates, ms, params, trained, grads = _learned_and_rms_updates(folder)
   rms = dynamic_rms(1e-2, 0.5, 1e-3, ms, decay_mean)
   expected, _ = rms.update(grads, rms.init(trained), params)
-  np.testing.assert_allclose(_flat_params(updates), _flat_params(expected), rtol=1e-4,
-                             atol=1e-6)
+  np.testing.assert_allclose(_flat_params(updates), _flat_params(expected), rtol=1e-4, atol=1e-6)
 
 
 def test_a_preset_is_meta_trained_into_a_named_folder_and_stays_as_exported(
-    trained_workdir, workdir_rule, tmp_path):
+  trained_workdir, workdir_rule, tmp_path
+):
   from lm_zoo.errors import ConfigError
   from lm_zoo.presets import verify
   from lm_zoo.runs import export
+
   preset = export(trained_workdir, tmp_path / 'preset')
   files = sorted(p.name for p in preset.iterdir())
   with pytest.raises(ConfigError, match=r'is a preset.*--config.output=FOLDER'):
@@ -103,10 +115,14 @@ def test_a_preset_is_meta_trained_into_a_named_folder_and_stays_as_exported(
   saved = load_meta_learner(tmp_path / 'rule')
   from_workdir = load_meta_learner(workdir_rule)
   # The same weights and data: the same Fisher precision in both rules.
-  np.testing.assert_array_equal(_flat_params(saved.transformation.init(None).precision),
-                                _flat_params(from_workdir.transformation.init(None).precision))
+  np.testing.assert_array_equal(
+    _flat_params(saved.transformation.init(None).precision),
+    _flat_params(from_workdir.transformation.init(None).precision),
+  )
   config = evaluation_config('learned')
   config.splits = ('valid',)
   config.learned.meta_learner = str(tmp_path / 'rule')
-  assert (evaluate_workdir(preset, config)['valid'].loss
-          == evaluate_workdir(trained_workdir, config)['valid'].loss)
+  assert (
+    evaluate_workdir(preset, config)['valid'].loss
+    == evaluate_workdir(trained_workdir, config)['valid'].loss
+  )

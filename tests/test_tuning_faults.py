@@ -17,23 +17,33 @@ from lm_zoo.tuning import open_study, run_worker
 
 # One trial, a checkpoint every 5 steps; a killed worker's trial is retried
 # once its heartbeat is this old.
-FLAGS = ('--tune.study.num_trials=1', '--tune.study.grace_period=3',
-         '--tune.base.train.checkpoint_every=5')
+FLAGS = (
+  '--tune.study.num_trials=1',
+  '--tune.study.grace_period=3',
+  '--tune.base.train.checkpoint_every=5',
+)
 
 
 def _tune(script, tune_file, workdir) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, *script, f'--tune={tune_file}', f'--workdir={workdir}',
-                         *FLAGS], cwd=REPO, env={**os.environ, 'PYTHONUNBUFFERED': '1'},
-                        capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, *script, f'--tune={tune_file}', f'--workdir={workdir}', *FLAGS],
+    cwd=REPO,
+    env={**os.environ, 'PYTHONUNBUFFERED': '1'},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 def _completed(tune, workdir) -> list[optuna.trial.FrozenTrial]:
-  return [t for t in open_study(tune, workdir).trials
-          if t.state == optuna.trial.TrialState.COMPLETE]
+  return [
+    t for t in open_study(tune, workdir).trials if t.state == optuna.trial.TrialState.COMPLETE
+  ]
 
 
 def test_a_worker_killed_inside_a_trial_s_checkpoint_write_reruns_to_the_same_study(
-    tmp_path, data_dir):
+  tmp_path, data_dir
+):
   tune_file = tmp_path / 'tune_tiny.py'
   tune_file.write_text(TINY_TUNE.format(data_dir=str(data_dir)))
   tune = _tune_config(tune_file)
@@ -51,8 +61,10 @@ def test_a_worker_killed_inside_a_trial_s_checkpoint_write_reruns_to_the_same_st
   again = _tune(['launch/tune.py'], tune_file, tmp_path / 'killed')
   assert again.returncode == 0, again.stderr
   assert 'Resumed from step 5' in again.stdout + again.stderr
-  [expected], [retried] = _completed(tune, tmp_path / 'never_stopped'), _completed(
-      tune, tmp_path / 'killed')
+  [expected], [retried] = (
+    _completed(tune, tmp_path / 'never_stopped'),
+    _completed(tune, tmp_path / 'killed'),
+  )
   assert retried.system_attrs['failed_trial'] == 0
   assert retried.params == expected.params
   assert retried.value == expected.value

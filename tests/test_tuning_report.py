@@ -14,20 +14,34 @@ from lm_zoo.tuning.report import FIGURE_FILE, REPORT_FILE
 def study():
   """60 completed trials over a linear and a log range, the loss a bowl
   around (0.5, 1e-3), plus a pruned and a failed trial."""
-  space = {'dropout': param('model.dropout_input', 0.0, 1.0),
-           'lr': param('optimizer.learning_rate', 1e-5, 1e-1, log=True)}
-  distributions = {'dropout': optuna.distributions.FloatDistribution(0.0, 1.0),
-                   'lr': optuna.distributions.FloatDistribution(1e-5, 1e-1, log=True)}
+  space = {
+    'dropout': param('model.dropout_input', 0.0, 1.0),
+    'lr': param('optimizer.learning_rate', 1e-5, 1e-1, log=True),
+  }
+  distributions = {
+    'dropout': optuna.distributions.FloatDistribution(0.0, 1.0),
+    'lr': optuna.distributions.FloatDistribution(1e-5, 1e-1, log=True),
+  }
   rng = np.random.default_rng(0)
   study = optuna.create_study(study_name='bowl')
   for dropout, log_lr in zip(rng.uniform(0, 1, 60), rng.uniform(-5, -1, 60)):
     loss = 4.0 + (dropout - 0.5) ** 2 + 0.1 * (log_lr + 3) ** 2
-    study.add_trial(optuna.create_trial(
-        params={'dropout': dropout, 'lr': 10 ** log_lr}, distributions=distributions,
-        value=loss, user_attrs={'perplexity': float(np.exp(loss))}))
-  study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.PRUNED,
-                                      params={'dropout': 0.5, 'lr': 1e-3},
-                                      distributions=distributions, intermediate_values={1: 9.0}))
+    study.add_trial(
+      optuna.create_trial(
+        params={'dropout': dropout, 'lr': 10**log_lr},
+        distributions=distributions,
+        value=loss,
+        user_attrs={'perplexity': float(np.exp(loss))},
+      )
+    )
+  study.add_trial(
+    optuna.create_trial(
+      state=optuna.trial.TrialState.PRUNED,
+      params={'dropout': 0.5, 'lr': 1e-3},
+      distributions=distributions,
+      intermediate_values={1: 9.0},
+    )
+  )
   study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.FAIL))
   tune = tuning_config()
   tune.space.update(space)
@@ -64,14 +78,20 @@ def test_report_lists_the_best_trials_in_order_and_draws_them(study, tmp_path):
 def test_a_dyneval_report_gives_the_evaluation_command(study, tmp_path):
   study, tune = study
   tune.kind, tune.dyneval.workdir = 'dyneval', 'runs/x'
-  tune.space = {'lr': param('learning_rate', 1e-5, 1e-1, log=True),
-                'dropout': param('segment_length', 0.0, 1.0)}
-  best = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE),
-             key=lambda t: t.value)
+  tune.space = {
+    'lr': param('learning_rate', 1e-5, 1e-1, log=True),
+    'dropout': param('segment_length', 0.0, 1.0),
+  }
+  best = min(
+    (t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value
+  )
   text = write_report(study, tune, tmp_path)
   command = next(line for line in text.splitlines() if 'lm-zoo-eval' in line)
-  assert command.split()[:3] == ['lm-zoo-eval', '--workdir=runs/x',
-                                 '--config=experiments/dyneval_rms.py']
+  assert command.split()[:3] == [
+    'lm-zoo-eval',
+    '--workdir=runs/x',
+    '--config=experiments/dyneval_rms.py',
+  ]
   assert f'--config.dynamic.learning_rate={best.params["lr"]:.4g}' in command
   assert f'--config.dynamic.segment_length={best.params["dropout"]:.4g}' in command
   # The settings the space leaves out are the ones every trial ran with.

@@ -12,8 +12,14 @@ from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import build_model
 from lm_zoo.models.factory import count_params
-from lm_zoo.tuning import (dyneval_table6, mogrifier_table4, mogrifier_table5, param, set_fields,
-                           suggest)
+from lm_zoo.tuning import (
+  dyneval_table6,
+  mogrifier_table4,
+  mogrifier_table5,
+  param,
+  set_fields,
+  suggest,
+)
 from lm_zoo.tuning.spaces import check_space, position
 
 PAPER = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'papers' / 'mogrifier-lstm.txt'
@@ -50,9 +56,17 @@ def test_the_spaces_are_the_papers_tables():
 
 def test_sampled_values_land_in_their_fields_with_the_fields_types():
   space = mogrifier_table4(mogrifier=True)
-  values = {'learning_rate': 2e-3, 'input_embedding_ratio': 0.5, 'l2_penalty': 1e-5,
-            'input_dropout': 0.3, 'inter_layer_dropout': 0.2, 'state_dropout': 0.1,
-            'output_dropout': 0.4, 'mogrifier_rounds': 5, 'mogrifier_rank': -3}
+  values = {
+    'learning_rate': 2e-3,
+    'input_embedding_ratio': 0.5,
+    'l2_penalty': 1e-5,
+    'input_dropout': 0.3,
+    'inter_layer_dropout': 0.2,
+    'state_dropout': 0.1,
+    'output_dropout': 0.4,
+    'mogrifier_rounds': 5,
+    'mogrifier_rank': -3,
+  }
   sampled = suggest(optuna.trial.FixedTrial(values), space)
   assert sampled == values
   config = set_fields(base_config(), space, sampled)

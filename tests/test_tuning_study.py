@@ -27,7 +27,7 @@ from lm_zoo.tuning import open_study, run_worker, trial_workdir, write_report
 # trial, a validation turn every 10, a checkpoint at the end (the tests that
 # stop a trial midway checkpoint it more often), learning rate and input
 # dropout searched.
-TINY_TUNE = '''
+TINY_TUNE = """
 from lm_zoo.tuning import param, tuning_config
 
 def get_config():
@@ -44,7 +44,7 @@ def get_config():
   c.study.update(name='tiny', num_trials=3, seed=0, startup_trials=2, pruner='none',
                  heartbeat_interval=1, grace_period=60)
   return c
-'''
+"""
 
 
 @pytest.fixture
@@ -56,6 +56,7 @@ def tune_file(tmp_path, data_dir):
 
 def _tune_config(tune_file):
   import importlib.util
+
   spec = importlib.util.spec_from_file_location('tune_tiny', tune_file)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -64,9 +65,13 @@ def _tune_config(tune_file):
 
 def _worker(tune_file, workdir, *flags) -> subprocess.Popen:
   return subprocess.Popen(
-      [sys.executable, 'launch/tune.py', f'--tune={tune_file}', f'--workdir={workdir}',
-       *flags], cwd=REPO, env={**os.environ, 'PYTHONUNBUFFERED': '1'},
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    [sys.executable, 'launch/tune.py', f'--tune={tune_file}', f'--workdir={workdir}', *flags],
+    cwd=REPO,
+    env={**os.environ, 'PYTHONUNBUFFERED': '1'},
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 def _wait_for_checkpoint(worker: subprocess.Popen, tmp_path):
@@ -96,8 +101,9 @@ def database(request, tmp_path):
   PostgreSQL database."""
   if request.param == 'sqlite':
     return ''
-  return new_database(request.getfixturevalue('postgres'), f'study_{tmp_path.name.lower()}'
-                      .replace('-', '_')[:60])
+  return new_database(
+    request.getfixturevalue('postgres'), f'study_{tmp_path.name.lower()}'.replace('-', '_')[:60]
+  )
 
 
 def _trials(study, state):
@@ -140,14 +146,18 @@ def test_the_median_pruner_stops_a_trial_worse_than_the_first(tune_file, tmp_pat
 
 @pytest.mark.parametrize('linked', ['study.db', 'trials'])
 def test_a_link_inside_the_work_directory_is_refused_before_anything_is_written(
-    tune_file, tmp_path, linked):
+  tune_file, tmp_path, linked
+):
   outside = tmp_path / 'outside'
   outside.mkdir()
   workdir = tmp_path / 'tuning'
   workdir.mkdir()
   os.symlink(outside / linked, workdir / linked)
-  with pytest.raises(ConfigError, match=f'{linked} is a symbolic link: lm_zoo writes nothing '
-                     'through links inside a work directory'):
+  with pytest.raises(
+    ConfigError,
+    match=f'{linked} is a symbolic link: lm_zoo writes nothing '
+    'through links inside a work directory',
+  ):
     open_study(_tune_config(tune_file), workdir)
   assert not list(outside.iterdir())
 
@@ -164,6 +174,7 @@ def _sampled(tune, workdir, trials: int) -> list[dict]:
   """Opens the study as a (re)started worker does and samples `trials`
   trials of it, each told a made-up loss."""
   from lm_zoo.tuning import suggest
+
   study = open_study(tune, workdir)
   values = []
   for _ in range(trials):
@@ -182,8 +193,7 @@ def test_a_seeded_study_is_reproducible_and_a_restart_does_not_repeat_it(tune_fi
   assert again == first + restarted  # the same seed and history, the same values
 
 
-def test_a_trial_whose_loss_overflows_the_perplexity_is_pruned_as_diverged(tune_file,
-                                                                            tmp_path):
+def test_a_trial_whose_loss_overflows_the_perplexity_is_pruned_as_diverged(tune_file, tmp_path):
   tune = _tune_config(tune_file)
   tune.base.optimizer.update(name='sgd', clip_norm=0.0)
   tune.space.learning_rate.update(low=1e29, high=1e30)
@@ -195,15 +205,26 @@ def test_a_trial_whose_loss_overflows_the_perplexity_is_pruned_as_diverged(tune_
 
 
 def test_two_workers_share_one_study_and_run_no_trial_twice(tune_file, tmp_path, database):
-  workers = [_worker(tune_file, tmp_path, f'--worker={k}', '--tune.study.num_trials=4',
-                     f'--tune.study.storage={database}') for k in (0, 1)]
+  workers = [
+    _worker(
+      tune_file,
+      tmp_path,
+      f'--worker={k}',
+      '--tune.study.num_trials=4',
+      f'--tune.study.storage={database}',
+    )
+    for k in (0, 1)
+  ]
   outputs = [w.communicate(timeout=300)[0] for w in workers]
   assert [w.returncode for w in workers] == [0, 0], outputs
   tune = _tune_config(tune_file)
   tune.study.num_trials, tune.study.storage = 4, database
   study = open_study(tune, tmp_path)
-  finished = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE,
-                                                     optuna.trial.TrialState.PRUNED)]
+  finished = [
+    t
+    for t in study.trials
+    if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+  ]
   assert len(finished) == 4
   # A trial that started at the same moment as the last one was dropped before training.
   others = [t for t in study.trials if t not in finished]
@@ -211,20 +232,31 @@ def test_two_workers_share_one_study_and_run_no_trial_twice(tune_file, tmp_path,
   workdirs = [t.user_attrs['workdir'] for t in finished]
   assert len(set(workdirs)) == 4
   for workdir in workdirs:  # each trained once, from scratch: 20 steps logged once
-    steps = [json.loads(line)['step'] for line in open(f'{workdir}/metrics.jsonl')
-             if json.loads(line)['kind'] == 'train']
+    steps = [
+      json.loads(line)['step']
+      for line in open(f'{workdir}/metrics.jsonl')
+      if json.loads(line)['kind'] == 'train'
+    ]
     assert steps == [10, 20]
-  ran = [line for out in outputs for line in out.splitlines() if 'Trial' in line
-         and 'finished with value' in line]
+  ran = [
+    line
+    for out in outputs
+    for line in out.splitlines()
+    if 'Trial' in line and 'finished with value' in line
+  ]
   assert len(ran) == 4
 
 
 def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_file, tmp_path):
   # 200 steps, a checkpoint every 50: after the first, the worker is killed
   # long before its trial ends, and the survivor has 150 steps to train.
-  flags = ('--tune.base.train.max_steps=200', '--tune.base.train.checkpoint_every=50',
-           '--tune.base.train.eval_every=100', '--tune.study.num_trials=1',
-           '--tune.study.grace_period=3')
+  flags = (
+    '--tune.base.train.max_steps=200',
+    '--tune.base.train.checkpoint_every=50',
+    '--tune.base.train.eval_every=100',
+    '--tune.study.num_trials=1',
+    '--tune.study.grace_period=3',
+  )
   killed = _worker(tune_file, tmp_path, *flags)
   checkpoints = _wait_for_checkpoint(killed, tmp_path)
   os.kill(killed.pid, signal.SIGKILL)
@@ -250,8 +282,11 @@ def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_fi
 
 
 def test_sigterm_checkpoints_the_trial_and_queues_it_again(tune_file, tmp_path):
-  flags = ('--tune.base.train.max_steps=200', '--tune.base.train.checkpoint_every=5',
-           '--tune.study.num_trials=1')
+  flags = (
+    '--tune.base.train.max_steps=200',
+    '--tune.base.train.checkpoint_every=5',
+    '--tune.study.num_trials=1',
+  )
   worker = _worker(tune_file, tmp_path, *flags)
   _wait_for_checkpoint(worker, tmp_path)
   worker.send_signal(signal.SIGTERM)

@@ -51,6 +51,7 @@ def _run(request: dict, fds: list[int]) -> None:
   exits as the interpreter does (an uncaught exception: its traceback, 1)."""
   import runpy
   import types
+
   for target, fd in enumerate(fds):
     os.dup2(fd, target)
     os.close(fd)
@@ -80,6 +81,7 @@ def _run(request: dict, fds: list[int]) -> None:
 
 def serve(path: str) -> None:
   import importlib
+
   for module in ('lm_zoo.cli', 'lm_zoo.training', 'lm_zoo.evaluation', 'lm_zoo.generation'):
     importlib.import_module(module)  # no JAX backend yet: its threads would not fork
   listener = socket.socket(socket.AF_UNIX)
@@ -112,6 +114,7 @@ def warm_python(env: dict[str, str]):
   Python. The server and any child left are killed at the end."""
   import subprocess
   import tempfile
+
   with tempfile.TemporaryDirectory(prefix='warm_python_') as folder:  # a short socket path
     path = os.path.join(folder, 'socket')
     python = os.path.join(folder, 'python')
@@ -119,11 +122,19 @@ def warm_python(env: dict[str, str]):
       f.write(f'#!/bin/sh\nexec {sys.executable} -S {os.path.abspath(__file__)} {path} "$@"\n')
     os.chmod(python, 0o755)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**env, 'PYTHONUNBUFFERED': '1',
-           'PYTHONPATH': os.pathsep.join(filter(None, [repo, env.get('PYTHONPATH')]))}
-    server = subprocess.Popen([sys.executable, __file__, '--serve', path], env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              text=True, start_new_session=True)
+    env = {
+      **env,
+      'PYTHONUNBUFFERED': '1',
+      'PYTHONPATH': os.pathsep.join(filter(None, [repo, env.get('PYTHONPATH')])),
+    }
+    server = subprocess.Popen(
+      [sys.executable, __file__, '--serve', path],
+      env=env,
+      stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+    )
     try:
       assert server.stdout.readline() == 'ready\n', 'the warm Python did not start'
       yield python

@@ -7,6 +7,20 @@ from lm_zoo.cells.mlstm import MLSTMCell
 from lm_zoo.cells.mogrifier import Mogrify, mogrified
 from lm_zoo.cells.scans import SCANS, CellScans, Scan, register_scans, resolve_scan
 
-__all__ = ['ALSTMCell', 'CellScans', 'LSTMCell', 'LSTMRHNStack', 'MLSTMCell', 'Mogrify', 'SCANS',
-           'Scan', 'StaticLatent', 'carry_output', 'dropout_scaled', 'mogrified', 'register_scans',
-           'replace_carry_output', 'resolve_scan']
+__all__ = [
+  'ALSTMCell',
+  'CellScans',
+  'LSTMCell',
+  'LSTMRHNStack',
+  'MLSTMCell',
+  'Mogrify',
+  'SCANS',
+  'Scan',
+  'StaticLatent',
+  'carry_output',
+  'dropout_scaled',
+  'mogrified',
+  'register_scans',
+  'replace_carry_output',
+  'resolve_scan',
+]

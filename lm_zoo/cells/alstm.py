@@ -107,22 +107,29 @@ class ALSTMCell(nn.RNNCellBase):
     latent_carry, c, h = carry
     n, m = self.features, x.shape[-1]
     v = jnp.concatenate([x, h] if context is None else [x, h, context], axis=-1)
-    latent_carry, z = self.latent(features=self.latent_size, dtype=self.dtype,
-                                  name='latent')(latent_carry, v)
+    latent_carry, z = self.latent(features=self.latent_size, dtype=self.dtype, name='latent')(
+      latent_carry, v
+    )
     if self.dropout_latent > 0 and self.has_rng('dropout'):
       z = nn.Dropout(self.dropout_latent, deterministic=False, name='latent_dropout')(z)
       if jax.tree.leaves(latent_carry):
         latent_carry = replace_carry_output(latent_carry, z)
-    pi = jnp.tanh(dense(m + 13 * n, self.dtype, use_bias=False,
-                        param_dtype=self.param_dtype, name='policy')(z))
-    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(
-        pi, (m, n, 4 * n, 4 * n, 4 * n))
+    pi = jnp.tanh(
+      dense(m + 13 * n, self.dtype, use_bias=False, param_dtype=self.param_dtype, name='policy')(z)
+    )
+    x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, (m, n, 4 * n, 4 * n, 4 * n))
     adaptive = lambda name, **kw: AdaptiveDense(
-        4 * n, 'io', kernel_init=per_gate_init(nn.initializers.orthogonal(), n),
-        dtype=self.dtype, param_dtype=self.param_dtype, name=name, **kw)
-    gates = (adaptive('input', use_bias=False)(x, policies=(x_scale, w_scale))
-             + adaptive('recurrent', bias_init=gate_bias_init(n, self.forget_bias))(
-                 h, policies=(h_scale, v_scale, b_scale)))
+      4 * n,
+      'io',
+      kernel_init=per_gate_init(nn.initializers.orthogonal(), n),
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name=name,
+      **kw,
+    )
+    gates = adaptive('input', use_bias=False)(x, policies=(x_scale, w_scale)) + adaptive(
+      'recurrent', bias_init=gate_bias_init(n, self.forget_bias)
+    )(h, policies=(h_scale, v_scale, b_scale))
     new_c, new_h = lstm_update(gates, c, self.cap_input_gate)
     return (latent_carry, new_c, new_h), new_h
 
@@ -141,9 +148,11 @@ class ALSTMCell(nn.RNNCellBase):
     # The latent model sees v = [x; h] (and a context): its carry depends only
     # on the batch shape, so any last dimension will do here.
     latent = self.latent(features=self.latent_size, parent=None).initialize_carry(
-        key_latent, input_shape)
-    state = LSTMCell(self.features, param_dtype=self.param_dtype,
-                     parent=None).initialize_carry(key_state, input_shape)
+      key_latent, input_shape
+    )
+    state = LSTMCell(self.features, param_dtype=self.param_dtype, parent=None).initialize_carry(
+      key_state, input_shape
+    )
     return (jax.tree.map(lambda a: a.astype(self.param_dtype), latent), *state)
 
   @property
@@ -184,14 +193,17 @@ class LSTMRHNStack(nn.RNNCellBase):
   @nn.compact
   def __call__(self, carry, inputs: jax.Array):
     if not jax.tree.leaves(carry[-1][0]):
-      raise ConfigError('the LSTM-RHN stack needs recurrent latents (for example '
-                        'LSTMCell), whose carry holds z; StaticLatent has none')
+      raise ConfigError(
+        'the LSTM-RHN stack needs recurrent latents (for example '
+        'LSTMCell), whose carry holds z; StaticLatent has none'
+      )
     context, x, new_carry = carry_output(carry[-1][0]), inputs, []
     for layer, (cell, layer_carry) in enumerate(zip(self.cells, carry)):
       if layer > 0:
         x = nn.Dropout(self.dropout_hidden, deterministic=self.deterministic)(x)
       h = nn.Dropout(self.dropout_state, deterministic=self.deterministic)(
-          carry_output(layer_carry))
+        carry_output(layer_carry)
+      )
       layer_carry, x = cell.step(replace_carry_output(layer_carry, h), x, context)
       context = carry_output(layer_carry[0])
       new_carry.append(layer_carry)
@@ -200,8 +212,9 @@ class LSTMRHNStack(nn.RNNCellBase):
   @nn.nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
     keys = jax.random.split(rng, len(self.cells))
-    return tuple(cell.clone(parent=None).initialize_carry(k, input_shape)
-                 for cell, k in zip(self.cells, keys))
+    return tuple(
+      cell.clone(parent=None).initialize_carry(k, input_shape) for cell, k in zip(self.cells, keys)
+    )
 
   @property
   def num_feature_axes(self) -> int:

@@ -34,10 +34,21 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import (
-    _activations, _backward_factors, _cell_update, _gates_gradient, _state_mask, shifted)
+  _activations,
+  _backward_factors,
+  _cell_update,
+  _gates_gradient,
+  _state_mask,
+  shifted,
+)
 from lm_zoo.layers.adaptive import split_sizes
-from lm_zoo.layers.products import (accumulation_dtype, aligned_product, aligned_rows,
-                                    contract, contraction_alignment)
+from lm_zoo.layers.products import (
+  accumulation_dtype,
+  aligned_product,
+  aligned_rows,
+  contract,
+  contraction_alignment,
+)
 
 
 def is_recurrent(params) -> bool:
@@ -60,14 +71,21 @@ def step_weights(params, dtype, alignment):
   by, made once before a window's loop."""
   latent = params['latent']
   recurrent = latent['recurrent_kernel'] if is_recurrent(params) else None
-  return tuple(None if kernel is None else aligned_rows(kernel.astype(dtype), alignment)
-               for kernel in (
-      latent_dense(params)['kernel'], recurrent, params['policy']['kernel'],
-      params['input']['kernel_1'], params['recurrent']['kernel_1']))
+  return tuple(
+    None if kernel is None else aligned_rows(kernel.astype(dtype), alignment)
+    for kernel in (
+      latent_dense(params)['kernel'],
+      recurrent,
+      params['policy']['kernel'],
+      params['input']['kernel_1'],
+      params['recurrent']['kernel_1'],
+    )
+  )
 
 
-def adapted_step(params, weights, x, h_in, c, latent_carry, context=(), latent_mask=None, *,
-                 dtype, cap_input_gate):
+def adapted_step(
+  params, weights, x, h_in, c, latent_carry, context=(), latent_mask=None, *, dtype, cap_input_gate
+):
   """One step of the aLSTM with parameters `params` (`weights`: their
   `step_weights`) from the input x, the masked fed-back state h_in, the cell
   state c and the latent's carry; `context` (a tuple of arrays, or ())
@@ -83,8 +101,9 @@ def adapted_step(params, weights, x, h_in, c, latent_carry, context=(), latent_m
   latent_kernel, latent_recurrent_kernel, policy, kernel, recurrent_kernel = weights
   accumulate = accumulation_dtype(dtype)
   v = jnp.concatenate([x, h_in, *context], axis=-1)
-  projected = (aligned_product(v, latent_kernel, dtype)
-               + latent_dense(params)['bias'].astype(accumulate))
+  projected = aligned_product(v, latent_kernel, dtype) + latent_dense(params)['bias'].astype(
+    accumulate
+  )
   if is_recurrent(params):
     c_z, z_prev = latent_carry
     act_z = _activations(projected + aligned_product(z_prev, latent_recurrent_kernel, dtype))
@@ -105,8 +124,9 @@ def adapted_step(params, weights, x, h_in, c, latent_carry, context=(), latent_m
   return (latent_carry, new_c, new_h), (act, new_c, pi, a, r, z, latent_saved)
 
 
-def _forward_scan(params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate,
-                  alignment):
+def _forward_scan(
+  params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate, alignment
+):
   """The outputs h_1..h_T, the final carry, and per step what the backward
   pass reads (`adapted_step`)."""
   weights = step_weights(params, dtype, alignment)
@@ -114,8 +134,16 @@ def _forward_scan(params, inputs, carry, state_mask, steps, dtype, unroll, cap_i
   def step(carry, xs):
     x, valid = xs
     latent_carry, c, h = carry
-    new_carry, saved = adapted_step(params, weights, x, h * state_mask, c, latent_carry,
-                                    dtype=dtype, cap_input_gate=cap_input_gate)
+    new_carry, saved = adapted_step(
+      params,
+      weights,
+      x,
+      h * state_mask,
+      c,
+      latent_carry,
+      dtype=dtype,
+      cap_input_gate=cap_input_gate,
+    )
     return held(valid, new_carry, carry), (own(valid, new_carry[-1]), *saved)
 
   new_carry, (hs, *saved) = jax.lax.scan(step, carry, (inputs, steps), unroll=unroll)
@@ -123,17 +151,19 @@ def _forward_scan(params, inputs, carry, state_mask, steps, dtype, unroll, cap_i
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _recurrence(params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate,
-                alignment):
-  hs, new_carry, _ = _forward_scan(params, inputs, carry, state_mask, steps, dtype, unroll,
-                                   cap_input_gate, alignment)
+def _recurrence(params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate, alignment):
+  hs, new_carry, _ = _forward_scan(
+    params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate, alignment
+  )
   return hs, new_carry
 
 
-def _recurrence_fwd(params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate,
-                    alignment):
-  hs, new_carry, saved = _forward_scan(params, inputs, carry, state_mask, steps, dtype, unroll,
-                                       cap_input_gate, alignment)
+def _recurrence_fwd(
+  params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate, alignment
+):
+  hs, new_carry, saved = _forward_scan(
+    params, inputs, carry, state_mask, steps, dtype, unroll, cap_input_gate, alignment
+  )
   return (hs, new_carry), (params, inputs, carry, state_mask, steps, hs, saved)
 
 
@@ -148,9 +178,15 @@ def transposed_weights(params, dtype, alignment):
   latent_kernel = latent_dense(params)['kernel']
   if is_recurrent(params):
     latent_kernel = jnp.concatenate([latent_kernel, params['latent']['recurrent_kernel']], 0)
-  return tuple(_transposed(kernel, dtype, alignment) for kernel in (
-      params['input']['kernel_1'], params['recurrent']['kernel_1'], params['policy']['kernel'],
-      latent_kernel))
+  return tuple(
+    _transposed(kernel, dtype, alignment)
+    for kernel in (
+      params['input']['kernel_1'],
+      params['recurrent']['kernel_1'],
+      params['policy']['kernel'],
+      latent_kernel,
+    )
+  )
 
 
 def step_factors(params, saved, c0, latent0, cap_input_gate):
@@ -168,8 +204,9 @@ def step_factors(params, saved, c0, latent0, cap_input_gate):
   return f, d_c_from_h, gate_scales, pis, a_s, rs, latent_factors
 
 
-def adapted_step_backward(params, weights_t, d_h, d_c, d_latent, x, h_in, factors,
-                          latent_mask=None, *, dtype):
+def adapted_step_backward(
+  params, weights_t, d_h, d_c, d_latent, x, h_in, factors, latent_mask=None, *, dtype
+):
   """One step of the aLSTM back (the module docstring's equations), from
   dL/dh_t `d_h`, dL/dc_t `d_c` and the latent carry's gradient `d_latent`
   (for a recurrent latent (dL/dc_z, dL/dz) from the steps after, z as the
@@ -188,8 +225,16 @@ def adapted_step_backward(params, weights_t, d_h, d_c, d_latent, x, h_in, factor
   x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
   d_x_scaled = aligned_product(d_gates * w_scale, kernel_t, dtype)
   d_h_scaled = aligned_product(d_gates * v_scale, recurrent_kernel_t, dtype)
-  d_pi = jnp.concatenate([d_x_scaled * x, d_h_scaled * h_in, d_gates * a, d_gates * r,
-                          d_gates * params['recurrent']['bias']], axis=-1)
+  d_pi = jnp.concatenate(
+    [
+      d_x_scaled * x,
+      d_h_scaled * h_in,
+      d_gates * a,
+      d_gates * r,
+      d_gates * params['recurrent']['bias'],
+    ],
+    axis=-1,
+  )
   d_policy_in = (d_pi * (1 - pi * pi)).astype(pi.dtype)
   d_z = aligned_product(d_policy_in, policy_t, dtype)
   v_size = latent_dense(params)['kernel'].shape[0]
@@ -209,9 +254,15 @@ def adapted_step_backward(params, weights_t, d_h, d_c, d_latent, x, h_in, factor
     d_latent_gates = jnp.where(positive, d_z, 0)
     d_v = aligned_product(d_latent_gates, latent_kernel_t, dtype)
   d_x = (d_x_scaled * x_scale + d_v[:, :m]).astype(x.dtype)
-  d_h_in = d_h_scaled * h_scale + d_v[:, m:m + n]
-  return ((d_c * f_t).astype(d_c.dtype), d_latent, d_x, d_h_in, d_v[:, m + n:v_size],
-          (d_gates, d_policy_in, d_latent_gates))
+  d_h_in = d_h_scaled * h_scale + d_v[:, m : m + n]
+  return (
+    (d_c * f_t).astype(d_c.dtype),
+    d_latent,
+    d_x,
+    d_h_in,
+    d_v[:, m + n : v_size],
+    (d_gates, d_policy_in, d_latent_gates),
+  )
 
 
 def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, residuals, cotangents):
@@ -225,24 +276,51 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, residuals, cotange
     d_latent, d_c, d_h_next, d_mask = carry
     d_h_out, x, h_prev_t, factors_t, valid = xs
     d_c, d_latent, d_x, d_h_in, _, products = adapted_step_backward(
-        params, weights_t, own(valid, d_h_out) + d_h_next, d_c, d_latent, x,
-        h_prev_t * state_mask, factors_t, dtype=dtype)
-    previous = (d_latent, d_c, (d_h_in * state_mask).astype(h0.dtype),
-                (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
+      params,
+      weights_t,
+      own(valid, d_h_out) + d_h_next,
+      d_c,
+      d_latent,
+      x,
+      h_prev_t * state_mask,
+      factors_t,
+      dtype=dtype,
+    )
+    previous = (
+      d_latent,
+      d_c,
+      (d_h_in * state_mask).astype(h0.dtype),
+      (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype),
+    )
     return held(valid, previous, carry), own(valid, (*products, d_x))
 
-  (d_latent0, d_c0, d_h0, d_mask), (d_gates, d_policy_in, d_latent_gates, d_inputs) = (
-      jax.lax.scan(step, (d_latent_last, d_c_last, d_h_last, jnp.zeros_like(state_mask)),
-                   (d_hs, inputs, h_prev, factors, steps), reverse=True, unroll=unroll))
+  (d_latent0, d_c0, d_h0, d_mask), (d_gates, d_policy_in, d_latent_gates, d_inputs) = jax.lax.scan(
+    step,
+    (d_latent_last, d_c_last, d_h_last, jnp.zeros_like(state_mask)),
+    (d_hs, inputs, h_prev, factors, steps),
+    reverse=True,
+    unroll=unroll,
+  )
   zs = saved[5]
   z_prev = shifted(latent0[1], zs) if is_recurrent(params) else None
-  grads = weight_gradients(params, inputs, h_prev * state_mask, saved[2], zs, d_gates,
-                            d_policy_in, d_latent_gates, z_prev, dtype)
+  grads = weight_gradients(
+    params,
+    inputs,
+    h_prev * state_mask,
+    saved[2],
+    zs,
+    d_gates,
+    d_policy_in,
+    d_latent_gates,
+    z_prev,
+    dtype,
+  )
   return grads, d_inputs, (d_latent0, d_c0, d_h0), d_mask, None
 
 
-def weight_gradients(params, inputs, h_in, pis, zs, d_gates, d_policy_in, d_latent_gates,
-                      z_prev, dtype, context=None):
+def weight_gradients(
+  params, inputs, h_in, pis, zs, d_gates, d_policy_in, d_latent_gates, z_prev, dtype, context=None
+):
   """Every weight's gradient, each one product (or sum) over the window's T·B
   rows; `context`: the columns of the latent's input after [x; h_in], if any."""
   m, n = inputs.shape[-1], h_in.shape[-1]
@@ -250,37 +328,54 @@ def weight_gradients(params, inputs, h_in, pis, zs, d_gates, d_policy_in, d_late
   x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(rows(pis), policy_sizes(m, n))
   d_gates = rows(d_gates)
   product = lambda a, b, like: contract('tm,tk->mk', a, b, dtype).astype(like.dtype)
-  column_sum = lambda a, like: jnp.sum(a, axis=0, dtype=jnp.promote_types(
-      like.dtype, jnp.float32)).astype(like.dtype)
+  column_sum = lambda a, like: jnp.sum(
+    a, axis=0, dtype=jnp.promote_types(like.dtype, jnp.float32)
+  ).astype(like.dtype)
   bias = params['recurrent']['bias']
   d_latent_gates = rows(d_latent_gates)
   dense = latent_dense(params)
-  v = jnp.concatenate([rows(inputs), rows(h_in)] + ([] if context is None else [rows(context)]),
-                      axis=-1)
-  d_dense = {'kernel': product(v, d_latent_gates, dense['kernel']),
-             'bias': column_sum(d_latent_gates, dense['bias'])}
+  v = jnp.concatenate(
+    [rows(inputs), rows(h_in)] + ([] if context is None else [rows(context)]), axis=-1
+  )
+  d_dense = {
+    'kernel': product(v, d_latent_gates, dense['kernel']),
+    'bias': column_sum(d_latent_gates, dense['bias']),
+  }
   if z_prev is None:
     d_latent = {'Dense_0': d_dense}
   else:
-    d_latent = {'input': d_dense, 'recurrent_kernel': product(
-        rows(z_prev), d_latent_gates, params['latent']['recurrent_kernel'])}
+    d_latent = {
+      'input': d_dense,
+      'recurrent_kernel': product(
+        rows(z_prev), d_latent_gates, params['latent']['recurrent_kernel']
+      ),
+    }
   return {
-      'input': {'kernel_1': product(rows(inputs) * x_scale, d_gates * w_scale,
-                                    params['input']['kernel_1'])},
-      'recurrent': {'kernel_1': product(rows(h_in) * h_scale, d_gates * v_scale,
-                                        params['recurrent']['kernel_1']),
-                    'bias': column_sum(d_gates * b_scale, bias)},
-      'policy': {'kernel': product(rows(zs), rows(d_policy_in), params['policy']['kernel'])},
-      'latent': d_latent,
+    'input': {
+      'kernel_1': product(rows(inputs) * x_scale, d_gates * w_scale, params['input']['kernel_1'])
+    },
+    'recurrent': {
+      'kernel_1': product(rows(h_in) * h_scale, d_gates * v_scale, params['recurrent']['kernel_1']),
+      'bias': column_sum(d_gates * b_scale, bias),
+    },
+    'policy': {'kernel': product(rows(zs), rows(d_policy_in), params['policy']['kernel'])},
+    'latent': d_latent,
   }
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
-def alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
-                     state_mask: jax.Array | None = None, dtype: Any = None, unroll: int = 1,
-                     cap_input_gate: bool = False, steps: jax.Array | None = None):
+def alstm_recurrence(
+  inputs: jax.Array,
+  params: Any,
+  carry: Any,
+  state_mask: jax.Array | None = None,
+  dtype: Any = None,
+  unroll: int = 1,
+  cap_input_gate: bool = False,
+  steps: jax.Array | None = None,
+):
   """The aLSTM over a window, differentiated by the backward pass above.
 
   Args:
@@ -301,10 +396,17 @@ def alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
   h0 = carry[-1]
   n = h0.shape[-1]
   check_window(inputs, params, n)
-  hs, new_carry = _recurrence(params, inputs, tuple(carry), _state_mask(state_mask, h0),
-                              check_steps(steps, inputs.shape[0]),
-                              jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate,
-                              contraction_alignment())
+  hs, new_carry = _recurrence(
+    params,
+    inputs,
+    tuple(carry),
+    _state_mask(state_mask, h0),
+    check_steps(steps, inputs.shape[0]),
+    jnp.dtype(dtype or inputs.dtype),
+    unroll,
+    cap_input_gate,
+    contraction_alignment(),
+  )
   return new_carry, hs
 
 
@@ -312,5 +414,7 @@ def check_window(inputs: jax.Array, params: Any, n: int) -> None:
   """Raises ValueError unless `inputs` is (T, B, m) and fits the aLSTM input
   kernel W (m, 4n)."""
   if inputs.ndim != 3 or params['input']['kernel_1'].shape != (inputs.shape[-1], 4 * n):
-    raise ValueError(f'inputs {inputs.shape} do not fit the aLSTM input kernel '
-                     f'{params["input"]["kernel_1"].shape}: expected (T, B, m) with W (m, {4 * n})')
+    raise ValueError(
+      f'inputs {inputs.shape} do not fit the aLSTM input kernel '
+      f'{params["input"]["kernel_1"].shape}: expected (T, B, m) with W (m, {4 * n})'
+    )

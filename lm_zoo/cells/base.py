@@ -44,8 +44,11 @@ def replace_carry_output(carry: Carry, h) -> Carry:
 
 def describe(cell: nn.Module) -> str:
   """The cell's class, with the cells it wraps: 'Mogrify(GRUCell)'."""
-  inner = [describe(getattr(cell, f.name)) for f in dataclasses.fields(cell)
-           if f.name != 'parent' and isinstance(getattr(cell, f.name), nn.Module)]
+  inner = [
+    describe(getattr(cell, f.name))
+    for f in dataclasses.fields(cell)
+    if f.name != 'parent' and isinstance(getattr(cell, f.name), nn.Module)
+  ]
   return type(cell).__name__ + (f'({", ".join(inner)})' if inner else '')
 
 
@@ -67,10 +70,10 @@ def dropout_scaled(obj: nn.Module, factor: float) -> nn.Module:
   Raises:
     ValueError: a scaled rate leaves [0, 1), naming it.
   """
-  rates = {name: getattr(obj, name) * factor
-           for name in getattr(type(obj), 'dropout_rates', ())}
-  outside = {f'{type(obj).__name__}.{name}': rate for name, rate in rates.items()
-             if not 0 <= rate < 1}
+  rates = {name: getattr(obj, name) * factor for name in getattr(type(obj), 'dropout_rates', ())}
+  outside = {
+    f'{type(obj).__name__}.{name}': rate for name, rate in rates.items() if not 0 <= rate < 1
+  }
   if outside:
     raise ValueError(f'dropout scaled by {factor} leaves rates outside [0, 1): {outside}')
   changes = dict(rates)

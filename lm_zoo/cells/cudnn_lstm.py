@@ -46,8 +46,9 @@ def cudnn_refusal(cell: LSTMCell, state_mask: bool = False) -> str | None:
   if cell.cap_input_gate:
     return "cuDNN's LSTM has no capped input gate (model.cap_input_gate)"
   if cell.dtype is not None and jnp.dtype(cell.dtype) != jnp.float32:
-    return f"cuDNN's LSTM runs float32 products only, not {jnp.dtype(cell.dtype).name} " \
-           '(model.dtype)'
+    return (
+      f"cuDNN's LSTM runs float32 products only, not {jnp.dtype(cell.dtype).name} (model.dtype)"
+    )
   if state_mask:
     return STATE_MASK_REFUSAL
   return None
@@ -57,8 +58,9 @@ def pack_weights(params) -> jax.Array:
   """cuDNN's flat weights of one layer from an `LSTMCell`'s parameters."""
   kernel, bias = params['input']['kernel'], params['input']['bias']
   recurrent_bias = params.get('recurrent_bias', jnp.zeros_like(bias))
-  return jnp.concatenate([kernel.T.ravel(), params['recurrent_kernel'].T.ravel(), bias,
-                          recurrent_bias]).astype(jnp.float32)
+  return jnp.concatenate(
+    [kernel.T.ravel(), params['recurrent_kernel'].T.ravel(), bias, recurrent_bias]
+  ).astype(jnp.float32)
 
 
 def _reference(x, h0, c0, weights, lengths, input_size, hidden_size):
@@ -70,16 +72,20 @@ def _reference(x, h0, c0, weights, lengths, input_size, hidden_size):
 def row_major_layouts(types) -> ir.ArrayAttr:
   """A custom call's `operand_layouts` or `result_layouts`: row-major (the
   last axis fastest) for each MLIR tensor type of `types`."""
-  return ir.ArrayAttr.get([
+  return ir.ArrayAttr.get(
+    [
       ir.DenseIntElementsAttr.get(
-          np.arange(ir.RankedTensorType(t).rank - 1, -1, -1, dtype=np.int64),
-          type=ir.IndexType.get())
-      for t in types])
+        np.arange(ir.RankedTensorType(t).rank - 1, -1, -1, dtype=np.int64), type=ir.IndexType.get()
+      )
+      for t in types
+    ]
+  )
 
 
 def pin_row_major(lowering):
   """`lowering`, a rule that emits one custom call, with every operand and
   result of that call pinned to the row-major layout."""
+
   def rule(ctx, *args, **params):
     results = lowering(ctx, *args, **params)
     call = results[0].owner
@@ -87,6 +93,7 @@ def pin_row_major(lowering):
     call.attributes['operand_layouts'] = row_major_layouts(v.type for v in call.operands)
     call.attributes['result_layouts'] = row_major_layouts(v.type for v in call.results)
     return results
+
   return rule
 
 
@@ -103,24 +110,35 @@ def _primitive(name: str, abstract_eval, cuda_lowering) -> Primitive:
   primitive.multiple_results = True
   primitive.def_abstract_eval(abstract_eval)
   primitive.def_impl(
-      lambda *args, **params: _compiled_bind(primitive, tuple(sorted(params.items())))(*args))
+    lambda *args, **params: _compiled_bind(primitive, tuple(sorted(params.items())))(*args)
+  )
   if cuda_lowering is not None:
     mlir.register_lowering(primitive, pin_row_major(cuda_lowering), platform='cuda')
   return primitive
 
 
 _gpu_rnn = getattr(rnn, 'gpu_rnn', None)
-_forward_p = _primitive('lm_zoo_cudnn_lstm_fwd', rnn.rnn_abstract_eval,
-                        getattr(_gpu_rnn, 'cudnn_rnn_lowering', None))
-_backward_p = _primitive('lm_zoo_cudnn_lstm_bwd', rnn.rnn_bwd_abstract_eval,
-                         getattr(_gpu_rnn, 'cudnn_rnn_bwd_lowering', None))
+_forward_p = _primitive(
+  'lm_zoo_cudnn_lstm_fwd', rnn.rnn_abstract_eval, getattr(_gpu_rnn, 'cudnn_rnn_lowering', None)
+)
+_backward_p = _primitive(
+  'lm_zoo_cudnn_lstm_bwd',
+  rnn.rnn_bwd_abstract_eval,
+  getattr(_gpu_rnn, 'cudnn_rnn_bwd_lowering', None),
+)
 
 
 def _call_params(input_size: int, hidden_size: int) -> dict:
   # TF32 products unless JAX's matmul precision is 'highest', as
   # jax.experimental.rnn.lstm decides.
-  return dict(input_size=input_size, hidden_size=hidden_size, num_layers=1, dropout=0.0,
-              bidirectional=False, cudnn_allow_tf32=rnn._lstm_cudnn_allow_tf32(None))
+  return dict(
+    input_size=input_size,
+    hidden_size=hidden_size,
+    num_layers=1,
+    dropout=0.0,
+    bidirectional=False,
+    cudnn_allow_tf32=rnn._lstm_cudnn_allow_tf32(None),
+  )
 
 
 def _forward(input_size, hidden_size, x, h0, c0, weights, lengths):
@@ -129,8 +147,9 @@ def _forward(input_size, hidden_size, x, h0, c0, weights, lengths):
   if jax.default_backend() != 'gpu':
     inputs = (x, h0, c0, weights, lengths)
     return _reference(*inputs, input_size, hidden_size), inputs
-  y, h_n, c_n, reserve = _forward_p.bind(x, h0, c0, weights, lengths,
-                                         **_call_params(input_size, hidden_size))
+  y, h_n, c_n, reserve = _forward_p.bind(
+    x, h0, c0, weights, lengths, **_call_params(input_size, hidden_size)
+  )
   return (y, h_n, c_n), (x, h0, c0, weights, lengths, y, reserve)
 
 
@@ -138,12 +157,16 @@ def _backward(input_size, hidden_size, residuals, gradients):
   """(dx, dh_0, dc_0, dweights) of one layer."""
   if jax.default_backend() != 'gpu':
     x, h0, c0, weights, lengths = residuals
-    _, vjp = jax.vjp(lambda *a: _reference(*a, lengths, input_size, hidden_size),
-                     x, h0, c0, weights)
+    _, vjp = jax.vjp(
+      lambda *a: _reference(*a, lengths, input_size, hidden_size), x, h0, c0, weights
+    )
     return vjp(gradients)
   x, h0, c0, weights, lengths, y, reserve = residuals
-  return tuple(_backward_p.bind(*gradients, x, h0, c0, weights, y, reserve, lengths,
-                                **_call_params(input_size, hidden_size)))
+  return tuple(
+    _backward_p.bind(
+      *gradients, x, h0, c0, weights, y, reserve, lengths, **_call_params(input_size, hidden_size)
+    )
+  )
 
 
 # cuDNN's primitives have no batching rule: under `jax.vmap` (a stack of
@@ -167,9 +190,15 @@ def _lstm_bwd(input_size, hidden_size, residuals, gradients):
 _lstm.defvjp(_lstm_fwd, _lstm_bwd)
 
 
-def cudnn_lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
-                      state_mask: jax.Array | None = None, unroll: int = 1,
-                      steps: jax.Array | None = None):
+def cudnn_lstm_window(
+  cell: LSTMCell,
+  params,
+  carry,
+  inputs: jax.Array,
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  steps: jax.Array | None = None,
+):
   """`cell`'s layer over a time-major window (T, B, m) in one call of cuDNN's
   LSTM (its reference scan off a GPU); returns ((c_T, h_T), outputs (T, B, n)).
   `steps`, the window's own steps, must come first (`lm_zoo.cells.held_steps`):
@@ -183,7 +212,16 @@ def cudnn_lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
   x = jnp.swapaxes(inputs, 0, 1).astype(jnp.float32)  # cuDNN's calls are batch-major
   own_steps = inputs.shape[0] if steps is None else jnp.sum(steps, dtype=jnp.int32)
   lengths = jnp.full((batch,), own_steps, jnp.int32)
-  ys, h_n, c_n = _lstm(size, cell.features, x, h0[None].astype(jnp.float32),
-                       c0[None].astype(jnp.float32), pack_weights(params), lengths)
-  return ((c_n[0].astype(c0.dtype), h_n[0].astype(h0.dtype)),
-          jnp.swapaxes(ys, 0, 1).astype(h0.dtype))
+  ys, h_n, c_n = _lstm(
+    size,
+    cell.features,
+    x,
+    h0[None].astype(jnp.float32),
+    c0[None].astype(jnp.float32),
+    pack_weights(params),
+    lengths,
+  )
+  return (
+    (c_n[0].astype(c0.dtype), h_n[0].astype(h0.dtype)),
+    jnp.swapaxes(ys, 0, 1).astype(h0.dtype),
+  )

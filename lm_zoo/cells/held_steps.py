@@ -34,8 +34,9 @@ def own(valid: jax.Array | None, value: Any) -> Any:
   return jax.tree.map(lambda v: jnp.where(valid, v, jnp.zeros_like(v)), value)
 
 
-def output_gradients(d_outputs: jax.Array, steps: jax.Array | None,
-                     d_final_h: jax.Array) -> jax.Array:
+def output_gradients(
+  d_outputs: jax.Array, steps: jax.Array | None, d_final_h: jax.Array
+) -> jax.Array:
   """The outputs' gradients (T, B, n) with the final h's added at the
   window's last own step (the last where `steps` is None), zeros at the
   others: what a backward loop that takes the final h's gradient through
@@ -52,6 +53,7 @@ def check_steps(steps: jax.Array | None, length: int) -> jax.Array | None:
     return None
   steps = jnp.asarray(steps)
   if steps.shape != (length,):
-    raise ValueError(f'steps must mark each of the window\'s {length} steps, got shape '
-                     f'{steps.shape}')
+    raise ValueError(
+      f"steps must mark each of the window's {length} steps, got shape {steps.shape}"
+    )
   return steps.astype(bool)

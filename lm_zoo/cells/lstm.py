@@ -17,22 +17,27 @@ Initializer = Callable[..., jax.Array]
 def per_gate_init(init: Initializer, features: int) -> Initializer:
   """Initialises each gate's (rows, features) block of a fused (rows, 4 features)
   kernel on its own (orthogonal per gate)."""
+
   def init_fn(key, shape, dtype=jnp.float32):
     keys = jax.random.split(key, 4)
     return jnp.concatenate([init(k, (shape[0], features), dtype) for k in keys], axis=-1)
+
   return init_fn
 
 
 def gate_bias_init(features: int, forget_bias: float) -> Initializer:
   """Zero gate biases (order i, f, j, o) with `forget_bias` on the forget gate."""
+
   def init_fn(key, shape, dtype=jnp.float32):
     del key
-    return jnp.zeros(shape, dtype).at[features:2 * features].set(forget_bias)
+    return jnp.zeros(shape, dtype).at[features : 2 * features].set(forget_bias)
+
   return init_fn
 
 
-def lstm_update(gates: jax.Array, c: jax.Array,
-                cap_input_gate: bool = False) -> tuple[jax.Array, jax.Array]:
+def lstm_update(
+  gates: jax.Array, c: jax.Array, cap_input_gate: bool = False
+) -> tuple[jax.Array, jax.Array]:
   """(c', h') from the pre-activations [i, f, j, o] (..., 4n) and c; with
   `cap_input_gate` the input gate is min(1 - σ(f), σ(i)) (lamb)."""
   i, f, j, o = jnp.split(gates, 4, axis=-1)
@@ -98,23 +103,31 @@ class LSTMCell(nn.RNNCellBase):
   carry_init: Initializer = nn.initializers.zeros_init()
 
   def __post_init__(self):
-    if (isinstance(self.features, bool) or not isinstance(self.features, numbers.Integral)
-        or self.features < 1):
+    if (
+      isinstance(self.features, bool)
+      or not isinstance(self.features, numbers.Integral)
+      or self.features < 1
+    ):
       raise ValueError(f'features must be a whole number >= 1, got {self.features!r}')
     super().__post_init__()
 
   def setup(self):
     n = self.features
     self.recurrent_kernel = self.param(
-        'recurrent_kernel', per_gate_init(self.recurrent_kernel_init, n), (n, 4 * n),
-        self.param_dtype)
+      'recurrent_kernel', per_gate_init(self.recurrent_kernel_init, n), (n, 4 * n), self.param_dtype
+    )
     # W and b live in a Dense so that the input size is inferred on first use.
-    self.input = dense(4 * n, self.dtype, kernel_init=per_gate_init(self.kernel_init, n),
-                       bias_init=gate_bias_init(n, self.forget_bias),
-                       param_dtype=self.param_dtype)
+    self.input = dense(
+      4 * n,
+      self.dtype,
+      kernel_init=per_gate_init(self.kernel_init, n),
+      bias_init=gate_bias_init(n, self.forget_bias),
+      param_dtype=self.param_dtype,
+    )
     if self.recurrent_bias:
-      self.bias_h = self.param('recurrent_bias', nn.initializers.zeros_init(), (4 * n,),
-                               self.param_dtype)
+      self.bias_h = self.param(
+        'recurrent_bias', nn.initializers.zeros_init(), (4 * n,), self.param_dtype
+      )
 
   def project_inputs(self, inputs: jax.Array) -> jax.Array:
     """W x + b (+ b_h) for any leading shape (all time steps at once)."""
@@ -128,8 +141,9 @@ class LSTMCell(nn.RNNCellBase):
   def step_projected(self, carry, projected: jax.Array):
     """One step given W x + b (+ b_h); returns ((c', h'), h')."""
     c, h = carry
-    new_c, new_h = lstm_update(projected + matmul(h, self.recurrent_kernel, self.dtype), c,
-                               self.cap_input_gate)
+    new_c, new_h = lstm_update(
+      projected + matmul(h, self.recurrent_kernel, self.dtype), c, self.cap_input_gate
+    )
     return (new_c, new_h), new_h
 
   def __call__(self, carry, inputs: jax.Array):
@@ -146,8 +160,10 @@ class LSTMCell(nn.RNNCellBase):
     batch_dims = input_shape[:-1]
     key_c, key_h = jax.random.split(rng)
     shape = (*batch_dims, self.features)
-    return (self.carry_init(key_c, shape, self.param_dtype),
-            self.carry_init(key_h, shape, self.param_dtype))
+    return (
+      self.carry_init(key_c, shape, self.param_dtype),
+      self.carry_init(key_h, shape, self.param_dtype),
+    )
 
   @property
   def num_feature_axes(self) -> int:

@@ -31,8 +31,13 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.held_steps import check_steps, held, own
-from lm_zoo.layers.products import (accumulation_dtype, aligned_product, aligned_rows,
-                                    contract, contraction_alignment)
+from lm_zoo.layers.products import (
+  accumulation_dtype,
+  aligned_product,
+  aligned_rows,
+  contract,
+  contraction_alignment,
+)
 
 
 def _activations(gates: jax.Array) -> jax.Array:
@@ -97,12 +102,16 @@ def _gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t):
 def _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask):
   """The backward carry for step t-1: dL/dc_{t-1} through c_t = σ(f) c_{t-1} + ...,
   dL/dh_{t-1} through the mask, and the mask's gradient summed so far."""
-  return ((d_c * f_t).astype(d_c.dtype), (d_h_in * state_mask).astype(d_h_next.dtype),
-          (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype))
+  return (
+    (d_c * f_t).astype(d_c.dtype),
+    (d_h_in * state_mask).astype(d_h_next.dtype),
+    (d_mask + d_h_in * h_prev_t).astype(d_mask.dtype),
+  )
 
 
-def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll,
-                  cap_input_gate, alignment):
+def _forward_scan(
+  projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll, cap_input_gate, alignment
+):
   """Returns the outputs h_1..h_T (T, B, n), the final carry, and per step
   the gate activations (T, B, 4n) and cell states c_1..c_T (T, B, n). Few
   arrays per step: each is a separate write in every loop iteration."""
@@ -120,17 +129,21 @@ def _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, steps, dtype,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _recurrence(projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll,
-                cap_input_gate, alignment):
-  hs, carry, _ = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask, steps, dtype,
-                               unroll, cap_input_gate, alignment)
+def _recurrence(
+  projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll, cap_input_gate, alignment
+):
+  hs, carry, _ = _forward_scan(
+    projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll, cap_input_gate, alignment
+  )
   return hs, carry
 
 
-def _recurrence_fwd(projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll,
-                    cap_input_gate, alignment):
-  hs, carry, (acts, cs) = _forward_scan(projected, recurrent_kernel, c0, h0, state_mask,
-                                        steps, dtype, unroll, cap_input_gate, alignment)
+def _recurrence_fwd(
+  projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll, cap_input_gate, alignment
+):
+  hs, carry, (acts, cs) = _forward_scan(
+    projected, recurrent_kernel, c0, h0, state_mask, steps, dtype, unroll, cap_input_gate, alignment
+  )
   return (hs, carry), (recurrent_kernel, state_mask, steps, c0, h0, hs, acts, cs)
 
 
@@ -144,16 +157,18 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, saved, cotangents)
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
     d_h_out, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, valid = xs
-    d_c, d_gates = _gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t,
-                                   gate_scales_t)
+    d_c, d_gates = _gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t, gate_scales_t)
     d_h_in = aligned_product(d_gates, kernel_t, dtype)
-    previous = _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next,
-                                        d_mask)
+    previous = _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask)
     return held(valid, previous, carry), own(valid, d_gates)
 
   (d_c0, d_h0, d_mask), d_gates = jax.lax.scan(
-      step, (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
-      (d_hs, h_prev, f, d_c_from_h, gate_scales, steps), reverse=True, unroll=unroll)
+    step,
+    (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
+    (d_hs, h_prev, f, d_c_from_h, gate_scales, steps),
+    reverse=True,
+    unroll=unroll,
+  )
   n = h0.shape[-1]
   h_in = (h_prev * state_mask).reshape(-1, n)
   # The whole window's recurrent weight gradient in one matrix product.
@@ -168,10 +183,16 @@ def _state_mask(state_mask, h0):
   return jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
 
 
-def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
-                    carry: tuple[jax.Array, jax.Array], state_mask: jax.Array | None = None,
-                    unroll: int = 1, dtype: Any = None, cap_input_gate: bool = False,
-                    steps: jax.Array | None = None):
+def lstm_recurrence(
+  projected: jax.Array,
+  recurrent_kernel: jax.Array,
+  carry: tuple[jax.Array, jax.Array],
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  dtype: Any = None,
+  cap_input_gate: bool = False,
+  steps: jax.Array | None = None,
+):
   """The LSTM over a window, differentiated with the batched weight gradient.
 
   Args:
@@ -193,12 +214,22 @@ def lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
   """
   c0, h0 = carry
   if projected.ndim != 3 or projected.shape[-1] != recurrent_kernel.shape[-1]:
-    raise ValueError(f'projected inputs {projected.shape} do not match the recurrent kernel '
-                     f'{recurrent_kernel.shape}: expected (T, B, {recurrent_kernel.shape[-1]})')
-  hs, new_carry = _recurrence(projected, recurrent_kernel, c0, h0, _state_mask(state_mask, h0),
-                              check_steps(steps, projected.shape[0]),
-                              jnp.dtype(dtype or projected.dtype), unroll, cap_input_gate,
-                              contraction_alignment())
+    raise ValueError(
+      f'projected inputs {projected.shape} do not match the recurrent kernel '
+      f'{recurrent_kernel.shape}: expected (T, B, {recurrent_kernel.shape[-1]})'
+    )
+  hs, new_carry = _recurrence(
+    projected,
+    recurrent_kernel,
+    c0,
+    h0,
+    _state_mask(state_mask, h0),
+    check_steps(steps, projected.shape[0]),
+    jnp.dtype(dtype or projected.dtype),
+    unroll,
+    cap_input_gate,
+    contraction_alignment(),
+  )
   return new_carry, hs
 
 
@@ -208,22 +239,42 @@ class Mix(Protocol):
   with its backward pass split so that the window's parameter gradient is
   computed once, from all steps at once (`Mogrifier`'s rounds do this)."""
 
-  def forward(self, params: Any, x: jax.Array, h: jax.Array
-              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  def forward(
+    self, params: Any, x: jax.Array, h: jax.Array
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One step: (x', h', residuals (B, r)), the residuals kept for the backward pass."""
 
-  def backward(self, params: Any, x: jax.Array, h: jax.Array, residuals: jax.Array,
-               d_mixed_x: jax.Array, d_mixed_h: jax.Array
-               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  def backward(
+    self,
+    params: Any,
+    x: jax.Array,
+    h: jax.Array,
+    residuals: jax.Array,
+    d_mixed_x: jax.Array,
+    d_mixed_h: jax.Array,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One step back: (dL/dx, dL/dh, stash (B, s)), the stash kept for `params_gradient`."""
 
-  def params_gradient(self, params: Any, xs: jax.Array, hs: jax.Array, residuals: jax.Array,
-                      stashes: jax.Array) -> Any:
+  def params_gradient(
+    self, params: Any, xs: jax.Array, hs: jax.Array, residuals: jax.Array, stashes: jax.Array
+  ) -> Any:
     """dL/dθ from every step's inputs, residuals and stash, each (T, B, ...)."""
 
 
-def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mask, steps,
-                        unroll, cap_input_gate, alignment):
+def _mixed_forward_scan(
+  mix,
+  mix_params,
+  kernel,
+  bias,
+  inputs,
+  c0,
+  h0,
+  state_mask,
+  steps,
+  unroll,
+  cap_input_gate,
+  alignment,
+):
   """The forward scan of `mixed_lstm_recurrence`; per step it also keeps
   mix's residuals and [x', h'], the input of the gates' one matrix product."""
 
@@ -236,11 +287,11 @@ def _mixed_forward_scan(mix, mix_params, kernel, bias, inputs, c0, h0, state_mas
     mixed = jnp.concatenate([mixed_x, mixed_h], axis=-1).astype(kernel.dtype)
     act = _activations(aligned_product(mixed, aligned_kernel, kernel.dtype) + bias)
     new_c, new_h = _cell_update(act, c, h, cap_input_gate)
-    return held(valid, (new_c, new_h), carry), (own(valid, new_h), act, new_c, mixed,
-                                                residuals)
+    return held(valid, (new_c, new_h), carry), (own(valid, new_h), act, new_c, mixed, residuals)
 
-  (c, h), (hs, acts, cs, mixed, residuals) = jax.lax.scan(step, (c0, h0), (inputs, steps),
-                                                          unroll=unroll)
+  (c, h), (hs, acts, cs, mixed, residuals) = jax.lax.scan(
+    step, (c0, h0), (inputs, steps), unroll=unroll
+  )
   return hs, (c, h), (acts, cs, mixed, residuals)
 
 
@@ -249,29 +300,109 @@ def _stacked_kernel(input_kernel, recurrent_kernel, dtype):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 10, 11, 12, 13))
-def _mixed_recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
-                      state_mask, steps, dtype, unroll, cap_input_gate, alignment):
+def _mixed_recurrence(
+  mix,
+  mix_params,
+  input_kernel,
+  bias,
+  recurrent_kernel,
+  inputs,
+  c0,
+  h0,
+  state_mask,
+  steps,
+  dtype,
+  unroll,
+  cap_input_gate,
+  alignment,
+):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
-  hs, carry, _ = _mixed_forward_scan(mix, mix_params, kernel,
-                                     bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
-                                     state_mask, steps, unroll, cap_input_gate, alignment)
+  hs, carry, _ = _mixed_forward_scan(
+    mix,
+    mix_params,
+    kernel,
+    bias.astype(accumulation_dtype(dtype)),
+    inputs,
+    c0,
+    h0,
+    state_mask,
+    steps,
+    unroll,
+    cap_input_gate,
+    alignment,
+  )
   return hs, carry
 
 
-def _mixed_recurrence_fwd(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0,
-                          h0, state_mask, steps, dtype, unroll, cap_input_gate, alignment):
+def _mixed_recurrence_fwd(
+  mix,
+  mix_params,
+  input_kernel,
+  bias,
+  recurrent_kernel,
+  inputs,
+  c0,
+  h0,
+  state_mask,
+  steps,
+  dtype,
+  unroll,
+  cap_input_gate,
+  alignment,
+):
   kernel = _stacked_kernel(input_kernel, recurrent_kernel, dtype)
   hs, carry, (acts, cs, mixed, residuals) = _mixed_forward_scan(
-      mix, mix_params, kernel, bias.astype(accumulation_dtype(dtype)), inputs, c0, h0,
-      state_mask, steps, unroll, cap_input_gate, alignment)
-  saved = (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, steps,
-           c0, h0, hs, acts, cs, mixed, residuals)
+    mix,
+    mix_params,
+    kernel,
+    bias.astype(accumulation_dtype(dtype)),
+    inputs,
+    c0,
+    h0,
+    state_mask,
+    steps,
+    unroll,
+    cap_input_gate,
+    alignment,
+  )
+  saved = (
+    mix_params,
+    kernel,
+    input_kernel,
+    bias,
+    recurrent_kernel,
+    inputs,
+    state_mask,
+    steps,
+    c0,
+    h0,
+    hs,
+    acts,
+    cs,
+    mixed,
+    residuals,
+  )
   return (hs, carry), saved
 
 
 def _mixed_recurrence_bwd(mix, dtype, unroll, cap_input_gate, alignment, saved, cotangents):
-  (mix_params, kernel, input_kernel, bias, recurrent_kernel, inputs, state_mask, steps, c0, h0,
-   hs, acts, cs, mixed, residuals) = saved
+  (
+    mix_params,
+    kernel,
+    input_kernel,
+    bias,
+    recurrent_kernel,
+    inputs,
+    state_mask,
+    steps,
+    c0,
+    h0,
+    hs,
+    acts,
+    cs,
+    mixed,
+    residuals,
+  ) = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev = shifted(h0, hs)
   f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
@@ -281,39 +412,61 @@ def _mixed_recurrence_bwd(mix, dtype, unroll, cap_input_gate, alignment, saved, 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
     d_h_out, x_t, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, residuals_t, valid = xs
-    d_c, d_gates = _gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t,
-                                   gate_scales_t)
+    d_c, d_gates = _gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t, gate_scales_t)
     d_mixed = aligned_product(d_gates, kernel_t, dtype)
-    d_x, d_h_in, stash = mix.backward(mix_params, x_t, h_prev_t * state_mask, residuals_t,
-                                      d_mixed[..., :m].astype(x_t.dtype),
-                                      d_mixed[..., m:].astype(h_prev_t.dtype))
-    previous = _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next,
-                                        d_mask)
+    d_x, d_h_in, stash = mix.backward(
+      mix_params,
+      x_t,
+      h_prev_t * state_mask,
+      residuals_t,
+      d_mixed[..., :m].astype(x_t.dtype),
+      d_mixed[..., m:].astype(h_prev_t.dtype),
+    )
+    previous = _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask)
     return held(valid, previous, carry), own(valid, (d_gates, d_x, stash))
 
   (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = jax.lax.scan(
-      step, (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
-      (d_hs, inputs, h_prev, f, d_c_from_h, gate_scales, residuals, steps), reverse=True,
-      unroll=unroll)
-  d_mix_params = mix.params_gradient(mix_params, inputs, h_prev * state_mask, residuals,
-                                     stashes)
+    step,
+    (d_c_last, d_h_last, jnp.zeros_like(state_mask)),
+    (d_hs, inputs, h_prev, f, d_c_from_h, gate_scales, residuals, steps),
+    reverse=True,
+    unroll=unroll,
+  )
+  d_mix_params = mix.params_gradient(mix_params, inputs, h_prev * state_mask, residuals, stashes)
   d_gates = d_gates.reshape(-1, d_gates.shape[-1])
   accumulate = jnp.promote_types(input_kernel.dtype, jnp.float32)
   # W's and U's gradients for the whole window in one matrix product.
   d_kernel = contract('tm,tk->mk', mixed.reshape(-1, mixed.shape[-1]), d_gates, dtype)
-  return (d_mix_params, d_kernel[:m].astype(input_kernel.dtype),
-          jnp.sum(d_gates, axis=0, dtype=accumulate).astype(bias.dtype),
-          d_kernel[m:].astype(recurrent_kernel.dtype), d_inputs, d_c0, d_h0, d_mask, None)
+  return (
+    d_mix_params,
+    d_kernel[:m].astype(input_kernel.dtype),
+    jnp.sum(d_gates, axis=0, dtype=accumulate).astype(bias.dtype),
+    d_kernel[m:].astype(recurrent_kernel.dtype),
+    d_inputs,
+    d_c0,
+    d_h0,
+    d_mask,
+    None,
+  )
 
 
 _mixed_recurrence.defvjp(_mixed_recurrence_fwd, _mixed_recurrence_bwd)
 
 
-def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.Array,
-                          recurrent_kernel: jax.Array, carry: tuple[jax.Array, jax.Array],
-                          mix: Mix, mix_params: Any, state_mask: jax.Array | None = None,
-                          dtype: Any = None, unroll: int = 1, cap_input_gate: bool = False,
-                          steps: jax.Array | None = None):
+def mixed_lstm_recurrence(
+  inputs: jax.Array,
+  input_kernel: jax.Array,
+  bias: jax.Array,
+  recurrent_kernel: jax.Array,
+  carry: tuple[jax.Array, jax.Array],
+  mix: Mix,
+  mix_params: Any,
+  state_mask: jax.Array | None = None,
+  dtype: Any = None,
+  unroll: int = 1,
+  cap_input_gate: bool = False,
+  steps: jax.Array | None = None,
+):
   """The LSTM over a window whose gates read (x'_t, h'_{t-1}) = mix(θ, x_t, m ⊙ h_{t-1}):
 
       [i, f, j, o] = x'_t W + h'_{t-1} U + b,
@@ -345,13 +498,31 @@ def mixed_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array, bias: jax.
   """
   c0, h0 = carry
   m, n = inputs.shape[-1], h0.shape[-1]
-  if (inputs.ndim != 3 or input_kernel.shape != (m, 4 * n)
-      or recurrent_kernel.shape != (n, 4 * n) or bias.shape != (4 * n,)):
-    raise ValueError(f'inputs {inputs.shape}, W {input_kernel.shape}, U '
-                     f'{recurrent_kernel.shape} and b {bias.shape} do not fit an LSTM of '
-                     f'{n} units: expected (T, B, m), ({m}, {4 * n}), ({n}, {4 * n}), ({4 * n},)')
+  if (
+    inputs.ndim != 3
+    or input_kernel.shape != (m, 4 * n)
+    or recurrent_kernel.shape != (n, 4 * n)
+    or bias.shape != (4 * n,)
+  ):
+    raise ValueError(
+      f'inputs {inputs.shape}, W {input_kernel.shape}, U '
+      f'{recurrent_kernel.shape} and b {bias.shape} do not fit an LSTM of '
+      f'{n} units: expected (T, B, m), ({m}, {4 * n}), ({n}, {4 * n}), ({4 * n},)'
+    )
   hs, new_carry = _mixed_recurrence(
-      mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0,
-      _state_mask(state_mask, h0), check_steps(steps, inputs.shape[0]),
-      jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate, contraction_alignment())
+    mix,
+    mix_params,
+    input_kernel,
+    bias,
+    recurrent_kernel,
+    inputs,
+    c0,
+    h0,
+    _state_mask(state_mask, h0),
+    check_steps(steps, inputs.shape[0]),
+    jnp.dtype(dtype or inputs.dtype),
+    unroll,
+    cap_input_gate,
+    contraction_alignment(),
+  )
   return new_carry, hs

@@ -32,8 +32,13 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.alstm_recurrence import (
-    adapted_step, adapted_step_backward, step_factors, step_weights, transposed_weights,
-    weight_gradients)
+  adapted_step,
+  adapted_step_backward,
+  step_factors,
+  step_weights,
+  transposed_weights,
+  weight_gradients,
+)
 from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import shifted
 from lm_zoo.layers.products import contraction_alignment
@@ -74,8 +79,17 @@ def _forward_scan(params, inputs, carry, masks, steps, dtypes, unroll, caps, ali
       if layer > 0:
         x = _masked(x, mask.hidden)
       layer_carry, layer_saved = adapted_step(
-          layer_params, weights[layer], x, _masked(h, mask.state), c, latent, (context,),
-          mask.latent, dtype=dtypes[layer], cap_input_gate=caps[layer])
+        layer_params,
+        weights[layer],
+        x,
+        _masked(h, mask.state),
+        c,
+        latent,
+        (context,),
+        mask.latent,
+        dtype=dtypes[layer],
+        cap_input_gate=caps[layer],
+      )
       context, x = layer_carry[0][1], layer_carry[2]
       new_carry.append(layer_carry)
       saved.append((own(valid, x), *layer_saved))
@@ -87,14 +101,16 @@ def _forward_scan(params, inputs, carry, masks, steps, dtypes, unroll, caps, ali
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
 def _recurrence(params, inputs, carry, masks, steps, dtypes, unroll, caps, alignment):
-  hs, new_carry, _ = _forward_scan(params, inputs, carry, masks, steps, dtypes, unroll, caps,
-                                   alignment)
+  hs, new_carry, _ = _forward_scan(
+    params, inputs, carry, masks, steps, dtypes, unroll, caps, alignment
+  )
   return hs, new_carry
 
 
 def _recurrence_fwd(params, inputs, carry, masks, steps, dtypes, unroll, caps, alignment):
-  hs, new_carry, saved = _forward_scan(params, inputs, carry, masks, steps, dtypes, unroll,
-                                       caps, alignment)
+  hs, new_carry, saved = _forward_scan(
+    params, inputs, carry, masks, steps, dtypes, unroll, caps, alignment
+  )
   return (hs, new_carry), (params, inputs, carry, masks, steps, saved)
 
 
@@ -108,8 +124,14 @@ def _layer_windows(params, inputs, carry, masks, saved, caps):
       x, context = inputs, shifted(carry[-1][0][1], saved[-1][_Z])
     else:
       x, context = _masked(saved[layer - 1][0], mask.hidden), saved[layer - 1][_Z]
-    windows.append((x, _masked(shifted(h0, hs), mask.state), context,
-                    step_factors(layer_params, layer_saved, c0, latent0, caps[layer])))
+    windows.append(
+      (
+        x,
+        _masked(shifted(h0, hs), mask.state),
+        context,
+        step_factors(layer_params, layer_saved, c0, latent0, caps[layer]),
+      )
+    )
   return windows
 
 
@@ -130,8 +152,17 @@ def _recurrence_bwd(dtypes, unroll, caps, alignment, residuals, cotangents):
         d_z = (d_z + d_context).astype(d_z.dtype)
       mask = masks[layer]
       d_c, d_latent, d_x, d_h_in, d_context, products[layer] = adapted_step_backward(
-          params[layer], weights_t[layer], d_h_above + d_h_next, d_c, (d_c_z, d_z), x, h_in,
-          factors, mask.latent, dtype=dtypes[layer])
+        params[layer],
+        weights_t[layer],
+        d_h_above + d_h_next,
+        d_c,
+        (d_c_z, d_z),
+        x,
+        h_in,
+        factors,
+        mask.latent,
+        dtype=dtypes[layer],
+      )
       new_d_carry[layer] = (d_latent, d_c, _masked(d_h_in, mask.state).astype(d_h_next.dtype))
       d_h_above = d_x if layer == 0 else _masked(d_x, mask.hidden).astype(d_x.dtype)
     # The first layer read the top latent's z of the step before.
@@ -141,24 +172,41 @@ def _recurrence_bwd(dtypes, unroll, caps, alignment, residuals, cotangents):
 
   layer_xs = [(x, h_in, (), factors) for x, h_in, _, factors in windows]
   d_carry0, (d_inputs, products) = jax.lax.scan(
-      step, d_carry_last, (d_hs, layer_xs, steps), reverse=True, unroll=unroll)
+    step, d_carry_last, (d_hs, layer_xs, steps), reverse=True, unroll=unroll
+  )
   grads = []
   for layer, (x, h_in, context, _) in enumerate(windows):
     latent0 = carry[layer][0]
     _, _, _, pis, _, _, zs, _ = saved[layer]
-    grads.append(weight_gradients(params[layer], x, h_in, pis, zs, *products[layer],
-                                   shifted(latent0[1], zs), dtypes[layer], context=context))
+    grads.append(
+      weight_gradients(
+        params[layer],
+        x,
+        h_in,
+        pis,
+        zs,
+        *products[layer],
+        shifted(latent0[1], zs),
+        dtypes[layer],
+        context=context,
+      )
+    )
   return tuple(grads), d_inputs, d_carry0, jax.tree.map(jnp.zeros_like, masks), None
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
-def lstm_rhn_recurrence(inputs: jax.Array, params: Sequence[Any], carry: Sequence[Any],
-                        masks: Sequence[LayerMasks] | None = None,
-                        dtypes: Sequence[Any] | None = None, unroll: int = 1,
-                        cap_input_gates: Sequence[bool] | None = None,
-                        steps: jax.Array | None = None):
+def lstm_rhn_recurrence(
+  inputs: jax.Array,
+  params: Sequence[Any],
+  carry: Sequence[Any],
+  masks: Sequence[LayerMasks] | None = None,
+  dtypes: Sequence[Any] | None = None,
+  unroll: int = 1,
+  cap_input_gates: Sequence[bool] | None = None,
+  steps: jax.Array | None = None,
+):
   """The LSTM-RHN stack over a window, differentiated by the backward pass above.
 
   Args:
@@ -179,20 +227,35 @@ def lstm_rhn_recurrence(inputs: jax.Array, params: Sequence[Any], carry: Sequenc
   """
   layers = len(params)
   if len(carry) != layers or (masks is not None and len(masks) != layers):
-    raise ValueError(f'lstm_rhn_recurrence: {layers} layers of parameters, but {len(carry)} '
-                     f'carries and {"no" if masks is None else len(masks)} masks: give one each')
+    raise ValueError(
+      f'lstm_rhn_recurrence: {layers} layers of parameters, but {len(carry)} '
+      f'carries and {"no" if masks is None else len(masks)} masks: give one each'
+    )
   kernel = params[0]['input']['kernel_1']
   if inputs.ndim != 3 or kernel.shape[0] != inputs.shape[-1]:
-    raise ValueError(f'inputs {inputs.shape} do not fit the first layer\'s input kernel '
-                     f'{kernel.shape}: expected (T, B, {kernel.shape[0]})')
+    raise ValueError(
+      f"inputs {inputs.shape} do not fit the first layer's input kernel "
+      f'{kernel.shape}: expected (T, B, {kernel.shape[0]})'
+    )
   masks = tuple(LayerMasks() for _ in params) if masks is None else tuple(masks)
-  masks = jax.lax.stop_gradient(tuple(LayerMasks(*(
-      None if mask is None else jnp.asarray(mask, inputs.dtype) for mask in layer))
-      for layer in masks))
+  masks = jax.lax.stop_gradient(
+    tuple(
+      LayerMasks(*(None if mask is None else jnp.asarray(mask, inputs.dtype) for mask in layer))
+      for layer in masks
+    )
+  )
   dtypes = tuple(jnp.dtype(dtype or inputs.dtype) for dtype in (dtypes or (None,) * layers))
   caps = tuple(bool(cap) for cap in (cap_input_gates or (False,) * layers))
   carry = tuple(((latent[0], latent[1]), c, h) for latent, c, h in carry)
-  hs, new_carry = _recurrence(tuple(params), inputs, carry, masks,
-                              check_steps(steps, inputs.shape[0]), dtypes, unroll, caps,
-                              contraction_alignment())
+  hs, new_carry = _recurrence(
+    tuple(params),
+    inputs,
+    carry,
+    masks,
+    check_steps(steps, inputs.shape[0]),
+    dtypes,
+    unroll,
+    caps,
+    contraction_alignment(),
+  )
   return new_carry, hs

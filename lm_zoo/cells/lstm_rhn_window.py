@@ -31,20 +31,23 @@ def lstm_rhn_refusal(stack: LSTMRHNStack) -> str | None:
   """Why the fused window cannot run `stack`, or None."""
   for layer, cell in enumerate(stack.cells):
     if type(cell) is not ALSTMCell:
-      return (f'the fused LSTM-RHN window steps ALSTMCell layers only, and layer {layer} is '
-              f'{describe(cell)}: run scan=\'scan\'')
+      return (
+        f'the fused LSTM-RHN window steps ALSTMCell layers only, and layer {layer} is '
+        f"{describe(cell)}: run scan='scan'"
+      )
     if cell.latent is not LSTMCell:
       name = getattr(cell.latent, '__name__', type(cell.latent).__name__)
-      return (f'the fused LSTM-RHN window runs LSTMCell adaptation models only, and layer '
-              f'{layer} has {name}: run scan=\'scan\'')
+      return (
+        f'the fused LSTM-RHN window runs LSTMCell adaptation models only, and layer '
+        f"{layer} has {name}: run scan='scan'"
+      )
   return None
 
 
 def _drops(stack: LSTMRHNStack) -> bool:
   """Whether the stack's step would draw any dropout mask."""
   between = not stack.deterministic and (stack.dropout_hidden > 0 or stack.dropout_state > 0)
-  return between or any(cell.dropout_latent > 0 and cell.has_rng('dropout')
-                        for cell in stack.cells)
+  return between or any(cell.dropout_latent > 0 and cell.has_rng('dropout') for cell in stack.cells)
 
 
 def _drawn_masks(stack: LSTMRHNStack, carry, x: jax.Array) -> tuple[LayerMasks, ...]:
@@ -70,12 +73,13 @@ def _drawn_masks(stack: LSTMRHNStack, carry, x: jax.Array) -> tuple[LayerMasks, 
   with nn.intercept_methods(draw):
     stack(carry, x)
   hidden = [None, *stack_masks[1::2]]
-  return tuple(LayerMasks(hidden[layer], stack_masks[2 * layer], latent_masks.get(layer))
-               for layer in range(len(stack.cells)))
+  return tuple(
+    LayerMasks(hidden[layer], stack_masks[2 * layer], latent_masks.get(layer))
+    for layer in range(len(stack.cells))
+  )
 
 
-def variational_masks(stack: LSTMRHNStack, carry, x: jax.Array
-                      ) -> tuple[LayerMasks, ...] | None:
+def variational_masks(stack: LSTMRHNStack, carry, x: jax.Array) -> tuple[LayerMasks, ...] | None:
   """The masks the plain scan of `stack` runs at every step of a window whose
   first input is `x` (None where it drops nothing)."""
   if not _drops(stack):
@@ -85,23 +89,41 @@ def variational_masks(stack: LSTMRHNStack, carry, x: jax.Array
   return _drawn_masks(stack, carry, x)
 
 
-def lstm_rhn_window(stack: LSTMRHNStack, params, carry, inputs: jax.Array,
-                    state_mask: jax.Array | None = None, unroll: int = 1,
-                    steps: jax.Array | None = None):
+def lstm_rhn_window(
+  stack: LSTMRHNStack,
+  params,
+  carry,
+  inputs: jax.Array,
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  steps: jax.Array | None = None,
+):
   """`LSTMRHNStack`'s window: `lstm_rhn_recurrence` of its layers' parameters
   (their cells', as `params` holds none where the cells live beside the
   stack) under the masks its step draws."""
   del params
   if state_mask is not None:
-    raise ValueError('the LSTM-RHN stack masks its fed-back states itself '
-                     '(LSTMRHNStack.dropout_state): run its layer with no state_mask')
+    raise ValueError(
+      'the LSTM-RHN stack masks its fed-back states itself '
+      '(LSTMRHNStack.dropout_state): run its layer with no state_mask'
+    )
   cells = stack.cells
   layer_params = tuple(cell.variables['params'] for cell in cells)
   masks = variational_masks(stack, carry, inputs[0])
-  dtypes = tuple(cell.dtype or jnp.result_type(inputs, p['input']['kernel_1'])
-                 for cell, p in zip(cells, layer_params))
-  return lstm_rhn_recurrence(inputs, layer_params, carry, masks, dtypes, unroll,
-                             tuple(cell.cap_input_gate for cell in cells), steps)
+  dtypes = tuple(
+    cell.dtype or jnp.result_type(inputs, p['input']['kernel_1'])
+    for cell, p in zip(cells, layer_params)
+  )
+  return lstm_rhn_recurrence(
+    inputs,
+    layer_params,
+    carry,
+    masks,
+    dtypes,
+    unroll,
+    tuple(cell.cap_input_gate for cell in cells),
+    steps,
+  )
 
 
 def lstm_rhn_kernel(stack: LSTMRHNStack):

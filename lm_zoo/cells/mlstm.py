@@ -34,11 +34,18 @@ class MLSTMCell(nn.RNNCellBase):
   @nn.compact
   def __call__(self, carry, inputs: jax.Array):
     c, h = carry
-    factor = lambda name: dense(self.features, self.dtype, use_bias=False,
-                                param_dtype=self.param_dtype, name=name)
+    factor = lambda name: dense(
+      self.features, self.dtype, use_bias=False, param_dtype=self.param_dtype, name=name
+    )
     h_m = factor('mx')(inputs) * factor('mh')(h)
-    return LSTMCell(self.features, self.forget_bias, self.cap_input_gate, dtype=self.dtype,
-                    param_dtype=self.param_dtype, name='lstm')((c, h_m), inputs)
+    return LSTMCell(
+      self.features,
+      self.forget_bias,
+      self.cap_input_gate,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name='lstm',
+    )((c, h_m), inputs)
 
   @nn.nowrap
   def hidden_to_hidden(self, of) -> tuple[str, ...]:
@@ -49,8 +56,9 @@ class MLSTMCell(nn.RNNCellBase):
 
   @nn.nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
-    return LSTMCell(self.features, param_dtype=self.param_dtype,
-                    parent=None).initialize_carry(rng, input_shape)
+    return LSTMCell(self.features, param_dtype=self.param_dtype, parent=None).initialize_carry(
+      rng, input_shape
+    )
 
   @property
   def num_feature_axes(self) -> int:

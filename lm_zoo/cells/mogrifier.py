@@ -26,8 +26,9 @@ def round_name(i: int) -> str:
   return f'q{i}' if i % 2 else f'r{i}'
 
 
-def mogrify_rounds(x: jax.Array, h: jax.Array, round_gate: RoundGate, rounds: int,
-                   zigzag: bool = True):
+def mogrify_rounds(
+  x: jax.Array, h: jax.Array, round_gate: RoundGate, rounds: int, zigzag: bool = True
+):
   """(x^↑, h^↑) of the paper's equations (1) and (2), and per round i its
   source (h or x), the value it gates (x^{i-2} or h^{i-2}), its gate 2σ(·)
   and its low-rank hidden."""
@@ -79,8 +80,10 @@ class Mogrify(nn.RNNCellBase):
 
   def __post_init__(self):
     if not isinstance(self.rounds, int) or self.rounds < 0:
-      raise ValueError(f'Mogrify: rounds must be an integer >= 0 (0: the inner cell '
-                       f'unchanged), got {self.rounds!r}')
+      raise ValueError(
+        f'Mogrify: rounds must be an integer >= 0 (0: the inner cell '
+        f'unchanged), got {self.rounds!r}'
+      )
     super().__post_init__()
 
   @nn.compact
@@ -137,6 +140,7 @@ class MogrifierRounds:
   def _trace(self, params, x, h, gates=None):
     """The rounds on x and h; with `gates` (the forward pass's, one per
     round) the chain is rebuilt from them without the matrix products."""
+
     def round_gate(i, source):
       if gates is not None:
         return gates[i - 1], None
@@ -150,8 +154,9 @@ class MogrifierRounds:
     widths = []
     for i in range(1, self.rounds + 1):
       p = params[round_name(i)]
-      widths.append((x.shape[-1] if i % 2 else h.shape[-1],
-                     p['kernel_in'].shape[-1] if 'kernel_in' in p else 0))
+      widths.append(
+        (x.shape[-1] if i % 2 else h.shape[-1], p['kernel_in'].shape[-1] if 'kernel_in' in p else 0)
+      )
     return widths
 
   def _unpack(self, params, x, h, residuals):
@@ -159,7 +164,7 @@ class MogrifierRounds:
     widths = self._widths(params, x, h)
     sizes = [w for w, _ in widths] + [k for _, k in widths]
     parts = jnp.split(residuals, list(itertools.accumulate(sizes))[:-1], axis=-1)
-    return parts[:self.rounds], parts[self.rounds:]
+    return parts[: self.rounds], parts[self.rounds :]
 
   def forward(self, params, x, h):
     x, h, trace = self._trace(params, x, h)
@@ -207,10 +212,10 @@ class MogrifierRounds:
 
     grads = {}
     for i, ((source, *_), hidden, d_pre, d_hidden) in enumerate(
-        zip(trace, hiddens, d_pres, d_hiddens), start=1):
+      zip(trace, hiddens, d_pres, d_hiddens), start=1
+    ):
       p = params[round_name(i)]
-      accumulate = jnp.promote_types(p['bias'].dtype if 'bias' in p else source.dtype,
-                                     jnp.float32)
+      accumulate = jnp.promote_types(p['bias'].dtype if 'bias' in p else source.dtype, jnp.float32)
 
       def product(a, b):  # Σ over every step and row of aᵀ b
         a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
@@ -226,13 +231,25 @@ class MogrifierRounds:
     return grads
 
 
-def mogrified(make_cell: Callable[..., nn.RNNCellBase], rounds: int = 5, rank: int = 0,
-              zigzag: bool = True, dtype: Any = None) -> Callable[..., Mogrify]:
+def mogrified(
+  make_cell: Callable[..., nn.RNNCellBase],
+  rounds: int = 5,
+  rank: int = 0,
+  zigzag: bool = True,
+  dtype: Any = None,
+) -> Callable[..., Mogrify]:
   """A cell factory: `mogrified(LSTMCell, 5, 40)(features=n)` is
   `Mogrify(LSTMCell(n), 5, 40)`, for stacks and models that take factories."""
 
   def factory(features: int, **kwargs) -> Mogrify:
     # parent=None: the inner cell becomes Mogrify's child `cell`
-    return Mogrify(make_cell(features=features, parent=None), rounds=rounds, rank=rank,
-                   zigzag=zigzag, dtype=dtype, **kwargs)
+    return Mogrify(
+      make_cell(features=features, parent=None),
+      rounds=rounds,
+      rank=rank,
+      zigzag=zigzag,
+      dtype=dtype,
+      **kwargs,
+    )
+
   return factory

@@ -59,13 +59,16 @@ class NNXCell(nnx.RNNCellBase):
     """One step: `(new carry, output) = cell(carry, inputs)`."""
     return self.module(carry, inputs)
 
-  def initialize_carry(self, input_shape: tuple[int, ...], rngs: Any = None,
-                       carry_init: Any = None):
+  def initialize_carry(
+    self, input_shape: tuple[int, ...], rngs: Any = None, carry_init: Any = None
+  ):
     """The linen cell's initial carry (zeros, or its own `carry_init`) for
     inputs of `input_shape` (batch dimensions, then features)."""
     if carry_init is not None:
-      raise ValueError('NNXCell takes its initial carry from the linen cell: set the '
-                       "cell's carry_init instead of passing one")
+      raise ValueError(
+        'NNXCell takes its initial carry from the linen cell: set the '
+        "cell's carry_init instead of passing one"
+      )
     key = rngs.carry() if isinstance(rngs, nnx.Rngs) else jax.random.key(0)
     return self.cell.initialize_carry(key, input_shape)
 
@@ -82,7 +85,6 @@ class NNXCell(nnx.RNNCellBase):
     state = nnx.state(self.module, nnx.Param)
     expected = jax.tree.map(jnp.shape, state.to_pure_dict()['cell'])
     if jax.tree.map(jnp.shape, params) != expected:
-      raise ValueError('the linen parameters do not fit this cell: expected the shapes '
-                       f'{expected}')
+      raise ValueError(f'the linen parameters do not fit this cell: expected the shapes {expected}')
     nnx.replace_by_pure_dict(state, {'cell': params})
     nnx.update(self.module, state)

@@ -19,8 +19,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.alstm_recurrence import (check_window, is_recurrent, latent_dense, policy_sizes,
-                                           weight_gradients)
+from lm_zoo.cells.alstm_recurrence import (
+  check_window,
+  is_recurrent,
+  latent_dense,
+  policy_sizes,
+  weight_gradients,
+)
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import _state_mask, gate_factors, shifted
 from lm_zoo.cells.pallas_lstm import pad_to, round_up
@@ -52,20 +57,35 @@ class _Sizes:
     self.k = latent_dense(params)['kernel'].shape[1] // self.latent_gates
     pad = lambda size: round_up(size, tiles.chunk)
     self.rows, self.size_m, self.size_n, self.size_k = (
-        round_up(self.batch, tiles.batch), pad(self.m), pad(self.n), pad(self.k))
+      round_up(self.batch, tiles.batch),
+      pad(self.m),
+      pad(self.n),
+      pad(self.k),
+    )
 
   def policy(self, pi):
     """π (..., m + 13n) <-> the kernels' padded blocks, either way."""
     parts = jnp.split(pi, list(_offsets(policy_sizes(self.m, self.n))), axis=-1)
     gated = lambda part: _blocks(part, self.size_k, self.size_n, GATES)
-    return jnp.concatenate([pad_to(parts[0], (self.size_k, self.size_m)),
-                            pad_to(parts[1], (self.size_k, self.size_n)),
-                            *map(gated, parts[2:])], axis=-1)
+    return jnp.concatenate(
+      [
+        pad_to(parts[0], (self.size_k, self.size_m)),
+        pad_to(parts[1], (self.size_k, self.size_n)),
+        *map(gated, parts[2:]),
+      ],
+      axis=-1,
+    )
 
   def unpadded_policy(self, pi):
     parts = jnp.split(pi, list(_offsets(policy_sizes(self.size_m, self.size_n))), axis=-1)
-    return jnp.concatenate([parts[0][..., :self.m], parts[1][..., :self.n],
-                            *(_unblocked(p, self.n, GATES) for p in parts[2:])], axis=-1)
+    return jnp.concatenate(
+      [
+        parts[0][..., : self.m],
+        parts[1][..., : self.n],
+        *(_unblocked(p, self.n, GATES) for p in parts[2:]),
+      ],
+      axis=-1,
+    )
 
 
 def _offsets(sizes):
@@ -81,11 +101,12 @@ def _weights(params, sizes: _Sizes, dtype):
   W_zh, U_z, P, W, V, b, the products' operands in `dtype`."""
   s, dense = sizes, latent_dense(params)
   block = lambda matrix, rows, width, count: _blocks(matrix.astype(dtype), rows, width, count)
-  latent_x = block(dense['kernel'][:s.m], s.size_m, s.size_k, s.latent_gates)
-  latent_h = block(dense['kernel'][s.m:], s.size_n, s.size_k, s.latent_gates)
+  latent_x = block(dense['kernel'][: s.m], s.size_m, s.size_k, s.latent_gates)
+  latent_h = block(dense['kernel'][s.m :], s.size_n, s.size_k, s.latent_gates)
   latent_bias = _blocks(dense['bias'][None].astype(jnp.float32), 1, s.size_k, s.latent_gates)[0]
-  latent_u = ((block(params['latent']['recurrent_kernel'], s.size_k, s.size_k, GATES),)
-              if s.recurrent else ())
+  latent_u = (
+    (block(params['latent']['recurrent_kernel'], s.size_k, s.size_k, GATES),) if s.recurrent else ()
+  )
   policy = s.policy(params['policy']['kernel'].astype(dtype))
   kernel = block(params['input']['kernel_1'], s.size_m, s.size_n, GATES)
   recurrent_kernel = block(params['recurrent']['kernel_1'], s.size_n, s.size_n, GATES)
@@ -93,11 +114,13 @@ def _weights(params, sizes: _Sizes, dtype):
   return latent_x, latent_bias, latent_h, latent_u, policy, kernel, recurrent_kernel, bias
 
 
-def _forward(params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles,
-             interpret):
+def _forward(
+  params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles, interpret
+):
   s = _Sizes(inputs, carry[-1], params, tiles)
-  latent_x, latent_bias, latent_h, latent_u, policy, kernel, recurrent_kernel, bias = (
-      _weights(params, s, dtype))
+  latent_x, latent_bias, latent_h, latent_u, policy, kernel, recurrent_kernel, bias = _weights(
+    params, s, dtype
+  )
   state = lambda x, width: pad_to(x.astype(jnp.float32), (s.rows, width))
   xs = pad_to(inputs.astype(jnp.float32), (inputs.shape[0], s.rows, s.size_m))
   latent_in = contract('tm,ml->tl', xs.reshape(-1, s.size_m), latent_x, dtype) + latent_bias
@@ -105,26 +128,44 @@ def _forward(params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_ga
   latent0, c0, h0 = carry
   padded_mask = state(mask, s.size_n)
   step_kernel = functools.partial(
-      forward_step, weights=(latent_h, *latent_u, policy, kernel, recurrent_kernel, bias),
-      cap_input_gate=cap_input_gate, tiles=row_tiles(tiles), dtype=dtype, interpret=interpret)
+    forward_step,
+    weights=(latent_h, *latent_u, policy, kernel, recurrent_kernel, bias),
+    cap_input_gate=cap_input_gate,
+    tiles=row_tiles(tiles),
+    dtype=dtype,
+    interpret=interpret,
+  )
 
   def step(carry, per_step):
     latent, c, h = carry
     x, latent_in_t, valid = per_step
-    c, h_new, act, pi, a, r, z, *latent_saved = step_kernel(x, h, padded_mask, c, latent_in_t,
-                                                            latent)
+    c, h_new, act, pi, a, r, z, *latent_saved = step_kernel(
+      x, h, padded_mask, c, latent_in_t, latent
+    )
     latent = (latent_saved[1], z) if s.recurrent else ()
-    return held(valid, (latent, c, h_new), carry), (own(valid, h_new), act, c, pi, a, r, z,
-                                                    latent_saved)
+    return held(valid, (latent, c, h_new), carry), (
+      own(valid, h_new),
+      act,
+      c,
+      pi,
+      a,
+      r,
+      z,
+      latent_saved,
+    )
 
   latent0 = tuple(state(part, s.size_k) for part in latent0)
-  last, (hs, *saved) = jax.lax.scan(step, (latent0, state(c0, s.size_n), state(h0, s.size_n)),
-                                    (xs, latent_in, own_steps), unroll=unroll)
+  last, (hs, *saved) = jax.lax.scan(
+    step,
+    (latent0, state(c0, s.size_n), state(h0, s.size_n)),
+    (xs, latent_in, own_steps),
+    unroll=unroll,
+  )
   return s, last, hs, saved, (xs, padded_mask, latent0, latent_x)
 
 
 def _cut(x, like):
-  return x[..., :like.shape[-2], :like.shape[-1]].astype(like.dtype)
+  return x[..., : like.shape[-2], : like.shape[-1]].astype(like.dtype)
 
 
 def _carry_out(last, carry):
@@ -133,17 +174,21 @@ def _carry_out(last, carry):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
-def _recurrence(params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles,
-                interpret):
-  _, last, hs, _, _ = _forward(params, inputs, carry, mask, own_steps, dtype, unroll,
-                               cap_input_gate, tiles, interpret)
+def _recurrence(
+  params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles, interpret
+):
+  _, last, hs, _, _ = _forward(
+    params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles, interpret
+  )
   return _cut(hs, carry[-1]), _carry_out(last, carry)
 
 
-def _recurrence_fwd(params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate,
-                    tiles, interpret):
-  s, last, hs, saved, padded = _forward(params, inputs, carry, mask, own_steps, dtype, unroll,
-                                        cap_input_gate, tiles, interpret)
+def _recurrence_fwd(
+  params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles, interpret
+):
+  s, last, hs, saved, padded = _forward(
+    params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles, interpret
+  )
   out = (_cut(hs, carry[-1]), _carry_out(last, carry))
   return out, (params, inputs, carry, mask, own_steps, hs, saved, padded)
 
@@ -157,53 +202,83 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
   _, _, latent_h, latent_u, policy, kernel, recurrent_kernel, bias = _weights(params, s, dtype)
   state = lambda x, width: pad_to(x.astype(jnp.float32), (s.rows, width))
   c_first, h_first = state(carry[1], s.size_n), state(carry[2], s.size_n)
-  forget, d_c_from_h, scales = gate_factors(*jnp.split(acts, GATES, axis=-1), cs, c_first,
-                                            cap_input_gate)
+  forget, d_c_from_h, scales = gate_factors(
+    *jnp.split(acts, GATES, axis=-1), cs, c_first, cap_input_gate
+  )
   factors = (d_c_from_h, jnp.concatenate(scales, axis=-1), forget)
   if s.recurrent:
     acts_z, cs_z = latent_saved
-    forget_z, d_c_z_from_z, scales_z = gate_factors(*jnp.split(acts_z, GATES, axis=-1), cs_z,
-                                                    latent0[0], False)
+    forget_z, d_c_z_from_z, scales_z = gate_factors(
+      *jnp.split(acts_z, GATES, axis=-1), cs_z, latent0[0], False
+    )
     latent_factors = (d_c_z_from_z, jnp.concatenate(scales_z, axis=-1), forget_z)
     d_latent_first = tuple(state(d, s.size_k) for d in d_latent_last)
   else:
     latent_factors, d_latent_first = (zs,), ()
   # The final h is the last own step's: its gradient joins that step's output's.
-  d_out = output_gradients(pad_to(d_hs.astype(jnp.float32), (hs.shape[0], s.rows, s.size_n)),
-                           own_steps, state(d_h_last, s.size_n))
+  d_out = output_gradients(
+    pad_to(d_hs.astype(jnp.float32), (hs.shape[0], s.rows, s.size_n)),
+    own_steps,
+    state(d_h_last, s.size_n),
+  )
   h_prev = shifted(h_first, hs)
   step_kernel = functools.partial(
-      backward_step, weights=(kernel, recurrent_kernel, bias, policy, latent_h, *latent_u),
-      tiles=row_tiles(tiles), dtype=dtype, interpret=interpret)
+    backward_step,
+    weights=(kernel, recurrent_kernel, bias, policy, latent_h, *latent_u),
+    tiles=row_tiles(tiles),
+    dtype=dtype,
+    interpret=interpret,
+  )
 
   def step(carry, per_step):
     d_latent, d_c, d_rec = carry
     d_out_t, factors_t, x, h, saved_t, latent_factors_t, valid = per_step
     d_c, d_rec, d_gates, q, d_x, d_latent_gates, *d_latent = step_kernel(
-        d_out_t, d_rec, padded_mask, d_c, factors_t, x, h, saved_t,
-        (*d_latent, *latent_factors_t))
-    return (held(valid, (tuple(d_latent), d_c, d_rec), carry),
-            own(valid, (d_gates, q, d_x, d_latent_gates, d_rec)))
+      d_out_t, d_rec, padded_mask, d_c, factors_t, x, h, saved_t, (*d_latent, *latent_factors_t)
+    )
+    return (
+      held(valid, (tuple(d_latent), d_c, d_rec), carry),
+      own(valid, (d_gates, q, d_x, d_latent_gates, d_rec)),
+    )
 
   (d_latent0, d_c0, d_rec0), (d_gates, q, d_xs, d_latent_gates, d_recs) = jax.lax.scan(
-      step, (d_latent_first, state(d_c_last, s.size_n), jnp.zeros_like(h_first)),
-      (d_out, factors, xs, h_prev, (pis, a_s, rs), latent_factors, own_steps), reverse=True,
-      unroll=unroll)
+    step,
+    (d_latent_first, state(d_c_last, s.size_n), jnp.zeros_like(h_first)),
+    (d_out, factors, xs, h_prev, (pis, a_s, rs), latent_factors, own_steps),
+    reverse=True,
+    unroll=unroll,
+  )
   # Back in the cell's layout, every weight's gradient as one product over the window.
   steps, batch = inputs.shape[0], s.batch
   rows = lambda x: x[:, :batch]
   d_latent_gates = _unblocked(rows(d_latent_gates), s.k, s.latent_gates)
-  h_in = (rows(h_prev) * padded_mask[:batch])[..., :s.n]
-  z_prev = shifted(latent0[1], zs)[:, :batch, :s.k] if s.recurrent else None
-  grads = weight_gradients(params, inputs, h_in, s.unpadded_policy(rows(pis)),
-                           rows(zs)[..., :s.k], _unblocked(rows(d_gates), s.n, GATES),
-                           s.unpadded_policy(rows(q)), d_latent_gates, z_prev, dtype)
-  d_x_latent = contract('tl,lm->tm', d_latent_gates.reshape(steps * batch, -1),
-                        latent_dense(params)['kernel'][:s.m].T, dtype)
-  d_inputs = rows(d_xs)[..., :s.m] + d_x_latent.reshape(steps, batch, s.m)
+  h_in = (rows(h_prev) * padded_mask[:batch])[..., : s.n]
+  z_prev = shifted(latent0[1], zs)[:, :batch, : s.k] if s.recurrent else None
+  grads = weight_gradients(
+    params,
+    inputs,
+    h_in,
+    s.unpadded_policy(rows(pis)),
+    rows(zs)[..., : s.k],
+    _unblocked(rows(d_gates), s.n, GATES),
+    s.unpadded_policy(rows(q)),
+    d_latent_gates,
+    z_prev,
+    dtype,
+  )
+  d_x_latent = contract(
+    'tl,lm->tm',
+    d_latent_gates.reshape(steps * batch, -1),
+    latent_dense(params)['kernel'][: s.m].T,
+    dtype,
+  )
+  d_inputs = rows(d_xs)[..., : s.m] + d_x_latent.reshape(steps, batch, s.m)
   latent_first, c0, h0 = carry
-  d_carry = (tuple(_cut(d, like) for d, like in zip(d_latent0, latent_first)), _cut(d_c0, c0),
-             _cut(d_rec0 * padded_mask, h0))
+  d_carry = (
+    tuple(_cut(d, like) for d, like in zip(d_latent0, latent_first)),
+    _cut(d_c0, c0),
+    _cut(d_rec0 * padded_mask, h0),
+  )
   d_mask = _cut(jnp.sum(d_recs * h_prev, axis=0), mask)
   return grads, d_inputs.astype(inputs.dtype), d_carry, d_mask, None
 
@@ -211,11 +286,18 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
-def pallas_alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
-                            state_mask: jax.Array | None = None, dtype: Any = None,
-                            unroll: int = 1, cap_input_gate: bool = False,
-                            tiles: Tiles | None = None, interpret: bool | None = None,
-                            steps: jax.Array | None = None):
+def pallas_alstm_recurrence(
+  inputs: jax.Array,
+  params: Any,
+  carry: Any,
+  state_mask: jax.Array | None = None,
+  dtype: Any = None,
+  unroll: int = 1,
+  cap_input_gate: bool = False,
+  tiles: Tiles | None = None,
+  interpret: bool | None = None,
+  steps: jax.Array | None = None,
+):
   """`alstm_recurrence` with one Pallas kernel per step, forward and back.
 
   Args:
@@ -233,8 +315,16 @@ def pallas_alstm_recurrence(inputs: jax.Array, params: Any, carry: Any,
   n = h0.shape[-1]
   check_window(inputs, params, n)
   tiles = tiles or tiles_for(h0.shape[0], max(n, inputs.shape[-1]))
-  hs, new_carry = _recurrence(params, inputs, tuple(carry), _state_mask(state_mask, h0),
-                              check_steps(steps, inputs.shape[0]),
-                              jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate, tiles,
-                              interpret)
+  hs, new_carry = _recurrence(
+    params,
+    inputs,
+    tuple(carry),
+    _state_mask(state_mask, h0),
+    check_steps(steps, inputs.shape[0]),
+    jnp.dtype(dtype or inputs.dtype),
+    unroll,
+    cap_input_gate,
+    tiles,
+    interpret,
+  )
   return new_carry, hs

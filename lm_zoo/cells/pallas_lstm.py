@@ -52,16 +52,22 @@ def _layout(projected, recurrent_kernel, c0, h0, mask, dtype, tiles):
   kernel = jnp.moveaxis(recurrent_kernel.reshape(n, GATES, n), 1, 0)
   kernel = pad_to(kernel.astype(dtype), (GATES, size_n, size_n))
   state = lambda x: pad_to(x.astype(jnp.float32), (size_b, size_n))
-  return (gate_major(projected.astype(jnp.float32), size_b, size_n), kernel, state(c0),
-          state(h0), state(mask))
+  return (
+    gate_major(projected.astype(jnp.float32), size_b, size_n),
+    kernel,
+    state(c0),
+    state(h0),
+    state(mask),
+  )
 
 
-def _forward(projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles,
-             interpret, unroll):
-  gates_in, kernel, c, h, mask = _layout(projected, recurrent_kernel, c0, h0, mask, dtype,
-                                         tiles)
-  step_kernel = functools.partial(forward_step, tiles=tiles, dtype=dtype,
-                                  cap_input_gate=cap_input_gate, interpret=interpret)
+def _forward(
+  projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles, interpret, unroll
+):
+  gates_in, kernel, c, h, mask = _layout(projected, recurrent_kernel, c0, h0, mask, dtype, tiles)
+  step_kernel = functools.partial(
+    forward_step, tiles=tiles, dtype=dtype, cap_input_gate=cap_input_gate, interpret=interpret
+  )
 
   def step(carry, xs):
     p, valid = xs
@@ -73,22 +79,45 @@ def _forward(projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_
 
 
 def _cut(x, like):
-  return x[..., :like.shape[-2], :like.shape[-1]].astype(like.dtype)
+  return x[..., : like.shape[-2], : like.shape[-1]].astype(like.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
-def _recurrence(projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles,
-                interpret, unroll):
-  (c, h), (hs, _, _), _ = _forward(projected, recurrent_kernel, c0, h0, mask, steps, dtype,
-                                   cap_input_gate, tiles, interpret, unroll)
+def _recurrence(
+  projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles, interpret, unroll
+):
+  (c, h), (hs, _, _), _ = _forward(
+    projected,
+    recurrent_kernel,
+    c0,
+    h0,
+    mask,
+    steps,
+    dtype,
+    cap_input_gate,
+    tiles,
+    interpret,
+    unroll,
+  )
   return _cut(hs, h0), (_cut(c, c0), _cut(h, h0))
 
 
-def _recurrence_fwd(projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate,
-                    tiles, interpret, unroll):
+def _recurrence_fwd(
+  projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles, interpret, unroll
+):
   (c, h), (hs, acts, cs), (kernel, padded_mask) = _forward(
-      projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles,
-      interpret, unroll)
+    projected,
+    recurrent_kernel,
+    c0,
+    h0,
+    mask,
+    steps,
+    dtype,
+    cap_input_gate,
+    tiles,
+    interpret,
+    unroll,
+  )
   saved = (projected, recurrent_kernel, c0, h0, mask, steps, kernel, padded_mask, hs, acts, cs)
   return (_cut(hs, h0), (_cut(c, c0), _cut(h, h0))), saved
 
@@ -100,23 +129,30 @@ def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cota
   size_t, size_b, size_n = hs.shape
   pad_state = lambda x: pad_to(x.astype(jnp.float32), (size_b, size_n))
   c_first = pad_state(c0)
-  forget, d_c_from_h, scales = gate_factors(*(acts[:, g] for g in range(GATES)), cs, c_first,
-                                            cap_input_gate)
+  forget, d_c_from_h, scales = gate_factors(
+    *(acts[:, g] for g in range(GATES)), cs, c_first, cap_input_gate
+  )
   scales = jnp.stack(scales, axis=1)
   # The final h is the last own step's: its gradient joins that step's output's.
-  d_out = output_gradients(pad_to(d_hs.astype(jnp.float32), (size_t, size_b, size_n)), steps,
-                           pad_state(d_h_last))
+  d_out = output_gradients(
+    pad_to(d_hs.astype(jnp.float32), (size_t, size_b, size_n)), steps, pad_state(d_h_last)
+  )
   step_kernel = functools.partial(backward_step, tiles=tiles, dtype=dtype, interpret=interpret)
 
   def step(carry, xs):
     d_out_t, d_c_from_h_t, scales_t, forget_t, valid = xs
-    d_c, d_rec, d_gates = step_kernel(d_out_t, carry[1], padded_mask, carry[0], d_c_from_h_t,
-                                      scales_t, forget_t, kernel)
+    d_c, d_rec, d_gates = step_kernel(
+      d_out_t, carry[1], padded_mask, carry[0], d_c_from_h_t, scales_t, forget_t, kernel
+    )
     return held(valid, (d_c, d_rec), carry), own(valid, (d_gates, d_rec))
 
   (d_c0, d_rec0), (d_gates, d_recs) = jax.lax.scan(
-      step, (pad_state(d_c_last), jnp.zeros((size_b, size_n), jnp.float32)),
-      (d_out, d_c_from_h, scales, forget, steps), reverse=True, unroll=unroll)
+    step,
+    (pad_state(d_c_last), jnp.zeros((size_b, size_n), jnp.float32)),
+    (d_out, d_c_from_h, scales, forget, steps),
+    reverse=True,
+    unroll=unroll,
+  )
   # d_recs[t] is dL/d(m ⊙ h_{t-1}).
   h_prev = shifted(pad_state(h0), hs)
   d_mask = jnp.sum(d_recs * h_prev, axis=0)
@@ -125,20 +161,31 @@ def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cota
   d_gates_rows = jnp.moveaxis(d_gates, 1, 2).reshape(-1, GATES * size_n)
   d_kernel = contract('mk,mj->kj', h_in, d_gates_rows, dtype).reshape(size_n, GATES, size_n)
   d_kernel = d_kernel[:n, :, :n].reshape(n, GATES * n)
-  return (gate_minor(d_gates, batch, n).astype(projected.dtype),
-          d_kernel.astype(recurrent_kernel.dtype), _cut(d_c0, c0),
-          _cut(d_rec0 * padded_mask, h0), _cut(d_mask, mask), None)
+  return (
+    gate_minor(d_gates, batch, n).astype(projected.dtype),
+    d_kernel.astype(recurrent_kernel.dtype),
+    _cut(d_c0, c0),
+    _cut(d_rec0 * padded_mask, h0),
+    _cut(d_mask, mask),
+    None,
+  )
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
-def pallas_lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
-                           carry: tuple[jax.Array, jax.Array],
-                           state_mask: jax.Array | None = None, unroll: int = 1,
-                           dtype: Any = None, cap_input_gate: bool = False,
-                           tiles: Tiles | None = None, interpret: bool | None = None,
-                           steps: jax.Array | None = None):
+def pallas_lstm_recurrence(
+  projected: jax.Array,
+  recurrent_kernel: jax.Array,
+  carry: tuple[jax.Array, jax.Array],
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  dtype: Any = None,
+  cap_input_gate: bool = False,
+  tiles: Tiles | None = None,
+  interpret: bool | None = None,
+  steps: jax.Array | None = None,
+):
   """`lstm_recurrence` with one Pallas kernel per step, forward and back.
 
   Args:
@@ -160,15 +207,30 @@ def pallas_lstm_recurrence(projected: jax.Array, recurrent_kernel: jax.Array,
   """
   c0, h0 = carry
   n = h0.shape[-1]
-  if projected.ndim != 3 or recurrent_kernel.shape != (n, GATES * n) or (
-      projected.shape[1:] != (h0.shape[0], GATES * n)):
-    raise ValueError(f'projected inputs {projected.shape} and recurrent kernel '
-                     f'{recurrent_kernel.shape} do not fit a carry of {h0.shape}: expected '
-                     f'(T, {h0.shape[0]}, {GATES * n}) and ({n}, {GATES * n})')
+  if (
+    projected.ndim != 3
+    or recurrent_kernel.shape != (n, GATES * n)
+    or (projected.shape[1:] != (h0.shape[0], GATES * n))
+  ):
+    raise ValueError(
+      f'projected inputs {projected.shape} and recurrent kernel '
+      f'{recurrent_kernel.shape} do not fit a carry of {h0.shape}: expected '
+      f'(T, {h0.shape[0]}, {GATES * n}) and ({n}, {GATES * n})'
+    )
   mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
   dtype = jnp.dtype(dtype or projected.dtype)
   tiles = tiles or tiles_for(h0.shape[0], n)
-  hs, new_carry = _recurrence(projected.astype(accumulation_dtype(dtype)), recurrent_kernel,
-                              c0, h0, mask, check_steps(steps, projected.shape[0]), dtype,
-                              cap_input_gate, tiles, interpret, unroll)
+  hs, new_carry = _recurrence(
+    projected.astype(accumulation_dtype(dtype)),
+    recurrent_kernel,
+    c0,
+    h0,
+    mask,
+    check_steps(steps, projected.shape[0]),
+    dtype,
+    cap_input_gate,
+    tiles,
+    interpret,
+    unroll,
+  )
   return new_carry, hs

@@ -25,8 +25,7 @@ from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
 from lm_zoo.cells.pallas_lstm import gate_major, pad_to, round_up
-from lm_zoo.kernels.lstm_step import (GATES, Tiles, backward_step, forward_step, row_tiles,
-                                      tiles_for)
+from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, row_tiles, tiles_for
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
 from lm_zoo.layers.products import contract
 
@@ -55,12 +54,15 @@ def _padded_rounds(mix: MogrifierRounds, params, size_m, size_n, dtype):
     bias = pad_to(p['bias'].astype(jnp.float32), (width,))
     if 'kernel_in' in p:
       rank = _rank_size(p['kernel_in'].shape[1])
-      padded.append({'kernel_in': pad_to(p['kernel_in'].astype(dtype), (source, rank)),
-                     'kernel_out': pad_to(p['kernel_out'].astype(dtype), (rank, width)),
-                     'bias': bias})
+      padded.append(
+        {
+          'kernel_in': pad_to(p['kernel_in'].astype(dtype), (source, rank)),
+          'kernel_out': pad_to(p['kernel_out'].astype(dtype), (rank, width)),
+          'bias': bias,
+        }
+      )
     else:
-      padded.append({'kernel': pad_to(p['kernel'].astype(dtype), (source, width)),
-                     'bias': bias})
+      padded.append({'kernel': pad_to(p['kernel'].astype(dtype), (source, width)), 'bias': bias})
   return padded
 
 
@@ -69,24 +71,52 @@ def _layout(inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask, dtype, t
   n = h0.shape[-1]
   size_b, size_m = round_up(batch, tiles.batch), round_up(m, tiles.unit_multiple)
   size_n = round_up(n, tiles.unit_multiple)
-  kernel = jnp.concatenate([_gates_kernel(input_kernel, size_m, size_n, dtype),
-                            _gates_kernel(recurrent_kernel, size_n, size_n, dtype)], axis=1)
-  gate_bias = gate_major(jnp.broadcast_to(bias.astype(jnp.float32), (batch, GATES * n)),
-                          size_b, size_n)
+  kernel = jnp.concatenate(
+    [
+      _gates_kernel(input_kernel, size_m, size_n, dtype),
+      _gates_kernel(recurrent_kernel, size_n, size_n, dtype),
+    ],
+    axis=1,
+  )
+  gate_bias = gate_major(
+    jnp.broadcast_to(bias.astype(jnp.float32), (batch, GATES * n)), size_b, size_n
+  )
   state = lambda x: pad_to(x.astype(jnp.float32), (size_b, size_n))
   xs = pad_to(inputs.astype(jnp.float32), (steps, size_b, size_m))
   return xs, kernel, gate_bias, state(c0), state(h0), state(mask)
 
 
-def _forward(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask,
-             own_steps, dtype, unroll, cap_input_gate, tiles, interpret):
-  xs, kernel, gate_bias, c, h, mask = _layout(inputs, input_kernel, bias, recurrent_kernel,
-                                              c0, h0, mask, dtype, tiles)
+def _forward(
+  mix,
+  mix_params,
+  input_kernel,
+  bias,
+  recurrent_kernel,
+  inputs,
+  c0,
+  h0,
+  mask,
+  own_steps,
+  dtype,
+  unroll,
+  cap_input_gate,
+  tiles,
+  interpret,
+):
+  xs, kernel, gate_bias, c, h, mask = _layout(
+    inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask, dtype, tiles
+  )
   rounds = _padded_rounds(mix, mix_params, xs.shape[-1], h.shape[-1], mix.dtype or jnp.float32)
-  mogrify = functools.partial(rounds_forward, zigzag=mix.zigzag, tiles=row_tiles(tiles),
-                              dtype=mix.dtype or jnp.float32, interpret=interpret)
-  gates_step = functools.partial(forward_step, tiles=tiles, dtype=dtype,
-                                 cap_input_gate=cap_input_gate, interpret=interpret)
+  mogrify = functools.partial(
+    rounds_forward,
+    zigzag=mix.zigzag,
+    tiles=row_tiles(tiles),
+    dtype=mix.dtype or jnp.float32,
+    interpret=interpret,
+  )
+  gates_step = functools.partial(
+    forward_step, tiles=tiles, dtype=dtype, cap_input_gate=cap_input_gate, interpret=interpret
+  )
 
   def step(carry, per_step):
     x, valid = per_step
@@ -99,30 +129,86 @@ def _forward(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, 
 
 
 def _cut(x, like):
-  return x[..., :like.shape[-2], :like.shape[-1]].astype(like.dtype)
+  return x[..., : like.shape[-2], : like.shape[-1]].astype(like.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 10, 11, 12, 13, 14))
-def _recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask,
-                own_steps, dtype, unroll, cap_input_gate, tiles, interpret):
-  (c, h), (hs, *_), _ = _forward(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs,
-                                 c0, h0, mask, own_steps, dtype, unroll, cap_input_gate, tiles,
-                                 interpret)
+def _recurrence(
+  mix,
+  mix_params,
+  input_kernel,
+  bias,
+  recurrent_kernel,
+  inputs,
+  c0,
+  h0,
+  mask,
+  own_steps,
+  dtype,
+  unroll,
+  cap_input_gate,
+  tiles,
+  interpret,
+):
+  (c, h), (hs, *_), _ = _forward(
+    mix,
+    mix_params,
+    input_kernel,
+    bias,
+    recurrent_kernel,
+    inputs,
+    c0,
+    h0,
+    mask,
+    own_steps,
+    dtype,
+    unroll,
+    cap_input_gate,
+    tiles,
+    interpret,
+  )
   return _cut(hs, h0), (_cut(c, c0), _cut(h, h0))
 
 
-def _recurrence_fwd(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask,
-                    own_steps, dtype, unroll, cap_input_gate, tiles, interpret):
-  (c, h), saved, padded = _forward(mix, mix_params, input_kernel, bias, recurrent_kernel,
-                                   inputs, c0, h0, mask, own_steps, dtype, unroll,
-                                   cap_input_gate, tiles, interpret)
-  originals = (mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask,
-               own_steps)
+def _recurrence_fwd(
+  mix,
+  mix_params,
+  input_kernel,
+  bias,
+  recurrent_kernel,
+  inputs,
+  c0,
+  h0,
+  mask,
+  own_steps,
+  dtype,
+  unroll,
+  cap_input_gate,
+  tiles,
+  interpret,
+):
+  (c, h), saved, padded = _forward(
+    mix,
+    mix_params,
+    input_kernel,
+    bias,
+    recurrent_kernel,
+    inputs,
+    c0,
+    h0,
+    mask,
+    own_steps,
+    dtype,
+    unroll,
+    cap_input_gate,
+    tiles,
+    interpret,
+  )
+  originals = (mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask, own_steps)
   return (_cut(saved[0], h0), (_cut(c, c0), _cut(h, h0))), (originals, saved, padded)
 
 
-def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residuals,
-                    cotangents):
+def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residuals, cotangents):
   originals, (hs, acts, cs, mixed, round_gates, hiddens), padded = residuals
   mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask, own_steps = originals
   xs, kernel, padded_mask, rounds = padded
@@ -130,64 +216,94 @@ def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residu
   (steps, batch, m), n = inputs.shape, h0.shape[-1]
   size_b, size_n = hs.shape[1:]
   pad_state = lambda x: pad_to(x.astype(jnp.float32), (size_b, size_n))
-  forget, d_c_from_h, scales = gate_factors(*(acts[:, g] for g in range(GATES)), cs,
-                                            pad_state(c0), cap_input_gate)
+  forget, d_c_from_h, scales = gate_factors(
+    *(acts[:, g] for g in range(GATES)), cs, pad_state(c0), cap_input_gate
+  )
   scales = jnp.stack(scales, axis=1)
   # The final h is the last own step's: its gradient joins that step's output's.
-  d_out = output_gradients(pad_to(d_hs.astype(jnp.float32), (steps, size_b, size_n)),
-                           own_steps, pad_state(d_h_last))
+  d_out = output_gradients(
+    pad_to(d_hs.astype(jnp.float32), (steps, size_b, size_n)), own_steps, pad_state(d_h_last)
+  )
   h_prev = shifted(pad_state(h0), hs)
-  unmogrify = functools.partial(rounds_backward, zigzag=mix.zigzag, tiles=row_tiles(tiles),
-                                dtype=mix.dtype or jnp.float32, interpret=interpret)
+  unmogrify = functools.partial(
+    rounds_backward,
+    zigzag=mix.zigzag,
+    tiles=row_tiles(tiles),
+    dtype=mix.dtype or jnp.float32,
+    interpret=interpret,
+  )
   gates_back = functools.partial(backward_step, tiles=tiles, dtype=dtype, interpret=interpret)
 
   def step(carry, per_step):
     d_out_t, d_c_from_h_t, scales_t, forget_t, x_t, h_t, round_gates_t, valid = per_step
-    d_c, d_mixed, d_gates = gates_back(d_out_t, carry[1], padded_mask, carry[0], d_c_from_h_t,
-                                       scales_t, forget_t, kernel)
-    d_x, d_rec, d_z, d_hidden = unmogrify(d_mixed, x_t, h_t * padded_mask, round_gates_t,
-                                          rounds)
+    d_c, d_mixed, d_gates = gates_back(
+      d_out_t, carry[1], padded_mask, carry[0], d_c_from_h_t, scales_t, forget_t, kernel
+    )
+    d_x, d_rec, d_z, d_hidden = unmogrify(d_mixed, x_t, h_t * padded_mask, round_gates_t, rounds)
     return held(valid, (d_c, d_rec), carry), own(valid, (d_gates, d_x, d_rec, d_z, d_hidden))
 
   (d_c0, d_rec0), (d_gates, d_xs, d_recs, d_zs, d_hiddens) = jax.lax.scan(
-      step, (pad_state(d_c_last), jnp.zeros((size_b, size_n), jnp.float32)),
-      (d_out, d_c_from_h, scales, forget, xs, h_prev, round_gates, own_steps), reverse=True,
-      unroll=unroll)
+    step,
+    (pad_state(d_c_last), jnp.zeros((size_b, size_n), jnp.float32)),
+    (d_out, d_c_from_h, scales, forget, xs, h_prev, round_gates, own_steps),
+    reverse=True,
+    unroll=unroll,
+  )
   # W's and U's gradients for the whole window in one matrix product.
   d_gate_rows = jnp.moveaxis(d_gates, 1, 2).reshape(-1, GATES * size_n)
   d_kernel = contract('tk,tj->kj', mixed.reshape(-1, mixed.shape[-1]), d_gate_rows, dtype)
   d_kernel = d_kernel.reshape(-1, GATES, size_n)[:, :, :n]
   size_m = xs.shape[-1]
   d_input_kernel = d_kernel[:m].reshape(m, GATES * n)
-  d_recurrent_kernel = d_kernel[size_m:size_m + n].reshape(n, GATES * n)
+  d_recurrent_kernel = d_kernel[size_m : size_m + n].reshape(n, GATES * n)
   d_bias = jnp.sum(d_gates, axis=(0, 2))[:, :n].reshape(GATES * n)
   # The rounds' gradients from every step's sources, gates and dz at once.
   ranks = [p['kernel_in'].shape[1] for p in mix_params.values() if 'kernel_in' in p]
   cut = lambda a, width: a[:, :batch, :width]
   widths = [m if i % 2 else n for i in range(1, mix.rounds + 1)]
-  residuals = jnp.concatenate([cut(g, w) for g, w in zip(round_gates, widths)]
-                              + [cut(g, r) for g, r in zip(hiddens, ranks)], axis=-1)
-  stashes = jnp.concatenate([cut(g, w) for g, w in zip(d_zs, widths)]
-                            + [cut(g, r) for g, r in zip(d_hiddens, ranks)], axis=-1)
-  d_mix_params = mix.params_gradient(mix_params, inputs.astype(jnp.float32),
-                                     cut(h_prev * padded_mask, n), residuals, stashes)
-  return (d_mix_params, d_input_kernel.astype(input_kernel.dtype),
-          d_bias.astype(bias.dtype), d_recurrent_kernel.astype(recurrent_kernel.dtype),
-          cut(d_xs, m).astype(inputs.dtype), _cut(d_c0, c0), _cut(d_rec0 * padded_mask, h0),
-          _cut(jnp.sum(d_recs * h_prev, axis=0), mask), None)
+  residuals = jnp.concatenate(
+    [cut(g, w) for g, w in zip(round_gates, widths)] + [cut(g, r) for g, r in zip(hiddens, ranks)],
+    axis=-1,
+  )
+  stashes = jnp.concatenate(
+    [cut(g, w) for g, w in zip(d_zs, widths)] + [cut(g, r) for g, r in zip(d_hiddens, ranks)],
+    axis=-1,
+  )
+  d_mix_params = mix.params_gradient(
+    mix_params, inputs.astype(jnp.float32), cut(h_prev * padded_mask, n), residuals, stashes
+  )
+  return (
+    d_mix_params,
+    d_input_kernel.astype(input_kernel.dtype),
+    d_bias.astype(bias.dtype),
+    d_recurrent_kernel.astype(recurrent_kernel.dtype),
+    cut(d_xs, m).astype(inputs.dtype),
+    _cut(d_c0, c0),
+    _cut(d_rec0 * padded_mask, h0),
+    _cut(jnp.sum(d_recs * h_prev, axis=0), mask),
+    None,
+  )
 
 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
-def pallas_mogrified_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array,
-                                     bias: jax.Array, recurrent_kernel: jax.Array,
-                                     carry: tuple[jax.Array, jax.Array], mix: MogrifierRounds,
-                                     mix_params: Any, state_mask: jax.Array | None = None,
-                                     dtype: Any = None, unroll: int = 1,
-                                     cap_input_gate: bool = False, tiles: Tiles | None = None,
-                                     interpret: bool | None = None,
-                                     steps: jax.Array | None = None):
+def pallas_mogrified_lstm_recurrence(
+  inputs: jax.Array,
+  input_kernel: jax.Array,
+  bias: jax.Array,
+  recurrent_kernel: jax.Array,
+  carry: tuple[jax.Array, jax.Array],
+  mix: MogrifierRounds,
+  mix_params: Any,
+  state_mask: jax.Array | None = None,
+  dtype: Any = None,
+  unroll: int = 1,
+  cap_input_gate: bool = False,
+  tiles: Tiles | None = None,
+  interpret: bool | None = None,
+  steps: jax.Array | None = None,
+):
   """`mixed_lstm_recurrence` with the Mogrifier's rounds as the mix, each
   step two Pallas kernels forward and two back.
 
@@ -205,12 +321,28 @@ def pallas_mogrified_lstm_recurrence(inputs: jax.Array, input_kernel: jax.Array,
   """
   c0, h0 = carry
   if any('bias' not in p for p in mix_params.values()):
-    raise ValueError("scan='pallas' runs Mogrifier rounds with biases (LowRankDense's "
-                     'default): give every round its bias, or choose another scan')
+    raise ValueError(
+      "scan='pallas' runs Mogrifier rounds with biases (LowRankDense's "
+      'default): give every round its bias, or choose another scan'
+    )
   mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
   dtype = jnp.dtype(dtype or inputs.dtype)
   tiles = tiles or tiles_for(h0.shape[0], max(h0.shape[-1], inputs.shape[-1]))
-  hs, new_carry = _recurrence(mix, mix_params, input_kernel, bias, recurrent_kernel, inputs,
-                              c0, h0, mask, check_steps(steps, inputs.shape[0]), dtype, unroll,
-                              cap_input_gate, tiles, interpret)
+  hs, new_carry = _recurrence(
+    mix,
+    mix_params,
+    input_kernel,
+    bias,
+    recurrent_kernel,
+    inputs,
+    c0,
+    h0,
+    mask,
+    check_steps(steps, inputs.shape[0]),
+    dtype,
+    unroll,
+    cap_input_gate,
+    tiles,
+    interpret,
+  )
   return new_carry, hs

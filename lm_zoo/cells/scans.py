@@ -59,6 +59,7 @@ from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
 from lm_zoo.cells.pallas_mogrifier import pallas_mogrified_lstm_recurrence
 from lm_zoo.layers.products import accumulation_dtype, linear
 
+
 class Scan(enum.StrEnum):
   """The ways of running a window (above); a `Scan` is its string, so
   `scan='fused'` and `scan=Scan.FUSED` are one choice."""
@@ -79,8 +80,10 @@ WINDOW_KERNELS = tuple(way.value for way in (Scan.FUSED, Scan.PALLAS, Scan.CUDNN
 # kernel(cell, params, carry, inputs (T, B, m), state_mask, unroll, steps) -> (carry,
 # outputs (T, B, n)): a window from the cell's settings and its parameters, given
 # explicitly; `steps` (T,) bool marks its own steps, first (`lm_zoo.cells.held_steps`).
-FusedKernel = Callable[[nn.Module, Any, Any, jax.Array, 'jax.Array | None', int,
-                        'jax.Array | None'], tuple[Any, jax.Array]]
+FusedKernel = Callable[
+  [nn.Module, Any, Any, jax.Array, 'jax.Array | None', int, 'jax.Array | None'],
+  tuple[Any, jax.Array],
+]
 # kernels(cell) -> the cell's kernel, or None where this cell (of the registered
 # type) has none, or a string: why it cannot run (named in the refusal).
 KernelFactory = Callable[[nn.Module], 'FusedKernel | str | None']
@@ -109,8 +112,9 @@ def _projected(cell: LSTMCell, params, inputs: jax.Array) -> jax.Array:
   """W x + b (+ b_h) for every step in one product (on (T·B, m): the 2-d
   product XLA's CPU backend runs fastest, as `project_inputs` does), in the
   gates' dtype."""
-  flat = linear(inputs.reshape(-1, inputs.shape[-1]), params['input']['kernel'],
-                gate_bias(params), cell.dtype)
+  flat = linear(
+    inputs.reshape(-1, inputs.shape[-1]), params['input']['kernel'], gate_bias(params), cell.dtype
+  )
   projected = flat.reshape(*inputs.shape[:-1], flat.shape[-1])
   return projected.astype(accumulation_dtype(_dtype(cell, projected, params)))
 
@@ -119,23 +123,50 @@ def _dtype(cell: LSTMCell, projected, params):
   return cell.dtype or jnp.result_type(projected, params['recurrent_kernel'])
 
 
-def lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
-                state_mask: jax.Array | None = None, unroll: int = 1,
-                steps: jax.Array | None = None):
+def lstm_window(
+  cell: LSTMCell,
+  params,
+  carry,
+  inputs: jax.Array,
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  steps: jax.Array | None = None,
+):
   """`LSTMCell`'s window: `lstm_recurrence` of W x + b (+ b_h)."""
   projected = _projected(cell, params, inputs)
-  return lstm_recurrence(projected, params['recurrent_kernel'], carry, state_mask, unroll,
-                         _dtype(cell, projected, params), cell.cap_input_gate, steps)
+  return lstm_recurrence(
+    projected,
+    params['recurrent_kernel'],
+    carry,
+    state_mask,
+    unroll,
+    _dtype(cell, projected, params),
+    cell.cap_input_gate,
+    steps,
+  )
 
 
-def pallas_lstm_window(cell: LSTMCell, params, carry, inputs: jax.Array,
-                       state_mask: jax.Array | None = None, unroll: int = 1,
-                       steps: jax.Array | None = None):
+def pallas_lstm_window(
+  cell: LSTMCell,
+  params,
+  carry,
+  inputs: jax.Array,
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  steps: jax.Array | None = None,
+):
   """`LSTMCell`'s window with a Pallas kernel a step: `pallas_lstm_recurrence`."""
   projected = _projected(cell, params, inputs)
-  return pallas_lstm_recurrence(projected, params['recurrent_kernel'], carry, state_mask,
-                                unroll, _dtype(cell, projected, params), cell.cap_input_gate,
-                                steps=steps)
+  return pallas_lstm_recurrence(
+    projected,
+    params['recurrent_kernel'],
+    carry,
+    state_mask,
+    unroll,
+    _dtype(cell, projected, params),
+    cell.cap_input_gate,
+    steps=steps,
+  )
 
 
 def _mogrified_args(cell: Mogrify, params, inputs):
@@ -144,30 +175,71 @@ def _mogrified_args(cell: Mogrify, params, inputs):
   lstm, inner = cell.cell, params['cell']
   rounds = {name: value for name, value in params.items() if name != 'cell'}
   dtype = lstm.dtype or jnp.result_type(inputs, inner['input']['kernel'])
-  return (inner['input']['kernel'], gate_bias(inner), inner['recurrent_kernel'],
-          MogrifierRounds(cell.rounds, cell.zigzag, cell.dtype), rounds, dtype)
+  return (
+    inner['input']['kernel'],
+    gate_bias(inner),
+    inner['recurrent_kernel'],
+    MogrifierRounds(cell.rounds, cell.zigzag, cell.dtype),
+    rounds,
+    dtype,
+  )
 
 
-def mogrified_lstm_window(cell: Mogrify, params, carry, inputs: jax.Array,
-                          state_mask: jax.Array | None = None, unroll: int = 1,
-                          steps: jax.Array | None = None):
+def mogrified_lstm_window(
+  cell: Mogrify,
+  params,
+  carry,
+  inputs: jax.Array,
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  steps: jax.Array | None = None,
+):
   """`Mogrify(LSTMCell)`'s window: `mixed_lstm_recurrence` with the rounds as
   its mix (`MogrifierRounds`), so that every weight gradient of the layer is
   one matrix product per window."""
   kernel, bias, recurrent_kernel, mix, rounds, dtype = _mogrified_args(cell, params, inputs)
-  return mixed_lstm_recurrence(inputs, kernel, bias, recurrent_kernel, carry, mix, rounds,
-                               state_mask, dtype, unroll, cell.cell.cap_input_gate, steps)
+  return mixed_lstm_recurrence(
+    inputs,
+    kernel,
+    bias,
+    recurrent_kernel,
+    carry,
+    mix,
+    rounds,
+    state_mask,
+    dtype,
+    unroll,
+    cell.cell.cap_input_gate,
+    steps,
+  )
 
 
-def pallas_mogrified_lstm_window(cell: Mogrify, params, carry, inputs: jax.Array,
-                                 state_mask: jax.Array | None = None, unroll: int = 1,
-                                 steps: jax.Array | None = None):
+def pallas_mogrified_lstm_window(
+  cell: Mogrify,
+  params,
+  carry,
+  inputs: jax.Array,
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  steps: jax.Array | None = None,
+):
   """`Mogrify(LSTMCell)`'s window with two Pallas kernels a step:
   `pallas_mogrified_lstm_recurrence`."""
   kernel, bias, recurrent_kernel, mix, rounds, dtype = _mogrified_args(cell, params, inputs)
-  return pallas_mogrified_lstm_recurrence(inputs, kernel, bias, recurrent_kernel, carry, mix,
-                                          rounds, state_mask, dtype, unroll,
-                                          cell.cell.cap_input_gate, steps=steps)
+  return pallas_mogrified_lstm_recurrence(
+    inputs,
+    kernel,
+    bias,
+    recurrent_kernel,
+    carry,
+    mix,
+    rounds,
+    state_mask,
+    dtype,
+    unroll,
+    cell.cell.cap_input_gate,
+    steps=steps,
+  )
 
 
 def _inner_window(kernel: FusedKernel, cell: Mogrify, params, *args):
@@ -178,11 +250,13 @@ def _inner_window(kernel: FusedKernel, cell: Mogrify, params, *args):
 def _mogrify_kernel(way: str, own: FusedKernel | None = None) -> KernelFactory:
   """A `Mogrify`'s `way` kernel: with no rounds its inner cell's, else `own`
   where it wraps an `LSTMCell`."""
+
   def kernels(cell: Mogrify):
     if cell.rounds == 0:
       inner = window_kernel(cell.cell, way)
       return inner if not callable(inner) else functools.partial(_inner_window, inner)
     return own if type(cell.cell) is LSTMCell else None
+
   return kernels
 
 
@@ -190,26 +264,55 @@ def _alstm_dtype(cell: ALSTMCell, params, inputs):
   return cell.dtype or jnp.result_type(inputs, params['input']['kernel_1'])
 
 
-def alstm_window(cell: ALSTMCell, params, carry, inputs: jax.Array,
-                 state_mask: jax.Array | None = None, unroll: int = 1,
-                 steps: jax.Array | None = None):
+def alstm_window(
+  cell: ALSTMCell,
+  params,
+  carry,
+  inputs: jax.Array,
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  steps: jax.Array | None = None,
+):
   """`ALSTMCell`'s window: `alstm_recurrence`."""
-  return alstm_recurrence(inputs, params, carry, state_mask, _alstm_dtype(cell, params, inputs),
-                          unroll, cell.cap_input_gate, steps)
+  return alstm_recurrence(
+    inputs,
+    params,
+    carry,
+    state_mask,
+    _alstm_dtype(cell, params, inputs),
+    unroll,
+    cell.cap_input_gate,
+    steps,
+  )
 
 
-def pallas_alstm_window(cell: ALSTMCell, params, carry, inputs: jax.Array,
-                        state_mask: jax.Array | None = None, unroll: int = 1,
-                        steps: jax.Array | None = None):
+def pallas_alstm_window(
+  cell: ALSTMCell,
+  params,
+  carry,
+  inputs: jax.Array,
+  state_mask: jax.Array | None = None,
+  unroll: int = 1,
+  steps: jax.Array | None = None,
+):
   """`ALSTMCell`'s window with one Pallas kernel a step: `pallas_alstm_recurrence`."""
-  return pallas_alstm_recurrence(inputs, params, carry, state_mask,
-                                 _alstm_dtype(cell, params, inputs), unroll, cell.cap_input_gate,
-                                 steps=steps)
+  return pallas_alstm_recurrence(
+    inputs,
+    params,
+    carry,
+    state_mask,
+    _alstm_dtype(cell, params, inputs),
+    unroll,
+    cell.cap_input_gate,
+    steps=steps,
+  )
 
 
 # Why an aLSTM that drops its latent runs no window kernel.
-LATENT_DROPOUT_REFUSAL = ("dropout_latent draws its mask inside the step (with a 'dropout' "
-                          "RNG), which the window kernels do not: run scan='scan'")
+LATENT_DROPOUT_REFUSAL = (
+  "dropout_latent draws its mask inside the step (with a 'dropout' "
+  "RNG), which the window kernels do not: run scan='scan'"
+)
 
 
 def _drops_latent(cell: ALSTMCell) -> bool:
@@ -221,10 +324,12 @@ def _drops_latent(cell: ALSTMCell) -> bool:
 def _alstm_kernel(own: FusedKernel) -> KernelFactory:
   """An `ALSTMCell`'s kernel `own` where its latent is `LSTMCell` or
   `StaticLatent` and it drops no latent (evaluation drops none)."""
+
   def kernels(cell: ALSTMCell):
     if cell.latent not in (LSTMCell, StaticLatent):
       return None
     return LATENT_DROPOUT_REFUSAL if _drops_latent(cell) else own
+
   return kernels
 
 
@@ -234,23 +339,31 @@ def _cudnn_kernel(cell: LSTMCell) -> FusedKernel | str:
 
 # Cell type (exactly: a subclass may change the step) -> what it can run.
 REGISTRY: dict[type, CellScans] = {
-    LSTMCell: CellScans(project=LSTMCell.project_inputs, step=LSTMCell.step_projected,
-                        fused=lambda cell: lstm_window, pallas=lambda cell: pallas_lstm_window,
-                        cudnn=_cudnn_kernel),
-    Mogrify: CellScans(fused=_mogrify_kernel('fused', mogrified_lstm_window),
-                       pallas=_mogrify_kernel('pallas', pallas_mogrified_lstm_window),
-                       cudnn=_mogrify_kernel('cudnn')),
-    ALSTMCell: CellScans(fused=_alstm_kernel(alstm_window),
-                         pallas=_alstm_kernel(pallas_alstm_window)),
-    LSTMRHNStack: CellScans(fused=lstm_rhn_kernel),
+  LSTMCell: CellScans(
+    project=LSTMCell.project_inputs,
+    step=LSTMCell.step_projected,
+    fused=lambda cell: lstm_window,
+    pallas=lambda cell: pallas_lstm_window,
+    cudnn=_cudnn_kernel,
+  ),
+  Mogrify: CellScans(
+    fused=_mogrify_kernel('fused', mogrified_lstm_window),
+    pallas=_mogrify_kernel('pallas', pallas_mogrified_lstm_window),
+    cudnn=_mogrify_kernel('cudnn'),
+  ),
+  ALSTMCell: CellScans(
+    fused=_alstm_kernel(alstm_window), pallas=_alstm_kernel(pallas_alstm_window)
+  ),
+  LSTMRHNStack: CellScans(fused=lstm_rhn_kernel),
 }
 
 
 def register_scans(cell_type: type, scans: CellScans) -> None:
   """Declares what cells of `cell_type` can run (see `CellScans`)."""
   if (scans.project is None) != (scans.step is None):
-    raise ValueError(f'{cell_type.__name__} hoists with both project and step: give both '
-                     'or neither')
+    raise ValueError(
+      f'{cell_type.__name__} hoists with both project and step: give both or neither'
+    )
   REGISTRY[cell_type] = scans
 
 

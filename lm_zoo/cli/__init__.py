@@ -36,16 +36,19 @@ EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / 'experiments'
 
 # Shared by every program: one program module is imported per process, so the
 # flag is defined once.
-flags.DEFINE_bool('verbose', False, 'Print the traceback of an error as well as its '
-                  'one-line message.')
+flags.DEFINE_bool(
+  'verbose', False, 'Print the traceback of an error as well as its one-line message.'
+)
 T = TypeVar('T')
 
 # The programs' data folder, where a config or flag names none. The library
 # never reads it: it takes the folder as an argument.
 DATA_DIR_ENV = 'LM_ZOO_DATA'
-DATA_DIR_HELP = ('Where the run\'s data is now, if not where the run recorded it (default: '
-                 f'the recorded folder, else ${DATA_DIR_ENV}, else shared/data beside the '
-                 'checkout).')
+DATA_DIR_HELP = (
+  "Where the run's data is now, if not where the run recorded it (default: "
+  f'the recorded folder, else ${DATA_DIR_ENV}, else shared/data beside the '
+  'checkout).'
+)
 
 
 def command_line() -> str:
@@ -67,6 +70,7 @@ def with_env_data_dir(config: ml_collections.ConfigDict) -> None:
   empty `data_dir` (MNIST) with $LM_ZOO_DATA, so that each run records where
   its data was."""
   from lm_zoo.data import CORPORA
+
   if not env_data_dir():
     return
   data = config.get('data')
@@ -87,6 +91,7 @@ def workdir_data_dir(workdir: str | os.PathLike, data_dir: str | None) -> str | 
   if data_dir:
     return data_dir
   from lm_zoo.runs.finished import load_config
+
   try:
     recorded = load_config(workdir).data.data_dir
   except LMZooError:  # not a work directory: the program says so, after its own checks
@@ -134,8 +139,7 @@ def run(job: Callable[[], T]) -> T:
 
 
 # What the disk or the file system refused: the machine's state, not a bug.
-_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
-                   errno.EIO)
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
 
 def storage_fault(err: BaseException) -> str | None:
@@ -153,23 +157,26 @@ def storage_fault(err: BaseException) -> str | None:
     path = re.search(r'(?:at local file|Failed writing:) "([^"]+)"', str(err))
     # the checkpoint, not orbax's temporary folder inside it
     where = path and re.sub(r'\.orbax-checkpoint-tmp.*', '', path.group(1))
-  return (f'{os.strerror(number).lower()}' + (f': {where}' if where else '') + '. '
-          'Nothing written before is lost: free space or fix the folder (or choose '
-          'another), then run the same command again (training resumes from its '
-          'latest checkpoint)')
+  return (
+    f'{os.strerror(number).lower()}' + (f': {where}' if where else '') + '. '
+    'Nothing written before is lost: free space or fix the folder (or choose '
+    'another), then run the same command again (training resumes from its '
+    'latest checkpoint)'
+  )
 
 
 def _unexpected(err: Exception) -> str:
-  return (f'unexpected {type(err).__name__}: {err}\n(run again with --verbose for the '
-          'traceback, and please report it)')
+  return (
+    f'unexpected {type(err).__name__}: {err}\n(run again with --verbose for the '
+    'traceback, and please report it)'
+  )
 
 
 def _log_unraisable(unraisable) -> None:
   if isinstance(unraisable.exc_value, KeyboardInterrupt):
     interrupt_again()  # Ctrl-C that landed in a finaliser
     return
-  logging.getLogger(__name__).debug('ignored in %r: %r', unraisable.object,
-                                    unraisable.exc_value)
+  logging.getLogger(__name__).debug('ignored in %r: %r', unraisable.object, unraisable.exc_value)
 
 
 def _thread_failures_to_debug(record: logging.LogRecord) -> bool:
@@ -182,8 +189,7 @@ def _thread_failures_to_debug(record: logging.LogRecord) -> bool:
 def _unretrieved_task_errors_to_debug(record: logging.LogRecord) -> bool:
   if not record.getMessage().startswith('Task exception was never retrieved'):
     return True
-  logging.getLogger(__name__).debug('ignored: %s', record.getMessage(),
-                                    exc_info=record.exc_info)
+  logging.getLogger(__name__).debug('ignored: %s', record.getMessage(), exc_info=record.exc_info)
   return False
 
 
@@ -196,8 +202,9 @@ def _report(line: str, status: int) -> NoReturn:
   sys.exit(status)
 
 
-def main(command: types.ModuleType, program: Callable[[list[str]], None],
-         more_help: str = '') -> None:
+def main(
+  command: types.ModuleType, program: Callable[[list[str]], None], more_help: str = ''
+) -> None:
   """Runs `program` under absl as the process's main program.
 
   `--help` shows `command`'s docstring and its flags whether the process was
@@ -226,11 +233,15 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     remaining = flags.FLAGS(argv)
   except Exception as err:  # flags.Error, and whatever a config file raises
-    named = next((name for name in CONFIG_FLAGS if any(arg.startswith(f'--{name}=')
-                                                      for arg in argv)), None)
+    named = next(
+      (name for name in CONFIG_FLAGS if any(arg.startswith(f'--{name}=') for arg in argv)), None
+    )
     message = flag_error(err, argv)
-    _flag_exit(_config_file_error(named, err, message, argv)
-               if named and not isinstance(err, flags.Error) else message)
+    _flag_exit(
+      _config_file_error(named, err, message, argv)
+      if named and not isinstance(err, flags.Error)
+      else message
+    )
   for name in CONFIG_FLAGS:  # a file that failed to load raises on first use
     if name in flags.FLAGS:
       try:
@@ -244,10 +255,14 @@ def _config_file_error(name: str, err: Exception, message: str, argv: list[str])
   """`message` about the config file of --NAME, naming the file where the
   error is the file's own (it raised, or defines no get_config)."""
   if not message.startswith('--'):
-    path = next((arg.split('=', 1)[1] for arg in argv if arg.startswith(f'--{name}=')),
-                flags.FLAGS[name].default if name in flags.FLAGS else '')
-    message = (f'--config={path} does not load ({type(err).__name__}: {message}): fix '
-               'the file, or name an experiments/*.py config that defines get_config()')
+    path = next(
+      (arg.split('=', 1)[1] for arg in argv if arg.startswith(f'--{name}=')),
+      flags.FLAGS[name].default if name in flags.FLAGS else '',
+    )
+    message = (
+      f'--config={path} does not load ({type(err).__name__}: {message}): fix '
+      'the file, or name an experiments/*.py config that defines get_config()'
+    )
   return message.replace('--config', f'--{name}', 1) if name != 'config' else message
 
 
@@ -265,13 +280,21 @@ def flag_error(err: Exception, argv: list[str]) -> str:
   text = str(err)
   suggested = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
   missing = re.search(r"KeyError: '([\w.]+)'|^[\"']+([\w.]+)[\"']+$", text.replace('\\', ''))
-  bad_field = (suggested.group(2) if suggested
-               else missing and (missing.group(1) or missing.group(2)))
+  bad_field = (
+    suggested.group(2) if suggested else missing and (missing.group(1) or missing.group(2))
+  )
   if bad_field:
-    flag = next((arg.split('=')[0] for arg in argv if arg.startswith('--config.')
-                 and f'.{bad_field}.' in arg.split('=')[0] + '.'), '--config')
-    return (f'{flag}: no such config field' + (f'; did you mean {suggested.group(1)}?'
-                                                if suggested else ''))
+    flag = next(
+      (
+        arg.split('=')[0]
+        for arg in argv
+        if arg.startswith('--config.') and f'.{bad_field}.' in arg.split('=')[0] + '.'
+      ),
+      '--config',
+    )
+    return f'{flag}: no such config field' + (
+      f'; did you mean {suggested.group(1)}?' if suggested else ''
+    )
   lines = [line.strip() for line in text.replace('\\n', '\n').splitlines() if line.strip()]
   named = re.match(r'flag (--[^=\s]+)', lines[0]) if lines else None
   flag = named.group(1) if named else ('--config' if 'config file' in text else '')

@@ -22,15 +22,29 @@ from lm_zoo.data.download import FILES, download, verify
 from lm_zoo.errors import ConfigError, DataError
 
 flags.DEFINE_list('datasets', list(FILES), f'Datasets to fetch, from {", ".join(FILES)}.')
-flags.DEFINE_string('data_dir', None, f'Data folder; default: ${cli.DATA_DIR_ENV}, else '
-                    '../shared/data. Created when missing.')
-flags.DEFINE_bool('verify_only', False, 'Only check the files: list those missing or '
-                  'with a wrong checksum, and fail when there are any.')
-flags.DEFINE_string('mirror', None, 'Fetch from this URL of a folder laid out as the '
-                    'data folder (e.g. file:///mnt/data) instead of the public sources; '
-                    'checksums are checked all the same.')
-flags.DEFINE_string('tfds_dir', None, 'Also write each text corpus of --datasets as '
-                    'the TFDS dataset lm_zoo_corpus/CORPUS in ArrayRecord files here.')
+flags.DEFINE_string(
+  'data_dir',
+  None,
+  f'Data folder; default: ${cli.DATA_DIR_ENV}, else ../shared/data. Created when missing.',
+)
+flags.DEFINE_bool(
+  'verify_only',
+  False,
+  'Only check the files: list those missing or with a wrong checksum, and fail when there are any.',
+)
+flags.DEFINE_string(
+  'mirror',
+  None,
+  'Fetch from this URL of a folder laid out as the '
+  'data folder (e.g. file:///mnt/data) instead of the public sources; '
+  'checksums are checked all the same.',
+)
+flags.DEFINE_string(
+  'tfds_dir',
+  None,
+  'Also write each text corpus of --datasets as '
+  'the TFDS dataset lm_zoo_corpus/CORPUS in ArrayRecord files here.',
+)
 FLAGS = flags.FLAGS
 
 
@@ -39,16 +53,19 @@ def _verify(data_dir: str) -> None:
   for dataset, paths in bad.items():
     print(f'{dataset}: {"missing or wrong: " + ", ".join(paths) if paths else "ok"}')
   if any(bad.values()):
-    raise DataError(f'files missing or with a wrong checksum in {data_dir}: run '
-                    'lm-zoo-download without --verify_only to fetch them')
+    raise DataError(
+      f'files missing or with a wrong checksum in {data_dir}: run '
+      'lm-zoo-download without --verify_only to fetch them'
+    )
 
 
 def _export_tfds(data_dir: str) -> None:
   try:
     from lm_zoo.data.tfds_export import TEXT_CORPORA, build_tfds_dataset
   except ImportError as err:
-    raise ConfigError(f'--tfds_dir needs tensorflow-datasets and array_record ({err}): '
-                      "pip install 'lm_zoo[tfds]'") from None
+    raise ConfigError(
+      f"--tfds_dir needs tensorflow-datasets and array_record ({err}): pip install 'lm_zoo[tfds]'"
+    ) from None
   for dataset in FLAGS.datasets:
     if dataset in TEXT_CORPORA:
       print(f'{dataset}: TFDS dataset in {build_tfds_dataset(dataset, data_dir, FLAGS.tfds_dir)}')

@@ -39,15 +39,27 @@ from lm_zoo.runs.files import write_text_atomically
 from lm_zoo.runs.workdir import refuse_links
 
 config_flags.DEFINE_config_file(
-    'config', str(cli.EXPERIMENTS / 'evaluate.py'), 'How to score: an experiments/evaluate.py '
-    'or experiments/dyneval_*.py config (--config=FILE[:VARIANT]); the default is static '
-    'evaluation of valid and test. Fields: --config.FIELD=VALUE.', lock_config=True)
-flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train, or a preset '
-                    '(lm-zoo-export): its folder, https:// URL or hf://OWNER/NAME.',
-                    required=True)
+  'config',
+  str(cli.EXPERIMENTS / 'evaluate.py'),
+  'How to score: an experiments/evaluate.py '
+  'or experiments/dyneval_*.py config (--config=FILE[:VARIANT]); the default is static '
+  'evaluation of valid and test. Fields: --config.FIELD=VALUE.',
+  lock_config=True,
+)
+flags.DEFINE_string(
+  'workdir',
+  None,
+  'A work directory written by lm-zoo-train, or a preset '
+  '(lm-zoo-export): its folder, https:// URL or hf://OWNER/NAME.',
+  required=True,
+)
 flags.DEFINE_string('data_dir', None, cli.DATA_DIR_HELP)
-flags.DEFINE_string('output', None, 'JSON file for the results, besides '
-                    'WORKDIR/evaluations/EVALUATOR.json (a preset is left as it is).')
+flags.DEFINE_string(
+  'output',
+  None,
+  'JSON file for the results, besides '
+  'WORKDIR/evaluations/EVALUATOR.json (a preset is left as it is).',
+)
 # Where each evaluator's latest results are kept in the work directory.
 EVALUATIONS_DIR = 'evaluations'
 FLAGS = flags.FLAGS
@@ -56,47 +68,65 @@ FLAGS = flags.FLAGS
 def _describe(config, split: str, result) -> str:
   """One split's line: the score, its loss and tokens, and how it was scored;
   for dynamic evaluation also the static score of the same tokens and the gain."""
-  line = (f'{split}: {result.summary()}  (loss {result.loss:.4f} nats/token, '
-          f'{result.num_tokens:,} tokens; ')
+  line = (
+    f'{split}: {result.summary()}  (loss {result.loss:.4f} nats/token, '
+    f'{result.num_tokens:,} tokens; '
+  )
   if 'settings' in result.details:
     used = DynamicEvalSettings(**result.details['settings']).used()
     static = EvalResult(result.details['static_loss'], result.num_tokens, result.unit)
     if result.unit == 'word':
-      gain = (f'perplexity {static.perplexity:.2f}: a gain of '
-              f'{static.perplexity - result.perplexity:.2f} '
-              f'({1 - result.perplexity / static.perplexity:.1%})')
+      gain = (
+        f'perplexity {static.perplexity:.2f}: a gain of '
+        f'{static.perplexity - result.perplexity:.2f} '
+        f'({1 - result.perplexity / static.perplexity:.1%})'
+      )
     else:
-      gain = (f'bits per character {static.bits_per_token:.4f}: a gain of '
-              f'{static.bits_per_token - result.bits_per_token:.4f}')
+      gain = (
+        f'bits per character {static.bits_per_token:.4f}: a gain of '
+        f'{static.bits_per_token - result.bits_per_token:.4f}'
+      )
     settings = ', '.join(f'{k}={v}' for k, v in used.items())
     return line + f'dynamic evaluation: {settings})\n  static on the same tokens: {gain}'
   mc_dropout = ''
-  if config.evaluator == 'mc_dropout' or (config.evaluator == 'temperature'
-                                          and config.temperature.base == 'mc_dropout'):
-    mc_dropout = (f', MC dropout: {config.mc_dropout.samples} samples, rates x '
-                  f'{config.mc_dropout.dropout_scale:g}')
+  if config.evaluator == 'mc_dropout' or (
+    config.evaluator == 'temperature' and config.temperature.base == 'mc_dropout'
+  ):
+    mc_dropout = (
+      f', MC dropout: {config.mc_dropout.samples} samples, rates x '
+      f'{config.mc_dropout.dropout_scale:g}'
+    )
   return line + f'temperature {result.temperature:.3f}{mc_dropout})'
 
 
 def _as_json(config, results) -> dict:
-  output = {'workdir': FLAGS.workdir, 'evaluator': config.evaluator,
-            'config': json.loads(config.to_json_best_effort()),
-            'results': {split: r.as_dict() for split, r in results.items()}}
+  output = {
+    'workdir': FLAGS.workdir,
+    'evaluator': config.evaluator,
+    'config': json.loads(config.to_json_best_effort()),
+    'results': {split: r.as_dict() for split, r in results.items()},
+  }
   details = {split: r.details for split, r in results.items() if r.details}
   if details:
     first = next(iter(details.values()))
     if 'settings' in first:
-      output.update(settings=first['settings'], search=[[s, loss] for s, loss in
-                                                        first.get('search', [])])
-      output['static'] = {split: EvalResult(d['static_loss'], results[split].num_tokens,
-                                            results[split].unit).as_dict()
-                          for split, d in details.items()}
-      output['segments'] = {split: {'nll': d['segment_nll'].tolist(),
-                                    'tokens': d['segment_tokens'].tolist()}
-                            for split, d in details.items()}
+      output.update(
+        settings=first['settings'], search=[[s, loss] for s, loss in first.get('search', [])]
+      )
+      output['static'] = {
+        split: EvalResult(
+          d['static_loss'], results[split].num_tokens, results[split].unit
+        ).as_dict()
+        for split, d in details.items()
+      }
+      output['segments'] = {
+        split: {'nll': d['segment_nll'].tolist(), 'tokens': d['segment_tokens'].tolist()}
+        for split, d in details.items()
+      }
     if 'token_losses' in first:
-      output['token_losses'] = {split: np.asarray(d['token_losses']).tolist()
-                                for split, d in details.items()}
+      output['token_losses'] = {
+        split: np.asarray(d['token_losses']).tolist() for split, d in details.items()
+      }
   return output
 
 
@@ -107,8 +137,9 @@ def evaluation_section(config):
     return config
   if 'evaluation' in config and 'evaluator' in config.evaluation:
     return config.evaluation
-  raise app.UsageError('--config has no evaluator: give an experiments/evaluate.py or '
-                       'experiments/dyneval_*.py config')
+  raise app.UsageError(
+    '--config has no evaluator: give an experiments/evaluate.py or experiments/dyneval_*.py config'
+  )
 
 
 def _evaluate_program(argv):
@@ -118,8 +149,9 @@ def _evaluate_program(argv):
   workdir = cli.run(lambda: resolve(FLAGS.workdir))  # a preset's URL: its cached copy
   # The results go into the work directory: never through a link out of it.
   cli.run(lambda: refuse_links(workdir))
-  results = cli.run(lambda: evaluate_workdir(
-      workdir, config, cli.workdir_data_dir(workdir, FLAGS.data_dir)))
+  results = cli.run(
+    lambda: evaluate_workdir(workdir, config, cli.workdir_data_dir(workdir, FLAGS.data_dir))
+  )
   for split, result in results.items():
     search = result.details.get('search', [])
     if search and split == next(iter(results)):
@@ -128,8 +160,7 @@ def _evaluate_program(argv):
     print(_describe(config, split, result))
   # The results go beside the run (a preset stays as it was published), and to
   # --output when given.
-  outputs = ([] if is_preset(workdir) else
-             [workdir / EVALUATIONS_DIR / f'{config.evaluator}.json'])
+  outputs = [] if is_preset(workdir) else [workdir / EVALUATIONS_DIR / f'{config.evaluator}.json']
   for output in outputs + ([pathlib.Path(FLAGS.output)] if FLAGS.output else []):
     cli.run(lambda output=output: _write(output, json.dumps(_as_json(config, results))))
 
@@ -141,13 +172,18 @@ def _write(path: pathlib.Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, text)
   except OSError as err:
-    raise ConfigError(f'the results were printed but cannot be saved to {path} '
-                      f'({err.strerror}): give --output=FILE in a folder you can write') \
-        from None
+    raise ConfigError(
+      f'the results were printed but cannot be saved to {path} '
+      f'({err.strerror}): give --output=FILE in a folder you can write'
+    ) from None
 
 
 def main():
   """The `lm-zoo-eval` console script."""
-  cli.main(sys.modules[__name__], _evaluate_program,
-           '\nConfig fields (lm_zoo/configs.py: evaluation_config):\n'
-           + cli.describe_fields(evaluation_config) + '\n')
+  cli.main(
+    sys.modules[__name__],
+    _evaluate_program,
+    '\nConfig fields (lm_zoo/configs.py: evaluation_config):\n'
+    + cli.describe_fields(evaluation_config)
+    + '\n',
+  )

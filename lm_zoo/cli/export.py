@@ -17,13 +17,15 @@ from absl import app, flags
 from lm_zoo import cli
 from lm_zoo.runs.export import export
 
-flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.',
-                    required=True)
-flags.DEFINE_string('output', None, 'The preset folder to write: new or empty.',
-                    required=True)
-flags.DEFINE_string('max_shard_size', '2GB', 'Weights above this size are split into '
-                    'model-0000K-of-0000N.safetensors files of at most this size each '
-                    "(bytes with a unit: '2GB', '500MB', '1GiB').")
+flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train.', required=True)
+flags.DEFINE_string('output', None, 'The preset folder to write: new or empty.', required=True)
+flags.DEFINE_string(
+  'max_shard_size',
+  '2GB',
+  'Weights above this size are split into '
+  'model-0000K-of-0000N.safetensors files of at most this size each '
+  "(bytes with a unit: '2GB', '500MB', '1GiB').",
+)
 FLAGS = flags.FLAGS
 
 

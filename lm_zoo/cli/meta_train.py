@@ -21,10 +21,17 @@ from lm_zoo.configs import meta_training_config
 from lm_zoo.training import evaluate_workdir, meta_train_workdir
 
 config_flags.DEFINE_config_file(
-    'config', str(cli.EXPERIMENTS / 'dyneval_learned.py'), 'An experiments/dyneval_learned.py '
-    'config; override fields with --config.FIELD=VALUE.', lock_config=True)
-flags.DEFINE_string('workdir', None, 'A work directory written by lm-zoo-train, or a preset '
-                    '(its folder, https:// or hf:// URL).', required=True)
+  'config',
+  str(cli.EXPERIMENTS / 'dyneval_learned.py'),
+  'An experiments/dyneval_learned.py config; override fields with --config.FIELD=VALUE.',
+  lock_config=True,
+)
+flags.DEFINE_string(
+  'workdir',
+  None,
+  'A work directory written by lm-zoo-train, or a preset (its folder, https:// or hf:// URL).',
+  required=True,
+)
 flags.DEFINE_string('data_dir', None, cli.DATA_DIR_HELP)
 FLAGS = flags.FLAGS
 
@@ -37,19 +44,27 @@ def _meta_train_program(argv):
   losses = cli.run(lambda: meta_train_workdir(FLAGS.workdir, config, data_dir))
   if len(losses):
     tenth = max(1, len(losses) // 10)
-    print(f'meta-training: L_meta / K {losses[:tenth].mean():.4f} over the first '
-          f'{tenth} steps, {losses[-tenth:].mean():.4f} over the last {tenth}')
+    print(
+      f'meta-training: L_meta / K {losses[:tenth].mean():.4f} over the first '
+      f'{tenth} steps, {losses[-tenth:].mean():.4f} over the last {tenth}'
+    )
   if config.output and not config.evaluation.learned.meta_learner:
     config.evaluation.learned.meta_learner = config.output  # the rule just trained
   if config.evaluation.splits:
     results = cli.run(lambda: evaluate_workdir(FLAGS.workdir, config.evaluation, data_dir))
     for split, result in results.items():
-      print(f'{split}: {result.summary()}  (loss {result.loss:.4f} nats/token, '
-            f'{result.num_tokens:,} tokens; learned update rule)')
+      print(
+        f'{split}: {result.summary()}  (loss {result.loss:.4f} nats/token, '
+        f'{result.num_tokens:,} tokens; learned update rule)'
+      )
 
 
 def main():
   """The `lm-zoo-meta-train` console script."""
-  cli.main(sys.modules[__name__], _meta_train_program,
-           '\nConfig fields (lm_zoo/configs.py: meta_training_config):\n'
-           + cli.describe_fields(meta_training_config) + '\n')
+  cli.main(
+    sys.modules[__name__],
+    _meta_train_program,
+    '\nConfig fields (lm_zoo/configs.py: meta_training_config):\n'
+    + cli.describe_fields(meta_training_config)
+    + '\n',
+  )

@@ -27,36 +27,51 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import token_losses
 from lm_zoo.runs import load_trained
 
-FIGURES = {'reverse_copy': plots.reverse_copy_figure,
-           'tail_regression': plots.tail_regression_figure,
-           'robustness': plots.robustness_figure,
-           'seeds': plots.seed_study_figure}
-flags.DEFINE_enum('figure', None, ['mogrifier_ablation', *FIGURES, 'curves',
-                                    'dyneval_gain', 'token_loss_difference'],
-                  'mogrifier_ablation: validation perplexity against rounds from '
-                  'the ablation work directories; reverse_copy: cross-entropy against '
-                  'length; tail_regression: predictions against truth; robustness: '
-                  'the spread of validation perplexity over sampled dropout rates; '
-                  'seeds: valid and test perplexity per model over the seeds of a seed '
-                  'study (all four from --results); curves: training and validation '
-                  'perplexity of work directories against step; dyneval_gain: the '
-                  'perplexity gain of '
-                  'dynamic evaluation along the test stream, from --results: the JSON '
-                  'files of lm-zoo-eval --output with a dynamic evaluator, the static one '
-                  '(learning rate 0) first, each labelled by its file name; token_loss_difference: '
-                  'the per-token loss of the first of two --workdirs minus the second\'s '
-                  'along the first --num_tokens of --split.')
+FIGURES = {
+  'reverse_copy': plots.reverse_copy_figure,
+  'tail_regression': plots.tail_regression_figure,
+  'robustness': plots.robustness_figure,
+  'seeds': plots.seed_study_figure,
+}
+flags.DEFINE_enum(
+  'figure',
+  None,
+  ['mogrifier_ablation', *FIGURES, 'curves', 'dyneval_gain', 'token_loss_difference'],
+  'mogrifier_ablation: validation perplexity against rounds from '
+  'the ablation work directories; reverse_copy: cross-entropy against '
+  'length; tail_regression: predictions against truth; robustness: '
+  'the spread of validation perplexity over sampled dropout rates; '
+  'seeds: valid and test perplexity per model over the seeds of a seed '
+  'study (all four from --results); curves: training and validation '
+  'perplexity of work directories against step; dyneval_gain: the '
+  'perplexity gain of '
+  'dynamic evaluation along the test stream, from --results: the JSON '
+  'files of lm-zoo-eval --output with a dynamic evaluator, the static one '
+  '(learning rate 0) first, each labelled by its file name; token_loss_difference: '
+  "the per-token loss of the first of two --workdirs minus the second's "
+  'along the first --num_tokens of --split.',
+)
 flags.DEFINE_string('output', None, 'PNG file to write.')
-flags.DEFINE_string('workdir_prefix', 'runs/abl_', 'mogrifier_ablation: work '
-                    'directories are PREFIX + variant (lstm, r1..r6, nozigzag, ...).')
-flags.DEFINE_string('results', None, 'reverse_copy, tail_regression, robustness, seeds: the JSON '
-                    'written by lm-zoo-task; dyneval_gain: a comma-separated list '
-                    'of lm-zoo-eval --output files.')
-flags.DEFINE_list('workdirs', [], 'curves: work directories to draw; '
-                  'token_loss_difference: the two to compare (trained on one corpus).')
+flags.DEFINE_string(
+  'workdir_prefix',
+  'runs/abl_',
+  'mogrifier_ablation: work directories are PREFIX + variant (lstm, r1..r6, nozigzag, ...).',
+)
+flags.DEFINE_string(
+  'results',
+  None,
+  'reverse_copy, tail_regression, robustness, seeds: the JSON '
+  'written by lm-zoo-task; dyneval_gain: a comma-separated list '
+  'of lm-zoo-eval --output files.',
+)
+flags.DEFINE_list(
+  'workdirs',
+  [],
+  'curves: work directories to draw; '
+  'token_loss_difference: the two to compare (trained on one corpus).',
+)
 flags.DEFINE_string('split', 'test', 'token_loss_difference: the text scored.')
-flags.DEFINE_integer('num_tokens', 3000, 'token_loss_difference: tokens scored.',
-                     lower_bound=1)
+flags.DEFINE_integer('num_tokens', 3000, 'token_loss_difference: tokens scored.', lower_bound=1)
 flags.DEFINE_string('title', '', 'Figure title.')
 flags.mark_flags_as_required(['figure', 'output'])
 FLAGS = flags.FLAGS
@@ -67,11 +82,12 @@ def ablation_perplexities(prefix: str) -> dict[str, float]:
   prefix_path = pathlib.Path(prefix)
   found = {}
   for summary in sorted(prefix_path.parent.glob(prefix_path.name + '*/summary.json')):
-    variant = summary.parent.name[len(prefix_path.name):]
+    variant = summary.parent.name[len(prefix_path.name) :]
     found[variant] = json.loads(summary.read_text())['valid']['perplexity']
   if not found:
-    raise ConfigError(f'no {prefix}VARIANT/summary.json found: train the ablation '
-                      'with lm-zoo-train first')
+    raise ConfigError(
+      f'no {prefix}VARIANT/summary.json found: train the ablation with lm-zoo-train first'
+    )
   return found
 
 
@@ -79,8 +95,7 @@ def _read_json(path: pathlib.Path):
   try:
     return json.loads(path.read_text())
   except (json.JSONDecodeError, UnicodeDecodeError) as err:
-    raise ConfigError(f'{path} is damaged ({type(err).__name__}: {err}): write it '
-                      'again') from None
+    raise ConfigError(f'{path} is damaged ({type(err).__name__}: {err}): write it again') from None
 
 
 def _check_output(output: str) -> None:
@@ -88,8 +103,10 @@ def _check_output(output: str) -> None:
   try:
     pathlib.Path(output).parent.mkdir(parents=True, exist_ok=True)
   except OSError as err:
-    raise ConfigError(f'--output={output} cannot be written ({err.strerror}): name a PNG '
-                      'file in a folder you can write') from None
+    raise ConfigError(
+      f'--output={output} cannot be written ({err.strerror}): name a PNG '
+      'file in a folder you can write'
+    ) from None
   if pathlib.Path(output).is_dir():
     raise ConfigError(f'--output={output} is a folder: name a PNG file')
 
@@ -97,27 +114,33 @@ def _check_output(output: str) -> None:
 def draw() -> pathlib.Path:
   _check_output(FLAGS.output)
   if FLAGS.figure == 'mogrifier_ablation':
-    return plots.mogrifier_ablation_figure(ablation_perplexities(FLAGS.workdir_prefix),
-                                           FLAGS.output, FLAGS.title)
+    return plots.mogrifier_ablation_figure(
+      ablation_perplexities(FLAGS.workdir_prefix), FLAGS.output, FLAGS.title
+    )
   if FLAGS.figure in FIGURES:
     results = pathlib.Path(FLAGS.results or f'runs/{FLAGS.figure}.json')
     if not results.is_file():
-      raise ConfigError(f'{results} not found: run lm-zoo-task with the {FLAGS.figure} '
-                        'experiment first (--config=experiments/NAME.py --output=FILE)')
+      raise ConfigError(
+        f'{results} not found: run lm-zoo-task with the {FLAGS.figure} '
+        'experiment first (--config=experiments/NAME.py --output=FILE)'
+      )
     try:
       return FIGURES[FLAGS.figure](_read_json(results), FLAGS.output, FLAGS.title)
     except (KeyError, TypeError, IndexError, AttributeError) as err:
-      raise ConfigError(f'--results={results} is not the rows of a {FLAGS.figure} '
-                        f'experiment ({type(err).__name__}: {err}): write it with '
-                        f'lm-zoo-task --config=experiments/{FLAGS.figure}.py') from None
+      raise ConfigError(
+        f'--results={results} is not the rows of a {FLAGS.figure} '
+        f'experiment ({type(err).__name__}: {err}): write it with '
+        f'lm-zoo-task --config=experiments/{FLAGS.figure}.py'
+      ) from None
   if FLAGS.figure == 'dyneval_gain':
     return dyneval_gain()
   if FLAGS.figure == 'token_loss_difference':
     return token_loss_difference()
   if not FLAGS.workdirs:
     raise ConfigError('--figure=curves needs --workdirs')
-  return plots.curves_figure({pathlib.Path(w).name: w for w in FLAGS.workdirs},
-                             FLAGS.output, FLAGS.title)
+  return plots.curves_figure(
+    {pathlib.Path(w).name: w for w in FLAGS.workdirs}, FLAGS.output, FLAGS.title
+  )
 
 
 def dyneval_gain() -> pathlib.Path:
@@ -128,8 +151,9 @@ def dyneval_gain() -> pathlib.Path:
     if not f.is_file():
       raise ConfigError(f'{f} not found: write it with lm-zoo-eval --output')
   static, *runs = [_read_json(f) for f in files]
-  return plots.dyneval_gain_figure({f.stem: run for f, run in zip(files[1:], runs)},
-                                   static, FLAGS.output, title=FLAGS.title)
+  return plots.dyneval_gain_figure(
+    {f.stem: run for f, run in zip(files[1:], runs)}, static, FLAGS.output, title=FLAGS.title
+  )
 
 
 def token_loss_difference() -> pathlib.Path:
@@ -141,7 +165,7 @@ def token_loss_difference() -> pathlib.Path:
   losses, vocabs = {}, []
   for label, workdir in zip(labels, FLAGS.workdirs):
     config, corpus, model, params = load_trained(workdir)
-    ids = corpus.split(FLAGS.split)[:FLAGS.num_tokens + 1]
+    ids = corpus.split(FLAGS.split)[: FLAGS.num_tokens + 1]
     losses[label] = token_losses(model, params, ids, config.data.bptt)
     vocabs.append(corpus.vocab)
   if vocabs[0] != vocabs[1]:

@@ -17,9 +17,12 @@ from lm_zoo import cli
 from lm_zoo.errors import ConfigError
 from lm_zoo.tasks import REPORTS, TASKS
 
-config_flags.DEFINE_config_file('config', None, 'An experiments/*.py config with a '
-                                '`task` field; override fields with --config.field=v.',
-                                lock_config=True)
+config_flags.DEFINE_config_file(
+  'config',
+  None,
+  'An experiments/*.py config with a `task` field; override fields with --config.field=v.',
+  lock_config=True,
+)
 flags.DEFINE_string('output', None, 'JSON file for the result rows.')
 flags.mark_flags_as_required(['config', 'output'])
 FLAGS = flags.FLAGS
@@ -36,8 +39,10 @@ def _check_output(path: pathlib.Path) -> None:
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
   except OSError as err:
-    raise ConfigError(f'--output={path} cannot be written ({err.strerror}): name a JSON file '
-                      'in a folder you can write') from None
+    raise ConfigError(
+      f'--output={path} cannot be written ({err.strerror}): name a JSON file '
+      'in a folder you can write'
+    ) from None
   if path.is_dir():
     raise ConfigError(f'--output={path} is a folder: name a JSON file')
 
@@ -45,8 +50,9 @@ def _check_output(path: pathlib.Path) -> None:
 def result_table(rows: list[dict]) -> str:
   """The rows' scalar columns (every row's, in order of appearance), one
   line a row under a header; '-' where a row has none."""
-  columns = list(dict.fromkeys(k for row in rows for k, v in row.items()
-                               if isinstance(v, (int, float, str))))
+  columns = list(
+    dict.fromkeys(k for row in rows for k, v in row.items() if isinstance(v, (int, float, str)))
+  )
 
   def cell(row, column):
     value = row.get(column, '-')

@@ -23,14 +23,24 @@ from lm_zoo import cli
 from lm_zoo.training import initialize_distributed, train_and_evaluate
 
 config_flags.DEFINE_config_file(
-    'config', str(cli.EXPERIMENTS / 'default.py'), 'An experiments/*.py config file; '
-    'override fields with --config.SECTION.FIELD=VALUE.', lock_config=True)
-flags.DEFINE_string('workdir', 'runs/default', 'Where checkpoints, metrics.jsonl, '
-                    'TensorBoard events, config.json and summary.json are written.')
-flags.DEFINE_integer('seeds', 0, 'N > 1: train N seeds of the config at once (seeds '
-                     'config.seed to config.seed + N - 1; each run in WORKDIR/seed_S, their '
-                     'mean and spread in WORKDIR/summary.json). 0 or 1: one run.',
-                     lower_bound=0)
+  'config',
+  str(cli.EXPERIMENTS / 'default.py'),
+  'An experiments/*.py config file; override fields with --config.SECTION.FIELD=VALUE.',
+  lock_config=True,
+)
+flags.DEFINE_string(
+  'workdir',
+  'runs/default',
+  'Where checkpoints, metrics.jsonl, TensorBoard events, config.json and summary.json are written.',
+)
+flags.DEFINE_integer(
+  'seeds',
+  0,
+  'N > 1: train N seeds of the config at once (seeds '
+  'config.seed to config.seed + N - 1; each run in WORKDIR/seed_S, their '
+  'mean and spread in WORKDIR/summary.json). 0 or 1: one run.',
+  lower_bound=0,
+)
 FLAGS = flags.FLAGS
 
 
@@ -41,14 +51,19 @@ def _train_program(argv):
   def train():
     initialize_distributed()  # multi-host only when $LM_ZOO_DISTRIBUTED=1
     cli.with_env_data_dir(FLAGS.config)
-    train_and_evaluate(FLAGS.config, FLAGS.workdir, num_seeds=max(FLAGS.seeds, 1),
-                       command=cli.command_line())
+    train_and_evaluate(
+      FLAGS.config, FLAGS.workdir, num_seeds=max(FLAGS.seeds, 1), command=cli.command_line()
+    )
 
   cli.run(train)
 
 
 def main():
   """The `lm-zoo-train` console script."""
-  cli.main(sys.modules[__name__], _train_program,
-           '\nConfig fields (defaults of lm_zoo/configs.py; experiments change some):\n'
-           + cli.describe_fields() + '\n')
+  cli.main(
+    sys.modules[__name__],
+    _train_program,
+    '\nConfig fields (defaults of lm_zoo/configs.py; experiments change some):\n'
+    + cli.describe_fields()
+    + '\n',
+  )

@@ -33,13 +33,25 @@ from lm_zoo.errors import ConfigError
 
 
 config_flags.DEFINE_config_file(
-    'tune', str(cli.EXPERIMENTS / 'tune_ptb_small.py'), 'An experiments/tune_*.py '
-    'tuning config; override fields with --tune.SECTION.FIELD=VALUE (the search '
-    'space too: --tune.space.learning_rate.high=0.01).', lock_config=True)
-flags.DEFINE_string('workdir', 'runs/tune', 'Where the trials, the SQLite study '
-                    '(unless --tune.study.storage names a database) and the report go.')
-flags.DEFINE_integer('worker', 0, 'This worker\'s number, added to a seeded '
-                     "sampler's seed so that workers sample differently.", lower_bound=0)
+  'tune',
+  str(cli.EXPERIMENTS / 'tune_ptb_small.py'),
+  'An experiments/tune_*.py '
+  'tuning config; override fields with --tune.SECTION.FIELD=VALUE (the search '
+  'space too: --tune.space.learning_rate.high=0.01).',
+  lock_config=True,
+)
+flags.DEFINE_string(
+  'workdir',
+  'runs/tune',
+  'Where the trials, the SQLite study '
+  '(unless --tune.study.storage names a database) and the report go.',
+)
+flags.DEFINE_integer(
+  'worker',
+  0,
+  "This worker's number, added to a seeded sampler's seed so that workers sample differently.",
+  lower_bound=0,
+)
 flags.DEFINE_float('timeout', 0, '> 0: start no trial after this many seconds.')
 flags.DEFINE_bool('report_only', False, 'Write the report of the study so far; run no trial.')
 flags.DEFINE_string('data_dir', None, 'A dyneval study: ' + cli.DATA_DIR_HELP)
@@ -53,12 +65,13 @@ def _tune_program(argv):
   def tune() -> str:
     from lm_zoo.tuning import open_study, run_worker, write_report  # needs the [tune] extra
     from lm_zoo.tuning.study import validate_tuning
+
     if not FLAGS.workdir.strip():  # '' would be the current folder
-      raise ConfigError('--workdir is empty: name a folder for the study '
-                        '(--workdir=runs/NAME)')
+      raise ConfigError('--workdir is empty: name a folder for the study (--workdir=runs/NAME)')
     if pathlib.Path(FLAGS.workdir).is_file():
-      raise ConfigError(f'--workdir={FLAGS.workdir} is a file, not a folder: name a folder '
-                        'for the study')
+      raise ConfigError(
+        f'--workdir={FLAGS.workdir} is a file, not a folder: name a folder for the study'
+      )
     if FLAGS.report_only:
       study = open_study(FLAGS.tune, FLAGS.workdir, FLAGS.worker)
     else:

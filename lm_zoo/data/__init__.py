@@ -7,7 +7,16 @@ from lm_zoo.data.mnist import load_mnist
 from lm_zoo.data.vocab import EOS, Vocab
 
 __all__ = [
-    'BatchedStream', 'CORPORA', 'Corpus', 'EOS', 'Vocab',
-    'Window', 'load_corpus', 'load_data', 'load_mnist', 'resolve_data_dir', 'split_enwik8',
-    'variable_bptt_lengths',
+  'BatchedStream',
+  'CORPORA',
+  'Corpus',
+  'EOS',
+  'Vocab',
+  'Window',
+  'load_corpus',
+  'load_data',
+  'load_mnist',
+  'resolve_data_dir',
+  'split_enwik8',
+  'variable_bptt_lengths',
 ]

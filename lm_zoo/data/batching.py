@@ -35,9 +35,15 @@ class Window:
   length: int
 
 
-def variable_bptt_lengths(num_steps: int, bptt: int, seed: int,
-                          min_len: int = 5, max_len: int | None = None,
-                          half_prob: float = 0.05, stddev: float = 5.0) -> list[int]:
+def variable_bptt_lengths(
+  num_steps: int,
+  bptt: int,
+  seed: int,
+  min_len: int = 5,
+  max_len: int | None = None,
+  half_prob: float = 0.05,
+  stddev: float = 5.0,
+) -> list[int]:
   """AWD-LSTM's variable window lengths covering `num_steps` time steps.
 
   base = bptt with probability 1 - half_prob, else bptt / 2;
@@ -73,8 +79,7 @@ class BatchedStream:
       raise DataError(f'batch_size must be at least 1, got {batch_size}')
     num_pairs = len(stream) - 1
     if num_pairs < batch_size:
-      raise DataError(f'a stream of {len(stream)} tokens is too short for '
-                      f'batch size {batch_size}')
+      raise DataError(f'a stream of {len(stream)} tokens is too short for batch size {batch_size}')
     self.batch_size = batch_size
     self.num_pairs = num_pairs
     self.row_length = -(-num_pairs // batch_size)
@@ -90,8 +95,7 @@ class BatchedStream:
     self.targets = flat_tg.reshape(shape)
     self.weights = flat_w.reshape(shape)
 
-  def window_lengths(self, bptt: int, variable: bool = False,
-                     seed: int = 0) -> list[int]:
+  def window_lengths(self, bptt: int, variable: bool = False, seed: int = 0) -> list[int]:
     """The lengths of the windows that cover the rows once (one epoch)."""
     if bptt < 1:
       raise DataError(f'bptt must be at least 1, got {bptt}')
@@ -100,8 +104,15 @@ class BatchedStream:
     full, rest = divmod(self.row_length, bptt)
     return [bptt] * full + ([rest] if rest else [])
 
-  def windows(self, bptt: int, start: int = 0, variable: bool = False,
-              seed: int = 0, pad_last: bool = False, multiple: int = 1) -> Iterator[Window]:
+  def windows(
+    self,
+    bptt: int,
+    start: int = 0,
+    variable: bool = False,
+    seed: int = 0,
+    pad_last: bool = False,
+    multiple: int = 1,
+  ) -> Iterator[Window]:
     """Iterates the windows of one pass, beginning at time index `start`.
 
     `start` must be a window boundary of the same (bptt, variable, seed), such
@@ -121,8 +132,11 @@ class BatchedStream:
     for length in self.window_lengths(bptt, variable, seed):
       if position >= start:
         end = position + length
-        arrays = (self.inputs[:, position:end], self.targets[:, position:end],
-                  self.weights[:, position:end])
+        arrays = (
+          self.inputs[:, position:end],
+          self.targets[:, position:end],
+          self.weights[:, position:end],
+        )
         padded = bptt if pad_last and end == self.row_length and length < bptt else length
         padded = -(-padded // multiple) * multiple
         if padded > length:

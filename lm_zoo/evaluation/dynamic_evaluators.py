@@ -35,6 +35,7 @@ class DynamicEvalSettings:
   weights, RMS's epsilon, the segment length and what RMS's mean(MS) is over
   ('coordinates' as lamb, or 'tensors' as Krause; `dynamic_rms`). A setting
   the rule does not read is 0."""
+
   rule: str
   learning_rate: float
   decay: float
@@ -44,8 +45,7 @@ class DynamicEvalSettings:
 
   def used(self) -> dict[str, Any]:
     """The settings its rule reads (the learned rule: its segment length)."""
-    names = (DYNAMIC_RULES[self.rule].used() if self.rule in DYNAMIC_RULES
-             else ('segment_length',))
+    names = DYNAMIC_RULES[self.rule].used() if self.rule in DYNAMIC_RULES else ('segment_length',)
     return {'rule': self.rule, **{name: getattr(self, name) for name in names}}
 
 
@@ -67,8 +67,9 @@ class DynamicSetup:
   rms_gradients: Any = dataclasses.field(default=None, repr=False)
   transformations: dict = dataclasses.field(default_factory=dict, repr=False)
 
-  def transformation(self, settings: DynamicEvalSettings, params
-                     ) -> tuple[optax.GradientTransformation, Any]:
+  def transformation(
+    self, settings: DynamicEvalSettings, params
+  ) -> tuple[optax.GradientTransformation, Any]:
     """The transformation of `settings` and its initial state."""
     rule = DYNAMIC_RULES[settings.rule]
     values = {name: getattr(settings, name) for name in rule.hyperparameters}
@@ -79,7 +80,8 @@ class DynamicSetup:
     injected = self.transformations[key]
     # The inner state (theta_g and MS / mean(MS)) does not depend on the values.
     return injected, injected.init(params)._replace(
-        hyperparams={k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
+      hyperparams={k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,31 +124,63 @@ class Dynamic(Evaluator):
   def grid(self) -> list[DynamicEvalSettings]:
     read = DYNAMIC_RULES[self.rule].hyperparameters
     searched = [getattr(self, name) if name in read else (0.0,) for name in SEARCHED]
-    return [DynamicEvalSettings(self.rule, lr, decay, eps, int(length), self.decay_mean)
-            for lr, decay, eps, length in itertools.product(*searched, self.segment_length)]
+    return [
+      DynamicEvalSettings(self.rule, lr, decay, eps, int(length), self.decay_mean)
+      for lr, decay, eps, length in itertools.product(*searched, self.segment_length)
+    ]
 
   def setup(self, model, params, corpus: Corpus) -> DynamicSetup:
     """What every setting shares for these weights (MS estimated here for a
     rule that reads it)."""
-    ms = (rms_training_gradients(model, params, corpus.train, self.ms_batch_size, self.bptt,
-                                 self.ms_batches)
-          if DYNAMIC_RULES[self.rule].statistics else None)
+    ms = (
+      rms_training_gradients(
+        model, params, corpus.train, self.ms_batch_size, self.bptt, self.ms_batches
+      )
+      if DYNAMIC_RULES[self.rule].statistics
+      else None
+    )
     return DynamicSetup(ms)
 
-  def score_settings(self, setup: DynamicSetup, settings: DynamicEvalSettings, model, params,
-                     corpus: Corpus, split: str, num_tokens: int = 0) -> EvalResult:
+  def score_settings(
+    self,
+    setup: DynamicSetup,
+    settings: DynamicEvalSettings,
+    model,
+    params,
+    corpus: Corpus,
+    split: str,
+    num_tokens: int = 0,
+  ) -> EvalResult:
     """`split` (its first `num_tokens` tokens when > 0) scored with
     `settings` from the trained weights; TrainingError when it diverges."""
     stream = first_tokens(corpus, split, num_tokens)
     # One jitted scan per pass, silent until it ends: say what is running.
-    log.info('dynamic evaluation of %s: %s tokens in segments of %d', split,
-             f'{len(stream) - 1:,}', settings.segment_length)
+    log.info(
+      'dynamic evaluation of %s: %s tokens in segments of %d',
+      split,
+      f'{len(stream) - 1:,}',
+      settings.segment_length,
+    )
     transformation, state = setup.transformation(settings, params)
-    run = dynamic_evaluate(model, params, transformation, stream, settings.segment_length,
-                           self.batch_size, corpus.unit, opt_state=state)
-    return dataclasses.replace(run.result, details={
-        'settings': dataclasses.asdict(settings), 'segment_nll': run.segment_nll,
-        'segment_tokens': run.segment_tokens, 'skipped_updates': run.skipped_updates})
+    run = dynamic_evaluate(
+      model,
+      params,
+      transformation,
+      stream,
+      settings.segment_length,
+      self.batch_size,
+      corpus.unit,
+      opt_state=state,
+    )
+    return dataclasses.replace(
+      run.result,
+      details={
+        'settings': dataclasses.asdict(settings),
+        'segment_nll': run.segment_nll,
+        'segment_tokens': run.segment_tokens,
+        'skipped_updates': run.skipped_updates,
+      },
+    )
 
   def prepare(self, model, params, corpus: Corpus) -> Prepared:
     setup, grid = self.setup(model, params, corpus), self.grid()
@@ -156,35 +190,52 @@ class Dynamic(Evaluator):
     trials, results, start = [], {}, time.perf_counter()
     for trial, settings in enumerate(grid, 1):
       try:
-        results[settings] = self.score_settings(setup, settings, model, params, corpus,
-                                                'valid', self.search_tokens or self.max_tokens)
+        results[settings] = self.score_settings(
+          setup, settings, model, params, corpus, 'valid', self.search_tokens or self.max_tokens
+        )
         loss = results[settings].loss
       except TrainingError as err:
         log.warning('%s: %s', settings, err)
         loss = math.inf
-      log.info('search %d/%d: valid loss %.4f (perplexity %.2f) with %s, ETA %s', trial,
-               len(grid), loss, math.exp(min(loss, 700)), settings,
-               eta(time.perf_counter() - start, trial, len(grid)))
+      log.info(
+        'search %d/%d: valid loss %.4f (perplexity %.2f) with %s, ETA %s',
+        trial,
+        len(grid),
+        loss,
+        math.exp(min(loss, 700)),
+        settings,
+        eta(time.perf_counter() - start, trial, len(grid)),
+      )
       trials.append((dataclasses.asdict(settings), loss))
     best_index = min(range(len(grid)), key=lambda i: trials[i][1])
     if math.isinf(trials[best_index][1]):
-      raise TrainingError('dynamic evaluation diverged with every searched setting: '
-                          'lower the learning rates')
+      raise TrainingError(
+        'dynamic evaluation diverged with every searched setting: lower the learning rates'
+      )
     best = grid[best_index]
-    return Prepared(model, params, corpus,
-                    DynamicChoice(best, trials, results[best] if whole else None, setup))
+    return Prepared(
+      model, params, corpus, DynamicChoice(best, trials, results[best] if whole else None, setup)
+    )
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     choice: DynamicChoice = prepared.choice
     if split == 'valid' and choice.valid is not None:
       result = choice.valid
     else:
-      result = self.score_settings(choice.setup, choice.settings, prepared.model,
-                                   prepared.params, prepared.corpus, split, self.max_tokens)
+      result = self.score_settings(
+        choice.setup,
+        choice.settings,
+        prepared.model,
+        prepared.params,
+        prepared.corpus,
+        split,
+        self.max_tokens,
+      )
     static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens)
-    return beside_static(dataclasses.replace(result, details={**result.details,
-                                                              'search': choice.trials}),
-                         static.score(prepared, split))
+    return beside_static(
+      dataclasses.replace(result, details={**result.details, 'search': choice.trials}),
+      static.score(prepared, split),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,16 +251,34 @@ class Learned(Evaluator):
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     learned = self.meta_learner
     stream = first_tokens(prepared.corpus, split, self.max_tokens)
-    log.info('dynamic evaluation of %s with the learned rule: %s tokens in segments of %d',
-             split, f'{len(stream) - 1:,}', learned.segment_length)
-    run = dynamic_evaluate(prepared.model, prepared.params, learned.transformation, stream,
-                           learned.segment_length, self.batch_size, prepared.corpus.unit,
-                           extra_args={'meta_params': learned.meta_params})
-    settings = DynamicEvalSettings('learned', learned.initial_learning_rate, 0.0, 0.0,
-                                   learned.segment_length)
-    result = dataclasses.replace(run.result, details={
-        'settings': dataclasses.asdict(settings), 'search': [],
-        'segment_nll': run.segment_nll, 'segment_tokens': run.segment_tokens,
-        'skipped_updates': run.skipped_updates})
+    log.info(
+      'dynamic evaluation of %s with the learned rule: %s tokens in segments of %d',
+      split,
+      f'{len(stream) - 1:,}',
+      learned.segment_length,
+    )
+    run = dynamic_evaluate(
+      prepared.model,
+      prepared.params,
+      learned.transformation,
+      stream,
+      learned.segment_length,
+      self.batch_size,
+      prepared.corpus.unit,
+      extra_args={'meta_params': learned.meta_params},
+    )
+    settings = DynamicEvalSettings(
+      'learned', learned.initial_learning_rate, 0.0, 0.0, learned.segment_length
+    )
+    result = dataclasses.replace(
+      run.result,
+      details={
+        'settings': dataclasses.asdict(settings),
+        'search': [],
+        'segment_nll': run.segment_nll,
+        'segment_tokens': run.segment_tokens,
+        'skipped_updates': run.skipped_updates,
+      },
+    )
     static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens)
     return beside_static(result, static.score(prepared, split))

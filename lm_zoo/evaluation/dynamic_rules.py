@@ -53,13 +53,14 @@ class DynamicRuleSpec:
   def __post_init__(self):
     unknown = set(self.hyperparameters) - set(SEARCHED)
     if unknown or not set(self.positive) <= set(self.hyperparameters):
-      raise ValueError(f'a rule reads settings of {SEARCHED} (and positive ones among them), '
-                       f'got {self.hyperparameters} and {self.positive}')
+      raise ValueError(
+        f'a rule reads settings of {SEARCHED} (and positive ones among them), '
+        f'got {self.hyperparameters} and {self.positive}'
+      )
 
   def used(self) -> tuple[str, ...]:
     """Every setting a run of the rule depends on."""
-    return (*self.hyperparameters, 'segment_length',
-            *(('decay_mean',) if self.statistics else ()))
+    return (*self.hyperparameters, 'segment_length', *(('decay_mean',) if self.statistics else ()))
 
 
 DYNAMIC_RULES: dict[str, DynamicRuleSpec] = {}
@@ -77,9 +78,18 @@ class DynamicRule(enum.StrEnum):
   RMS = 'rms'
 
 
-register_dynamic_rule(DynamicRule.SGD, DynamicRuleSpec(
-    ('learning_rate', 'decay'), lambda statistics, decay_mean: dynamic_sgd))
-register_dynamic_rule(DynamicRule.RMS, DynamicRuleSpec(
-    SEARCHED, lambda statistics, decay_mean: functools.partial(
-        dynamic_rms, rms_gradients=statistics, decay_mean=decay_mean),
-    statistics=True, positive=('eps',)))
+register_dynamic_rule(
+  DynamicRule.SGD,
+  DynamicRuleSpec(('learning_rate', 'decay'), lambda statistics, decay_mean: dynamic_sgd),
+)
+register_dynamic_rule(
+  DynamicRule.RMS,
+  DynamicRuleSpec(
+    SEARCHED,
+    lambda statistics, decay_mean: functools.partial(
+      dynamic_rms, rms_gradients=statistics, decay_mean=decay_mean
+    ),
+    statistics=True,
+    positive=('eps',),
+  ),
+)

@@ -28,8 +28,12 @@ from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation.mc_dropout import make_mc_dropout_eval_step, mc_dropout_carries
 from lm_zoo.evaluation.results import EvalResult
-from lm_zoo.evaluation.streams import (evaluate_stream, make_eval_step, token_losses,
-                                       tune_temperature)
+from lm_zoo.evaluation.streams import (
+  evaluate_stream,
+  make_eval_step,
+  token_losses,
+  tune_temperature,
+)
 from lm_zoo.models.objective import check_token_ids
 
 log = logging.getLogger(__name__)
@@ -73,7 +77,7 @@ def first_tokens(corpus: Corpus, split: str, max_tokens: int, model=None) -> np.
   """The split's stream, cut to its first `max_tokens` scored tokens when > 0,
   its ids checked against `model`'s vocabulary."""
   stream = corpus.split(split)
-  stream = stream[:max_tokens + 1] if max_tokens > 0 else stream
+  stream = stream[: max_tokens + 1] if max_tokens > 0 else stream
   if model is not None:
     check_token_ids(stream, model.vocab_size, f'the {split} split')
   return stream
@@ -91,11 +95,17 @@ class Static(Evaluator):
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     model, corpus = prepared.model, prepared.corpus
-    return evaluate_stream(make_eval_step(model), prepared.params,
-                           model.initialize_carry(self.batch_size),
-                           first_tokens(corpus, split, self.max_tokens, model), self.batch_size,
-                           self.bptt, corpus.unit, self.temperature,
-                           what=f'{split} evaluation')
+    return evaluate_stream(
+      make_eval_step(model),
+      prepared.params,
+      model.initialize_carry(self.batch_size),
+      first_tokens(corpus, split, self.max_tokens, model),
+      self.batch_size,
+      self.bptt,
+      corpus.unit,
+      self.temperature,
+      what=f'{split} evaluation',
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +127,18 @@ class MCDropout(Evaluator):
       model = prepared.model.with_dropout_scaled(self.dropout_scale)
     except ValueError as err:
       raise ConfigError(f'mc_dropout.dropout_scale: {err}') from err
-    carries = mc_dropout_carries(model, self.batch_size, self.samples,
-                                 jax.random.key(self.seed))
-    return evaluate_stream(_mc_dropout_step(model, self.samples), prepared.params, carries,
-                           first_tokens(prepared.corpus, split, self.max_tokens, model),
-                           self.batch_size, self.bptt, prepared.corpus.unit,
-                           self.temperature, what=f'{split} evaluation')
+    carries = mc_dropout_carries(model, self.batch_size, self.samples, jax.random.key(self.seed))
+    return evaluate_stream(
+      _mc_dropout_step(model, self.samples),
+      prepared.params,
+      carries,
+      first_tokens(prepared.corpus, split, self.max_tokens, model),
+      self.batch_size,
+      self.bptt,
+      prepared.corpus.unit,
+      self.temperature,
+      what=f'{split} evaluation',
+    )
 
 
 # One compiled step per model and sample count, however many passes a
@@ -161,11 +177,15 @@ class TokenLosses(Evaluator):
   max_tokens: int = 0
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:
-    losses = token_losses(prepared.model, prepared.params,
-                          first_tokens(prepared.corpus, split, self.max_tokens, prepared.model),
-                          self.bptt)
-    return EvalResult(float(np.mean(losses)), len(losses), prepared.corpus.unit,
-                      details={'token_losses': losses})
+    losses = token_losses(
+      prepared.model,
+      prepared.params,
+      first_tokens(prepared.corpus, split, self.max_tokens, prepared.model),
+      self.bptt,
+    )
+    return EvalResult(
+      float(np.mean(losses)), len(losses), prepared.corpus.unit, details={'token_losses': losses}
+    )
 
 
 def beside_static(result: EvalResult, static: EvalResult) -> EvalResult:

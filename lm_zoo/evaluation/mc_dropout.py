@@ -30,15 +30,17 @@ def make_mc_dropout_eval_step(model: nn.Module, num_samples: int) -> Callable:
   def one_sample(params, carries, inputs, key):
     weight_key, dropout_key = jax.random.split(key)
     params = model.dropped_weights(params, weight_key)
-    logits, carries = model.apply({'params': params}, inputs, carries, train=True,
-                                  rngs={'dropout': dropout_key})
+    logits, carries = model.apply(
+      {'params': params}, inputs, carries, train=True, rngs={'dropout': dropout_key}
+    )
     return logits, carries
 
   def eval_step(params, carries, inputs, targets, weights, temperature=1.0):
     sample_carries, key = carries
     key, window_key = jax.random.split(key)
     logits, sample_carries = jax.vmap(one_sample, in_axes=(None, 0, None, 0))(
-        params, sample_carries, inputs, jax.random.split(window_key, num_samples))
+      params, sample_carries, inputs, jax.random.split(window_key, num_samples)
+    )
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature)
     mixed = jax.nn.logsumexp(log_probs, axis=0) - jnp.log(num_samples)
     # mixed is normalised, so the cross-entropy's log-softmax leaves it as is.
@@ -48,8 +50,9 @@ def make_mc_dropout_eval_step(model: nn.Module, num_samples: int) -> Callable:
   return jax.jit(eval_step)
 
 
-def mc_dropout_carries(model: nn.Module, batch_size: int, num_samples: int,
-                       rng: jax.Array) -> tuple[Any, jax.Array]:
+def mc_dropout_carries(
+  model: nn.Module, batch_size: int, num_samples: int, rng: jax.Array
+) -> tuple[Any, jax.Array]:
   """Initial carries of `make_mc_dropout_eval_step`'s step: the zero state
   repeated for every sample, and the key of the masks."""
   carries = model.initialize_carry(batch_size)

@@ -25,15 +25,24 @@ class MetaLearner:
   """A meta-trained update rule: its transformation (theta_0's precision
   inside), meta-parameters, the segment length it was trained for and the
   learning rate it started from."""
+
   transformation: optax.GradientTransformationExtraArgs
   meta_params: Any
   segment_length: int
   initial_learning_rate: float
 
 
-def meta_loss(model, gate_fn: GateFn, meta_params: Any, params: Any,
-              state: LearnedUpdateState, carries: Any, segments: tuple[jax.Array, ...],
-              checkpoint: bool = True, first_order: bool = False):
+def meta_loss(
+  model,
+  gate_fn: GateFn,
+  meta_params: Any,
+  params: Any,
+  state: LearnedUpdateState,
+  carries: Any,
+  segments: tuple[jax.Array, ...],
+  checkpoint: bool = True,
+  first_order: bool = False,
+):
   """The meta-training objective L_meta = sum_i L_i along a training stream.
 
   `segments` = (inputs, targets, weights), each (K, B, T): K mini-batches of
@@ -61,8 +70,7 @@ def meta_loss(model, gate_fn: GateFn, meta_params: Any, params: Any,
     seen_grads, seen_loss = grads, loss
     if first_order:
       seen_grads, seen_loss = jax.lax.stop_gradient((grads, loss))
-    updates, _ = rule.update(seen_grads, state, theta, meta_params=meta_params,
-                             loss=seen_loss)
+    updates, _ = rule.update(seen_grads, state, theta, meta_params=meta_params, loss=seen_loss)
     return (optax.apply_updates(theta, updates), carries), loss
 
   if checkpoint:
@@ -71,33 +79,50 @@ def meta_loss(model, gate_fn: GateFn, meta_params: Any, params: Any,
   return losses.sum(), (theta, carries, losses)
 
 
-def stream_windows(stream: np.ndarray, offsets: np.ndarray, num_updates: int,
-                   segment_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stream_windows(
+  stream: np.ndarray, offsets: np.ndarray, num_updates: int, segment_length: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """K = `num_updates` consecutive mini-batches of M = `segment_length` tokens
   of `stream`, one row per offset: (inputs, targets, weights), each (K, B, M),
   row b reading stream[offsets[b] : offsets[b] + K M + 1]."""
   span = num_updates * segment_length
   if np.any(offsets < 0) or np.any(offsets + span + 1 > len(stream)):
-    raise ValueError(f'windows of {span + 1} tokens at offsets {offsets} do not fit a '
-                     f'stream of {len(stream)}')
-  index = offsets[None, :, None] + (np.arange(num_updates)[:, None, None] * segment_length
-                                    + np.arange(segment_length)[None, None, :])
+    raise ValueError(
+      f'windows of {span + 1} tokens at offsets {offsets} do not fit a stream of {len(stream)}'
+    )
+  index = offsets[None, :, None] + (
+    np.arange(num_updates)[:, None, None] * segment_length
+    + np.arange(segment_length)[None, None, :]
+  )
   stream = np.asarray(stream, np.int32)
   return stream[index], stream[index + 1], np.ones(index.shape, np.float32)
 
 
 class MetaTrainResult(NamedTuple):
   """The trained meta-parameters and, per meta-step, L_meta / K (nats)."""
+
   meta_params: Any
   losses: np.ndarray
 
 
-def meta_train(model, gate_fn: GateFn, meta_params: Any, params: Any, precision: Any,
-               stream: np.ndarray, meta_steps: int, num_updates: int = 40,
-               segment_length: int = 5, batch_size: int = 4,
-               optimizer: optax.GradientTransformation | None = None, seed: int = 0,
-               first_order: bool = False, checkpoint: bool = True,
-               log_every: int = 0, carry_over: bool = False) -> MetaTrainResult:
+def meta_train(
+  model,
+  gate_fn: GateFn,
+  meta_params: Any,
+  params: Any,
+  precision: Any,
+  stream: np.ndarray,
+  meta_steps: int,
+  num_updates: int = 40,
+  segment_length: int = 5,
+  batch_size: int = 4,
+  optimizer: optax.GradientTransformation | None = None,
+  seed: int = 0,
+  first_order: bool = False,
+  checkpoint: bool = True,
+  log_every: int = 0,
+  carry_over: bool = False,
+) -> MetaTrainResult:
   """Meta-trains the learned rule's `meta_params` along a training stream.
 
   Each meta-step runs the rule through K = `num_updates` consecutive
@@ -137,47 +162,79 @@ def meta_train(model, gate_fn: GateFn, meta_params: Any, params: Any, precision:
     elif offsets[0] + span > row_length:
       theta, carries, offsets = params, zero_carries, starts
     segments = stream_windows(stream, offsets, num_updates, segment_length)
-    meta_params, opt_state, theta, carries, loss = step(meta_params, opt_state, state,
-                                                        theta, carries, segments)
+    meta_params, opt_state, theta, carries, loss = step(
+      meta_params, opt_state, state, theta, carries, segments
+    )
     offsets = offsets + span
     losses.append(float(loss))
     if not math.isfinite(losses[-1]):
-      raise TrainingError(f'meta-training diverged at step {i}: L_meta is not finite; '
-                          'lower the meta learning rate or the initial UPDATE step')
+      raise TrainingError(
+        f'meta-training diverged at step {i}: L_meta is not finite; '
+        'lower the meta learning rate or the initial UPDATE step'
+      )
     if log_every and (i + 1) % log_every == 0:
-      log.info('meta-step %d/%d: L_meta / K %.4f (mean of the last %d)', i + 1, meta_steps,
-               np.mean(losses[-log_every:]), log_every)
+      log.info(
+        'meta-step %d/%d: L_meta / K %.4f (mean of the last %d)',
+        i + 1,
+        meta_steps,
+        np.mean(losses[-log_every:]),
+        log_every,
+      )
   return MetaTrainResult(meta_params, np.asarray(losses))
 
 
-def _last_start(stream_length: int, meta_steps: int, num_updates: int, segment_length: int,
-                batch_size: int) -> int:
+def _last_start(
+  stream_length: int, meta_steps: int, num_updates: int, segment_length: int, batch_size: int
+) -> int:
   """The last stream position a meta-step's window can start at; raises
   ValueError for sizes that leave none."""
   if num_updates < 1 or segment_length < 1 or batch_size < 1 or meta_steps < 0:
-    raise ValueError('num_updates, segment_length and batch_size must be positive and '
-                     'meta_steps non-negative')
+    raise ValueError(
+      'num_updates, segment_length and batch_size must be positive and meta_steps non-negative'
+    )
   last = stream_length - num_updates * segment_length - 1
   if last < 0:
-    raise ValueError(f'a stream of {stream_length} tokens is shorter than one window of '
-                     f'{num_updates} x {segment_length} tokens')
+    raise ValueError(
+      f'a stream of {stream_length} tokens is shorter than one window of '
+      f'{num_updates} x {segment_length} tokens'
+    )
   return last
 
 
-def _meta_step(model, gate_fn: GateFn, optimizer: optax.GradientTransformation,
-               num_updates: int, checkpoint: bool, first_order: bool) -> Callable:
+def _meta_step(
+  model,
+  gate_fn: GateFn,
+  optimizer: optax.GradientTransformation,
+  num_updates: int,
+  checkpoint: bool,
+  first_order: bool,
+) -> Callable:
   """One jitted meta-step: L_meta through the K updates of a window, its
   gradient, and the optimizer's step on the meta-parameters."""
 
   @jax.jit
   def step(meta_params, opt_state, state, theta, carries, segments):
     def objective(m):
-      return meta_loss(model, gate_fn, m, theta, state, carries, segments,
-                       checkpoint=checkpoint, first_order=first_order)
-    (loss, (theta, carries, _)), grads = jax.value_and_grad(objective, has_aux=True)(
-        meta_params)
+      return meta_loss(
+        model,
+        gate_fn,
+        m,
+        theta,
+        state,
+        carries,
+        segments,
+        checkpoint=checkpoint,
+        first_order=first_order,
+      )
+
+    (loss, (theta, carries, _)), grads = jax.value_and_grad(objective, has_aux=True)(meta_params)
     updates, opt_state = optimizer.update(grads, opt_state, meta_params)
-    return (optax.apply_updates(meta_params, updates), opt_state, theta, carries,
-            loss / num_updates)
+    return (
+      optax.apply_updates(meta_params, updates),
+      opt_state,
+      theta,
+      carries,
+      loss / num_updates,
+    )
 
   return step

@@ -26,8 +26,7 @@ class EvalResult:
   unit: str = 'word'
   temperature: float = 1.0
   # Left out of the repr: a dynamic evaluation's hold the adapted weights.
-  details: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False,
-                                                 repr=False)
+  details: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @property
   def perplexity(self) -> float:
@@ -45,9 +44,13 @@ class EvalResult:
     return f'bits per character {self.bits_per_token:.4f}'
 
   def as_dict(self) -> dict[str, float]:
-    return {'loss': self.loss, 'perplexity': self.perplexity,
-            'bits_per_token': self.bits_per_token, 'num_tokens': self.num_tokens,
-            'temperature': self.temperature}
+    return {
+      'loss': self.loss,
+      'perplexity': self.perplexity,
+      'bits_per_token': self.bits_per_token,
+      'num_tokens': self.num_tokens,
+      'temperature': self.temperature,
+    }
 
 
 def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:

@@ -20,12 +20,14 @@ from lm_zoo.models.objective import window_loss
 @functools.partial(jax.jit, static_argnames='model')
 def _squared_gradients(model, params, carries, x, y, w):
   grads, (_, _, carries) = jax.grad(window_loss, argnums=1, has_aux=True)(
-      model, params, carries, x, y, w)
+    model, params, carries, x, y, w
+  )
   return jax.tree.map(jnp.square, grads), jax.lax.stop_gradient(carries)
 
 
-def rms_training_gradients(model, params: Any, stream: np.ndarray, batch_size: int,
-                           bptt: int, num_batches: int) -> Any:
+def rms_training_gradients(
+  model, params: Any, stream: np.ndarray, batch_size: int, bptt: int, num_batches: int
+) -> Any:
   """MS = sqrt(mean over `num_batches` training windows of g^2), per
   coordinate: the statistic `dynamic_rms` normalises by. Gradients are of the
   mean NLL of each window, with no clipping, no L2 and dropout off; the
@@ -38,17 +40,20 @@ def rms_training_gradients(model, params: Any, stream: np.ndarray, batch_size: i
   for window in BatchedStream(stream, batch_size).windows(bptt, pad_last=True):
     if seen == num_batches:
       break
-    squares, carries = _squared_gradients(model, params, carries, window.inputs,
-                                          window.targets, window.weights)
+    squares, carries = _squared_gradients(
+      model, params, carries, window.inputs, window.targets, window.weights
+    )
     sums = jax.tree.map(jnp.add, sums, squares)
     seen += 1
   return jax.tree.map(lambda s: jnp.sqrt(s / seen), sums)
 
 
-def diagonal_fisher(model, params: Any, stream, batch_size: int, bptt: int,
-                    num_batches: int) -> Any:
+def diagonal_fisher(
+  model, params: Any, stream, batch_size: int, bptt: int, num_batches: int
+) -> Any:
   """The diagonal of the (empirical) Fisher information of the trained
   weights: the mean squared gradient of the LM loss over `num_batches`
   training windows, the precision of the long-term memory theta_0 (EWC)."""
-  return jax.tree.map(jnp.square, rms_training_gradients(model, params, stream, batch_size,
-                                                          bptt, num_batches))
+  return jax.tree.map(
+    jnp.square, rms_training_gradients(model, params, stream, batch_size, bptt, num_batches)
+  )

@@ -32,8 +32,9 @@ def make_eval_step(model: nn.Module, stacked: bool = False) -> Callable:
   sums it returns."""
 
   def eval_step(params, carries, inputs, targets, weights, temperature=1.0):
-    _, (total, count, carries) = window_loss(model, params, carries, inputs, targets,
-                                             weights, temperature, train=False)
+    _, (total, count, carries) = window_loss(
+      model, params, carries, inputs, targets, weights, temperature, train=False
+    )
     return total, count, carries
 
   if not stacked:
@@ -46,10 +47,17 @@ def make_eval_step(model: nn.Module, stacked: bool = False) -> Callable:
   return jax.jit(stacked_eval_step)
 
 
-def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
-                    stream: np.ndarray, batch_size: int, bptt: int,
-                    unit: str = 'word', temperature: float = 1.0,
-                    what: str = 'evaluation') -> EvalResult:
+def evaluate_stream(
+  eval_step: Callable,
+  params: Any,
+  initial_carries: Any,
+  stream: np.ndarray,
+  batch_size: int,
+  bptt: int,
+  unit: str = 'word',
+  temperature: float = 1.0,
+  what: str = 'evaluation',
+) -> EvalResult:
   """Scores every token of `stream` once, the state carried across windows.
 
   `initial_carries` must be for `batch_size` rows (`model.initialize_carry`,
@@ -57,47 +65,82 @@ def evaluate_stream(eval_step: Callable, params: Any, initial_carries: Any,
   included, scores exactly the same len(stream) - 1 tokens. `temperature`
   divides the logits. A pass longer than 30 s logs its progress as `what`.
   """
-  total, count = _stream_sums(eval_step, params, initial_carries, stream, batch_size, bptt,
-                              temperature, what)
-  return EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit,
-                    temperature=float(temperature))
+  total, count = _stream_sums(
+    eval_step, params, initial_carries, stream, batch_size, bptt, temperature, what
+  )
+  return EvalResult(
+    loss=float(total / count), num_tokens=int(count), unit=unit, temperature=float(temperature)
+  )
 
 
-def evaluate_stream_stacked(eval_step: Callable, params: Any, initial_carries: Any,
-                          stream: np.ndarray, batch_size: int, bptt: int,
-                          unit: str = 'word', what: str = 'evaluation') -> list[EvalResult]:
+def evaluate_stream_stacked(
+  eval_step: Callable,
+  params: Any,
+  initial_carries: Any,
+  stream: np.ndarray,
+  batch_size: int,
+  bptt: int,
+  unit: str = 'word',
+  what: str = 'evaluation',
+) -> list[EvalResult]:
   """`evaluate_stream` for runs stacked on a leading axis: `eval_step` is
   `make_eval_step(model, stacked=True)`'s, `params` and `initial_carries` have
   that axis, and the result is one `EvalResult` per run, in its order."""
-  totals, counts = _stream_sums(eval_step, params, initial_carries, stream, batch_size, bptt,
-                                1.0, what)
-  return [EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit)
-          for total, count in zip(totals, counts)]
+  totals, counts = _stream_sums(
+    eval_step, params, initial_carries, stream, batch_size, bptt, 1.0, what
+  )
+  return [
+    EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit)
+    for total, count in zip(totals, counts)
+  ]
 
 
-def _stream_sums(eval_step: Callable, params: Any, initial_carries: Any, stream: np.ndarray,
-                 batch_size: int, bptt: int, temperature: float, what: str):
+def _stream_sums(
+  eval_step: Callable,
+  params: Any,
+  initial_carries: Any,
+  stream: np.ndarray,
+  batch_size: int,
+  bptt: int,
+  temperature: float,
+  what: str,
+):
   """The NLL summed over every token of `stream` once, and the tokens counted
   (arrays over the runs for a stacked `eval_step`)."""
   batched = BatchedStream(stream, batch_size)
   carries, sums = initial_carries, []
   progress = ProgressLog(what, batched.num_windows(bptt))
   for window in batched.windows(bptt, pad_last=True):  # one compiled shape
-    nll, n, carries = eval_step(params, carries, window.inputs, window.targets,
-                                window.weights, temperature)
+    nll, n, carries = eval_step(
+      params, carries, window.inputs, window.targets, window.weights, temperature
+    )
     sums.append((nll, n))  # fetched once at the end, so dispatch stays async
     progress.update(len(sums), nll)
   return np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
 
 
-def evaluate_split(model: nn.Module, params: Any, corpus: Corpus, split: str,
-                   batch_size: int, bptt: int, eval_step=None) -> EvalResult:
+def evaluate_split(
+  model: nn.Module,
+  params: Any,
+  corpus: Corpus,
+  split: str,
+  batch_size: int,
+  bptt: int,
+  eval_step=None,
+) -> EvalResult:
   """Perplexity / bits per character of one split, state carried throughout."""
   check_token_ids(corpus.split(split), model.vocab_size, f'the {split} split')
   eval_step = eval_step or make_eval_step(model)
-  return evaluate_stream(eval_step, params, model.initialize_carry(batch_size),
-                         corpus.split(split), batch_size, bptt, corpus.unit,
-                         what=f'{split} evaluation')
+  return evaluate_stream(
+    eval_step,
+    params,
+    model.initialize_carry(batch_size),
+    corpus.split(split),
+    batch_size,
+    bptt,
+    corpus.unit,
+    what=f'{split} evaluation',
+  )
 
 
 def token_losses(model, params: Any, ids: np.ndarray, bptt: int = 35) -> np.ndarray:
@@ -122,8 +165,9 @@ def token_losses(model, params: Any, ids: np.ndarray, bptt: int = 35) -> np.ndar
   return np.concatenate(jax.device_get(losses)).astype(np.float64)
 
 
-def tune_temperature(loss_at: Callable[[float], float], low: float = 0.5,
-                     high: float = 2.0, tolerance: float = 0.01) -> float:
+def tune_temperature(
+  loss_at: Callable[[float], float], low: float = 0.5, high: float = 2.0, tolerance: float = 0.01
+) -> float:
   """The softmax temperature in [low, high] that minimises `loss_at(T)`
   (the validation loss), by golden-section search on 1/T.
 

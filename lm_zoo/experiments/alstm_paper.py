@@ -32,21 +32,30 @@ def get_config(corpus: str = 'ptb'):
   hidden, epochs, cuts = RECIPES[corpus]
   c = base_config()
   # --seq-len 70 --var-seq --batch_size 20; evaluation at 10 and 1 (main.py)
-  c.data.update(name=corpus, batch_size=20, bptt=70, variable_bptt=True,
-                eval_batch_size=10, test_batch_size=1)
+  c.data.update(
+    name=corpus, batch_size=20, bptt=70, variable_bptt=True, eval_batch_size=10, test_batch_size=1
+  )
   # --emsize 400 --nhid --nlayers 2 --npar 100; the last layer of the embedding
   # size, tied (main.py's --tied defaults to tying); aLSTM: LSTM-RHN adaptation.
-  c.model.update(cell='alstm', num_layers=2, embed_size=400, hidden_size=hidden,
-                 output_size=400, tie_embeddings=True,
-                 dropout_embedding=0.16,  # --dropoute
-                 dropout_input=0.6,  # --dropouti
-                 dropout_hidden=0.25, dropout_state=0.25,  # --dropouth (dropout_alstm)
-                 dropout_output=0.6)  # --dropouto
+  c.model.update(
+    cell='alstm',
+    num_layers=2,
+    embed_size=400,
+    hidden_size=hidden,
+    output_size=400,
+    tie_embeddings=True,
+    dropout_embedding=0.16,  # --dropoute
+    dropout_input=0.6,  # --dropouti
+    dropout_hidden=0.25,
+    dropout_state=0.25,  # --dropouth (dropout_alstm)
+    dropout_output=0.6,
+  )  # --dropouto
   c.model.alstm.update(latent='lstm_rhn', latent_size=100, dropout_latent=0.1)  # --dropouta
   # Adam(betas=(0, 0.999), eps=1e-9, weight_decay=--wdecay), --lr 0.003, --clip 5
   # (main.py's default); torch's weight decay is added after the clipping.
-  c.optimizer.update(name='adam', learning_rate=3e-3, beta1=0.0, beta2=0.999, eps=1e-9,
-                     clip_norm=5.0, l2=1e-6)
+  c.optimizer.update(
+    name='adam', learning_rate=3e-3, beta1=0.0, beta2=0.999, eps=1e-9, clip_norm=5.0, l2=1e-6
+  )
   # --cut-steps, --cut-rate 10: lr / 10 after those epochs
   c.schedule.update(kind='milestones', factor=0.1, milestones=cuts)
   c.train.update(num_epochs=epochs, log_every=200, checkpoint_every=2000)

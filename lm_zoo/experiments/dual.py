@@ -38,13 +38,19 @@ def get_config(variant: str = 'lstm_dual'):
   if variant == 'paper':
     c = base_config()
     c.data.update(name='ptb', batch_size=32, bptt=25, eval_batch_size=10, test_batch_size=1)
-    c.model.update(num_layers=2, embed_size=850, hidden_size=850, tie_embeddings=True,
-                   dropout_input=0.5, dropout_state=0.5, dropout_hidden=0.5,
-                   dropout_output=0.5)
+    c.model.update(
+      num_layers=2,
+      embed_size=850,
+      hidden_size=850,
+      tie_embeddings=True,
+      dropout_input=0.5,
+      dropout_state=0.5,
+      dropout_hidden=0.5,
+      dropout_output=0.5,
+    )
     c.model.mogrifier.update(rounds=4, rank=100)
     c.model.dual.update(size=850, dropout_input=0.5, dropout_output=0.4)
-    c.optimizer.update(name='nadam', learning_rate=1e-3, beta1=0.9, beta2=0.999,
-                       clip_norm=0.0)
+    c.optimizer.update(name='nadam', learning_rate=1e-3, beta1=0.9, beta2=0.999, clip_norm=0.0)
     c.train.update(num_epochs=300, log_every=200, checkpoint_every=2000)
     return c
   c = small_ptb_config()

@@ -20,7 +20,12 @@ def get_config(variant: str = 'lamb'):
   if variant not in VARIANTS:
     raise ValueError(f'variant must be one of {", ".join(VARIANTS)}, got {variant!r}')
   c = evaluation_config('dynamic')
-  c.dynamic.update(rule='rms', learning_rate=(3e-5, 1e-4, 3e-4), decay=(0.0, 1e-3),
-                   eps=(1e-3,), segment_length=(5,),
-                   decay_mean='coordinates' if variant == 'lamb' else 'tensors')
+  c.dynamic.update(
+    rule='rms',
+    learning_rate=(3e-5, 1e-4, 3e-4),
+    decay=(0.0, 1e-3),
+    eps=(1e-3,),
+    segment_length=(5,),
+    decay_mean='coordinates' if variant == 'lamb' else 'tensors',
+  )
   return c

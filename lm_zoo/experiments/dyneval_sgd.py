@@ -12,6 +12,5 @@ from lm_zoo.configs import evaluation_config
 
 def get_config():
   c = evaluation_config('dynamic')
-  c.dynamic.update(rule='sgd', learning_rate=(1e-2, 3e-2, 1e-1), decay=(0.0,),
-                   segment_length=(5,))
+  c.dynamic.update(rule='sgd', learning_rate=(1e-2, 3e-2, 1e-1), decay=(0.0,), segment_length=(5,))
   return c

@@ -15,20 +15,21 @@ from lm_zoo.tasks import feedforward_spec
 
 
 def _model(features, adaptive=(), **kw):
-  return feedforward_spec(features, adaptive, policy_net='feedforward', policy_hidden=32,
-                          **kw)
+  return feedforward_spec(features, adaptive, policy_net='feedforward', policy_hidden=32, **kw)
 
 
 def get_config():
   c = ml_collections.ConfigDict()
   c.task = 'mnist'
   c.data_dir = ''  # holds mnist/; empty: lm-zoo-task's $LM_ZOO_DATA, else shared/data
-  c.models = ml_collections.ConfigDict({
+  c.models = ml_collections.ConfigDict(
+    {
       'logistic_regression': _model((10,)),
       'feedforward_3': _model((128, 64, 10)),
       'sva_1': _model((10,), (True,), inner_features=64),
       'sva_3': _model((128, 64, 10), (True, True, True), inner_features=32),
-  })
+    }
+  )
   c.steps = 20_000  # the paper: 50,000
   c.batch_size = 128
   c.learning_rate = 1e-3

@@ -51,8 +51,7 @@ def get_config(variant: str = 'zaremba_medium_dyneval'):
     medium.model.dtype = 'bfloat16'
     models = {'lstm_medium': medium}
     c.reference = 'lstm_medium'
-    c.evaluations = ml_collections.ConfigDict({'rms': dyneval_rms('krause'),
-                                               'sgd': dyneval_sgd()})
+    c.evaluations = ml_collections.ConfigDict({'rms': dyneval_rms('krause'), 'sgd': dyneval_sgd()})
     for evaluation in c.evaluations.values():
       evaluation.dynamic.search_tokens = SEARCH_TOKENS
   else:

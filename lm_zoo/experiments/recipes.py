@@ -14,9 +14,11 @@ from lm_zoo.configs import base_config
 
 # Per size: hidden units, BPTT, U(±init), dropout, rate divisor, max_epoch,
 # epochs, gradient norm clip (the paper's section 4.1; main.lua's params).
-_ZAREMBA = {'small': (200, 20, 0.1, 0.0, 2.0, 4, 13, 5.0),
-            'medium': (650, 35, 0.05, 0.5, 1.2, 6, 39, 5.0),
-            'large': (1500, 35, 0.04, 0.65, 1.15, 14, 55, 10.0)}
+_ZAREMBA = {
+  'small': (200, 20, 0.1, 0.0, 2.0, 4, 13, 5.0),
+  'medium': (650, 35, 0.05, 0.5, 1.2, 6, 39, 5.0),
+  'large': (1500, 35, 0.04, 0.65, 1.15, 14, 55, 10.0),
+}
 
 
 def zaremba_config(size: str, schedule: str = 'code') -> ml_collections.ConfigDict:
@@ -45,7 +47,7 @@ def zaremba_config(size: str, schedule: str = 'code') -> ml_collections.ConfigDi
   and one bias (its affine T_{2n,4n}). docs/differences.md.
   """
   if size not in _ZAREMBA:
-    raise ValueError(f"size must be one of {', '.join(map(repr, _ZAREMBA))}, got {size!r}")
+    raise ValueError(f'size must be one of {", ".join(map(repr, _ZAREMBA))}, got {size!r}')
   if schedule not in ('code', 'paper'):
     raise ValueError(f"schedule must be 'code' or 'paper', got {schedule!r}")
   hidden, bptt, init, dropout, divisor, max_epoch, epochs, clip = _ZAREMBA[size]
@@ -53,15 +55,26 @@ def zaremba_config(size: str, schedule: str = 'code') -> ml_collections.ConfigDi
   c.data.name = 'ptb'
   c.data.batch_size = 20
   c.data.bptt = bptt
-  c.model.update(num_layers=2, embed_size=hidden, hidden_size=hidden,
-                 init_scale=init, recurrent_bias=schedule == 'code')
+  c.model.update(
+    num_layers=2,
+    embed_size=hidden,
+    hidden_size=hidden,
+    init_scale=init,
+    recurrent_bias=schedule == 'code',
+  )
   if dropout:  # Zaremba: a new mask at every step, non-recurrent connections only
-    c.model.update(dropout_input=dropout, dropout_hidden=dropout, dropout_output=dropout,
-                   variational_dropout=False)
-  c.optimizer.update(name='sgd', learning_rate=1.0, clip_norm=clip,
-                     loss_reduction='sum_over_time')
-  c.schedule.update(kind='exponential', factor=1 / divisor,
-                    decay_after=max_epoch + 1 if schedule == 'code' else max_epoch)
+    c.model.update(
+      dropout_input=dropout,
+      dropout_hidden=dropout,
+      dropout_output=dropout,
+      variational_dropout=False,
+    )
+  c.optimizer.update(name='sgd', learning_rate=1.0, clip_norm=clip, loss_reduction='sum_over_time')
+  c.schedule.update(
+    kind='exponential',
+    factor=1 / divisor,
+    decay_after=max_epoch + 1 if schedule == 'code' else max_epoch,
+  )
   c.train.update(num_epochs=epochs, log_every=500, checkpoint_every=2000)
   return c
 
@@ -78,24 +91,47 @@ def small_ptb_config() -> ml_collections.ConfigDict:
   """
   c = base_config()
   c.data.update(name='ptb', batch_size=32, bptt=35, eval_batch_size=1)
-  c.model.update(num_layers=2, embed_size=0, tie_embeddings=True,
-                 param_budget=3_000_000, dropout_input=0.4, dropout_hidden=0.2,
-                 dropout_state=0.1, dropout_output=0.4)
-  c.optimizer.update(name='adam', learning_rate=3e-3, beta1=0.0, beta2=0.999,
-                     clip_norm=10.0, l2=0.0)
+  c.model.update(
+    num_layers=2,
+    embed_size=0,
+    tie_embeddings=True,
+    param_budget=3_000_000,
+    dropout_input=0.4,
+    dropout_hidden=0.2,
+    dropout_state=0.1,
+    dropout_output=0.4,
+  )
+  c.optimizer.update(
+    name='adam', learning_rate=3e-3, beta1=0.0, beta2=0.999, clip_norm=10.0, l2=0.0
+  )
   c.schedule.update(kind='plateau', factor=0.5)
   c.train.update(num_epochs=2, log_every=200, checkpoint_every=2000)
   return c
 
 
-def lamb_config(data: str, *, num_params: int, num_layers: int, feature_mask_rounds: int,
-                feature_mask_rank: int, share_input_and_output_embeddings: bool,
-                input_embedding_ratio: float, mos_num_components: int, input_dropout: float,
-                inter_layer_dropout: float, state_dropout: float, output_dropout: float,
-                l2_penalty: float, learning_rate: float, batch_size: int,
-                max_time_steps: int, steps_per_turn: int, turns: int,
-                trigger_averaging_turns: int,
-                trigger_averaging_at_the_latest: int) -> ml_collections.ConfigDict:
+def lamb_config(
+  data: str,
+  *,
+  num_params: int,
+  num_layers: int,
+  feature_mask_rounds: int,
+  feature_mask_rank: int,
+  share_input_and_output_embeddings: bool,
+  input_embedding_ratio: float,
+  mos_num_components: int,
+  input_dropout: float,
+  inter_layer_dropout: float,
+  state_dropout: float,
+  output_dropout: float,
+  l2_penalty: float,
+  learning_rate: float,
+  batch_size: int,
+  max_time_steps: int,
+  steps_per_turn: int,
+  turns: int,
+  trigger_averaging_turns: int,
+  trigger_averaging_at_the_latest: int,
+) -> ml_collections.ConfigDict:
   """A config file of deepmind/lamb's tuned models (the Mogrifier paper's,
   `lamb/experiment/mogrifier/config/*/trial_*/config`), as our config.
 
@@ -126,28 +162,57 @@ def lamb_config(data: str, *, num_params: int, num_layers: int, feature_mask_rou
   embedding `input_embedding_ratio` (at most 1) times it.
   """
   c = base_config()
-  c.data.update(name=data, batch_size=batch_size, bptt=max_time_steps,
-                eval_batch_size=batch_size, test_batch_size=batch_size)
-  c.model.update(num_layers=num_layers, embed_size=0, embed_ratio=input_embedding_ratio,
-                 param_budget=num_params, tie_embeddings=share_input_and_output_embeddings,
-                 forget_bias=1.0, cap_input_gate=True, skip_connections=True,
-                 variational_dropout=False, dropout_input=input_dropout,
-                 dropout_hidden=inter_layer_dropout, dropout_state=state_dropout,
-                 dropout_output=output_dropout)
+  c.data.update(
+    name=data,
+    batch_size=batch_size,
+    bptt=max_time_steps,
+    eval_batch_size=batch_size,
+    test_batch_size=batch_size,
+  )
+  c.model.update(
+    num_layers=num_layers,
+    embed_size=0,
+    embed_ratio=input_embedding_ratio,
+    param_budget=num_params,
+    tie_embeddings=share_input_and_output_embeddings,
+    forget_bias=1.0,
+    cap_input_gate=True,
+    skip_connections=True,
+    variational_dropout=False,
+    dropout_input=input_dropout,
+    dropout_hidden=inter_layer_dropout,
+    dropout_state=state_dropout,
+    dropout_output=output_dropout,
+  )
   c.model.mogrifier.update(rounds=feature_mask_rounds, rank=feature_mask_rank)
   if mos_num_components:
     c.model.head = 'mos'
     c.model.mos.update(components=mos_num_components, dropout_latent=output_dropout)
-  c.optimizer.update(name='adam', learning_rate=learning_rate, beta1=0.0, beta2=0.999,
-                     eps=1e-8, clip_norm=10.0, l2=l2_penalty, l2_before_clip=True,
-                     loss_reduction='sum_over_time')
-  c.averaging.update(trigger='patience',
-                     patience_steps=trigger_averaging_turns * steps_per_turn,
-                     latest_step=trigger_averaging_at_the_latest * steps_per_turn)
+  c.optimizer.update(
+    name='adam',
+    learning_rate=learning_rate,
+    beta1=0.0,
+    beta2=0.999,
+    eps=1e-8,
+    clip_norm=10.0,
+    l2=l2_penalty,
+    l2_before_clip=True,
+    loss_reduction='sum_over_time',
+  )
+  c.averaging.update(
+    trigger='patience',
+    patience_steps=trigger_averaging_turns * steps_per_turn,
+    latest_step=trigger_averaging_at_the_latest * steps_per_turn,
+  )
   c.schedule.kind = 'constant'
   # Turns end training: on these corpora an epoch holds at least one turn, so
   # `turns` epochs only bound it.
-  c.train.update(max_steps=turns * steps_per_turn, num_epochs=turns,
-                 eval_every=steps_per_turn, drop_state=0.01, log_every=steps_per_turn,
-                 checkpoint_every=steps_per_turn)
+  c.train.update(
+    max_steps=turns * steps_per_turn,
+    num_epochs=turns,
+    eval_every=steps_per_turn,
+    drop_state=0.01,
+    log_every=steps_per_turn,
+    checkpoint_every=steps_per_turn,
+  )
   return c

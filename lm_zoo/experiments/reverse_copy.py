@@ -19,10 +19,12 @@ def get_config():
   c.lengths = (10, 20, 30, 40)
   c.vocab_size = 100
   c.hidden_size = 128
-  c.models = ml_collections.ConfigDict({
+  c.models = ml_collections.ConfigDict(
+    {
       'lstm': {'embed_size': 64, 'rounds': 0, 'rank': 0},
       'mogrifier': {'embed_size': 16, 'rounds': 5, 'rank': 32},
-  })
+    }
+  )
   c.num_train = 20_000
   c.num_test = 1_000
   c.learning_rate = 3e-3

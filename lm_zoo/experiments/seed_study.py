@@ -53,8 +53,12 @@ dual = runpy.run_path(str(_HERE / 'dual.py'))['get_config']
 VARIANTS = ('models', 'mos', 'lamb_features')
 
 
-def _with(c: ml_collections.ConfigDict, cap_input_gate: bool = False,
-          skip_connections: bool = False, drop_state: float = 0.0) -> ml_collections.ConfigDict:
+def _with(
+  c: ml_collections.ConfigDict,
+  cap_input_gate: bool = False,
+  skip_connections: bool = False,
+  drop_state: float = 0.0,
+) -> ml_collections.ConfigDict:
   c.model.update(cap_input_gate=cap_input_gate, skip_connections=skip_connections)
   c.train.drop_state = drop_state
   return c
@@ -75,14 +79,14 @@ def get_config(variant: str = 'models'):
   mos = _mixture(ablation('lstm'), components=2)
   if variant == 'models':
     models = {
-        'lstm': ablation('lstm'),
-        'mogrifier_r2': ablation('r2'),
-        'mogrifier_r5': ablation('r5'),
-        'mlstm': ablation('mlstm'),
-        'alstm': alstm_small('recurrent'),
-        'lstm_dual': dual('lstm_dual'),
-        'mogrifier_lamb': lamb,
-        'lstm_mos': mos,
+      'lstm': ablation('lstm'),
+      'mogrifier_r2': ablation('r2'),
+      'mogrifier_r5': ablation('r5'),
+      'mlstm': ablation('mlstm'),
+      'alstm': alstm_small('recurrent'),
+      'lstm_dual': dual('lstm_dual'),
+      'mogrifier_lamb': lamb,
+      'lstm_mos': mos,
     }
     c.reference = 'lstm'
   elif variant == 'mos':
@@ -90,11 +94,11 @@ def get_config(variant: str = 'models'):
     c.reference = 'lstm'
   else:
     models = {
-        'mogrifier_r5': ablation('r5'),
-        'r5_cap_input_gate': _with(ablation('r5'), cap_input_gate=True),
-        'r5_skip_connections': _with(ablation('r5'), skip_connections=True),
-        'r5_drop_state': _with(ablation('r5'), drop_state=0.01),
-        'mogrifier_lamb': lamb,
+      'mogrifier_r5': ablation('r5'),
+      'r5_cap_input_gate': _with(ablation('r5'), cap_input_gate=True),
+      'r5_skip_connections': _with(ablation('r5'), skip_connections=True),
+      'r5_drop_state': _with(ablation('r5'), drop_state=0.01),
+      'mogrifier_lamb': lamb,
     }
     c.reference = 'mogrifier_r5'
   for model in models.values():

@@ -17,10 +17,12 @@ from lm_zoo.tasks import feedforward_spec
 def get_config():
   c = ml_collections.ConfigDict()
   c.task = 'tail_regression'
-  c.models = ml_collections.ConfigDict({
+  c.models = ml_collections.ConfigDict(
+    {
       'feedforward_3x10': feedforward_spec((10, 10, 1)),
       'adaptive_2x2': feedforward_spec((2, 1), (True, False)),
-  })
+    }
+  )
   c.steps = 10_000
   c.batch_size = 50
   c.learning_rate = 3e-3

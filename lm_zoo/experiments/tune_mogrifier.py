@@ -39,6 +39,7 @@ def get_config(variant: str = 'mogrifier'):
     c.base = mogrifier_paper['get_config'](f'ptb_{model}')
     c.space = mogrifier_table4(mogrifier)
   c.base.generate.num_lines = 0
-  c.study.update(name=f'mogrifier_paper_{variant}', num_trials=200, pruner='median',
-                 pruner_warmup_steps=5000)
+  c.study.update(
+    name=f'mogrifier_paper_{variant}', num_trials=200, pruner='median', pruner_warmup_steps=5000
+  )
   return c

@@ -25,6 +25,13 @@ def get_config(variant: str = 'lstm'):
   c.base.train.update(max_steps=300, eval_every=100, log_every=100, checkpoint_every=100)
   c.base.generate.num_lines = 0
   c.space = mogrifier_table4(mogrifier=variant == 'mogrifier')
-  c.study.update(name=f'ptb_small_{variant}', num_trials=8, seed=0, startup_trials=4,
-                 pruner='median', pruner_startup_trials=3, pruner_warmup_steps=100)
+  c.study.update(
+    name=f'ptb_small_{variant}',
+    num_trials=8,
+    seed=0,
+    startup_trials=4,
+    pruner='median',
+    pruner_startup_trials=3,
+    pruner_warmup_steps=100,
+  )
   return c

@@ -47,8 +47,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.kernels.common import (RowProgram, call_by_rows, interpret_default,
-                                   shifted_columns as at, sigmoid)
+from lm_zoo.kernels.common import (
+  RowProgram,
+  call_by_rows,
+  interpret_default,
+  shifted_columns as at,
+  sigmoid,
+)
 from lm_zoo.kernels.lstm_step import GATES, Tiles
 
 
@@ -68,11 +73,50 @@ def _gate_update(gates, c, cap_input_gate):
 def _forward_kernel(*refs, widths, recurrent, cap_input_gate, body):
   m, n, k = widths
   if recurrent:
-    (x, h, mask, c, latent_in, c_z, z_prev, latent_h, latent_u, policy, kernel, recurrent_kernel,
-     bias, c_out, h_out, act_out, pi, a_out, r_out, z_out, act_z_out, c_z_out) = refs
+    (
+      x,
+      h,
+      mask,
+      c,
+      latent_in,
+      c_z,
+      z_prev,
+      latent_h,
+      latent_u,
+      policy,
+      kernel,
+      recurrent_kernel,
+      bias,
+      c_out,
+      h_out,
+      act_out,
+      pi,
+      a_out,
+      r_out,
+      z_out,
+      act_z_out,
+      c_z_out,
+    ) = refs
   else:
-    (x, h, mask, c, latent_in, latent_h, policy, kernel, recurrent_kernel, bias, c_out, h_out,
-     act_out, pi, a_out, r_out, z_out) = refs
+    (
+      x,
+      h,
+      mask,
+      c,
+      latent_in,
+      latent_h,
+      policy,
+      kernel,
+      recurrent_kernel,
+      bias,
+      c_out,
+      h_out,
+      act_out,
+      pi,
+      a_out,
+      r_out,
+      z_out,
+    ) = refs
   rows = body.rows
   h_in = lambda cols: h[:, cols] * mask[:, cols]
   _, at_h, at_w, at_v, at_b = policy_offsets(m, n)
@@ -81,10 +125,12 @@ def _forward_kernel(*refs, widths, recurrent, cap_input_gate, body):
     def pre(g):
       gc = at(cols, g * k)
       total = latent_in[:, gc] + body.summed(
-          n, (rows, body.chunk), lambda r: body.product(h_in(r), latent_h[r, gc]))
+        n, (rows, body.chunk), lambda r: body.product(h_in(r), latent_h[r, gc])
+      )
       if recurrent:
         total = total + body.summed(
-            k, (rows, body.chunk), lambda r: body.product(z_prev[:, r], latent_u[r, gc]))
+          k, (rows, body.chunk), lambda r: body.product(z_prev[:, r], latent_u[r, gc])
+        )
       return total
 
     if not recurrent:
@@ -98,21 +144,34 @@ def _forward_kernel(*refs, widths, recurrent, cap_input_gate, body):
 
   body.each_chunk(k, latent)
   body.barrier()  # π reads the whole of z
-  body.each_chunk(m + 13 * n, lambda cols: pi.__setitem__((slice(None), cols), jnp.tanh(
-      body.summed(k, (rows, body.chunk), lambda r: body.product(z_out[:, r], policy[r, cols])))))
+  body.each_chunk(
+    m + 13 * n,
+    lambda cols: pi.__setitem__(
+      (slice(None), cols),
+      jnp.tanh(
+        body.summed(k, (rows, body.chunk), lambda r: body.product(z_out[:, r], policy[r, cols]))
+      ),
+    ),
+  )
   body.barrier()  # the gates read the whole of π_x and π_h
 
   def gates(cols):
     pre = []
     for g in range(GATES):
       gc = at(cols, g * n)
-      a = body.summed(m, (rows, body.chunk), lambda r, gc=gc: body.product(
-          pi[:, r] * x[:, r], kernel[r, gc]))
-      r = body.summed(n, (rows, body.chunk), lambda s, gc=gc: body.product(
-          pi[:, at(s, at_h)] * h_in(s), recurrent_kernel[s, gc]))
+      a = body.summed(
+        m, (rows, body.chunk), lambda r, gc=gc: body.product(pi[:, r] * x[:, r], kernel[r, gc])
+      )
+      r = body.summed(
+        n,
+        (rows, body.chunk),
+        lambda s, gc=gc: body.product(pi[:, at(s, at_h)] * h_in(s), recurrent_kernel[s, gc]),
+      )
       a_out[:, gc], r_out[:, gc] = a, r
-      pre.append(pi[:, at(gc, at_w)] * a + (pi[:, at(gc, at_v)] * r
-                                            + pi[:, at(gc, at_b)] * bias[gc][None, :]))
+      pre.append(
+        pi[:, at(gc, at_w)] * a
+        + (pi[:, at(gc, at_v)] * r + pi[:, at(gc, at_b)] * bias[gc][None, :])
+      )
     acts, c_new, h_new = _gate_update(pre, c[:, cols], cap_input_gate)
     for g, act in enumerate(acts):
       act_out[:, at(cols, g * n)] = act
@@ -123,12 +182,16 @@ def _forward_kernel(*refs, widths, recurrent, cap_input_gate, body):
 
 # The backward kernel's refs, in pallas_call's order (inputs, then outputs).
 _BACKWARD_REFS = {
-    True: tuple("""d_out d_rec mask d_c d_c_from_h scales forget x h pi a r d_c_z d_z_next
+  True: tuple(
+    """d_out d_rec mask d_c d_c_from_h scales forget x h pi a r d_c_z d_z_next
         d_c_z_from_z scales_z forget_z kernel recurrent_kernel bias policy latent_h latent_u
-        d_c_out d_h_out d_gates q d_x_out d_latent d_c_z_out d_z_out""".split()),
-    False: tuple("""d_out d_rec mask d_c d_c_from_h scales forget x h pi a r z kernel
+        d_c_out d_h_out d_gates q d_x_out d_latent d_c_z_out d_z_out""".split()
+  ),
+  False: tuple(
+    """d_out d_rec mask d_c d_c_from_h scales forget x h pi a r z kernel
         recurrent_kernel bias policy latent_h d_c_out d_h_out d_gates q d_x_out
-        d_latent""".split()),
+        d_latent""".split()
+  ),
 }
 
 
@@ -166,8 +229,13 @@ def _policy_gradients(io, body, m, n):
 
   def scaled_input(offset, matrix):
     """d(π ⊙ input) at `cols` through W (offset of π_W) or V (of π_V)."""
-    return lambda cols: body.summed(GATES * n, shape, lambda s: body.product(
-        io.d_gates[:, s] * io.pi[:, at(s, offset)], matrix[cols, s], transpose_b=True))
+    return lambda cols: body.summed(
+      GATES * n,
+      shape,
+      lambda s: body.product(
+        io.d_gates[:, s] * io.pi[:, at(s, offset)], matrix[cols, s], transpose_b=True
+      ),
+    )
 
   def x_part(cols):
     d_scaled, pi_x = scaled_input(at_w, io.kernel)(cols), io.pi[:, cols]
@@ -181,8 +249,11 @@ def _policy_gradients(io, body, m, n):
 
   def gate_parts(cols):
     d_g = io.d_gates[:, cols]
-    for offset, value in ((at_w, io.a[:, cols]), (at_v, io.r[:, cols]),
-                          (at_b, io.bias[cols][None, :])):
+    for offset, value in (
+      (at_w, io.a[:, cols]),
+      (at_v, io.r[:, cols]),
+      (at_b, io.bias[cols][None, :]),
+    ):
       pi_g = io.pi[:, at(cols, offset)]
       io.q[:, at(cols, offset)] = d_g * value * (1 - pi_g * pi_g)
 
@@ -196,8 +267,9 @@ def _latent_gradients(io, body, m, n, k, recurrent):
   shape = (body.rows, body.chunk)
 
   def latent(cols):
-    d_z = body.summed(m + 13 * n, shape, lambda s: body.product(
-        io.q[:, s], io.policy[cols, s], transpose_b=True))
+    d_z = body.summed(
+      m + 13 * n, shape, lambda s: body.product(io.q[:, s], io.policy[cols, s], transpose_b=True)
+    )
     if not recurrent:
       io.d_latent[:, cols] = jnp.where(io.z[:, cols] > 0, d_z, 0.0)
       return
@@ -218,8 +290,11 @@ def _latent_input_gradients(io, body, n, k, recurrent):
   latent_width = GATES * k if recurrent else k
 
   def through_latent(cols, matrix, out, add):
-    total = body.summed(latent_width, shape, lambda s: body.product(
-        io.d_latent[:, s], matrix[cols, s], transpose_b=True))
+    total = body.summed(
+      latent_width,
+      shape,
+      lambda s: body.product(io.d_latent[:, s], matrix[cols, s], transpose_b=True),
+    )
     out[:, cols] = out[:, cols] + total if add else total
 
   body.each_chunk(n, lambda cols: through_latent(cols, io.latent_h, io.d_h_out, True))
@@ -231,8 +306,20 @@ def _outputs(shapes):
   return [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
 
 
-def forward_step(x, h, mask, c, latent_in, latent_carry, weights, *, cap_input_gate: bool,
-                 tiles: Tiles, dtype: Any, interpret: bool | None = None):
+def forward_step(
+  x,
+  h,
+  mask,
+  c,
+  latent_in,
+  latent_carry,
+  weights,
+  *,
+  cap_input_gate: bool,
+  tiles: Tiles,
+  dtype: Any,
+  interpret: bool | None = None,
+):
   """One step: (c_t, h_t, activations (B, 4N), π, a, r (B, 4N), z, and for a
   recurrent latent its activations (B, 4K) and cell state).
 
@@ -250,18 +337,52 @@ def forward_step(x, h, mask, c, latent_in, latent_carry, weights, *, cap_input_g
   (batch, m), n = x.shape, h.shape[1]
   recurrent = bool(latent_carry)
   k = latent_in.shape[1] // (GATES if recurrent else 1)
-  outs = _outputs([(batch, n), (batch, n), (batch, GATES * n), (batch, m + 13 * n),
-                   (batch, GATES * n), (batch, GATES * n), (batch, k)]
-                  + [(batch, GATES * k), (batch, k)] * recurrent)
-  body = functools.partial(_forward_kernel, widths=(m, n, k), recurrent=recurrent,
-                           cap_input_gate=cap_input_gate,
-                           body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret))
-  return call_by_rows(body, 'alstm_step_forward', [x, h, mask, c, latent_in, *latent_carry],
-                      list(weights), outs, tiles, interpret)
+  outs = _outputs(
+    [
+      (batch, n),
+      (batch, n),
+      (batch, GATES * n),
+      (batch, m + 13 * n),
+      (batch, GATES * n),
+      (batch, GATES * n),
+      (batch, k),
+    ]
+    + [(batch, GATES * k), (batch, k)] * recurrent
+  )
+  body = functools.partial(
+    _forward_kernel,
+    widths=(m, n, k),
+    recurrent=recurrent,
+    cap_input_gate=cap_input_gate,
+    body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret),
+  )
+  return call_by_rows(
+    body,
+    'alstm_step_forward',
+    [x, h, mask, c, latent_in, *latent_carry],
+    list(weights),
+    outs,
+    tiles,
+    interpret,
+  )
 
 
-def backward_step(d_out, d_rec, mask, d_c, factors, x, h, saved, latent, weights, *,
-                  tiles: Tiles, dtype: Any, interpret: bool | None = None):
+def backward_step(
+  d_out,
+  d_rec,
+  mask,
+  d_c,
+  factors,
+  x,
+  h,
+  saved,
+  latent,
+  weights,
+  *,
+  tiles: Tiles,
+  dtype: Any,
+  interpret: bool | None = None,
+):
   """One step back: (dL/dc_{t-1}, dL/d(m ⊙ h_{t-1}), the gates' gradients
   (B, 4N), q (B, M + 13N), the x-part of dL/dx_t (B, M), the latent gates'
   gradients, and for a recurrent latent dL/dc_z and dL/dz_{t-1}).
@@ -284,10 +405,29 @@ def backward_step(d_out, d_rec, mask, d_c, factors, x, h, saved, latent, weights
   (batch, m), n = x.shape, h.shape[1]
   recurrent = len(latent) > 1
   k = latent[0].shape[1]
-  outs = _outputs([(batch, n), (batch, n), (batch, GATES * n), (batch, m + 13 * n), (batch, m),
-                   (batch, GATES * k if recurrent else k)] + [(batch, k), (batch, k)] * recurrent)
-  body = functools.partial(_backward_kernel, widths=(m, n, k), recurrent=recurrent,
-                           body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret))
-  return call_by_rows(body, 'alstm_step_backward',
-                      [d_out, d_rec, mask, d_c, *factors, x, h, *saved, *latent],
-                      list(weights), outs, tiles, interpret)
+  outs = _outputs(
+    [
+      (batch, n),
+      (batch, n),
+      (batch, GATES * n),
+      (batch, m + 13 * n),
+      (batch, m),
+      (batch, GATES * k if recurrent else k),
+    ]
+    + [(batch, k), (batch, k)] * recurrent
+  )
+  body = functools.partial(
+    _backward_kernel,
+    widths=(m, n, k),
+    recurrent=recurrent,
+    body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret),
+  )
+  return call_by_rows(
+    body,
+    'alstm_step_backward',
+    [d_out, d_rec, mask, d_c, *factors, x, h, *saved, *latent],
+    list(weights),
+    outs,
+    tiles,
+    interpret,
+  )

@@ -34,6 +34,7 @@ def compiler_params(tiles, interpret: bool):
   if interpret:
     return None
   from jax.experimental.pallas import triton as pl_triton
+
   return pl_triton.CompilerParams(num_warps=tiles.num_warps, num_stages=2)
 
 
@@ -44,8 +45,9 @@ def sigmoid(x):
 def product(a, b, dtype, precision, transpose_b=False):
   """a b (or a bᵀ) with operands in `dtype`, summed in float32."""
   dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
-  return jax.lax.dot_general(a.astype(dtype), b.astype(dtype), dims, precision=precision,
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a.astype(dtype), b.astype(dtype), dims, precision=precision, preferred_element_type=jnp.float32
+  )
 
 
 def shifted_columns(cols, offset: int):
@@ -76,19 +78,24 @@ class RowProgram:
     """Past here, every thread of the program sees what the others wrote."""
     if not self.interpret:
       from jax.experimental.pallas import triton as pl_triton
+
       pl_triton.debug_barrier()
 
   def each_chunk(self, width: int, body: Callable):
     def step(k, carry):
       body(self.cols(k))
       return carry
+
     jax.lax.fori_loop(0, width // self.chunk, step, 0)
 
   def summed(self, width: int, shape, term: Callable):
     """Σ over the chunks of `width` of term(cols), each of `shape`."""
-    return jax.lax.fori_loop(0, width // self.chunk,
-                             lambda k, total: total + term(self.cols(k)),
-                             jnp.zeros(shape, jnp.float32))
+    return jax.lax.fori_loop(
+      0,
+      width // self.chunk,
+      lambda k, total: total + term(self.cols(k)),
+      jnp.zeros(shape, jnp.float32),
+    )
 
   def product(self, a, b, transpose_b=False):
     return product(a, b, self.dtype, self.precision, transpose_b)
@@ -97,6 +104,7 @@ class RowProgram:
 def call_by_rows(kernel, name: str, row_inputs, weights, outs, tiles, interpret: bool):
   """A pallas_call over batch tiles: `row_inputs` and (B, ...) outputs by rows,
   the weights whole; scratch outputs shaped (slots, B, width) by rows too."""
+
   def by_rows(shape):
     block = (tiles.batch, *shape[1:]) if len(shape) == 2 else (shape[0], tiles.batch, shape[2])
     index = (lambda b: (b, 0)) if len(shape) == 2 else (lambda b: (0, b, 0))
@@ -105,8 +113,12 @@ def call_by_rows(kernel, name: str, row_inputs, weights, outs, tiles, interpret:
   whole = lambda a: pl.BlockSpec(a.shape, lambda b: (0,) * a.ndim)
   batch = row_inputs[0].shape[0]
   return pl.pallas_call(
-      kernel, grid=(batch // tiles.batch,),
-      in_specs=[by_rows(a.shape) for a in row_inputs] + [whole(w) for w in weights],
-      out_specs=[by_rows(o.shape) for o in outs], out_shape=outs,
-      compiler_params=compiler_params(tiles, interpret), interpret=interpret,
-      name=name)(*row_inputs, *weights)
+    kernel,
+    grid=(batch // tiles.batch,),
+    in_specs=[by_rows(a.shape) for a in row_inputs] + [whole(w) for w in weights],
+    out_specs=[by_rows(o.shape) for o in outs],
+    out_shape=outs,
+    compiler_params=compiler_params(tiles, interpret),
+    interpret=interpret,
+    name=name,
+  )(*row_inputs, *weights)

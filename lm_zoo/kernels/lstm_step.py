@@ -39,8 +39,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lm_zoo.kernels.common import (compiler_params, interpret_default, precision_for, product,
-                                   sigmoid)
+from lm_zoo.kernels.common import (
+  compiler_params,
+  interpret_default,
+  precision_for,
+  product,
+  sigmoid,
+)
 
 GATES = 4
 
@@ -104,11 +109,13 @@ def _forward_kernel(*refs, chunks, chunk, dtype, precision, cap_input_gate, mask
   def accumulate(k, gates):
     cols = pl.ds(pl.multiple_of(k * chunk, chunk), chunk)
     h = h_ref[:, cols] if mask_ref is None else h_ref[:, cols] * mask_ref[:, cols]
-    return tuple(g + product(h, u_ref[gate, cols, :], dtype, precision)
-                 for gate, g in enumerate(gates))
+    return tuple(
+      g + product(h, u_ref[gate, cols, :], dtype, precision) for gate, g in enumerate(gates)
+    )
 
-  gates = jax.lax.fori_loop(0, chunks, accumulate,
-                            tuple(p_ref[gate].astype(jnp.float32) for gate in range(GATES)))
+  gates = jax.lax.fori_loop(
+    0, chunks, accumulate, tuple(p_ref[gate].astype(jnp.float32) for gate in range(GATES))
+  )
   i, f, j, o = sigmoid(gates[0]), sigmoid(gates[1]), jnp.tanh(gates[2]), sigmoid(gates[3])
   written = jnp.minimum(1 - f, i) if cap_input_gate else i
   c = f * c_ref[...].astype(jnp.float32) + written * j
@@ -118,9 +125,18 @@ def _forward_kernel(*refs, chunks, chunk, dtype, precision, cap_input_gate, mask
     act_out[gate] = act.astype(act_out.dtype)
 
 
-def forward_step(h: jax.Array, mask: jax.Array | None, c: jax.Array, projected: jax.Array,
-                 kernel: jax.Array, *, tiles: Tiles, dtype: Any, cap_input_gate: bool,
-                 interpret: bool | None = None):
+def forward_step(
+  h: jax.Array,
+  mask: jax.Array | None,
+  c: jax.Array,
+  projected: jax.Array,
+  kernel: jax.Array,
+  *,
+  tiles: Tiles,
+  dtype: Any,
+  cap_input_gate: bool,
+  interpret: bool | None = None,
+):
   """One step: (c_t, h_t, activations (4, B, N): σ(i), σ(f), tanh(j), σ(o)).
 
   Args:
@@ -142,32 +158,60 @@ def forward_step(h: jax.Array, mask: jax.Array | None, c: jax.Array, projected: 
   tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, u))
   gate_tile = pl.BlockSpec((GATES, tiles.batch, tiles.units), lambda b, u: (0, b, u))
   kernel_spec = pl.BlockSpec((GATES, summed, tiles.units), lambda b, u: (0, 0, u))
-  body = functools.partial(_forward_kernel, chunks=summed // tiles.chunk, chunk=tiles.chunk,
-                           dtype=dtype, precision=precision_for(dtype),
-                           cap_input_gate=cap_input_gate, masked=mask is not None)
+  body = functools.partial(
+    _forward_kernel,
+    chunks=summed // tiles.chunk,
+    chunk=tiles.chunk,
+    dtype=dtype,
+    precision=precision_for(dtype),
+    cap_input_gate=cap_input_gate,
+    masked=mask is not None,
+  )
   masks = [] if mask is None else [mask]
   return pl.pallas_call(
-      body, grid=(batch // tiles.batch, units // tiles.units),
-      in_specs=[rows, *[rows] * len(masks), tile, gate_tile, kernel_spec],
-      out_specs=[tile, tile, gate_tile],
-      out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype),
-                 jax.ShapeDtypeStruct(c.shape, h.dtype),
-                 jax.ShapeDtypeStruct(projected.shape, jnp.float32)],
-      compiler_params=compiler_params(tiles, interpret), interpret=interpret,
-      name='lstm_step_forward')(h, *masks, c, projected, kernel)
+    body,
+    grid=(batch // tiles.batch, units // tiles.units),
+    in_specs=[rows, *[rows] * len(masks), tile, gate_tile, kernel_spec],
+    out_specs=[tile, tile, gate_tile],
+    out_shape=[
+      jax.ShapeDtypeStruct(c.shape, c.dtype),
+      jax.ShapeDtypeStruct(c.shape, h.dtype),
+      jax.ShapeDtypeStruct(projected.shape, jnp.float32),
+    ],
+    compiler_params=compiler_params(tiles, interpret),
+    interpret=interpret,
+    name='lstm_step_forward',
+  )(h, *masks, c, projected, kernel)
 
 
 def _gate_gradients(d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, scale_ref, cols):
   """(dL/dc_t, the four dL/dG_g) at columns `cols` of full-width rows."""
   d_h = d_out_ref[:, cols] + d_rec_ref[:, cols] * mask_ref[:, cols]
   d_c = d_c_ref[:, cols] + d_h * d_c_from_h_ref[:, cols]
-  return d_c, tuple(scale_ref[gate, :, cols] * (d_h if gate == 3 else d_c)
-                    for gate in range(GATES))
+  return d_c, tuple(scale_ref[gate, :, cols] * (d_h if gate == 3 else d_c) for gate in range(GATES))
 
 
-def _backward_kernel(d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, scale_ref,
-                     f_ref, u_ref, d_c_out, d_in_out, d_gates_out, *, chunks, chunk, units,
-                     summed_tiles, unit_tiles, dtype, precision):
+def _backward_kernel(
+  d_out_ref,
+  d_rec_ref,
+  mask_ref,
+  d_c_ref,
+  d_c_from_h_ref,
+  scale_ref,
+  f_ref,
+  u_ref,
+  d_c_out,
+  d_in_out,
+  d_gates_out,
+  *,
+  chunks,
+  chunk,
+  units,
+  summed_tiles,
+  unit_tiles,
+  dtype,
+  precision,
+):
   refs = (d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, scale_ref)
   tile = pl.program_id(1)
 
@@ -177,12 +221,10 @@ def _backward_kernel(d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, sc
       cols = pl.ds(pl.multiple_of(k * chunk, chunk), chunk)
       _, d_gates = _gate_gradients(*refs, cols)
       for gate, d_gate in enumerate(d_gates):
-        total = total + product(d_gate, u_ref[gate, :, cols], dtype, precision,
-                                 transpose_b=True)
+        total = total + product(d_gate, u_ref[gate, :, cols], dtype, precision, transpose_b=True)
       return total
 
-    d_in_out[...] = jax.lax.fori_loop(0, chunks, accumulate,
-                                      jnp.zeros(d_in_out.shape, jnp.float32))
+    d_in_out[...] = jax.lax.fori_loop(0, chunks, accumulate, jnp.zeros(d_in_out.shape, jnp.float32))
 
   @pl.when(tile < unit_tiles)
   def _():
@@ -193,10 +235,20 @@ def _backward_kernel(d_out_ref, d_rec_ref, mask_ref, d_c_ref, d_c_from_h_ref, sc
       d_gates_out[gate] = d_gate
 
 
-def backward_step(d_out: jax.Array, d_rec: jax.Array, mask: jax.Array, d_c: jax.Array,
-                  d_c_from_h: jax.Array, scales: jax.Array, forget: jax.Array,
-                  kernel: jax.Array, *, tiles: Tiles, dtype: Any,
-                  interpret: bool | None = None):
+def backward_step(
+  d_out: jax.Array,
+  d_rec: jax.Array,
+  mask: jax.Array,
+  d_c: jax.Array,
+  d_c_from_h: jax.Array,
+  scales: jax.Array,
+  forget: jax.Array,
+  kernel: jax.Array,
+  *,
+  tiles: Tiles,
+  dtype: Any,
+  interpret: bool | None = None,
+):
   """One step back: (dL/dc_{t-1}, dL/d(what the gates read) (B, K),
   dL/dG (4, B, N)).
 
@@ -222,28 +274,41 @@ def backward_step(d_out: jax.Array, d_rec: jax.Array, mask: jax.Array, d_c: jax.
   rows = pl.BlockSpec((tiles.batch, units), lambda b, u: (b, 0))
   gate_rows = pl.BlockSpec((GATES, tiles.batch, units), lambda b, u: (0, b, 0))
   tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, last(u, unit_tiles)))
-  summed_tile = pl.BlockSpec((tiles.batch, tiles.units),
-                             lambda b, u: (b, last(u, summed_tiles)))
-  gate_tile = pl.BlockSpec((GATES, tiles.batch, tiles.units),
-                           lambda b, u: (0, b, last(u, unit_tiles)))
-  kernel_spec = pl.BlockSpec((GATES, tiles.units, units),
-                             lambda b, u: (0, last(u, summed_tiles), 0))
-  body = functools.partial(_backward_kernel, chunks=units // tiles.chunk, chunk=tiles.chunk,
-                           units=tiles.units, summed_tiles=summed_tiles, unit_tiles=unit_tiles,
-                           dtype=dtype, precision=precision_for(dtype))
+  summed_tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, last(u, summed_tiles)))
+  gate_tile = pl.BlockSpec(
+    (GATES, tiles.batch, tiles.units), lambda b, u: (0, b, last(u, unit_tiles))
+  )
+  kernel_spec = pl.BlockSpec(
+    (GATES, tiles.units, units), lambda b, u: (0, last(u, summed_tiles), 0)
+  )
+  body = functools.partial(
+    _backward_kernel,
+    chunks=units // tiles.chunk,
+    chunk=tiles.chunk,
+    units=tiles.units,
+    summed_tiles=summed_tiles,
+    unit_tiles=unit_tiles,
+    dtype=dtype,
+    precision=precision_for(dtype),
+  )
   f32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   return pl.pallas_call(
-      body, grid=(batch // tiles.batch, max(summed_tiles, unit_tiles)),
-      in_specs=[rows, rows, rows, rows, rows, gate_rows, tile, kernel_spec],
-      out_specs=[tile, summed_tile, gate_tile],
-      out_shape=[f32(d_c.shape), f32((batch, summed)), f32(scales.shape)],
-      compiler_params=compiler_params(tiles, interpret), interpret=interpret,
-      name='lstm_step_backward')(d_out, d_rec, mask, d_c, d_c_from_h, scales, forget, kernel)
+    body,
+    grid=(batch // tiles.batch, max(summed_tiles, unit_tiles)),
+    in_specs=[rows, rows, rows, rows, rows, gate_rows, tile, kernel_spec],
+    out_specs=[tile, summed_tile, gate_tile],
+    out_shape=[f32(d_c.shape), f32((batch, summed)), f32(scales.shape)],
+    compiler_params=compiler_params(tiles, interpret),
+    interpret=interpret,
+    name='lstm_step_backward',
+  )(d_out, d_rec, mask, d_c, d_c_from_h, scales, forget, kernel)
 
 
 def _check_shapes(batch: int, widths: tuple[int, ...], tiles: Tiles) -> None:
   if batch % tiles.batch or any(width % tiles.unit_multiple for width in widths):
     shape = ', '.join(map(str, (batch, *widths)))
-    raise ValueError(f'a step of ({shape}) does not tile by {tiles}: pad the batch '
-                     f'to a multiple of {tiles.batch} and the widths to one of '
-                     f'{tiles.unit_multiple}')
+    raise ValueError(
+      f'a step of ({shape}) does not tile by {tiles}: pad the batch '
+      f'to a multiple of {tiles.batch} and the widths to one of '
+      f'{tiles.unit_multiple}'
+    )

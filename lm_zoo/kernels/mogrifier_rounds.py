@@ -86,8 +86,7 @@ def _round_weights(refs, plan):
 def _forward_kernel(x_ref, h_ref, *refs, plan, zigzag, body):
   rounds = len(plan)
   weights, outs = _round_weights(refs, plan)
-  (mixed_ref,), gate_refs, hidden_refs, (x_slots, h_slots) = _take(
-      outs, [1, rounds, sum(plan), 2])
+  (mixed_ref,), gate_refs, hidden_refs, (x_slots, h_slots) = _take(outs, [1, rounds, sum(plan), 2])
   hidden_refs = iter(hidden_refs)
   widths = {1: x_ref.shape[1], 0: h_ref.shape[1]}  # odd rounds gate x, even rounds h
   original = {1: _Version(x_ref), 0: _Version(h_ref)}
@@ -99,14 +98,18 @@ def _forward_kernel(x_ref, h_ref, *refs, plan, zigzag, body):
     prev, target = current[odd], _Version(x_slots if odd else h_slots, (i - 1) // 2)
     if low_rank:
       kernel_in, kernel_out, bias = weights[i - 1]
-      hidden = body.summed(source_width, (body.rows, kernel_in.shape[1]),
-                           lambda c, s=source, k=kernel_in: body.product(s[c], k[c, :]))
+      hidden = body.summed(
+        source_width,
+        (body.rows, kernel_in.shape[1]),
+        lambda c, s=source, k=kernel_in: body.product(s[c], k[c, :]),
+      )
       next(hidden_refs)[...] = hidden
       pre = lambda cols, h=hidden, k=kernel_out: body.product(h, k[:, cols])
     else:
       kernel, bias = weights[i - 1]
       pre = lambda cols, s=source, w=source_width, k=kernel: body.summed(
-          w, (body.rows, body.chunk), lambda r: body.product(s[r], k[r, cols]))
+        w, (body.rows, body.chunk), lambda r: body.product(s[r], k[r, cols])
+      )
 
     def write(cols, i=i, pre=pre, bias=bias, prev=prev, target=target):
       gate = _gate(pre(cols) + bias[cols][None, :])
@@ -126,7 +129,8 @@ def _backward_kernel(d_mixed_ref, x_ref, h_ref, *refs, plan, zigzag, body):
   gate_refs, refs = refs[:rounds], refs[rounds:]
   weights, outs = _round_weights(refs, plan)
   (d_x_ref, d_h_ref), d_z_refs, d_hidden_refs, (x_slots, h_slots, x0_slots, h0_slots) = _take(
-      outs, [2, rounds, sum(plan), 4])
+    outs, [2, rounds, sum(plan), 4]
+  )
   widths = {1: x_ref.shape[1], 0: h_ref.shape[1]}
   originals = {1: x_ref, 0: h_ref}
   current = {1: _Version(d_mixed_ref), 0: _Version(d_mixed_ref, offset=widths[1])}
@@ -139,8 +143,16 @@ def _backward_kernel(d_mixed_ref, x_ref, h_ref, *refs, plan, zigzag, body):
     d_prev = _Version(slots[odd], 2 * (i - 1))
     earlier = [gate_refs[j - 1] for j in range(i - 2, 0, -2)]  # prev_i = x or h ⊙ these
 
-    def back(cols, i=i, d_out=d_out, gate_ref=gate_ref, d_prev=d_prev, earlier=earlier,
-             odd=odd, low_rank=low_rank):
+    def back(
+      cols,
+      i=i,
+      d_out=d_out,
+      gate_ref=gate_ref,
+      d_prev=d_prev,
+      earlier=earlier,
+      odd=odd,
+      low_rank=low_rank,
+    ):
       prev = originals[odd][:, cols]
       for gate_j in earlier:
         prev = prev * gate_j[:, cols]
@@ -152,9 +164,11 @@ def _backward_kernel(d_mixed_ref, x_ref, h_ref, *refs, plan, zigzag, body):
 
     if low_rank:
       kernel_in, kernel_out, _ = weights[i - 1]
-      d_hidden = body.summed(widths[odd], (body.rows, kernel_out.shape[0]),
-                             lambda c, back=back, k=kernel_out: body.product(
-                                 back(c), k[:, c], transpose_b=True))
+      d_hidden = body.summed(
+        widths[odd],
+        (body.rows, kernel_out.shape[0]),
+        lambda c, back=back, k=kernel_out: body.product(back(c), k[:, c], transpose_b=True),
+      )
       next(d_hidden_refs)[...] = d_hidden
       d_source = lambda c, d=d_hidden, k=kernel_in: body.product(d, k[c, :], transpose_b=True)
     else:
@@ -162,8 +176,10 @@ def _backward_kernel(d_mixed_ref, x_ref, h_ref, *refs, plan, zigzag, body):
       body.each_chunk(widths[odd], back)
       body.barrier()  # d_z is read back whole below
       d_source = lambda c, i=i, odd=odd, k=kernel: body.summed(
-          widths[odd], (body.rows, body.chunk),
-          lambda r: body.product(d_z_refs[i - 1][:, r], k[c, r], transpose_b=True))
+        widths[odd],
+        (body.rows, body.chunk),
+        lambda r: body.product(d_z_refs[i - 1][:, r], k[c, r], transpose_b=True),
+      )
     current[odd] = d_prev
     into, sink = (current, slots) if zigzag else (into_original, original_slots)
     other = 1 - odd
@@ -177,15 +193,18 @@ def _backward_kernel(d_mixed_ref, x_ref, h_ref, *refs, plan, zigzag, body):
     body.barrier()
   for odd, out in ((1, d_x_ref), (0, d_h_ref)):
     extra = into_original[odd]
-    body.each_chunk(widths[odd], lambda cols, odd=odd, out=out, extra=extra: out.__setitem__(
-        (slice(None), cols), current[odd][cols] + (0 if extra is None else extra[cols])))
+    body.each_chunk(
+      widths[odd],
+      lambda cols, odd=odd, out=out, extra=extra: out.__setitem__(
+        (slice(None), cols), current[odd][cols] + (0 if extra is None else extra[cols])
+      ),
+    )
 
 
 def _flat_weights(params, plan):
   flat = []
   for p, low_rank in zip(params, plan):
-    flat += [p['kernel_in'], p['kernel_out'], p['bias']] if low_rank else [p['kernel'],
-                                                                            p['bias']]
+    flat += [p['kernel_in'], p['kernel_out'], p['bias']] if low_rank else [p['kernel'], p['bias']]
   return flat
 
 
@@ -193,8 +212,16 @@ def _plan(params):
   return tuple('kernel_in' in p for p in params)
 
 
-def rounds_forward(x: jax.Array, h: jax.Array, params: list[dict], *, zigzag: bool,
-                   tiles: Tiles, dtype: Any, interpret: bool | None = None):
+def rounds_forward(
+  x: jax.Array,
+  h: jax.Array,
+  params: list[dict],
+  *,
+  zigzag: bool,
+  tiles: Tiles,
+  dtype: Any,
+  interpret: bool | None = None,
+):
   """The rounds of one step: ([x^↑; h^↑] (B, M + N), each round's gate
   (B, its width), each low-rank round's hidden (B, R)).
 
@@ -210,19 +237,36 @@ def rounds_forward(x: jax.Array, h: jax.Array, params: list[dict], *, zigzag: bo
   plan, (batch, m), n = _plan(params), x.shape, h.shape[1]
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   widths = [m if i % 2 else n for i in range(1, len(plan) + 1)]
-  outs = ([f32(batch, m + n)] + [f32(batch, w) for w in widths]
-          + [f32(batch, p['kernel_in'].shape[1]) for p in params if 'kernel_in' in p]
-          + [f32(len(plan), batch, m), f32(len(plan), batch, n)])
-  body = functools.partial(_forward_kernel, plan=plan, zigzag=zigzag,
-                           body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret))
-  mixed, *rest = call_by_rows(body, 'mogrifier_rounds_forward', [x, h],
-                       _flat_weights(params, plan), outs, tiles, interpret)
-  return mixed, rest[:len(plan)], rest[len(plan):len(plan) + sum(plan)]
+  outs = (
+    [f32(batch, m + n)]
+    + [f32(batch, w) for w in widths]
+    + [f32(batch, p['kernel_in'].shape[1]) for p in params if 'kernel_in' in p]
+    + [f32(len(plan), batch, m), f32(len(plan), batch, n)]
+  )
+  body = functools.partial(
+    _forward_kernel,
+    plan=plan,
+    zigzag=zigzag,
+    body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret),
+  )
+  mixed, *rest = call_by_rows(
+    body, 'mogrifier_rounds_forward', [x, h], _flat_weights(params, plan), outs, tiles, interpret
+  )
+  return mixed, rest[: len(plan)], rest[len(plan) : len(plan) + sum(plan)]
 
 
-def rounds_backward(d_mixed: jax.Array, x: jax.Array, h: jax.Array, gates: list[jax.Array],
-                    params: list[dict], *, zigzag: bool, tiles: Tiles, dtype: Any,
-                    interpret: bool | None = None):
+def rounds_backward(
+  d_mixed: jax.Array,
+  x: jax.Array,
+  h: jax.Array,
+  gates: list[jax.Array],
+  params: list[dict],
+  *,
+  zigzag: bool,
+  tiles: Tiles,
+  dtype: Any,
+  interpret: bool | None = None,
+):
   """The rounds of one step, back: (dL/dx (B, M), dL/dh (B, N), each round's
   dz (B, its width), each low-rank round's dz Bᵀ (B, R)).
 
@@ -236,11 +280,25 @@ def rounds_backward(d_mixed: jax.Array, x: jax.Array, h: jax.Array, gates: list[
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   widths = [m if i % 2 else n for i in range(1, len(plan) + 1)]
   slots = 2 * len(plan)
-  outs = ([f32(batch, m), f32(batch, n)] + [f32(batch, w) for w in widths]
-          + [f32(batch, p['kernel_in'].shape[1]) for p in params if 'kernel_in' in p]
-          + [f32(slots, batch, m), f32(slots, batch, n)] * 2)
-  body = functools.partial(_backward_kernel, plan=plan, zigzag=zigzag,
-                           body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret))
-  d_x, d_h, *rest = call_by_rows(body, 'mogrifier_rounds_backward', [d_mixed, x, h, *gates],
-                          _flat_weights(params, plan), outs, tiles, interpret)
-  return d_x, d_h, rest[:len(plan)], rest[len(plan):len(plan) + sum(plan)]
+  outs = (
+    [f32(batch, m), f32(batch, n)]
+    + [f32(batch, w) for w in widths]
+    + [f32(batch, p['kernel_in'].shape[1]) for p in params if 'kernel_in' in p]
+    + [f32(slots, batch, m), f32(slots, batch, n)] * 2
+  )
+  body = functools.partial(
+    _backward_kernel,
+    plan=plan,
+    zigzag=zigzag,
+    body=RowProgram(tiles.batch, tiles.chunk, dtype, interpret),
+  )
+  d_x, d_h, *rest = call_by_rows(
+    body,
+    'mogrifier_rounds_backward',
+    [d_mixed, x, h, *gates],
+    _flat_weights(params, plan),
+    outs,
+    tiles,
+    interpret,
+  )
+  return d_x, d_h, rest[: len(plan)], rest[len(plan) : len(plan) + sum(plan)]

@@ -18,10 +18,10 @@ Initializer = Callable[..., jax.Array]
 # Which diagonal slots D^(1)..D^(q) adapt (False: the identity), with one weight
 # matrix between neighbouring slots: (a, b, c) is D^(3) W^(2) D^(2) W^(1) D^(1) x.
 POLICIES: dict[str, tuple[bool, ...]] = {
-    'input': (True, False),        # W D x
-    'output': (False, True),       # D W x
-    'io': (True, True),            # D^(2) W D^(1) x, eq. (3)
-    'sva': (False, True, False),   # W^(2) D W^(1) x, eq. (4)
+  'input': (True, False),  # W D x
+  'output': (False, True),  # D W x
+  'io': (True, True),  # D^(2) W D^(1) x, eq. (3)
+  'sva': (False, True, False),  # W^(2) D W^(1) x, eq. (4)
 }
 
 
@@ -29,8 +29,10 @@ def policy_slots(policy: str | int | Sequence[bool]) -> tuple[bool, ...]:
   """The slots of a named policy, of order q (every slot adapts), or as given."""
   if isinstance(policy, str):
     if policy not in POLICIES:
-      raise ConfigError(f'unknown adaptation policy {policy!r}: choose one of '
-                        f'{", ".join(POLICIES)}, an order q >= 2 or a tuple of bools')
+      raise ConfigError(
+        f'unknown adaptation policy {policy!r}: choose one of '
+        f'{", ".join(POLICIES)}, an order q >= 2 or a tuple of bools'
+      )
     return POLICIES[policy]
   if isinstance(policy, int):
     if policy < 2:
@@ -50,8 +52,9 @@ class LinearPolicy(nn.Module):
 
   @nn.compact
   def __call__(self, v: jax.Array) -> jax.Array:
-    return nn.Dense(self.features, kernel_init=nn.initializers.zeros_init(),
-                    bias_init=nn.initializers.ones_init())(v)
+    return nn.Dense(
+      self.features, kernel_init=nn.initializers.zeros_init(), bias_init=nn.initializers.ones_init()
+    )(v)
 
 
 class FeedForwardPolicy(nn.Module):
@@ -65,8 +68,7 @@ class FeedForwardPolicy(nn.Module):
   @nn.compact
   def __call__(self, v: jax.Array) -> jax.Array:
     hidden = self.activation(nn.Dense(self.hidden, name='hidden')(v))
-    return nn.Dense(self.features, bias_init=nn.initializers.ones_init(),
-                    name='out')(hidden)
+    return nn.Dense(self.features, bias_init=nn.initializers.ones_init(), name='out')(hidden)
 
 
 class GLUPolicy(nn.Module):
@@ -129,8 +131,10 @@ class AdaptiveDense(nn.Module):
     slots = policy_slots(self.policy)
     inner = list(self.inner_features) or [self.features] * (len(slots) - 2)
     if len(inner) != len(slots) - 2:
-      raise ConfigError(f'policy {self.policy!r} has {len(slots) - 1} weight matrices, '
-                        f'so inner_features needs {len(slots) - 2} sizes, got {inner}')
+      raise ConfigError(
+        f'policy {self.policy!r} has {len(slots) - 1} weight matrices, '
+        f'so inner_features needs {len(slots) - 2} sizes, got {inner}'
+      )
     return [num_inputs, *inner, self.features]
 
   def policy_sizes(self, num_inputs: int) -> list[int]:
@@ -140,22 +144,31 @@ class AdaptiveDense(nn.Module):
     return sizes + ([self.features] if self.use_bias and self.adapt_bias else [])
 
   @nn.compact
-  def __call__(self, x: jax.Array, condition: jax.Array | None = None, *,
-               policies: Sequence[jax.Array] | None = None) -> jax.Array:
+  def __call__(
+    self,
+    x: jax.Array,
+    condition: jax.Array | None = None,
+    *,
+    policies: Sequence[jax.Array] | None = None,
+  ) -> jax.Array:
     sizes = self.policy_sizes(x.shape[-1])
     if policies is None:
       flat = self.policy_net(features=sum(sizes), name='policy')(
-          x if condition is None else condition)
+        x if condition is None else condition
+      )
       policies = split_sizes(flat, sizes)
     elif [p.shape[-1] for p in policies] != sizes:
-      raise ConfigError(f'AdaptiveDense({self.features}, policy={self.policy!r}) takes '
-                        f'policies of sizes {sizes}, got {[p.shape[-1] for p in policies]}')
+      raise ConfigError(
+        f'AdaptiveDense({self.features}, policy={self.policy!r}) takes '
+        f'policies of sizes {sizes}, got {[p.shape[-1] for p in policies]}'
+      )
     policies = iter(policies)
     slot_sizes = self.slot_sizes(x.shape[-1])
     for j, adapts in enumerate(policy_slots(self.policy)):
       if j > 0:
-        kernel = self.param(f'kernel_{j}', self.kernel_init,
-                            (slot_sizes[j - 1], slot_sizes[j]), self.param_dtype)
+        kernel = self.param(
+          f'kernel_{j}', self.kernel_init, (slot_sizes[j - 1], slot_sizes[j]), self.param_dtype
+        )
         x = matmul(x, kernel, self.dtype)
       if adapts:
         x = x * next(policies)

@@ -40,14 +40,17 @@ class DualConnection(nn.Module):
   dtype: Any = None
 
   @nn.compact
-  def __call__(self, e: jax.Array, h: jax.Array, *,
-               deterministic: bool = True) -> jax.Array:
+  def __call__(self, e: jax.Array, h: jax.Array, *, deterministic: bool = True) -> jax.Array:
     if e.shape[:-1] != h.shape[:-1]:
-      raise ValueError(f'the input e {e.shape} and recurrent output h {h.shape} '
-                       'must agree on every axis but the last')
+      raise ValueError(
+        f'the input e {e.shape} and recurrent output h {h.shape} '
+        'must agree on every axis but the last'
+      )
     x = jnp.concatenate([e, h], axis=-1)
-    x = nn.Dropout(self.dropout_input, broadcast_dims=self.broadcast_dims,
-                   deterministic=deterministic)(x)
+    x = nn.Dropout(
+      self.dropout_input, broadcast_dims=self.broadcast_dims, deterministic=deterministic
+    )(x)
     d = nn.relu(dense(self.features, self.dtype, name='dense')(x))
-    return nn.Dropout(self.dropout_output, broadcast_dims=self.broadcast_dims,
-                      deterministic=deterministic)(d)
+    return nn.Dropout(
+      self.dropout_output, broadcast_dims=self.broadcast_dims, deterministic=deterministic
+    )(d)

@@ -48,25 +48,36 @@ class LowRankDense(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     m = x.shape[-1]
     if self.rank > min(m, self.features):
-      raise ValueError(f'LowRankDense: rank {self.rank} is larger than the ({m}, '
-                       f'{self.features}) matrix it factorises: use a rank of at most '
-                       f'{min(m, self.features)}, or 0 for full rank')
+      raise ValueError(
+        f'LowRankDense: rank {self.rank} is larger than the ({m}, '
+        f'{self.features}) matrix it factorises: use a rank of at most '
+        f'{min(m, self.features)}, or 0 for full rank'
+      )
     if self.rank > 0:
-      params = {'kernel_in': self.param('kernel_in', factor_init(m, self.rank),
-                                        (m, self.rank), self.param_dtype),
-                'kernel_out': self.param('kernel_out', factor_init(m, self.rank),
-                                         (self.rank, self.features), self.param_dtype)}
+      params = {
+        'kernel_in': self.param(
+          'kernel_in', factor_init(m, self.rank), (m, self.rank), self.param_dtype
+        ),
+        'kernel_out': self.param(
+          'kernel_out', factor_init(m, self.rank), (self.rank, self.features), self.param_dtype
+        ),
+      }
     else:
-      params = {'kernel': self.param('kernel', nn.initializers.lecun_normal(),
-                                     (m, self.features), self.param_dtype)}
+      params = {
+        'kernel': self.param(
+          'kernel', nn.initializers.lecun_normal(), (m, self.features), self.param_dtype
+        )
+      }
     if self.use_bias:
-      params['bias'] = self.param('bias', nn.initializers.zeros_init(), (self.features,),
-                                  self.param_dtype)
+      params['bias'] = self.param(
+        'bias', nn.initializers.zeros_init(), (self.features,), self.param_dtype
+      )
     return low_rank_linear(params, x, self.dtype)[0]
 
 
-def low_rank_linear(params: dict, x: jax.Array, dtype: Any = None
-                    ) -> tuple[jax.Array, jax.Array | None]:
+def low_rank_linear(
+  params: dict, x: jax.Array, dtype: Any = None
+) -> tuple[jax.Array, jax.Array | None]:
   """`LowRankDense`'s map given its parameters: (x A B + b, x A), or
   (x W + b, None) at full rank; b only when `params` has a bias. Products
   are `matmul`s in `dtype` (float32 results for bfloat16)."""

@@ -49,20 +49,26 @@ class MixtureOfSoftmaxes(nn.Module):
   dtype: Any = None
 
   @nn.compact
-  def __call__(self, g: jax.Array, embedding: jax.Array | None = None, *,
-               deterministic: bool = True) -> jax.Array:
+  def __call__(
+    self, g: jax.Array, embedding: jax.Array | None = None, *, deterministic: bool = True
+  ) -> jax.Array:
     k, d, v = self.num_components, self.latent_size, self.vocab_size
     if k < 1:
       raise ValueError(f'num_components must be at least 1, got {k}')
     if embedding is not None and embedding.shape != (v, d):
-      raise ValueError(f'a tied embedding must be (vocab_size, latent_size) = '
-                       f'({v}, {d}), got {embedding.shape}')
+      raise ValueError(
+        f'a tied embedding must be (vocab_size, latent_size) = ({v}, {d}), got {embedding.shape}'
+      )
     log_prior = jax.nn.log_softmax(dense(k, self.dtype, use_bias=False, name='prior')(g))
     latents = jnp.tanh(dense(k * d, self.dtype, name='latent')(g))
     latents = latents.reshape(*g.shape[:-1], k, d)
     # The component axis is new, so the caller's broadcast dims stay valid.
-    latents = nn.Dropout(self.dropout_latent, broadcast_dims=self.broadcast_dims,
-                         deterministic=deterministic, name='latent_dropout')(latents)
+    latents = nn.Dropout(
+      self.dropout_latent,
+      broadcast_dims=self.broadcast_dims,
+      deterministic=deterministic,
+      name='latent_dropout',
+    )(latents)
     if embedding is None:
       logits = dense(v, self.dtype, use_bias=False, name='softmax')(latents)
     else:

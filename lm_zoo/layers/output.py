@@ -26,8 +26,9 @@ class OutputEmbedding(nn.Module):
 
   @nn.compact
   def __call__(self, h: jax.Array) -> jax.Array:
-    kernel = self.param('kernel', nn.initializers.lecun_normal(in_axis=1, out_axis=0),
-                        (self.vocab_size, h.shape[-1]))
+    kernel = self.param(
+      'kernel', nn.initializers.lecun_normal(in_axis=1, out_axis=0), (self.vocab_size, h.shape[-1])
+    )
     bias = self.param('bias', nn.initializers.zeros_init(), (self.vocab_size,))
     logits = attend(h, kernel, self.dtype)
     return logits + bias.astype(logits.dtype)

@@ -27,8 +27,7 @@ from jax.experimental.layout import Layout, with_layout_constraint
 
 def is_low_precision(dtype: Any) -> bool:
   """Whether `dtype` is a floating dtype narrower than float32 (bfloat16, float16)."""
-  return (dtype is not None and jnp.issubdtype(dtype, jnp.floating)
-          and jnp.dtype(dtype).itemsize < 4)
+  return dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
 
 
 def accumulation_dtype(dtype: Any) -> Any:
@@ -51,8 +50,11 @@ def _is_matrix_product(spec):
   """Whether `spec` is a product of two matrices summed over one shared index."""
   a_spec, b_spec, out_spec = _specs(spec)
   shared = set(a_spec) & set(b_spec)
-  return (len(a_spec) == len(b_spec) == len(out_spec) == 2 and len(shared) == 1
-          and not shared & set(out_spec))
+  return (
+    len(a_spec) == len(b_spec) == len(out_spec) == 2
+    and len(shared) == 1
+    and not shared & set(out_spec)
+  )
 
 
 def _cpu_contract(spec, a, b, accumulate):
@@ -80,8 +82,10 @@ def _specs(spec: str) -> tuple[str, str, str]:
   # The gradient's products are the contraction with an operand and the
   # output swapped, which holds when no index is summed within one operand.
   if '.' in spec or not set(a) <= set(b + output) or not set(b) <= set(a + output):
-    raise ValueError(f'einsum {spec!r}: only explicit two-operand contractions whose '
-                     'indices each appear in the other operand or the output')
+    raise ValueError(
+      f'einsum {spec!r}: only explicit two-operand contractions whose '
+      'indices each appear in the other operand or the output'
+    )
   return a, b, output
 
 
@@ -122,8 +126,7 @@ def einsum(spec: str, a: jax.Array, b: jax.Array, dtype: Any = None) -> jax.Arra
       a, b = a.astype(dtype), b.astype(dtype)
     return jnp.einsum(spec, a, b)
   _specs(spec)
-  return _low_precision_einsum(spec, a, b, jnp.dtype(dtype), np.dtype(a.dtype),
-                               np.dtype(b.dtype))
+  return _low_precision_einsum(spec, a, b, jnp.dtype(dtype), np.dtype(a.dtype), np.dtype(b.dtype))
 
 
 def matmul(a: jax.Array, b: jax.Array, dtype: Any = None) -> jax.Array:
@@ -212,11 +215,13 @@ def dense_dot_general(dtype: Any):
   """A `dot_general` for `flax.linen.Dense(dot_general=...)` whose products
   are `matmul`s in `dtype` (give the Dense the float32 dtype then, so that
   its bias is added in float32)."""
+
   def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
     del precision, preferred_element_type  # set by `dtype`
     if dimension_numbers != (((lhs.ndim - 1,), (0,)), ((), ())):
       raise ValueError(f'dense_dot_general: unsupported dimension numbers {dimension_numbers}')
     return matmul(lhs, rhs, dtype)
+
   return dot_general
 
 
@@ -233,5 +238,6 @@ def dense(features: int, dtype: Any = None, **kwargs) -> nn.Dense:
   """`nn.Dense(features, **kwargs)` whose product is a `matmul` in `dtype`
   and whose bias is added in `accumulation_dtype(dtype)` (float32 for
   bfloat16): every dense layer of a model with `dtype` set is built so."""
-  return nn.Dense(features, dtype=accumulation_dtype(dtype),
-                  dot_general=dense_dot_general(dtype), **kwargs)
+  return nn.Dense(
+    features, dtype=accumulation_dtype(dtype), dot_general=dense_dot_general(dtype), **kwargs
+  )

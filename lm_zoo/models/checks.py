@@ -16,22 +16,47 @@ from lm_zoo.models.sizes import embed_size
 
 # field -> the names it may take (the registries themselves, so that a name
 # registered later is known)
-CHOICES = {'cell': CELLS, 'alstm.latent': LATENTS, 'dtype': DTYPES, 'scan': SCANS,
-           'head': HEADS}
-SIZES = ('num_layers', 'hidden_size', 'embed_size', 'output_size', 'alstm.latent_size',
-         'dual.size', 'mos.components', 'mogrifier.rounds', 'mogrifier.rank')
+CHOICES = {'cell': CELLS, 'alstm.latent': LATENTS, 'dtype': DTYPES, 'scan': SCANS, 'head': HEADS}
+SIZES = (
+  'num_layers',
+  'hidden_size',
+  'embed_size',
+  'output_size',
+  'alstm.latent_size',
+  'dual.size',
+  'mos.components',
+  'mogrifier.rounds',
+  'mogrifier.rank',
+)
 RULES = (
-    (('num_layers', 'hidden_size', 'unroll', 'alstm.latent_size', 'mos.components'),
-     lambda x: x >= 1, 'at least 1'),
-    (('embed_size', 'param_budget', 'output_size', 'mogrifier.rounds', 'dual.size'),
-     lambda x: x >= 0, '>= 0'),
-    (('dropout_embedding', 'dropout_input', 'dropout_hidden', 'dropout_state',
-      'dropout_output', 'weight_drop', 'dual.dropout_input', 'dual.dropout_output',
-      'mos.dropout_latent', 'alstm.dropout_latent'),
-     lambda x: 0 <= x < 1, 'in [0, 1) (a rate of 1 would drop or keep everything)'),
-    (('init_scale',), lambda x: 0 <= x < math.inf,
-     "a number >= 0 (0: the cells' own initialisers)"),
-    (SIZES, lambda x: x < 2 ** 31, 'below 2**31'),
+  (
+    ('num_layers', 'hidden_size', 'unroll', 'alstm.latent_size', 'mos.components'),
+    lambda x: x >= 1,
+    'at least 1',
+  ),
+  (
+    ('embed_size', 'param_budget', 'output_size', 'mogrifier.rounds', 'dual.size'),
+    lambda x: x >= 0,
+    '>= 0',
+  ),
+  (
+    (
+      'dropout_embedding',
+      'dropout_input',
+      'dropout_hidden',
+      'dropout_state',
+      'dropout_output',
+      'weight_drop',
+      'dual.dropout_input',
+      'dual.dropout_output',
+      'mos.dropout_latent',
+      'alstm.dropout_latent',
+    ),
+    lambda x: 0 <= x < 1,
+    'in [0, 1) (a rate of 1 would drop or keep everything)',
+  ),
+  (('init_scale',), lambda x: 0 <= x < math.inf, "a number >= 0 (0: the cells' own initialisers)"),
+  (SIZES, lambda x: x < 2**31, 'below 2**31'),
 )
 
 
@@ -42,12 +67,18 @@ def check_model_config(cfg: ml_collections.ConfigDict) -> None:
   the matrices it factorises, an LSTM-RHN wiring that cannot be."""
   check_fields(cfg, CHOICES, RULES, section='model')
   if cfg.cap_input_gate and cfg.cell not in LSTM_FAMILY:
-    raise field_error('model.cap_input_gate', True,
-                      f'applies to the cells {", ".join(LSTM_FAMILY)}, not '
-                      f'model.cell={cfg.cell!r}: set it False or choose one of them')
+    raise field_error(
+      'model.cap_input_gate',
+      True,
+      f'applies to the cells {", ".join(LSTM_FAMILY)}, not '
+      f'model.cell={cfg.cell!r}: set it False or choose one of them',
+    )
   if cfg.recurrent_bias and cfg.cell != 'lstm':
-    raise field_error('model.recurrent_bias', True, "applies to model.cell='lstm', not "
-                      f'model.cell={cfg.cell!r}: set it False')
+    raise field_error(
+      'model.recurrent_bias',
+      True,
+      f"applies to model.cell='lstm', not model.cell={cfg.cell!r}: set it False",
+    )
   _check_head_sections(cfg)
   _check_sizes(cfg)
   if cfg.cell == 'alstm' and cfg.alstm.latent == 'lstm_rhn':
@@ -64,38 +95,57 @@ def _check_head_sections(cfg: ml_collections.ConfigDict) -> None:
     section, default = cfg[spec.section].to_dict(), defaults[spec.section].to_dict()
     for field in section:
       if section[field] != default.get(field):
-        raise field_error(f'model.{spec.section}.{field}', section[field],
-                          f"configures the {name!r} head, but model.head={cfg.head!r}: set "
-                          f'--config.model.head={name}, or leave model.{spec.section} alone')
+        raise field_error(
+          f'model.{spec.section}.{field}',
+          section[field],
+          f'configures the {name!r} head, but model.head={cfg.head!r}: set '
+          f'--config.model.head={name}, or leave model.{spec.section} alone',
+        )
 
 
 def _check_sizes(cfg: ml_collections.ConfigDict) -> None:
-  if (cfg.skip_connections and cfg.num_layers > 1 and cfg.output_size
-      and (cfg.param_budget or cfg.output_size != cfg.hidden_size)):
-    raise field_error('model.skip_connections', True, "sums the layers' outputs, which needs "
-                      f'layers of one size, but model.output_size={cfg.output_size} sets the '
-                      'last one apart: set model.output_size=0')
+  if (
+    cfg.skip_connections
+    and cfg.num_layers > 1
+    and cfg.output_size
+    and (cfg.param_budget or cfg.output_size != cfg.hidden_size)
+  ):
+    raise field_error(
+      'model.skip_connections',
+      True,
+      "sums the layers' outputs, which needs "
+      f'layers of one size, but model.output_size={cfg.output_size} sets the '
+      'last one apart: set model.output_size=0',
+    )
   mogrifier = cfg.mogrifier
   if mogrifier.rounds > 0 and mogrifier.rank > 0 and cfg.param_budget == 0:
     # Q^i, R^i map between each layer's input and hidden state (Melis et al. 2020).
-    sizes = {'model.embed_size': embed_size(cfg, cfg.hidden_size),
-             'model.hidden_size': cfg.hidden_size}
+    sizes = {
+      'model.embed_size': embed_size(cfg, cfg.hidden_size),
+      'model.hidden_size': cfg.hidden_size,
+    }
     if cfg.output_size:
       sizes['model.output_size'] = cfg.output_size
     field = min(sizes, key=sizes.get)
     if mogrifier.rank > sizes[field]:
-      raise field_error('model.mogrifier.rank', mogrifier.rank,
-                        f'is larger than the matrices it factorises ({field} is {sizes[field]}): '
-                        f'a rank of at most {sizes[field]}, or 0 for full rank, is meaningful')
+      raise field_error(
+        'model.mogrifier.rank',
+        mogrifier.rank,
+        f'is larger than the matrices it factorises ({field} is {sizes[field]}): '
+        f'a rank of at most {sizes[field]}, or 0 for full rank, is meaningful',
+      )
 
 
 def _check_lstm_rhn(cfg: ml_collections.ConfigDict) -> None:
   """The LSTM-RHN steps the aLSTM layers together (Flennerhag et al., eq. 9)."""
   for field, allowed, why in (
-      ('mogrifier.rounds', 0, 'takes no Mogrifier rounds (model.alstm.latent=lstm does)'),
-      ('variational_dropout', True, 'has variational dropout only'),
-      ('skip_connections', False, 'steps the layers together and has no skip connections')):
+    ('mogrifier.rounds', 0, 'takes no Mogrifier rounds (model.alstm.latent=lstm does)'),
+    ('variational_dropout', True, 'has variational dropout only'),
+    ('skip_connections', False, 'steps the layers together and has no skip connections'),
+  ):
     if field_value(cfg, field) != allowed:
-      raise field_error(f'model.{field}', field_value(cfg, field),
-                        f'does not go with model.alstm.latent=lstm_rhn, which {why}: '
-                        f'set it to {allowed}')
+      raise field_error(
+        f'model.{field}',
+        field_value(cfg, field),
+        f'does not go with model.alstm.latent=lstm_rhn, which {why}: set it to {allowed}',
+      )

@@ -53,13 +53,23 @@ def _cell_factory(cfg: ml_collections.ConfigDict):
 
 
 def _stack(cfg: ml_collections.ConfigDict, cells) -> Stack | LSTMRHN:
-  rates = dict(dropout_hidden=cfg.dropout_hidden, dropout_state=cfg.dropout_state,
-               dropout_output=cfg.dropout_output, weight_drop=cfg.weight_drop)
+  rates = dict(
+    dropout_hidden=cfg.dropout_hidden,
+    dropout_state=cfg.dropout_state,
+    dropout_output=cfg.dropout_output,
+    weight_drop=cfg.weight_drop,
+  )
   if _lstm_rhn(cfg):
     stack, layer = LSTMRHN(cells, **rates, unroll=cfg.unroll, scan=cfg.scan), LSTMRHNStack(cells)
   else:
-    stack = Stack(cells, **rates, variational=cfg.variational_dropout,
-                  skip_connections=cfg.skip_connections, unroll=cfg.unroll, scan=cfg.scan)
+    stack = Stack(
+      cells,
+      **rates,
+      variational=cfg.variational_dropout,
+      skip_connections=cfg.skip_connections,
+      unroll=cfg.unroll,
+      scan=cfg.scan,
+    )
     layer = cells[0]
   try:  # refused now, not when the model first runs
     resolve_scan(layer, cfg.scan, state_mask=cfg.dropout_state > 0)
@@ -75,12 +85,22 @@ def _model(cfg: ml_collections.ConfigDict, vocab_size: int, hidden_size: int) ->
   cells = tuple(make_cell(features=n, parent=None) for n in sizes)
   dual = cfg.dual
   return RecurrentLM(
-      embedding=Embedding(vocab_size, embed_size(cfg, hidden_size), cfg.dropout_embedding,
-                          cfg.dropout_input, cfg.variational_dropout, dtype=dtype),
-      stack=_stack(cfg, cells),
-      bridge=(Dual(dual.size, dual.dropout_input, dual.dropout_output,
-                   cfg.variational_dropout, dtype) if dual.size else None),
-      head=HEADS[cfg.head].make(cfg, vocab_size, dtype))
+    embedding=Embedding(
+      vocab_size,
+      embed_size(cfg, hidden_size),
+      cfg.dropout_embedding,
+      cfg.dropout_input,
+      cfg.variational_dropout,
+      dtype=dtype,
+    ),
+    stack=_stack(cfg, cells),
+    bridge=(
+      Dual(dual.size, dual.dropout_input, dual.dropout_output, cfg.variational_dropout, dtype)
+      if dual.size
+      else None
+    ),
+    head=HEADS[cfg.head].make(cfg, vocab_size, dtype),
+  )
 
 
 def layer_sizes(model: RecurrentLM) -> list[int]:
@@ -101,8 +121,7 @@ def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
     zigzag = '' if cfg.mogrifier.zigzag else ', no zigzag'
     cell = f'Mogrifier {cell} ({cfg.mogrifier.rounds} rounds{rank}{zigzag})'
   sizes = layer_sizes(model)
-  layers = (f'{len(sizes)} x {sizes[0]}' if len(set(sizes)) == 1
-            else ' + '.join(map(str, sizes)))
+  layers = f'{len(sizes)} x {sizes[0]}' if len(set(sizes)) == 1 else ' + '.join(map(str, sizes))
   parts = [f'{cell} {layers}', f'embedding {model.embedding.features}']
   if cfg.cap_input_gate:
     parts.append('capped input gate')
@@ -125,8 +144,7 @@ def count_params(model: nn.Module) -> int:
   return sum(x.size for x in jax.tree.leaves(shapes['params']))
 
 
-def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int,
-                      budget: int) -> int:
+def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int, budget: int) -> int:
   """The largest hidden size whose model has at most `budget` parameters.
 
   Models are compared at equal parameter counts in the Mogrifier paper (lamb
@@ -140,8 +158,7 @@ def solve_hidden_size(cfg: ml_collections.ConfigDict, vocab_size: int,
 
 
 @functools.lru_cache(maxsize=64)
-def _solve_hidden_size(cfg: ml_collections.FrozenConfigDict, vocab_size: int,
-                       budget: int) -> int:
+def _solve_hidden_size(cfg: ml_collections.FrozenConfigDict, vocab_size: int, budget: int) -> int:
   @functools.cache
   def count(n: int) -> int | None:
     try:
@@ -151,8 +168,9 @@ def _solve_hidden_size(cfg: ml_collections.FrozenConfigDict, vocab_size: int,
 
   low = _first_true(lambda n: count(n) is not None)
   if count(low) > budget:
-    raise ConfigError(f'model.param_budget {budget:,} is below the smallest model '
-                      f'({count(low):,} parameters)')
+    raise ConfigError(
+      f'model.param_budget {budget:,} is below the smallest model ({count(low):,} parameters)'
+    )
   near = _walk_to_budget(count, budget, _quadratic_guess(count, low, budget), low)
   if near is not None:
     return near
@@ -173,8 +191,9 @@ def _quadratic_guess(count: Callable[[int], int], low: int, budget: int) -> int:
   return max(low, int(low + t * step))
 
 
-def _walk_to_budget(count: Callable[[int], int], budget: int, guess: int, low: int,
-                    steps: int = 8) -> int | None:
+def _walk_to_budget(
+  count: Callable[[int], int], budget: int, guess: int, low: int, steps: int = 8
+) -> int | None:
   """The largest n with count(n) <= budget < count(n + 1), found by walking
   from `guess` one size at a time, or None where it lies over `steps` away."""
   n = guess
@@ -214,16 +233,19 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
   hidden_size = cfg.hidden_size
   if cfg.param_budget > 0:
     hidden_size = solve_hidden_size(cfg, vocab_size, cfg.param_budget)
-    log.info('hidden size %d fits the budget of %s parameters', hidden_size,
-             f'{cfg.param_budget:,}')
+    log.info(
+      'hidden size %d fits the budget of %s parameters', hidden_size, f'{cfg.param_budget:,}'
+    )
   return _model(cfg, vocab_size, hidden_size)
 
 
 def _abstract_inputs(model: RecurrentLM):
   """A window of one token and the carries of one row, by shape only."""
   tokens = jax.ShapeDtypeStruct((1, 1), jax.numpy.int32)
-  carries = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
-                         jax.eval_shape(lambda: model.initialize_carry(1)))
+  carries = jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+    jax.eval_shape(lambda: model.initialize_carry(1)),
+  )
   return tokens, carries
 
 
@@ -240,7 +262,8 @@ def init_params(model: RecurrentLM, rng: jax.Array, init_scale: float = 0.0):
   if init_scale > 0:
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(uniform_key, len(leaves))
-    leaves = [jax.random.uniform(k, x.shape, x.dtype, -init_scale, init_scale)
-              for k, x in zip(keys, leaves)]
+    leaves = [
+      jax.random.uniform(k, x.shape, x.dtype, -init_scale, init_scale) for k, x in zip(keys, leaves)
+    ]
     params = jax.tree.unflatten(treedef, leaves)
   return params

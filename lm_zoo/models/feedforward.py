@@ -36,15 +36,15 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     adaptive = tuple(self.adaptive) or (False,) * len(self.features)
     if len(adaptive) != len(self.features):
-      raise ValueError(f'adaptive has {len(adaptive)} flags for '
-                       f'{len(self.features)} layers')
+      raise ValueError(f'adaptive has {len(adaptive)} flags for {len(self.features)} layers')
     for i, (width, adapts) in enumerate(zip(self.features, adaptive)):
       if i > 0:
         x = self.activation(x)
       if adapts:
         inner = (self.inner_features or width,) if self.policy == 'sva' else ()
-        x = AdaptiveDense(width, self.policy, inner_features=inner,
-                          policy_net=self.policy_net, name=f'layer_{i}')(x)
+        x = AdaptiveDense(
+          width, self.policy, inner_features=inner, policy_net=self.policy_net, name=f'layer_{i}'
+        )(x)
       else:
         x = nn.Dense(width, name=f'layer_{i}')(x)
     return x

@@ -50,9 +50,13 @@ class Dual(nn.Module):
   @nn.compact
   def __call__(self, embedded: jax.Array, h: jax.Array, *, train: bool) -> jax.Array:
     """e (T, B, d) and h (T, B, n) -> (T, B, features)."""
-    connection = DualConnection(self.features, self.dropout_input, self.dropout_output,
-                                broadcast_dims=(0,) if self.variational else (),
-                                dtype=self.dtype)
+    connection = DualConnection(
+      self.features,
+      self.dropout_input,
+      self.dropout_output,
+      broadcast_dims=(0,) if self.variational else (),
+      dtype=self.dtype,
+    )
     nn.share_scope(self, connection)
     return connection(embedded, h, deterministic=not train)
 
@@ -151,9 +155,13 @@ class MixtureHead(nn.Module):
   @nn.compact
   def __call__(self, h: jax.Array, embedding: jax.Array, *, train: bool) -> jax.Array:
     """h (B, T, n) and E (V, d) -> log-probabilities (B, T, V)."""
-    mixture = MixtureOfSoftmaxes(self.vocab_size, self.components, embedding.shape[-1],
-                                 dropout_latent=self.dropout_latent,
-                                 broadcast_dims=(1,) if self.variational else (),
-                                 dtype=self.dtype)
+    mixture = MixtureOfSoftmaxes(
+      self.vocab_size,
+      self.components,
+      embedding.shape[-1],
+      dropout_latent=self.dropout_latent,
+      broadcast_dims=(1,) if self.variational else (),
+      dtype=self.dtype,
+    )
     nn.share_scope(self, mixture)
     return mixture(h, embedding if self.tied else None, deterministic=not train)

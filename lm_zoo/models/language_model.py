@@ -16,8 +16,10 @@ from lm_zoo.models.stacks import LSTMRHN, Stack
 
 def symmetric_uniform(scale: float) -> Callable[..., jax.Array]:
   """Initialiser drawing from U(-scale, scale)."""
+
   def init(key, shape, dtype=jnp.float32):
     return jax.random.uniform(key, shape, dtype, -scale, scale)
+
   return init
 
 
@@ -66,13 +68,18 @@ class Embedding(nn.Module):
     dtype = self.dtype or table.dtype
     if train and self.dropout_words > 0:
       # One mask entry per word type, shared by its every occurrence (V, 1).
-      rows = nn.Dropout(self.dropout_words, broadcast_dims=(1,), deterministic=False,
-                        name='word_dropout')(table)
+      rows = nn.Dropout(
+        self.dropout_words, broadcast_dims=(1,), deterministic=False, name='word_dropout'
+      )(table)
       e = jnp.take(rows, ids, axis=0).astype(dtype)
     else:
       e = jnp.take(table.astype(dtype), ids, axis=0)  # as nn.Embed looks up
-    x = nn.Dropout(self.dropout, broadcast_dims=(0,) if self.variational else (),
-                   deterministic=not train, name='embedded_dropout')(e)
+    x = nn.Dropout(
+      self.dropout,
+      broadcast_dims=(0,) if self.variational else (),
+      deterministic=not train,
+      name='embedded_dropout',
+    )(e)
     return e, x, table
 
 
@@ -153,8 +160,14 @@ class RecurrentLM(nn.Module):
     return dropout_scaled(self, factor)
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, carries: Sequence[Any], *, train: bool = False,
-               steps: jax.Array | None = None) -> tuple[jax.Array, list[Any]]:
+  def __call__(
+    self,
+    tokens: jax.Array,
+    carries: Sequence[Any],
+    *,
+    train: bool = False,
+    steps: jax.Array | None = None,
+  ) -> tuple[jax.Array, list[Any]]:
     """tokens (B, T) int; returns logits (B, T, V) and the new carries.
     `steps`, (T,) bool, marks the window's own steps, first: the carries are
     those after them, as if the window ended there (a window padded to a
@@ -162,8 +175,10 @@ class RecurrentLM(nn.Module):
     if tokens.ndim != 2:
       raise ValueError(f'tokens must be (batch, time), got shape {tokens.shape}')
     if self.embedding.vocab_size != self.head.vocab_size:
-      raise ValueError(f'the embedding has {self.embedding.vocab_size} token types and the '
-                       f'head {self.head.vocab_size}: give both one vocab_size')
+      raise ValueError(
+        f'the embedding has {self.embedding.vocab_size} token types and the '
+        f'head {self.head.vocab_size}: give both one vocab_size'
+      )
     # Time-major (T, B) for the scans.
     embedded, x, table = self.embedding(tokens.T, train=train)
     new_carries, h = self.stack(carries, x, train=train, steps=steps)

@@ -24,9 +24,16 @@ def token_nll(logits: jax.Array, targets: jax.Array, weights: jax.Array):
   return jnp.sum(nll * weights), jnp.sum(weights)
 
 
-def window_loss(model: nn.Module, params: Any, carries: Any, inputs: jax.Array,
-                targets: jax.Array, weights: jax.Array, temperature: float = 1.0,
-                **apply_kwargs):
+def window_loss(
+  model: nn.Module,
+  params: Any,
+  carries: Any,
+  inputs: jax.Array,
+  targets: jax.Array,
+  weights: jax.Array,
+  temperature: float = 1.0,
+  **apply_kwargs,
+):
   """The mean NLL per scored token of one window, from `carries`:
 
     mean = sum_t w_t (-log p(y_t | x_<=t)) / max(sum_t w_t, 1)
@@ -48,5 +55,7 @@ def check_token_ids(ids: Any, vocab_size: int, name: str = 'stream') -> None:
   embedding would read NaN for them, and every score would be NaN."""
   ids = np.asarray(ids)
   if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-    raise ValueError(f'{name}: token ids must be in [0, {vocab_size}), the model\'s '
-                     f'vocabulary; got ids from {ids.min()} to {ids.max()}')
+    raise ValueError(
+      f"{name}: token ids must be in [0, {vocab_size}), the model's "
+      f'vocabulary; got ids from {ids.min()} to {ids.max()}'
+    )

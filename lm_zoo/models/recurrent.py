@@ -48,8 +48,13 @@ class RecurrentLayer(nn.Module):
   scan: str = 'auto'
 
   @nn.compact
-  def __call__(self, carry, inputs: jax.Array, state_mask: jax.Array | None = None,
-               steps: jax.Array | None = None):
+  def __call__(
+    self,
+    carry,
+    inputs: jax.Array,
+    state_mask: jax.Array | None = None,
+    steps: jax.Array | None = None,
+  ):
     scan = resolve_scan(self.cell, self.scan, state_mask=state_mask is not None)
     steps = check_steps(steps, inputs.shape[0])
     if scan in WINDOW_KERNELS:
@@ -57,13 +62,19 @@ class RecurrentLayer(nn.Module):
         self.cell(carry, inputs[0])  # creates the cell's parameters
       # A cell whose parameters live in other modules (LSTMRHNStack's layers) has none here.
       params = self.cell.variables.get('params', {})
-      return window_kernel(self.cell, scan)(self.cell, params, carry, inputs, state_mask,
-                                            self.unroll, steps)
+      return window_kernel(self.cell, scan)(
+        self.cell, params, carry, inputs, state_mask, self.unroll, steps
+      )
     if scan == 'hoisted':
       step, xs = _step_projected, cell_scans(self.cell).project(self.cell, inputs)
     else:
       step, xs = (nn.remat(_step) if scan == 'remat' else _step), inputs
-    scanned = nn.scan(step, variable_broadcast='params',
-                      split_rngs={'params': False, 'dropout': False},
-                      in_axes=(0, nn.broadcast), out_axes=0, unroll=self.unroll)
+    scanned = nn.scan(
+      step,
+      variable_broadcast='params',
+      split_rngs={'params': False, 'dropout': False},
+      in_axes=(0, nn.broadcast),
+      out_axes=0,
+      unroll=self.unroll,
+    )
     return scanned(self.cell, carry, (xs, steps), state_mask)

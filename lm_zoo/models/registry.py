@@ -24,15 +24,20 @@ LATENTS = {'lstm': LSTMCell, 'static': StaticLatent, 'lstm_rhn': LSTMCell}
 
 
 def _alstm(cfg: ml_collections.ConfigDict):
-  return functools.partial(ALSTMCell, latent=LATENTS[cfg.alstm.latent],
-                           latent_size=cfg.alstm.latent_size, forget_bias=cfg.forget_bias,
-                           cap_input_gate=cfg.cap_input_gate,
-                           dropout_latent=cfg.alstm.dropout_latent)
+  return functools.partial(
+    ALSTMCell,
+    latent=LATENTS[cfg.alstm.latent],
+    latent_size=cfg.alstm.latent_size,
+    forget_bias=cfg.forget_bias,
+    cap_input_gate=cfg.cap_input_gate,
+    dropout_latent=cfg.alstm.dropout_latent,
+  )
 
 
 def _lstm_family(cell_class):
-  return lambda cfg: functools.partial(cell_class, forget_bias=cfg.forget_bias,
-                                       cap_input_gate=cfg.cap_input_gate)
+  return lambda cfg: functools.partial(
+    cell_class, forget_bias=cfg.forget_bias, cap_input_gate=cfg.cap_input_gate
+  )
 
 
 def _lstm(cfg):
@@ -42,19 +47,23 @@ def _lstm(cfg):
 # Cell name -> (model config -> constructor taking `features=` and `dtype=`);
 # `register_cell` adds one.
 CELLS = {
-    'lstm': _lstm,
-    'mlstm': _lstm_family(MLSTMCell),
-    'alstm': _alstm,
-    'flax_lstm': lambda cfg: nn.OptimizedLSTMCell,
-    'gru': lambda cfg: nn.GRUCell,
-    'simple': lambda cfg: nn.SimpleCell,
+  'lstm': _lstm,
+  'mlstm': _lstm_family(MLSTMCell),
+  'alstm': _alstm,
+  'flax_lstm': lambda cfg: nn.OptimizedLSTMCell,
+  'gru': lambda cfg: nn.GRUCell,
+  'simple': lambda cfg: nn.SimpleCell,
 }
 # The cells that take model.forget_bias and model.cap_input_gate.
 LSTM_FAMILY = ['lstm', 'mlstm', 'alstm']
 
 
-def register_cell(name: str, make: Callable[[ml_collections.ConfigDict], Callable[..., Any]],
-                  *, lstm_family: bool = False) -> None:
+def register_cell(
+  name: str,
+  make: Callable[[ml_collections.ConfigDict], Callable[..., Any]],
+  *,
+  lstm_family: bool = False,
+) -> None:
   """Makes `model.cell = name` build its layers with `make(model_config)`,
   a constructor taking `features=` and `dtype=` (an `nn.RNNCellBase`);
   `lstm_family`: it takes `forget_bias` and `cap_input_gate` too."""
@@ -91,16 +100,24 @@ def _softmax_words(cfg: ml_collections.ConfigDict) -> str:
 
 # Head name -> its `HeadSpec`; `register_head` adds one.
 HEADS = {
-    'softmax': HeadSpec(
-        make=lambda cfg, vocab_size, dtype: (TiedSoftmax if cfg.tie_embeddings else Softmax)(
-            vocab_size, dtype),
-        describe=_softmax_words),
-    'mos': HeadSpec(
-        make=lambda cfg, vocab_size, dtype: MixtureHead(
-            vocab_size, cfg.mos.components, cfg.mos.dropout_latent, cfg.variational_dropout,
-            cfg.tie_embeddings, dtype),
-        describe=lambda cfg: f'mixture of {cfg.mos.components} {_softmax_words(cfg)}es',
-        section='mos'),
+  'softmax': HeadSpec(
+    make=lambda cfg, vocab_size, dtype: (TiedSoftmax if cfg.tie_embeddings else Softmax)(
+      vocab_size, dtype
+    ),
+    describe=_softmax_words,
+  ),
+  'mos': HeadSpec(
+    make=lambda cfg, vocab_size, dtype: MixtureHead(
+      vocab_size,
+      cfg.mos.components,
+      cfg.mos.dropout_latent,
+      cfg.variational_dropout,
+      cfg.tie_embeddings,
+      dtype,
+    ),
+    describe=lambda cfg: f'mixture of {cfg.mos.components} {_softmax_words(cfg)}es',
+    section='mos',
+  ),
 }
 
 

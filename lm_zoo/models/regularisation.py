@@ -21,10 +21,10 @@ import jax.numpy as jnp
 # flax's cells keep each hidden-to-hidden matrix in a Dense of its own; ours
 # declare theirs (`hidden_to_hidden`, lm_zoo.cells.base).
 FLAX_HIDDEN_TO_HIDDEN = {
-    nn.OptimizedLSTMCell: ('hi/kernel', 'hf/kernel', 'hg/kernel', 'ho/kernel'),
-    nn.LSTMCell: ('hi/kernel', 'hf/kernel', 'hg/kernel', 'ho/kernel'),
-    nn.GRUCell: ('hr/kernel', 'hz/kernel', 'hn/kernel'),
-    nn.SimpleCell: ('h/kernel',),
+  nn.OptimizedLSTMCell: ('hi/kernel', 'hf/kernel', 'hg/kernel', 'ho/kernel'),
+  nn.LSTMCell: ('hi/kernel', 'hf/kernel', 'hg/kernel', 'ho/kernel'),
+  nn.GRUCell: ('hr/kernel', 'hz/kernel', 'hn/kernel'),
+  nn.SimpleCell: ('h/kernel',),
 }
 
 
@@ -40,9 +40,11 @@ def hidden_to_hidden(cell: nn.Module) -> tuple[str, ...]:
     return FLAX_HIDDEN_TO_HIDDEN[type(cell)]
   declare = getattr(cell, 'hidden_to_hidden', None)
   if declare is None:
-    raise ValueError(f'{type(cell).__name__} does not declare its hidden-to-hidden matrices '
-                     'for weight drop: give it an nn.nowrap method hidden_to_hidden(of) '
-                     'returning their paths (lm_zoo.cells.base)')
+    raise ValueError(
+      f'{type(cell).__name__} does not declare its hidden-to-hidden matrices '
+      'for weight drop: give it an nn.nowrap method hidden_to_hidden(of) '
+      'returning their paths (lm_zoo.cells.base)'
+    )
   return tuple(declare(hidden_to_hidden))
 
 
@@ -50,8 +52,7 @@ def _names(path) -> str:
   return '/'.join(str(getattr(k, 'key', k)) for k in path)
 
 
-def drop_recurrent_weights(params: Any, paths: Sequence[str], rate: float,
-                           rng: jax.Array) -> Any:
+def drop_recurrent_weights(params: Any, paths: Sequence[str], rate: float, rng: jax.Array) -> Any:
   """Weight drop: the matrices of `params` at `paths` ('/'-joined) with
   entries zeroed with probability `rate` and the rest scaled by
   1 / (1 - rate); other parameters unchanged. Gradients reach the kept
@@ -61,8 +62,10 @@ def drop_recurrent_weights(params: Any, paths: Sequence[str], rate: float,
   if rate == 0:
     return params
   if not paths:
-    raise ValueError('weight drop found no hidden-to-hidden matrix: the cells declare none '
-                     '(hidden_to_hidden, lm_zoo.cells.base); set the rate to 0')
+    raise ValueError(
+      'weight drop found no hidden-to-hidden matrix: the cells declare none '
+      '(hidden_to_hidden, lm_zoo.cells.base); set the rate to 0'
+    )
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   missing = set(paths) - {_names(path) for path, _ in flat}
   if missing:
@@ -78,21 +81,24 @@ def drop_recurrent_weights(params: Any, paths: Sequence[str], rate: float,
   return jax.tree.unflatten(treedef, leaves)
 
 
-def activation_penalty(outputs: jax.Array, alpha: float,
-                       steps: jax.Array | None = None) -> jax.Array:
+def activation_penalty(
+  outputs: jax.Array, alpha: float, steps: jax.Array | None = None
+) -> jax.Array:
   """AR: alpha * mean(h²) over the last layer's dropped outputs (T, B, n);
   with `steps` (T,) bool, over the steps it marks only (a padded window's
   own)."""
   return alpha * _mean_over_steps(jnp.square(outputs), steps)
 
 
-def temporal_activation_penalty(outputs: jax.Array, beta: float,
-                                steps: jax.Array | None = None) -> jax.Array:
+def temporal_activation_penalty(
+  outputs: jax.Array, beta: float, steps: jax.Array | None = None
+) -> jax.Array:
   """TAR: beta * mean((h_t - h_{t-1})²) over the last layer's undropped
   outputs (T, B, n), time first; with `steps` (T,) bool, a window's own
   steps first and the rest padding, over the pairs of its own steps."""
-  return beta * _mean_over_steps(jnp.square(outputs[1:] - outputs[:-1]),
-                                 None if steps is None else steps[1:])
+  return beta * _mean_over_steps(
+    jnp.square(outputs[1:] - outputs[:-1]), None if steps is None else steps[1:]
+  )
 
 
 def _mean_over_steps(x: jax.Array, steps: jax.Array | None) -> jax.Array:
@@ -113,5 +119,4 @@ def drop_carried_state(carries: Any, rate: float, rng: jax.Array) -> Any:
   if rate == 0 or not leaves:
     return carries
   keep = jax.random.bernoulli(rng, 1.0 - rate, (leaves[0].shape[0],))
-  return jax.tree.map(
-      lambda x: x * keep.reshape(-1, *(1,) * (x.ndim - 1)).astype(x.dtype), carries)
+  return jax.tree.map(lambda x: x * keep.reshape(-1, *(1,) * (x.ndim - 1)).astype(x.dtype), carries)

@@ -50,14 +50,16 @@ def _own_cells(cells) -> list[nn.RNNCellBase]:
   return [cell.copy(name=f'cell_{i}') for i, cell in enumerate(cells)]
 
 
-def _dropped_output(h: jax.Array, rate: float, variational: bool, train: bool,
-                    sow: Any) -> jax.Array:
+def _dropped_output(
+  h: jax.Array, rate: float, variational: bool, train: bool, sow: Any
+) -> jax.Array:
   """Dropout on the stack's output (T, B, n), one mask per window when
   `variational`; `sow` (the stack's) keeps the undropped and dropped output
   in 'intermediates' as `output` and `dropped_output`, for AR and TAR."""
   sow('intermediates', 'output', h)
-  h = nn.Dropout(rate, broadcast_dims=(0,) if variational else (), deterministic=not train,
-                 name='output_dropout')(h)
+  h = nn.Dropout(
+    rate, broadcast_dims=(0,) if variational else (), deterministic=not train, name='output_dropout'
+  )(h)
   sow('intermediates', 'dropped_output', h)
   return h
 
@@ -114,8 +116,9 @@ class Stack(nn.Module):
     super().__post_init__()
 
   @nn.nowrap
-  def initialize_carry(self, batch_size: int, input_size: int,
-                       rng: jax.Array | None = None) -> list[Any]:
+  def initialize_carry(
+    self, batch_size: int, input_size: int, rng: jax.Array | None = None
+  ) -> list[Any]:
     """The zero state of every layer for `batch_size` streams of `input_size`."""
     return _initialize_carry(self.cells, batch_size, input_size, rng)
 
@@ -125,35 +128,40 @@ class Stack(nn.Module):
     return _dropped_weights(self.cells, self.weight_drop, params, rng)
 
   @nn.compact
-  def __call__(self, carries: Sequence[Any], inputs: jax.Array, *, train: bool,
-               steps: jax.Array | None = None) -> tuple[list[Any], jax.Array]:
+  def __call__(
+    self, carries: Sequence[Any], inputs: jax.Array, *, train: bool, steps: jax.Array | None = None
+  ) -> tuple[list[Any], jax.Array]:
     """inputs (T, B, m) time-major -> (new carries, dropped output (T, B, n));
     `steps`: the window's own steps (`RecurrentLayer`)."""
     new_carries, x, total = [], inputs, None
     for layer, (cell, carry) in enumerate(zip(_own_cells(self.cells), carries)):
       if layer > 0:
-        x = nn.Dropout(self.dropout_hidden, broadcast_dims=(0,) if self.variational else (),
-                       deterministic=not train)(x)
+        x = nn.Dropout(
+          self.dropout_hidden,
+          broadcast_dims=(0,) if self.variational else (),
+          deterministic=not train,
+        )(x)
       state_mask = None
       if train and self.dropout_state > 0:
         h = carry_output(carry)
-        state_mask = nn.Dropout(self.dropout_state, deterministic=False)(
-            jnp.ones(h.shape, h.dtype))
-      carry, x = RecurrentLayer(cell, unroll=self.unroll, scan=self.scan,
-                                name=f'layer_{layer}')(carry, x, state_mask, steps)
+        state_mask = nn.Dropout(self.dropout_state, deterministic=False)(jnp.ones(h.shape, h.dtype))
+      carry, x = RecurrentLayer(cell, unroll=self.unroll, scan=self.scan, name=f'layer_{layer}')(
+        carry, x, state_mask, steps
+      )
       new_carries.append(carry)
       if self.skip_connections:
         total = x if total is None else _summed(total, x, layer)
     h = x if total is None else total
-    return new_carries, _dropped_output(h, self.dropout_output, self.variational, train,
-                                        self.sow)
+    return new_carries, _dropped_output(h, self.dropout_output, self.variational, train, self.sow)
 
 
 def _summed(total: jax.Array, x: jax.Array, layer: int) -> jax.Array:
   if x.shape != total.shape:
-    raise ConfigError(f'skip connections sum the layers\' outputs, but layer {layer} '
-                      f'has {x.shape[-1]} units and the layers below '
-                      f'{total.shape[-1]}: give every layer one size')
+    raise ConfigError(
+      f"skip connections sum the layers' outputs, but layer {layer} "
+      f'has {x.shape[-1]} units and the layers below '
+      f'{total.shape[-1]}: give every layer one size'
+    )
   return total + x
 
 
@@ -189,8 +197,9 @@ class LSTMRHN(nn.Module):
     super().__post_init__()
 
   @nn.nowrap
-  def initialize_carry(self, batch_size: int, input_size: int,
-                       rng: jax.Array | None = None) -> list[Any]:
+  def initialize_carry(
+    self, batch_size: int, input_size: int, rng: jax.Array | None = None
+  ) -> list[Any]:
     """The zero state of every layer for `batch_size` streams of `input_size`."""
     return _initialize_carry(self.cells, batch_size, input_size, rng)
 
@@ -200,12 +209,19 @@ class LSTMRHN(nn.Module):
     return _dropped_weights(self.cells, self.weight_drop, params, rng)
 
   @nn.compact
-  def __call__(self, carries: Sequence[Any], inputs: jax.Array, *, train: bool,
-               steps: jax.Array | None = None) -> tuple[list[Any], jax.Array]:
+  def __call__(
+    self, carries: Sequence[Any], inputs: jax.Array, *, train: bool, steps: jax.Array | None = None
+  ) -> tuple[list[Any], jax.Array]:
     """inputs (T, B, m) time-major -> (new carries, dropped output (T, B, n));
     `steps`: the window's own steps (`RecurrentLayer`)."""
-    rhn = LSTMRHNStack(_own_cells(self.cells), self.dropout_hidden, self.dropout_state,
-                       deterministic=not train, name='lstm_rhn')
-    carries, h = RecurrentLayer(rhn, unroll=self.unroll, scan=self.scan,
-                                name='layer')(tuple(carries), inputs, None, steps)
+    rhn = LSTMRHNStack(
+      _own_cells(self.cells),
+      self.dropout_hidden,
+      self.dropout_state,
+      deterministic=not train,
+      name='lstm_rhn',
+    )
+    carries, h = RecurrentLayer(rhn, unroll=self.unroll, scan=self.scan, name='layer')(
+      tuple(carries), inputs, None, steps
+    )
     return list(carries), _dropped_output(h, self.dropout_output, True, train, self.sow)

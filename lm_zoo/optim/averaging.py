@@ -17,7 +17,6 @@ import optax
 from optax import tree_utils
 
 
-
 class ParameterAveragingState(NamedTuple):
   """State of `parameter_averaging`.
 
@@ -48,10 +47,12 @@ def parameter_averaging(start: bool = False) -> optax.GradientTransformation:
   """
 
   def init_fn(params):
-    return ParameterAveragingState(averaging=jnp.asarray(start),
-                                   count=jnp.zeros([], jnp.int32),
-                                   # a copy: the train step donates both buffers
-                                   average=jax.tree.map(jnp.copy, params))
+    return ParameterAveragingState(
+      averaging=jnp.asarray(start),
+      count=jnp.zeros([], jnp.int32),
+      # a copy: the train step donates both buffers
+      average=jax.tree.map(jnp.copy, params),
+    )
 
   def update_fn(updates, state, params=None):
     if params is None:
@@ -60,17 +61,21 @@ def parameter_averaging(start: bool = False) -> optax.GradientTransformation:
     count = jnp.where(state.averaging, state.count + 1, 0)
     step = 1.0 / jnp.maximum(count, 1).astype(jnp.float32)
     average = jax.tree.map(
-        lambda a, p: jnp.where(state.averaging, a + (p - a) * step.astype(a.dtype), p),
-        state.average, new_params)
+      lambda a, p: jnp.where(state.averaging, a + (p - a) * step.astype(a.dtype), p),
+      state.average,
+      new_params,
+    )
     return updates, ParameterAveragingState(state.averaging, count, average)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
 def _averaging_states(opt_state) -> list[ParameterAveragingState]:
-  return [s for s in jax.tree.leaves(
-      opt_state, is_leaf=lambda s: isinstance(s, ParameterAveragingState))
-      if isinstance(s, ParameterAveragingState)]
+  return [
+    s
+    for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, ParameterAveragingState))
+    if isinstance(s, ParameterAveragingState)
+  ]
 
 
 def is_averaging(opt_state) -> bool:
@@ -84,11 +89,11 @@ def start_averaging(opt_state, index: int | None = None):
   with a leading axis of seeds, `index` switches on that seed's alone."""
   states = _averaging_states(opt_state)
   if not states:
-    raise ValueError('the optimizer keeps no parameter average: set '
-                      'averaging.trigger to something other than none')
+    raise ValueError(
+      'the optimizer keeps no parameter average: set averaging.trigger to something other than none'
+    )
   flag = states[0].averaging
-  started = (jnp.ones_like(flag) if index is None
-             else jnp.asarray(flag).at[index].set(True))
+  started = jnp.ones_like(flag) if index is None else jnp.asarray(flag).at[index].set(True)
   return tree_utils.tree_set(opt_state, averaging=started)
 
 

@@ -29,12 +29,14 @@ DECAY_MEANS = tuple(mean.value for mean in DecayMean)
 
 class ScaleByFixedRmsState(NamedTuple):
   """MS, the fixed root mean square of gradients the updates are divided by."""
+
   rms_gradients: optax.Updates
 
 
 class DecayTowardTrainedState(NamedTuple):
   """The trained weights theta_g the updates decay toward, and the decay's
   per-coordinate scale s (the rate is lambda * s, or min(1, lambda * s))."""
+
   trained: optax.Params
   decay_scale: optax.Updates
 
@@ -44,29 +46,30 @@ def _check(**values) -> None:
   inside `optax.inject_hyperparams`' state are arrays, checked where they
   were chosen; a schedule is checked by what it returns)."""
   for name, value in values.items():
-    if isinstance(value, (str, bytes, bool)) or (isinstance(value, (int, float))
-                                                  and not 0 <= value < float('inf')):
+    if isinstance(value, (str, bytes, bool)) or (
+      isinstance(value, (int, float)) and not 0 <= value < float('inf')
+    ):
       raise ValueError(f'{name} must be a number >= 0, got {value!r}')
 
 
-def scale_by_fixed_rms(rms_gradients: optax.Updates,
-                       eps: float) -> optax.GradientTransformation:
+def scale_by_fixed_rms(rms_gradients: optax.Updates, eps: float) -> optax.GradientTransformation:
   """g / (MS + eps) for a fixed MS (`rms_gradients`, a tree like the
   parameters): RMSProp's scaling with statistics estimated once, ahead.
   MS is kept in the state, so that a jitted `update` takes it as an
   argument rather than compiling it into its program as constants."""
+
   def update_fn(updates, state, params=None):
     del params
     return jax.tree.map(lambda g, ms: g / (ms + eps), updates, state.rms_gradients), state
 
-  return optax.GradientTransformation(lambda params: ScaleByFixedRmsState(rms_gradients),
-                                      update_fn)
+  return optax.GradientTransformation(lambda params: ScaleByFixedRmsState(rms_gradients), update_fn)
 
 
-def decay_toward_trained(decay: float,
-                         decay_scale: optax.Updates | Callable[[optax.Params], optax.Updates]
-                         | None = None,
-                         clip: bool = False) -> optax.GradientTransformation:
+def decay_toward_trained(
+  decay: float,
+  decay_scale: optax.Updates | Callable[[optax.Params], optax.Updates] | None = None,
+  clip: bool = False,
+) -> optax.GradientTransformation:
   """Adds rate * (theta_g - theta) to the updates, theta_g the parameters
   `init` is called with (the trained weights) and rate = decay * s, or
   min(1, decay * s) with `clip`, s the per-coordinate `decay_scale` (ones
@@ -76,6 +79,7 @@ def decay_toward_trained(decay: float,
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
   """
+
   def init_fn(params):
     if decay_scale is None:
       scale = jax.tree.map(jnp.ones_like, params)
@@ -85,18 +89,23 @@ def decay_toward_trained(decay: float,
 
   def update_fn(updates, state, params=None):
     if params is None:
-      raise ValueError('dynamic evaluation decays toward the trained weights: pass '
-                       'params to update (update(grads, state, params))')
+      raise ValueError(
+        'dynamic evaluation decays toward the trained weights: pass '
+        'params to update (update(grads, state, params))'
+      )
+
     def decayed(u, p, p0, s):
       rate = jnp.minimum(1.0, decay * s) if clip else decay * s
       return u + rate * (p0 - p)
+
     return jax.tree.map(decayed, updates, params, state.trained, state.decay_scale), state
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def dynamic_sgd(learning_rate: optax.ScalarOrSchedule,
-                decay: float = 0.0) -> optax.GradientTransformation:
+def dynamic_sgd(
+  learning_rate: optax.ScalarOrSchedule, decay: float = 0.0
+) -> optax.GradientTransformation:
   """Dynamic evaluation by SGD, optionally decaying toward the trained weights:
 
     theta <- theta - eta * g + lambda * (theta_g - theta)
@@ -117,8 +126,7 @@ def dynamic_sgd(learning_rate: optax.ScalarOrSchedule,
 
 def _check_decay_mean(over: str) -> None:
   if over not in DECAY_MEANS:
-    raise ValueError(f'the mean of the decay rate must be over one of {DECAY_MEANS}, '
-                     f'got {over!r}')
+    raise ValueError(f'the mean of the decay rate must be over one of {DECAY_MEANS}, got {over!r}')
 
 
 def mean_ms(rms_gradients: optax.Updates, over: str = 'coordinates') -> jax.Array:
@@ -133,9 +141,13 @@ def mean_ms(rms_gradients: optax.Updates, over: str = 'coordinates') -> jax.Arra
   return sum(jnp.sum(x) for x in leaves) / sum(x.size for x in leaves)
 
 
-def dynamic_rms(learning_rate: optax.ScalarOrSchedule, decay: float, eps: float,
-                rms_gradients: optax.Updates,
-                decay_mean: str = 'coordinates') -> optax.GradientTransformation:
+def dynamic_rms(
+  learning_rate: optax.ScalarOrSchedule,
+  decay: float,
+  eps: float,
+  rms_gradients: optax.Updates,
+  decay_mean: str = 'coordinates',
+) -> optax.GradientTransformation:
   """Dynamic evaluation with RMS-normalised steps and decay toward the
   trained weights (Krause et al. 2018; docs/models.md §7):
 
@@ -173,5 +185,7 @@ def dynamic_rms(learning_rate: optax.ScalarOrSchedule, decay: float, eps: float,
   # MS enters only `init`'s state: inside `optax.inject_hyperparams`, whose
   # `update` builds the chain again, no array of it is computed at update.
   return optax.chain(
-      scale_by_fixed_rms(rms_gradients, eps), optax.scale_by_learning_rate(learning_rate),
-      decay_toward_trained(decay, relative_ms, clip=True))
+    scale_by_fixed_rms(rms_gradients, eps),
+    optax.scale_by_learning_rate(learning_rate),
+    decay_toward_trained(decay, relative_ms, clip=True),
+  )

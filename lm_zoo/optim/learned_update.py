@@ -34,6 +34,7 @@ PRECISION_FLOOR = 1e-12
 class LearnedUpdateState(NamedTuple):
   """The static long-term memory: its mean theta_0 (the trained weights) and
   diagonal precision (the diagonal Fisher information)."""
+
   theta0: optax.Params
   precision: optax.Params
 
@@ -63,8 +64,11 @@ class GateNetwork(nn.Module):
   @nn.compact
   def __call__(self, features: jax.Array):
     out = _coordinatewise_mlp(
-        self, [features[..., k] for k in range(features.shape[-1])], self.hidden,
-        jnp.array([self.copy_logit, -self.learning_rate, self.flush_logit]))
+      self,
+      [features[..., k] for k in range(features.shape[-1])],
+      self.hidden,
+      jnp.array([self.copy_logit, -self.learning_rate, self.flush_logit]),
+    )
     return jax.nn.sigmoid(out[0]), out[1], jax.nn.sigmoid(out[2])
 
 
@@ -109,8 +113,13 @@ class RMSGateNetwork(nn.Module):
     step = self.learning_rate / (ms + self.eps)
     relative = ms / self.mean_ms
     rate = jnp.minimum(1.0, self.decay * relative)
-    inputs = [_signed_log(grad / (ms + self.eps)), _signed_log(moved / step),
-              _signed_log(theta0 / step), jnp.log(relative), _signed_log(loss)]
+    inputs = [
+      _signed_log(grad / (ms + self.eps)),
+      _signed_log(moved / step),
+      _signed_log(theta0 / step),
+      jnp.log(relative),
+      _signed_log(loss),
+    ]
     out = _coordinatewise_mlp(self, inputs, self.hidden, jnp.zeros(3))
     copy_decay = jnp.minimum(1.0, rate * jnp.exp(out[0]))
     flush = jnp.minimum(1.0, rate * jnp.exp(out[2]))
@@ -122,8 +131,9 @@ def _signed_log(x):
   return jnp.sign(x) * jnp.log1p(jnp.abs(x))
 
 
-def _coordinatewise_mlp(module: nn.Module, inputs: list[jax.Array], hidden: int,
-                        output_bias: jax.Array) -> list[jax.Array]:
+def _coordinatewise_mlp(
+  module: nn.Module, inputs: list[jax.Array], hidden: int, output_bias: jax.Array
+) -> list[jax.Array]:
   """A one-hidden-layer tanh net over per-coordinate `inputs` whose output
   layer starts at zero (the output is `output_bias`), declared in `module`.
   Written as sums of per-coordinate products rather than matrix products
@@ -133,10 +143,11 @@ def _coordinatewise_mlp(module: nn.Module, inputs: list[jax.Array], hidden: int,
   hidden_bias = module.param('hidden_bias', nn.initializers.zeros_init(), (hidden,))
   gates_kernel = module.param('gates', nn.initializers.zeros_init(), (hidden, 3))
   gates_bias = module.param('gates_bias', lambda *_: output_bias)
-  h = [jnp.tanh(sum(x * hidden_kernel[k, j] for k, x in enumerate(inputs)) + hidden_bias[j])
-       for j in range(hidden)]
-  return [sum(h[j] * gates_kernel[j, m] for j in range(hidden)) + gates_bias[m]
-          for m in range(3)]
+  h = [
+    jnp.tanh(sum(x * hidden_kernel[k, j] for k, x in enumerate(inputs)) + hidden_bias[j])
+    for j in range(hidden)
+  ]
+  return [sum(h[j] * gates_kernel[j, m] for j in range(hidden)) + gates_bias[m] for m in range(3)]
 
 
 def mean_rms(precision: optax.Params, over: str = 'coordinates') -> float:
@@ -158,12 +169,21 @@ def decay_logits(decay: float) -> dict[str, float]:
 def coordinate_features(param, grad, theta0, precision, loss) -> jax.Array:
   """Per coordinate: (theta - theta_0, grad, theta_0, log precision, L_t),
   shape (..., NUM_FEATURES). The loss is broadcast to every coordinate."""
-  return jnp.stack([param - theta0, grad, theta0, jnp.log(precision + PRECISION_FLOOR),
-                    jnp.broadcast_to(loss, param.shape)], axis=-1)
+  return jnp.stack(
+    [
+      param - theta0,
+      grad,
+      theta0,
+      jnp.log(precision + PRECISION_FLOOR),
+      jnp.broadcast_to(loss, param.shape),
+    ],
+    axis=-1,
+  )
 
 
-def learned_update_rule(gate_fn: GateFn, precision: optax.Params | None = None
-                        ) -> optax.GradientTransformationExtraArgs:
+def learned_update_rule(
+  gate_fn: GateFn, precision: optax.Params | None = None
+) -> optax.GradientTransformationExtraArgs:
   """The learned rule of eq. (3) as an optax transformation.
 
   `init(params)` stores theta_0 = params (the trained weights) with
@@ -181,8 +201,9 @@ def learned_update_rule(gate_fn: GateFn, precision: optax.Params | None = None
 
   def init_fn(params):
     return LearnedUpdateState(
-        theta0=params,
-        precision=jax.tree.map(jnp.ones_like, params) if precision is None else precision)
+      theta0=params,
+      precision=jax.tree.map(jnp.ones_like, params) if precision is None else precision,
+    )
 
   def update_fn(grads, state, params=None, *, meta_params=None, loss=0.0, **extra):
     del extra

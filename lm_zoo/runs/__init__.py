@@ -10,5 +10,12 @@ from lm_zoo.runs.export import export
 from lm_zoo.runs.finished import load_config, load_model, load_trained
 from lm_zoo.runs.metrics import MetricsWriter, read_metrics
 
-__all__ = ['Checkpoints', 'MetricsWriter', 'export', 'load_config', 'load_model',
-           'load_trained', 'read_metrics']
+__all__ = [
+  'Checkpoints',
+  'MetricsWriter',
+  'export',
+  'load_config',
+  'load_model',
+  'load_trained',
+  'read_metrics',
+]

@@ -63,7 +63,7 @@ def _recover(directory: pathlib.Path) -> None:
 
 def _recover_folders(directory: pathlib.Path) -> None:
   for previous in directory.glob(f'*{_PREVIOUS}'):
-    step = previous.with_name(previous.name[:-len(_PREVIOUS)])
+    step = previous.with_name(previous.name[: -len(_PREVIOUS)])
     if step.exists():
       shutil.rmtree(previous)
     else:
@@ -75,11 +75,12 @@ def _recover_folders(directory: pathlib.Path) -> None:
 def _manager(directory: pathlib.Path, max_to_keep: int) -> ocp.CheckpointManager:
   _recover(directory)
   return ocp.CheckpointManager(
-      directory.absolute(),
-      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=False),
-      item_handlers={'state': ocp.StandardCheckpointHandler(),
-                     'meta': ocp.JsonCheckpointHandler()})
+    directory.absolute(),
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
+    ),
+    item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()},
+  )
 
 
 class Checkpoints:
@@ -109,8 +110,11 @@ class Checkpoints:
       sync_processes('lm_zoo checkpoint set aside')
       manager.reload()
     meta = {**meta, _DIGESTS: _digests(tree), _FORMAT: FORMAT_VERSION, _WRITER: __version__}
-    manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)), force=True)
+    manager.save(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),
+      force=True,
+    )
     manager.wait_until_finished()
     if previous is not None and is_main_process():
       shutil.rmtree(previous)
@@ -124,24 +128,38 @@ class Checkpoints:
     _check_whole(folder, keeps_older=manager is self._latest)
     with _readable(folder):
       metadata = manager.item_metadata(step)['state']
-    saved = {_keys(path): tuple(leaf.shape) for path, leaf in
-             jax.tree_util.tree_flatten_with_path(metadata)[0]}
-    wanted = {_keys(path): tuple(leaf.shape) for path, leaf in
-              jax.tree_util.tree_flatten_with_path(abstract)[0]}
-    differ = {keys: (saved.get(keys), shape) for keys, shape in wanted.items()
-              if saved.get(keys) != shape}
+    saved = {
+      _keys(path): tuple(leaf.shape)
+      for path, leaf in jax.tree_util.tree_flatten_with_path(metadata)[0]
+    }
+    wanted = {
+      _keys(path): tuple(leaf.shape)
+      for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]
+    }
+    differ = {
+      keys: (saved.get(keys), shape) for keys, shape in wanted.items() if saved.get(keys) != shape
+    }
     if differ or set(saved) != set(wanted):
-      lines = [f'  {"/".join(keys)}: {"not saved" if old is None else f"saved {old}"}, '
-               f'this model {new}' for keys, (old, new) in sorted(differ.items())]
-      lines += [f'  {"/".join(keys)}: saved, not in this model'
-                for keys in sorted(set(saved) - set(wanted))]
+      lines = [
+        f'  {"/".join(keys)}: {"not saved" if old is None else f"saved {old}"}, this model {new}'
+        for keys, (old, new) in sorted(differ.items())
+      ]
+      lines += [
+        f'  {"/".join(keys)}: saved, not in this model' for keys in sorted(set(saved) - set(wanted))
+      ]
       raise ConfigError(
-          f'the checkpoint {manager.directory}/{step} does not fit this model:\n'
-          + '\n'.join(lines[:20]) + '\nWas it written with another config? Resume or '
-          'evaluate it with its own config, or use a new --workdir.')
+        f'the checkpoint {manager.directory}/{step} does not fit this model:\n'
+        + '\n'.join(lines[:20])
+        + '\nWas it written with another config? Resume or '
+        'evaluate it with its own config, or use a new --workdir.'
+      )
     with _readable(folder):
-      restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+        ),
+      )
     meta = _verified(folder, restored.state, restored.meta, keeps_older=manager is self._latest)
     return restored.state, meta
 
@@ -170,12 +188,14 @@ class Checkpoints:
         first_damage = first_damage or err
         continue
       if first_damage is not None:
-        log.warning('Resuming from %s/%d, the newest intact checkpoint',
-                    self._latest.directory, step)
+        log.warning(
+          'Resuming from %s/%d, the newest intact checkpoint', self._latest.directory, step
+        )
       return restored
     if first_damage is not None:
-      raise CheckpointError(f'no intact checkpoint to resume from in {self._latest.directory}: '
-                            f'{first_damage}')
+      raise CheckpointError(
+        f'no intact checkpoint to resume from in {self._latest.directory}: {first_damage}'
+      )
     return None
 
   def restore_best(self, like: Any):
@@ -211,16 +231,23 @@ class _readable:
     while cause.__cause__ is not None:
       cause = cause.__cause__
     cause = str(cause).strip().splitlines()[0].split(' [tensorstore_spec=')[0][:400]
-    broken = [str(path) for path in sorted(self.folder.rglob('*'))
-              if path.is_file() and _is_broken_json(path)]
+    broken = [
+      str(path)
+      for path in sorted(self.folder.rglob('*'))
+      if path.is_file() and _is_broken_json(path)
+    ]
     in_latest = self.folder.parent.name == 'checkpoints'
-    advice = (f'Delete {self.folder}, or use a new --workdir' if in_latest else
-              f'{self.folder.parent.name}/ keeps no other copy: train again in a new '
-              '--workdir, or put a backup of the folder back')
+    advice = (
+      f'Delete {self.folder}, or use a new --workdir'
+      if in_latest
+      else f'{self.folder.parent.name}/ keeps no other copy: train again in a new '
+      '--workdir, or put a backup of the folder back'
+    )
     raise CheckpointError(
-        f'the checkpoint {self.folder} is corrupt or truncated: '
-        + (f'unreadable JSON in {", ".join(broken)}' if broken else cause)
-        + f'. {advice}.') from err
+      f'the checkpoint {self.folder} is corrupt or truncated: '
+      + (f'unreadable JSON in {", ".join(broken)}' if broken else cause)
+      + f'. {advice}.'
+    ) from err
 
 
 def _digests(tree: Any) -> dict[str, str]:
@@ -232,8 +259,11 @@ def _digests(tree: Any) -> dict[str, str]:
   digests = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-      leaf = (leaf.addressable_data(0) if leaf.is_fully_replicated
-              else multihost_utils.process_allgather(leaf, tiled=True))
+      leaf = (
+        leaf.addressable_data(0)
+        if leaf.is_fully_replicated
+        else multihost_utils.process_allgather(leaf, tiled=True)
+      )
     array = np.ascontiguousarray(jax.device_get(leaf))
     digest = hashlib.sha256(f'{array.dtype.str}{array.shape}'.encode())
     digest.update(array.tobytes())
@@ -242,9 +272,12 @@ def _digests(tree: Any) -> dict[str, str]:
 
 
 def _advice(folder: pathlib.Path, keeps_older: bool) -> str:
-  return (f'delete {folder}, or train again in a new --workdir' if keeps_older else
-          f'{folder.parent.name}/ keeps no other copy: train again in a new --workdir, or '
-          'put a backup of the folder back')
+  return (
+    f'delete {folder}, or train again in a new --workdir'
+    if keeps_older
+    else f'{folder.parent.name}/ keeps no other copy: train again in a new --workdir, or '
+    'put a backup of the folder back'
+  )
 
 
 def _check_whole(folder: pathlib.Path, keeps_older: bool) -> None:
@@ -253,8 +286,10 @@ def _check_whole(folder: pathlib.Path, keeps_older: bool) -> None:
   tree that does not fit)."""
   for part in ('state/_METADATA', 'meta/metadata'):
     if not (folder / part).is_file():
-      raise CheckpointError(f'the checkpoint {folder} is damaged: {folder / part} is missing; '
-                            f'{_advice(folder, keeps_older)}.')
+      raise CheckpointError(
+        f'the checkpoint {folder} is damaged: {folder / part} is missing; '
+        f'{_advice(folder, keeps_older)}.'
+      )
 
 
 def _verified(folder: pathlib.Path, tree: Any, meta: dict, keeps_older: bool) -> dict:
@@ -265,21 +300,25 @@ def _verified(folder: pathlib.Path, tree: Any, meta: dict, keeps_older: bool) ->
   written, writer = meta.pop(_FORMAT, None), meta.pop(_WRITER, 'an earlier version')
   if written != FORMAT_VERSION:
     raise CheckpointError(
-        f'the checkpoint {folder} was written by lm_zoo {writer} (format {written}); this is '
-        f'lm_zoo {__version__} (format {FORMAT_VERSION}), which reads only its own: use that '
-        'lm_zoo to read it, or train again in a new --workdir.')
+      f'the checkpoint {folder} was written by lm_zoo {writer} (format {written}); this is '
+      f'lm_zoo {__version__} (format {FORMAT_VERSION}), which reads only its own: use that '
+      'lm_zoo to read it, or train again in a new --workdir.'
+    )
   expected = meta.pop(_DIGESTS, None)
   if not isinstance(expected, dict):
-    raise CheckpointError(f'the checkpoint {folder} is damaged: its meta has no array digests '
-                          f'to check the arrays against; {_advice(folder, keeps_older)}.')
+    raise CheckpointError(
+      f'the checkpoint {folder} is damaged: its meta has no array digests '
+      f'to check the arrays against; {_advice(folder, keeps_older)}.'
+    )
   got = _digests(tree)
-  damaged = sorted(name for name in set(expected) | set(got)
-                   if got.get(name) != expected.get(name))
+  damaged = sorted(name for name in set(expected) | set(got) if got.get(name) != expected.get(name))
   if damaged:
-    raise CheckpointError(f'the checkpoint {folder} is damaged: {damaged[0]}'
-                          + (f' and {len(damaged) - 1} more arrays' if len(damaged) > 1 else '')
-                          + f' differ from the digests saved with them; '
-                          f'{_advice(folder, keeps_older)}.')
+    raise CheckpointError(
+      f'the checkpoint {folder} is damaged: {damaged[0]}'
+      + (f' and {len(damaged) - 1} more arrays' if len(damaged) > 1 else '')
+      + f' differ from the digests saved with them; '
+      f'{_advice(folder, keeps_older)}.'
+    )
   return meta
 
 
@@ -293,8 +332,6 @@ def _is_broken_json(path: pathlib.Path) -> bool:
     return False
   except (ValueError, OSError):
     return True
-
-
 
 
 def _keys(path) -> tuple[str, ...]:
@@ -322,8 +359,13 @@ def restore_tree(directory: str | pathlib.Path) -> tuple[Any, dict] | None:
   if step is not None:
     _check_whole(folder, keeps_older=False)
   with _readable(folder):
-    restored = None if step is None else manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    restored = (
+      None
+      if step is None
+      else manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+      )
+    )
   manager.close()
   if restored is None:
     return None

@@ -43,12 +43,14 @@ def sync_processes(name: str) -> None:
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
 
+
 def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
   """Replaces `path` by `text` in one rename: a kill at any moment leaves the
   old file or the new one, never a part."""
   path = pathlib.Path(path)
-  with tempfile.NamedTemporaryFile('w', dir=path.parent, prefix=f'.{path.name}.',
-                                   suffix='.tmp', delete=False) as out:
+  with tempfile.NamedTemporaryFile(
+    'w', dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp', delete=False
+  ) as out:
     try:
       out.write(text)
       out.flush()
@@ -59,14 +61,16 @@ def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
       os.unlink(out.name)
       raise
 
+
 def read_json(path: pathlib.Path, what: str) -> Any:
   """A work directory's JSON file; a one-line ConfigError when it is missing
   or does not parse."""
   if not path.is_file():
-    raise ConfigError(f'{path} is missing: {what}. Restore it, or train again in a new '
-                      '--workdir')
+    raise ConfigError(f'{path} is missing: {what}. Restore it, or train again in a new --workdir')
   try:
     return json.loads(path.read_text())
   except (ValueError, UnicodeDecodeError) as err:
-    raise ConfigError(f'{path} is damaged ({type(err).__name__}: {err}): restore it, or '
-                      'train again in a new --workdir') from None
+    raise ConfigError(
+      f'{path} is damaged ({type(err).__name__}: {err}): restore it, or '
+      'train again in a new --workdir'
+    ) from None

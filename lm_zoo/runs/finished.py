@@ -29,8 +29,15 @@ from lm_zoo.models import RecurrentLM, build_model, init_params
 from lm_zoo.presets import is_preset, load_params
 from lm_zoo.remote import resolve
 from lm_zoo.runs.checkpoints import FORMAT_VERSION, Checkpoints
-from lm_zoo.runs.files import (CONFIG_FILE, DATA_FILE, FORMAT_KEY, SEEDS_FILE, VOCAB_FILE,
-                               WRITER_KEY, read_json)
+from lm_zoo.runs.files import (
+  CONFIG_FILE,
+  DATA_FILE,
+  FORMAT_KEY,
+  SEEDS_FILE,
+  VOCAB_FILE,
+  WRITER_KEY,
+  read_json,
+)
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
@@ -42,28 +49,34 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
   """
   path = pathlib.Path(workdir) / CONFIG_FILE
   if not path.is_file():
-    raise ConfigError(f'{path} not found: is {workdir} a work directory written '
-                      'by lm-zoo-train?')
+    raise ConfigError(f'{path} not found: is {workdir} a work directory written by lm-zoo-train?')
   try:
     saved = json.loads(path.read_text())
   except ValueError as err:
-    raise ConfigError(f'{path} is corrupt or truncated ({err}): restore it, or train '
-                      'again in a new --workdir') from None
+    raise ConfigError(
+      f'{path} is corrupt or truncated ({err}): restore it, or train again in a new --workdir'
+    ) from None
   if not isinstance(saved, dict):
-    raise ConfigError(f'{path} holds no config (a JSON {type(saved).__name__}): restore it, '
-                      'or train again in a new --workdir')
+    raise ConfigError(
+      f'{path} holds no config (a JSON {type(saved).__name__}): restore it, '
+      'or train again in a new --workdir'
+    )
   written, writer = saved.pop(FORMAT_KEY, None), saved.pop(WRITER_KEY, 'an earlier version')
   if written != FORMAT_VERSION:
-    raise ConfigError(f'{workdir} was written by lm_zoo {writer} (format {written}); this is '
-                      f'lm_zoo {__version__} (format {FORMAT_VERSION}), which reads only its '
-                      'own: use that lm_zoo for it, or train again in a new --workdir')
+    raise ConfigError(
+      f'{workdir} was written by lm_zoo {writer} (format {written}); this is '
+      f'lm_zoo {__version__} (format {FORMAT_VERSION}), which reads only its '
+      'own: use that lm_zoo for it, or train again in a new --workdir'
+    )
   config = base_config()
   unknown = _unknown_fields(saved, json.loads(config.to_json_best_effort()))
   if unknown:
-    raise ConfigError(f'{path} has fields this lm_zoo does not know: {", ".join(unknown[:5])}'
-                      + (f' and {len(unknown) - 5} more' if len(unknown) > 5 else '')
-                      + ': it was edited or written by another version; restore it, or train '
-                      'again in a new --workdir')
+    raise ConfigError(
+      f'{path} has fields this lm_zoo does not know: {", ".join(unknown[:5])}'
+      + (f' and {len(unknown) - 5} more' if len(unknown) > 5 else '')
+      + ': it was edited or written by another version; restore it, or train '
+      'again in a new --workdir'
+    )
   config.update(saved)
   return config
 
@@ -87,17 +100,22 @@ def load_vocab(workdir: str | pathlib.Path) -> Vocab:
   reordered token would map ids to other words."""
   workdir = pathlib.Path(workdir)
   saved = read_json(workdir / VOCAB_FILE, 'every work directory keeps its vocabulary')
-  fingerprint = read_json(workdir / DATA_FILE, 'every work directory keeps the fingerprint '
-                          'of its data')
+  fingerprint = read_json(
+    workdir / DATA_FILE, 'every work directory keeps the fingerprint of its data'
+  )
   try:
     vocab = Vocab(tuple(saved['tokens']), kind=saved['kind'])
   except (KeyError, TypeError, ValueError) as err:
-    raise ConfigError(f'{workdir / VOCAB_FILE} is damaged (no valid {err}): restore it, or '
-                      'train again in a new --workdir') from None
+    raise ConfigError(
+      f'{workdir / VOCAB_FILE} is damaged (no valid {err}): restore it, or '
+      'train again in a new --workdir'
+    ) from None
   if vocab_sha256(vocab) != fingerprint.get('vocab_sha256'):
-    raise ConfigError(f'{workdir / VOCAB_FILE} is not the vocabulary the run trained with '
-                      f'(its sha256 differs from {workdir / DATA_FILE}\'s): restore it, or '
-                      'train again in a new --workdir')
+    raise ConfigError(
+      f'{workdir / VOCAB_FILE} is not the vocabulary the run trained with '
+      f"(its sha256 differs from {workdir / DATA_FILE}'s): restore it, or "
+      'train again in a new --workdir'
+    )
   return vocab
 
 
@@ -110,12 +128,17 @@ def check_data(corpus: Corpus, workdir: str | pathlib.Path) -> None:
   now = corpus.fingerprint()
   differ = [key for key in ('vocab_sha256', *SPLITS) if saved.get(key) != now[key]]
   if differ:
-    what = ('the vocabulary' if differ[0] == 'vocab_sha256' else
-            f'the {differ[0]} split ({now[differ[0]]["tokens"]:,} tokens, the run\'s had '
-            f'{saved[differ[0]]["tokens"]:,})')
-    raise ConfigError(f'the {corpus.name} data differs from what {workdir} was trained on: '
-                      f'{what} is another ({path} has the fingerprint of the run\'s '
-                      'data). Point the program\'s --data_dir at the files the run used.')
+    what = (
+      'the vocabulary'
+      if differ[0] == 'vocab_sha256'
+      else f"the {differ[0]} split ({now[differ[0]]['tokens']:,} tokens, the run's had "
+      f'{saved[differ[0]]["tokens"]:,})'
+    )
+    raise ConfigError(
+      f'the {corpus.name} data differs from what {workdir} was trained on: '
+      f"{what} is another ({path} has the fingerprint of the run's "
+      "data). Point the program's --data_dir at the files the run used."
+    )
 
 
 def load_seeds(workdir: str | pathlib.Path) -> list[int] | None:
@@ -125,8 +148,9 @@ def load_seeds(workdir: str | pathlib.Path) -> list[int] | None:
     return None
   seeds = read_json(path, 'a stack keeps its seeds')
   if not (isinstance(seeds, dict) and isinstance(seeds.get('seeds'), list)):
-    raise ConfigError(f'{path} holds no list of seeds: restore it, or train again in a new '
-                      '--workdir')
+    raise ConfigError(
+      f'{path} holds no list of seeds: restore it, or train again in a new --workdir'
+    )
   return seeds['seeds']
 
 
@@ -144,8 +168,9 @@ def initial_params(workdir: str | pathlib.Path, like: Any) -> Any:
   return best_params(workdir, like, f'train.init_from={workdir}')[0]
 
 
-def load_model(workdir: str | pathlib.Path
-               ) -> tuple[ml_collections.ConfigDict, Vocab, RecurrentLM, Any]:
+def load_model(
+  workdir: str | pathlib.Path,
+) -> tuple[ml_collections.ConfigDict, Vocab, RecurrentLM, Any]:
   """(config, vocabulary, model, best parameters) of a work directory,
   without its training data: the vocabulary is the one the run saved.
   `workdir` may be a preset too (`lm_zoo.presets`), or its URL
@@ -157,8 +182,9 @@ def load_model(workdir: str | pathlib.Path
   return config, vocab, model, _model_params(workdir, model)
 
 
-def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
-                 ) -> tuple[ml_collections.ConfigDict, Corpus, RecurrentLM, Any]:
+def load_trained(
+  workdir: str | pathlib.Path, data_dir: str | None = None
+) -> tuple[ml_collections.ConfigDict, Corpus, RecurrentLM, Any]:
   """(config, corpus, model, best parameters) of a work directory, its data
   read from `data_dir` when given, else from where the run recorded.
   `workdir` may be a preset too (`lm_zoo.presets`), or its URL
@@ -173,8 +199,7 @@ def load_trained(workdir: str | pathlib.Path, data_dir: str | None = None
   return config, corpus, model, _model_params(workdir, model)
 
 
-def best_params(workdir: str | pathlib.Path, like: Any, name: str = ''
-                ) -> tuple[Any, dict]:
+def best_params(workdir: str | pathlib.Path, like: Any, name: str = '') -> tuple[Any, dict]:
   """(the best weights, shaped as `like`, and their checkpoint's meta) of a
   work directory or a preset (whose meta is empty); `name` is how an error
   names `workdir`.
@@ -187,8 +212,10 @@ def best_params(workdir: str | pathlib.Path, like: Any, name: str = ''
   with Checkpoints(workdir) as checkpoints:  # closed
     best = checkpoints.restore_best(like)
   if best is None:
-    raise ConfigError(f'{name + ": " if name else ""}no best checkpoint in {workdir}/best: '
-                      'training has not finished an epoch yet')
+    raise ConfigError(
+      f'{name + ": " if name else ""}no best checkpoint in {workdir}/best: '
+      'training has not finished an epoch yet'
+    )
   return best
 
 

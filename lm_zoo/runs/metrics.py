@@ -44,9 +44,14 @@ class MetricsWriter:
   would have written, so that every process's `count` agrees.
   """
 
-  def __init__(self, workdir: str | pathlib.Path, keep: int = 0,
-               resume_step: int | None = None, filename: str = METRICS_FILE,
-               writes: bool | None = None):
+  def __init__(
+    self,
+    workdir: str | pathlib.Path,
+    keep: int = 0,
+    resume_step: int | None = None,
+    filename: str = METRICS_FILE,
+    writes: bool | None = None,
+  ):
     """Keeps the first `keep` records of the file (0: a new run, an empty
     file). `resume_step`: the step a resumed run continues from; TensorBoard
     hides the events past it (a new run: every earlier event). `writes`:
@@ -61,15 +66,19 @@ class MetricsWriter:
     try:
       from tensorboardX import SummaryWriter  # imported here: a slow import
     except ImportError:
-      log.info("TensorBoard files are not written (tensorboardX is not installed: "
-               "pip install 'lm_zoo[tensorboard]'); metrics.jsonl has every record")
+      log.info(
+        'TensorBoard files are not written (tensorboardX is not installed: '
+        "pip install 'lm_zoo[tensorboard]'); metrics.jsonl has every record"
+      )
       return
     # A START event at resume_step + 1 (0 for a new run) makes TensorBoard
     # hide what was logged there before. The suffix keeps two writers
     # started within the same second from sharing a file name.
-    self.events = SummaryWriter(str(pathlib.Path(workdir) / TENSORBOARD_DIR),
-                                purge_step=0 if resume_step is None else resume_step + 1,
-                                filename_suffix=f'.{time.time_ns()}')
+    self.events = SummaryWriter(
+      str(pathlib.Path(workdir) / TENSORBOARD_DIR),
+      purge_step=0 if resume_step is None else resume_step + 1,
+      filename_suffix=f'.{time.time_ns()}',
+    )
 
   @property
   def count(self) -> int:
@@ -90,8 +99,12 @@ class MetricsWriter:
       tag = f'seed_{values["seed"]}/{tag}'
     for name, value in values.items():
       # A diverged run's infinite perplexity stays in the JSON record only.
-      if (name not in _INDEX_FIELDS and isinstance(value, Real)
-          and not isinstance(value, bool) and math.isfinite(value)):
+      if (
+        name not in _INDEX_FIELDS
+        and isinstance(value, Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+      ):
         self.events.add_scalar(f'{tag}/{name}', value, values.get('step', 0))
     self.events.flush()  # records are rare; a killed run keeps every one
 
@@ -101,17 +114,22 @@ class MetricsWriter:
       self.events.add_text(tag, text, step)
       self.events.flush()
 
-  def hyperparameters(self, config: ml_collections.ConfigDict,
-                      metrics: Sequence[str] = ('valid/perplexity',
-                                                'test_final/perplexity')) -> None:
+  def hyperparameters(
+    self,
+    config: ml_collections.ConfigDict,
+    metrics: Sequence[str] = ('valid/perplexity', 'test_final/perplexity'),
+  ) -> None:
     """The config's fields (dotted names) as the run's hyper-parameters in
     TensorBoard's HParams tab, beside `metrics` (scalar tags), and the whole
     config as text."""
     if self.events is None:
       return
     from tensorboardX.summary import hparams  # with tensorboardX, as SummaryWriter
-    fields = {name: value if isinstance(value, (bool, int, float, str)) else str(value)
-              for name, value in flat_fields(config).items()}
+
+    fields = {
+      name: value if isinstance(value, (bool, int, float, str)) else str(value)
+      for name, value in flat_fields(config).items()
+    }
     experiment, session_start, _ = hparams(fields, {tag: 0.0 for tag in metrics})
     self.events.file_writer.add_summary(experiment)
     self.events.file_writer.add_summary(session_start)
@@ -125,8 +143,13 @@ class MetricsWriter:
       return
     records = read_metrics(self.path) if self.path.exists() else []
     if len(records) < count:
-      log.warning('%s holds %d records where the checkpoint counted %d (deleted or cut '
-                  'short): the log goes on from what is left', self.path, len(records), count)
+      log.warning(
+        '%s holds %d records where the checkpoint counted %d (deleted or cut '
+        'short): the log goes on from what is left',
+        self.path,
+        len(records),
+        count,
+      )
     self._rewrite(records[:count])
 
   def close(self) -> None:
@@ -168,7 +191,9 @@ def read_metrics(path: str | pathlib.Path) -> list[dict]:
     except ValueError:
       record = None
     if not isinstance(record, dict):
-      raise ConfigError(f'{path} is damaged at line {number}: {line[:60]!r} is not a record; '
-                        'restore the file, or delete that line to keep the rest')
+      raise ConfigError(
+        f'{path} is damaged at line {number}: {line[:60]!r} is not a record; '
+        'restore the file, or delete that line to keep the rest'
+      )
     records.append(record)
   return records

@@ -52,9 +52,14 @@ class PendingUpdates:
   recorded as a 'nonfinite' metrics record (with the seed's `seed_fields`).
   """
 
-  def __init__(self, train_cfg: ml_collections.ConfigDict, metrics: MetricsWriter,
-               workdir: pathlib.Path, has_checkpoint: Callable[[], bool] = lambda: True,
-               seeds: Sequence[int] | None = None):
+  def __init__(
+    self,
+    train_cfg: ml_collections.ConfigDict,
+    metrics: MetricsWriter,
+    workdir: pathlib.Path,
+    has_checkpoint: Callable[[], bool] = lambda: True,
+    seeds: Sequence[int] | None = None,
+  ):
     """`has_checkpoint()`: whether the run has a checkpoint to resume from
     (what the 'stop' policy's message advises); `seeds`: the seeds on the
     seed axis, named in messages and records (None: one seed, unnamed)."""
@@ -66,8 +71,9 @@ class PendingUpdates:
     self._skips_in_a_row = np.zeros(1 if seeds is None else len(seeds), np.int64)
 
   def add(self, step: int, step_metrics: dict[str, Any]) -> None:
-    self._pending.append((step, step_metrics['loss'], step_metrics['grad_norm'],
-                          step_metrics['finite']))
+    self._pending.append(
+      (step, step_metrics['loss'], step_metrics['grad_norm'], step_metrics['finite'])
+    )
 
   def _named(self, k: int) -> tuple[str, dict[str, int]]:
     """Seed `k`'s prefix in messages and its fields in records."""
@@ -103,46 +109,65 @@ class PendingUpdates:
   @staticmethod
   def _fetched(losses, norms, width: int, rollback: RollBack | None) -> Fetched:
     shape = (len(losses), width)
-    return Fetched(np.array(losses, np.float64).reshape(shape),
-                   np.array(norms, np.float64).reshape(shape), rollback)
+    return Fetched(
+      np.array(losses, np.float64).reshape(shape),
+      np.array(norms, np.float64).reshape(shape),
+      rollback,
+    )
 
   def _stop(self, at: int, k: int, progress) -> None:
     named, fields = self._named(k)
     self._metrics.write('nonfinite', step=at, epoch=progress.epoch, **fields, action='stop')
-    resume = (f'The latest checkpoint in {self._workdir}/checkpoints holds finite '
-              'weights: lower the learning rate or clip gradients harder, then run '
-              'the same command again to resume from it'
-              if self._has_checkpoint() else
-              'No checkpoint was written before it: lower the learning rate or clip '
-              'gradients harder, then run the same command again to start afresh')
+    resume = (
+      f'The latest checkpoint in {self._workdir}/checkpoints holds finite '
+      'weights: lower the learning rate or clip gradients harder, then run '
+      'the same command again to resume from it'
+      if self._has_checkpoint()
+      else 'No checkpoint was written before it: lower the learning rate or clip '
+      'gradients harder, then run the same command again to start afresh'
+    )
     raise TrainingError(
-        f'{named}the training loss or gradient is not finite at or before step {at} '
-        f'(epoch {progress.epoch}). {resume} (or set '
-        '--config.train.nonfinite=skip or rollback).')
+      f'{named}the training loss or gradient is not finite at or before step {at} '
+      f'(epoch {progress.epoch}). {resume} (or set '
+      '--config.train.nonfinite=skip or rollback).'
+    )
 
   def _skip(self, at: int, k: int, progress) -> None:
     named, fields = self._named(k)
     progress.skipped_updates[k] += 1
     self._skips_in_a_row[k] += 1
-    log.warning('%sstep %d: non-finite loss or gradient, update skipped (%d skipped so far)',
-                named, at, progress.skipped_updates[k])
-    self._metrics.write('nonfinite', step=at, epoch=progress.epoch, **fields, action='skip',
-                        skipped_updates=progress.skipped_updates[k])
+    log.warning(
+      '%sstep %d: non-finite loss or gradient, update skipped (%d skipped so far)',
+      named,
+      at,
+      progress.skipped_updates[k],
+    )
+    self._metrics.write(
+      'nonfinite',
+      step=at,
+      epoch=progress.epoch,
+      **fields,
+      action='skip',
+      skipped_updates=progress.skipped_updates[k],
+    )
     if self._skips_in_a_row[k] > self._cfg.max_consecutive_skips:
       raise TrainingError(
-          f'{named}{self._skips_in_a_row[k]} updates in a row up to step {at} had a '
-          f'non-finite loss or gradient (more than train.max_consecutive_skips='
-          f'{self._cfg.max_consecutive_skips}): the weights have diverged. Lower the '
-          'learning rate or clip gradients harder, and train again in a new --workdir.')
+        f'{named}{self._skips_in_a_row[k]} updates in a row up to step {at} had a '
+        f'non-finite loss or gradient (more than train.max_consecutive_skips='
+        f'{self._cfg.max_consecutive_skips}): the weights have diverged. Lower the '
+        'learning rate or clip gradients harder, and train again in a new --workdir.'
+      )
 
   def _check_rollbacks_left(self, at: int, k: int, progress) -> None:
     named, fields = self._named(k)
     rollbacks = progress.rollbacks[k]
     if rollbacks >= self._cfg.max_rollbacks:
-      self._metrics.write('nonfinite', step=at, epoch=progress.epoch, **fields, action='stop',
-                          rollbacks=rollbacks)
+      self._metrics.write(
+        'nonfinite', step=at, epoch=progress.epoch, **fields, action='stop', rollbacks=rollbacks
+      )
       raise TrainingError(
-          f'{named}the training loss or gradient is not finite at step {at} after '
-          f'{rollbacks} rollbacks (train.max_rollbacks={self._cfg.max_rollbacks}): lower '
-          'optimizer.learning_rate or clip gradients harder (optimizer.clip_norm), then '
-          'train again.')
+        f'{named}the training loss or gradient is not finite at step {at} after '
+        f'{rollbacks} rollbacks (train.max_rollbacks={self._cfg.max_rollbacks}): lower '
+        'optimizer.learning_rate or clip gradients harder (optimizer.clip_norm), then '
+        'train again.'
+      )

@@ -62,14 +62,19 @@ class StopRequest:
   def _handle(self, signum: int, frame) -> None:
     self.signum = signum
     self._restore()
-    log.warning('%s received: saving a checkpoint after this update, then stopping '
-                '(send it again to stop at once)', signal.Signals(signum).name)
+    log.warning(
+      '%s received: saving a checkpoint after this update, then stopping '
+      '(send it again to stop at once)',
+      signal.Signals(signum).name,
+    )
 
   def _pass_on(self, signum: int, frame) -> None:
     self._restore()
-    log.warning('SIGINT received: passed on as SIGTERM, so that every process saves a '
-                'checkpoint after the same update and stops (send SIGINT again to stop '
-                'this process at once)')
+    log.warning(
+      'SIGINT received: passed on as SIGTERM, so that every process saves a '
+      'checkpoint after the same update and stops (send SIGINT again to stop '
+      'this process at once)'
+    )
     os.kill(os.getpid(), signal.SIGTERM)
 
   def _restore(self) -> None:

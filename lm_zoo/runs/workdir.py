@@ -24,23 +24,45 @@ from lm_zoo.version import __version__
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError, WorkdirInUse
 from lm_zoo.runs.checkpoints import FORMAT_VERSION
-from lm_zoo.runs.files import (COMMANDS_FILE, CONFIG_FILE, DATA_FILE, FORMAT_KEY, LOCK_FILE,
-                               SEEDS_FILE, VOCAB_FILE, WRITER_KEY, is_main_process,
-                               sync_processes, write_text_atomically)
+from lm_zoo.runs.files import (
+  COMMANDS_FILE,
+  CONFIG_FILE,
+  DATA_FILE,
+  FORMAT_KEY,
+  LOCK_FILE,
+  SEEDS_FILE,
+  VOCAB_FILE,
+  WRITER_KEY,
+  is_main_process,
+  sync_processes,
+  write_text_atomically,
+)
 from lm_zoo.runs.finished import check_data, load_config, load_seeds
 from lm_zoo.runs.metrics import flat_fields
 
 log = logging.getLogger(__name__)
 
 # Fields that fix the shapes of a checkpoint: a run cannot resume across them.
-SHAPE_FIELDS = ('model.cell', 'model.num_layers', 'model.embed_size', 'model.embed_ratio',
-                'model.hidden_size', 'model.output_size', 'model.param_budget',
-                'model.tie_embeddings',
-                'model.recurrent_bias',
-                'model.mogrifier', 'model.alstm', 'model.dual.size', 'model.head',
-                'model.mos.components',
-                'data.name', 'data.batch_size', 'optimizer.name',
-                'averaging.trigger')
+SHAPE_FIELDS = (
+  'model.cell',
+  'model.num_layers',
+  'model.embed_size',
+  'model.embed_ratio',
+  'model.hidden_size',
+  'model.output_size',
+  'model.param_budget',
+  'model.tie_embeddings',
+  'model.recurrent_bias',
+  'model.mogrifier',
+  'model.alstm',
+  'model.dual.size',
+  'model.head',
+  'model.mos.components',
+  'data.name',
+  'data.batch_size',
+  'optimizer.name',
+  'averaging.trigger',
+)
 # Sections whose other fields change how the rest of a resumed run trains:
 # allowed, and logged as a warning.
 DYNAMICS_SECTIONS = ('model', 'optimizer', 'schedule', 'data')
@@ -56,25 +78,28 @@ def check_workdir(workdir: str | pathlib.Path) -> pathlib.Path:
     ConfigError: one line naming the folder and what to do.
   """
   if not str(workdir).strip():
-    raise ConfigError('the work directory is empty: name a folder for the run '
-                      '(--workdir=runs/NAME)')
+    raise ConfigError(
+      'the work directory is empty: name a folder for the run (--workdir=runs/NAME)'
+    )
   workdir = pathlib.Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise ConfigError(f'--workdir={workdir} is a file, not a folder: name a folder for the run')
   if workdir.is_dir():
     entries = sorted(p.name for p in workdir.iterdir())
     if entries and not {CONFIG_FILE, LOCK_FILE, 'checkpoints'} & set(entries):
-      shown = ', '.join(entries[:3]) + (f' and {len(entries) - 3} more' if len(entries) > 3
-                                        else '')
-      raise ConfigError(f'{workdir} holds files lm_zoo did not write ({shown}): train in a new '
-                        'or empty folder')
+      shown = ', '.join(entries[:3]) + (f' and {len(entries) - 3} more' if len(entries) > 3 else '')
+      raise ConfigError(
+        f'{workdir} holds files lm_zoo did not write ({shown}): train in a new or empty folder'
+      )
     refuse_links(workdir)
   return workdir
 
 
 def _link_error(path: pathlib.Path) -> ConfigError:
-  return ConfigError(f'{path} is a symbolic link: lm_zoo writes nothing through links '
-                     'inside a work directory; remove it, or use a new --workdir')
+  return ConfigError(
+    f'{path} is a symbolic link: lm_zoo writes nothing through links '
+    'inside a work directory; remove it, or use a new --workdir'
+  )
 
 
 def refuse_links(workdir: pathlib.Path) -> None:
@@ -141,8 +166,9 @@ def _flock(descriptor: int, wait: bool, workdir: pathlib.Path, path: pathlib.Pat
     except OSError:
       holder = ''
     holder = holder or 'another process (its lock file was removed)'
-    raise WorkdirInUse(f'{workdir} is in use by {holder}: wait for that run to end, or train '
-                       'in another --workdir') from None
+    raise WorkdirInUse(
+      f'{workdir} is in use by {holder}: wait for that run to end, or train in another --workdir'
+    ) from None
 
 
 def record_command(workdir: pathlib.Path, command: str) -> None:
@@ -169,8 +195,11 @@ def save_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Non
   """Writes WORKDIR/config.json with the format it is written in (process
   0 of many)."""
   if is_main_process():
-    saved = {FORMAT_KEY: FORMAT_VERSION, WRITER_KEY: __version__,
-             **json.loads(config.to_json_best_effort())}
+    saved = {
+      FORMAT_KEY: FORMAT_VERSION,
+      WRITER_KEY: __version__,
+      **json.loads(config.to_json_best_effort()),
+    }
     write_text_atomically(workdir / CONFIG_FILE, json.dumps(saved, indent=2))
   sync_processes('lm_zoo config saved')
 
@@ -184,14 +213,17 @@ def record_data(corpus: Corpus, workdir: pathlib.Path) -> None:
   if path.is_file():
     check_data(corpus, workdir)
   elif is_main_process():
-    write_text_atomically(workdir / VOCAB_FILE, json.dumps(
-        {'kind': corpus.vocab.kind, 'tokens': list(corpus.vocab.tokens)}))
+    write_text_atomically(
+      workdir / VOCAB_FILE,
+      json.dumps({'kind': corpus.vocab.kind, 'tokens': list(corpus.vocab.tokens)}),
+    )
     write_text_atomically(path, json.dumps(corpus.fingerprint(), indent=2))
   sync_processes('lm_zoo data recorded')
 
 
-def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path,
-                    seeds: list[int] | None = None) -> None:
+def check_resumable(
+  config: ml_collections.ConfigDict, workdir: pathlib.Path, seeds: list[int] | None = None
+) -> None:
   """Raises ConfigError when `workdir` holds a run whose shapes `config`
   changes, or a stack of other seeds than `seeds` (None: a run alone; a stack
   of seeds saved its `seeds.json`). Logs a warning naming the fields of
@@ -201,10 +233,14 @@ def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   if saved_seeds != seeds:
     there = 'a run alone' if saved_seeds is None else f'a stack of seeds {saved_seeds}'
     here = 'a run alone' if seeds is None else f'a stack of seeds {seeds}'
-    resume = ('without --seeds' if saved_seeds is None else
-              f'with --seeds={len(saved_seeds)} and config.seed={saved_seeds[0]}')
-    raise ConfigError(f'{workdir} holds {there}, not {here}: resume it {resume}, or use a '
-                      'new --workdir')
+    resume = (
+      'without --seeds'
+      if saved_seeds is None
+      else f'with --seeds={len(saved_seeds)} and config.seed={saved_seeds[0]}'
+    )
+    raise ConfigError(
+      f'{workdir} holds {there}, not {here}: resume it {resume}, or use a new --workdir'
+    )
   saved_config = load_config(workdir)
   saved = json.loads(saved_config.to_json_best_effort())
   now = json.loads(config.to_json_best_effort())
@@ -214,17 +250,23 @@ def check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path,
       old, new = old[part], new[part]
     if old != new:
       raise ConfigError(
-          f'{workdir} holds a run with a different {field} ({old} there, {new} '
-          'now): its checkpoints cannot be resumed with this config. Use a new '
-          '--workdir, or the same config to resume.')
+        f'{workdir} holds a run with a different {field} ({old} there, {new} '
+        'now): its checkpoints cannot be resumed with this config. Use a new '
+        '--workdir, or the same config to resume.'
+      )
   old_fields, new_fields = flat_fields(saved_config), flat_fields(config)
-  changed = [f'{name} {old_fields.get(name)!r} -> {value!r}'
-             for name, value in new_fields.items()
-             if name.split('.')[0] in DYNAMICS_SECTIONS and old_fields.get(name) != value]
+  changed = [
+    f'{name} {old_fields.get(name)!r} -> {value!r}'
+    for name, value in new_fields.items()
+    if name.split('.')[0] in DYNAMICS_SECTIONS and old_fields.get(name) != value
+  ]
   if changed:
-    log.warning('Resuming %s with changed training fields: %s. The rest of the run trains '
-                'with the new values; to keep the old, set them on the command line',
-                workdir, '; '.join(changed))
+    log.warning(
+      'Resuming %s with changed training fields: %s. The rest of the run trains '
+      'with the new values; to keep the old, set them on the command line',
+      workdir,
+      '; '.join(changed),
+    )
 
 
 def save_seeds(workdir: pathlib.Path, seeds: list[int]) -> None:

@@ -38,9 +38,16 @@ def feedforward_spec(features, adaptive=(), **overrides) -> dict:
   """A model spec for `build_feedforward`, for configs: an MLP of widths
   `features` (ReLU between layers), layer i adaptive when `adaptive[i]`, with
   SVA adaptation and a GLU policy unless `overrides` say otherwise."""
-  return {'features': tuple(features), 'adaptive': tuple(adaptive), 'policy': 'sva',
-          'inner_features': 0, 'policy_net': 'glu', 'policy_hidden': 0,
-          'activation': 'relu', **overrides}
+  return {
+    'features': tuple(features),
+    'adaptive': tuple(adaptive),
+    'policy': 'sva',
+    'inner_features': 0,
+    'policy_net': 'glu',
+    'policy_hidden': 0,
+    'activation': 'relu',
+    **overrides,
+  }
 
 
 def build_feedforward(spec: ml_collections.ConfigDict) -> FeedForward:
@@ -53,35 +60,51 @@ def build_feedforward(spec: ml_collections.ConfigDict) -> FeedForward:
   policy_net = POLICY_NETS[spec.policy_net]
   if spec.policy_net == 'feedforward':
     policy_net = functools.partial(policy_net, hidden=spec.policy_hidden)
-  return FeedForward(tuple(spec.features), tuple(spec.adaptive), spec.policy,
-                     spec.inner_features, policy_net, ACTIVATIONS[spec.activation])
+  return FeedForward(
+    tuple(spec.features),
+    tuple(spec.adaptive),
+    spec.policy,
+    spec.inner_features,
+    policy_net,
+    ACTIVATIONS[spec.activation],
+  )
 
 
-def fit(model: nn.Module, params, sample_batch: Callable, loss_fn: Callable,
-        optimizer: optax.GradientTransformation, steps: int, seed: int,
-        log_every: int = 1000, data: tuple = ()):
+def fit(
+  model: nn.Module,
+  params,
+  sample_batch: Callable,
+  loss_fn: Callable,
+  optimizer: optax.GradientTransformation,
+  steps: int,
+  seed: int,
+  log_every: int = 1000,
+  data: tuple = (),
+):
   """`steps` optimizer steps on batches `sample_batch(key, *data)` -> (x, y),
   run as jitted `lax.scan`s of `log_every` steps; returns the trained params.
   The arrays batches are drawn from go in `data`: arguments of the compiled
   scan, where a closure would make them constants of its program."""
+
   def step(carry, key, data):
     params, opt_state = carry
     x, y = sample_batch(key, *data)
-    loss, grads = jax.value_and_grad(lambda p: loss_fn(model.apply({'params': p}, x), y))(
-        params)
+    loss, grads = jax.value_and_grad(lambda p: loss_fn(model.apply({'params': p}, x), y))(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), loss
 
-  run = jax.jit(lambda carry, keys, data: jax.lax.scan(
-      lambda carry, key: step(carry, key, data), carry, keys))
+  run = jax.jit(
+    lambda carry, keys, data: jax.lax.scan(lambda carry, key: step(carry, key, data), carry, keys)
+  )
   carry = (params, optimizer.init(params))
   keys = jax.random.split(jax.random.key(seed), steps)
   for start in range(0, steps, log_every):
-    carry, losses = run(carry, keys[start:start + log_every], data)
+    carry, losses = run(carry, keys[start : start + log_every], data)
     loss = float(losses.mean())
     if not np.isfinite(loss):
-      raise TrainingError(f'the training loss is not finite by step {start + log_every}: '
-                        'lower the learning rate')
+      raise TrainingError(
+        f'the training loss is not finite by step {start + log_every}: lower the learning rate'
+      )
     log.info('step %d  loss %.4f', min(start + log_every, steps), loss)
   return carry[0]
 
@@ -100,13 +123,19 @@ def run_tail_regression(config: ml_collections.ConfigDict) -> list[dict]:
     model = build_feedforward(spec)
     params = model.init(jax.random.key(config.seed), x_test[:1])['params']
     sample = lambda key: tail_regression_data(key, config.batch_size)
-    params = fit(model, params, sample, mse, optax.adam(config.learning_rate),
-                 config.steps, config.seed)
+    params = fit(
+      model, params, sample, mse, optax.adam(config.learning_rate), config.steps, config.seed
+    )
     pred = model.apply({'params': params}, x_test)
-    rows.append({'model': name, 'num_params': _num_params(params),
-                 'test_mse': float(mse(pred, y_test)),
-                 'y_true': np.asarray(y_test[:config.num_saved, 0]).tolist(),
-                 'y_pred': np.asarray(pred[:config.num_saved, 0]).tolist()})
+    rows.append(
+      {
+        'model': name,
+        'num_params': _num_params(params),
+        'test_mse': float(mse(pred, y_test)),
+        'y_true': np.asarray(y_test[: config.num_saved, 0]).tolist(),
+        'y_pred': np.asarray(pred[: config.num_saved, 0]).tolist(),
+      }
+    )
   return rows
 
 
@@ -127,14 +156,26 @@ def run_mnist(config: ml_collections.ConfigDict) -> list[dict]:
   for name, spec in config.models.items():
     model = build_feedforward(spec)
     params = model.init(jax.random.key(config.seed), train[0][:1])['params']
-    params = fit(model, params, sample, cross_entropy, optax.sgd(config.learning_rate),
-                 config.steps, config.seed, data=train)
-    correct = jax.jit(lambda params, x, y, model=model: jnp.sum(
-        jnp.argmax(model.apply({'params': params}, x), -1) == y))
+    params = fit(
+      model,
+      params,
+      sample,
+      cross_entropy,
+      optax.sgd(config.learning_rate),
+      config.steps,
+      config.seed,
+      data=train,
+    )
+    correct = jax.jit(
+      lambda params, x, y, model=model: jnp.sum(
+        jnp.argmax(model.apply({'params': params}, x), -1) == y
+      )
+    )
     row = {'model': name, 'num_params': _num_params(params)}
     for split, (x, y) in data.items():
-      right = sum(int(correct(params, x[i:i + 10_000], y[i:i + 10_000]))
-                  for i in range(0, len(y), 10_000))
+      right = sum(
+        int(correct(params, x[i : i + 10_000], y[i : i + 10_000])) for i in range(0, len(y), 10_000)
+      )
       row[f'{split}_accuracy'] = right / len(y)
     log.info('%s: %s', name, row)
     rows.append(row)

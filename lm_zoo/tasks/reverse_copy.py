@@ -37,18 +37,22 @@ class ReverseCopyData:
     """Shuffled batches of (encoder_inputs, decoder_inputs, targets), one pass."""
     order = rng.permutation(len(self.targets))
     for start in range(0, len(order) - batch_size + 1, batch_size):
-      idx = order[start:start + batch_size]
+      idx = order[start : start + batch_size]
       yield self.encoder_inputs[idx], self.decoder_inputs[idx], self.targets[idx]
 
 
-def reverse_copy_data(num_examples: int, length: int, vocab_size: int,
-                      seed: int) -> ReverseCopyData:
+def reverse_copy_data(
+  num_examples: int, length: int, vocab_size: int, seed: int
+) -> ReverseCopyData:
   """`num_examples` sequences of `length` tokens uniform over `vocab_size`."""
   if num_examples < 1 or length < 1 or vocab_size < 2:
-    raise ValueError('reverse copy needs num_examples >= 1, length >= 1 and '
-                     f'vocab_size >= 2, got {num_examples}, {length}, {vocab_size}')
-  source = np.random.default_rng(seed).integers(
-      0, vocab_size, (num_examples, length)).astype(np.int32)
+    raise ValueError(
+      'reverse copy needs num_examples >= 1, length >= 1 and '
+      f'vocab_size >= 2, got {num_examples}, {length}, {vocab_size}'
+    )
+  source = (
+    np.random.default_rng(seed).integers(0, vocab_size, (num_examples, length)).astype(np.int32)
+  )
   targets = source[:, ::-1].copy()
   marker = np.full((num_examples, 1), vocab_size, np.int32)
   decoder_inputs = np.concatenate([marker, targets[:, :-1]], axis=1)
@@ -79,17 +83,16 @@ class EncoderDecoder(nn.Module):
     encoder = self.encoder_cell(features=self.hidden_size, parent=None)
     decoder = self.decoder_cell(features=self.hidden_size, parent=None)
     carry = encoder.initialize_carry(jax.random.key(0), (batch, self.embed_size))
-    x = nn.Embed(self.vocab_size + 1, self.embed_size, name='encoder_embed')(
-        encoder_inputs.T)
+    x = nn.Embed(self.vocab_size + 1, self.embed_size, name='encoder_embed')(encoder_inputs.T)
     carry, _ = RecurrentLayer(encoder, name='encoder')(carry, x)
-    y = nn.Embed(self.vocab_size + 1, self.embed_size, name='decoder_embed')(
-        decoder_inputs.T)
+    y = nn.Embed(self.vocab_size + 1, self.embed_size, name='decoder_embed')(decoder_inputs.T)
     _, h = RecurrentLayer(decoder, name='decoder')(carry, y)
     return nn.Dense(self.vocab_size, name='softmax')(h.transpose(1, 0, 2))
 
 
-def sequence_cross_entropy(model: EncoderDecoder, params, data: ReverseCopyData,
-                           batch_size: int = 256) -> tuple[float, float]:
+def sequence_cross_entropy(
+  model: EncoderDecoder, params, data: ReverseCopyData, batch_size: int = 256
+) -> tuple[float, float]:
   """Mean per-token cross-entropy (nats) and accuracy of `model` on `data`."""
   apply = jax.jit(model.apply)
   total = correct = 0.0
@@ -102,17 +105,27 @@ def sequence_cross_entropy(model: EncoderDecoder, params, data: ReverseCopyData,
   return total / data.targets.size, correct / data.targets.size
 
 
-def fit(model: EncoderDecoder, train: ReverseCopyData, *, learning_rate: float = 3e-3,
-        l2: float = 0.0, batch_size: int = 64, epochs: int = 1, clip_norm: float = 10.0,
-        seed: int = 0):
+def fit(
+  model: EncoderDecoder,
+  train: ReverseCopyData,
+  *,
+  learning_rate: float = 3e-3,
+  l2: float = 0.0,
+  batch_size: int = 64,
+  epochs: int = 1,
+  clip_norm: float = 10.0,
+  seed: int = 0,
+):
   """Trains `model` with teacher forcing (Adam, beta1 = 0 as in the paper's setup).
 
   Returns the trained parameters.
   """
-  params = model.init(jax.random.key(seed), train.encoder_inputs[:1],
-                      train.decoder_inputs[:1])
-  tx = optax.chain(optax.clip_by_global_norm(clip_norm), optax.add_decayed_weights(l2),
-                   optax.adam(learning_rate, b1=0.0))
+  params = model.init(jax.random.key(seed), train.encoder_inputs[:1], train.decoder_inputs[:1])
+  tx = optax.chain(
+    optax.clip_by_global_norm(clip_norm),
+    optax.add_decayed_weights(l2),
+    optax.adam(learning_rate, b1=0.0),
+  )
   opt_state = tx.init(params)
 
   def loss_fn(params, enc, dec, tgt):
@@ -144,13 +157,21 @@ def run_experiment(config) -> list[dict]:
     train = reverse_copy_data(config.num_train, length, config.vocab_size, config.seed)
     test = reverse_copy_data(config.num_test, length, config.vocab_size, config.seed + 1)
     for name, spec in config.models.items():
-      cell = (mogrified(LSTMCell, spec.rounds, spec.rank) if spec.rounds > 0
-              else LSTMCell)
-      model = EncoderDecoder(config.vocab_size, spec.embed_size, config.hidden_size,
-                             encoder_cell=cell, decoder_cell=cell)
-      params = fit(model, train, learning_rate=config.learning_rate, l2=config.l2,
-                   batch_size=config.batch_size, epochs=config.epochs, seed=config.seed)
+      cell = mogrified(LSTMCell, spec.rounds, spec.rank) if spec.rounds > 0 else LSTMCell
+      model = EncoderDecoder(
+        config.vocab_size, spec.embed_size, config.hidden_size, encoder_cell=cell, decoder_cell=cell
+      )
+      params = fit(
+        model,
+        train,
+        learning_rate=config.learning_rate,
+        l2=config.l2,
+        batch_size=config.batch_size,
+        epochs=config.epochs,
+        seed=config.seed,
+      )
       cross_entropy, accuracy = sequence_cross_entropy(model, params, test)
-      rows.append({'length': length, 'model': name, 'cross_entropy': cross_entropy,
-                   'accuracy': accuracy})
+      rows.append(
+        {'length': length, 'model': name, 'cross_entropy': cross_entropy, 'accuracy': accuracy}
+      )
   return rows

@@ -24,14 +24,12 @@ from lm_zoo.tasks.runs import train_or_read
 log = logging.getLogger(__name__)
 
 
-def sample_offsets(fields, radius: float, num_samples: int,
-                   seed: int) -> list[dict[str, float]]:
+def sample_offsets(fields, radius: float, num_samples: int, seed: int) -> list[dict[str, float]]:
   """`num_samples` draws of an offset per field, uniform on [-radius, radius]."""
   if radius < 0:
     raise ConfigError(f'radius must be >= 0, got {radius}')
   rng = np.random.default_rng(seed)
-  return [{f: float(rng.uniform(-radius, radius)) for f in fields}
-          for _ in range(num_samples)]
+  return [{f: float(rng.uniform(-radius, radius)) for f in fields} for _ in range(num_samples)]
 
 
 def offset_rates(centres: dict[str, float], offsets: dict[str, float]) -> dict[str, float]:
@@ -64,10 +62,14 @@ def run_robustness(config: ml_collections.ConfigDict) -> list[dict]:
       workdir = pathlib.Path(config.workdir) / f'{name}_{sample}'
       summary = train_or_read(run_config, workdir)
       diverged = summary.get('diverged', False)
-      row = {'model': name, 'sample': sample, **rates,
-             'valid_perplexity': math.inf if diverged else summary['valid']['perplexity'],
-             'train_seconds': summary.get('train_seconds', math.nan),
-             'workdir': str(workdir)}
+      row = {
+        'model': name,
+        'sample': sample,
+        **rates,
+        'valid_perplexity': math.inf if diverged else summary['valid']['perplexity'],
+        'train_seconds': summary.get('train_seconds', math.nan),
+        'workdir': str(workdir),
+      }
       log.info('%s', row)
       rows.append(row)
   return rows

@@ -20,8 +20,9 @@ from lm_zoo.runs.workdir import workdir_lock
 log = logging.getLogger(__name__)
 
 
-def train_or_read(config: ml_collections.ConfigDict, workdir: pathlib.Path,
-                  wait: bool = True) -> dict | None:
+def train_or_read(
+  config: ml_collections.ConfigDict, workdir: pathlib.Path, wait: bool = True
+) -> dict | None:
   """The run's summary, `{'diverged': True, 'error': ...}` if its loss
   turned non-finite; a run that ended before is read back, not trained.
 
@@ -30,6 +31,7 @@ def train_or_read(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   that process and None is returned. If that process stopped before the
   end, this one resumes the run.
   """
+
   def train() -> dict:
     try:
       return train_and_evaluate(config, workdir)
@@ -42,8 +44,9 @@ def train_or_read(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   return _read_or_run(train, workdir, wait)
 
 
-def train_stack_or_read(config: ml_collections.ConfigDict, workdir: pathlib.Path,
-                        num_seeds: int, wait: bool = True) -> dict | None:
+def train_stack_or_read(
+  config: ml_collections.ConfigDict, workdir: pathlib.Path, num_seeds: int, wait: bool = True
+) -> dict | None:
   """`train_seeds(config, workdir, num_seeds)`'s summary, read back if the
   stack ended before; waited for or left to another process as
   `train_or_read` does.
@@ -54,8 +57,9 @@ def train_stack_or_read(config: ml_collections.ConfigDict, workdir: pathlib.Path
   return _read_or_run(lambda: train_seeds(config, workdir, num_seeds), workdir, wait)
 
 
-def _read_or_run(run: Callable[[], dict[str, Any]], workdir: pathlib.Path,
-                 wait: bool) -> dict | None:
+def _read_or_run(
+  run: Callable[[], dict[str, Any]], workdir: pathlib.Path, wait: bool
+) -> dict | None:
   summary_path = workdir / 'summary.json'
   while True:
     if summary_path.is_file():

@@ -42,8 +42,12 @@ from scipy import stats
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation import mean_and_spread
 from lm_zoo.tasks.runs import train_or_read, train_stack_or_read
-from lm_zoo.tasks.study_evaluations import (evaluate_runs, evaluations_report,
-                                            mean_and_spread_text, study_evaluations)
+from lm_zoo.tasks.study_evaluations import (
+  evaluate_runs,
+  evaluations_report,
+  mean_and_spread_text,
+  study_evaluations,
+)
 from lm_zoo.training.seed_axis import check_num_seeds, seed_dir
 
 log = logging.getLogger(__name__)
@@ -67,8 +71,10 @@ def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:
   if not config.models:
     raise ConfigError('config.models is empty: name at least one training config')
   if config.reference not in config.models:
-    raise ConfigError(f'config.reference is {config.reference!r}: name one of '
-                      f'config.models ({", ".join(config.models)})')
+    raise ConfigError(
+      f'config.reference is {config.reference!r}: name one of '
+      f'config.models ({", ".join(config.models)})'
+    )
   seeds = list(config.seeds)
   if not seeds or len(set(seeds)) != len(seeds):
     raise ConfigError(f'config.seeds must list distinct seeds, got {seeds}')
@@ -90,25 +96,33 @@ def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:
   for seed, name in runs:
     summary, workdir = summaries[seed, name]
     diverged = summary.get('diverged', False)
-    row = {'model': name, 'seed': seed,
-           **{f'{split}_perplexity': math.inf if diverged else summary[split]['perplexity']
-              for split in SPLITS},
-           'num_params': summary.get('num_params', 0),
-           'train_seconds': summary.get('train_seconds', math.nan),
-           'workdir': str(workdir)}
+    row = {
+      'model': name,
+      'seed': seed,
+      **{
+        f'{split}_perplexity': math.inf if diverged else summary[split]['perplexity']
+        for split in SPLITS
+      },
+      'num_params': summary.get('num_params', 0),
+      'train_seconds': summary.get('train_seconds', math.nan),
+      'workdir': str(workdir),
+    }
     log.info('%s', row)
     rows.append(row)
   evaluate_runs(rows, evaluations)
   return rows
 
 
-def _train_stacks(config: ml_collections.ConfigDict, seeds: list[int]
-                  ) -> dict[tuple[int, str], tuple[dict, pathlib.Path]]:
+def _train_stacks(
+  config: ml_collections.ConfigDict, seeds: list[int]
+) -> dict[tuple[int, str], tuple[dict, pathlib.Path]]:
   """`run_seed_study`'s runs with `config.stack`: (seed, model) -> (summary,
   work directory)."""
   if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
-    raise ConfigError(f'config.seeds must be consecutive and ascending to train them stacked, '
-                      f'got {seeds}: list them so, or set config.stack=False')
+    raise ConfigError(
+      f'config.seeds must be consecutive and ascending to train them stacked, '
+      f'got {seeds}: list them so, or set config.stack=False'
+    )
   check_num_seeds(len(seeds))
   summaries = {}
   for wait in (False, True):  # as for runs alone: stacks another worker holds wait
@@ -120,19 +134,20 @@ def _train_stacks(config: ml_collections.ConfigDict, seeds: list[int]
   return summaries
 
 
-def _stack_or_alone(config: ml_collections.ConfigDict, name: str, seeds: list[int],
-                    wait: bool) -> list[tuple[dict, pathlib.Path]] | None:
+def _stack_or_alone(
+  config: ml_collections.ConfigDict, name: str, seeds: list[int], wait: bool
+) -> list[tuple[dict, pathlib.Path]] | None:
   """Model `name`'s (summary, work directory) per seed: from its stack, or
   from runs alone where one was begun or the stack diverged; None when
   another worker holds the stack or a run and `wait` is False."""
   alone = [_workdir(config, name, seed) for seed in seeds]
   stack_dir = pathlib.Path(config.workdir) / f'{name}_s{seeds[0]}-{seeds[-1]}'
   diverged = stack_dir / 'diverged.json'
-  if (len(seeds) > 1 and not diverged.is_file()
-      and not any(workdir.exists() for workdir in alone)):
+  if len(seeds) > 1 and not diverged.is_file() and not any(workdir.exists() for workdir in alone):
     try:
-      stack = train_stack_or_read(_seed_config(config, name, seeds[0]), stack_dir,
-                                  len(seeds), wait=wait)
+      stack = train_stack_or_read(
+        _seed_config(config, name, seeds[0]), stack_dir, len(seeds), wait=wait
+      )
     except TrainingError as err:
       log.warning('%s: %s; training its seeds one by one', stack_dir, err)
       stack_dir.mkdir(parents=True, exist_ok=True)
@@ -142,13 +157,16 @@ def _stack_or_alone(config: ml_collections.ConfigDict, name: str, seeds: list[in
         return None
       by_seed = {run['seed']: run for run in stack['runs']}
       return [(by_seed[seed], seed_dir(stack_dir, seed)) for seed in seeds]
-  runs = [(train_or_read(_seed_config(config, name, seed), workdir, wait=wait), workdir)
-          for seed, workdir in zip(seeds, alone)]
+  runs = [
+    (train_or_read(_seed_config(config, name, seed), workdir, wait=wait), workdir)
+    for seed, workdir in zip(seeds, alone)
+  ]
   return None if any(summary is None for summary, _ in runs) else runs
 
 
-def _seed_config(config: ml_collections.ConfigDict, name: str, seed: int
-                 ) -> ml_collections.ConfigDict:
+def _seed_config(
+  config: ml_collections.ConfigDict, name: str, seed: int
+) -> ml_collections.ConfigDict:
   run_config = ml_collections.ConfigDict(config.models[name].to_dict())
   run_config.seed = seed
   return run_config
@@ -158,18 +176,25 @@ def _workdir(config: ml_collections.ConfigDict, name: str, seed: int) -> pathlib
   return pathlib.Path(config.workdir) / f'{name}_s{seed}'
 
 
-def paired_difference(values: Mapping[int, float],
-                      reference: Mapping[int, float]) -> dict[str, float]:
+def paired_difference(
+  values: Mapping[int, float], reference: Mapping[int, float]
+) -> dict[str, float]:
   """values - reference over the seeds both have: mean, sample std, n, and
   the half-width of the two-sided 95% Student-t interval of the mean (nan
   below two pairs). `resolved` says whether the interval excludes zero."""
   seeds = sorted(set(values) & set(reference))
   d = np.array([values[s] - reference[s] for s in seeds], dtype=np.float64)
   mean, spread = mean_and_spread(d) if len(d) else (math.nan, math.nan)
-  half = (float(stats.t.ppf(0.975, len(d) - 1)) * spread / math.sqrt(len(d))
-          if len(d) > 1 else math.nan)
-  return {'mean': mean, 'std': spread, 'n': len(d), 'half_width': half,
-          'resolved': bool(abs(mean) > half) if len(d) > 1 else False}
+  half = (
+    float(stats.t.ppf(0.975, len(d) - 1)) * spread / math.sqrt(len(d)) if len(d) > 1 else math.nan
+  )
+  return {
+    'mean': mean,
+    'std': spread,
+    'n': len(d),
+    'half_width': half,
+    'resolved': bool(abs(mean) > half) if len(d) > 1 else False,
+  }
 
 
 def summarise(rows: Sequence[Mapping], reference: str) -> dict[str, dict]:
@@ -182,26 +207,37 @@ def summarise(rows: Sequence[Mapping], reference: str) -> dict[str, dict]:
     raise ConfigError(f'reference {reference!r} has no runs: choose one of {", ".join(models)}')
   models.remove(reference)
   models.insert(0, reference)
-  per_seed = {m: {split: {r['seed']: r[f'{split}_perplexity'] for r in rows
-                          if r['model'] == m and math.isfinite(r[f'{split}_perplexity'])}
-                  for split in SPLITS} for m in models}
+  per_seed = {
+    m: {
+      split: {
+        r['seed']: r[f'{split}_perplexity']
+        for r in rows
+        if r['model'] == m and math.isfinite(r[f'{split}_perplexity'])
+      }
+      for split in SPLITS
+    }
+    for m in models
+  }
   summary = {}
   for m in models:
-    entry = {'seeds': sorted(r['seed'] for r in rows if r['model'] == m),
-             'diverged': sum(1 for r in rows
-                             if r['model'] == m and not math.isfinite(r['valid_perplexity']))}
+    entry = {
+      'seeds': sorted(r['seed'] for r in rows if r['model'] == m),
+      'diverged': sum(
+        1 for r in rows if r['model'] == m and not math.isfinite(r['valid_perplexity'])
+      ),
+    }
     for split in SPLITS:
       values = list(per_seed[m][split].values())
       entry[split] = mean_and_spread(values) if values else (math.nan, math.nan)
       if m != reference:
-        entry[f'{split}_vs_reference'] = paired_difference(per_seed[m][split],
-                                                           per_seed[reference][split])
+        entry[f'{split}_vs_reference'] = paired_difference(
+          per_seed[m][split], per_seed[reference][split]
+        )
     summary[m] = entry
   return summary
 
 
-def seed_report(rows: Sequence[Mapping], reference: str, evaluations: Sequence[str] = ()
-                ) -> str:
+def seed_report(rows: Sequence[Mapping], reference: str, evaluations: Sequence[str] = ()) -> str:
   """Markdown tables: each model's mean ± std, and its paired difference to
   `reference` with the 95% interval and whether it excludes zero; then each
   of `evaluations` (names of the study's) beside the static score of the
@@ -210,24 +246,36 @@ def seed_report(rows: Sequence[Mapping], reference: str, evaluations: Sequence[s
   lines = ['| model | seeds | valid, mean ± std | test, mean ± std |', '|---|---|---|---|']
   for m, e in summary.items():
     diverged = f' ({e["diverged"]} diverged)' if e['diverged'] else ''
-    lines.append(f'| {m} | {len(e["seeds"])}{diverged} | '
-                 + ' | '.join(mean_and_spread_text(*e[s]) for s in SPLITS) + ' |')
+    lines.append(
+      f'| {m} | {len(e["seeds"])}{diverged} | '
+      + ' | '.join(mean_and_spread_text(*e[s]) for s in SPLITS)
+      + ' |'
+    )
   if len(summary) > 1:
-    lines += ['', f'| model − {reference} (same seeds) | pairs | valid: mean ± std '
-              '[95% interval] | test: mean ± std [95% interval] | beyond the seed spread |',
-              '|---|---|---|---|---|']
+    lines += [
+      '',
+      f'| model − {reference} (same seeds) | pairs | valid: mean ± std '
+      '[95% interval] | test: mean ± std [95% interval] | beyond the seed spread |',
+      '|---|---|---|---|---|',
+    ]
   for m, e in summary.items():
     if m == reference:
       continue
     cells = []
     for split in SPLITS:
       d = e[f'{split}_vs_reference']
-      cells.append(f'{d["mean"]:+.2f} ± {d["std"]:.2f} '
-                   f'[{d["mean"] - d["half_width"]:+.2f}, {d["mean"] + d["half_width"]:+.2f}]'
-                   if d['n'] > 1 else f'{d["mean"]:+.2f} (one pair: no interval)')
-    verdict = {(True, True): 'yes, both splits', (True, False): 'valid only',
-               (False, True): 'test only', (False, False): 'no'}[
-                   tuple(e[f'{s}_vs_reference']['resolved'] for s in SPLITS)]
+      cells.append(
+        f'{d["mean"]:+.2f} ± {d["std"]:.2f} '
+        f'[{d["mean"] - d["half_width"]:+.2f}, {d["mean"] + d["half_width"]:+.2f}]'
+        if d['n'] > 1
+        else f'{d["mean"]:+.2f} (one pair: no interval)'
+      )
+    verdict = {
+      (True, True): 'yes, both splits',
+      (True, False): 'valid only',
+      (False, True): 'test only',
+      (False, False): 'no',
+    }[tuple(e[f'{s}_vs_reference']['resolved'] for s in SPLITS)]
     lines.append(f'| {m} | {e["valid_vs_reference"]["n"]} | {" | ".join(cells)} | {verdict} |')
   evaluated = evaluations_report(rows, evaluations)
   return '\n'.join(lines + (['', evaluated] if evaluated else []))

@@ -44,20 +44,27 @@ def study_evaluations(config: ml_collections.ConfigDict) -> dict[str, ml_collect
   evaluations = dict(config.get('evaluations') or {})
   for name, evaluation in evaluations.items():
     if not re.fullmatch(r'[A-Za-z0-9_]+', name):
-      raise ConfigError(f'config.evaluations: {name!r} is not a name of letters, digits and '
-                        "'_': rename it (it names files and result fields)")
+      raise ConfigError(
+        f'config.evaluations: {name!r} is not a name of letters, digits and '
+        "'_': rename it (it names files and result fields)"
+      )
     if not isinstance(evaluation, ml_collections.ConfigDict) or 'evaluator' not in evaluation:
-      raise ConfigError(f'config.evaluations.{name} is not an evaluation config: give one '
-                        'of lm_zoo.configs.evaluation_config or experiments/dyneval_*.py')
+      raise ConfigError(
+        f'config.evaluations.{name} is not an evaluation config: give one '
+        'of lm_zoo.configs.evaluation_config or experiments/dyneval_*.py'
+      )
     if evaluation.evaluator == 'learned':
-      raise ConfigError(f'config.evaluations.{name}: the learned rule needs each run '
-                        'meta-trained first (lm-zoo-meta-train): score it with lm-zoo-eval')
+      raise ConfigError(
+        f'config.evaluations.{name}: the learned rule needs each run '
+        'meta-trained first (lm-zoo-meta-train): score it with lm-zoo-eval'
+      )
     build_evaluator(evaluation, bptt=1, batch_size=1)  # a bad field fails here
   return evaluations
 
 
-def evaluate_runs(rows: Sequence[dict], evaluations: Mapping[str, ml_collections.ConfigDict]
-                  ) -> None:
+def evaluate_runs(
+  rows: Sequence[dict], evaluations: Mapping[str, ml_collections.ConfigDict]
+) -> None:
   """Adds to each converged run's row `{name}_{split}_perplexity`, and where
   the evaluator also scores the same tokens statically (dynamic evaluation)
   `{name}_{split}_static_perplexity` and `{name}_settings`, the setting its
@@ -74,8 +81,9 @@ def evaluate_runs(rows: Sequence[dict], evaluations: Mapping[str, ml_collections
           row[f'{name}_settings'] = score['settings']
 
 
-def _scores(workdir: pathlib.Path, name: str, evaluation: ml_collections.ConfigDict
-            ) -> dict[str, dict]:
+def _scores(
+  workdir: pathlib.Path, name: str, evaluation: ml_collections.ConfigDict
+) -> dict[str, dict]:
   path = workdir / FOLDER / f'{name}.json'
   wanted = json.loads(evaluation.to_json_best_effort())
   if path.is_file():
@@ -88,14 +96,16 @@ def _scores(workdir: pathlib.Path, name: str, evaluation: ml_collections.ConfigD
   except TrainingError as err:  # a data point of the study, not its end
     log.warning('%s: %s diverged: %s', workdir, name, err)
     results = {}
-    scores = {split: {'perplexity': math.inf, 'error': str(err)}
-              for split in split_names(evaluation.splits)}
+    scores = {
+      split: {'perplexity': math.inf, 'error': str(err)} for split in split_names(evaluation.splits)
+    }
   for split, result in results.items():
     scores[split] = {'perplexity': result.perplexity}
     if 'static_loss' in result.details:
       static = EvalResult(result.details['static_loss'], result.num_tokens, result.unit)
-      scores[split].update(static_perplexity=static.perplexity,
-                           settings=dict(result.details['settings']))
+      scores[split].update(
+        static_perplexity=static.perplexity, settings=dict(result.details['settings'])
+      )
   path.parent.mkdir(parents=True, exist_ok=True)
   write_text_atomically(path, json.dumps({'config': wanted, 'scores': scores}, indent=2))
   return scores
@@ -113,8 +123,10 @@ def evaluations_report(rows: Sequence[Mapping], names: Sequence[str]) -> str:
         if not scored:
           continue
         if not lines:
-          lines = ['| model | evaluation | seeds | split | static, same tokens | evaluated | '
-                   'gain |', '|---|---|---|---|---|---|---|']
+          lines = [
+            '| model | evaluation | seeds | split | static, same tokens | evaluated | gain |',
+            '|---|---|---|---|---|---|---|',
+          ]
         evaluated = [r[f'{name}_{split}_perplexity'] for r in scored]
         static = [r.get(f'{name}_{split}_static_perplexity', math.nan) for r in scored]
         gains = [s - e for s, e in zip(static, evaluated)]

@@ -4,18 +4,35 @@ run scored (`evaluate_workdir`) or meta-trained for (`meta_train_workdir`).
 The run's work directory, checkpoints and metrics are `lm_zoo.runs`."""
 
 from lm_zoo.training.loop import train_and_evaluate, train_seeds
-from lm_zoo.training.optimizers import (epoch_learning_rate, make_optimizer, register_optimizer,
-                                       set_learning_rate)
-from lm_zoo.training.parallel import (data_mesh, initialize_distributed, shard_batch,
-                                      state_shardings)
+from lm_zoo.training.optimizers import (
+  epoch_learning_rate,
+  make_optimizer,
+  register_optimizer,
+  set_learning_rate,
+)
+from lm_zoo.training.parallel import data_mesh, initialize_distributed, shard_batch, state_shardings
 from lm_zoo.training.run import Progress, create_train_state
 from lm_zoo.training.scoring import sample_text
 from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.trained import evaluate_workdir, meta_train_workdir, workdir_evaluator
 
 __all__ = [
-    'Progress', 'TrainState', 'create_train_state', 'data_mesh', 'epoch_learning_rate',
-    'evaluate_workdir', 'initialize_distributed', 'make_optimizer', 'make_train_step',
-    'meta_train_workdir', 'register_optimizer', 'sample_text', 'set_learning_rate',
-    'shard_batch', 'state_shardings', 'train_and_evaluate', 'train_seeds', 'workdir_evaluator',
+  'Progress',
+  'TrainState',
+  'create_train_state',
+  'data_mesh',
+  'epoch_learning_rate',
+  'evaluate_workdir',
+  'initialize_distributed',
+  'make_optimizer',
+  'make_train_step',
+  'meta_train_workdir',
+  'register_optimizer',
+  'sample_text',
+  'set_learning_rate',
+  'shard_batch',
+  'state_shardings',
+  'train_and_evaluate',
+  'train_seeds',
+  'workdir_evaluator',
 ]

@@ -16,9 +16,13 @@ from lm_zoo.errors import ConfigError
 TRIGGERS = ('none', 'always', 'nonmonotone', 'plateau', 'fraction', 'patience')
 
 
-def should_start_averaging(cfg: ml_collections.ConfigDict, valid_loss: float,
-                           past_valid_losses: Sequence[float], epoch: int,
-                           num_epochs: int) -> bool:
+def should_start_averaging(
+  cfg: ml_collections.ConfigDict,
+  valid_loss: float,
+  past_valid_losses: Sequence[float],
+  epoch: int,
+  num_epochs: int,
+) -> bool:
   """Whether to switch averaging on after `epoch` (1-based), from
   `config.averaging`, given this epoch's validation loss and the earlier ones.
 
@@ -32,11 +36,13 @@ def should_start_averaging(cfg: ml_collections.ConfigDict, valid_loss: float,
       (`patience_reached`).
   """
   if cfg.trigger not in TRIGGERS:
-    raise ConfigError(f'unknown averaging trigger {cfg.trigger!r} (averaging.trigger): '
-                      f'choose one of {", ".join(TRIGGERS)}')
+    raise ConfigError(
+      f'unknown averaging trigger {cfg.trigger!r} (averaging.trigger): '
+      f'choose one of {", ".join(TRIGGERS)}'
+    )
   past = list(past_valid_losses)
   if cfg.trigger == 'nonmonotone':
-    return len(past) > cfg.nonmono and valid_loss > min(past[:-cfg.nonmono])
+    return len(past) > cfg.nonmono and valid_loss > min(past[: -cfg.nonmono])
   if cfg.trigger == 'plateau':
     return bool(past) and valid_loss >= min(past)
   if cfg.trigger == 'fraction':
@@ -51,4 +57,5 @@ def patience_reached(cfg: ml_collections.ConfigDict, step: int, best_step: int) 
   trigger_averaging_turns and trigger_averaging_at_the_latest, in turns of
   steps_per_turn updates (`training.py`)."""
   return cfg.trigger == 'patience' and (
-      step - best_step >= cfg.patience_steps or 0 < cfg.latest_step <= step)
+    step - best_step >= cfg.patience_steps or 0 < cfg.latest_step <= step
+  )

@@ -22,36 +22,87 @@ from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
 # field -> the names it may take (the registries themselves, so that a name
 # registered later is known); the model's are `lm_zoo.models.checks`'.
 CHOICES = {
-    'data.name': (*CORPORA, 'text', 'tfds'), 'data.level': LEVELS,
-    'optimizer.name': OPTIMIZERS, 'optimizer.loss_reduction': LOSS_REDUCTIONS,
-    'averaging.trigger': TRIGGERS, 'schedule.kind': SCHEDULES,
-    'train.nonfinite': NONFINITE_POLICIES,
+  'data.name': (*CORPORA, 'text', 'tfds'),
+  'data.level': LEVELS,
+  'optimizer.name': OPTIMIZERS,
+  'optimizer.loss_reduction': LOSS_REDUCTIONS,
+  'averaging.trigger': TRIGGERS,
+  'schedule.kind': SCHEDULES,
+  'train.nonfinite': NONFINITE_POLICIES,
 }
 # (fields, test, what the value must be); a NaN fails every test.
 RULES = (
-    (('data.batch_size', 'data.bptt', 'data.eval_batch_size', 'data.test_batch_size',
-      'data.pad_windows_to', 'averaging.nonmono', 'train.num_epochs', 'train.log_every'),
-     lambda x: x >= 1, 'at least 1'),
-    (('data.train_tokens', 'data.valid_tokens', 'data.test_tokens',
-      'parallel.num_devices', 'optimizer.l2',
-      'optimizer.dual_l2', 'optimizer.ar', 'optimizer.tar', 'schedule.decay_after',
-      'schedule.min_lr', 'train.max_steps', 'train.max_consecutive_skips',
-      'train.max_rollbacks', 'generate.num_lines', 'generate.num_tokens',
-      'optimizer.learning_rate', 'train.eval_every',
-      'train.max_seconds', 'averaging.patience_steps', 'averaging.latest_step'),
-     lambda x: x >= 0, '>= 0'),
-    (('optimizer.momentum', 'optimizer.beta1', 'optimizer.beta2', 'train.drop_state'),
-     lambda x: 0 <= x < 1, 'in [0, 1) (a rate of 1 would drop or keep everything)'),
-    (('optimizer.eps', 'schedule.factor', 'generate.temperature'),
-     lambda x: x > 0, 'positive'),
-    (('optimizer.clip_norm',), lambda x: x == x, 'a number (<= 0 turns clipping off)'),
-    (('averaging.start_fraction', 'train.rollback_lr_factor'),
-     lambda x: 0 < x <= 1, 'in (0, 1]'),
-    (('optimizer.learning_rate', 'optimizer.l2', 'optimizer.eps', 'schedule.factor',
-      'generate.temperature'), lambda x: x < math.inf, 'finite'),
-    (('seed',), lambda x: 0 <= x < 2 ** 32, 'in [0, 2**32) (a PRNG seed)'),
-    (('data.batch_size', 'data.bptt', 'data.eval_batch_size', 'data.test_batch_size',
-      'data.pad_windows_to'), lambda x: x < 2 ** 31, 'below 2**31'),
+  (
+    (
+      'data.batch_size',
+      'data.bptt',
+      'data.eval_batch_size',
+      'data.test_batch_size',
+      'data.pad_windows_to',
+      'averaging.nonmono',
+      'train.num_epochs',
+      'train.log_every',
+    ),
+    lambda x: x >= 1,
+    'at least 1',
+  ),
+  (
+    (
+      'data.train_tokens',
+      'data.valid_tokens',
+      'data.test_tokens',
+      'parallel.num_devices',
+      'optimizer.l2',
+      'optimizer.dual_l2',
+      'optimizer.ar',
+      'optimizer.tar',
+      'schedule.decay_after',
+      'schedule.min_lr',
+      'train.max_steps',
+      'train.max_consecutive_skips',
+      'train.max_rollbacks',
+      'generate.num_lines',
+      'generate.num_tokens',
+      'optimizer.learning_rate',
+      'train.eval_every',
+      'train.max_seconds',
+      'averaging.patience_steps',
+      'averaging.latest_step',
+    ),
+    lambda x: x >= 0,
+    '>= 0',
+  ),
+  (
+    ('optimizer.momentum', 'optimizer.beta1', 'optimizer.beta2', 'train.drop_state'),
+    lambda x: 0 <= x < 1,
+    'in [0, 1) (a rate of 1 would drop or keep everything)',
+  ),
+  (('optimizer.eps', 'schedule.factor', 'generate.temperature'), lambda x: x > 0, 'positive'),
+  (('optimizer.clip_norm',), lambda x: x == x, 'a number (<= 0 turns clipping off)'),
+  (('averaging.start_fraction', 'train.rollback_lr_factor'), lambda x: 0 < x <= 1, 'in (0, 1]'),
+  (
+    (
+      'optimizer.learning_rate',
+      'optimizer.l2',
+      'optimizer.eps',
+      'schedule.factor',
+      'generate.temperature',
+    ),
+    lambda x: x < math.inf,
+    'finite',
+  ),
+  (('seed',), lambda x: 0 <= x < 2**32, 'in [0, 2**32) (a PRNG seed)'),
+  (
+    (
+      'data.batch_size',
+      'data.bptt',
+      'data.eval_batch_size',
+      'data.test_batch_size',
+      'data.pad_windows_to',
+    ),
+    lambda x: x < 2**31,
+    'below 2**31',
+  ),
 )
 # Bytes a parameter needs at least while training: float32 weights, their
 # gradient and two optimizer statistics.
@@ -67,13 +118,14 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
   """
   check_fields(config, CHOICES, RULES)
   check_model_config(config.model)
-  if (config.train.max_seconds > 0 and jax.distributed.is_initialized()
-      and jax.process_count() > 1):
+  if config.train.max_seconds > 0 and jax.distributed.is_initialized() and jax.process_count() > 1:
     # Each process's clock would run out after another update, and the
     # processes would wait for each other in different collectives.
-    raise field_error('train.max_seconds', config.train.max_seconds,
-                     'is not kept in step by the processes of a multi-process run: '
-                     'set train.max_steps instead')
+    raise field_error(
+      'train.max_seconds',
+      config.train.max_seconds,
+      'is not kept in step by the processes of a multi-process run: set train.max_steps instead',
+    )
   _check_evaluation(config.evaluation)
   if corpus is not None:
     _check_fit(config, corpus)
@@ -92,18 +144,25 @@ def check_memory(config: ml_collections.ConfigDict, vocab_size: int, copies: int
   have = stats.get('bytes_limit') or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
   if need > have:
     size = 'model.param_budget' if config.model.param_budget else 'model.hidden_size'
-    raise field_error(size, field_value(config, size),
-                     f'gives {copies} x {params:,} parameters, which need at least '
-                     f'{need / 2 ** 30:,.1f} GiB to train (weights, gradients, optimizer state), '
-                     f'more than the {have / 2 ** 30:,.1f} GiB of {device.device_kind}: lower it')
+    raise field_error(
+      size,
+      field_value(config, size),
+      f'gives {copies} x {params:,} parameters, which need at least '
+      f'{need / 2**30:,.1f} GiB to train (weights, gradients, optimizer state), '
+      f'more than the {have / 2**30:,.1f} GiB of {device.device_kind}: lower it',
+    )
 
 
 def _check_evaluation(evaluation: ml_collections.ConfigDict) -> None:
   """The final evaluation's config can run: a bad field fails before
   training, not after it."""
   if evaluation.evaluator == 'learned':
-    raise field_error('evaluation.evaluator', 'learned', 'needs a meta-learner, which is trained '
-                     'for a finished run (lm-zoo-meta-train): evaluate with it afterwards')
+    raise field_error(
+      'evaluation.evaluator',
+      'learned',
+      'needs a meta-learner, which is trained '
+      'for a finished run (lm-zoo-meta-train): evaluate with it afterwards',
+    )
   try:
     build_evaluator(evaluation, bptt=1, batch_size=1)
   except ConfigError as err:
@@ -112,17 +171,26 @@ def _check_evaluation(evaluation: ml_collections.ConfigDict) -> None:
 
 def _check_fit(config: ml_collections.ConfigDict, corpus: Corpus) -> None:
   data = config.data
-  for split, field in (('train', 'batch_size'), ('valid', 'eval_batch_size'),
-                       ('test', 'test_batch_size')):
+  for split, field in (
+    ('train', 'batch_size'),
+    ('valid', 'eval_batch_size'),
+    ('test', 'test_batch_size'),
+  ):
     pairs = len(corpus.split(split)) - 1
     if data[field] > pairs:
-      raise field_error(f'data.{field}', data[field],
-                       f'is more rows than the {max(pairs, 0)} (input, target) pairs of the '
-                       f'{split} split (data.{split}_tokens={data[f"{split}_tokens"]}) hold: '
-                       f'lower it, or keep more {split} tokens')
+      raise field_error(
+        f'data.{field}',
+        data[field],
+        f'is more rows than the {max(pairs, 0)} (input, target) pairs of the '
+        f'{split} split (data.{split}_tokens={data[f"{split}_tokens"]}) hold: '
+        f'lower it, or keep more {split} tokens',
+      )
   row_length = math.ceil((len(corpus.train) - 1) / data.batch_size)
   if data.bptt > row_length:
-    raise field_error('data.bptt', data.bptt,
-                     f'is longer than each of the data.batch_size={data.batch_size} rows the '
-                     f'training split is cut into ({row_length} steps): lower data.bptt or '
-                     'data.batch_size, or keep more training tokens')
+    raise field_error(
+      'data.bptt',
+      data.bptt,
+      f'is longer than each of the data.batch_size={data.batch_size} rows the '
+      f'training split is cut into ({row_length} steps): lower data.bptt or '
+      'data.batch_size, or keep more training tokens',
+    )

@@ -37,16 +37,27 @@ from lm_zoo.models import build_model, describe_model
 from lm_zoo.runs.metrics import MetricsWriter
 from lm_zoo.runs.nonfinite import PendingUpdates, RollBack
 from lm_zoo.runs.preemption import StopRequest
-from lm_zoo.runs.workdir import (check_workdir, record_command, record_data, save_config,
-                                 save_seeds, workdir_lock)
+from lm_zoo.runs.workdir import (
+  check_workdir,
+  record_command,
+  record_data,
+  save_config,
+  save_seeds,
+  workdir_lock,
+)
 from lm_zoo.training.budget import budget_spent, completed_summary, planned_steps, training_done
 from lm_zoo.training.config_checks import check_memory, validate_config
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, place_state, shard_batch
 from lm_zoo.training.run import Progress, Run, Trainer, ValidationCallback
 from lm_zoo.training.seed_axis import check_num_seeds, seed_configs, seed_dir, stack
-from lm_zoo.training.state import (close_checkpoints, open_checkpoints, restore_or_init,
-                                   restore_state, save_state)
+from lm_zoo.training.state import (
+  close_checkpoints,
+  open_checkpoints,
+  restore_or_init,
+  restore_state,
+  save_state,
+)
 from lm_zoo.training.steps import make_train_step
 from lm_zoo.training.summary import count_params, finish
 from lm_zoo.training.validation import end_epoch, log_training, validate
@@ -55,10 +66,14 @@ from lm_zoo.training.validation import end_epoch, log_training, validate
 log = logging.getLogger(__name__)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
-                       on_validation: ValidationCallback | None = None,
-                       final_splits: Sequence[str] | None = None,
-                       num_seeds: int = 1, command: str | None = None) -> dict[str, Any]:
+def train_and_evaluate(
+  config: ml_collections.ConfigDict,
+  workdir: str | pathlib.Path,
+  on_validation: ValidationCallback | None = None,
+  final_splits: Sequence[str] | None = None,
+  num_seeds: int = 1,
+  command: str | None = None,
+) -> dict[str, Any]:
   """Trains, evaluates the best checkpoint on `final_splits`, samples text.
 
   Re-running with the same workdir resumes from the latest checkpoint: the
@@ -104,23 +119,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   validate_config(config)  # before reading data or compiling anything
   check_num_seeds(num_seeds)
   workdir = check_workdir(workdir)
-  final_splits = split_names(config.evaluation.splits if final_splits is None
-                             else final_splits)
+  final_splits = split_names(config.evaluation.splits if final_splits is None else final_splits)
   with workdir_lock(workdir):
     if command is not None:
       record_command(workdir, command)
     return _train_and_evaluate(config, workdir, on_validation, final_splits, num_seeds)
 
 
-def train_seeds(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
-                num_seeds: int, final_splits: Sequence[str] | None = None) -> dict[str, Any]:
+def train_seeds(
+  config: ml_collections.ConfigDict,
+  workdir: str | pathlib.Path,
+  num_seeds: int,
+  final_splits: Sequence[str] | None = None,
+) -> dict[str, Any]:
   """`train_and_evaluate` of `num_seeds` seeds at once."""
   return train_and_evaluate(config, workdir, final_splits=final_splits, num_seeds=num_seeds)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path,
-                        on_validation: ValidationCallback | None,
-                        final_splits: Sequence[str], num_seeds: int) -> dict[str, Any]:
+def _train_and_evaluate(
+  config: ml_collections.ConfigDict,
+  workdir: pathlib.Path,
+  on_validation: ValidationCallback | None,
+  final_splits: Sequence[str],
+  num_seeds: int,
+) -> dict[str, Any]:
   """`train_and_evaluate` once the work directory is locked."""
   started = time.perf_counter()
   corpus = load_data(config)
@@ -133,16 +155,24 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
   check_batch(config.data.batch_size, mesh)
   configs = seed_configs(config, num_seeds)
   train_step = make_train_step(
-      model, optimizer, config.optimizer.loss_reduction == 'sum_over_time',
-      config.optimizer.ar, config.optimizer.tar, mesh,
-      skip_nonfinite=config.train.nonfinite == 'skip', drop_state=config.train.drop_state,
-      stacked=True, hold_padding=window_multiple(config.data) > 1)
+    model,
+    optimizer,
+    config.optimizer.loss_reduction == 'sum_over_time',
+    config.optimizer.ar,
+    config.optimizer.tar,
+    mesh,
+    skip_nonfinite=config.train.nonfinite == 'skip',
+    drop_state=config.train.drop_state,
+    stacked=True,
+    hold_padding=window_multiple(config.data) > 1,
+  )
   batched = BatchedStream(corpus.train, config.data.batch_size)
   checkpoints, best = open_checkpoints(workdir, configs)
   metrics = None
   try:
-    state, progress, resumed = restore_or_init(config, workdir, checkpoints, model, optimizer,
-                                               mesh, configs)
+    state, progress, resumed = restore_or_init(
+      config, workdir, checkpoints, model, optimizer, mesh, configs
+    )
     summary = completed_summary(config, workdir, int(state.step[0]), progress) if resumed else None
     if summary is not None:
       return summary
@@ -154,15 +184,30 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
         save_config(seeded, seed_dir(workdir, seeded.seed))
         record_data(corpus, seed_dir(workdir, seeded.seed))
     # Keeps what the run had logged at its checkpoint (a new run: nothing).
-    metrics = MetricsWriter(workdir, keep=progress.metrics_records if resumed else 0,
-                            resume_step=int(state.step[0]) if resumed else None)
+    metrics = MetricsWriter(
+      workdir,
+      keep=progress.metrics_records if resumed else 0,
+      resume_step=int(state.step[0]) if resumed else None,
+    )
     metrics.hyperparameters(config)
     trainer = Trainer(
-        config=config, workdir=workdir, configs=configs, corpus=corpus, model=model, mesh=mesh,
-        train_step=train_step, eval_step=make_eval_step(model),
-        stacked_eval_step=make_eval_step(model, stacked=True), batched=batched,
-        total_steps=planned_steps(config, batched), checkpoints=checkpoints, best=best,
-        metrics=metrics, on_validation=on_validation, started=started)
+      config=config,
+      workdir=workdir,
+      configs=configs,
+      corpus=corpus,
+      model=model,
+      mesh=mesh,
+      train_step=train_step,
+      eval_step=make_eval_step(model),
+      stacked_eval_step=make_eval_step(model, stacked=True),
+      batched=batched,
+      total_steps=planned_steps(config, batched),
+      checkpoints=checkpoints,
+      best=best,
+      metrics=metrics,
+      on_validation=on_validation,
+      started=started,
+    )
     run = start_run(trainer, state, progress)
     train(trainer, run)
     return finish(trainer, run, final_splits)
@@ -175,19 +220,31 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
 def start_run(t: Trainer, state: Any, progress: Progress) -> Run:
   """The run, from `state` laid out over the mesh (`restore_or_init`)."""
   if t.mesh is not None:
-    log.info('Data parallel over %d devices: %d rows each', t.mesh.size,
-             t.config.data.batch_size // t.mesh.size)
+    log.info(
+      'Data parallel over %d devices: %d rows each',
+      t.mesh.size,
+      t.config.data.batch_size // t.mesh.size,
+    )
   if t.num_seeds > 1:
     log.info('Training seeds %s at once', ', '.join(str(c.seed) for c in t.configs))
-  log.info('Model: %s; %s parameters%s; train %s tokens, vocab %d',
-           describe_model(t.config.model, t.model), f'{count_params(state):,}',
-           ' each' if t.num_seeds > 1 else '', f'{len(t.corpus.train):,}', len(t.corpus.vocab))
+  log.info(
+    'Model: %s; %s parameters%s; train %s tokens, vocab %d',
+    describe_model(t.config.model, t.model),
+    f'{count_params(state):,}',
+    ' each' if t.num_seeds > 1 else '',
+    f'{len(t.corpus.train):,}',
+    len(t.corpus.vocab),
+  )
   seeds = [c.seed for c in t.configs] if t.num_seeds > 1 else None
-  updates = PendingUpdates(t.config.train, t.metrics, t.workdir, t.checkpoints.has_latest,
-                           seeds)
-  return Run(state, progress, updates,
-             step=int(state.step[0]), trained_before=progress.train_seconds,
-             tokens_before=progress.train_tokens)
+  updates = PendingUpdates(t.config.train, t.metrics, t.workdir, t.checkpoints.has_latest, seeds)
+  return Run(
+    state,
+    progress,
+    updates,
+    step=int(state.step[0]),
+    trained_before=progress.train_seconds,
+    tokens_before=progress.train_tokens,
+  )
 
 
 def train(t: Trainer, run: Run) -> None:
@@ -206,10 +263,13 @@ def epoch_rates(t: Trainer, progress: Progress) -> np.ndarray:
   """Each seed's learning rate for the epoch: its schedule's, from its own
   validation history, lowered for each of its rollbacks."""
   cfg = t.config
-  return np.asarray([epoch_learning_rate(cfg.schedule, cfg.optimizer.learning_rate,
-                                         progress.epoch, losses)
-                     * cfg.train.rollback_lr_factor ** rollbacks
-                     for losses, rollbacks in zip(progress.valid_losses, progress.rollbacks)])
+  return np.asarray(
+    [
+      epoch_learning_rate(cfg.schedule, cfg.optimizer.learning_rate, progress.epoch, losses)
+      * cfg.train.rollback_lr_factor**rollbacks
+      for losses, rollbacks in zip(progress.valid_losses, progress.rollbacks)
+    ]
+  )
 
 
 def window_multiple(data: ml_collections.ConfigDict) -> int:
@@ -233,9 +293,14 @@ def train_epoch(t: Trainer, run: Run, stop: StopRequest) -> RollBack | None:
   # One draw of window lengths for every seed: config.seed's. Variable windows
   # are padded to few shapes, past which the train step holds the state; the
   # last window is padded to bptt (its state is not carried into the next epoch).
-  for window in t.batched.windows(data.bptt, progress.position, data.variable_bptt,
-                                  seed=(t.config.seed, progress.epoch), pad_last=True,
-                                  multiple=window_multiple(data)):
+  for window in t.batched.windows(
+    data.bptt,
+    progress.position,
+    data.variable_bptt,
+    seed=(t.config.seed, progress.epoch),
+    pad_last=True,
+    multiple=window_multiple(data),
+  ):
     train_window(t, run, window, rates)
     stopping = budget_spent(t.config, run.step, run.seconds_trained())
     fault = after_update(t, run, rates, stopping, stop)
@@ -261,10 +326,12 @@ def train_window(t: Trainer, run: Run, window: Window, rates: np.ndarray) -> Non
   step_lr = tuple(float(rate * scale) for rate in rates)
   if step_lr != run.step_lr:  # no host-to-device copy while the rates hold
     run.step_lr = step_lr
-    run.state = run.state.replace(opt_state=set_learning_rate(
-        run.state.opt_state, np.asarray(step_lr, np.float32)))
+    run.state = run.state.replace(
+      opt_state=set_learning_rate(run.state.opt_state, np.asarray(step_lr, np.float32))
+    )
   run.state, step_metrics = t.train_step(
-      run.state, *shard_batch(t.mesh, window.inputs, window.targets, window.weights))
+    run.state, *shard_batch(t.mesh, window.inputs, window.targets, window.weights)
+  )
   run.progress.position = window.start + window.length
   run.step += 1
   run.updates.add(run.step, step_metrics)
@@ -273,8 +340,9 @@ def train_window(t: Trainer, run: Run, window: Window, rates: np.ndarray) -> Non
   run.tokens_trained += tokens
 
 
-def after_update(t: Trainer, run: Run, rates: np.ndarray, stopping: bool,
-                 stop: StopRequest) -> RollBack | None:
+def after_update(
+  t: Trainer, run: Run, rates: np.ndarray, stopping: bool, stop: StopRequest
+) -> RollBack | None:
   """What is due after an update, in turn: a log line, a validation turn, a
   checkpoint, the stop a signal asks for. Each reads back the pending updates
   first, so none sees non-finite weights; a rollback ends the turn."""
@@ -286,8 +354,11 @@ def after_update(t: Trainer, run: Run, rates: np.ndarray, stopping: bool,
   # A turn every eval_every steps, and one for the weights a budget stops at
   # (the epoch end validates anyway); before the checkpoint, so that a
   # resumed run knows its best score.
-  if (cfg.eval_every > 0 and progress.position < t.batched.row_length
-      and (run.step % cfg.eval_every == 0 or stopping)):
+  if (
+    cfg.eval_every > 0
+    and progress.position < t.batched.row_length
+    and (run.step % cfg.eval_every == 0 or stopping)
+  ):
     fault = run.updates.fetch(progress).rollback
     if fault is not None:
       return fault
@@ -326,9 +397,11 @@ def preempt(t: Trainer, run: Run, signum: int) -> RollBack:
   if fault is not None:
     return fault
   raise Preempted(
-      f'{signal.Signals(signum).name} received: training stopped at step {run.step} '
-      f'(epoch {run.progress.epoch}) with a checkpoint in {t.workdir}/checkpoints; run '
-      'the same command to resume', signum)
+    f'{signal.Signals(signum).name} received: training stopped at step {run.step} '
+    f'(epoch {run.progress.epoch}) with a checkpoint in {t.workdir}/checkpoints; run '
+    'the same command to resume',
+    signum,
+  )
 
 
 def roll_back(t: Trainer, run: Run, fault: RollBack) -> None:
@@ -347,10 +420,24 @@ def roll_back(t: Trainer, run: Run, fault: RollBack) -> None:
   for k in fault.seeds:
     scale = cfg.rollback_lr_factor ** rollbacks[k]
     named = f'seed {t.configs[k].seed}: ' if t.num_seeds > 1 else ''
-    log.warning('%sstep %d: non-finite loss or gradient, rolled back to the checkpoint of '
-                'step %d with the learning rate x %g (rollback %d of at most %d)', named,
-                fault.step, run.step, scale, rollbacks[k], cfg.max_rollbacks)
-    t.metrics.write('nonfinite', step=fault.step, epoch=run.progress.epoch,
-                    **t.seed_fields(k), action='rollback', to_step=run.step,
-                    learning_rate_scale=scale, rollbacks=rollbacks[k])
+    log.warning(
+      '%sstep %d: non-finite loss or gradient, rolled back to the checkpoint of '
+      'step %d with the learning rate x %g (rollback %d of at most %d)',
+      named,
+      fault.step,
+      run.step,
+      scale,
+      rollbacks[k],
+      cfg.max_rollbacks,
+    )
+    t.metrics.write(
+      'nonfinite',
+      step=fault.step,
+      epoch=run.progress.epoch,
+      **t.seed_fields(k),
+      action='rollback',
+      to_step=run.step,
+      learning_rate_scale=scale,
+      rollbacks=rollbacks[k],
+    )
   run.throughput.reset()

@@ -16,27 +16,28 @@ from lm_zoo.training.averaging import TRIGGERS
 
 # Optimizer name -> update(optimizer config, learning rate): the step after
 # clipping and penalties, an optax transformation; `register_optimizer` adds one.
-OPTIMIZERS: dict[str, Callable[[ml_collections.ConfigDict, Any],
-                               optax.GradientTransformation]] = {
-    'sgd': lambda cfg, lr: optax.sgd(lr, momentum=cfg.momentum or None),
-    'adam': lambda cfg, lr: optax.adam(lr, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps),
-    # Adam with Nesterov momentum: the dual connection paper's optimizer.
-    'nadam': lambda cfg, lr: optax.nadam(lr, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps),
+OPTIMIZERS: dict[str, Callable[[ml_collections.ConfigDict, Any], optax.GradientTransformation]] = {
+  'sgd': lambda cfg, lr: optax.sgd(lr, momentum=cfg.momentum or None),
+  'adam': lambda cfg, lr: optax.adam(lr, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps),
+  # Adam with Nesterov momentum: the dual connection paper's optimizer.
+  'nadam': lambda cfg, lr: optax.nadam(lr, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps),
 }
 SCHEDULES = ('constant', 'exponential', 'milestones', 'plateau')
 LOSS_REDUCTIONS = ('mean', 'sum_over_time')  # optimizer.loss_reduction (make_train_step)
 
 
-def register_optimizer(name: str, update: Callable[[ml_collections.ConfigDict, Any],
-                                                   optax.GradientTransformation]) -> None:
+def register_optimizer(
+  name: str, update: Callable[[ml_collections.ConfigDict, Any], optax.GradientTransformation]
+) -> None:
   """Makes `optimizer.name = name` step with `update(optimizer_config,
   learning_rate)` (the learning rate an injected hyper-parameter: pass it
   on as the transformation's own)."""
   OPTIMIZERS[name] = update
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict,
-                   averaging: str = 'none') -> optax.GradientTransformation:
+def make_optimizer(
+  cfg: ml_collections.ConfigDict, averaging: str = 'none'
+) -> optax.GradientTransformation:
   """clip by global norm -> L2 penalties (all parameters; the dual layer's
   own) -> SGD, Adam or Nadam -> parameter averaging (with `l2_before_clip`
   the L2 penalties come before the clipping, as a penalty in the objective),
@@ -49,11 +50,14 @@ def make_optimizer(cfg: ml_collections.ConfigDict,
   Adam with beta1 = 0 is the Mogrifier paper's RMSProp-like setting.
   """
   if cfg.name not in OPTIMIZERS:
-    raise ConfigError(f'unknown optimizer {cfg.name!r} (optimizer.name): '
-                      f'choose one of {", ".join(OPTIMIZERS)}')
+    raise ConfigError(
+      f'unknown optimizer {cfg.name!r} (optimizer.name): choose one of {", ".join(OPTIMIZERS)}'
+    )
   if averaging not in TRIGGERS:
-    raise ConfigError(f'unknown averaging trigger {averaging!r} (averaging.trigger): '
-                      f'choose one of {", ".join(TRIGGERS)}')
+    raise ConfigError(
+      f'unknown averaging trigger {averaging!r} (averaging.trigger): '
+      f'choose one of {", ".join(TRIGGERS)}'
+    )
 
   def build(learning_rate):
     penalties = []
@@ -76,9 +80,13 @@ def module_mask(name: str) -> Callable[[Any], Any]:
   """A mask function for optax: True on the parameters of the top-level
   module `name` (a part of `RecurrentLM`: 'embedding', 'stack', 'bridge' or
   'head'), False elsewhere."""
+
   def mask(params):
-    return {module: jax.tree.map(lambda _, m=module: m == name, subtree)
-            for module, subtree in params.items()}
+    return {
+      module: jax.tree.map(lambda _, m=module: m == name, subtree)
+      for module, subtree in params.items()
+    }
+
   return mask
 
 
@@ -96,8 +104,9 @@ def set_learning_rate(opt_state, learning_rate: float):
   return opt_state._replace(hyperparams=hyperparams)
 
 
-def epoch_learning_rate(cfg: ml_collections.ConfigDict, base_lr: float, epoch: int,
-                        valid_losses: Sequence[float]) -> float:
+def epoch_learning_rate(
+  cfg: ml_collections.ConfigDict, base_lr: float, epoch: int, valid_losses: Sequence[float]
+) -> float:
   """The learning rate for `epoch` (1-based) from `config.schedule`.
 
   kinds:
@@ -126,6 +135,7 @@ def epoch_learning_rate(cfg: ml_collections.ConfigDict, base_lr: float, epoch: i
       else:
         drops += 1
   else:
-    raise ConfigError(f'unknown schedule {cfg.kind!r} (schedule.kind): choose '
-                      f'one of {", ".join(SCHEDULES)}')
-  return max(base_lr * cfg.factor ** drops, cfg.min_lr)
+    raise ConfigError(
+      f'unknown schedule {cfg.kind!r} (schedule.kind): choose one of {", ".join(SCHEDULES)}'
+    )
+  return max(base_lr * cfg.factor**drops, cfg.min_lr)

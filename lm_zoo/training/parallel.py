@@ -45,14 +45,18 @@ def initialize_distributed() -> None:
         raise ConfigError(f'{name}={value!r}: use a whole number (processes count from 0)')
       given[arg] = int(value) if value else None
     jax.distributed.initialize(**given)
-    log.info('process %d of %d, %d local of %d devices', jax.process_index(),
-             jax.process_count(), jax.local_device_count(), jax.device_count())
+    log.info(
+      'process %d of %d, %d local of %d devices',
+      jax.process_index(),
+      jax.process_count(),
+      jax.local_device_count(),
+      jax.device_count(),
+    )
 
 
 def distributed_requested() -> bool:
   """Whether $LM_ZOO_DISTRIBUTED asks to join a multi-host job."""
   return os.environ.get(DISTRIBUTED_ENV, '0') not in ('', '0')
-
 
 
 def data_mesh(num_devices: int) -> Mesh | None:
@@ -64,8 +68,10 @@ def data_mesh(num_devices: int) -> Mesh | None:
   available = jax.device_count()
   count = available if num_devices == 0 else num_devices
   if not 0 < count <= available:
-    raise ConfigError(f'parallel.num_devices={num_devices}, but {available} devices are '
-                      'visible: use a number from 1 to that, or 0 for all')
+    raise ConfigError(
+      f'parallel.num_devices={num_devices}, but {available} devices are '
+      'visible: use a number from 1 to that, or 0 for all'
+    )
   if count == 1:
     return None
   return Mesh(np.array(jax.devices()[:count]), (DATA_AXIS,), axis_types=(AxisType.Auto,))
@@ -74,8 +80,10 @@ def data_mesh(num_devices: int) -> Mesh | None:
 def check_batch(batch_size: int, mesh: Mesh | None, field: str = 'data.batch_size') -> None:
   """Raises ConfigError unless the batch splits evenly over the mesh."""
   if mesh is not None and batch_size % mesh.size:
-    raise ConfigError(f'{field}={batch_size} does not split over {mesh.size} devices: '
-                      f'use a multiple of {mesh.size} or set parallel.num_devices')
+    raise ConfigError(
+      f'{field}={batch_size} does not split over {mesh.size} devices: '
+      f'use a multiple of {mesh.size} or set parallel.num_devices'
+    )
 
 
 def state_shardings(state: Any, mesh: Mesh, seed_axis: bool = False) -> Any:
@@ -83,8 +91,9 @@ def state_shardings(state: Any, mesh: Mesh, seed_axis: bool = False) -> Any:
   replicated. With `seed_axis` every leaf has a leading axis of seeds
   (`lm_zoo.training.seed_axis`), and the rows are the carries' second axis."""
   replicated = NamedSharding(mesh, PartitionSpec())
-  by_row = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS) if seed_axis
-                         else PartitionSpec(DATA_AXIS))
+  by_row = NamedSharding(
+    mesh, PartitionSpec(None, DATA_AXIS) if seed_axis else PartitionSpec(DATA_AXIS)
+  )
   shardings = jax.tree.map(lambda _: replicated, state)
   return shardings.replace(carries=jax.tree.map(lambda _: by_row, state.carries))
 
@@ -110,5 +119,6 @@ def shard_batch(mesh: Mesh | None, *arrays: np.ndarray) -> tuple[Any, ...]:
   rows = sharding.addressable_devices_indices_map(arrays[0].shape)
   first = min(index[0].start or 0 for index in rows.values())
   last = max(index[0].stop or arrays[0].shape[0] for index in rows.values())
-  return tuple(jax.make_array_from_process_local_data(sharding, a[first:last], a.shape)
-               for a in arrays)
+  return tuple(
+    jax.make_array_from_process_local_data(sharding, a[first:last], a.shape) for a in arrays
+  )

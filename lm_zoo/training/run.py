@@ -49,9 +49,13 @@ class Progress:
   @classmethod
   def start(cls, num_seeds: int) -> Progress:
     """A new run's, for `num_seeds` seeds: no validation yet."""
-    return cls(valid_losses=[[] for _ in range(num_seeds)], best_valid=[math.inf] * num_seeds,
-               best_step=[0] * num_seeds, skipped_updates=[0] * num_seeds,
-               rollbacks=[0] * num_seeds)
+    return cls(
+      valid_losses=[[] for _ in range(num_seeds)],
+      best_valid=[math.inf] * num_seeds,
+      best_step=[0] * num_seeds,
+      skipped_updates=[0] * num_seeds,
+      rollbacks=[0] * num_seeds,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +117,9 @@ def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
   key = jax.random.key(config.seed)
   params = init_params(model, key, config.model.init_scale)
   return TrainState(
-      step=jax.numpy.zeros((), jax.numpy.int32), params=params,
-      opt_state=optimizer.init(params),
-      carries=model.initialize_carry(config.data.batch_size),
-      rng=jax.random.key_data(jax.random.fold_in(key, 1)))
+    step=jax.numpy.zeros((), jax.numpy.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    carries=model.initialize_carry(config.data.batch_size),
+    rng=jax.random.key_data(jax.random.fold_in(key, 1)),
+  )

@@ -24,24 +24,38 @@ from lm_zoo.training.trained import workdir_evaluator
 log = logging.getLogger(__name__)
 
 
-def sample_text(model: RecurrentLM, params: Any, corpus: Corpus, num_lines: int,
-                num_tokens: int, seed: int, temperature: float) -> list[str]:
+def sample_text(
+  model: RecurrentLM,
+  params: Any,
+  corpus: Corpus,
+  num_lines: int,
+  num_tokens: int,
+  seed: int,
+  temperature: float,
+) -> list[str]:
   """`num_lines` samples, each started after an end of sentence."""
   prompt = np.full((num_lines, 1), generation.start_id(corpus.vocab), np.int32)
-  ids = generation.sample(model, params, prompt, num_tokens, jax.random.key(seed),
-                          temperature)
+  ids = generation.sample(model, params, prompt, num_tokens, jax.random.key(seed), temperature)
   return [corpus.vocab.decode(row).strip().replace('\n', ' | ') for row in ids]
 
 
-def record_samples(model: RecurrentLM, params: Any, corpus: Corpus,
-                   config: ml_collections.ConfigDict, metrics: MetricsWriter, step: int,
-                   tag: str = 'samples', label: str = 'sample') -> list[str]:
+def record_samples(
+  model: RecurrentLM,
+  params: Any,
+  corpus: Corpus,
+  config: ml_collections.ConfigDict,
+  metrics: MetricsWriter,
+  step: int,
+  tag: str = 'samples',
+  label: str = 'sample',
+) -> list[str]:
   """`config.generate`'s samples (`sample_text`, drawn with `config.seed`),
   logged a line each after `label` and written to TensorBoard's text tab
   under `tag`."""
   gen = config.generate
-  samples = sample_text(model, params, corpus, gen.num_lines, gen.num_tokens, config.seed,
-                        gen.temperature)
+  samples = sample_text(
+    model, params, corpus, gen.num_lines, gen.num_tokens, config.seed, gen.temperature
+  )
   for line in samples:
     log.info('%s: %s', label, line)
   metrics.text(tag, '\n\n'.join(samples), step)
@@ -51,12 +65,19 @@ def record_samples(model: RecurrentLM, params: Any, corpus: Corpus,
 def score_split(t: Trainer, split: str, params: Any) -> EvalResult:
   """The static score of `params` on `split`: each validation turn's."""
   data = t.config.data
-  return evaluate_split(t.model, params, t.corpus, split, eval_batch_size(t.config, split),
-                        data.bptt, t.eval_step)
+  return evaluate_split(
+    t.model, params, t.corpus, split, eval_batch_size(t.config, split), data.bptt, t.eval_step
+  )
 
 
-def final_scores(config: ml_collections.ConfigDict, workdir: pathlib.Path, model: RecurrentLM,
-                 corpus: Corpus, params: Any, splits: Sequence[str]) -> dict[str, EvalResult]:
+def final_scores(
+  config: ml_collections.ConfigDict,
+  workdir: pathlib.Path,
+  model: RecurrentLM,
+  corpus: Corpus,
+  params: Any,
+  splits: Sequence[str],
+) -> dict[str, EvalResult]:
   """The best weights of the run in `workdir` scored on `splits` by the
   evaluator of `config.evaluation` (static by default), each split at its
   batch size (`eval_batch_size`) unless `evaluation.batch_size` sets one."""

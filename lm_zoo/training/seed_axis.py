@@ -22,8 +22,9 @@ def check_num_seeds(num_seeds: Any) -> None:
     raise ConfigError(f'num_seeds must be a whole number of at least 1, got {num_seeds!r}')
 
 
-def seed_configs(config: ml_collections.ConfigDict, num_seeds: int
-                 ) -> list[ml_collections.ConfigDict]:
+def seed_configs(
+  config: ml_collections.ConfigDict, num_seeds: int
+) -> list[ml_collections.ConfigDict]:
   """The configs of a run's seeds: `config` with seed config.seed + k."""
   configs = []
   for k in range(num_seeds):

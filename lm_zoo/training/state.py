@@ -26,8 +26,9 @@ from lm_zoo.training.steps import TrainState
 log = logging.getLogger(__name__)
 
 
-def open_checkpoints(workdir: pathlib.Path, configs: Sequence[ml_collections.ConfigDict]
-                     ) -> tuple[Checkpoints, list[Checkpoints]]:
+def open_checkpoints(
+  workdir: pathlib.Path, configs: Sequence[ml_collections.ConfigDict]
+) -> tuple[Checkpoints, list[Checkpoints]]:
   """The run's checkpoints (WORKDIR/checkpoints and WORKDIR/best), and where
   each seed's best weights go: WORKDIR/best for one seed, WORKDIR/seed_S/best
   for several."""
@@ -53,8 +54,9 @@ def save_state(checkpoints: Checkpoints, step: int, state: TrainState, meta: dic
   checkpoints.save_latest(step, take_seed(state, 0) if one_seed else state, meta)
 
 
-def restore_state(checkpoints: Checkpoints, like: TrainState, mesh: Mesh | None
-                  ) -> tuple[TrainState, dict]:
+def restore_state(
+  checkpoints: Checkpoints, like: TrainState, mesh: Mesh | None
+) -> tuple[TrainState, dict]:
   """The latest checkpoint's state, shaped and laid out as `like`, and its meta."""
   if like.step.shape[0] > 1:
     restored, meta = checkpoints.restore_latest(like)
@@ -63,11 +65,15 @@ def restore_state(checkpoints: Checkpoints, like: TrainState, mesh: Mesh | None
   return place_state(stack([restored]), mesh, seed_axis=True), meta
 
 
-def restore_or_init(config: ml_collections.ConfigDict, workdir: pathlib.Path,
-                    checkpoints: Checkpoints, model: RecurrentLM,
-                    optimizer: optax.GradientTransformation, mesh: Mesh | None,
-                    configs: Sequence[ml_collections.ConfigDict]
-                    ) -> tuple[TrainState, Progress, bool]:
+def restore_or_init(
+  config: ml_collections.ConfigDict,
+  workdir: pathlib.Path,
+  checkpoints: Checkpoints,
+  model: RecurrentLM,
+  optimizer: optax.GradientTransformation,
+  mesh: Mesh | None,
+  configs: Sequence[ml_collections.ConfigDict],
+) -> tuple[TrainState, Progress, bool]:
   """The latest checkpoint's state and progress, or a new state of every
   seed of `configs` (from the best weights of `train.init_from`, when set,
   the same for every seed), laid out over `mesh`; and whether it resumed.
@@ -80,8 +86,13 @@ def restore_or_init(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     check_resumable(config, workdir, [c.seed for c in configs] if len(configs) > 1 else None)
     state, meta = restore_state(checkpoints, place_state(stack(states), mesh, True), mesh)
     progress = Progress(**meta)
-    log.info('Resumed from step %d (epoch %d, position %d) in %s',
-             int(state.step[0]), progress.epoch, progress.position, workdir)
+    log.info(
+      'Resumed from step %d (epoch %d, position %d) in %s',
+      int(state.step[0]),
+      progress.epoch,
+      progress.position,
+      workdir,
+    )
     return state, progress, True
   if config.train.init_from:
     params = initial_params(config.train.init_from, states[0].params)

@@ -11,8 +11,11 @@ import jax.numpy as jnp
 import optax
 
 from lm_zoo.models.objective import token_nll
-from lm_zoo.models.regularisation import (activation_penalty, drop_carried_state,
-                                          temporal_activation_penalty)
+from lm_zoo.models.regularisation import (
+  activation_penalty,
+  drop_carried_state,
+  temporal_activation_penalty,
+)
 from lm_zoo.training.parallel import state_shardings
 from lm_zoo.training.seed_axis import stack, take_seed
 
@@ -37,11 +40,18 @@ class TrainState:
   rng: jax.Array
 
 
-def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
-                    sum_over_time: bool = False, ar: float = 0.0,
-                    tar: float = 0.0, mesh: jax.sharding.Mesh | None = None,
-                    skip_nonfinite: bool = False, drop_state: float = 0.0,
-                    stacked: bool = False, hold_padding: bool = False) -> Callable:
+def make_train_step(
+  model: nn.Module,
+  optimizer: optax.GradientTransformation,
+  sum_over_time: bool = False,
+  ar: float = 0.0,
+  tar: float = 0.0,
+  mesh: jax.sharding.Mesh | None = None,
+  skip_nonfinite: bool = False,
+  drop_state: float = 0.0,
+  stacked: bool = False,
+  hold_padding: bool = False,
+) -> Callable:
   """Returns jitted `train_step(state, inputs, targets, weights) -> (state, metrics)`.
 
   The objective is the mean NLL per token, or with `sum_over_time` the NLL
@@ -74,18 +84,25 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   metrics have that axis too, and a mesh splits the carries' second axis. A
   seed axis of one takes the unstacked step, bit for bit.
   """
+
   def train_step(state: TrainState, inputs, targets, weights):
     step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     keys = jax.random.split(step_key)
     carries = drop_carried_state(state.carries, drop_state, jax.random.fold_in(step_key, 1))
     grads, (loss, new_carries) = jax.grad(
-        lambda params: _objective(model, params, carries, inputs, targets, weights, keys,
-                                  sum_over_time, ar, tar, hold_padding),
-        has_aux=True)(state.params)
+      lambda params: _objective(
+        model, params, carries, inputs, targets, weights, keys, sum_over_time, ar, tar, hold_padding
+      ),
+      has_aux=True,
+    )(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              carries=jax.lax.stop_gradient(new_carries))
+    new_state = state.replace(
+      step=state.step + 1,
+      params=params,
+      opt_state=opt_state,
+      carries=jax.lax.stop_gradient(new_carries),
+    )
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if skip_nonfinite:
@@ -99,8 +116,19 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
   return jax.jit(on_seed_axis(train_step) if stacked else train_step, donate_argnums=0)
 
 
-def _objective(model: nn.Module, params, carries, inputs, targets, weights, keys,
-               sum_over_time: bool, ar: float, tar: float, hold_padding: bool):
+def _objective(
+  model: nn.Module,
+  params,
+  carries,
+  inputs,
+  targets,
+  weights,
+  keys,
+  sum_over_time: bool,
+  ar: float,
+  tar: float,
+  hold_padding: bool,
+):
   """The train step's objective at `params` (before weight drop, with the
   step's weight-drop and dropout `keys`) and (the mean NLL, the new carries)."""
   weight_key, dropout_key = keys
@@ -109,15 +137,22 @@ def _objective(model: nn.Module, params, carries, inputs, targets, weights, keys
   # A window's own steps: those scored in some row (row 0 is never padding).
   steps = jnp.any(weights > 0, axis=0)
   (logits, new_carries), sown = model.apply(
-      {'params': params}, inputs, carries, train=True, steps=steps if hold_padding else None,
-      rngs={'dropout': dropout_key}, mutable=['intermediates'] if penalised else [])
+    {'params': params},
+    inputs,
+    carries,
+    train=True,
+    steps=steps if hold_padding else None,
+    rngs={'dropout': dropout_key},
+    mutable=['intermediates'] if penalised else [],
+  )
   total, count = token_nll(logits, targets, weights)
   mean = total / jnp.maximum(count, 1.0)
   objective = mean * jnp.sum(steps) if sum_over_time else mean
   if penalised:
     outputs = sown['intermediates']['stack']  # what the stack sows (RecurrentLM)
-    objective += (activation_penalty(outputs['dropped_output'][0], ar, steps)
-                  + temporal_activation_penalty(outputs['output'][0], tar, steps))
+    objective += activation_penalty(
+      outputs['dropped_output'][0], ar, steps
+    ) + temporal_activation_penalty(outputs['output'][0], tar, steps)
   return objective, (mean, new_carries)
 
 

@@ -42,14 +42,20 @@ def finish(t: Trainer, run: Run, final_splits: Sequence[str]) -> dict[str, Any]:
     _write(folder, summary)
     log.info('seed %d: %s', summary['seed'], run_summary(summary, folder).replace('\n', ';'))
   summary: dict[str, Any] = {
-      'step': run.step, 'seeds': [c.seed for c in t.configs],
-      'train_seconds': round(seconds, 1),
-      'tokens_per_second': round(run.all_tokens_trained() / max(seconds, 1e-9), 1),
-      'num_params': summaries[0]['num_params'], 'unit': t.corpus.unit,
-      'runs': summaries, 'environment': environment(), 'wall_seconds': wall_seconds}
+    'step': run.step,
+    'seeds': [c.seed for c in t.configs],
+    'train_seconds': round(seconds, 1),
+    'tokens_per_second': round(run.all_tokens_trained() / max(seconds, 1e-9), 1),
+    'num_params': summaries[0]['num_params'],
+    'unit': t.corpus.unit,
+    'runs': summaries,
+    'environment': environment(),
+    'wall_seconds': wall_seconds,
+  }
   for split in final_splits:
-    results = [EvalResult(s[split]['loss'], s[split]['num_tokens'], t.corpus.unit)
-               for s in summaries]
+    results = [
+      EvalResult(s[split]['loss'], s[split]['num_tokens'], t.corpus.unit) for s in summaries
+    ]
     mean, std = mean_and_spread([figure(result) for result in results])
     summary[split] = {'mean': mean, 'std': std, 'measure': measure(t.corpus.unit)}
     log.info('%s over %d seeds: %s', split, len(results), spread(results))
@@ -65,8 +71,9 @@ def _write(folder: pathlib.Path, summary: dict[str, Any]) -> None:
     log.info('%s', run_summary(summary, folder))
 
 
-def seed_summary(t: Trainer, run: Run, k: int, final_splits: Sequence[str],
-                 seconds: float) -> dict[str, Any]:
+def seed_summary(
+  t: Trainer, run: Run, k: int, final_splits: Sequence[str], seconds: float
+) -> dict[str, Any]:
   """Seed `k`'s summary: its best weights (the last ones when no epoch
   ended) scored on `final_splits` and sampled from."""
   seeded, several = t.configs[k], t.num_seeds > 1
@@ -74,31 +81,46 @@ def seed_summary(t: Trainer, run: Run, k: int, final_splits: Sequence[str],
   best = t.best[k].restore_best(params)
   params, best_meta = best if best is not None else (params, {'epoch': run.progress.epoch})
   summary: dict[str, Any] = {'seed': seeded.seed} if several else {}
-  summary.update({
-      'step': run.step, 'best_epoch': best_meta['epoch'],
+  summary.update(
+    {
+      'step': run.step,
+      'best_epoch': best_meta['epoch'],
       'train_seconds': round(seconds, 1),
-      'tokens_per_second': round(run.all_tokens_trained() / t.num_seeds / max(seconds, 1e-9),
-                                 1),
-      'num_params': int(sum(x.size for x in jax.tree.leaves(params))), 'unit': t.corpus.unit,
+      'tokens_per_second': round(run.all_tokens_trained() / t.num_seeds / max(seconds, 1e-9), 1),
+      'num_params': int(sum(x.size for x in jax.tree.leaves(params))),
+      'unit': t.corpus.unit,
       'skipped_updates': run.progress.skipped_updates[k],
-      'rollbacks': run.progress.rollbacks[k]})
+      'rollbacks': run.progress.rollbacks[k],
+    }
+  )
   if several:
-    summary['valid_curve'] = [figure(EvalResult(loss, 0, t.corpus.unit))
-                              for loss in run.progress.valid_losses[k]]
+    summary['valid_curve'] = [
+      figure(EvalResult(loss, 0, t.corpus.unit)) for loss in run.progress.valid_losses[k]
+    ]
   summary['environment'] = environment()
   folder = seed_dir(t.workdir, seeded.seed) if several else t.workdir
-  for split, result in final_scores(seeded, folder, t.model, t.corpus, params,
-                                    final_splits).items():
+  for split, result in final_scores(
+    seeded, folder, t.model, t.corpus, params, final_splits
+  ).items():
     if not several:
-      log.info('%s %s (%d tokens, batch %d)', split, result.summary(),
-               result.num_tokens, final_batch_size(seeded, split))
+      log.info(
+        '%s %s (%d tokens, batch %d)',
+        split,
+        result.summary(),
+        result.num_tokens,
+        final_batch_size(seeded, split),
+      )
     t.metrics.write(split, step=run.step, **t.seed_fields(k), final=True, **result.as_dict())
     summary[split] = result.as_dict()
   if seeded.generate.num_lines > 0:  # what the seed's run alone samples
-    tags = ({'tag': f'seed_{seeded.seed}/samples', 'label': f'seed {seeded.seed} sample'}
-            if several else {})
-    summary['samples'] = record_samples(t.model, params, t.corpus, seeded, t.metrics,
-                                        run.step, **tags)
+    tags = (
+      {'tag': f'seed_{seeded.seed}/samples', 'label': f'seed {seeded.seed} sample'}
+      if several
+      else {}
+    )
+    summary['samples'] = record_samples(
+      t.model, params, t.corpus, seeded, t.metrics, run.step, **tags
+    )
   return summary
 
 
@@ -109,10 +131,15 @@ def count_params(state) -> int:
 
 def run_summary(summary: dict[str, Any], workdir: pathlib.Path) -> str:
   """The lines printed when a run ends: its scores, time and speed."""
-  scores = '  '.join(f"{split} {EvalResult(summary[split]['loss'], 0, summary['unit']).summary()}"
-                     for split in ('valid', 'test') if split in summary)
-  return (f'Run summary ({workdir}): {summary["step"]} steps, best epoch '
-          f'{summary["best_epoch"]}\n  {scores}\n  wall time '
-          f'{format_duration(summary["wall_seconds"])} (training '
-          f'{format_duration(summary["train_seconds"])}, '
-          f'{summary["tokens_per_second"]:,.0f} tokens/s)')
+  scores = '  '.join(
+    f'{split} {EvalResult(summary[split]["loss"], 0, summary["unit"]).summary()}'
+    for split in ('valid', 'test')
+    if split in summary
+  )
+  return (
+    f'Run summary ({workdir}): {summary["step"]} steps, best epoch '
+    f'{summary["best_epoch"]}\n  {scores}\n  wall time '
+    f'{format_duration(summary["wall_seconds"])} (training '
+    f'{format_duration(summary["train_seconds"])}, '
+    f'{summary["tokens_per_second"]:,.0f} tokens/s)'
+  )

@@ -14,19 +14,34 @@ import optax
 
 from lm_zoo.configs import evaluation_config
 from lm_zoo.errors import ConfigError
-from lm_zoo.evaluation import (EvalResult, Evaluator, build_evaluator, diagonal_fisher,
-                               meta_train, split_names)
+from lm_zoo.evaluation import (
+  EvalResult,
+  Evaluator,
+  build_evaluator,
+  diagonal_fisher,
+  meta_train,
+  split_names,
+)
 from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
 from lm_zoo.presets import is_preset
 from lm_zoo.remote import is_remote, resolve
 from lm_zoo.runs.finished import load_trained
 from lm_zoo.runs.workdir import refuse_links
-from lm_zoo.training.meta_learner import (META_LEARNER_DIR, PRIORS, gate_network, load_meta_learner,
-                                          save_meta_learner)
+from lm_zoo.training.meta_learner import (
+  META_LEARNER_DIR,
+  PRIORS,
+  gate_network,
+  load_meta_learner,
+  save_meta_learner,
+)
 
 
-def workdir_evaluator(workdir: str | pathlib.Path, run_config: ml_collections.ConfigDict,
-                      config: ml_collections.ConfigDict, batch_size: int = 0) -> Evaluator:
+def workdir_evaluator(
+  workdir: str | pathlib.Path,
+  run_config: ml_collections.ConfigDict,
+  config: ml_collections.ConfigDict,
+  batch_size: int = 0,
+) -> Evaluator:
   """The evaluator `config` (`evaluation_config`) names for a work
   directory's model: windows of the run's BPTT, `config.batch_size` rows
   or else `batch_size` or else the run's `data.test_batch_size`, and for
@@ -34,17 +49,22 @@ def workdir_evaluator(workdir: str | pathlib.Path, run_config: ml_collections.Co
   WORKDIR/meta_learner)."""
   meta_learner = None
   if config.evaluator == 'learned':
-    meta_learner = load_meta_learner(config.learned.meta_learner
-                                     or resolve(workdir) / META_LEARNER_DIR)
+    meta_learner = load_meta_learner(
+      config.learned.meta_learner or resolve(workdir) / META_LEARNER_DIR
+    )
   return build_evaluator(
-      config, bptt=run_config.data.bptt,
-      batch_size=config.batch_size or batch_size or run_config.data.test_batch_size,
-      meta_learner=meta_learner)
+    config,
+    bptt=run_config.data.bptt,
+    batch_size=config.batch_size or batch_size or run_config.data.test_batch_size,
+    meta_learner=meta_learner,
+  )
 
 
-def evaluate_workdir(workdir: str | pathlib.Path,
-                     config: ml_collections.ConfigDict | None = None,
-                     data_dir: str | None = None) -> dict[str, EvalResult]:
+def evaluate_workdir(
+  workdir: str | pathlib.Path,
+  config: ml_collections.ConfigDict | None = None,
+  data_dir: str | None = None,
+) -> dict[str, EvalResult]:
   """The best checkpoint of a work directory scored on `config.splits` by
   the evaluator `config` names (`lm_zoo.configs.evaluation_config`; default:
   static evaluation of valid and test at the run's test batch size), on the
@@ -59,8 +79,9 @@ def evaluate_workdir(workdir: str | pathlib.Path,
   return {split: evaluator.score(prepared, split) for split in splits}
 
 
-def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.ConfigDict,
-                       data_dir: str | None = None) -> np.ndarray:
+def meta_train_workdir(
+  workdir: str | pathlib.Path, config: ml_collections.ConfigDict, data_dir: str | None = None
+) -> np.ndarray:
   """Meta-trains the learned update rule (Wolf et al. 2018) for a work
   directory's best weights on its training split, as `config` says
   (`lm_zoo.configs.meta_training_config`), and saves it to
@@ -83,30 +104,60 @@ def meta_train_workdir(workdir: str | pathlib.Path, config: ml_collections.Confi
   _check_meta_training_config(config)
   output = _meta_learner_output(workdir, config.output)
   run_config, corpus, model, params = load_trained(workdir, data_dir)
-  precision = diagonal_fisher(model, params, corpus.train, config.fisher_batch_size,
-                              run_config.data.bptt, config.fisher_batches)
-  meta = {'prior': config.prior, 'hidden': config.hidden,
-          'initial_learning_rate': config.initial_learning_rate,
-          'initial_decay': config.initial_decay, 'initial_eps': config.initial_eps}
+  precision = diagonal_fisher(
+    model,
+    params,
+    corpus.train,
+    config.fisher_batch_size,
+    run_config.data.bptt,
+    config.fisher_batches,
+  )
+  meta = {
+    'prior': config.prior,
+    'hidden': config.hidden,
+    'initial_learning_rate': config.initial_learning_rate,
+    'initial_decay': config.initial_decay,
+    'initial_eps': config.initial_eps,
+  }
   if config.prior == 'rms':
-    meta.update(mean_ms=mean_rms(precision, config.decay_mean),
-                decay_mean=config.decay_mean)
+    meta.update(mean_ms=mean_rms(precision, config.decay_mean), decay_mean=config.decay_mean)
   net = gate_network(meta)
   meta_params = net.init(jax.random.key(config.seed), jnp.zeros((1, NUM_FEATURES)))
-  optimizer = optax.chain(optax.clip_by_global_norm(1.0),
-                          optax.adam(config.meta_learning_rate))
-  result = meta_train(model, net.apply, meta_params, params, precision, corpus.train,
-                      config.meta_steps, config.num_updates, config.segment_length,
-                      config.batch_size, optimizer, config.seed,
-                      first_order=config.first_order, log_every=config.log_every,
-                      carry_over=config.carry_over)
-  save_meta_learner(output, result.meta_params, precision,
-                    {**meta, 'segment_length': config.segment_length,
-                     'num_updates': config.num_updates, 'batch_size': config.batch_size,
-                     'meta_steps': config.meta_steps,
-                     'meta_learning_rate': config.meta_learning_rate,
-                     'first_order': config.first_order, 'carry_over': config.carry_over,
-                     'seed': config.seed, 'losses': [float(x) for x in result.losses]})
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(config.meta_learning_rate))
+  result = meta_train(
+    model,
+    net.apply,
+    meta_params,
+    params,
+    precision,
+    corpus.train,
+    config.meta_steps,
+    config.num_updates,
+    config.segment_length,
+    config.batch_size,
+    optimizer,
+    config.seed,
+    first_order=config.first_order,
+    log_every=config.log_every,
+    carry_over=config.carry_over,
+  )
+  save_meta_learner(
+    output,
+    result.meta_params,
+    precision,
+    {
+      **meta,
+      'segment_length': config.segment_length,
+      'num_updates': config.num_updates,
+      'batch_size': config.batch_size,
+      'meta_steps': config.meta_steps,
+      'meta_learning_rate': config.meta_learning_rate,
+      'first_order': config.first_order,
+      'carry_over': config.carry_over,
+      'seed': config.seed,
+      'losses': [float(x) for x in result.losses],
+    },
+  )
   return result.losses
 
 
@@ -117,9 +168,11 @@ def _meta_learner_output(workdir: str | pathlib.Path, output: str) -> pathlib.Pa
   if output:
     return pathlib.Path(output)
   if is_remote(workdir) or is_preset(workdir):
-    raise ConfigError(f'{workdir} is a preset, kept as it was exported: name the folder '
-                      'the rule goes to with --config.output=FOLDER (and score with '
-                      '--config.learned.meta_learner=FOLDER)')
+    raise ConfigError(
+      f'{workdir} is a preset, kept as it was exported: name the folder '
+      'the rule goes to with --config.output=FOLDER (and score with '
+      '--config.learned.meta_learner=FOLDER)'
+    )
   refuse_links(pathlib.Path(workdir))
   return pathlib.Path(workdir) / META_LEARNER_DIR
 
@@ -128,15 +181,26 @@ def _check_meta_training_config(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError, naming the field, where `config` is no meta-training
   config or holds a size or choice it cannot run."""
   if 'prior' not in config:
-    raise ConfigError('the config is not a meta-training config (it has no prior): give '
-                      'experiments/dyneval_learned.py or another of meta_training_config()')
-  for field in ('meta_steps', 'num_updates', 'segment_length', 'batch_size', 'hidden',
-                'fisher_batches', 'fisher_batch_size'):
+    raise ConfigError(
+      'the config is not a meta-training config (it has no prior): give '
+      'experiments/dyneval_learned.py or another of meta_training_config()'
+    )
+  for field in (
+    'meta_steps',
+    'num_updates',
+    'segment_length',
+    'batch_size',
+    'hidden',
+    'fisher_batches',
+    'fisher_batch_size',
+  ):
     if not isinstance(config[field], int) or config[field] < (field != 'meta_steps'):
-      raise ConfigError(f'{field} must be a whole number >= '
-                        f'{int(field != "meta_steps")}, got {config[field]!r}')
+      raise ConfigError(
+        f'{field} must be a whole number >= {int(field != "meta_steps")}, got {config[field]!r}'
+      )
   if config.prior not in PRIORS:
     raise ConfigError(f'prior must be one of {", ".join(PRIORS)}, got {config.prior!r}')
   if config.decay_mean not in DECAY_MEANS:
-    raise ConfigError(f'decay_mean must be one of {", ".join(DECAY_MEANS)}, got '
-                      f'{config.decay_mean!r}')
+    raise ConfigError(
+      f'decay_mean must be one of {", ".join(DECAY_MEANS)}, got {config.decay_mean!r}'
+    )

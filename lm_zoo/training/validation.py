@@ -38,20 +38,49 @@ def log_training(t: Trainer, run: Run, rates: np.ndarray) -> RollBack | None:
   rate, total = run.throughput.rate(), t.total_steps
   epoch, step = run.progress.epoch, run.step
   if t.num_seeds == 1:
-    log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  grad norm %.3g  lr %.4g  '
-             '%.0f tokens/s  ETA %s', epoch, step, total, 100 * step / total, losses[0],
-             math.exp(min(losses[0], 700.0)), norms[0], rates[0], rate,
-             run.throughput.eta(total - step))
+    log.info(
+      'epoch %d step %d/%d (%.0f%%)  loss %.4f  ppl %.2f  grad norm %.3g  lr %.4g  '
+      '%.0f tokens/s  ETA %s',
+      epoch,
+      step,
+      total,
+      100 * step / total,
+      losses[0],
+      math.exp(min(losses[0], 700.0)),
+      norms[0],
+      rates[0],
+      rate,
+      run.throughput.eta(total - step),
+    )
   else:
-    log.info('epoch %d step %d/%d (%.0f%%)  loss %.4f (seeds %.4f to %.4f)  grad norm %.3g  '
-             'lr %.4g  %.0f tokens/s (all seeds)  ETA %s', epoch, step, total,
-             100 * step / total, losses.mean(), losses.min(), losses.max(), norms.mean(),
-             rates.mean(), rate, run.throughput.eta(total - step))
+    log.info(
+      'epoch %d step %d/%d (%.0f%%)  loss %.4f (seeds %.4f to %.4f)  grad norm %.3g  '
+      'lr %.4g  %.0f tokens/s (all seeds)  ETA %s',
+      epoch,
+      step,
+      total,
+      100 * step / total,
+      losses.mean(),
+      losses.min(),
+      losses.max(),
+      norms.mean(),
+      rates.mean(),
+      rate,
+      run.throughput.eta(total - step),
+    )
   for k in range(t.num_seeds):
     loss = float(losses[k])
-    t.metrics.write('train', step=step, epoch=epoch, **t.seed_fields(k), loss=loss,
-                    perplexity=math.exp(min(loss, 700.0)), grad_norm=float(norms[k]),
-                    learning_rate=float(rates[k]), tokens_per_second=rate)
+    t.metrics.write(
+      'train',
+      step=step,
+      epoch=epoch,
+      **t.seed_fields(k),
+      loss=loss,
+      perplexity=math.exp(min(loss, 700.0)),
+      grad_norm=float(norms[k]),
+      learning_rate=float(rates[k]),
+      tokens_per_second=rate,
+    )
   run.throughput.reset()
   return None
 
@@ -68,8 +97,7 @@ def scored_params(run: Run, averaged: np.ndarray):
   """The weights validation scores: each seed's average once it started."""
   if not averaged.any():
     return run.state.params
-  return select_seeds(averaged, averaging_state(run.state.opt_state).average,
-                      run.state.params)
+  return select_seeds(averaged, averaging_state(run.state.opt_state).average, run.state.params)
 
 
 def score_seeds(t: Trainer, params) -> list[EvalResult]:
@@ -78,8 +106,15 @@ def score_seeds(t: Trainer, params) -> list[EvalResult]:
     return [score_split(t, 'valid', take_seed(params, 0))]
   batch_size = eval_batch_size(t.config, 'valid')
   return evaluate_stream_stacked(
-      t.stacked_eval_step, params, stack([t.model.initialize_carry(batch_size)] * t.num_seeds),
-      t.corpus.valid, batch_size, t.config.data.bptt, t.corpus.unit, what='valid evaluation')
+    t.stacked_eval_step,
+    params,
+    stack([t.model.initialize_carry(batch_size)] * t.num_seeds),
+    t.corpus.valid,
+    batch_size,
+    t.config.data.bptt,
+    t.corpus.unit,
+    what='valid evaluation',
+  )
 
 
 def validate(t: Trainer, run: Run, what: str) -> tuple[list[EvalResult], np.ndarray]:
@@ -93,21 +128,28 @@ def validate(t: Trainer, run: Run, what: str) -> tuple[list[EvalResult], np.ndar
   params = scored_params(run, averaged)
   results = score_seeds(t, params)
   if t.num_seeds == 1:
-    log.info('%s: valid %s%s', what, results[0].summary(),
-             ' (averaged weights)' if averaged[0] else '')
+    log.info(
+      '%s: valid %s%s', what, results[0].summary(), ' (averaged weights)' if averaged[0] else ''
+    )
   else:
     log.info('%s: valid %s', what, spread(results))
   for k, result in enumerate(results):
-    t.metrics.write('valid', step=run.step, epoch=progress.epoch, **t.seed_fields(k),
-                    averaged=bool(averaged[k]), **result.as_dict())
+    t.metrics.write(
+      'valid',
+      step=run.step,
+      epoch=progress.epoch,
+      **t.seed_fields(k),
+      averaged=bool(averaged[k]),
+      **result.as_dict(),
+    )
     if result.loss < progress.best_valid[k]:
       progress.best_valid[k], progress.best_step[k] = result.loss, run.step
-      t.best[k].save_best(run.step, take_seed(params, k), {'epoch': progress.epoch,
-                                                           'valid_loss': result.loss})
+      t.best[k].save_best(
+        run.step, take_seed(params, k), {'epoch': progress.epoch, 'valid_loss': result.loss}
+      )
     if t.on_validation is not None:
       t.on_validation(run.step, progress.epoch, result)
-    if not averaged[k] and patience_reached(t.config.averaging, run.step,
-                                            progress.best_step[k]):
+    if not averaged[k] and patience_reached(t.config.averaging, run.step, progress.best_step[k]):
       average_from_now(t, run, k, f'step {run.step}')
   return results, averaged
 
@@ -115,9 +157,12 @@ def validate(t: Trainer, run: Run, what: str) -> tuple[list[EvalResult], np.ndar
 def average_from_now(t: Trainer, run: Run, k: int, when: str) -> None:
   """Switches on seed `k`'s parameter averaging."""
   run.state = run.state.replace(opt_state=start_averaging(run.state.opt_state, k))
-  log.info('%s%s: averaging the weights from now on (%s trigger)',
-           f'seed {t.configs[k].seed}, ' if t.num_seeds > 1 else '', when,
-           t.config.averaging.trigger)
+  log.info(
+    '%s%s: averaging the weights from now on (%s trigger)',
+    f'seed {t.configs[k].seed}, ' if t.num_seeds > 1 else '',
+    when,
+    t.config.averaging.trigger,
+  )
 
 
 def end_epoch(t: Trainer, run: Run) -> None:
@@ -127,8 +172,12 @@ def end_epoch(t: Trainer, run: Run) -> None:
   results, averaged = validate(t, run, f'epoch {progress.epoch} done')
   for k, result in enumerate(results):
     if not averaged[k] and should_start_averaging(
-        t.config.averaging, result.loss, progress.valid_losses[k], progress.epoch,
-        t.config.train.num_epochs):
+      t.config.averaging,
+      result.loss,
+      progress.valid_losses[k],
+      progress.epoch,
+      t.config.train.num_epochs,
+    ):
       average_from_now(t, run, k, f'epoch {progress.epoch}')
     progress.valid_losses[k].append(result.loss)
   progress.epoch += 1
@@ -151,5 +200,7 @@ def spread(results: list[EvalResult]) -> str:
   standard deviation over the seeds (nan for one)."""
   values = [figure(result) for result in results]
   mean, std = mean_and_spread(values)
-  return (f'{measure(results[0].unit)} {mean:.2f} ± {std:.2f} (seeds: '
-          f'{", ".join(f"{v:.2f}" for v in values)})')
+  return (
+    f'{measure(results[0].unit)} {mean:.2f} ± {std:.2f} (seeds: '
+    f'{", ".join(f"{v:.2f}" for v in values)})'
+  )

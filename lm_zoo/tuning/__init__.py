@@ -11,14 +11,27 @@ import importlib
 import ml_collections
 
 from lm_zoo.configs import base_config, evaluation_config
-from lm_zoo.tuning.spaces import (dyneval_table6, mogrifier_table4, mogrifier_table5, param,
-                                  set_fields, suggest)
+from lm_zoo.tuning.spaces import (
+  dyneval_table6,
+  mogrifier_table4,
+  mogrifier_table5,
+  param,
+  set_fields,
+  suggest,
+)
 
 # What needs Optuna (the [tune] extra), imported on first use: tuning configs
 # and `lm-zoo-tune --help` load without it.
-_LAZY = {'neighbourhood': 'report', 'write_report': 'report', 'best_trial': 'study',
-         'open_study': 'study', 'run_worker': 'study', 'storage_url': 'study',
-         'study_counts': 'study', 'trial_workdir': 'study'}
+_LAZY = {
+  'neighbourhood': 'report',
+  'write_report': 'report',
+  'best_trial': 'study',
+  'open_study': 'study',
+  'run_worker': 'study',
+  'storage_url': 'study',
+  'study_counts': 'study',
+  'trial_workdir': 'study',
+}
 
 
 def __getattr__(name: str):
@@ -59,5 +72,12 @@ def tuning_config() -> ml_collections.ConfigDict:
 
 # The names that need Optuna are documented where they live (lm_zoo.tuning.study
 # and .report) and reached here through __getattr__.
-__all__ = ['dyneval_table6', 'mogrifier_table4', 'mogrifier_table5', 'param', 'set_fields',
-           'suggest', 'tuning_config']
+__all__ = [
+  'dyneval_table6',
+  'mogrifier_table4',
+  'mogrifier_table5',
+  'param',
+  'set_fields',
+  'suggest',
+  'tuning_config',
+]

@@ -21,15 +21,23 @@ REPORT_FILE = 'report.md'
 FIGURE_FILE = 'parallel_coordinates.png'
 
 
-def neighbourhood(trials: Sequence[optuna.trial.FrozenTrial], best: optuna.trial.FrozenTrial,
-                  space: ml_collections.ConfigDict, width: float = 0.15
-                  ) -> list[optuna.trial.FrozenTrial]:
+def neighbourhood(
+  trials: Sequence[optuna.trial.FrozenTrial],
+  best: optuna.trial.FrozenTrial,
+  space: ml_collections.ConfigDict,
+  width: float = 0.15,
+) -> list[optuna.trial.FrozenTrial]:
   """The trials whose every hyper-parameter lies in a window `width` of its
   tuning range wide (on the log scale for log ranges), centred on the best
   trial's value: the paper's "about 15% of its entire tuning range"."""
+
   def near(trial):
-    return all(abs(position(trial.params[name], spec) - position(best.params[name], spec))
-               <= width / 2 for name, spec in space.items() if name in best.params)
+    return all(
+      abs(position(trial.params[name], spec) - position(best.params[name], spec)) <= width / 2
+      for name, spec in space.items()
+      if name in best.params
+    )
+
   return [t for t in trials if near(t)]
 
 
@@ -37,82 +45,125 @@ def _perplexity(trial: optuna.trial.FrozenTrial) -> float:
   return trial.user_attrs.get('perplexity', math.exp(min(trial.value, 700.0)))
 
 
-def write_report(study: optuna.Study, tune: ml_collections.ConfigDict,
-                 workdir: str | pathlib.Path, top: int = 10, width: float = 0.15) -> str:
+def write_report(
+  study: optuna.Study,
+  tune: ml_collections.ConfigDict,
+  workdir: str | pathlib.Path,
+  top: int = 10,
+  width: float = 0.15,
+) -> str:
   """Writes `report.md` (the `top` trials by validation loss, the counts,
   the best trial's values and how to train it again) and, with matplotlib,
   `parallel_coordinates.png` into `workdir`; returns the report's text."""
   workdir = pathlib.Path(workdir)
-  done = [t for t in study.get_trials(deepcopy=False,
-                                      states=(optuna.trial.TrialState.COMPLETE,))
-          if math.isfinite(t.value)]
+  done = [
+    t
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if math.isfinite(t.value)
+  ]
   done.sort(key=lambda t: t.value)
   names = list(tune.space)
   counts = study_counts(study)
-  lines = [f'# Study {study.study_name}', '',
-           f'{counts["finished"]} finished trials ({counts["complete"]} complete, '
-           f'{counts["pruned"]} pruned), {counts["failed"]} failed'
-           + (f' ({counts["surplus"]} of them surplus starts)' if counts['surplus'] else '')
-           + ', '
-           f'{counts["unsettled"]} running or waiting.',
-           '']
+  lines = [
+    f'# Study {study.study_name}',
+    '',
+    f'{counts["finished"]} finished trials ({counts["complete"]} complete, '
+    f'{counts["pruned"]} pruned), {counts["failed"]} failed'
+    + (f' ({counts["surplus"]} of them surplus starts)' if counts['surplus'] else '')
+    + ', '
+    f'{counts["unsettled"]} running or waiting.',
+    '',
+  ]
   best = best_trial(study)
   if best is None:
     lines.append('No trial has completed yet.')
   else:
-    lines += ['| trial | valid loss | perplexity | ' + ' | '.join(names) + ' |',
-              '|---' * (3 + len(names)) + '|']
+    lines += [
+      '| trial | valid loss | perplexity | ' + ' | '.join(names) + ' |',
+      '|---' * (3 + len(names)) + '|',
+    ]
     for t in done[:top]:
       cells = [f'{t.params[n]:.4g}' if n in t.params else '' for n in names]
-      lines.append(f'| {t.number} | {t.value:.4f} | {_perplexity(t):.2f} | '
-                   + ' | '.join(cells) + ' |')
-    lines += ['', f'Best: trial {best.number}, valid loss {best.value:.4f} '
-              f'(perplexity {_perplexity(best):.2f}).']
+      lines.append(
+        f'| {t.number} | {t.value:.4f} | {_perplexity(t):.2f} | ' + ' | '.join(cells) + ' |'
+      )
+    lines += [
+      '',
+      f'Best: trial {best.number}, valid loss {best.value:.4f} '
+      f'(perplexity {_perplexity(best):.2f}).',
+    ]
     lines += _commands(study, tune, best)
     near = neighbourhood(done, best, tune.space, width)
-    lines += ['', f'{len(near)} complete trials lie within {width:.0%} of each range '
-              'around the best (red in the figure): validation loss '
-              f'{min(t.value for t in near):.4f} to {max(t.value for t in near):.4f}.']
+    lines += [
+      '',
+      f'{len(near)} complete trials lie within {width:.0%} of each range '
+      'around the best (red in the figure): validation loss '
+      f'{min(t.value for t in near):.4f} to {max(t.value for t in near):.4f}.',
+    ]
     if importlib.util.find_spec('matplotlib') is None:
       lines += ['', "(No figure: matplotlib is not installed; pip install 'lm_zoo[plot]'.)"]
     else:
       axes = {n: (tune.space[n].low, tune.space[n].high, tune.space[n].log) for n in names}
-      rows = [{**{n: t.params.get(n, tune.space[n].low) for n in names},
-               'valid loss': t.value} for t in done]
+      rows = [
+        {**{n: t.params.get(n, tune.space[n].low) for n in names}, 'valid loss': t.value}
+        for t in done
+      ]
       index = {t.number: i for i, t in enumerate(done)}
       plots.parallel_coordinates_figure(
-          axes, rows, 'valid loss', workdir / FIGURE_FILE,
-          highlight=[index[t.number] for t in near], best=index[best.number],
-          title=f'{study.study_name}: {len(done)} trials')
+        axes,
+        rows,
+        'valid loss',
+        workdir / FIGURE_FILE,
+        highlight=[index[t.number] for t in near],
+        best=index[best.number],
+        title=f'{study.study_name}: {len(done)} trials',
+      )
       lines += ['', f'![parallel coordinates]({FIGURE_FILE})']
   text = '\n'.join(lines) + '\n'
   (workdir / REPORT_FILE).write_text(text)
   return text
 
 
-def _commands(study: optuna.Study, tune: ml_collections.ConfigDict,
-              best: optuna.trial.FrozenTrial) -> list[str]:
+def _commands(
+  study: optuna.Study, tune: ml_collections.ConfigDict, best: optuna.trial.FrozenTrial
+) -> list[str]:
   """The report's lines with the commands that use the best trial: train it
   again, or (a dynamic-evaluation study) score valid and test with it."""
   lines = []
   if 'workdir' in best.user_attrs:
-    lines += ['Train it again (the trial\'s own config, read from its work directory):',
-              '', f'    lm-zoo-train --config=experiments/from_workdir.py:'
-              f'{best.user_attrs["workdir"]} --workdir=runs/best_of_{study.study_name}']
+    lines += [
+      "Train it again (the trial's own config, read from its work directory):",
+      '',
+      f'    lm-zoo-train --config=experiments/from_workdir.py:'
+      f'{best.user_attrs["workdir"]} --workdir=runs/best_of_{study.study_name}',
+    ]
   if tune.kind == 'dyneval':
     evaluation = tune.dyneval.evaluation
     tuned = {tune.space[name].field: value for name, value in best.params.items()}
     # Every setting the trials ran with, so that the command searches nothing.
-    flags = ' '.join(f'--config.dynamic.{field}=' + (
-        f'{tuned[field]:.4g}' if field in tuned
-        else ','.join(f'{v:.4g}' for v in evaluation.dynamic[field]))
-        for field in DYNEVAL_FIELDS)
-    if (DYNAMIC_RULES[evaluation.dynamic.rule].statistics
-        and evaluation.dynamic.decay_mean != 'coordinates'):
+    flags = ' '.join(
+      f'--config.dynamic.{field}='
+      + (
+        f'{tuned[field]:.4g}'
+        if field in tuned
+        else ','.join(f'{v:.4g}' for v in evaluation.dynamic[field])
+      )
+      for field in DYNEVAL_FIELDS
+    )
+    if (
+      DYNAMIC_RULES[evaluation.dynamic.rule].statistics
+      and evaluation.dynamic.decay_mean != 'coordinates'
+    ):
       flags += f' --config.dynamic.decay_mean={evaluation.dynamic.decay_mean}'
     rule = evaluation.dynamic.rule
-    config = (f'experiments/dyneval_{rule}.py' if rule in tuple(DynamicRule)
-              else f'experiments/dyneval_sgd.py --config.dynamic.rule={rule}')
-    lines += ['Score valid and test with it:', '',
-              f'    lm-zoo-eval --workdir={tune.dyneval.workdir} --config={config} {flags}']
+    config = (
+      f'experiments/dyneval_{rule}.py'
+      if rule in tuple(DynamicRule)
+      else f'experiments/dyneval_sgd.py --config.dynamic.rule={rule}'
+    )
+    lines += [
+      'Score valid and test with it:',
+      '',
+      f'    lm-zoo-eval --workdir={tune.dyneval.workdir} --config={config} {flags}',
+    ]
   return lines

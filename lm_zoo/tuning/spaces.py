@@ -18,20 +18,23 @@ import ml_collections
 from lm_zoo.errors import ConfigError
 
 
-def param(field: str, low: float, high: float, *, log: bool = False,
-          integer: bool = False) -> ml_collections.ConfigDict:
+def param(
+  field: str, low: float, high: float, *, log: bool = False, integer: bool = False
+) -> ml_collections.ConfigDict:
   """One hyper-parameter: the config `field` it sets (dotted, as in
   lm_zoo/configs.py) and its range [low, high], sampled on a log scale when
   `log`, as whole numbers when `integer`."""
   return ml_collections.ConfigDict(
-      {'field': field, 'low': low, 'high': high, 'log': log, 'integer': integer})
+    {'field': field, 'low': low, 'high': high, 'log': log, 'integer': integer}
+  )
 
 
 def mogrifier_table4(mogrifier: bool) -> ml_collections.ConfigDict:
   """The Mogrifier paper's Table 4 (every task but Enwik8). The rounds r and
   the rank k are tuned for the Mogrifier only; k <= 0 means full rank, as in
   the paper (and model.mogrifier.rank)."""
-  space = ml_collections.ConfigDict({
+  space = ml_collections.ConfigDict(
+    {
       'learning_rate': param('optimizer.learning_rate', 1e-3, 4e-3, log=True),
       'input_embedding_ratio': param('model.embed_ratio', 0.0, 2.0),
       'l2_penalty': param('optimizer.l2', 5e-6, 1e-3, log=True),
@@ -39,7 +42,8 @@ def mogrifier_table4(mogrifier: bool) -> ml_collections.ConfigDict:
       'inter_layer_dropout': param('model.dropout_hidden', 0.0, 0.95),
       'state_dropout': param('model.dropout_state', 0.0, 0.8),
       'output_dropout': param('model.dropout_output', 0.0, 0.95),
-  })
+    }
+  )
   if mogrifier:
     space.mogrifier_rounds = param('model.mogrifier.rounds', 0, 6, integer=True)
     space.mogrifier_rank = param('model.mogrifier.rank', -20, 100, integer=True)
@@ -61,13 +65,14 @@ def dyneval_table6(unit: str = 'word') -> ml_collections.ConfigDict:
   """The Mogrifier paper's Table 6, over the fields of
   `DynamicEvalSettings`: segments of at most 20 tokens for words, 50 for
   characters."""
-  return ml_collections.ConfigDict({
-      'max_time_steps': param('segment_length', 1, 20 if unit == 'word' else 50,
-                              integer=True),
+  return ml_collections.ConfigDict(
+    {
+      'max_time_steps': param('segment_length', 1, 20 if unit == 'word' else 50, integer=True),
       'dyneval_learning_rate': param('learning_rate', 1e-6, 1e-3, log=True),
       'dyneval_decay_rate': param('decay', 1e-6, 1e-2, log=True),
       'dyneval_epsilon': param('eps', 1e-8, 1e-2, log=True),
-  })
+    }
+  )
 
 
 def check_space(space: ml_collections.ConfigDict) -> None:
@@ -92,8 +97,9 @@ def suggest(trial, space: ml_collections.ConfigDict) -> dict[str, Any]:
   return values
 
 
-def set_fields(config: ml_collections.ConfigDict, space: ml_collections.ConfigDict,
-               values: Mapping[str, Any]) -> ml_collections.ConfigDict:
+def set_fields(
+  config: ml_collections.ConfigDict, space: ml_collections.ConfigDict, values: Mapping[str, Any]
+) -> ml_collections.ConfigDict:
   """A copy of `config` with each hyper-parameter's field set to its value."""
   config = ml_collections.ConfigDict(config.to_dict())
   for name, value in values.items():
@@ -102,8 +108,7 @@ def set_fields(config: ml_collections.ConfigDict, space: ml_collections.ConfigDi
     for section in sections:
       target = target[section]
     if field not in target:
-      raise ConfigError(f'tune.space.{name} sets {space[name].field}, which is not a '
-                        'config field')
+      raise ConfigError(f'tune.space.{name} sets {space[name].field}, which is not a config field')
     target[field] = type(target[field])(value)  # a sampled 3.0 into an int field
   return config
 

@@ -92,35 +92,47 @@ def _storage(tune: ml_collections.ConfigDict, url: str) -> optuna.storages.RDBSt
   with _experimental_apis():
     retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=tune.study.max_retry)
     return optuna.storages.RDBStorage(
-        url, engine_kwargs=engine_kwargs, heartbeat_interval=tune.study.heartbeat_interval,
-        grace_period=tune.study.grace_period, heartbeat_stale_trial_callback=retry)
+      url,
+      engine_kwargs=engine_kwargs,
+      heartbeat_interval=tune.study.heartbeat_interval,
+      grace_period=tune.study.grace_period,
+      heartbeat_stale_trial_callback=retry,
+    )
 
 
-def _sampler(study_cfg: ml_collections.ConfigDict, worker: int,
-             trials_before: int = 0) -> optuna.samplers.BaseSampler:
+def _sampler(
+  study_cfg: ml_collections.ConfigDict, worker: int, trials_before: int = 0
+) -> optuna.samplers.BaseSampler:
   """The study's sampler for one worker. A seeded one draws from (seed,
   worker, the trials the study already holds): the same study again from an
   empty database samples the same values, and a worker restarted on a study
   samples on where it stopped instead of repeating its first values."""
-  seed = None if study_cfg.seed < 0 else int(np.random.SeedSequence(
-      [study_cfg.seed, worker, trials_before]).generate_state(1)[0])
+  seed = (
+    None
+    if study_cfg.seed < 0
+    else int(np.random.SeedSequence([study_cfg.seed, worker, trials_before]).generate_state(1)[0])
+  )
   if study_cfg.sampler == 'tpe':
     # constant_liar: running trials count as bad, so parallel workers spread out.
-    return optuna.samplers.TPESampler(seed=seed, constant_liar=True,
-                                      n_startup_trials=study_cfg.startup_trials)
+    return optuna.samplers.TPESampler(
+      seed=seed, constant_liar=True, n_startup_trials=study_cfg.startup_trials
+    )
   return optuna.samplers.RandomSampler(seed=seed)
 
 
-def _pruner(study_cfg: ml_collections.ConfigDict, max_steps: int,
-            eval_every: int) -> optuna.pruners.BasePruner:
+def _pruner(
+  study_cfg: ml_collections.ConfigDict, max_steps: int, eval_every: int
+) -> optuna.pruners.BasePruner:
   # Hyperband and halving rungs start at the first step a trial reports.
   first_report = max(study_cfg.pruner_warmup_steps, eval_every, 1)
   if study_cfg.pruner == 'median':
-    return optuna.pruners.MedianPruner(n_startup_trials=study_cfg.pruner_startup_trials,
-                                       n_warmup_steps=study_cfg.pruner_warmup_steps)
+    return optuna.pruners.MedianPruner(
+      n_startup_trials=study_cfg.pruner_startup_trials, n_warmup_steps=study_cfg.pruner_warmup_steps
+    )
   if study_cfg.pruner == 'hyperband':
     return optuna.pruners.HyperbandPruner(
-        min_resource=first_report, max_resource=max_steps if max_steps > 0 else 'auto')
+      min_resource=first_report, max_resource=max_steps if max_steps > 0 else 'auto'
+    )
   if study_cfg.pruner == 'halving':
     return optuna.pruners.SuccessiveHalvingPruner(min_resource=first_report)
   return optuna.pruners.NopPruner()
@@ -129,30 +141,35 @@ def _pruner(study_cfg: ml_collections.ConfigDict, max_steps: int,
 def _identity(tune: ml_collections.ConfigDict) -> str:
   """What workers of one study must agree on: the kind, space, base config
   and dynamic-evaluation settings."""
-  return json.dumps({'kind': tune.kind, **{
-      f: json.loads(tune[f].to_json_best_effort()) for f in ('space', 'base', 'dyneval')}},
-      sort_keys=True)
+  return json.dumps(
+    {
+      'kind': tune.kind,
+      **{f: json.loads(tune[f].to_json_best_effort()) for f in ('space', 'base', 'dyneval')},
+    },
+    sort_keys=True,
+  )
 
 
 def validate_tuning(tune: ml_collections.ConfigDict) -> None:
   """Raises ConfigError for a tuning config that cannot run."""
   missing = [name for name in ('kind', 'study', 'space', 'base') if name not in tune]
   if missing:
-    raise ConfigError(f'--tune is not a tuning config: it has no {", ".join(missing)} (a '
-                      'training config?); give an experiments/tune_*.py file')
+    raise ConfigError(
+      f'--tune is not a tuning config: it has no {", ".join(missing)} (a '
+      'training config?); give an experiments/tune_*.py file'
+    )
   for name in ('heartbeat_interval', 'grace_period'):
     if not (isinstance(tune.study[name], int) and tune.study[name] >= 1):
-      raise ConfigError(f'tune.study.{name}={tune.study[name]!r} must be a whole number of '
-                        'seconds, at least 1')
+      raise ConfigError(
+        f'tune.study.{name}={tune.study[name]!r} must be a whole number of seconds, at least 1'
+      )
   if tune.study.max_retry < 0:
     raise ConfigError(f'tune.study.max_retry={tune.study.max_retry} must be >= 0')
-  for field, names in (('kind', KINDS), ('study.sampler', SAMPLERS),
-                       ('study.pruner', PRUNERS)):
+  for field, names in (('kind', KINDS), ('study.sampler', SAMPLERS), ('study.pruner', PRUNERS)):
     section, _, name = field.rpartition('.')
     value = tune[section][name] if section else tune[name]
     if value not in names:
-      raise ConfigError(f'tune.{field}={value!r} is not known: choose one of '
-                        f'{", ".join(names)}')
+      raise ConfigError(f'tune.{field}={value!r} is not known: choose one of {", ".join(names)}')
   if tune.kind == 'dyneval' and not tune.dyneval.workdir:
     raise ConfigError('tune.dyneval.workdir must name a trained work directory')
   check_space(tune.space)
@@ -160,19 +177,24 @@ def validate_tuning(tune: ml_collections.ConfigDict) -> None:
     set_fields(tune.base, tune.space, {name: spec.low for name, spec in tune.space.items()})
   else:
     if tune.dyneval.evaluation.evaluator != 'dynamic':
-      raise ConfigError("tune.dyneval.evaluation.evaluator must be 'dynamic', got "
-                        f'{tune.dyneval.evaluation.evaluator!r}')
+      raise ConfigError(
+        "tune.dyneval.evaluation.evaluator must be 'dynamic', got "
+        f'{tune.dyneval.evaluation.evaluator!r}'
+      )
     build_evaluator(tune.dyneval.evaluation, bptt=1, batch_size=1)  # checks its fields
     for name, spec in tune.space.items():
       if spec.field not in DYNEVAL_FIELDS:
-        raise ConfigError(f'tune.space.{name} sets {spec.field}, which is not a dynamic '
-                          f'evaluation setting: choose one of {", ".join(DYNEVAL_FIELDS)}')
+        raise ConfigError(
+          f'tune.space.{name} sets {spec.field}, which is not a dynamic '
+          f'evaluation setting: choose one of {", ".join(DYNEVAL_FIELDS)}'
+        )
   if tune.study.num_trials < 1:
     raise ConfigError(f'tune.study.num_trials must be at least 1, got {tune.study.num_trials}')
 
 
-def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
-               worker: int = 0) -> optuna.Study:
+def open_study(
+  tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, worker: int = 0
+) -> optuna.Study:
   """The study `tune` describes, created or joined in its database.
 
   Raises ConfigError when the database holds a study of that name with
@@ -188,44 +210,61 @@ def open_study(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path,
     try:
       storage = _storage(tune, url)
       study = optuna.create_study(
-          study_name=tune.study.name, storage=storage, direction='minimize',
-          sampler=_sampler(tune.study, worker),
-          pruner=_pruner(tune.study, *((tune.base.train.max_steps, tune.base.train.eval_every)
-                                       if tune.kind == 'train' else (0, 0))),
-          load_if_exists=True)
+        study_name=tune.study.name,
+        storage=storage,
+        direction='minimize',
+        sampler=_sampler(tune.study, worker),
+        pruner=_pruner(
+          tune.study,
+          *(
+            (tune.base.train.max_steps, tune.base.train.eval_every)
+            if tune.kind == 'train'
+            else (0, 0)
+          ),
+        ),
+        load_if_exists=True,
+      )
       break
     except ImportError as err:  # a PostgreSQL or MySQL driver
-      raise ConfigError(f'the study database {url} needs a driver that is not '
-                        f'installed ({err})') from None
+      raise ConfigError(
+        f'the study database {url} needs a driver that is not installed ({err})'
+      ) from None
     except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as err:
-      raise ConfigError(f'tune.study.storage={url!r} is not a database URL SQLAlchemy can '
-                        f'open ({str(err).splitlines()[0]}): give sqlite:///PATH or '
-                        'postgresql://USER@HOST/NAME') from None
+      raise ConfigError(
+        f'tune.study.storage={url!r} is not a database URL SQLAlchemy can '
+        f'open ({str(err).splitlines()[0]}): give sqlite:///PATH or '
+        'postgresql://USER@HOST/NAME'
+      ) from None
     except sqlalchemy.exc.DBAPIError as err:
       # Workers started together race to create the tables and record the
       # schema version: the loser finds them made on its next try.
       # (PostgreSQL: a type or table created by the other, 'already exists'.)
-      racing = (isinstance(err, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError))
-                or (isinstance(err, sqlalchemy.exc.ProgrammingError)
-                    and 'already exists' in str(err)))
+      racing = isinstance(
+        err, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError)
+      ) or (isinstance(err, sqlalchemy.exc.ProgrammingError) and 'already exists' in str(err))
       if attempt == 4 or not racing:
-        raise ConfigError(f'the study database {url} cannot be read ('
-                          f'{str(err.orig).splitlines()[0]}): restore it, or start the study '
-                          'in a new --workdir or database') from None
+        raise ConfigError(
+          f'the study database {url} cannot be read ('
+          f'{str(err.orig).splitlines()[0]}): restore it, or start the study '
+          'in a new --workdir or database'
+        ) from None
       time.sleep(1 + attempt)
   study.sampler = _sampler(tune.study, worker, len(study.get_trials(deepcopy=False)))
   identity = study.user_attrs.get('tune_config')
   if identity is None:
     study.set_user_attr('tune_config', _identity(tune))
   elif identity != _identity(tune):
-    raise ConfigError(f'the study {tune.study.name!r} in {url} was started with another '
-                      'search space, base config or kind: use the same tuning config, '
-                      'or another --tune.study.name')
+    raise ConfigError(
+      f'the study {tune.study.name!r} in {url} was started with another '
+      'search space, base config or kind: use the same tuning config, '
+      'or another --tune.study.name'
+    )
   return study
 
 
-def trial_workdir(workdir: str | pathlib.Path, study_name: str,
-                  trial: optuna.trial.FrozenTrial) -> pathlib.Path:
+def trial_workdir(
+  workdir: str | pathlib.Path, study_name: str, trial: optuna.trial.FrozenTrial
+) -> pathlib.Path:
   """A trial's work directory, WORKDIR/trials/STUDY/trial_NNNN; a retry of a
   failed trial reuses the failed one's, so its training resumes from the
   last checkpoint."""
@@ -247,19 +286,23 @@ def _check_not_surplus(study: optuna.Study, trial: optuna.Trial, num_trials: int
   """Raises _Surplus when `num_trials` trials before this one (finished or
   still running) already fill the study: two workers asked for the last one
   at once."""
-  ahead = sum(t.number < trial.number and t.state != optuna.trial.TrialState.FAIL
-              for t in study.get_trials(deepcopy=False))
+  ahead = sum(
+    t.number < trial.number and t.state != optuna.trial.TrialState.FAIL
+    for t in study.get_trials(deepcopy=False)
+  )
   if ahead >= num_trials:
     trial.set_user_attr('surplus', True)
     raise _Surplus(f'trial {trial.number}: the study has its {num_trials} trials')
 
 
-def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path
-                       ) -> Callable[[optuna.Trial], float]:
+def training_objective(
+  tune: ml_collections.ConfigDict, workdir: str | pathlib.Path
+) -> Callable[[optuna.Trial], float]:
   """Each trial trains `tune.base` with its sampled values in its own work
   directory, reports every validation turn to the pruner, and returns the
   best checkpoint's validation loss. A run whose loss stops being finite, or
   whose perplexity overflows, is pruned (marked `diverged`)."""
+
   def objective(trial: optuna.Trial) -> float:
     _check_not_surplus(trial.study, trial, tune.study.num_trials)
     values = suggest(trial, tune.space)
@@ -267,12 +310,18 @@ def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.P
     frozen = _frozen(trial.study, trial.number)
     run_dir = trial_workdir(workdir, tune.study.name, frozen)
     if 'failed_trial' not in frozen.system_attrs and run_dir.exists():
-      raise ConfigError(f'{run_dir} exists but trial {trial.number} is new: it belongs to '
-                        'an earlier study of this name whose database is gone. Move it '
-                        'away, or use another --workdir or --tune.study.name')
+      raise ConfigError(
+        f'{run_dir} exists but trial {trial.number} is new: it belongs to '
+        'an earlier study of this name whose database is gone. Move it '
+        'away, or use another --workdir or --tune.study.name'
+      )
     trial.set_user_attr('workdir', str(run_dir))
-    log.info('trial %d in %s: %s', trial.number, run_dir,
-             ', '.join(f'{k}={v:.4g}' for k, v in values.items()))
+    log.info(
+      'trial %d in %s: %s',
+      trial.number,
+      run_dir,
+      ', '.join(f'{k}={v:.4g}' for k, v in values.items()),
+    )
 
     def report(step: int, epoch: int, result) -> None:
       trial.report(result.loss, step)
@@ -280,13 +329,12 @@ def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.P
         raise optuna.TrialPruned(f'step {step}: valid loss {result.loss:.4f}')
 
     try:
-      summary = train_and_evaluate(config, run_dir, on_validation=report,
-                                   final_splits=('valid',))
+      summary = train_and_evaluate(config, run_dir, on_validation=report, final_splits=('valid',))
     except TrainingError as err:
       trial.set_user_attr('diverged', str(err))
       raise optuna.TrialPruned(f'diverged: {err}') from None
     if not math.isfinite(summary['valid']['perplexity']):  # a loss past 709 nats
-      reason = f"valid loss {summary['valid']['loss']:.4g} nats per token"
+      reason = f'valid loss {summary["valid"]["loss"]:.4g} nats per token'
       trial.set_user_attr('diverged', reason)
       raise optuna.TrialPruned(f'diverged: {reason}')
     trial.set_user_attr('perplexity', summary['valid']['perplexity'])
@@ -294,11 +342,13 @@ def training_objective(tune: ml_collections.ConfigDict, workdir: str | pathlib.P
     trial.set_user_attr('num_params', summary['num_params'])
     trial.set_user_attr('train_seconds', summary['train_seconds'])
     return summary['valid']['loss']
+
   return objective
 
 
-def dyneval_objective(tune: ml_collections.ConfigDict, data_dir: str | None = None
-                      ) -> Callable[[optuna.Trial], float]:
+def dyneval_objective(
+  tune: ml_collections.ConfigDict, data_dir: str | None = None
+) -> Callable[[optuna.Trial], float]:
   """Each trial scores the first `dynamic.search_tokens` validation tokens of
   `dyneval.workdir`'s best weights with its sampled settings (the Mogrifier
   paper's Table 6) and returns that loss; a diverged setting is pruned. The
@@ -306,6 +356,7 @@ def dyneval_objective(tune: ml_collections.ConfigDict, data_dir: str | None = No
   a segment length compiles once."""
   from lm_zoo.runs import load_trained
   from lm_zoo.training import workdir_evaluator
+
   cfg = tune.dyneval
   run_config, corpus, model, params = load_trained(cfg.workdir, data_dir)
   evaluator = workdir_evaluator(cfg.workdir, run_config, cfg.evaluation, batch_size=1)
@@ -316,16 +367,19 @@ def dyneval_objective(tune: ml_collections.ConfigDict, data_dir: str | None = No
     values = suggest(trial, tune.space)
     fields = {tune.space[name].field: value for name, value in values.items()}
     settings = dataclasses.replace(
-        evaluator, **{field: (int(v) if field == 'segment_length' else v,)
-                      for field, v in fields.items()}).grid()[0]
+      evaluator,
+      **{field: (int(v) if field == 'segment_length' else v,) for field, v in fields.items()},
+    ).grid()[0]
     try:
-      result = evaluator.score_settings(setup, settings, model, params, corpus, 'valid',
-                                        cfg.evaluation.dynamic.search_tokens)
+      result = evaluator.score_settings(
+        setup, settings, model, params, corpus, 'valid', cfg.evaluation.dynamic.search_tokens
+      )
     except TrainingError as err:
       trial.set_user_attr('diverged', str(err))
       raise optuna.TrialPruned(f'diverged: {err}') from None
     trial.set_user_attr('perplexity', result.perplexity)
     return result.loss
+
   return objective
 
 
@@ -333,17 +387,24 @@ def study_counts(study: optuna.Study) -> dict[str, int]:
   """Trials by state: finished (complete or pruned), unsettled (running or
   waiting) and failed."""
   trials = study.get_trials(deepcopy=False)
-  return {'finished': sum(t.state in _FINISHED for t in trials),
-          'complete': sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials),
-          'pruned': sum(t.state == optuna.trial.TrialState.PRUNED for t in trials),
-          'unsettled': sum(t.state in _UNSETTLED for t in trials),
-          'waiting': sum(t.state == optuna.trial.TrialState.WAITING for t in trials),
-          'failed': sum(t.state == optuna.trial.TrialState.FAIL for t in trials),
-          'surplus': sum(bool(t.user_attrs.get('surplus')) for t in trials)}
+  return {
+    'finished': sum(t.state in _FINISHED for t in trials),
+    'complete': sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials),
+    'pruned': sum(t.state == optuna.trial.TrialState.PRUNED for t in trials),
+    'unsettled': sum(t.state in _UNSETTLED for t in trials),
+    'waiting': sum(t.state == optuna.trial.TrialState.WAITING for t in trials),
+    'failed': sum(t.state == optuna.trial.TrialState.FAIL for t in trials),
+    'surplus': sum(bool(t.user_attrs.get('surplus')) for t in trials),
+  }
 
 
-def run_worker(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, worker: int = 0,
-               timeout: float = 0.0, data_dir: str | None = None) -> optuna.Study:
+def run_worker(
+  tune: ml_collections.ConfigDict,
+  workdir: str | pathlib.Path,
+  worker: int = 0,
+  timeout: float = 0.0,
+  data_dir: str | None = None,
+) -> optuna.Study:
   """Runs trials of the study until it has `study.num_trials` finished ones
   (over every worker sharing its database), or for `timeout` seconds when
   > 0. Start as many workers as there are machines, with the same tuning
@@ -358,8 +419,9 @@ def run_worker(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, wor
   if not timeout >= 0:
     raise ConfigError(f'timeout must be >= 0 seconds (0: none), got {timeout}')
   study = open_study(tune, workdir, worker)
-  objective = (training_objective(tune, workdir) if tune.kind == 'train'
-               else dyneval_objective(tune, data_dir))
+  objective = (
+    training_objective(tune, workdir) if tune.kind == 'train' else dyneval_objective(tune, data_dir)
+  )
   interrupted = []  # (trial number, Preempted)
 
   def run_one(trial: optuna.Trial) -> float:
