@@ -42,6 +42,19 @@ def sigmoid(x):
   return 0.5 * jnp.tanh(0.5 * x) + 0.5
 
 
+def gate_update(gates, c, cap_input_gate: bool):
+  """The LSTM's update from its four pre-activations and c_{t-1}.
+
+  Returns:
+    ((σ(i), σ(f), tanh(j), σ(o)), c_t, h_t); with `cap_input_gate` the cell
+    writes with min(1 - σ(f), σ(i)) (the activations keep σ(i)).
+  """
+  i, f, j, o = sigmoid(gates[0]), sigmoid(gates[1]), jnp.tanh(gates[2]), sigmoid(gates[3])
+  written = jnp.minimum(1 - f, i) if cap_input_gate else i
+  c = f * c + written * j
+  return (i, f, j, o), c, o * jnp.tanh(c)
+
+
 def product(a, b, dtype, precision, transpose_b=False):
   """a b (or a bᵀ) with operands in `dtype`, summed in float32."""
   dims = (((1,), (1 if transpose_b else 0,)), ((), ()))

@@ -41,10 +41,10 @@ from jax.experimental import pallas as pl
 
 from lm_zoo.kernels.common import (
   compiler_params,
+  gate_update,
   interpret_default,
   precision_for,
   product,
-  sigmoid,
 )
 
 GATES = 4
@@ -116,12 +116,10 @@ def _forward_kernel(*refs, chunks, chunk, dtype, precision, cap_input_gate, mask
   gates = jax.lax.fori_loop(
     0, chunks, accumulate, tuple(p_ref[gate].astype(jnp.float32) for gate in range(GATES))
   )
-  i, f, j, o = sigmoid(gates[0]), sigmoid(gates[1]), jnp.tanh(gates[2]), sigmoid(gates[3])
-  written = jnp.minimum(1 - f, i) if cap_input_gate else i
-  c = f * c_ref[...].astype(jnp.float32) + written * j
+  acts, c, h = gate_update(gates, c_ref[...].astype(jnp.float32), cap_input_gate)
   c_out[...] = c.astype(c_out.dtype)
-  h_out[...] = (o * jnp.tanh(c)).astype(h_out.dtype)
-  for gate, act in enumerate((i, f, j, o)):
+  h_out[...] = h.astype(h_out.dtype)
+  for gate, act in enumerate(acts):
     act_out[gate] = act.astype(act_out.dtype)
 
 
@@ -235,6 +233,25 @@ def _backward_kernel(
       d_gates_out[gate] = d_gate
 
 
+def _backward_specs(tiles: Tiles, units: int, summed_tiles: int, unit_tiles: int):
+  """The backward kernel's (in_specs, out_specs): whole rows of what the gates'
+  gradients read, and tiles of the outputs and of U's summed axis."""
+  # Programs cover the wider of K and N; each index clamps to its own axis.
+  last = lambda u, tiles_of: jnp.minimum(u, tiles_of - 1)
+  rows = pl.BlockSpec((tiles.batch, units), lambda b, u: (b, 0))
+  gate_rows = pl.BlockSpec((GATES, tiles.batch, units), lambda b, u: (0, b, 0))
+  tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, last(u, unit_tiles)))
+  summed_tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, last(u, summed_tiles)))
+  gate_tile = pl.BlockSpec(
+    (GATES, tiles.batch, tiles.units), lambda b, u: (0, b, last(u, unit_tiles))
+  )
+  kernel_spec = pl.BlockSpec(
+    (GATES, tiles.units, units), lambda b, u: (0, last(u, summed_tiles), 0)
+  )
+  in_specs = [rows, rows, rows, rows, rows, gate_rows, tile, kernel_spec]
+  return in_specs, [tile, summed_tile, gate_tile]
+
+
 def backward_step(
   d_out: jax.Array,
   d_rec: jax.Array,
@@ -269,18 +286,7 @@ def backward_step(
   _check_shapes(batch, (summed, units), tiles)
   interpret = interpret_default() if interpret is None else interpret
   summed_tiles, unit_tiles = summed // tiles.units, units // tiles.units
-  # Programs cover the wider of K and N; each index clamps to its own axis.
-  last = lambda u, tiles_of: jnp.minimum(u, tiles_of - 1)
-  rows = pl.BlockSpec((tiles.batch, units), lambda b, u: (b, 0))
-  gate_rows = pl.BlockSpec((GATES, tiles.batch, units), lambda b, u: (0, b, 0))
-  tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, last(u, unit_tiles)))
-  summed_tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, last(u, summed_tiles)))
-  gate_tile = pl.BlockSpec(
-    (GATES, tiles.batch, tiles.units), lambda b, u: (0, b, last(u, unit_tiles))
-  )
-  kernel_spec = pl.BlockSpec(
-    (GATES, tiles.units, units), lambda b, u: (0, last(u, summed_tiles), 0)
-  )
+  in_specs, out_specs = _backward_specs(tiles, units, summed_tiles, unit_tiles)
   body = functools.partial(
     _backward_kernel,
     chunks=units // tiles.chunk,
@@ -295,8 +301,8 @@ def backward_step(
   return pl.pallas_call(
     body,
     grid=(batch // tiles.batch, max(summed_tiles, unit_tiles)),
-    in_specs=[rows, rows, rows, rows, rows, gate_rows, tile, kernel_spec],
-    out_specs=[tile, summed_tile, gate_tile],
+    in_specs=in_specs,
+    out_specs=out_specs,
     out_shape=[f32(d_c.shape), f32((batch, summed)), f32(scales.shape)],
     compiler_params=compiler_params(tiles, interpret),
     interpret=interpret,
