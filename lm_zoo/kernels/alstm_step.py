@@ -50,9 +50,9 @@ import jax.numpy as jnp
 from lm_zoo.kernels.common import (
   RowProgram,
   call_by_rows,
+  gate_update,
   interpret_default,
   shifted_columns as at,
-  sigmoid,
 )
 from lm_zoo.kernels.lstm_step import GATES, Tiles
 
@@ -62,136 +62,109 @@ def policy_offsets(m: int, n: int) -> tuple[int, int, int, int, int]:
   return 0, m, m + n, m + 5 * n, m + 9 * n
 
 
-def _gate_update(gates, c, cap_input_gate):
-  """(activations, c_t, h_t) from the four pre-activations and c_{t-1}."""
-  i, f, j, o = sigmoid(gates[0]), sigmoid(gates[1]), jnp.tanh(gates[2]), sigmoid(gates[3])
-  written = jnp.minimum(1 - f, i) if cap_input_gate else i
-  c = f * c + written * j
-  return (i, f, j, o), c, o * jnp.tanh(c)
+# The forward kernel's refs, in pallas_call's order (inputs, then outputs).
+_FORWARD_REFS = {
+  True: """x h mask c latent_in c_z z_prev latent_h latent_u policy kernel recurrent_kernel
+    bias c_out h_out act_out pi a_out r_out z_out act_z_out c_z_out""".split(),
+  False: """x h mask c latent_in latent_h policy kernel recurrent_kernel bias c_out h_out
+    act_out pi a_out r_out z_out""".split(),
+}
 
 
 def _forward_kernel(*refs, widths, recurrent, cap_input_gate, body):
   m, n, k = widths
-  if recurrent:
-    (
-      x,
-      h,
-      mask,
-      c,
-      latent_in,
-      c_z,
-      z_prev,
-      latent_h,
-      latent_u,
-      policy,
-      kernel,
-      recurrent_kernel,
-      bias,
-      c_out,
-      h_out,
-      act_out,
-      pi,
-      a_out,
-      r_out,
-      z_out,
-      act_z_out,
-      c_z_out,
-    ) = refs
-  else:
-    (
-      x,
-      h,
-      mask,
-      c,
-      latent_in,
-      latent_h,
-      policy,
-      kernel,
-      recurrent_kernel,
-      bias,
-      c_out,
-      h_out,
-      act_out,
-      pi,
-      a_out,
-      r_out,
-      z_out,
-    ) = refs
-  rows = body.rows
-  h_in = lambda cols: h[:, cols] * mask[:, cols]
-  _, at_h, at_w, at_v, at_b = policy_offsets(m, n)
+  io = types.SimpleNamespace(**dict(zip(_FORWARD_REFS[recurrent], refs, strict=True)))
+  _latent(io, body, n, k, recurrent)
+  body.barrier()  # π reads the whole of z
+  _policy(io, body, m, n, k)
+  body.barrier()  # the gates read the whole of π_x and π_h
+  _adapted_gates(io, body, m, n, cap_input_gate)
+
+
+def _masked_h(io, cols):
+  """h = m ⊙ h_{t-1} at `cols`."""
+  return io.h[:, cols] * io.mask[:, cols]
+
+
+def _latent(io, body, n, k, recurrent):
+  """z, the LSTM latent's activations and cell state, or the ReLU latent."""
+  shape = (body.rows, body.chunk)
+
+  def pre(cols, g):
+    gc = at(cols, g * k)
+    total = io.latent_in[:, gc] + body.summed(
+      n, shape, lambda r: body.product(_masked_h(io, r), io.latent_h[r, gc])
+    )
+    if recurrent:
+      total = total + body.summed(
+        k, shape, lambda r: body.product(io.z_prev[:, r], io.latent_u[r, gc])
+      )
+    return total
 
   def latent(cols):
-    def pre(g):
-      gc = at(cols, g * k)
-      total = latent_in[:, gc] + body.summed(
-        n, (rows, body.chunk), lambda r: body.product(h_in(r), latent_h[r, gc])
-      )
-      if recurrent:
-        total = total + body.summed(
-          k, (rows, body.chunk), lambda r: body.product(z_prev[:, r], latent_u[r, gc])
-        )
-      return total
-
     if not recurrent:
-      z_out[:, cols] = jax.nn.relu(pre(0))
+      io.z_out[:, cols] = jax.nn.relu(pre(cols, 0))
       return
-    acts, c_new, z = _gate_update([pre(g) for g in range(GATES)], c_z[:, cols], False)
+    acts, c_new, z = gate_update([pre(cols, g) for g in range(GATES)], io.c_z[:, cols], False)
     for g, act in enumerate(acts):
-      act_z_out[:, at(cols, g * k)] = act
-    c_z_out[:, cols] = c_new
-    z_out[:, cols] = z
+      io.act_z_out[:, at(cols, g * k)] = act
+    io.c_z_out[:, cols] = c_new
+    io.z_out[:, cols] = z
 
   body.each_chunk(k, latent)
-  body.barrier()  # π reads the whole of z
-  body.each_chunk(
-    m + 13 * n,
-    lambda cols: pi.__setitem__(
-      (slice(None), cols),
-      jnp.tanh(
-        body.summed(k, (rows, body.chunk), lambda r: body.product(z_out[:, r], policy[r, cols]))
-      ),
-    ),
-  )
-  body.barrier()  # the gates read the whole of π_x and π_h
+
+
+def _policy(io, body, m, n, k):
+  """π = tanh(z P)."""
+
+  def policy(cols):
+    z_p = body.summed(
+      k, (body.rows, body.chunk), lambda r: body.product(io.z_out[:, r], io.policy[r, cols])
+    )
+    io.pi[:, cols] = jnp.tanh(z_p)
+
+  body.each_chunk(m + 13 * n, policy)
+
+
+def _adapted_gates(io, body, m, n, cap_input_gate):
+  """a, r, the adapted gates G and the LSTM update from them."""
+  shape = (body.rows, body.chunk)
+  _, at_h, at_w, at_v, at_b = policy_offsets(m, n)
 
   def gates(cols):
     pre = []
     for g in range(GATES):
       gc = at(cols, g * n)
       a = body.summed(
-        m, (rows, body.chunk), lambda r, gc=gc: body.product(pi[:, r] * x[:, r], kernel[r, gc])
+        m, shape, lambda r, gc=gc: body.product(io.pi[:, r] * io.x[:, r], io.kernel[r, gc])
       )
       r = body.summed(
         n,
-        (rows, body.chunk),
-        lambda s, gc=gc: body.product(pi[:, at(s, at_h)] * h_in(s), recurrent_kernel[s, gc]),
+        shape,
+        lambda s, gc=gc: body.product(
+          io.pi[:, at(s, at_h)] * _masked_h(io, s), io.recurrent_kernel[s, gc]
+        ),
       )
-      a_out[:, gc], r_out[:, gc] = a, r
+      io.a_out[:, gc], io.r_out[:, gc] = a, r
       pre.append(
-        pi[:, at(gc, at_w)] * a
-        + (pi[:, at(gc, at_v)] * r + pi[:, at(gc, at_b)] * bias[gc][None, :])
+        io.pi[:, at(gc, at_w)] * a
+        + (io.pi[:, at(gc, at_v)] * r + io.pi[:, at(gc, at_b)] * io.bias[gc][None, :])
       )
-    acts, c_new, h_new = _gate_update(pre, c[:, cols], cap_input_gate)
+    acts, c_new, h_new = gate_update(pre, io.c[:, cols], cap_input_gate)
     for g, act in enumerate(acts):
-      act_out[:, at(cols, g * n)] = act
-    c_out[:, cols], h_out[:, cols] = c_new, h_new
+      io.act_out[:, at(cols, g * n)] = act
+    io.c_out[:, cols], io.h_out[:, cols] = c_new, h_new
 
   body.each_chunk(n, gates)
 
 
 # The backward kernel's refs, in pallas_call's order (inputs, then outputs).
 _BACKWARD_REFS = {
-  True: tuple(
-    """d_out d_rec mask d_c d_c_from_h scales forget x h pi a r d_c_z d_z_next
-        d_c_z_from_z scales_z forget_z kernel recurrent_kernel bias policy latent_h latent_u
-        d_c_out d_h_out d_gates q d_x_out d_latent d_c_z_out d_z_out""".split()
-  ),
-  False: tuple(
-    """d_out d_rec mask d_c d_c_from_h scales forget x h pi a r z kernel
-        recurrent_kernel bias policy latent_h d_c_out d_h_out d_gates q d_x_out
-        d_latent""".split()
-  ),
+  True: """d_out d_rec mask d_c d_c_from_h scales forget x h pi a r d_c_z d_z_next
+    d_c_z_from_z scales_z forget_z kernel recurrent_kernel bias policy latent_h latent_u
+    d_c_out d_h_out d_gates q d_x_out d_latent d_c_z_out d_z_out""".split(),
+  False: """d_out d_rec mask d_c d_c_from_h scales forget x h pi a r z kernel
+    recurrent_kernel bias policy latent_h d_c_out d_h_out d_gates q d_x_out d_latent""".split(),
 }
 
 
@@ -302,8 +275,20 @@ def _latent_input_gradients(io, body, n, k, recurrent):
     body.each_chunk(k, lambda cols: through_latent(cols, io.latent_u, io.d_z_out, False))
 
 
-def _outputs(shapes):
-  return [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
+def _outputs(batch, widths):
+  return [jax.ShapeDtypeStruct((batch, width), jnp.float32) for width in widths]
+
+
+def _forward_outputs(batch, m, n, k, recurrent):
+  """c_t, h_t, the activations, π, a, r, z (, the latent's activations and c_z)."""
+  widths = [n, n, GATES * n, m + 13 * n, GATES * n, GATES * n, k]
+  return _outputs(batch, widths + [GATES * k, k] * recurrent)
+
+
+def _backward_outputs(batch, m, n, k, recurrent):
+  """dL/dc_{t-1}, dL/dh, g, q, the x-part, g_z (, dL/dc_z and dL/dz_{t-1})."""
+  widths = [n, n, GATES * n, m + 13 * n, m, GATES * k if recurrent else k]
+  return _outputs(batch, widths + [k, k] * recurrent)
 
 
 def forward_step(
@@ -337,18 +322,7 @@ def forward_step(
   (batch, m), n = x.shape, h.shape[1]
   recurrent = bool(latent_carry)
   k = latent_in.shape[1] // (GATES if recurrent else 1)
-  outs = _outputs(
-    [
-      (batch, n),
-      (batch, n),
-      (batch, GATES * n),
-      (batch, m + 13 * n),
-      (batch, GATES * n),
-      (batch, GATES * n),
-      (batch, k),
-    ]
-    + [(batch, GATES * k), (batch, k)] * recurrent
-  )
+  outs = _forward_outputs(batch, m, n, k, recurrent)
   body = functools.partial(
     _forward_kernel,
     widths=(m, n, k),
@@ -405,17 +379,7 @@ def backward_step(
   (batch, m), n = x.shape, h.shape[1]
   recurrent = len(latent) > 1
   k = latent[0].shape[1]
-  outs = _outputs(
-    [
-      (batch, n),
-      (batch, n),
-      (batch, GATES * n),
-      (batch, m + 13 * n),
-      (batch, m),
-      (batch, GATES * k if recurrent else k),
-    ]
-    + [(batch, k), (batch, k)] * recurrent
-  )
+  outs = _backward_outputs(batch, m, n, k, recurrent)
   body = functools.partial(
     _backward_kernel,
     widths=(m, n, k),
