@@ -124,6 +124,46 @@ def _forward_kernel(x_ref, h_ref, *refs, plan, zigzag, body):
   body.each_chunk(widths[0], lambda cols: mixed_h.__setitem__(cols, current[0][cols]))
 
 
+def _gate_gradient(original, earlier, gate_ref, d_out, d_z_ref, d_prev):
+  """A round's gradients at a chunk: writes dz_i and d prev_i and returns dz_i,
+  with prev_i rebuilt as the original x or h times the `earlier` rounds' gates."""
+
+  def back(cols):
+    prev = original[:, cols]
+    for gate_j in earlier:
+      prev = prev * gate_j[:, cols]
+    gate, d = gate_ref[:, cols], d_out[cols]
+    d_z = d * prev * gate * (1 - gate / 2)
+    d_z_ref[:, cols] = d_z
+    d_prev[cols] = d * gate
+    return d_z
+
+  return back
+
+
+def _source_gradient(body, weights, low_rank, back, width, d_z_ref, d_hidden_refs):
+  """Runs `back` over the round's `width` and returns d source_i at a chunk of
+  the source: dz_i B_iᵀ A_iᵀ, keeping dz_i B_iᵀ in the next of
+  `d_hidden_refs`, or for a full-rank round dz_i Kᵀ."""
+  if low_rank:
+    kernel_in, kernel_out, _ = weights
+    d_hidden = body.summed(
+      width,
+      (body.rows, kernel_out.shape[0]),
+      lambda c: body.product(back(c), kernel_out[:, c], transpose_b=True),
+    )
+    next(d_hidden_refs)[...] = d_hidden
+    return lambda c: body.product(d_hidden, kernel_in[c, :], transpose_b=True)
+  kernel, _ = weights
+  body.each_chunk(width, back)
+  body.barrier()  # d_z is read back whole below
+  return lambda c: body.summed(
+    width,
+    (body.rows, body.chunk),
+    lambda r: body.product(d_z_ref[:, r], kernel[c, r], transpose_b=True),
+  )
+
+
 def _backward_kernel(d_mixed_ref, x_ref, h_ref, *refs, plan, zigzag, body):
   rounds = len(plan)
   gate_refs, refs = refs[:rounds], refs[rounds:]
@@ -142,44 +182,10 @@ def _backward_kernel(d_mixed_ref, x_ref, h_ref, *refs, plan, zigzag, body):
     d_out, gate_ref = current[odd], gate_refs[i - 1]
     d_prev = _Version(slots[odd], 2 * (i - 1))
     earlier = [gate_refs[j - 1] for j in range(i - 2, 0, -2)]  # prev_i = x or h ⊙ these
-
-    def back(
-      cols,
-      i=i,
-      d_out=d_out,
-      gate_ref=gate_ref,
-      d_prev=d_prev,
-      earlier=earlier,
-      odd=odd,
-      low_rank=low_rank,
-    ):
-      prev = originals[odd][:, cols]
-      for gate_j in earlier:
-        prev = prev * gate_j[:, cols]
-      gate, d = gate_ref[:, cols], d_out[cols]
-      d_z = d * prev * gate * (1 - gate / 2)
-      d_z_refs[i - 1][:, cols] = d_z
-      d_prev[cols] = d * gate
-      return d_z
-
-    if low_rank:
-      kernel_in, kernel_out, _ = weights[i - 1]
-      d_hidden = body.summed(
-        widths[odd],
-        (body.rows, kernel_out.shape[0]),
-        lambda c, back=back, k=kernel_out: body.product(back(c), k[:, c], transpose_b=True),
-      )
-      next(d_hidden_refs)[...] = d_hidden
-      d_source = lambda c, d=d_hidden, k=kernel_in: body.product(d, k[c, :], transpose_b=True)
-    else:
-      kernel, _ = weights[i - 1]
-      body.each_chunk(widths[odd], back)
-      body.barrier()  # d_z is read back whole below
-      d_source = lambda c, i=i, odd=odd, k=kernel: body.summed(
-        widths[odd],
-        (body.rows, body.chunk),
-        lambda r: body.product(d_z_refs[i - 1][:, r], k[c, r], transpose_b=True),
-      )
+    back = _gate_gradient(originals[odd], earlier, gate_ref, d_out, d_z_refs[i - 1], d_prev)
+    d_source = _source_gradient(
+      body, weights[i - 1], low_rank, back, widths[odd], d_z_refs[i - 1], d_hidden_refs
+    )
     current[odd] = d_prev
     into, sink = (current, slots) if zigzag else (into_original, original_slots)
     other = 1 - odd
