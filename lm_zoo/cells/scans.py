@@ -51,8 +51,9 @@ from lm_zoo.cells.alstm_recurrence import alstm_recurrence
 from lm_zoo.cells.base import describe
 from lm_zoo.cells.cudnn_lstm import STATE_MASK_REFUSAL, cudnn_lstm_window, cudnn_refusal
 from lm_zoo.cells.lstm import LSTMCell, gate_bias
-from lm_zoo.cells.lstm_recurrence import lstm_recurrence, mixed_lstm_recurrence
+from lm_zoo.cells.lstm_recurrence import lstm_recurrence
 from lm_zoo.cells.lstm_rhn_window import lstm_rhn_kernel
+from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import Mogrify, MogrifierRounds
 from lm_zoo.cells.pallas_alstm import pallas_alstm_recurrence
 from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
