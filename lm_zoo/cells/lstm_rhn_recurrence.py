@@ -2,7 +2,7 @@
 eq. 9) over a whole window, with a hand-written backward pass.
 
 Every step runs the layers bottom to top, layer l as one aLSTM step
-(`alstm_recurrence.adapted_step`) whose latent LSTM reads
+(`lm_zoo.cells.adapted_step`) whose latent LSTM reads
 
     v^(l)_t = [x^(l)_t; s^(l) ⊙ h^(l)_{t-1}; z^(l-1)_t],
     x^(1)_t = x_t,  x^(l)_t = d^(l) ⊙ h^(l-1)_t,  z^(0)_t = z^(L)_{t-1},
@@ -18,7 +18,7 @@ from layer l+1's dx^(l+1) ⊙ d^(l+1), plus the next step's) and dL/dz^(l)_t
 (from its policy, its next step, and layer l+1's context columns of dv) are
 complete when it is reached; layer 1's context columns go to the top layer's
 dL/dz^(L)_{t-1} in the carry. Each layer's step back is the single aLSTM's
-(`alstm_recurrence.adapted_step_backward`), and every weight gradient of
+(`adapted_step_backward`), and every weight gradient of
 every layer is one product over the window's T·B rows after the scan, as
 for the single aLSTM.
 """
@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.alstm_recurrence import (
+from lm_zoo.cells.adapted_step import (
   adapted_step,
   adapted_step_backward,
   step_factors,

@@ -2,7 +2,7 @@
 
 `pallas_alstm_recurrence` computes what `alstm_recurrence` does, with the
 same hand-written backward pass (every weight gradient one product over the
-window after the backward scan, `alstm_recurrence.weight_gradients`), but
+window after the backward scan, `adapted_step.weight_gradients`), but
 each step forward and back is one kernel of `lm_zoo.kernels.alstm_step`: the
 adaptation model, the policy and the adapted LSTM update together. The
 latent's input product x W_zx + b_z runs for the whole window before the
@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.alstm_recurrence import (
+from lm_zoo.cells.adapted_step import (
   check_window,
   is_recurrent,
   latent_dense,
