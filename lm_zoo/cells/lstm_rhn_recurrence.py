@@ -197,6 +197,35 @@ def _recurrence_bwd(dtypes, unroll, caps, alignment, residuals, cotangents):
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
+def _check_layers(inputs, params, carry, masks) -> None:
+  """Raises ValueError unless there is one carry (and one `LayerMasks`, if
+  any) per layer of parameters, and `inputs` (T, B, m) fit the first layer."""
+  layers = len(params)
+  if len(carry) != layers or (masks is not None and len(masks) != layers):
+    raise ValueError(
+      f'lstm_rhn_recurrence: {layers} layers of parameters, but {len(carry)} '
+      f'carries and {"no" if masks is None else len(masks)} masks: give one each'
+    )
+  kernel = params[0]['input']['kernel_1']
+  if inputs.ndim != 3 or kernel.shape[0] != inputs.shape[-1]:
+    raise ValueError(
+      f"inputs {inputs.shape} do not fit the first layer's input kernel "
+      f'{kernel.shape}: expected (T, B, {kernel.shape[0]})'
+    )
+
+
+def _constant_masks(masks, layers, dtype):
+  """Each layer's `LayerMasks` (none given: no masks) as arrays of `dtype`
+  that no gradient flows to."""
+  masks = tuple(LayerMasks() for _ in range(layers)) if masks is None else tuple(masks)
+  return jax.lax.stop_gradient(
+    tuple(
+      LayerMasks(*(None if mask is None else jnp.asarray(mask, dtype) for mask in layer))
+      for layer in masks
+    )
+  )
+
+
 def lstm_rhn_recurrence(
   inputs: jax.Array,
   params: Sequence[Any],
@@ -225,25 +254,9 @@ def lstm_rhn_recurrence(
   Returns:
     (each layer's final carry, the top layer's outputs h_1..h_T (T, B, n_L)).
   """
+  _check_layers(inputs, params, carry, masks)
   layers = len(params)
-  if len(carry) != layers or (masks is not None and len(masks) != layers):
-    raise ValueError(
-      f'lstm_rhn_recurrence: {layers} layers of parameters, but {len(carry)} '
-      f'carries and {"no" if masks is None else len(masks)} masks: give one each'
-    )
-  kernel = params[0]['input']['kernel_1']
-  if inputs.ndim != 3 or kernel.shape[0] != inputs.shape[-1]:
-    raise ValueError(
-      f"inputs {inputs.shape} do not fit the first layer's input kernel "
-      f'{kernel.shape}: expected (T, B, {kernel.shape[0]})'
-    )
-  masks = tuple(LayerMasks() for _ in params) if masks is None else tuple(masks)
-  masks = jax.lax.stop_gradient(
-    tuple(
-      LayerMasks(*(None if mask is None else jnp.asarray(mask, inputs.dtype) for mask in layer))
-      for layer in masks
-    )
-  )
+  masks = _constant_masks(masks, layers, inputs.dtype)
   dtypes = tuple(jnp.dtype(dtype or inputs.dtype) for dtype in (dtypes or (None,) * layers))
   caps = tuple(bool(cap) for cap in (cap_input_gates or (False,) * layers))
   carry = tuple(((latent[0], latent[1]), c, h) for latent, c, h in carry)
