@@ -11,7 +11,7 @@ from conftest import alstm_window_inputs, perturb
 from jaxprs import summed_sizes_in_loops
 from lm_zoo.cells import ALSTMCell, LSTMCell, StaticLatent, resolve_scan
 from lm_zoo.cells.alstm_recurrence import alstm_recurrence
-from lm_zoo.cells.scans import alstm_window
+from lm_zoo.cells.window_kernels import alstm_window
 from lm_zoo.layers.products import aligned_contractions
 from lm_zoo.models import RecurrentLayer
 

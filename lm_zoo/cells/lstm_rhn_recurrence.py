@@ -2,7 +2,7 @@
 eq. 9) over a whole window, with a hand-written backward pass.
 
 Every step runs the layers bottom to top, layer l as one aLSTM step
-(`alstm_recurrence.adapted_step`) whose latent LSTM reads
+(`lm_zoo.cells.adapted_step`) whose latent LSTM reads
 
     v^(l)_t = [x^(l)_t; s^(l) ⊙ h^(l)_{t-1}; z^(l-1)_t],
     x^(1)_t = x_t,  x^(l)_t = d^(l) ⊙ h^(l-1)_t,  z^(0)_t = z^(L)_{t-1},
@@ -18,7 +18,7 @@ from layer l+1's dx^(l+1) ⊙ d^(l+1), plus the next step's) and dL/dz^(l)_t
 (from its policy, its next step, and layer l+1's context columns of dv) are
 complete when it is reached; layer 1's context columns go to the top layer's
 dL/dz^(L)_{t-1} in the carry. Each layer's step back is the single aLSTM's
-(`alstm_recurrence.adapted_step_backward`), and every weight gradient of
+(`adapted_step_backward`), and every weight gradient of
 every layer is one product over the window's T·B rows after the scan, as
 for the single aLSTM.
 """
@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.alstm_recurrence import (
+from lm_zoo.cells.adapted_step import (
   adapted_step,
   adapted_step_backward,
   step_factors,
@@ -197,6 +197,35 @@ def _recurrence_bwd(dtypes, unroll, caps, alignment, residuals, cotangents):
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
+def _check_layers(inputs, params, carry, masks) -> None:
+  """Raises ValueError unless there is one carry (and one `LayerMasks`, if
+  any) per layer of parameters, and `inputs` (T, B, m) fit the first layer."""
+  layers = len(params)
+  if len(carry) != layers or (masks is not None and len(masks) != layers):
+    raise ValueError(
+      f'lstm_rhn_recurrence: {layers} layers of parameters, but {len(carry)} '
+      f'carries and {"no" if masks is None else len(masks)} masks: give one each'
+    )
+  kernel = params[0]['input']['kernel_1']
+  if inputs.ndim != 3 or kernel.shape[0] != inputs.shape[-1]:
+    raise ValueError(
+      f"inputs {inputs.shape} do not fit the first layer's input kernel "
+      f'{kernel.shape}: expected (T, B, {kernel.shape[0]})'
+    )
+
+
+def _constant_masks(masks, layers, dtype):
+  """Each layer's `LayerMasks` (none given: no masks) as arrays of `dtype`
+  that no gradient flows to."""
+  masks = tuple(LayerMasks() for _ in range(layers)) if masks is None else tuple(masks)
+  return jax.lax.stop_gradient(
+    tuple(
+      LayerMasks(*(None if mask is None else jnp.asarray(mask, dtype) for mask in layer))
+      for layer in masks
+    )
+  )
+
+
 def lstm_rhn_recurrence(
   inputs: jax.Array,
   params: Sequence[Any],
@@ -225,25 +254,9 @@ def lstm_rhn_recurrence(
   Returns:
     (each layer's final carry, the top layer's outputs h_1..h_T (T, B, n_L)).
   """
+  _check_layers(inputs, params, carry, masks)
   layers = len(params)
-  if len(carry) != layers or (masks is not None and len(masks) != layers):
-    raise ValueError(
-      f'lstm_rhn_recurrence: {layers} layers of parameters, but {len(carry)} '
-      f'carries and {"no" if masks is None else len(masks)} masks: give one each'
-    )
-  kernel = params[0]['input']['kernel_1']
-  if inputs.ndim != 3 or kernel.shape[0] != inputs.shape[-1]:
-    raise ValueError(
-      f"inputs {inputs.shape} do not fit the first layer's input kernel "
-      f'{kernel.shape}: expected (T, B, {kernel.shape[0]})'
-    )
-  masks = tuple(LayerMasks() for _ in params) if masks is None else tuple(masks)
-  masks = jax.lax.stop_gradient(
-    tuple(
-      LayerMasks(*(None if mask is None else jnp.asarray(mask, inputs.dtype) for mask in layer))
-      for layer in masks
-    )
-  )
+  masks = _constant_masks(masks, layers, inputs.dtype)
   dtypes = tuple(jnp.dtype(dtype or inputs.dtype) for dtype in (dtypes or (None,) * layers))
   caps = tuple(bool(cap) for cap in (cap_input_gates or (False,) * layers))
   carry = tuple(((latent[0], latent[1]), c, h) for latent, c, h in carry)

@@ -2,7 +2,7 @@
 
 `pallas_alstm_recurrence` computes what `alstm_recurrence` does, with the
 same hand-written backward pass (every weight gradient one product over the
-window after the backward scan, `alstm_recurrence.weight_gradients`), but
+window after the backward scan, `adapted_step.weight_gradients`), but
 each step forward and back is one kernel of `lm_zoo.kernels.alstm_step`: the
 adaptation model, the policy and the adapted LSTM update together. The
 latent's input product x W_zx + b_z runs for the whole window before the
@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.alstm_recurrence import (
+from lm_zoo.cells.adapted_step import (
   check_window,
   is_recurrent,
   latent_dense,
@@ -168,8 +168,9 @@ def _cut(x, like):
   return x[..., : like.shape[-2], : like.shape[-1]].astype(like.dtype)
 
 
-def _carry_out(last, carry):
-  (latent, c, h), (latent0, c0, h0) = last, carry
+def _cut_carry(padded, carry):
+  """A carry in the kernels' padded layout (or its gradient) in `carry`'s."""
+  (latent, c, h), (latent0, c0, h0) = padded, carry
   return tuple(_cut(a, b) for a, b in zip(latent, latent0)), _cut(c, c0), _cut(h, h0)
 
 
@@ -180,7 +181,7 @@ def _recurrence(
   _, last, hs, _, _ = _forward(
     params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles, interpret
   )
-  return _cut(hs, carry[-1]), _carry_out(last, carry)
+  return _cut(hs, carry[-1]), _cut_carry(last, carry)
 
 
 def _recurrence_fwd(
@@ -189,32 +190,73 @@ def _recurrence_fwd(
   s, last, hs, saved, padded = _forward(
     params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles, interpret
   )
-  out = (_cut(hs, carry[-1]), _carry_out(last, carry))
+  out = (_cut(hs, carry[-1]), _cut_carry(last, carry))
   return out, (params, inputs, carry, mask, own_steps, hs, saved, padded)
+
+
+def _gate_factors(s: _Sizes, saved, c_first, latent0, cap_input_gate):
+  """What the backward kernel reads that the incoming gradients do not
+  change, for all steps at once: the gates' `gate_factors` (dc/dh, the gate
+  scales, σ(f)), and a recurrent latent's likewise or a static latent's z."""
+  acts, cs, _, _, _, zs, latent_saved = saved
+  forget, d_c_from_h, scales = gate_factors(
+    *jnp.split(acts, GATES, axis=-1), cs, c_first, cap_input_gate
+  )
+  factors = (d_c_from_h, jnp.concatenate(scales, axis=-1), forget)
+  if not s.recurrent:
+    return factors, (zs,)
+  acts_z, cs_z = latent_saved
+  forget_z, d_c_z_from_z, scales_z = gate_factors(
+    *jnp.split(acts_z, GATES, axis=-1), cs_z, latent0[0], False
+  )
+  return factors, (d_c_z_from_z, jnp.concatenate(scales_z, axis=-1), forget_z)
+
+
+def _weight_gradients(
+  params, inputs, s: _Sizes, saved, latent0, h_in, d_gates, q, d_latent_gates, dtype
+):
+  """`weight_gradients` of the window from the kernels' padded per-step
+  values (`d_latent_gates` and `h_in` already in the cell's layout)."""
+  _, _, pis, _, _, zs, _ = saved
+  rows = lambda x: x[:, : s.batch]
+  return weight_gradients(
+    params,
+    inputs,
+    h_in,
+    s.unpadded_policy(rows(pis)),
+    rows(zs)[..., : s.k],
+    _unblocked(rows(d_gates), s.n, GATES),
+    s.unpadded_policy(rows(q)),
+    d_latent_gates,
+    shifted(latent0[1], zs)[:, : s.batch, : s.k] if s.recurrent else None,
+    dtype,
+  )
+
+
+def _inputs_gradient(params, s: _Sizes, d_xs, d_latent_gates, dtype):
+  """dL/dx from the kernels' dL/dx (unpadded rows) and, through the latent's
+  input product before the scan, the latent gates' gradients."""
+  steps = d_xs.shape[0]
+  d_x_latent = contract(
+    'tl,lm->tm',
+    d_latent_gates.reshape(steps * s.batch, -1),
+    latent_dense(params)['kernel'][: s.m].T,
+    dtype,
+  )
+  return d_xs[..., : s.m] + d_x_latent.reshape(steps, s.batch, s.m)
 
 
 def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, cotangents):
   params, inputs, carry, mask, own_steps, hs, saved, padded = residuals
-  acts, cs, pis, a_s, rs, zs, latent_saved = saved
   xs, padded_mask, latent0, latent_x = padded
   d_hs, (d_latent_last, d_c_last, d_h_last) = cotangents
   s = _Sizes(inputs, carry[-1], params, tiles)
   _, _, latent_h, latent_u, policy, kernel, recurrent_kernel, bias = _weights(params, s, dtype)
   state = lambda x, width: pad_to(x.astype(jnp.float32), (s.rows, width))
-  c_first, h_first = state(carry[1], s.size_n), state(carry[2], s.size_n)
-  forget, d_c_from_h, scales = gate_factors(
-    *jnp.split(acts, GATES, axis=-1), cs, c_first, cap_input_gate
+  h_first = state(carry[2], s.size_n)
+  factors, latent_factors = _gate_factors(
+    s, saved, state(carry[1], s.size_n), latent0, cap_input_gate
   )
-  factors = (d_c_from_h, jnp.concatenate(scales, axis=-1), forget)
-  if s.recurrent:
-    acts_z, cs_z = latent_saved
-    forget_z, d_c_z_from_z, scales_z = gate_factors(
-      *jnp.split(acts_z, GATES, axis=-1), cs_z, latent0[0], False
-    )
-    latent_factors = (d_c_z_from_z, jnp.concatenate(scales_z, axis=-1), forget_z)
-    d_latent_first = tuple(state(d, s.size_k) for d in d_latent_last)
-  else:
-    latent_factors, d_latent_first = (zs,), ()
   # The final h is the last own step's: its gradient joins that step's output's.
   d_out = output_gradients(
     pad_to(d_hs.astype(jnp.float32), (hs.shape[0], s.rows, s.size_n)),
@@ -243,42 +285,24 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
 
   (d_latent0, d_c0, d_rec0), (d_gates, q, d_xs, d_latent_gates, d_recs) = jax.lax.scan(
     step,
-    (d_latent_first, state(d_c_last, s.size_n), jnp.zeros_like(h_first)),
-    (d_out, factors, xs, h_prev, (pis, a_s, rs), latent_factors, own_steps),
+    (
+      tuple(state(d, s.size_k) for d in d_latent_last),
+      state(d_c_last, s.size_n),
+      jnp.zeros_like(h_first),
+    ),
+    (d_out, factors, xs, h_prev, saved[2:5], latent_factors, own_steps),
     reverse=True,
     unroll=unroll,
   )
   # Back in the cell's layout, every weight's gradient as one product over the window.
-  steps, batch = inputs.shape[0], s.batch
-  rows = lambda x: x[:, :batch]
+  rows = lambda x: x[:, : s.batch]
   d_latent_gates = _unblocked(rows(d_latent_gates), s.k, s.latent_gates)
-  h_in = (rows(h_prev) * padded_mask[:batch])[..., : s.n]
-  z_prev = shifted(latent0[1], zs)[:, :batch, : s.k] if s.recurrent else None
-  grads = weight_gradients(
-    params,
-    inputs,
-    h_in,
-    s.unpadded_policy(rows(pis)),
-    rows(zs)[..., : s.k],
-    _unblocked(rows(d_gates), s.n, GATES),
-    s.unpadded_policy(rows(q)),
-    d_latent_gates,
-    z_prev,
-    dtype,
+  h_in = (rows(h_prev) * padded_mask[: s.batch])[..., : s.n]
+  grads = _weight_gradients(
+    params, inputs, s, saved, latent0, h_in, d_gates, q, d_latent_gates, dtype
   )
-  d_x_latent = contract(
-    'tl,lm->tm',
-    d_latent_gates.reshape(steps * batch, -1),
-    latent_dense(params)['kernel'][: s.m].T,
-    dtype,
-  )
-  d_inputs = rows(d_xs)[..., : s.m] + d_x_latent.reshape(steps, batch, s.m)
-  latent_first, c0, h0 = carry
-  d_carry = (
-    tuple(_cut(d, like) for d, like in zip(d_latent0, latent_first)),
-    _cut(d_c0, c0),
-    _cut(d_rec0 * padded_mask, h0),
-  )
+  d_inputs = _inputs_gradient(params, s, rows(d_xs), d_latent_gates, dtype)
+  d_carry = _cut_carry((d_latent0, d_c0, d_rec0 * padded_mask), carry)
   d_mask = _cut(jnp.sum(d_recs * h_prev, axis=0), mask)
   return grads, d_inputs.astype(inputs.dtype), d_carry, d_mask, None
 

@@ -208,6 +208,41 @@ def _recurrence_fwd(
   return (_cut(saved[0], h0), (_cut(c, c0), _cut(h, h0))), (originals, saved, padded)
 
 
+def _lstm_weight_gradients(mixed, d_gates, m, n, size_m, dtype):
+  """dL/d(W, b, U) in float32 from every step's padded [x^↑; h^↑] and gate
+  gradients (gate-major), W's and U's in one matrix product for the window."""
+  size_n = d_gates.shape[-1]
+  d_gate_rows = jnp.moveaxis(d_gates, 1, 2).reshape(-1, GATES * size_n)
+  d_kernel = contract('tk,tj->kj', mixed.reshape(-1, mixed.shape[-1]), d_gate_rows, dtype)
+  d_kernel = d_kernel.reshape(-1, GATES, size_n)[:, :, :n]
+  return (
+    d_kernel[:m].reshape(m, GATES * n),
+    jnp.sum(d_gates, axis=(0, 2))[:, :n].reshape(GATES * n),
+    d_kernel[size_m : size_m + n].reshape(n, GATES * n),
+  )
+
+
+def _rounds_gradient(mix, mix_params, inputs, n, h_in, saved, gradients):
+  """`mix.params_gradient` from every step's sources x and h_in (n wide),
+  the rounds' gates and low-rank hiddens (`saved`) and their gradients
+  (`gradients`), each cut from the kernels' padding to the batch and its width."""
+  _, batch, m = inputs.shape
+  ranks = [p['kernel_in'].shape[1] for p in mix_params.values() if 'kernel_in' in p]
+  widths = [m if i % 2 else n for i in range(1, mix.rounds + 1)]
+  cut = lambda a, width: a[:, :batch, :width]
+  per_round = lambda gates, hiddens: jnp.concatenate(
+    [cut(g, w) for g, w in zip(gates, widths)] + [cut(g, r) for g, r in zip(hiddens, ranks)],
+    axis=-1,
+  )
+  return mix.params_gradient(
+    mix_params,
+    inputs.astype(jnp.float32),
+    cut(h_in, n),
+    per_round(*saved),
+    per_round(*gradients),
+  )
+
+
 def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residuals, cotangents):
   originals, (hs, acts, cs, mixed, round_gates, hiddens), padded = residuals
   mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask, own_steps = originals
@@ -249,35 +284,18 @@ def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residu
     reverse=True,
     unroll=unroll,
   )
-  # W's and U's gradients for the whole window in one matrix product.
-  d_gate_rows = jnp.moveaxis(d_gates, 1, 2).reshape(-1, GATES * size_n)
-  d_kernel = contract('tk,tj->kj', mixed.reshape(-1, mixed.shape[-1]), d_gate_rows, dtype)
-  d_kernel = d_kernel.reshape(-1, GATES, size_n)[:, :, :n]
-  size_m = xs.shape[-1]
-  d_input_kernel = d_kernel[:m].reshape(m, GATES * n)
-  d_recurrent_kernel = d_kernel[size_m : size_m + n].reshape(n, GATES * n)
-  d_bias = jnp.sum(d_gates, axis=(0, 2))[:, :n].reshape(GATES * n)
-  # The rounds' gradients from every step's sources, gates and dz at once.
-  ranks = [p['kernel_in'].shape[1] for p in mix_params.values() if 'kernel_in' in p]
-  cut = lambda a, width: a[:, :batch, :width]
-  widths = [m if i % 2 else n for i in range(1, mix.rounds + 1)]
-  residuals = jnp.concatenate(
-    [cut(g, w) for g, w in zip(round_gates, widths)] + [cut(g, r) for g, r in zip(hiddens, ranks)],
-    axis=-1,
+  d_input_kernel, d_bias, d_recurrent_kernel = _lstm_weight_gradients(
+    mixed, d_gates, m, n, xs.shape[-1], dtype
   )
-  stashes = jnp.concatenate(
-    [cut(g, w) for g, w in zip(d_zs, widths)] + [cut(g, r) for g, r in zip(d_hiddens, ranks)],
-    axis=-1,
-  )
-  d_mix_params = mix.params_gradient(
-    mix_params, inputs.astype(jnp.float32), cut(h_prev * padded_mask, n), residuals, stashes
+  d_mix_params = _rounds_gradient(
+    mix, mix_params, inputs, n, h_prev * padded_mask, (round_gates, hiddens), (d_zs, d_hiddens)
   )
   return (
     d_mix_params,
     d_input_kernel.astype(input_kernel.dtype),
     d_bias.astype(bias.dtype),
     d_recurrent_kernel.astype(recurrent_kernel.dtype),
-    cut(d_xs, m).astype(inputs.dtype),
+    d_xs[:, :batch, :m].astype(inputs.dtype),
     _cut(d_c0, c0),
     _cut(d_rec0 * padded_mask, h0),
     _cut(jnp.sum(d_recs * h_prev, axis=0), mask),
