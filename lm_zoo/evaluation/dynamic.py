@@ -24,9 +24,13 @@ from lm_zoo.models.objective import check_token_ids, window_loss
 log = logging.getLogger(__name__)
 
 
-def _segments(stream: np.ndarray, batch_size: int, segment_length: int):
+def _segments(stream: np.ndarray, batch_size: int, segment_length: int, vocab_size: int):
   """The stream as (num_segments, batch, segment_length) inputs, targets and
-  weights; the last segment padded with weight 0."""
+  weights; the last segment padded with weight 0. Raises ValueError for a
+  segment length under 1 or a token id past the vocabulary."""
+  if segment_length < 1:
+    raise ValueError(f'segment_length must be at least 1, got {segment_length}')
+  check_token_ids(stream, vocab_size)
   batched = BatchedStream(stream, batch_size)
   num_segments = -(-batched.row_length // segment_length)
   pad = num_segments * segment_length - batched.row_length
@@ -152,42 +156,28 @@ def dynamic_evaluate(
       loss of a uniform guess, 2 log V). The Mogrifier paper lost runs to
       this; no number is returned.
   """
-  if segment_length < 1:
-    raise ValueError(f'segment_length must be at least 1, got {segment_length}')
-  check_token_ids(stream, model.vocab_size)
-  inputs, targets, weights = _segments(stream, batch_size, segment_length)
+  inputs, targets, weights = _segments(stream, batch_size, segment_length, model.vocab_size)
   opt_state = transformation.init(params) if opt_state is None else opt_state
   transformation = optax.with_extra_args_support(transformation)
-  rule = _Rule(transformation, params, opt_state, extra_args or {})
-  totals, counts, skipped, final = _scan_segments(
-    model,
-    rule,
-    params,
-    opt_state,
-    model.initialize_carry(batch_size),
-    inputs,
-    targets,
-    weights,
-    extra_args or {},
+  extra_args = extra_args or {}
+  rule = _Rule(transformation, params, opt_state, extra_args)
+  carries = model.initialize_carry(batch_size)
+  scanned = _scan_segments(
+    model, rule, params, opt_state, carries, inputs, targets, weights, extra_args
   )
+  max_loss = 2 * math.log(model.vocab_size) if max_loss is None else max_loss
+  return _checked_result(*scanned, unit, max_loss)
+
+
+def _checked_result(
+  totals, counts, skipped, params, unit: str, max_loss: float
+) -> DynamicEvalResult:
+  """The `DynamicEvalResult` of `_scan_segments`' outputs: each segment's
+  summed NLL, token count and whether its update was skipped, and the final
+  `params`. Raises TrainingError where dynamic evaluation diverged or every
+  update was skipped, and warns where some were."""
   totals, counts = np.asarray(totals, np.float64), np.asarray(counts, np.float64)
   skipped = int(np.sum(skipped))
-  loss = _checked_loss(
-    totals, counts, skipped, 2 * math.log(model.vocab_size) if max_loss is None else max_loss
-  )
-  return DynamicEvalResult(
-    EvalResult(loss=float(loss), num_tokens=int(counts.sum()), unit=unit),
-    totals,
-    counts,
-    final,
-    skipped,
-  )
-
-
-def _checked_loss(totals: np.ndarray, counts: np.ndarray, skipped: int, max_loss: float) -> float:
-  """The stream's loss from its segments' summed NLLs `totals` and token
-  `counts`; raises TrainingError where dynamic evaluation diverged or every
-  update was skipped, and warns where some were."""
   if skipped == len(totals):
     raise TrainingError(
       f'dynamic evaluation: every one of the {skipped} updates was not '
@@ -210,4 +200,5 @@ def _checked_loss(totals: np.ndarray, counts: np.ndarray, skipped: int, max_loss
       f'dynamic evaluation diverged: loss {loss:.3f} nats/token is '
       f'above {max_loss:.3f}; lower the learning rate'
     )
-  return loss
+  result = EvalResult(loss=float(loss), num_tokens=int(counts.sum()), unit=unit)
+  return DynamicEvalResult(result, totals, counts, params, skipped)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import numpy as np
@@ -146,41 +146,71 @@ def meta_train(
     TrainingError: L_meta is not finite.
   """
   last = _last_start(len(stream), meta_steps, num_updates, segment_length, batch_size)
-  span = num_updates * segment_length
   optimizer = optimizer or optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
   state = learned_update_rule(gate_fn, precision).init(params)
   zero_carries = model.initialize_carry(batch_size)
   step = _meta_step(model, gate_fn, optimizer, num_updates, checkpoint, first_order)
-  rng = np.random.default_rng(seed)
-  row_length = (len(stream) - 1) // batch_size
-  starts = np.arange(batch_size) * row_length
+  windows = _window_offsets(
+    len(stream), last, meta_steps, num_updates * segment_length, batch_size, carry_over, seed
+  )
   opt_state, losses = optimizer.init(meta_params), []
-  theta, carries, offsets = params, zero_carries, starts
-  for i in range(meta_steps):
-    if not carry_over:
-      theta, carries, offsets = params, zero_carries, rng.integers(0, last + 1, batch_size)
-    elif offsets[0] + span > row_length:
-      theta, carries, offsets = params, zero_carries, starts
+  for i, (offsets, afresh) in enumerate(windows):
+    if afresh:
+      theta, carries = params, zero_carries
     segments = stream_windows(stream, offsets, num_updates, segment_length)
     meta_params, opt_state, theta, carries, loss = step(
       meta_params, opt_state, state, theta, carries, segments
     )
-    offsets = offsets + span
     losses.append(float(loss))
-    if not math.isfinite(losses[-1]):
-      raise TrainingError(
-        f'meta-training diverged at step {i}: L_meta is not finite; '
-        'lower the meta learning rate or the initial UPDATE step'
-      )
-    if log_every and (i + 1) % log_every == 0:
-      log.info(
-        'meta-step %d/%d: L_meta / K %.4f (mean of the last %d)',
-        i + 1,
-        meta_steps,
-        np.mean(losses[-log_every:]),
-        log_every,
-      )
+    _report(i, meta_steps, losses, log_every)
   return MetaTrainResult(meta_params, np.asarray(losses))
+
+
+def _window_offsets(
+  stream_length: int,
+  last: int,
+  meta_steps: int,
+  span: int,
+  batch_size: int,
+  carry_over: bool,
+  seed: int,
+) -> Iterator[tuple[np.ndarray, bool]]:
+  """Each meta-step's stream offsets, one per row, and whether it starts
+  afresh (from the trained weights and a zero state): random offsets up to
+  `last`, every one afresh; or with `carry_over`, rows that walk `span`
+  tokens a step from evenly spaced starts, back to them (afresh) when a row
+  would pass the next row's start."""
+  rng = np.random.default_rng(seed)
+  row_length = (stream_length - 1) // batch_size
+  starts = np.arange(batch_size) * row_length
+  offsets = starts
+  for i in range(meta_steps):
+    if not carry_over:
+      yield rng.integers(0, last + 1, batch_size), True
+      continue
+    afresh = i == 0 or offsets[0] + span > row_length
+    offsets = starts if afresh else offsets
+    yield offsets, afresh
+    offsets = offsets + span
+
+
+def _report(i: int, meta_steps: int, losses: list[float], log_every: int) -> None:
+  """Raises TrainingError where meta-step `i`'s L_meta / K (the last of
+  `losses`) is not finite; logs the mean of the last `log_every` every
+  `log_every` meta-steps (0: never)."""
+  if not math.isfinite(losses[-1]):
+    raise TrainingError(
+      f'meta-training diverged at step {i}: L_meta is not finite; '
+      'lower the meta learning rate or the initial UPDATE step'
+    )
+  if log_every and (i + 1) % log_every == 0:
+    log.info(
+      'meta-step %d/%d: L_meta / K %.4f (mean of the last %d)',
+      i + 1,
+      meta_steps,
+      np.mean(losses[-log_every:]),
+      log_every,
+    )
 
 
 def _last_start(

@@ -13,27 +13,27 @@ than one at a time at a recurrent model's small batch.
 The run goes through phases, each a function of the `Trainer` (what the run
 trains with) and the `Run` (its state; lm_zoo/training/run.py): restore or
 init, train an epoch window by window, validate (lm_zoo/training/validation.py),
-end an epoch, roll back, save, finish (lm_zoo/training/summary.py). A phase
-that reads back the updates (`PendingUpdates.fetch`) returns the `RollBack`
-a non-finite one asks for, and `train` restores the latest checkpoint.
+end an epoch, save, roll back (lm_zoo/training/checkpointing.py), finish
+(lm_zoo/training/summary.py). A phase that reads back the updates
+(`PendingUpdates.fetch`) returns the `RollBack` a non-finite one asks for,
+and `train` restores the latest checkpoint.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import pathlib
-import signal
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ml_collections
 import numpy as np
+import optax
+from jax.sharding import Mesh
 
-from lm_zoo.data import BatchedStream, Window, load_data
-from lm_zoo.errors import Preempted
+from lm_zoo.data import BatchedStream, Corpus, Window, load_data
 from lm_zoo.evaluation import make_eval_step, split_names
-from lm_zoo.models import build_model, describe_model
+from lm_zoo.models import RecurrentLM, build_model, describe_model
 from lm_zoo.runs.metrics import MetricsWriter
 from lm_zoo.runs.nonfinite import PendingUpdates, RollBack
 from lm_zoo.runs.preemption import StopRequest
@@ -46,18 +46,13 @@ from lm_zoo.runs.workdir import (
   workdir_lock,
 )
 from lm_zoo.training.budget import budget_spent, completed_summary, planned_steps, training_done
+from lm_zoo.training.checkpointing import preempt, roll_back, save
 from lm_zoo.training.config_checks import check_memory, validate_config
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, place_state, shard_batch
 from lm_zoo.training.run import Progress, Run, Trainer, ValidationCallback
 from lm_zoo.training.seed_axis import check_num_seeds, seed_configs, seed_dir, stack
-from lm_zoo.training.state import (
-  close_checkpoints,
-  open_checkpoints,
-  restore_or_init,
-  restore_state,
-  save_state,
-)
+from lm_zoo.training.state import close_checkpoints, open_checkpoints, restore_or_init
 from lm_zoo.training.steps import make_train_step
 from lm_zoo.training.summary import count_params, finish
 from lm_zoo.training.validation import end_epoch, log_training, validate
@@ -154,18 +149,7 @@ def _train_and_evaluate(
   mesh = data_mesh(config.parallel.num_devices)
   check_batch(config.data.batch_size, mesh)
   configs = seed_configs(config, num_seeds)
-  train_step = make_train_step(
-    model,
-    optimizer,
-    config.optimizer.loss_reduction == 'sum_over_time',
-    config.optimizer.ar,
-    config.optimizer.tar,
-    mesh,
-    skip_nonfinite=config.train.nonfinite == 'skip',
-    drop_state=config.train.drop_state,
-    stacked=True,
-    hold_padding=window_multiple(config.data) > 1,
-  )
+  train_step = _train_step(config, model, optimizer, mesh)
   batched = BatchedStream(corpus.train, config.data.batch_size)
   checkpoints, best = open_checkpoints(workdir, configs)
   metrics = None
@@ -176,20 +160,7 @@ def _train_and_evaluate(
     summary = completed_summary(config, workdir, int(state.step[0]), progress) if resumed else None
     if summary is not None:
       return summary
-    save_config(config, workdir)
-    record_data(corpus, workdir)
-    if num_seeds > 1:
-      save_seeds(workdir, [c.seed for c in configs])
-      for seeded in configs:
-        save_config(seeded, seed_dir(workdir, seeded.seed))
-        record_data(corpus, seed_dir(workdir, seeded.seed))
-    # Keeps what the run had logged at its checkpoint (a new run: nothing).
-    metrics = MetricsWriter(
-      workdir,
-      keep=progress.metrics_records if resumed else 0,
-      resume_step=int(state.step[0]) if resumed else None,
-    )
-    metrics.hyperparameters(config)
+    metrics = _open_records(config, workdir, corpus, configs, state, progress, resumed)
     trainer = Trainer(
       config=config,
       workdir=workdir,
@@ -215,6 +186,55 @@ def _train_and_evaluate(
     close_checkpoints(checkpoints, best)
     if metrics is not None:
       metrics.close()
+
+
+def _train_step(
+  config: ml_collections.ConfigDict,
+  model: RecurrentLM,
+  optimizer: optax.GradientTransformation,
+  mesh: Mesh | None,
+) -> Callable:
+  """The jitted train step `config` asks for, over the seed axis."""
+  return make_train_step(
+    model,
+    optimizer,
+    config.optimizer.loss_reduction == 'sum_over_time',
+    config.optimizer.ar,
+    config.optimizer.tar,
+    mesh,
+    skip_nonfinite=config.train.nonfinite == 'skip',
+    drop_state=config.train.drop_state,
+    stacked=True,
+    hold_padding=window_multiple(config.data) > 1,
+  )
+
+
+def _open_records(
+  config: ml_collections.ConfigDict,
+  workdir: pathlib.Path,
+  corpus: Corpus,
+  configs: Sequence[ml_collections.ConfigDict],
+  state: Any,
+  progress: Progress,
+  resumed: bool,
+) -> MetricsWriter:
+  """Writes the run's config and data record (a run of several seeds: also
+  its seeds, and each seed's in WORKDIR/seed_S) and opens its metrics with
+  the hyperparameters, keeping what the run had logged at its checkpoint."""
+  save_config(config, workdir)
+  record_data(corpus, workdir)
+  if len(configs) > 1:
+    save_seeds(workdir, [c.seed for c in configs])
+    for seeded in configs:
+      save_config(seeded, seed_dir(workdir, seeded.seed))
+      record_data(corpus, seed_dir(workdir, seeded.seed))
+  metrics = MetricsWriter(
+    workdir,
+    keep=progress.metrics_records if resumed else 0,  # a new run: nothing
+    resume_step=int(state.step[0]) if resumed else None,
+  )
+  metrics.hyperparameters(config)
+  return metrics
 
 
 def start_run(t: Trainer, state: Any, progress: Progress) -> Run:
@@ -372,72 +392,3 @@ def after_update(
   if signum is not None:
     return preempt(t, run, signum)
   return None
-
-
-def save(t: Trainer, run: Run) -> RollBack | None:
-  """Checkpoints the run, unless reading back its updates asks for a rollback."""
-  fault = run.updates.fetch(run.progress).rollback  # never checkpoint non-finite weights
-  if fault is not None:
-    return fault
-  run.progress.train_seconds = run.seconds_trained()
-  run.progress.train_tokens = run.all_tokens_trained()
-  run.progress.metrics_records = t.metrics.count
-  save_state(t.checkpoints, run.step, run.state, dataclasses.asdict(run.progress))
-  # The next log line's rate is of training alone: a save's seconds counted in
-  # its interval made a short one's rate fall 6-fold on a GPU (lamb's turns of
-  # 200 steps drift against PTB's 207-step epochs).
-  run.throughput.reset()
-  return None
-
-
-def preempt(t: Trainer, run: Run, signum: int) -> RollBack:
-  """Checkpoints the run and raises `Preempted`; returns the rollback that
-  reading back its updates asks for instead."""
-  fault = save(t, run)
-  if fault is not None:
-    return fault
-  raise Preempted(
-    f'{signal.Signals(signum).name} received: training stopped at step {run.step} '
-    f'(epoch {run.progress.epoch}) with a checkpoint in {t.workdir}/checkpoints; run '
-    'the same command to resume',
-    signum,
-  )
-
-
-def roll_back(t: Trainer, run: Run, fault: RollBack) -> None:
-  """Restores every seed from the latest checkpoint, with the learning rate
-  of the seeds whose update was not finite lowered for the rest of the run
-  (train.rollback_lr_factor)."""
-  cfg = t.config.train
-  rollbacks = list(run.progress.rollbacks)
-  for k in fault.seeds:
-    rollbacks[k] += 1
-  run.state, meta = restore_state(t.checkpoints, run.state, t.mesh)
-  run.progress = Progress(**meta)
-  run.progress.rollbacks = rollbacks
-  run.step, run.step_lr = int(run.state.step[0]), None
-  t.metrics.truncate(run.progress.metrics_records)  # the abandoned steps' records go
-  for k in fault.seeds:
-    scale = cfg.rollback_lr_factor ** rollbacks[k]
-    named = f'seed {t.configs[k].seed}: ' if t.num_seeds > 1 else ''
-    log.warning(
-      '%sstep %d: non-finite loss or gradient, rolled back to the checkpoint of '
-      'step %d with the learning rate x %g (rollback %d of at most %d)',
-      named,
-      fault.step,
-      run.step,
-      scale,
-      rollbacks[k],
-      cfg.max_rollbacks,
-    )
-    t.metrics.write(
-      'nonfinite',
-      step=fault.step,
-      epoch=run.progress.epoch,
-      **t.seed_fields(k),
-      action='rollback',
-      to_step=run.step,
-      learning_rate_scale=scale,
-      rollbacks=rollbacks[k],
-    )
-  run.throughput.reset()

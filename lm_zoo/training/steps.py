@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import flax
@@ -84,36 +85,57 @@ def make_train_step(
   metrics have that axis too, and a mesh splits the carries' second axis. A
   seed axis of one takes the unstacked step, bit for bit.
   """
+  objective = functools.partial(
+    _objective, model, sum_over_time=sum_over_time, ar=ar, tar=tar, hold_padding=hold_padding
+  )
 
   def train_step(state: TrainState, inputs, targets, weights):
-    step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    keys = jax.random.split(step_key)
-    carries = drop_carried_state(state.carries, drop_state, jax.random.fold_in(step_key, 1))
-    grads, (loss, new_carries) = jax.grad(
-      lambda params: _objective(
-        model, params, carries, inputs, targets, weights, keys, sum_over_time, ar, tar, hold_padding
-      ),
-      has_aux=True,
-    )(state.params)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new_state = state.replace(
-      step=state.step + 1,
-      params=params,
-      opt_state=opt_state,
-      carries=jax.lax.stop_gradient(new_carries),
-    )
+    grads, (loss, new_carries) = _gradients(objective, drop_state, state, inputs, targets, weights)
+    new_state = _apply_gradients(optimizer, state, grads, new_carries)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if skip_nonfinite:
-      # The step still counts: it numbers the windows and the dropout keys.
-      kept = state.replace(step=state.step + 1)
-      new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, kept)
+      new_state = _unless_finite(finite, new_state, state)
     if mesh is not None:
       new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh))
     return new_state, {'loss': loss, 'grad_norm': grad_norm, 'finite': finite}
 
   return jax.jit(on_seed_axis(train_step) if stacked else train_step, donate_argnums=0)
+
+
+def _gradients(objective: Callable, drop_state: float, state: TrainState, inputs, targets, weights):
+  """The gradient of `objective` (`_objective` with its options bound) at the
+  state's parameters, and its (mean NLL, new carries): with the step's keys
+  (fold_in(rng, step): a resumed run draws the same masks) and the carries
+  each row's state was dropped from with probability `drop_state`."""
+  step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+  keys = jax.random.split(step_key)
+  carries = drop_carried_state(state.carries, drop_state, jax.random.fold_in(step_key, 1))
+  return jax.grad(
+    lambda params: objective(params, carries, inputs, targets, weights, keys), has_aux=True
+  )(state.params)
+
+
+def _apply_gradients(
+  optimizer: optax.GradientTransformation, state: TrainState, grads, new_carries
+) -> TrainState:
+  """The state after the optimizer's update along `grads`, with the window's
+  `new_carries` (gradients stopped) and the step counted."""
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  return state.replace(
+    step=state.step + 1,
+    params=optax.apply_updates(state.params, updates),
+    opt_state=opt_state,
+    carries=jax.lax.stop_gradient(new_carries),
+  )
+
+
+def _unless_finite(finite: jax.Array, new_state: TrainState, state: TrainState) -> TrainState:
+  """`new_state` where `finite`, else `state` as it was (the update dropped)
+  but for the step, which still counts: it numbers the windows and the
+  dropout keys."""
+  kept = state.replace(step=state.step + 1)
+  return jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, kept)
 
 
 def _objective(

@@ -5,6 +5,7 @@ meta-trained for them (`meta_train_workdir`)."""
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -112,15 +113,7 @@ def meta_train_workdir(
     run_config.data.bptt,
     config.fisher_batches,
   )
-  meta = {
-    'prior': config.prior,
-    'hidden': config.hidden,
-    'initial_learning_rate': config.initial_learning_rate,
-    'initial_decay': config.initial_decay,
-    'initial_eps': config.initial_eps,
-  }
-  if config.prior == 'rms':
-    meta.update(mean_ms=mean_rms(precision, config.decay_mean), decay_mean=config.decay_mean)
+  meta = _gate_meta(config, precision)
   net = gate_network(meta)
   meta_params = net.init(jax.random.key(config.seed), jnp.zeros((1, NUM_FEATURES)))
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(config.meta_learning_rate))
@@ -142,23 +135,41 @@ def meta_train_workdir(
     carry_over=config.carry_over,
   )
   save_meta_learner(
-    output,
-    result.meta_params,
-    precision,
-    {
-      **meta,
-      'segment_length': config.segment_length,
-      'num_updates': config.num_updates,
-      'batch_size': config.batch_size,
-      'meta_steps': config.meta_steps,
-      'meta_learning_rate': config.meta_learning_rate,
-      'first_order': config.first_order,
-      'carry_over': config.carry_over,
-      'seed': config.seed,
-      'losses': [float(x) for x in result.losses],
-    },
+    output, result.meta_params, precision, {**meta, **_training_meta(config, result.losses)}
   )
   return result.losses
+
+
+def _gate_meta(config: ml_collections.ConfigDict, precision: Any) -> dict[str, Any]:
+  """What `gate_network` builds the gate network from: the prior rule and
+  its initial settings, and for 'rms' the mean(MS) of theta_0's `precision`
+  (the diagonal Fisher) over `decay_mean`."""
+  meta = {
+    'prior': config.prior,
+    'hidden': config.hidden,
+    'initial_learning_rate': config.initial_learning_rate,
+    'initial_decay': config.initial_decay,
+    'initial_eps': config.initial_eps,
+  }
+  if config.prior == 'rms':
+    meta.update(mean_ms=mean_rms(precision, config.decay_mean), decay_mean=config.decay_mean)
+  return meta
+
+
+def _training_meta(config: ml_collections.ConfigDict, losses: np.ndarray) -> dict[str, Any]:
+  """How the rule was meta-trained, and its L_meta / K per meta-step,
+  saved with it beside the gate network's settings."""
+  return {
+    'segment_length': config.segment_length,
+    'num_updates': config.num_updates,
+    'batch_size': config.batch_size,
+    'meta_steps': config.meta_steps,
+    'meta_learning_rate': config.meta_learning_rate,
+    'first_order': config.first_order,
+    'carry_over': config.carry_over,
+    'seed': config.seed,
+    'losses': [float(x) for x in losses],
+  }
 
 
 def _meta_learner_output(workdir: str | pathlib.Path, output: str) -> pathlib.Path:
