@@ -54,7 +54,6 @@ others are timed and written, and the script then exits with an error.
   python benchmarks/accelerator_speed.py [--recipes=...] [--scans=auto,pallas]
 """
 
-import json
 import os
 import pathlib
 
@@ -62,25 +61,23 @@ import jax
 from absl import app, flags
 
 from baselines import (
-  BASELINE_DTYPES,
   TORCH_DTYPES,
   add_ratios,
-  device_kernels,
   experiment_config,
   failure_reason,
   jax_rnn_lm,
   lm_zoo_lm,
   recurrence_matmul_seconds,
   seconds_per_call,
-  top_kernels,
   torch_lm,
 )
-from lm_zoo.data import load_corpus
+from device_traces import device_kernels, top_kernels
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers.products import aligned_contractions
 from lm_zoo.models import build_model, layer_sizes
 from lm_zoo.runtime import retain_host_memory
 from optimized_hlo import loop_pads
+from speed_report import report, result_row
 
 flags.DEFINE_list(
   'recipes',
@@ -155,20 +152,6 @@ TOP_KERNELS = 15  # the kernels a row's profile names, the longest in all first
 
 def vocab_size() -> int:
   return 50 if FLAGS.tiny else VOCAB
-
-
-def recipe_tokens(config) -> int | None:
-  """Tokens the recipe trains on: its updates x batch x BPTT (max_steps),
-  else its epochs over the corpus's training split (None without the data)."""
-  data = config.data
-  if config.train.max_steps > 0:
-    return config.train.max_steps * data.batch_size * data.bptt
-  try:
-    corpus = load_corpus(data.name, data.data_dir or os.environ.get('LM_ZOO_DATA') or None)
-  except Exception as err:  # the corpus is not here: no hours for this recipe
-    print(f'{data.name}: no hours implied ({err})')
-    return None
-  return config.train.num_epochs * len(corpus.train)
 
 
 def recipe_rows(recipes: list[str], scans: list[str]) -> dict:
@@ -340,103 +323,39 @@ def main(argv):
   pads = write_hlo(built, FLAGS.hlo_dir) if FLAGS.hlo_dir else {}
   kernels = count_kernels(built) if FLAGS.profile_dir else {}
 
-  rows = []
-  for name, calls in built.items():
-    config = row_configs.get(name, first)
-    tokens = config.data.batch_size * config.data.bptt
-    train, evaluate = seconds[name]['train'], seconds[name]['eval']
-    row = {
-      'row': name,
-      'hidden': hidden_of[name],
-      'train_seconds': train,
-      'eval_seconds': evaluate,
-      'train_ms_per_step': train * 1e3,
-      'train_tokens_per_s': tokens / train,
-      'eval_tokens_per_s': tokens / evaluate,
-      'batch_size': config.data.batch_size,
-      'bptt': config.data.bptt,
-      **{k: calls[k] for k in ('model', 'library') if k in calls},
-      'matmul_params': calls['matmul_params'],
-    }
-    if name in row_configs:
-      row['scan'], row['dtype'] = config.model.scan, config.model.dtype
-    else:
-      row['dtype'] = BASELINE_DTYPES[name.split('@')[0]]
-    if name in pads:
-      row['hlo_loop_pads'] = pads[name]
-    if 'first_call_seconds' in calls:
-      row['train_first_call_seconds'] = calls['first_call_seconds']['train']
-      row['eval_first_call_seconds'] = calls['first_call_seconds']['eval']
-    row['train_step_flops'] = 6 * calls['matmul_params'] * tokens
-    row['train_tflops_per_s'] = row['train_step_flops'] / train / 1e12
-    if kernels.get(name):
-      row['profile_kernels_per_step'] = kernels[name]['per_step']
-      if 'busy' in kernels[name]:
-        row['profile_device_busy'] = kernels[name]['busy']
-        row['profile_top_kernels'] = kernels[name]['top']
-    total = recipe_tokens(config) if 'scan' in row else None
-    if total is not None:
-      row['recipe_tokens'] = total
-      row['recipe_hours'] = total / row['train_tokens_per_s'] / 3600
-    rows.append(row)
+  rows = [
+    result_row(
+      name,
+      calls,
+      row_configs.get(name, first),
+      hidden_of[name],
+      seconds[name],
+      recipe=name in row_configs,
+      pads=pads,
+      kernels=kernels,
+    )
+    for name, calls in built.items()
+  ]
   add_ratios(rows)
   recurrence = recurrence_matmul_seconds(recipe_hidden, batch, bptt)
-  report(rows, recurrence, recipe_hidden, batch, bptt, malloc, failed)
+  report(
+    rows,
+    recurrence,
+    hidden=recipe_hidden,
+    batch=batch,
+    bptt=bptt,
+    malloc=malloc,
+    vocab=vocab_size(),
+    failed=failed,
+    output=FLAGS.output,
+    baselines=FLAGS.baselines,
+    scans=FLAGS.scans,
+  )
   if failed:
     raise SystemExit(
       f'error: {len(failed)} rows failed: {", ".join(failed)} (reasons above '
       'and in the output\'s "failed")'
     )
-
-
-def report(rows, recurrence, hidden, batch, bptt, malloc, failed):
-  device = jax.devices()[0]
-  print(
-    f'\n{device.platform}: {device.device_kind} x {jax.device_count()}; '
-    f'{os.cpu_count()} CPUs; malloc {malloc}; vocabulary {vocab_size()}'
-  )
-  print(
-    f'recurrent products of one {batch} x {bptt} window at hidden {hidden} (2 layers, '
-    f'forward only): {recurrence * 1e3:.2f} ms'
-  )
-  print(
-    f'{"row":>42} {"train tok/s":>11} {"eval tok/s":>10} {"ms/step":>7} {"kernels":>7} '
-    f'{"hours":>6} {"train/cuDNN":>11} {"train/torch":>11}'
-  )
-  nan = float('nan')
-  for r in rows:
-    print(
-      f'{r["row"]:>42} {r["train_tokens_per_s"]:>11,.0f} {r["eval_tokens_per_s"]:>10,.0f} '
-      f'{r["train_ms_per_step"]:>7.2f} {r.get("profile_kernels_per_step", nan):>7,.0f} '
-      f'{r.get("recipe_hours", nan):>6.2f} {r.get("train_vs_cudnn", nan):>11.2f} '
-      f'{r.get("train_vs_torch_fastest", nan):>11.2f}'
-    )
-  if FLAGS.output:
-    path = pathlib.Path(FLAGS.output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-      json.dumps(
-        {
-          'device': str(device),
-          'device_kind': device.device_kind,
-          'platform': device.platform,
-          'devices': jax.device_count(),
-          'cpus': os.cpu_count(),
-          'malloc': malloc,
-          'vocab': vocab_size(),
-          'recipe_hidden': hidden,
-          'recurrence_matmul_seconds': recurrence,
-          'baselines': FLAGS.baselines,
-          'scans': FLAGS.scans,
-          'jax': jax.__version__,
-          'xla_flags': os.environ.get('XLA_FLAGS', ''),
-          'results': rows,
-          'failed': failed,
-        },
-        indent=2,
-      )
-    )
-    print(f'wrote {path}')
 
 
 if __name__ == '__main__':

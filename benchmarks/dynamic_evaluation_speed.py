@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from baselines import device_kernels, failure_reason, top_kernels
+from baselines import failure_reason
+from device_traces import device_kernels, top_kernels
 from lm_zoo.cells import LSTMCell
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.runtime import retain_host_memory

@@ -45,21 +45,12 @@ def _result(result: Any) -> str:
   return ', '.join(shown) or json.dumps(result)[:200]
 
 
-def model_card(
-  workdir: pathlib.Path, config: ml_collections.ConfigDict, vocab: Vocab, record: dict
-) -> str:
-  """The model card's Markdown text."""
+def _architecture_and_data(
+  config: ml_collections.ConfigDict, vocab: Vocab, record: dict, data: dict
+) -> list[str]:
+  """The card's sections on the model and on the data it was trained on."""
   m, d = config.model, config.data
-  data = _read(workdir / 'data.json') or {}
-  summary = _read(workdir / 'summary.json') or {}
-  seeds = (_read(workdir / 'seeds.json') or {}).get('seeds') or [config.seed]
-  env = summary.get('environment') or {}
   lines = [
-    f'# {d.name} {m.cell} language model (lm_zoo)',
-    '',
-    'A recurrent language model trained with lm_zoo and exported as a preset. '
-    "Load it with `lm_zoo.load('THIS_FOLDER')` or any lm_zoo program's `--workdir`.",
-    '',
     '## Architecture',
     '',
     f'- cell: {m.cell}, {m.num_layers} layers, hidden size {m.hidden_size}, '
@@ -74,8 +65,17 @@ def model_card(
   for split in _SPLITS:
     if isinstance(data.get(split), dict) and 'tokens' in data[split]:
       lines.append(f'- {split}: {data[split]["tokens"]:,} tokens')
-  lines += [
-    '',
+  return lines
+
+
+def _results(
+  workdir: pathlib.Path, config: ml_collections.ConfigDict, record: dict, summary: dict
+) -> list[str]:
+  """The card's results: seeds, device, each split's scores at the end of
+  training and those of the later evaluations."""
+  seeds = (_read(workdir / 'seeds.json') or {}).get('seeds') or [config.seed]
+  env = summary.get('environment') or {}
+  lines = [
     '## Results',
     '',
     f'- seeds: {", ".join(str(s) for s in seeds)}; best epoch: {record["best_epoch"]}',
@@ -91,8 +91,13 @@ def model_card(
       lines.append(f'- {path.stem} evaluation, {split}: {_result(result)}')
   if not summary:
     lines.append('- no summary.json: the run had not finished when it was exported')
-  lines += [
-    '',
+  return lines
+
+
+def _training(workdir: pathlib.Path) -> list[str]:
+  """The card's section on training the model again, with the commands that
+  trained it."""
+  lines = [
     '## Training',
     '',
     'config.json holds every setting of the run, its seed included; this command '
@@ -110,10 +115,28 @@ def model_card(
       *(f'    {line}' for line in commands),
       '',
     ]
-  lines += [
+  return lines
+
+
+def model_card(
+  workdir: pathlib.Path, config: ml_collections.ConfigDict, vocab: Vocab, record: dict
+) -> str:
+  """The model card's Markdown text."""
+  name = config.data.name
+  lines = [
+    f'# {name} {config.model.cell} language model (lm_zoo)',
+    '',
+    'A recurrent language model trained with lm_zoo and exported as a preset. '
+    "Load it with `lm_zoo.load('THIS_FOLDER')` or any lm_zoo program's `--workdir`.",
+    '',
+    *_architecture_and_data(config, vocab, record, _read(workdir / 'data.json') or {}),
+    '',
+    *_results(workdir, config, record, _read(workdir / 'summary.json') or {}),
+    '',
+    *_training(workdir),
     '## Intended use and limitations',
     '',
-    f'For research and teaching: scoring and sampling {d.name}-like text, and as a '
+    f'For research and teaching: scoring and sampling {name}-like text, and as a '
     'baseline. It knows only its vocabulary (other words are `<unk>` where the '
     'vocabulary has it), reflects the biases of its corpus, and is not meant for '
     'generating text that people rely on.',

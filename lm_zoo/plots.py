@@ -8,7 +8,10 @@ the per-token loss difference of two models along a text.
 
 Needs matplotlib (`pip install 'lm_zoo[plot]'`). Figures are drawn on
 `matplotlib.figure.Figure` objects, never through pyplot, so calling these
-functions leaves a notebook's backend and open figures alone.
+functions leaves a notebook's backend and open figures alone. The generic
+figures they draw on (`line_figure`, `scatter_figure`, and the tuning
+report's `parallel_coordinates_figure`) live in `lm_zoo.drawing` and are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -19,85 +22,18 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from lm_zoo.drawing import (
+  Series,
+  line_figure,
+  new_axes,
+  new_figure,
+  parallel_coordinates_figure as parallel_coordinates_figure,  # re-exported
+  save_figure,
+  save_labelled,
+  scatter_figure,
+)
 from lm_zoo.errors import ConfigError
 from lm_zoo.runs.metrics import METRICS_FILE, read_metrics
-
-Series = tuple[Sequence[float], Sequence[float]]
-
-
-def _figure(width: float = 6, height: float = 4):
-  """A new figure; matplotlib imported here, as it is optional."""
-  try:
-    from matplotlib.figure import Figure
-  except ImportError as e:
-    raise ConfigError("plots need matplotlib: pip install 'lm_zoo[plot]'") from e
-  return Figure(figsize=(width, height), dpi=120, layout='constrained')
-
-
-def _axes():
-  """A new figure and its one axes."""
-  fig = _figure()
-  return fig, fig.add_subplot()
-
-
-def _save(fig, ax, path: str | pathlib.Path, xlabel: str, ylabel: str, title: str) -> pathlib.Path:
-  ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-  ax.grid(alpha=0.3)
-  ax.legend()
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path)
-  return path
-
-
-def line_figure(
-  series: Mapping[str, Series],
-  path: str | pathlib.Path,
-  *,
-  xlabel: str,
-  ylabel: str,
-  title: str = '',
-  points: Mapping[str, tuple[float, float]] | None = None,
-  hlines: Mapping[str, float] | None = None,
-  logy: bool = False,
-) -> pathlib.Path:
-  """Draws labelled lines (xs, ys), single labelled points and horizontal
-  reference lines on one axis; saves a PNG at `path` and returns it."""
-  fig, ax = _axes()
-  for label, (xs, ys) in series.items():
-    ax.plot(xs, ys, marker='o', markersize=4, label=label)
-  for marker, (label, (x, y)) in zip('s^vDP*X', (points or {}).items()):
-    ax.plot([x], [y], marker=marker, linestyle='none', markersize=7, label=label)
-  for style, (label, y) in zip(('--', ':', '-.'), (hlines or {}).items()):
-    ax.axhline(y, linestyle=style, color='gray', label=label)
-  if logy:
-    from matplotlib import ticker
-
-    ax.set_yscale('log')
-    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-  return _save(fig, ax, path, xlabel, ylabel, title)
-
-
-def scatter_figure(
-  series: Mapping[str, Series],
-  path: str | pathlib.Path,
-  *,
-  xlabel: str,
-  ylabel: str,
-  title: str = '',
-  diagonal: bool = False,
-) -> pathlib.Path:
-  """Labelled point clouds (xs, ys), with the line y = x when `diagonal`."""
-  fig, ax = _axes()
-  for label, (xs, ys) in series.items():
-    ax.scatter(xs, ys, s=4, alpha=0.5, label=label)
-  if diagonal:
-    low = min(min(min(xs), min(ys)) for xs, ys in series.values())
-    high = max(max(max(xs), max(ys)) for xs, ys in series.values())
-    ax.plot([low, high], [low, high], color='black', linewidth=1, label='y = x')
-  return _save(fig, ax, path, xlabel, ylabel, title)
 
 
 def mogrifier_ablation_figure(
@@ -215,7 +151,7 @@ def seed_study_figure(
   `lm_zoo.tasks.run_seed_study`: one point per seed (a colour per seed, so
   that the pairs across models show), the mean with a bar of ± one standard
   deviation."""
-  fig = _figure(10, 4.5)
+  fig = new_figure(10, 4.5)
   seeds = sorted({row['seed'] for row in rows})
   colours = {s: f'C{i % 10}' for i, s in enumerate(seeds)}
   for column, split in enumerate(('valid', 'test')):
@@ -247,10 +183,7 @@ def seed_study_figure(
     ax.grid(alpha=0.3)
     if column == 0:
       ax.legend(fontsize='small')
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path)
-  return path
+  return save_figure(fig, path)
 
 
 def curves_figure(
@@ -365,7 +298,7 @@ def token_loss_difference_figure(
   difference = a - b
   window = max(1, min(window, len(difference)))
   smoothed = np.convolve(difference, np.ones(window) / window, mode='valid')
-  fig, ax = _axes()
+  fig, ax = new_axes()
   ax.plot(np.arange(len(difference)), difference, color='0.8', linewidth=0.5, label='per token')
   ax.plot(
     np.arange(len(smoothed)) + (window - 1) / 2,
@@ -376,82 +309,6 @@ def token_loss_difference_figure(
   for i in np.argsort(-np.abs(difference))[:num_labels]:
     ax.annotate(tokens[i], (i, difference[i]), fontsize=7, ha='center')
   ax.axhline(0.0, color='black', linewidth=0.5)
-  return _save(
+  return save_labelled(
     fig, ax, path, 'position in the text (tokens)', f'NLL {label_a} - NLL {label_b} (nats)', title
   )
-
-
-def parallel_coordinates_figure(
-  axes: Mapping[str, tuple[float, float, bool]],
-  rows: Sequence[Mapping[str, float]],
-  objective: str,
-  path: str | pathlib.Path,
-  *,
-  highlight: Sequence[int] = (),
-  best: int | None = None,
-  title: str = '',
-) -> pathlib.Path:
-  """Tuning trials on parallel coordinates (the Mogrifier paper's Figs. 5
-  and 6): one vertical axis per hyper-parameter, spanning its tuning range,
-  and a last one for the `objective`; one line per trial. Trials at the
-  indices `highlight` (the best one's neighbourhood) are drawn in red over
-  the others in grey, `best` thickest.
-
-  Args:
-    axes: hyper-parameter -> (low, high, log scale) of its tuning range.
-    rows: each trial's values, the hyper-parameters' and the objective's.
-  """
-  if not rows:
-    raise ConfigError('no trials to draw')
-  names = list(axes)
-  values = np.array([[row[n] for n in names] + [row[objective]] for row in rows], float)
-  ranges = [axes[n] for n in names]
-  finite = values[np.isfinite(values[:, -1]), -1]
-  ranges.append((finite.min(), finite.max(), False) if finite.size else (0.0, 1.0, False))
-  scaled = np.empty_like(values)
-  for j, (low, high, log) in enumerate(ranges):
-    column = values[:, j]
-    if log:
-      low, high, column = np.log(low), np.log(high), np.log(column)
-    scaled[:, j] = 0.5 if high == low else (column - low) / (high - low)
-  fig, ax = _axes()
-  fig.set_size_inches(max(6.0, 1.1 * len(ranges)), 4.5)
-  xs = np.arange(len(ranges))
-  order = (
-    [i for i in range(len(rows)) if i not in highlight]
-    + [i for i in highlight if i != best]
-    + ([best] if best is not None else [])
-  )
-  for i in order:
-    style = (
-      {'color': 'darkred', 'linewidth': 2.5, 'zorder': 3}
-      if i == best
-      else {'color': 'red', 'linewidth': 1.2, 'alpha': 0.8, 'zorder': 2}
-      if i in highlight
-      else {'color': '0.75', 'linewidth': 0.8, 'zorder': 1}
-    )
-    ax.plot(xs, np.clip(scaled[i], -0.05, 1.05), **style)
-  for x, (low, high, log) in zip(xs, ranges):
-    ax.axvline(x, color='black', linewidth=0.6)
-    for y, value in ((0.0, low), (1.0, high)):
-      ax.annotate(
-        f'{value:.3g}',
-        (x, y),
-        xytext=(0, -9 if y == 0 else 3),
-        textcoords='offset points',
-        fontsize=7,
-        ha='center',
-      )
-  ax.set_xticks(xs, [*names, objective], rotation=30, ha='right', fontsize=8)
-  ax.set_yticks([])
-  ax.set_ylim(-0.12, 1.25)
-  ax.set_title(title)
-  ax.plot([], [], color='darkred', linewidth=2.5, label='best')
-  others = len([i for i in highlight if i != best])
-  ax.plot([], [], color='red', label=f'its neighbourhood ({others} other trials)')
-  ax.plot([], [], color='0.75', label='other trials')
-  ax.legend(fontsize=7, loc='upper center', ncol=3)
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path)
-  return path

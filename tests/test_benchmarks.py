@@ -11,7 +11,8 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / 'benchmarks'))
-from baselines import add_ratios, device_kernels, lstm_lm_matmul_params, top_kernels  # noqa: E402
+from baselines import add_ratios, lstm_lm_matmul_params  # noqa: E402
+from device_traces import device_kernels, top_kernels  # noqa: E402
 from optimized_hlo import loop_pads  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Tuning studies with real (few-step) training trials: the best trial's config
-trains to the same score again, the pruner stops a bad trial early, two
-worker processes share one study without running a trial twice, and a
+trains to the same score again (what one trial does: test_tuning_objectives.py),
+two worker processes share one study without running a trial twice, and a
 killed worker's trial is failed, retried from its checkpoints, and the study
 goes on. The workers share the study in SQLite and in a real PostgreSQL server
 (skipped, saying why, where none is installed); a killed worker's trial is
@@ -130,20 +130,6 @@ def test_a_study_completes_and_its_best_config_trains_to_its_score(tune_file, tm
   assert (tmp_path / 'study' / 'parallel_coordinates.png').stat().st_size > 0
 
 
-def test_the_median_pruner_stops_a_trial_worse_than_the_first(tune_file, tmp_path):
-  tune = _tune_config(tune_file)
-  tune.study.update(num_trials=2, pruner='median', pruner_startup_trials=1)
-  study = open_study(tune, tmp_path)
-  study.enqueue_trial({'learning_rate': 1e-2, 'input_dropout': 0.0})
-  study.enqueue_trial({'learning_rate': 1e-4, 'input_dropout': 0.5})  # barely learns
-  run_worker(tune, tmp_path)
-  good, bad = sorted(study.trials, key=lambda t: t.number)
-  assert good.state == optuna.trial.TrialState.COMPLETE
-  assert bad.state == optuna.trial.TrialState.PRUNED
-  assert list(bad.intermediate_values) == [10]  # stopped at its first turn, of 2
-  assert bad.intermediate_values[10] > good.intermediate_values[10]
-
-
 @pytest.mark.parametrize('linked', ['study.db', 'trials'])
 def test_a_link_inside_the_work_directory_is_refused_before_anything_is_written(
   tune_file, tmp_path, linked
@@ -191,17 +177,6 @@ def test_a_seeded_study_is_reproducible_and_a_restart_does_not_repeat_it(tune_fi
   assert all(a != b for a, b in zip(first, restarted)), 'the restart repeated the study'
   again = _sampled(tune, tmp_path / 'b', 3) + _sampled(tune, tmp_path / 'b', 3)
   assert again == first + restarted  # the same seed and history, the same values
-
-
-def test_a_trial_whose_loss_overflows_the_perplexity_is_pruned_as_diverged(tune_file, tmp_path):
-  tune = _tune_config(tune_file)
-  tune.base.optimizer.update(name='sgd', clip_norm=0.0)
-  tune.space.learning_rate.update(low=1e29, high=1e30)
-  tune.study.num_trials = 1
-  study = run_worker(tune, tmp_path)
-  [trial] = study.get_trials(deepcopy=False)
-  assert trial.state == optuna.trial.TrialState.PRUNED
-  assert 'nats per token' in trial.user_attrs['diverged']
 
 
 def test_two_workers_share_one_study_and_run_no_trial_twice(tune_file, tmp_path, database):

@@ -30,7 +30,7 @@ _LAZY = {
   'run_worker': 'study',
   'storage_url': 'study',
   'study_counts': 'study',
-  'trial_workdir': 'study',
+  'trial_workdir': 'objectives',
 }
 
 
@@ -70,8 +70,8 @@ def tuning_config() -> ml_collections.ConfigDict:
   return c
 
 
-# The names that need Optuna are documented where they live (lm_zoo.tuning.study
-# and .report) and reached here through __getattr__.
+# The names that need Optuna are documented where they live (lm_zoo.tuning.study,
+# .objectives and .report) and reached here through __getattr__.
 __all__ = [
   'dyneval_table6',
   'mogrifier_table4',

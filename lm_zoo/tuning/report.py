@@ -12,7 +12,7 @@ from typing import Sequence
 import ml_collections
 import optuna
 
-from lm_zoo import plots
+from lm_zoo.drawing import parallel_coordinates_figure
 from lm_zoo.evaluation import DYNAMIC_RULES, DynamicRule
 from lm_zoo.tuning.spaces import position
 from lm_zoo.tuning.study import DYNEVAL_FIELDS, best_trial, study_counts
@@ -45,6 +45,57 @@ def _perplexity(trial: optuna.trial.FrozenTrial) -> float:
   return trial.user_attrs.get('perplexity', math.exp(min(trial.value, 700.0)))
 
 
+def _counts_line(study: optuna.Study) -> str:
+  """How many trials finished, failed and are still running or waiting."""
+  counts = study_counts(study)
+  surplus = f' ({counts["surplus"]} of them surplus starts)' if counts['surplus'] else ''
+  return (
+    f'{counts["finished"]} finished trials ({counts["complete"]} complete, '
+    f'{counts["pruned"]} pruned), {counts["failed"]} failed{surplus}, '
+    f'{counts["unsettled"]} running or waiting.'
+  )
+
+
+def _table(trials: Sequence[optuna.trial.FrozenTrial], names: Sequence[str]) -> list[str]:
+  """`trials` as a Markdown table: number, loss, perplexity and each value."""
+  lines = [
+    '| trial | valid loss | perplexity | ' + ' | '.join(names) + ' |',
+    '|---' * (3 + len(names)) + '|',
+  ]
+  for t in trials:
+    cells = [f'{t.params[n]:.4g}' if n in t.params else '' for n in names]
+    lines.append(
+      f'| {t.number} | {t.value:.4f} | {_perplexity(t):.2f} | ' + ' | '.join(cells) + ' |'
+    )
+  return lines
+
+
+def _draw_figure(
+  study: optuna.Study,
+  tune: ml_collections.ConfigDict,
+  done: Sequence[optuna.trial.FrozenTrial],
+  near: Sequence[optuna.trial.FrozenTrial],
+  best: optuna.trial.FrozenTrial,
+  path: pathlib.Path,
+) -> None:
+  """The `done` trials on parallel coordinates, `near` and `best` in red."""
+  names = list(tune.space)
+  axes = {n: (tune.space[n].low, tune.space[n].high, tune.space[n].log) for n in names}
+  rows = [
+    {**{n: t.params.get(n, tune.space[n].low) for n in names}, 'valid loss': t.value} for t in done
+  ]
+  index = {t.number: i for i, t in enumerate(done)}
+  parallel_coordinates_figure(
+    axes,
+    rows,
+    'valid loss',
+    path,
+    highlight=[index[t.number] for t in near],
+    best=index[best.number],
+    title=f'{study.study_name}: {len(done)} trials',
+  )
+
+
 def write_report(
   study: optuna.Study,
   tune: ml_collections.ConfigDict,
@@ -62,31 +113,12 @@ def write_report(
     if math.isfinite(t.value)
   ]
   done.sort(key=lambda t: t.value)
-  names = list(tune.space)
-  counts = study_counts(study)
-  lines = [
-    f'# Study {study.study_name}',
-    '',
-    f'{counts["finished"]} finished trials ({counts["complete"]} complete, '
-    f'{counts["pruned"]} pruned), {counts["failed"]} failed'
-    + (f' ({counts["surplus"]} of them surplus starts)' if counts['surplus'] else '')
-    + ', '
-    f'{counts["unsettled"]} running or waiting.',
-    '',
-  ]
+  lines = [f'# Study {study.study_name}', '', _counts_line(study), '']
   best = best_trial(study)
   if best is None:
     lines.append('No trial has completed yet.')
   else:
-    lines += [
-      '| trial | valid loss | perplexity | ' + ' | '.join(names) + ' |',
-      '|---' * (3 + len(names)) + '|',
-    ]
-    for t in done[:top]:
-      cells = [f'{t.params[n]:.4g}' if n in t.params else '' for n in names]
-      lines.append(
-        f'| {t.number} | {t.value:.4f} | {_perplexity(t):.2f} | ' + ' | '.join(cells) + ' |'
-      )
+    lines += _table(done[:top], list(tune.space))
     lines += [
       '',
       f'Best: trial {best.number}, valid loss {best.value:.4f} '
@@ -103,21 +135,7 @@ def write_report(
     if importlib.util.find_spec('matplotlib') is None:
       lines += ['', "(No figure: matplotlib is not installed; pip install 'lm_zoo[plot]'.)"]
     else:
-      axes = {n: (tune.space[n].low, tune.space[n].high, tune.space[n].log) for n in names}
-      rows = [
-        {**{n: t.params.get(n, tune.space[n].low) for n in names}, 'valid loss': t.value}
-        for t in done
-      ]
-      index = {t.number: i for i, t in enumerate(done)}
-      plots.parallel_coordinates_figure(
-        axes,
-        rows,
-        'valid loss',
-        workdir / FIGURE_FILE,
-        highlight=[index[t.number] for t in near],
-        best=index[best.number],
-        title=f'{study.study_name}: {len(done)} trials',
-      )
+      _draw_figure(study, tune, done, near, best, workdir / FIGURE_FILE)
       lines += ['', f'![parallel coordinates]({FIGURE_FILE})']
   text = '\n'.join(lines) + '\n'
   (workdir / REPORT_FILE).write_text(text)

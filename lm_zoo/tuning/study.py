@@ -26,25 +26,28 @@ checkpoint; lower is better.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
 import pathlib
 import time
 import warnings
-from typing import Callable
 
 import ml_collections
 import numpy as np
 import optuna
 import sqlalchemy
 
-from lm_zoo.errors import ConfigError, Preempted, TrainingError
+from lm_zoo.errors import ConfigError, Preempted
 from lm_zoo.evaluation import build_evaluator
 from lm_zoo.runs.workdir import refuse_links
-from lm_zoo.training import train_and_evaluate
-from lm_zoo.tuning.spaces import check_space, set_fields, suggest
+from lm_zoo.tuning.objectives import (
+  SurplusTrial,
+  dyneval_objective,
+  frozen_trial,
+  training_objective,
+)
+from lm_zoo.tuning.spaces import check_space, set_fields
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +58,9 @@ PRUNERS = ('median', 'hyperband', 'halving', 'none')
 # config value stands where the space sets none.
 DYNEVAL_FIELDS = ('learning_rate', 'decay', 'eps', 'segment_length')
 STUDY_FILE = 'study.db'
-TRIALS_DIR = 'trials'
 # Trials still to be settled: they may yet finish, or fail and be retried.
 _UNSETTLED = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-
-
-class _Surplus(Exception):
-  """Another worker started the study's last trial first: this one does not run."""
 
 
 class _Interrupted(Exception):
@@ -192,6 +190,53 @@ def validate_tuning(tune: ml_collections.ConfigDict) -> None:
     raise ConfigError(f'tune.study.num_trials must be at least 1, got {tune.study.num_trials}')
 
 
+def _create_or_load(tune: ml_collections.ConfigDict, url: str, worker: int) -> optuna.Study:
+  """The study in the database at `url`, created if it is not there yet.
+
+  Raises ConfigError for a database that cannot be opened or read.
+  """
+  budget = (
+    (tune.base.train.max_steps, tune.base.train.eval_every) if tune.kind == 'train' else (0, 0)
+  )
+  for attempt in range(5):
+    try:
+      return optuna.create_study(
+        study_name=tune.study.name,
+        storage=_storage(tune, url),
+        direction='minimize',
+        sampler=_sampler(tune.study, worker),
+        pruner=_pruner(tune.study, *budget),
+        load_if_exists=True,
+      )
+    except ImportError as err:  # a PostgreSQL or MySQL driver
+      raise ConfigError(
+        f'the study database {url} needs a driver that is not installed ({err})'
+      ) from None
+    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as err:
+      raise ConfigError(
+        f'tune.study.storage={url!r} is not a database URL SQLAlchemy can '
+        f'open ({str(err).splitlines()[0]}): give sqlite:///PATH or '
+        'postgresql://USER@HOST/NAME'
+      ) from None
+    except sqlalchemy.exc.DBAPIError as err:
+      if attempt == 4 or not _lost_creation_race(err):
+        raise ConfigError(
+          f'the study database {url} cannot be read ('
+          f'{str(err.orig).splitlines()[0]}): restore it, or start the study '
+          'in a new --workdir or database'
+        ) from None
+      time.sleep(1 + attempt)
+
+
+def _lost_creation_race(err: sqlalchemy.exc.DBAPIError) -> bool:
+  """Whether `err` is a worker's lost race to create the study's tables and
+  record the schema version (PostgreSQL: a type or table the other created,
+  'already exists'): it finds them made on its next try."""
+  return isinstance(err, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError)) or (
+    isinstance(err, sqlalchemy.exc.ProgrammingError) and 'already exists' in str(err)
+  )
+
+
 def open_study(
   tune: ml_collections.ConfigDict, workdir: str | pathlib.Path, worker: int = 0
 ) -> optuna.Study:
@@ -206,49 +251,7 @@ def open_study(
   workdir.mkdir(parents=True, exist_ok=True)
   refuse_links(workdir)
   url = storage_url(tune, workdir)
-  for attempt in range(5):
-    try:
-      storage = _storage(tune, url)
-      study = optuna.create_study(
-        study_name=tune.study.name,
-        storage=storage,
-        direction='minimize',
-        sampler=_sampler(tune.study, worker),
-        pruner=_pruner(
-          tune.study,
-          *(
-            (tune.base.train.max_steps, tune.base.train.eval_every)
-            if tune.kind == 'train'
-            else (0, 0)
-          ),
-        ),
-        load_if_exists=True,
-      )
-      break
-    except ImportError as err:  # a PostgreSQL or MySQL driver
-      raise ConfigError(
-        f'the study database {url} needs a driver that is not installed ({err})'
-      ) from None
-    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError) as err:
-      raise ConfigError(
-        f'tune.study.storage={url!r} is not a database URL SQLAlchemy can '
-        f'open ({str(err).splitlines()[0]}): give sqlite:///PATH or '
-        'postgresql://USER@HOST/NAME'
-      ) from None
-    except sqlalchemy.exc.DBAPIError as err:
-      # Workers started together race to create the tables and record the
-      # schema version: the loser finds them made on its next try.
-      # (PostgreSQL: a type or table created by the other, 'already exists'.)
-      racing = isinstance(
-        err, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError)
-      ) or (isinstance(err, sqlalchemy.exc.ProgrammingError) and 'already exists' in str(err))
-      if attempt == 4 or not racing:
-        raise ConfigError(
-          f'the study database {url} cannot be read ('
-          f'{str(err.orig).splitlines()[0]}): restore it, or start the study '
-          'in a new --workdir or database'
-        ) from None
-      time.sleep(1 + attempt)
+  study = _create_or_load(tune, url, worker)
   study.sampler = _sampler(tune.study, worker, len(study.get_trials(deepcopy=False)))
   identity = study.user_attrs.get('tune_config')
   if identity is None:
@@ -262,125 +265,10 @@ def open_study(
   return study
 
 
-def trial_workdir(
-  workdir: str | pathlib.Path, study_name: str, trial: optuna.trial.FrozenTrial
-) -> pathlib.Path:
-  """A trial's work directory, WORKDIR/trials/STUDY/trial_NNNN; a retry of a
-  failed trial reuses the failed one's, so its training resumes from the
-  last checkpoint."""
-  origin = trial.system_attrs.get('failed_trial', trial.number)
-  return pathlib.Path(workdir) / TRIALS_DIR / study_name / f'trial_{origin:04d}'
-
-
-def _frozen(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
-  return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-
-
 def _retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, max_retry: int | None) -> None:
   """Queues `trial` again, as the heartbeat does for a worker that died."""
   with _experimental_apis():
     optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)(study, trial)
-
-
-def _check_not_surplus(study: optuna.Study, trial: optuna.Trial, num_trials: int) -> None:
-  """Raises _Surplus when `num_trials` trials before this one (finished or
-  still running) already fill the study: two workers asked for the last one
-  at once."""
-  ahead = sum(
-    t.number < trial.number and t.state != optuna.trial.TrialState.FAIL
-    for t in study.get_trials(deepcopy=False)
-  )
-  if ahead >= num_trials:
-    trial.set_user_attr('surplus', True)
-    raise _Surplus(f'trial {trial.number}: the study has its {num_trials} trials')
-
-
-def training_objective(
-  tune: ml_collections.ConfigDict, workdir: str | pathlib.Path
-) -> Callable[[optuna.Trial], float]:
-  """Each trial trains `tune.base` with its sampled values in its own work
-  directory, reports every validation turn to the pruner, and returns the
-  best checkpoint's validation loss. A run whose loss stops being finite, or
-  whose perplexity overflows, is pruned (marked `diverged`)."""
-
-  def objective(trial: optuna.Trial) -> float:
-    _check_not_surplus(trial.study, trial, tune.study.num_trials)
-    values = suggest(trial, tune.space)
-    config = set_fields(tune.base, tune.space, values)
-    frozen = _frozen(trial.study, trial.number)
-    run_dir = trial_workdir(workdir, tune.study.name, frozen)
-    if 'failed_trial' not in frozen.system_attrs and run_dir.exists():
-      raise ConfigError(
-        f'{run_dir} exists but trial {trial.number} is new: it belongs to '
-        'an earlier study of this name whose database is gone. Move it '
-        'away, or use another --workdir or --tune.study.name'
-      )
-    trial.set_user_attr('workdir', str(run_dir))
-    log.info(
-      'trial %d in %s: %s',
-      trial.number,
-      run_dir,
-      ', '.join(f'{k}={v:.4g}' for k, v in values.items()),
-    )
-
-    def report(step: int, epoch: int, result) -> None:
-      trial.report(result.loss, step)
-      if trial.should_prune():
-        raise optuna.TrialPruned(f'step {step}: valid loss {result.loss:.4f}')
-
-    try:
-      summary = train_and_evaluate(config, run_dir, on_validation=report, final_splits=('valid',))
-    except TrainingError as err:
-      trial.set_user_attr('diverged', str(err))
-      raise optuna.TrialPruned(f'diverged: {err}') from None
-    if not math.isfinite(summary['valid']['perplexity']):  # a loss past 709 nats
-      reason = f'valid loss {summary["valid"]["loss"]:.4g} nats per token'
-      trial.set_user_attr('diverged', reason)
-      raise optuna.TrialPruned(f'diverged: {reason}')
-    trial.set_user_attr('perplexity', summary['valid']['perplexity'])
-    trial.set_user_attr('steps', summary['step'])
-    trial.set_user_attr('num_params', summary['num_params'])
-    trial.set_user_attr('train_seconds', summary['train_seconds'])
-    return summary['valid']['loss']
-
-  return objective
-
-
-def dyneval_objective(
-  tune: ml_collections.ConfigDict, data_dir: str | None = None
-) -> Callable[[optuna.Trial], float]:
-  """Each trial scores the first `dynamic.search_tokens` validation tokens of
-  `dyneval.workdir`'s best weights with its sampled settings (the Mogrifier
-  paper's Table 6) and returns that loss; a diverged setting is pruned. The
-  trials share one evaluator setup: RMS statistics are estimated once, and
-  a segment length compiles once."""
-  from lm_zoo.runs import load_trained
-  from lm_zoo.training import workdir_evaluator
-
-  cfg = tune.dyneval
-  run_config, corpus, model, params = load_trained(cfg.workdir, data_dir)
-  evaluator = workdir_evaluator(cfg.workdir, run_config, cfg.evaluation, batch_size=1)
-  setup = evaluator.setup(model, params, corpus)
-
-  def objective(trial: optuna.Trial) -> float:
-    _check_not_surplus(trial.study, trial, tune.study.num_trials)
-    values = suggest(trial, tune.space)
-    fields = {tune.space[name].field: value for name, value in values.items()}
-    settings = dataclasses.replace(
-      evaluator,
-      **{field: (int(v) if field == 'segment_length' else v,) for field, v in fields.items()},
-    ).grid()[0]
-    try:
-      result = evaluator.score_settings(
-        setup, settings, model, params, corpus, 'valid', cfg.evaluation.dynamic.search_tokens
-      )
-    except TrainingError as err:
-      trial.set_user_attr('diverged', str(err))
-      raise optuna.TrialPruned(f'diverged: {err}') from None
-    trial.set_user_attr('perplexity', result.perplexity)
-    return result.loss
-
-  return objective
 
 
 def study_counts(study: optuna.Study) -> dict[str, int]:
@@ -441,12 +329,12 @@ def run_worker(
     if counts['finished'] + counts['unsettled'] >= tune.study.num_trials and not counts['waiting']:
       time.sleep(poll)
       continue
-    study.optimize(run_one, n_trials=1, catch=(_Surplus, _Interrupted))
+    study.optimize(run_one, n_trials=1, catch=(SurplusTrial, _Interrupted))
     if interrupted:
       # Queued only now that the trial is failed: a worker that picked the copy
       # up while the original still ran would count the original ahead of it.
       number, preempted = interrupted[0]
-      _retry(study, _frozen(study, number), tune.study.max_retry)
+      _retry(study, frozen_trial(study, number), tune.study.max_retry)
       raise preempted
   log.info('worker %d done: %s', worker, study_counts(study))
   return study
