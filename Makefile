@@ -24,10 +24,12 @@ test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m pytest -q -n auto --dist worksteal
 
 # `make lint`: ruff's checks and its formatter's style (pyproject.toml's [tool.ruff])
-# over every Python file; `ruff format .` rewrites a file in that style.
+# over every Python file (`ruff format .` rewrites a file in that style), and the
+# size limits: files at most 400 lines, lm_zoo's functions at most 60 (.ci/layout.py).
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/python .ci/layout.py
 
 # `make api`: the API reference from the docstrings (pdoc) in build/api, every
 # warning an error but annotations pdoc cannot evaluate (generated __init__s,

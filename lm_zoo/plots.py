@@ -9,9 +9,7 @@ the per-token loss difference of two models along a text.
 Needs matplotlib (`pip install 'lm_zoo[plot]'`). Figures are drawn on
 `matplotlib.figure.Figure` objects, never through pyplot, so calling these
 functions leaves a notebook's backend and open figures alone. The generic
-figures they draw on (`line_figure`, `scatter_figure`, and the tuning
-report's `parallel_coordinates_figure`) live in `lm_zoo.drawing` and are
-importable from here too.
+figures they draw on (`line_figure`, `scatter_figure`) are `lm_zoo.drawing`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from lm_zoo.drawing import (
   line_figure,
   new_axes,
   new_figure,
-  parallel_coordinates_figure as parallel_coordinates_figure,  # re-exported
   save_figure,
   save_labelled,
   scatter_figure,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from test_plots import png_size
 
-from lm_zoo import drawing, plots
+from lm_zoo import drawing
 from lm_zoo.errors import ConfigError
 
 
@@ -62,8 +62,3 @@ def test_parallel_coordinates_figure_scales_each_axis_to_its_range(monkeypatch, 
   np.testing.assert_allclose(lines[('0.75', 0.8)], [1.0, 1.0, 1.0])
   with pytest.raises(ConfigError, match='no trials'):
     drawing.parallel_coordinates_figure(axes, [], 'loss', tmp_path / 'p.png')
-
-
-def test_the_generic_figures_are_importable_from_plots_too():
-  for name in ('line_figure', 'scatter_figure', 'parallel_coordinates_figure'):
-    assert getattr(plots, name) is getattr(drawing, name)

@@ -33,10 +33,10 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.lstm_recurrence import (
-  _activations,
-  _backward_factors,
-  _cell_update,
-  _gates_gradient,
+  gate_activations,
+  backward_factors,
+  cell_update,
+  gates_gradient,
 )
 from lm_zoo.layers.adaptive import split_sizes
 from lm_zoo.layers.products import (
@@ -102,8 +102,8 @@ def adapted_step(
   )
   if is_recurrent(params):
     c_z, z_prev = latent_carry
-    act_z = _activations(projected + aligned_product(z_prev, latent_recurrent_kernel, dtype))
-    c_z, z = _cell_update(act_z, c_z, z_prev, False)
+    act_z = gate_activations(projected + aligned_product(z_prev, latent_recurrent_kernel, dtype))
+    c_z, z = cell_update(act_z, c_z, z_prev, False)
     if latent_mask is not None:
       z = z * latent_mask
     latent_carry, latent_saved = (c_z, z), (act_z, c_z)
@@ -115,8 +115,8 @@ def adapted_step(
   x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
   a = aligned_product(x * x_scale, kernel, dtype)
   r = aligned_product(h_in * h_scale, recurrent_kernel, dtype)
-  act = _activations(a * w_scale + (r * v_scale + params['recurrent']['bias'] * b_scale))
-  new_c, new_h = _cell_update(act, c, h_in, cap_input_gate)
+  act = gate_activations(a * w_scale + (r * v_scale + params['recurrent']['bias'] * b_scale))
+  new_c, new_h = cell_update(act, c, h_in, cap_input_gate)
   return (latent_carry, new_c, new_h), (act, new_c, pi, a, r, z, latent_saved)
 
 
@@ -148,10 +148,10 @@ def step_factors(params, saved, c0, latent0, cap_input_gate):
   per step σ(f), dc/dh, the gate scales, π, a, r and the latent's factors
   (its σ(f), dc/dz and gate scales; or where z > 0 for a static latent)."""
   acts, cs, pis, a_s, rs, zs, latent_saved = saved
-  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
+  f, d_c_from_h, gate_scales = backward_factors(acts, cs, c0, cap_input_gate)
   if is_recurrent(params):
     acts_z, cs_z = latent_saved
-    latent_factors = _backward_factors(acts_z, cs_z, latent0[0], False)
+    latent_factors = backward_factors(acts_z, cs_z, latent0[0], False)
   else:
     latent_factors = (zs > 0,)
   return f, d_c_from_h, gate_scales, pis, a_s, rs, latent_factors
@@ -174,7 +174,7 @@ def adapted_step_backward(
   kernel_t, recurrent_kernel_t, policy_t, latent_kernel_t = weights_t
   f_t, d_c_from_h_t, gate_scales_t, pi, a, r, latent_t = factors
   m, n = x.shape[-1], h_in.shape[-1]
-  d_c, d_gates = _gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t)
+  d_c, d_gates = gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t)
   x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, policy_sizes(m, n))
   d_x_scaled = aligned_product(d_gates * w_scale, kernel_t, dtype)
   d_h_scaled = aligned_product(d_gates * v_scale, recurrent_kernel_t, dtype)
@@ -197,7 +197,7 @@ def adapted_step_backward(
     d_z = d_z + d_z_next
     if latent_mask is not None:
       d_z = d_z * latent_mask
-    d_c_z, d_latent_gates = _gates_gradient(d_c_z, d_z, d_c_z_from_z, scales_z)
+    d_c_z, d_latent_gates = gates_gradient(d_c_z, d_z, d_c_z_from_z, scales_z)
     d_v = aligned_product(d_latent_gates, latent_kernel_t, dtype)
     d_latent = ((d_c_z * f_z).astype(d_c_z.dtype), d_v[:, v_size:].astype(d_z_next.dtype))
   else:

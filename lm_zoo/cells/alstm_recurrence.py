@@ -24,7 +24,7 @@ from lm_zoo.cells.adapted_step import (
   weight_gradients,
 )
 from lm_zoo.cells.held_steps import check_steps, held, own
-from lm_zoo.cells.lstm_recurrence import _state_mask, shifted
+from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, shifted
 from lm_zoo.layers.products import contraction_alignment
 
 
@@ -161,7 +161,7 @@ def alstm_recurrence(
     params,
     inputs,
     tuple(carry),
-    _state_mask(state_mask, h0),
+    broadcast_state_mask(state_mask, h0),
     check_steps(steps, inputs.shape[0]),
     jnp.dtype(dtype or inputs.dtype),
     unroll,

@@ -36,7 +36,7 @@ from lm_zoo.layers.products import (
 )
 
 
-def _activations(gates: jax.Array) -> jax.Array:
+def gate_activations(gates: jax.Array) -> jax.Array:
   """[σ(i), σ(f), tanh(j), σ(o)] in one elementwise pass: σ(x) = (tanh(x/2) + 1)/2."""
   n = gates.shape[-1] // 4
   is_sigmoid = jnp.arange(4 * n) // n != 2
@@ -44,7 +44,7 @@ def _activations(gates: jax.Array) -> jax.Array:
   return jnp.tanh(gates * scale) * scale + jnp.where(is_sigmoid, 0.5, 0.0).astype(gates.dtype)
 
 
-def _cell_update(act: jax.Array, c: jax.Array, h: jax.Array, cap_input_gate: bool):
+def cell_update(act: jax.Array, c: jax.Array, h: jax.Array, cap_input_gate: bool):
   """(c', h') from the gate activations and the carry, in the carry's dtypes;
   `cap_input_gate` writes with min(1 - σ(f), σ(i)) in place of σ(i)."""
   i, f, j, o = jnp.split(act, 4, axis=-1)
@@ -82,20 +82,20 @@ def gate_factors(i, f, j, o, cs, c0, cap_input_gate):
   return f, d_c_from_h, scales
 
 
-def _backward_factors(acts, cs, c0, cap_input_gate):
+def backward_factors(acts, cs, c0, cap_input_gate):
   """`gate_factors` of activations (T, B, 4n), the scales concatenated likewise."""
   f, d_c_from_h, scales = gate_factors(*jnp.split(acts, 4, axis=-1), cs, c0, cap_input_gate)
   return f, d_c_from_h, jnp.concatenate(scales, axis=-1)
 
 
-def _gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t):
+def gates_gradient(d_c, d_h, d_c_from_h_t, gate_scales_t):
   """One backward step through the cell update: (d_c_t, dL/d gate pre-activations)."""
   d_c = d_c + d_h * d_c_from_h_t
   d_gates = gate_scales_t * jnp.concatenate([d_c, d_c, d_c, d_h], axis=-1)
   return d_c, d_gates.astype(gate_scales_t.dtype)
 
 
-def _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask):
+def previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask):
   """The backward carry for step t-1: dL/dc_{t-1} through c_t = σ(f) c_{t-1} + ...,
   dL/dh_{t-1} through the mask, and the mask's gradient summed so far."""
   return (
@@ -116,8 +116,8 @@ def _forward_scan(
   def step(carry, xs):
     p, valid = xs
     c, h = carry
-    act = _activations(p + aligned_product(h * state_mask, kernel, dtype))
-    new_c, new_h = _cell_update(act, c, h, cap_input_gate)
+    act = gate_activations(p + aligned_product(h * state_mask, kernel, dtype))
+    new_c, new_h = cell_update(act, c, h, cap_input_gate)
     return held(valid, (new_c, new_h), carry), (own(valid, new_h), act, new_c)
 
   (c, h), (hs, acts, cs) = jax.lax.scan(step, (c0, h0), (projected, steps), unroll=unroll)
@@ -147,15 +147,15 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, saved, cotangents)
   recurrent_kernel, state_mask, steps, c0, h0, hs, acts, cs = saved
   d_hs, (d_c_last, d_h_last) = cotangents
   h_prev = shifted(h0, hs)
-  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, cap_input_gate)
+  f, d_c_from_h, gate_scales = backward_factors(acts, cs, c0, cap_input_gate)
   kernel_t = aligned_rows(recurrent_kernel.astype(dtype).T, alignment)
 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
     d_h_out, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, valid = xs
-    d_c, d_gates = _gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t, gate_scales_t)
+    d_c, d_gates = gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t, gate_scales_t)
     d_h_in = aligned_product(d_gates, kernel_t, dtype)
-    previous = _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask)
+    previous = previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask)
     return held(valid, previous, carry), own(valid, d_gates)
 
   (d_c0, d_h0, d_mask), d_gates = jax.lax.scan(
@@ -175,7 +175,8 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, saved, cotangents)
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
-def _state_mask(state_mask, h0):
+def broadcast_state_mask(state_mask, h0):
+  """The fed-back state's mask (None: all ones) broadcast to h0's shape and dtype."""
   return jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
 
 
@@ -219,7 +220,7 @@ def lstm_recurrence(
     recurrent_kernel,
     c0,
     h0,
-    _state_mask(state_mask, h0),
+    broadcast_state_mask(state_mask, h0),
     check_steps(steps, projected.shape[0]),
     jnp.dtype(dtype or projected.dtype),
     unroll,

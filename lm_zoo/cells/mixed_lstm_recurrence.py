@@ -18,12 +18,12 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import (
-  _activations,
-  _backward_factors,
-  _cell_update,
-  _gates_gradient,
-  _previous_step_gradients,
-  _state_mask,
+  gate_activations,
+  backward_factors,
+  cell_update,
+  gates_gradient,
+  previous_step_gradients,
+  broadcast_state_mask,
   shifted,
 )
 from lm_zoo.layers.products import (
@@ -88,8 +88,8 @@ def _forward_scan(mix, mix_params, weights, inputs, carry, state_mask, steps, se
     c, h = carry
     mixed_x, mixed_h, residuals = mix.forward(mix_params, x, h * state_mask)
     mixed = jnp.concatenate([mixed_x, mixed_h], axis=-1).astype(dtype)
-    act = _activations(aligned_product(mixed, aligned_kernel, dtype) + bias)
-    new_c, new_h = _cell_update(act, c, h, settings.cap_input_gate)
+    act = gate_activations(aligned_product(mixed, aligned_kernel, dtype) + bias)
+    new_c, new_h = cell_update(act, c, h, settings.cap_input_gate)
     return held(valid, (new_c, new_h), carry), (own(valid, new_h), act, new_c, mixed, residuals)
 
   new_carry, (hs, *per_step) = jax.lax.scan(step, carry, (inputs, steps), unroll=settings.unroll)
@@ -133,14 +133,14 @@ def _recurrence_bwd(mix, settings, saved, cotangents):
   d_hs, d_carry_last = cotangents
   dtype = settings.dtype
   h_prev = shifted(h0, hs)
-  f, d_c_from_h, gate_scales = _backward_factors(acts, cs, c0, settings.cap_input_gate)
+  f, d_c_from_h, gate_scales = backward_factors(acts, cs, c0, settings.cap_input_gate)
   kernel_t = aligned_rows(kernel.T, settings.alignment)
   m = inputs.shape[-1]
 
   def step(carry, xs):
     d_c, d_h_next, d_mask = carry
     d_h_out, x_t, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, residuals_t, valid = xs
-    d_c, d_gates = _gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t, gate_scales_t)
+    d_c, d_gates = gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t, gate_scales_t)
     d_mixed = aligned_product(d_gates, kernel_t, dtype)
     d_x, d_h_in, stash = mix.backward(
       mix_params,
@@ -150,7 +150,7 @@ def _recurrence_bwd(mix, settings, saved, cotangents):
       d_mixed[..., :m].astype(x_t.dtype),
       d_mixed[..., m:].astype(h_prev_t.dtype),
     )
-    previous = _previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask)
+    previous = previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask)
     return held(valid, previous, carry), own(valid, (d_gates, d_x, stash))
 
   (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = jax.lax.scan(
@@ -235,7 +235,7 @@ def mixed_lstm_recurrence(
     (input_kernel, bias, recurrent_kernel),
     inputs,
     tuple(carry),
-    _state_mask(state_mask, h0),
+    broadcast_state_mask(state_mask, h0),
     check_steps(steps, inputs.shape[0]),
     _Settings(jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate, contraction_alignment()),
   )

@@ -27,7 +27,7 @@ from lm_zoo.cells.adapted_step import (
   weight_gradients,
 )
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
-from lm_zoo.cells.lstm_recurrence import _state_mask, gate_factors, shifted
+from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, gate_factors, shifted
 from lm_zoo.cells.pallas_lstm import pad_to, round_up
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
 from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
@@ -343,7 +343,7 @@ def pallas_alstm_recurrence(
     params,
     inputs,
     tuple(carry),
-    _state_mask(state_mask, h0),
+    broadcast_state_mask(state_mask, h0),
     check_steps(steps, inputs.shape[0]),
     jnp.dtype(dtype or inputs.dtype),
     unroll,
