@@ -94,12 +94,13 @@ def _read_tokens(path: pathlib.Path) -> list[str]:
   if not path.is_file():
     raise DataError(
       f'missing data file {path}: the corpus folder must hold train.txt, '
-      'valid.txt and test.txt (see ../shared/data/README.md)'
+      'valid.txt and test.txt (lm-zoo-download fetches ptb, wikitext2 and ptb_char)'
     )
   raw = path.read_bytes()
   if not raw.strip():
     raise DataError(
-      f'data file {path} is empty: restore it from the checksummed copy in ../shared/data'
+      f'data file {path} is empty: restore it (lm-zoo-download fetches a standard '
+      "corpus's files again)"
     )
   try:
     text = raw.decode('utf-8')

