@@ -79,6 +79,10 @@ CASES = {
     "data.name='ptb2' is not known: choose one of ptb, wikitext2",
   ),
   'zero BPTT': (_train(**{'data.bptt': 0}), 'data.bptt=0 must be at least 1'),
+  'windows padded past BPTT': (
+    _train(**{'data.variable_bptt': True, 'data.pad_windows_to': 10**6}),
+    'data.pad_windows_to=1000000 is longer than data.bptt=',
+  ),
   'unknown optimizer': (
     _train(**{'optimizer.name': 'adamw'}),
     "optimizer.name='adamw' is not known: choose one of sgd, adam, nadam",

@@ -126,6 +126,14 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
       config.train.max_seconds,
       'is not kept in step by the processes of a multi-process run: set train.max_steps instead',
     )
+  if config.data.pad_windows_to > config.data.bptt:
+    # Every window would be padded to it: mostly steps computed for nothing.
+    raise field_error(
+      'data.pad_windows_to',
+      config.data.pad_windows_to,
+      f'is longer than data.bptt={config.data.bptt}, the windows it pads: choose a '
+      'small multiple such as 8',
+    )
   _check_evaluation(config.evaluation)
   if corpus is not None:
     _check_fit(config, corpus)
