@@ -59,7 +59,6 @@ import pathlib
 
 import jax
 from absl import app, flags
-
 from baselines import (
   TORCH_DTYPES,
   add_ratios,
@@ -72,12 +71,13 @@ from baselines import (
   torch_lm,
 )
 from device_traces import device_kernels, top_kernels
+from optimized_hlo import loop_pads
+from speed_report import report, result_row
+
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers.products import aligned_contractions
 from lm_zoo.models import build_model, layer_sizes
 from lm_zoo.runtime import retain_host_memory
-from optimized_hlo import loop_pads
-from speed_report import report, result_row
 
 flags.DEFINE_list(
   'recipes',

@@ -27,14 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-
 from baselines import failure_reason
 from device_traces import device_kernels, top_kernels
+
 from lm_zoo.cells import LSTMCell
-from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
-from lm_zoo.runtime import retain_host_memory
-from lm_zoo.optim import NUM_FEATURES, GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
 from lm_zoo.evaluation import dynamic_evaluate, evaluate_stream, make_eval_step
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
+from lm_zoo.optim import NUM_FEATURES, GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
+from lm_zoo.runtime import retain_host_memory
 
 flags.DEFINE_list('sizes', ['200', '650'], 'Hidden (= embedding) sizes.')
 flags.DEFINE_integer('vocab', 10_000, 'Vocabulary size.')

@@ -41,8 +41,8 @@ import pathlib
 import jax
 import jax.numpy as jnp
 from absl import app, flags
-
 from baselines import best_seconds, lm_zoo_lm, seconds_per_call, torch_lm
+
 from lm_zoo.configs import base_config
 from lm_zoo.runtime import retain_host_memory
 

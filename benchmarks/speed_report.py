@@ -7,8 +7,8 @@ import os
 import pathlib
 
 import jax
-
 from baselines import BASELINE_DTYPES
+
 from lm_zoo.data import load_corpus
 
 

@@ -18,8 +18,8 @@ import json
 import pathlib
 
 from absl import app, flags
-
 from baselines import experiment_config, lm_zoo_lm, seconds_per_call
+
 from lm_zoo.runtime import environment
 
 flags.DEFINE_string('recipe', 'ptb_lstm_medium', 'NAME[:VARIANT] of lm_zoo/experiments.')

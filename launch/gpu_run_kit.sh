@@ -100,7 +100,8 @@ export PYTHONUNBUFFERED=1
 
 # The tests whose numbers a device computes: cells, scans and fused kernels,
 # mixed precision, models, training steps.
-tests=(tests/test_lstm.py tests/test_lstm_recurrence.py tests/test_scans.py
+tests=(tests/test_lstm.py tests/test_lstm_recurrence.py tests/test_mixed_lstm_recurrence.py
+       tests/test_scans.py tests/test_window_kernels.py
        tests/test_mogrifier.py tests/test_alstm.py tests/test_language_model.py tests/test_stacks.py
        tests/test_mixture_of_softmaxes.py tests/test_dual.py tests/test_regularisation.py)
 bench=()

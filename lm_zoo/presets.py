@@ -25,8 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from lm_zoo.version import __version__
 from lm_zoo.errors import ConfigError
+from lm_zoo.version import __version__
 
 # The layout of a preset folder: a version that reads another refuses it.
 PRESET_FORMAT_VERSION = 3

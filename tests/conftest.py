@@ -192,6 +192,7 @@ def read_events(logdir):
   """Every event of a TensorBoard log folder, its files in name (time) order
   (their TFRecord framing: length, its crc, the record, its crc)."""
   import struct
+
   from tensorboardX.proto import event_pb2
 
   for path in sorted(pathlib.Path(logdir).glob('events.out.tfevents.*')):

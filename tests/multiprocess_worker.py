@@ -26,11 +26,16 @@ if num_processes > 1:
   )
 
 from lm_zoo.configs import base_config  # noqa: E402  (after initialize)
-from lm_zoo.models import build_model  # noqa: E402
-from lm_zoo.training import create_train_state, data_mesh, make_optimizer, shard_batch  # noqa: E402
-from lm_zoo.training import train_and_evaluate  # noqa: E402
-from lm_zoo.runs.checkpoints import Checkpoints  # noqa: E402
 from lm_zoo.data import load_data  # noqa: E402
+from lm_zoo.models import build_model  # noqa: E402
+from lm_zoo.runs.checkpoints import Checkpoints  # noqa: E402
+from lm_zoo.training import (  # noqa: E402
+  create_train_state,
+  data_mesh,
+  make_optimizer,
+  shard_batch,
+  train_and_evaluate,
+)
 
 logging.basicConfig(level=logging.INFO, format=f'[{process_id}] %(message)s')
 config = base_config()

@@ -4,12 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
-
 from conftest import perturb
+from jax.test_util import check_grads
+from numpy_reference import adaptive_dense, dense, sigmoid
+
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers import AdaptiveDense, FeedForwardPolicy, GLUPolicy, LinearPolicy, policy_slots
-from numpy_reference import adaptive_dense, dense, sigmoid
 
 M, N, B = 4, 5, 3
 

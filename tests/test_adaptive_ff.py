@@ -5,8 +5,8 @@ import json
 import jax
 import numpy as np
 import pytest
-
 from conftest import load_experiment, run_script
+
 from lm_zoo.errors import ConfigError
 from lm_zoo.tasks import build_feedforward, run_mnist, run_tail_regression, tail_regression_data
 

@@ -8,13 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import check_reverse_gradient, perturb
+from numpy_reference import alstm_step, mogrify
+
 from lm_zoo.cells import ALSTMCell, LSTMRHNStack, Mogrify, StaticLatent
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import build_model, init_params
-from numpy_reference import alstm_step, mogrify
 
 M, N, K, B, T = 4, 5, 3, 2, 6  # input, hidden, latent sizes, batch, time
 

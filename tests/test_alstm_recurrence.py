@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import alstm_window_inputs, perturb
 from jaxprs import summed_sizes_in_loops
+
 from lm_zoo.cells import ALSTMCell, LSTMCell, StaticLatent, resolve_scan
 from lm_zoo.cells.alstm_recurrence import alstm_recurrence
 from lm_zoo.cells.window_kernels import alstm_window

@@ -9,9 +9,9 @@ import pytest
 
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
+from lm_zoo.optim import averaged_params, is_averaging, parameter_averaging, start_averaging
 from lm_zoo.runs import read_metrics
 from lm_zoo.training import train_and_evaluate
-from lm_zoo.optim import averaged_params, is_averaging, parameter_averaging, start_averaging
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
 
 

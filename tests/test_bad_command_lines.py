@@ -11,7 +11,6 @@ import time
 import pytest
 from conftest import REPO, run_scripts
 
-
 # Command lines the flag parsers refuse: (program, flags, the line's text).
 COMMAND_LINES = {
   'config field typo': (

@@ -150,6 +150,7 @@ def _api_cases():
   """Calls of the library with one wrong argument: (call, the message's text)."""
   import jax
   import numpy as np
+
   from lm_zoo.cells import LSTMCell, Mogrify
   from lm_zoo.evaluation import token_losses
   from lm_zoo.generation import sample

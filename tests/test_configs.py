@@ -2,8 +2,8 @@
 numbers (Zaremba et al.'s in test_zaremba_recipes.py)."""
 
 import pytest
-
 from conftest import REPO, load_experiment
+
 from lm_zoo.models import build_model, count_params, solve_hidden_size
 from lm_zoo.training import epoch_learning_rate
 
@@ -94,9 +94,9 @@ def test_evaluation_configs_build_their_evaluators(name, variant):
   ],
 )
 def test_tuning_configs_are_valid_and_their_extremes_fit_the_budget(name, variant):
+  from lm_zoo.training.config_checks import validate_config
   from lm_zoo.tuning import set_fields
   from lm_zoo.tuning.study import validate_tuning
-  from lm_zoo.training.config_checks import validate_config
 
   tune = load_experiment(name, variant)
   tune.dyneval.workdir = tune.dyneval.workdir or 'runs/x'

@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
-
-from lm_zoo.data import load_corpus, split_enwik8
-from lm_zoo.data import corpora
-from lm_zoo.errors import DataError
 from conftest import REPO
+
+from lm_zoo.data import corpora, load_corpus, split_enwik8
+from lm_zoo.errors import DataError
 
 # ../shared/data/README.md (the AWD-LSTM / pytorch word_language_model counts).
 PUBLISHED = {

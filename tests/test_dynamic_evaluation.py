@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from conftest import perturb
+
 from lm_zoo.cells import LSTMCell
 from lm_zoo.errors import TrainingError
 from lm_zoo.evaluation import (

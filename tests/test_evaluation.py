@@ -7,10 +7,9 @@ import math
 import jax
 import numpy as np
 import pytest
-
 from conftest import perturb
+
 from lm_zoo.cells import ALSTMCell, LSTMCell
-from lm_zoo.generation import sample
 from lm_zoo.evaluation import (
   EvalResult,
   evaluate_stream,
@@ -20,6 +19,7 @@ from lm_zoo.evaluation import (
   token_losses,
   tune_temperature,
 )
+from lm_zoo.generation import sample
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 
 V = 13

@@ -6,8 +6,8 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-
 from conftest import perturb
+
 from lm_zoo.cells import LSTMCell
 from lm_zoo.configs import evaluation_config
 from lm_zoo.data import Corpus

@@ -15,10 +15,10 @@ from lm_zoo.models import (
   Stack,
   TiedSoftmax,
   build_model,
+  factory,
   init_params,
   layer_sizes,
 )
-from lm_zoo.models import factory
 
 
 def model_config(fields):

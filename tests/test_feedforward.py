@@ -3,10 +3,10 @@
 import jax
 import numpy as np
 import pytest
-
 from conftest import perturb
-from lm_zoo.models.feedforward import FeedForward
 from numpy_reference import dense
+
+from lm_zoo.models.feedforward import FeedForward
 
 
 def test_plain_layers_are_an_mlp():

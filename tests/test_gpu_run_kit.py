@@ -12,7 +12,6 @@ from warm_python import warm_python
 
 from lm_zoo.runs import read_metrics
 
-
 # Every part of the kit, once: each test below reads the figures of its parts.
 KIT_PARTS = 'tests benchmark train kernels graphs agreement stacks seeds dyneval'
 

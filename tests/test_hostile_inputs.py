@@ -13,10 +13,10 @@ from conftest import run_script
 import lm_zoo
 from lm_zoo import cli
 from lm_zoo.configs import base_config, meta_training_config
-from lm_zoo.training import evaluate_workdir, meta_train_workdir, train_and_evaluate
 from lm_zoo.runs.finished import load_model
 from lm_zoo.runs.workdir import workdir_lock
 from lm_zoo.tasks.runs import train_or_read
+from lm_zoo.training import evaluate_workdir, meta_train_workdir, train_and_evaluate
 from lm_zoo.tuning import param, run_worker, tuning_config
 
 TINY = {

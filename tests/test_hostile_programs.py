@@ -5,8 +5,7 @@ names the flag or file (exit status 1, no traceback anywhere in the output)
 or in a correct result (tests/hostile_programs.py runs them)."""
 
 import pytest
-from hostile_programs import check, run_probes
-from hostile_programs import LONG_PROMPT, TINY_FLAGS
+from hostile_programs import LONG_PROMPT, TINY_FLAGS, check, run_probes
 
 # id -> (program, its flags ({t}, {w}, {d} filled in), what stderr's error line
 # says; None where the command must succeed)

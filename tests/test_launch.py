@@ -18,7 +18,6 @@ import lm_zoo
 from lm_zoo.runs import load_trained, read_metrics
 from lm_zoo.training import train_and_evaluate
 
-
 # A tiny run of experiments/default.py: 200 training windows of 2 x 16 LSTM;
 # whole evaluation windows (rows of 30 valid and 200 test tokens).
 TINY = [

@@ -10,15 +10,6 @@ import optax
 import pytest
 from conftest import check_reverse_gradient
 
-from lm_zoo.optim import (
-  GateNetwork,
-  RMSGateNetwork,
-  coordinate_features,
-  decay_logits,
-  dynamic_rms,
-  learned_update_rule,
-  mean_rms,
-)
 from lm_zoo.cells import LSTMCell
 from lm_zoo.evaluation import (
   diagonal_fisher,
@@ -28,6 +19,15 @@ from lm_zoo.evaluation import (
   stream_windows,
 )
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
+from lm_zoo.optim import (
+  GateNetwork,
+  RMSGateNetwork,
+  coordinate_features,
+  decay_logits,
+  dynamic_rms,
+  learned_update_rule,
+  mean_rms,
+)
 
 PARAMS = {'w': jnp.array([[0.5, -1.0], [2.0, 0.1]]), 'b': jnp.array([0.3, -0.2])}
 THETA0 = {'w': jnp.array([[0.4, -0.9], [1.5, 0.0]]), 'b': jnp.array([0.0, 0.1])}

@@ -11,15 +11,19 @@ import numpy as np
 import pytest
 from conftest import read_scalar_events, tiny_lm_config
 
-from lm_zoo.data import BatchedStream
+from lm_zoo.data import BatchedStream, load_data
 from lm_zoo.errors import ConfigError, TrainingError
-from lm_zoo.runs import read_metrics
-from lm_zoo.training import create_train_state, evaluate_workdir, make_optimizer, train_and_evaluate
-from lm_zoo.training import loop
-from lm_zoo.runs.checkpoints import Checkpoints
-from lm_zoo.training.budget import planned_steps
-from lm_zoo.data import load_data
 from lm_zoo.models import build_model
+from lm_zoo.runs import read_metrics
+from lm_zoo.runs.checkpoints import Checkpoints
+from lm_zoo.training import (
+  create_train_state,
+  evaluate_workdir,
+  loop,
+  make_optimizer,
+  train_and_evaluate,
+)
+from lm_zoo.training.budget import planned_steps
 
 
 def _final_params(config, workdir):

@@ -7,11 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import perturb
 from jax.test_util import check_grads
+from numpy_reference import lstm_step as numpy_lstm_step
 
 from lm_zoo.cells import LSTMCell, carry_output, replace_carry_output, resolve_scan
-from conftest import perturb
-from numpy_reference import lstm_step as numpy_lstm_step
 
 
 def _random_params(cell, m, key=0):

@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxprs import summed_sizes_in_loops
 
 from lm_zoo.cells.lstm import lstm_update
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence
-from jaxprs import summed_sizes_in_loops
 from lm_zoo.layers.products import aligned_contractions, einsum
 
 

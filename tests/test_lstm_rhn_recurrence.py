@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from jaxprs import summed_sizes_in_loops
+
 from lm_zoo.cells import ALSTMCell, LSTMCell, LSTMRHNStack, StaticLatent, resolve_scan
 from lm_zoo.cells.lstm_rhn_recurrence import LayerMasks, lstm_rhn_recurrence
 from lm_zoo.cells.lstm_rhn_window import lstm_rhn_window

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxprs import summed_sizes_in_loops
 
 from lm_zoo.cells.lstm import lstm_update
 from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import MogrifierRounds
-from jaxprs import summed_sizes_in_loops
 from lm_zoo.layers.products import aligned_contractions, einsum
 
 # Every function of these tests is run through jax.jit: op by op, each of its

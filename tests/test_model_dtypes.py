@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import loss_and_grads
 from jaxprs import dot_equations
 
-from conftest import loss_and_grads
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import build_model, init_params

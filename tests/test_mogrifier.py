@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import perturb
+from numpy_reference import linear, lstm_step, mogrify
+
 from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify, resolve_scan
 from lm_zoo.cells.mogrifier import MogrifierRounds
 from lm_zoo.configs import base_config
@@ -15,7 +16,6 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.layers import LowRankDense
 from lm_zoo.models import build_model, count_params, init_params, solve_hidden_size
 from lm_zoo.models.recurrent import RecurrentLayer
-from numpy_reference import linear, lstm_step, mogrify
 
 M, N, B = 5, 7, 3  # input size, hidden size, batch
 

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import perturb
 from flax import nnx
 
-from conftest import perturb
 from lm_zoo.cells import ALSTMCell, LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.cells.alstm import StaticLatent
 from lm_zoo.cells.nnx import NNXCell

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from lm_zoo.errors import TrainingError
-from lm_zoo.training.loop import Progress
 from lm_zoo.runs.nonfinite import PendingUpdates, RollBack
+from lm_zoo.training.loop import Progress
 
 
 class _Records:

@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import alstm_window_inputs, perturb
 from jaxprs import pallas_grids
+
 from lm_zoo.cells import ALSTMCell, LSTMCell, StaticLatent, resolve_scan
 from lm_zoo.cells.pallas_alstm import pallas_alstm_recurrence
 from lm_zoo.kernels.alstm_step import backward_step, forward_step

@@ -6,8 +6,8 @@ import struct
 
 import numpy as np
 import pytest
-
 from conftest import run_script
+
 from lm_zoo import plots
 from lm_zoo.errors import ConfigError
 from lm_zoo.runs.metrics import MetricsWriter

@@ -19,9 +19,9 @@ from conftest import REPO, load_experiment
 from lm_zoo import cli
 from lm_zoo.models import build_model
 from lm_zoo.runs import read_metrics
-from lm_zoo.training import create_train_state, make_optimizer, train_and_evaluate
 from lm_zoo.runs.checkpoints import Checkpoints
 from lm_zoo.runs.metrics import MetricsWriter
+from lm_zoo.training import create_train_state, make_optimizer, train_and_evaluate
 
 # experiments/default.py cut down: 30 windows an epoch, 2 epochs (60 steps,
 # an epoch end between), a checkpoint every 5 steps (so the epoch's end saves

@@ -4,9 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from jaxprs import dot_equations
-from lm_zoo.layers.products import dense as products_dense
+
 from lm_zoo.layers.products import (
   aligned_contractions,
   aligned_product,
@@ -19,6 +18,7 @@ from lm_zoo.layers.products import (
   is_low_precision,
   matmul,
 )
+from lm_zoo.layers.products import dense as products_dense
 
 
 def _rounded(x):

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from conftest import perturb
+
 from lm_zoo.cells import ALSTMCell, LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.configs import base_config
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params

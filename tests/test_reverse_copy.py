@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from conftest import load_experiment
 
 from lm_zoo.cells import LSTMCell, mogrified

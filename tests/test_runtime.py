@@ -9,8 +9,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-
 from conftest import users_compile_env
+
 from lm_zoo import runtime
 
 # A jitted step whose buffers (40 MiB each) glibc would otherwise map fresh at

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from conftest import users_compile_env
+
 from lm_zoo.cells import LSTMCell
 from lm_zoo.data import load_data
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params

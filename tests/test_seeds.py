@@ -304,6 +304,7 @@ def test_a_studys_evaluations_score_every_run_and_are_read_back(held_stacks):
 )
 def test_bad_evaluations_are_named_before_any_run(study, tmp_path, name, evaluation, message):
   import ml_collections
+
   from lm_zoo.configs import evaluation_config
 
   if evaluation == 'rms':

@@ -14,8 +14,7 @@ from conftest import read_events, tiny_lm_config
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.models import build_model, init_params
 from lm_zoo.runs import Checkpoints, read_metrics
-from lm_zoo.training import evaluate_workdir, train_and_evaluate, train_seeds
-from lm_zoo.training import loop
+from lm_zoo.training import evaluate_workdir, loop, train_and_evaluate, train_seeds
 from lm_zoo.training import state as train_state
 from lm_zoo.training.seed_axis import check_num_seeds
 

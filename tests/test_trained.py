@@ -17,6 +17,7 @@ from lm_zoo.training.meta_learner import META_LEARNER_DIR, load_meta_learner
 @pytest.fixture(scope='module')
 def trained_workdir(tmp_path_factory, data_dir):
   from conftest import tiny_lm_config
+
   from lm_zoo.training import train_and_evaluate
 
   workdir = tmp_path_factory.mktemp('trained')

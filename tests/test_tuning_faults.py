@@ -10,7 +10,7 @@ import time
 
 import optuna
 from conftest import REPO
-from test_tuning_study import TINY_TUNE, _tune_config
+from tiny_tuning import load_tune_config, write_tune_file
 
 from lm_zoo.runs.checkpoints import ORBAX_TMP
 from lm_zoo.tuning import open_study, run_worker
@@ -44,9 +44,8 @@ def _completed(tune, workdir) -> list[optuna.trial.FrozenTrial]:
 def test_a_worker_killed_inside_a_trial_s_checkpoint_write_reruns_to_the_same_study(
   tmp_path, data_dir
 ):
-  tune_file = tmp_path / 'tune_tiny.py'
-  tune_file.write_text(TINY_TUNE.format(data_dir=str(data_dir)))
-  tune = _tune_config(tune_file)
+  tune_file = write_tune_file(tmp_path, data_dir)
+  tune = load_tune_config(tune_file)
   tune.study.num_trials, tune.study.grace_period = 1, 3
   tune.base.train.checkpoint_every = 5
   # The study as it ends when nothing stops it (run in this process: it is

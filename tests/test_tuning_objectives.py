@@ -4,17 +4,15 @@ diverges is pruned and marked so."""
 
 import optuna
 import pytest
-from test_tuning_study import TINY_TUNE, _tune_config
+from tiny_tuning import load_tune_config, write_tune_file
 
 from lm_zoo.tuning import open_study, run_worker
 
 
 @pytest.fixture
 def tune(tmp_path, data_dir):
-  """test_tuning_study.py's tiny tuning config, read from its file."""
-  path = tmp_path / 'tune_tiny.py'
-  path.write_text(TINY_TUNE.format(data_dir=str(data_dir)))
-  return _tune_config(path)
+  """The tiny tuning config, read from its file."""
+  return load_tune_config(write_tune_file(tmp_path, data_dir))
 
 
 def test_the_median_pruner_stops_a_trial_worse_than_the_first(tune, tmp_path):

@@ -17,50 +17,17 @@ import optuna
 import pytest
 from conftest import REPO
 from postgres_server import find_server, new_database, postgres_server
+from tiny_tuning import load_tune_config, write_tune_file
 
 from lm_zoo.errors import ConfigError
 from lm_zoo.runs import load_config
 from lm_zoo.training import train_and_evaluate
 from lm_zoo.tuning import open_study, run_worker, trial_workdir, write_report
 
-# A tuning config file as a user writes one: 20 steps of a 16-unit LSTM per
-# trial, a validation turn every 10, a checkpoint at the end (the tests that
-# stop a trial midway checkpoint it more often), learning rate and input
-# dropout searched.
-TINY_TUNE = """
-from lm_zoo.tuning import param, tuning_config
-
-def get_config():
-  c = tuning_config()
-  c.base.data.update(data_dir={data_dir!r}, train_tokens=2001, valid_tokens=300,
-                     test_tokens=100, batch_size=4, bptt=10, eval_batch_size=3)
-  c.base.model.update(embed_size=16, hidden_size=16, num_layers=1)
-  c.base.optimizer.update(name='adam', learning_rate=3e-3)
-  c.base.train.update(num_epochs=10, max_steps=20, eval_every=10, log_every=10,
-                     checkpoint_every=20)
-  c.base.generate.num_lines = 0
-  c.space.learning_rate = param('optimizer.learning_rate', 1e-4, 3e-2, log=True)
-  c.space.input_dropout = param('model.dropout_input', 0.0, 0.5)
-  c.study.update(name='tiny', num_trials=3, seed=0, startup_trials=2, pruner='none',
-                 heartbeat_interval=1, grace_period=60)
-  return c
-"""
-
 
 @pytest.fixture
 def tune_file(tmp_path, data_dir):
-  path = tmp_path / 'tune_tiny.py'
-  path.write_text(TINY_TUNE.format(data_dir=str(data_dir)))
-  return path
-
-
-def _tune_config(tune_file):
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location('tune_tiny', tune_file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return write_tune_file(tmp_path, data_dir)
 
 
 def _worker(tune_file, workdir, *flags) -> subprocess.Popen:
@@ -111,7 +78,7 @@ def _trials(study, state):
 
 
 def test_a_study_completes_and_its_best_config_trains_to_its_score(tune_file, tmp_path):
-  tune = _tune_config(tune_file)
+  tune = load_tune_config(tune_file)
   study = run_worker(tune, tmp_path / 'study')
   complete = _trials(study, optuna.trial.TrialState.COMPLETE)
   assert len(complete) == 3 == len(study.trials)
@@ -144,12 +111,12 @@ def test_a_link_inside_the_work_directory_is_refused_before_anything_is_written(
     match=f'{linked} is a symbolic link: lm_zoo writes nothing '
     'through links inside a work directory',
   ):
-    open_study(_tune_config(tune_file), workdir)
+    open_study(load_tune_config(tune_file), workdir)
   assert not list(outside.iterdir())
 
 
 def test_workers_must_share_the_search_space(tune_file, tmp_path):
-  tune = _tune_config(tune_file)
+  tune = load_tune_config(tune_file)
   open_study(tune, tmp_path)
   tune.space.learning_rate.high = 0.1
   with pytest.raises(ConfigError, match='another search space'):
@@ -171,7 +138,7 @@ def _sampled(tune, workdir, trials: int) -> list[dict]:
 
 
 def test_a_seeded_study_is_reproducible_and_a_restart_does_not_repeat_it(tune_file, tmp_path):
-  tune = _tune_config(tune_file)
+  tune = load_tune_config(tune_file)
   tune.study.sampler = 'random'
   first, restarted = _sampled(tune, tmp_path / 'a', 3), _sampled(tune, tmp_path / 'a', 3)
   assert all(a != b for a, b in zip(first, restarted)), 'the restart repeated the study'
@@ -192,7 +159,7 @@ def test_two_workers_share_one_study_and_run_no_trial_twice(tune_file, tmp_path,
   ]
   outputs = [w.communicate(timeout=300)[0] for w in workers]
   assert [w.returncode for w in workers] == [0, 0], outputs
-  tune = _tune_config(tune_file)
+  tune = load_tune_config(tune_file)
   tune.study.num_trials, tune.study.storage = 4, database
   study = open_study(tune, tmp_path)
   finished = [
@@ -237,7 +204,7 @@ def test_a_killed_workers_trial_fails_and_is_retried_from_its_checkpoint(tune_fi
   os.kill(killed.pid, signal.SIGKILL)
   killed.wait()
   killed.stdout.close()
-  tune = _tune_config(tune_file)
+  tune = load_tune_config(tune_file)
   tune.base.train.update(max_steps=200, checkpoint_every=50, eval_every=100)
   tune.study.num_trials, tune.study.grace_period = 1, 3
   study = open_study(tune, tmp_path)
@@ -268,7 +235,7 @@ def test_sigterm_checkpoints_the_trial_and_queues_it_again(tune_file, tmp_path):
   output = worker.communicate(timeout=120)[0]
   assert worker.returncode == 128 + signal.SIGTERM, output
   assert 'stopped: SIGTERM received' in output
-  tune = _tune_config(tune_file)
+  tune = load_tune_config(tune_file)
   tune.base.train.update(max_steps=200, checkpoint_every=5)
   tune.study.num_trials = 1
   stopped, queued = sorted(open_study(tune, tmp_path).trials, key=lambda t: t.number)

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import perturb
+
 from lm_zoo.cells import LSTMCell, Mogrify
 from lm_zoo.cells.window_kernels import lstm_window, mogrified_lstm_window
 from lm_zoo.models import RecurrentLayer

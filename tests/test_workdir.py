@@ -15,7 +15,6 @@ import lm_zoo
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError, WorkdirInUse
 from lm_zoo.runs import load_trained
-from lm_zoo.training import train_and_evaluate
 from lm_zoo.runs.checkpoints import FORMAT_VERSION
 from lm_zoo.runs.files import DATA_FILE
 from lm_zoo.runs.finished import initial_params, load_config
@@ -26,6 +25,7 @@ from lm_zoo.runs.workdir import (
   save_config,
   workdir_lock,
 )
+from lm_zoo.training import train_and_evaluate
 
 
 def test_a_second_process_is_refused_with_the_holders_pid_and_host(tiny_config, tmp_path):

@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.lstm_recurrence import (
-  gate_activations,
   backward_factors,
   cell_update,
+  gate_activations,
   gates_gradient,
 )
 from lm_zoo.layers.adaptive import split_sizes

@@ -32,7 +32,6 @@ from jax.interpreters import mlir
 
 from lm_zoo.cells.lstm import LSTMCell
 
-
 STATE_MASK_REFUSAL = "cuDNN's LSTM cannot mask the fed-back state (model.dropout_state)"
 
 

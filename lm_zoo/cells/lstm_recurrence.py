@@ -16,7 +16,8 @@ dG_t Uᵀ in the backward scan and computes dU = Hᵀ dG as one (n, T·B) x
 (T·B, 4n) product afterwards, as oneDNN's fused LSTM does.
 
 The cell update forward and back here is also that of the other hand-written
-windows (`mixed_lstm_recurrence`, `alstm_recurrence` and their Pallas forms).
+windows (`mixed_lstm_recurrence`, `alstm_recurrence`); their Pallas forms take
+`gate_factors` and `shifted` from here for their backward.
 """
 
 from __future__ import annotations

@@ -18,12 +18,12 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import (
-  gate_activations,
   backward_factors,
+  broadcast_state_mask,
   cell_update,
+  gate_activations,
   gates_gradient,
   previous_step_gradients,
-  broadcast_state_mask,
   shifted,
 )
 from lm_zoo.layers.products import (

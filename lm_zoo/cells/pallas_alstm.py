@@ -14,7 +14,7 @@ zero weights and states, so they stay at zero and change nothing.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -143,19 +143,11 @@ def _forward(
       x, h, padded_mask, c, latent_in_t, latent
     )
     latent = (latent_saved[1], z) if s.recurrent else ()
-    return held(valid, (latent, c, h_new), carry), (
-      own(valid, h_new),
-      act,
-      c,
-      pi,
-      a,
-      r,
-      z,
-      latent_saved,
-    )
+    saved = _Saved(act, c, pi, a, r, z, latent_saved)
+    return held(valid, (latent, c, h_new), carry), (own(valid, h_new), saved)
 
   latent0 = tuple(state(part, s.size_k) for part in latent0)
-  last, (hs, *saved) = jax.lax.scan(
+  last, (hs, saved) = jax.lax.scan(
     step,
     (latent0, state(c0, s.size_n), state(h0, s.size_n)),
     (xs, latent_in, own_steps),
@@ -172,6 +164,20 @@ def _cut_carry(padded, carry):
   """A carry in the kernels' padded layout (or its gradient) in `carry`'s."""
   (latent, c, h), (latent0, c0, h0) = padded, carry
   return tuple(_cut(a, b) for a, b in zip(latent, latent0)), _cut(c, c0), _cut(h, h0)
+
+
+class _Saved(NamedTuple):
+  """What the forward scan keeps of every step (T leading) for the backward:
+  the gate activations, c_t, the policy π, the adapted products a and r, the
+  latent z, and a recurrent latent's own (activations, c)."""
+
+  acts: jax.Array
+  cs: jax.Array
+  pis: jax.Array
+  a_s: jax.Array
+  rs: jax.Array
+  zs: jax.Array
+  latent: Any
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
@@ -194,18 +200,17 @@ def _recurrence_fwd(
   return out, (params, inputs, carry, mask, own_steps, hs, saved, padded)
 
 
-def _gate_factors(s: _Sizes, saved, c_first, latent0, cap_input_gate):
+def _backward_factors(s: _Sizes, saved: _Saved, c_first, latent0, cap_input_gate):
   """What the backward kernel reads that the incoming gradients do not
   change, for all steps at once: the gates' `gate_factors` (dc/dh, the gate
   scales, σ(f)), and a recurrent latent's likewise or a static latent's z."""
-  acts, cs, _, _, _, zs, latent_saved = saved
   forget, d_c_from_h, scales = gate_factors(
-    *jnp.split(acts, GATES, axis=-1), cs, c_first, cap_input_gate
+    *jnp.split(saved.acts, GATES, axis=-1), saved.cs, c_first, cap_input_gate
   )
   factors = (d_c_from_h, jnp.concatenate(scales, axis=-1), forget)
   if not s.recurrent:
-    return factors, (zs,)
-  acts_z, cs_z = latent_saved
+    return factors, (saved.zs,)
+  acts_z, cs_z = saved.latent
   forget_z, d_c_z_from_z, scales_z = gate_factors(
     *jnp.split(acts_z, GATES, axis=-1), cs_z, latent0[0], False
   )
@@ -213,11 +218,11 @@ def _gate_factors(s: _Sizes, saved, c_first, latent0, cap_input_gate):
 
 
 def _weight_gradients(
-  params, inputs, s: _Sizes, saved, latent0, h_in, d_gates, q, d_latent_gates, dtype
+  params, inputs, s: _Sizes, saved: _Saved, latent0, h_in, d_gates, q, d_latent_gates, dtype
 ):
   """`weight_gradients` of the window from the kernels' padded per-step
   values (`d_latent_gates` and `h_in` already in the cell's layout)."""
-  _, _, pis, _, _, zs, _ = saved
+  pis, zs = saved.pis, saved.zs
   rows = lambda x: x[:, : s.batch]
   return weight_gradients(
     params,
@@ -254,7 +259,7 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
   _, _, latent_h, latent_u, policy, kernel, recurrent_kernel, bias = _weights(params, s, dtype)
   state = lambda x, width: pad_to(x.astype(jnp.float32), (s.rows, width))
   h_first = state(carry[2], s.size_n)
-  factors, latent_factors = _gate_factors(
+  factors, latent_factors = _backward_factors(
     s, saved, state(carry[1], s.size_n), latent0, cap_input_gate
   )
   # The final h is the last own step's: its gradient joins that step's output's.
@@ -290,7 +295,7 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
       state(d_c_last, s.size_n),
       jnp.zeros_like(h_first),
     ),
-    (d_out, factors, xs, h_prev, saved[2:5], latent_factors, own_steps),
+    (d_out, factors, xs, h_prev, (saved.pis, saved.a_s, saved.rs), latent_factors, own_steps),
     reverse=True,
     unroll=unroll,
   )

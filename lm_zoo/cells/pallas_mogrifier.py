@@ -223,9 +223,10 @@ def _lstm_weight_gradients(mixed, d_gates, m, n, size_m, dtype):
 
 
 def _rounds_gradient(mix, mix_params, inputs, n, h_in, saved, gradients):
-  """`mix.params_gradient` from every step's sources x and h_in (n wide),
-  the rounds' gates and low-rank hiddens (`saved`) and their gradients
-  (`gradients`), each cut from the kernels' padding to the batch and its width."""
+  """`mix.params_gradient` from every step's sources x and h_in, the rounds'
+  gates and low-rank hiddens (`saved`) and their gradients (`gradients`): all
+  in the kernels' padded layout, each cut here to the batch and its width (h_in
+  to n)."""
   _, batch, m = inputs.shape
   ranks = [p['kernel_in'].shape[1] for p in mix_params.values() if 'kernel_in' in p]
   widths = [m if i % 2 else n for i in range(1, mix.rounds + 1)]

@@ -16,7 +16,7 @@ from lm_zoo.cells.alstm_recurrence import alstm_recurrence
 from lm_zoo.cells.lstm import LSTMCell, gate_bias
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence
 from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_recurrence
-from lm_zoo.cells.mogrifier import Mogrify, MogrifierRounds
+from lm_zoo.cells.mogrifier import MogrifierRounds, Mogrify
 from lm_zoo.cells.pallas_alstm import pallas_alstm_recurrence
 from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
 from lm_zoo.cells.pallas_mogrifier import pallas_mogrified_lstm_recurrence

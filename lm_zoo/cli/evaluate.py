@@ -34,9 +34,9 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import DynamicEvalSettings, EvalResult
 from lm_zoo.presets import is_preset
 from lm_zoo.remote import resolve
-from lm_zoo.training import evaluate_workdir
 from lm_zoo.runs.files import write_text_atomically
 from lm_zoo.runs.workdir import refuse_links
+from lm_zoo.training import evaluate_workdir
 
 config_flags.DEFINE_config_file(
   'config',

@@ -31,7 +31,6 @@ from ml_collections import config_flags
 from lm_zoo import cli
 from lm_zoo.errors import ConfigError
 
-
 config_flags.DEFINE_config_file(
   'tune',
   str(cli.EXPERIMENTS / 'tune_ptb_small.py'),

@@ -18,7 +18,6 @@ import itertools
 import logging
 import os
 import pathlib
-
 from typing import Any
 
 import numpy as np

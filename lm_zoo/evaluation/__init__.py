@@ -11,6 +11,12 @@ from lm_zoo.evaluation.dynamic_evaluators import (
   DynamicSetup,
   Learned,
 )
+from lm_zoo.evaluation.dynamic_rules import (
+  DYNAMIC_RULES,
+  DynamicRule,
+  DynamicRuleSpec,
+  register_dynamic_rule,
+)
 from lm_zoo.evaluation.evaluators import (
   Evaluator,
   MCDropout,
@@ -26,12 +32,6 @@ from lm_zoo.evaluation.meta_training import (
   meta_loss,
   meta_train,
   stream_windows,
-)
-from lm_zoo.evaluation.dynamic_rules import (
-  DYNAMIC_RULES,
-  DynamicRule,
-  DynamicRuleSpec,
-  register_dynamic_rule,
 )
 from lm_zoo.evaluation.registry import (
   EvaluatorName,

@@ -162,7 +162,7 @@ def meta_train(
       meta_params, opt_state, state, theta, carries, segments
     )
     losses.append(float(loss))
-    _report(i, meta_steps, losses, log_every)
+    _check_and_log(i, meta_steps, losses, log_every)
   return MetaTrainResult(meta_params, np.asarray(losses))
 
 
@@ -194,7 +194,7 @@ def _window_offsets(
     offsets = offsets + span
 
 
-def _report(i: int, meta_steps: int, losses: list[float], log_every: int) -> None:
+def _check_and_log(i: int, meta_steps: int, losses: list[float], log_every: int) -> None:
   """Raises TrainingError where meta-step `i`'s L_meta / K (the last of
   `losses`) is not finite; logs the mean of the last `log_every` every
   `log_every` meta-steps (0: never)."""

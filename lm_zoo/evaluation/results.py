@@ -10,7 +10,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-
 # log of the largest float64: exp of more overflows.
 _LOG_FLOAT_MAX = math.log(sys.float_info.max)
 

@@ -9,7 +9,6 @@ import math
 from typing import Any, Callable
 
 import flax.linen as nn
-
 import jax
 import numpy as np
 import optax

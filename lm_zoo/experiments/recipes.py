@@ -11,7 +11,6 @@ import ml_collections
 
 from lm_zoo.configs import base_config
 
-
 # Per size: hidden units, BPTT, U(±init), dropout, rate divisor, max_epoch,
 # epochs, gradient norm clip (the paper's section 4.1; main.lua's params).
 _ZAREMBA = {

@@ -1,4 +1,4 @@
-"""One aLSTM time step (`lm_zoo.cells.alstm_recurrence`) as one Pallas kernel,
+"""One aLSTM time step (`lm_zoo.cells.adapted_step`) as one Pallas kernel,
 forward and backward.
 
 Forward, for rows x = x_t, h = m ⊙ h_{t-1} and the latent's x-part
@@ -52,6 +52,8 @@ from lm_zoo.kernels.common import (
   call_by_rows,
   gate_update,
   interpret_default,
+)
+from lm_zoo.kernels.common import (
   shifted_columns as at,
 )
 from lm_zoo.kernels.lstm_step import GATES, Tiles

@@ -124,9 +124,10 @@ def _forward_kernel(x_ref, h_ref, *refs, plan, zigzag, body):
   body.each_chunk(widths[0], lambda cols: mixed_h.__setitem__(cols, current[0][cols]))
 
 
-def _gate_gradient(original, earlier, gate_ref, d_out, d_z_ref, d_prev):
-  """A round's gradients at a chunk: writes dz_i and d prev_i and returns dz_i,
-  with prev_i rebuilt as the original x or h times the `earlier` rounds' gates."""
+def _round_back(original, earlier, gate_ref, d_out, d_z_ref, d_prev):
+  """Returns `back(cols)`, round i's backward through its gate at a chunk of
+  columns: it writes dz_i and d prev_i there and returns dz_i, with prev_i
+  rebuilt as the original x or h times the `earlier` rounds' gates."""
 
   def back(cols):
     prev = original[:, cols]
@@ -182,7 +183,7 @@ def _backward_kernel(d_mixed_ref, x_ref, h_ref, *refs, plan, zigzag, body):
     d_out, gate_ref = current[odd], gate_refs[i - 1]
     d_prev = _Version(slots[odd], 2 * (i - 1))
     earlier = [gate_refs[j - 1] for j in range(i - 2, 0, -2)]  # prev_i = x or h ⊙ these
-    back = _gate_gradient(originals[odd], earlier, gate_ref, d_out, d_z_refs[i - 1], d_prev)
+    back = _round_back(originals[odd], earlier, gate_ref, d_out, d_z_refs[i - 1], d_prev)
     d_source = _source_gradient(
       body, weights[i - 1], low_rank, back, widths[odd], d_z_refs[i - 1], d_hidden_refs
     )

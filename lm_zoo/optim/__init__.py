@@ -15,10 +15,10 @@ from lm_zoo.optim.dynamic_evaluation import (
   DECAY_MEANS,
   DecayMean,
   DecayTowardTrainedState,
+  ScaleByFixedRmsState,
   decay_toward_trained,
   dynamic_rms,
   dynamic_sgd,
-  ScaleByFixedRmsState,
   mean_ms,
   scale_by_fixed_rms,
 )

@@ -33,9 +33,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from lm_zoo.version import __version__
 from lm_zoo.errors import CheckpointError, ConfigError
 from lm_zoo.runs.files import is_main_process, sync_processes
+from lm_zoo.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ import shutil
 import jax
 from safetensors.numpy import save_file
 
-from lm_zoo.version import __version__
 from lm_zoo.errors import ConfigError
 from lm_zoo.model_card import model_card
 from lm_zoo.models import build_model, init_params
@@ -33,6 +32,7 @@ from lm_zoo.presets import (
 from lm_zoo.runs.files import DATA_FILE, VOCAB_FILE
 from lm_zoo.runs.finished import best_params, load_config, load_vocab
 from lm_zoo.runs.workdir import save_config
+from lm_zoo.version import __version__
 
 
 def export(

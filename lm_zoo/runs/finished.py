@@ -20,7 +20,6 @@ from typing import Any
 import jax
 import ml_collections
 
-from lm_zoo.version import __version__
 from lm_zoo.configs import base_config
 from lm_zoo.data import Corpus, Vocab, load_data
 from lm_zoo.data.corpora import SPLITS, vocab_sha256
@@ -38,6 +37,7 @@ from lm_zoo.runs.files import (
   WRITER_KEY,
   read_json,
 )
+from lm_zoo.version import __version__
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:

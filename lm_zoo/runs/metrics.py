@@ -13,8 +13,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.runs.files import write_text_atomically
-from lm_zoo.runs.files import is_main_process
+from lm_zoo.runs.files import is_main_process, write_text_atomically
 
 METRICS_FILE = 'metrics.jsonl'
 TENSORBOARD_DIR = 'tensorboard'

@@ -20,7 +20,6 @@ from typing import Iterator
 import jax
 import ml_collections
 
-from lm_zoo.version import __version__
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError, WorkdirInUse
 from lm_zoo.runs.checkpoints import FORMAT_VERSION
@@ -39,6 +38,7 @@ from lm_zoo.runs.files import (
 )
 from lm_zoo.runs.finished import check_data, load_config, load_seeds
 from lm_zoo.runs.metrics import flat_fields
+from lm_zoo.version import __version__
 
 log = logging.getLogger(__name__)
 

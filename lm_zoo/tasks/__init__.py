@@ -9,7 +9,6 @@ from lm_zoo.tasks.adaptive_ff import (
   run_tail_regression,
   tail_regression_data,
 )
-from lm_zoo.tasks.robustness import offset_rates, run_robustness, sample_offsets
 from lm_zoo.tasks.reverse_copy import (
   EncoderDecoder,
   ReverseCopyData,
@@ -18,6 +17,7 @@ from lm_zoo.tasks.reverse_copy import (
   run_experiment,
   sequence_cross_entropy,
 )
+from lm_zoo.tasks.robustness import offset_rates, run_robustness, sample_offsets
 from lm_zoo.tasks.seeds import run_seed_study, seed_report, summarise
 
 # config.task -> the function that runs it (lm-zoo-task).

@@ -13,9 +13,9 @@ from typing import Any, Callable
 import ml_collections
 
 from lm_zoo.errors import TrainingError, WorkdirInUse
-from lm_zoo.training import train_and_evaluate, train_seeds
 from lm_zoo.runs.files import read_json, write_text_atomically
 from lm_zoo.runs.workdir import workdir_lock
+from lm_zoo.training import train_and_evaluate, train_seeds
 
 log = logging.getLogger(__name__)
 

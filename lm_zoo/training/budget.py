@@ -10,8 +10,8 @@ from typing import Any
 import ml_collections
 
 from lm_zoo.data import BatchedStream
-from lm_zoo.training.run import Progress
 from lm_zoo.runs.files import read_json
+from lm_zoo.training.run import Progress
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from lm_zoo.data.text import LEVELS
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import build_evaluator
 from lm_zoo.models import build_model, check_model_config, count_params
-from lm_zoo.training.averaging import TRIGGERS
 from lm_zoo.runs.nonfinite import NONFINITE_POLICIES
+from lm_zoo.training.averaging import TRIGGERS
 from lm_zoo.training.optimizers import LOSS_REDUCTIONS, OPTIMIZERS, SCHEDULES
 
 # field -> the names it may take (the registries themselves, so that a name
@@ -126,7 +126,7 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
       config.train.max_seconds,
       'is not kept in step by the processes of a multi-process run: set train.max_steps instead',
     )
-  if config.data.pad_windows_to > config.data.bptt:
+  if config.data.variable_bptt and config.data.pad_windows_to > config.data.bptt:
     # Every window would be padded to it: mostly steps computed for nothing.
     raise field_error(
       'data.pad_windows_to',

@@ -15,10 +15,10 @@ import jax
 import ml_collections
 
 from lm_zoo.data import BatchedStream, Corpus
-from lm_zoo.models import RecurrentLM, init_params
-from lm_zoo.runs.checkpoints import Checkpoints
 from lm_zoo.evaluation import EvalResult
+from lm_zoo.models import RecurrentLM, init_params
 from lm_zoo.progress import Throughput
+from lm_zoo.runs.checkpoints import Checkpoints
 from lm_zoo.runs.metrics import MetricsWriter
 from lm_zoo.runs.nonfinite import PendingUpdates
 from lm_zoo.training.steps import TrainState

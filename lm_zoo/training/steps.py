@@ -95,7 +95,7 @@ def make_train_step(
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if skip_nonfinite:
-      new_state = _unless_finite(finite, new_state, state)
+      new_state = _update_if_finite(finite, new_state, state)
     if mesh is not None:
       new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh))
     return new_state, {'loss': loss, 'grad_norm': grad_norm, 'finite': finite}
@@ -130,7 +130,7 @@ def _apply_gradients(
   )
 
 
-def _unless_finite(finite: jax.Array, new_state: TrainState, state: TrainState) -> TrainState:
+def _update_if_finite(finite: jax.Array, new_state: TrainState, state: TrainState) -> TrainState:
   """`new_state` where `finite`, else `state` as it was (the update dropped)
   but for the step, which still counts: it numbers the windows and the
   dropout keys."""
