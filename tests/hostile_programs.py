@@ -9,30 +9,16 @@ import subprocess
 import sys
 
 from conftest import REPO
+from refusals import TINY, tiny_config
 
-from lm_zoo.configs import base_config
 from lm_zoo.training import train_and_evaluate
 
-TINY = {
-  'data.batch_size': 4,
-  'data.bptt': 10,
-  'data.eval_batch_size': 3,
-  'data.test_batch_size': 2,
-  'data.train_tokens': 401,
-  'data.valid_tokens': 121,
-  'data.test_tokens': 81,
-  'model.embed_size': 16,
-  'model.hidden_size': 16,
-  'train.max_steps': 10,
-  'train.log_every': 5,
-  'generate.num_lines': 0,
-}
 # The tiny config as --config overrides of experiments/default.py.
-LONG_PROMPT = '--prompt=' + 'the company ' * 2500
 TINY_FLAGS = [
   '--config=experiments/default.py',
   *(f'--config.{field}={value}' for field, value in TINY.items()),
 ]
+LONG_PROMPT = '--prompt=' + 'the company ' * 2500
 
 
 def _damaged(workdir, damage):
@@ -115,9 +101,7 @@ def _cut_study_database(folder):
 def make_folders(data_dir, t) -> dict[str, str]:
   """{t}: a folder of hostile files; {w}: a trained work directory beside
   copies of it damaged by DAMAGES (each {t}/NAME); {d}: the data."""
-  config = base_config()
-  config.update_from_flattened_dict({**TINY, 'data.data_dir': str(data_dir)})
-  train_and_evaluate(config, t / 'run')
+  train_and_evaluate(tiny_config(data_dir), t / 'run')
   for damage in DAMAGES:
     _damaged(t / 'run', damage)
   (t / 'file.txt').write_text('not a folder')

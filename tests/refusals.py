@@ -1,5 +1,6 @@
-"""What the bad-input tests share (test_bad_inputs.py, test_bad_configs.py,
-test_bad_data_files.py): a tiny training config, a data folder with its
+"""What the bad- and hostile-input tests share (test_bad_inputs.py,
+test_bad_configs.py, test_bad_data_files.py, test_hostile_inputs.py,
+hostile_programs.py): a tiny training config, a data folder with its
 training file swapped, and the check that a job is refused in one line."""
 
 import os
@@ -19,7 +20,6 @@ TINY = {
   'data.test_tokens': 81,
   'model.embed_size': 16,
   'model.hidden_size': 16,
-  'model.dropout_input': 0.2,
   'train.max_steps': 10,
   'train.log_every': 5,
   'generate.num_lines': 0,

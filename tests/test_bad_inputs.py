@@ -26,9 +26,10 @@ def _evaluation(evaluator, **fields):
 
 @pytest.fixture(scope='module')
 def trained(data_dir, tmp_path_factory):
-  """A work directory of one finished epoch (latest and best checkpoints)."""
+  """A work directory of one finished epoch (latest and best checkpoints),
+  with input dropout for MC dropout to scale."""
   workdir = tmp_path_factory.mktemp('trained') / 'run'
-  train_and_evaluate(tiny_config(data_dir), workdir)
+  train_and_evaluate(tiny_config(data_dir, **{'model.dropout_input': 0.2}), workdir)
   return workdir
 
 

@@ -9,43 +9,23 @@ import shutil
 
 import pytest
 from conftest import run_script
+from refusals import tiny_config
 
 import lm_zoo
 from lm_zoo import cli
-from lm_zoo.configs import base_config, meta_training_config
+from lm_zoo.configs import meta_training_config
 from lm_zoo.runs.finished import load_model
 from lm_zoo.runs.workdir import workdir_lock
 from lm_zoo.tasks.runs import train_or_read
 from lm_zoo.training import evaluate_workdir, meta_train_workdir, train_and_evaluate
 from lm_zoo.tuning import param, run_worker, tuning_config
 
-TINY = {
-  'data.batch_size': 4,
-  'data.bptt': 10,
-  'data.eval_batch_size': 3,
-  'data.test_batch_size': 2,
-  'data.train_tokens': 401,
-  'data.valid_tokens': 121,
-  'data.test_tokens': 81,
-  'model.embed_size': 16,
-  'model.hidden_size': 16,
-  'train.max_steps': 10,
-  'train.log_every': 5,
-  'generate.num_lines': 0,
-}
-
-
-def _config(data_dir, **fields):
-  config = base_config()
-  config.update_from_flattened_dict({**TINY, 'data.data_dir': str(data_dir), **fields})
-  return config
-
 
 @pytest.fixture(scope='module')
 def trained(data_dir, tmp_path_factory):
   """A work directory of one finished epoch (latest and best checkpoints)."""
   workdir = tmp_path_factory.mktemp('trained') / 'run'
-  train_and_evaluate(_config(data_dir), workdir)
+  train_and_evaluate(tiny_config(data_dir), workdir)
   return workdir
 
 
@@ -58,18 +38,18 @@ def _victim(t):
 def _link_lock(d, t, w):
   (w / 'lock').unlink()
   os.symlink(_victim(t), w / 'lock')
-  return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20}), w)
+  return lambda: train_and_evaluate(tiny_config(d, **{'train.max_steps': 20}), w)
 
 
 def _link_a_checkpoint(d, t, w):
   os.symlink(t, w / 'checkpoints' / '99')
-  return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20}), w)
+  return lambda: train_and_evaluate(tiny_config(d, **{'train.max_steps': 20}), w)
 
 
 def _link_tensorboard(d, t, w):
   shutil.rmtree(w / 'tensorboard', ignore_errors=True)
   os.symlink(t, w / 'tensorboard')
-  return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20}), w)
+  return lambda: train_and_evaluate(tiny_config(d, **{'train.max_steps': 20}), w)
 
 
 def _link_the_meta_learner(d, t, w):
@@ -143,13 +123,15 @@ def _garble_metrics_line(d, t, w):
   lines = path.read_text().splitlines(keepends=True)
   lines[1] = '{"kind": "train", "st\n'
   path.write_text(''.join(lines))
-  return lambda: train_and_evaluate(_config(d, **{'train.max_steps': 20, 'train.num_epochs': 2}), w)
+  return lambda: train_and_evaluate(
+    tiny_config(d, **{'train.max_steps': 20, 'train.num_epochs': 2}), w
+  )
 
 
 def _damage_summary(d, t, w):
   path = w / 'summary.json'
   path.write_text(path.read_text()[:30])
-  return lambda: train_and_evaluate(_config(d), w)
+  return lambda: train_and_evaluate(tiny_config(d), w)
 
 
 def _tune(corrupt_database=False, **fields):
@@ -157,7 +139,7 @@ def _tune(corrupt_database=False, **fields):
 
   def set_up(d, t, w):
     tune = tuning_config()
-    tune.base = _config(d)
+    tune.base = tiny_config(d)
     tune.space.learning_rate = param('optimizer.learning_rate', 1e-3, 1e-2, log=True)
     tune.update_from_flattened_dict(fields)
     if corrupt_database:
@@ -171,7 +153,7 @@ def _tune(corrupt_database=False, **fields):
 def _foreign_folder(d, t, w):
   (t / 'mine').mkdir()
   (t / 'mine' / 'notes.txt').write_text('my notes')
-  return lambda: train_and_evaluate(_config(d), t / 'mine')
+  return lambda: train_and_evaluate(tiny_config(d), t / 'mine')
 
 
 def _cut(name, job):
@@ -197,11 +179,11 @@ CASES = {
   'the TensorBoard folder a link': (_link_tensorboard, '{w}/tensorboard is a symbolic link'),
   'the meta-learner folder a link': (_link_the_meta_learner, '{w}/meta_learner is a symbolic link'),
   'an empty work directory name': (
-    lambda d, t, w: lambda: train_and_evaluate(_config(d), ''),
+    lambda d, t, w: lambda: train_and_evaluate(tiny_config(d), ''),
     'the work directory is empty: name a folder',
   ),
   'a work directory that is a file': (
-    lambda d, t, w: lambda: train_and_evaluate(_config(d), _victim(t)),
+    lambda d, t, w: lambda: train_and_evaluate(tiny_config(d), _victim(t)),
     '--workdir={t}/victim.txt is a file, not a folder',
   ),
   'a folder of other files': (
@@ -239,20 +221,20 @@ CASES = {
   ),
   'a damaged summary.json': (_damage_summary, '{w}/summary.json is damaged (JSONDecodeError'),
   "a damaged summary.json of a study's run": (
-    _cut('summary.json', lambda d, w: train_or_read(_config(d), w)),
+    _cut('summary.json', lambda d, w: train_or_read(tiny_config(d), w)),
     '{w}/summary.json is damaged (JSONDecodeError',
   ),
   'a damaged seeds.json': (
-    _cut('seeds.json', lambda d, w: train_and_evaluate(_config(d), w)),
+    _cut('seeds.json', lambda d, w: train_and_evaluate(tiny_config(d), w)),
     '{w}/seeds.json is damaged (JSONDecodeError',
   ),
   'a seed beyond 2**32': (
-    lambda d, t, w: lambda: train_and_evaluate(_config(d, seed=10**23), t / 'new'),
+    lambda d, t, w: lambda: train_and_evaluate(tiny_config(d, seed=10**23), t / 'new'),
     'config field seed=100000000000000000000000 must be in [0, 2**32)',
   ),
   'a hidden size of 2**40': (
     lambda d, t, w: (
-      lambda: train_and_evaluate(_config(d, **{'model.hidden_size': 2**40}), t / 'new')
+      lambda: train_and_evaluate(tiny_config(d, **{'model.hidden_size': 2**40}), t / 'new')
     ),
     'model.hidden_size=1099511627776 must be below 2**31',
   ),
@@ -270,12 +252,12 @@ CASES = {
     'database): restore it',
   ),
   'a training config given as a tuning config': (
-    lambda d, t, w: lambda: run_worker(_config(d), t / 'tune'),
+    lambda d, t, w: lambda: run_worker(tiny_config(d), t / 'tune'),
     '--tune is not a tuning config: it has no kind, study, space, base (a training config?)',
   ),
   'a model too large for the memory': (
     lambda d, t, w: (
-      lambda: train_and_evaluate(_config(d, **{'model.hidden_size': 300_000}), t / 'new')
+      lambda: train_and_evaluate(tiny_config(d, **{'model.hidden_size': 300_000}), t / 'new')
     ),
     'model.hidden_size=300000 gives 1 x ',
   ),
