@@ -28,7 +28,7 @@ from lm_zoo.cells.adapted_step import (
 )
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, gate_factors, shifted
-from lm_zoo.cells.pallas_lstm import pad_to, round_up
+from lm_zoo.cells.pallas_lstm import cut_to, pad_to, round_up
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
 from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
 from lm_zoo.layers.products import contract
@@ -156,14 +156,10 @@ def _forward(
   return s, last, hs, saved, (xs, padded_mask, latent0, latent_x)
 
 
-def _cut(x, like):
-  return x[..., : like.shape[-2], : like.shape[-1]].astype(like.dtype)
-
-
 def _cut_carry(padded, carry):
   """A carry in the kernels' padded layout (or its gradient) in `carry`'s."""
   (latent, c, h), (latent0, c0, h0) = padded, carry
-  return tuple(_cut(a, b) for a, b in zip(latent, latent0)), _cut(c, c0), _cut(h, h0)
+  return tuple(cut_to(a, b) for a, b in zip(latent, latent0)), cut_to(c, c0), cut_to(h, h0)
 
 
 class _Saved(NamedTuple):
@@ -187,7 +183,7 @@ def _recurrence(
   _, last, hs, _, _ = _forward(
     params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles, interpret
   )
-  return _cut(hs, carry[-1]), _cut_carry(last, carry)
+  return cut_to(hs, carry[-1]), _cut_carry(last, carry)
 
 
 def _recurrence_fwd(
@@ -196,7 +192,7 @@ def _recurrence_fwd(
   s, last, hs, saved, padded = _forward(
     params, inputs, carry, mask, own_steps, dtype, unroll, cap_input_gate, tiles, interpret
   )
-  out = (_cut(hs, carry[-1]), _cut_carry(last, carry))
+  out = (cut_to(hs, carry[-1]), _cut_carry(last, carry))
   return out, (params, inputs, carry, mask, own_steps, hs, saved, padded)
 
 
@@ -308,7 +304,7 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
   )
   d_inputs = _inputs_gradient(params, s, rows(d_xs), d_latent_gates, dtype)
   d_carry = _cut_carry((d_latent0, d_c0, d_rec0 * padded_mask), carry)
-  d_mask = _cut(jnp.sum(d_recs * h_prev, axis=0), mask)
+  d_mask = cut_to(jnp.sum(d_recs * h_prev, axis=0), mask)
   return grads, d_inputs.astype(inputs.dtype), d_carry, d_mask, None
 
 

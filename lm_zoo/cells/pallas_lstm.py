@@ -31,6 +31,11 @@ def pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   return jnp.pad(x, [(0, want - have) for have, want in zip(x.shape, shape)])
 
 
+def cut_to(x: jax.Array, like: jax.Array) -> jax.Array:
+  """`x` in the kernels' padded layout cut back to `like`'s last two sizes and dtype."""
+  return x[..., : like.shape[-2], : like.shape[-1]].astype(like.dtype)
+
+
 def gate_major(x: jax.Array, batch: int, units: int) -> jax.Array:
   """(..., B, 4n) -> (..., 4, batch, units), zero-padded."""
   *lead, b, four_n = x.shape
@@ -78,10 +83,6 @@ def _forward(
   return (c, h), (hs, acts, cs), (kernel, mask)
 
 
-def _cut(x, like):
-  return x[..., : like.shape[-2], : like.shape[-1]].astype(like.dtype)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
 def _recurrence(
   projected, recurrent_kernel, c0, h0, mask, steps, dtype, cap_input_gate, tiles, interpret, unroll
@@ -99,7 +100,7 @@ def _recurrence(
     interpret,
     unroll,
   )
-  return _cut(hs, h0), (_cut(c, c0), _cut(h, h0))
+  return cut_to(hs, h0), (cut_to(c, c0), cut_to(h, h0))
 
 
 def _recurrence_fwd(
@@ -119,7 +120,7 @@ def _recurrence_fwd(
     unroll,
   )
   saved = (projected, recurrent_kernel, c0, h0, mask, steps, kernel, padded_mask, hs, acts, cs)
-  return (_cut(hs, h0), (_cut(c, c0), _cut(h, h0))), saved
+  return (cut_to(hs, h0), (cut_to(c, c0), cut_to(h, h0))), saved
 
 
 def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cotangents):
@@ -164,9 +165,9 @@ def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cota
   return (
     gate_minor(d_gates, batch, n).astype(projected.dtype),
     d_kernel.astype(recurrent_kernel.dtype),
-    _cut(d_c0, c0),
-    _cut(d_rec0 * padded_mask, h0),
-    _cut(d_mask, mask),
+    cut_to(d_c0, c0),
+    cut_to(d_rec0 * padded_mask, h0),
+    cut_to(d_mask, mask),
     None,
   )
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
-from lm_zoo.cells.pallas_lstm import gate_major, pad_to, round_up
+from lm_zoo.cells.pallas_lstm import cut_to, gate_major, pad_to, round_up
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, row_tiles, tiles_for
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
 from lm_zoo.layers.products import contract
@@ -128,10 +128,6 @@ def _forward(
   return (c, h), saved, (xs, kernel, mask, rounds)
 
 
-def _cut(x, like):
-  return x[..., : like.shape[-2], : like.shape[-1]].astype(like.dtype)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 10, 11, 12, 13, 14))
 def _recurrence(
   mix,
@@ -167,7 +163,7 @@ def _recurrence(
     tiles,
     interpret,
   )
-  return _cut(hs, h0), (_cut(c, c0), _cut(h, h0))
+  return cut_to(hs, h0), (cut_to(c, c0), cut_to(h, h0))
 
 
 def _recurrence_fwd(
@@ -205,7 +201,7 @@ def _recurrence_fwd(
     interpret,
   )
   originals = (mix_params, input_kernel, bias, recurrent_kernel, inputs, c0, h0, mask, own_steps)
-  return (_cut(saved[0], h0), (_cut(c, c0), _cut(h, h0))), (originals, saved, padded)
+  return (cut_to(saved[0], h0), (cut_to(c, c0), cut_to(h, h0))), (originals, saved, padded)
 
 
 def _lstm_weight_gradients(mixed, d_gates, m, n, size_m, dtype):
@@ -297,9 +293,9 @@ def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residu
     d_bias.astype(bias.dtype),
     d_recurrent_kernel.astype(recurrent_kernel.dtype),
     d_xs[:, :batch, :m].astype(inputs.dtype),
-    _cut(d_c0, c0),
-    _cut(d_rec0 * padded_mask, h0),
-    _cut(jnp.sum(d_recs * h_prev, axis=0), mask),
+    cut_to(d_c0, c0),
+    cut_to(d_rec0 * padded_mask, h0),
+    cut_to(jnp.sum(d_recs * h_prev, axis=0), mask),
     None,
   )
 
