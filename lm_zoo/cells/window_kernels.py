@@ -3,10 +3,14 @@ into the hand-written recurrences that run a whole window ('fused' and
 'pallas' in `lm_zoo.cells.scans`, which registers them by cell type).
 
 Each takes (cell, params, carry, inputs (T, B, m), state_mask, unroll, steps)
-and returns (carry, outputs (T, B, n)), as `scans.FusedKernel` describes.
+and returns (carry, outputs (T, B, n)), as `scans.FusedKernel` describes. A
+cell type's 'fused' and 'pallas' windows read its parameters the same way and
+differ only in the recurrence they call.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -38,168 +42,86 @@ def _dtype(cell: LSTMCell, projected, params):
   return cell.dtype or jnp.result_type(projected, params['recurrent_kernel'])
 
 
-def lstm_window(
-  cell: LSTMCell,
-  params,
-  carry,
-  inputs: jax.Array,
-  state_mask: jax.Array | None = None,
-  unroll: int = 1,
-  steps: jax.Array | None = None,
-):
-  """`LSTMCell`'s window: `lstm_recurrence` of W x + b (+ b_h)."""
-  projected = _projected(cell, params, inputs)
-  return lstm_recurrence(
-    projected,
-    params['recurrent_kernel'],
-    carry,
-    state_mask,
-    unroll,
-    _dtype(cell, projected, params),
-    cell.cap_input_gate,
-    steps,
-  )
+def _named(window, name: str, doc: str):
+  """`window` as the module's public function `name`, for tracebacks and the API docs."""
+  window.__name__ = window.__qualname__ = name
+  window.__doc__ = doc
+  return window
 
 
-def pallas_lstm_window(
-  cell: LSTMCell,
-  params,
-  carry,
-  inputs: jax.Array,
-  state_mask: jax.Array | None = None,
-  unroll: int = 1,
-  steps: jax.Array | None = None,
-):
-  """`LSTMCell`'s window with a Pallas kernel a step: `pallas_lstm_recurrence`."""
-  projected = _projected(cell, params, inputs)
-  return pallas_lstm_recurrence(
-    projected,
-    params['recurrent_kernel'],
-    carry,
-    state_mask,
-    unroll,
-    _dtype(cell, projected, params),
-    cell.cap_input_gate,
-    steps=steps,
-  )
+def _lstm_window(recurrence: Callable, name: str, doc: str):
+  """`LSTMCell`'s window through `recurrence` (`lstm_recurrence`'s arguments)."""
+
+  def window(cell: LSTMCell, params, carry, inputs, state_mask=None, unroll=1, steps=None):
+    projected = _projected(cell, params, inputs)
+    dtype = _dtype(cell, projected, params)
+    kernel = params['recurrent_kernel']
+    return recurrence(
+      projected, kernel, carry, state_mask, unroll, dtype, cell.cap_input_gate, steps=steps
+    )
+
+  return _named(window, name, doc)
 
 
-def _mogrified_args(cell: Mogrify, params, inputs):
-  """The LSTM's W, b (+ b_h), U, the rounds, their parameters and the gates'
-  product dtype of a `Mogrify(LSTMCell)`."""
-  lstm, inner = cell.cell, params['cell']
-  rounds = {name: value for name, value in params.items() if name != 'cell'}
-  dtype = lstm.dtype or jnp.result_type(inputs, inner['input']['kernel'])
-  return (
-    inner['input']['kernel'],
-    gate_bias(inner),
-    inner['recurrent_kernel'],
-    MogrifierRounds(cell.rounds, cell.zigzag, cell.dtype),
-    rounds,
-    dtype,
-  )
+lstm_window = _lstm_window(
+  lstm_recurrence, 'lstm_window', """`LSTMCell`'s window: `lstm_recurrence` of W x + b (+ b_h)."""
+)
+pallas_lstm_window = _lstm_window(
+  pallas_lstm_recurrence,
+  'pallas_lstm_window',
+  """`LSTMCell`'s window with a Pallas kernel a step: `pallas_lstm_recurrence`.""",
+)
 
 
-def mogrified_lstm_window(
-  cell: Mogrify,
-  params,
-  carry,
-  inputs: jax.Array,
-  state_mask: jax.Array | None = None,
-  unroll: int = 1,
-  steps: jax.Array | None = None,
-):
+def _mogrified_lstm_window(recurrence: Callable, name: str, doc: str):
+  """`Mogrify(LSTMCell)`'s window through `recurrence`
+  (`mixed_lstm_recurrence`'s arguments): the LSTM's W, b (+ b_h) and U, the
+  rounds as the mix and their parameters."""
+
+  def window(cell: Mogrify, params, carry, inputs, state_mask=None, unroll=1, steps=None):
+    lstm, inner = cell.cell, params['cell']
+    rounds = {key: value for key, value in params.items() if key != 'cell'}
+    mix = MogrifierRounds(cell.rounds, cell.zigzag, cell.dtype)
+    dtype = lstm.dtype or jnp.result_type(inputs, inner['input']['kernel'])
+    weights = (inner['input']['kernel'], gate_bias(inner), inner['recurrent_kernel'])
+    mixing = (carry, mix, rounds, state_mask, dtype, unroll, lstm.cap_input_gate)
+    return recurrence(inputs, *weights, *mixing, steps=steps)
+
+  return _named(window, name, doc)
+
+
+mogrified_lstm_window = _mogrified_lstm_window(
+  mixed_lstm_recurrence,
+  'mogrified_lstm_window',
   """`Mogrify(LSTMCell)`'s window: `mixed_lstm_recurrence` with the rounds as
   its mix (`MogrifierRounds`), so that every weight gradient of the layer is
-  one matrix product per window."""
-  kernel, bias, recurrent_kernel, mix, rounds, dtype = _mogrified_args(cell, params, inputs)
-  return mixed_lstm_recurrence(
-    inputs,
-    kernel,
-    bias,
-    recurrent_kernel,
-    carry,
-    mix,
-    rounds,
-    state_mask,
-    dtype,
-    unroll,
-    cell.cell.cap_input_gate,
-    steps,
-  )
-
-
-def pallas_mogrified_lstm_window(
-  cell: Mogrify,
-  params,
-  carry,
-  inputs: jax.Array,
-  state_mask: jax.Array | None = None,
-  unroll: int = 1,
-  steps: jax.Array | None = None,
-):
+  one matrix product per window.""",
+)
+pallas_mogrified_lstm_window = _mogrified_lstm_window(
+  pallas_mogrified_lstm_recurrence,
+  'pallas_mogrified_lstm_window',
   """`Mogrify(LSTMCell)`'s window with two Pallas kernels a step:
-  `pallas_mogrified_lstm_recurrence`."""
-  kernel, bias, recurrent_kernel, mix, rounds, dtype = _mogrified_args(cell, params, inputs)
-  return pallas_mogrified_lstm_recurrence(
-    inputs,
-    kernel,
-    bias,
-    recurrent_kernel,
-    carry,
-    mix,
-    rounds,
-    state_mask,
-    dtype,
-    unroll,
-    cell.cell.cap_input_gate,
-    steps=steps,
-  )
+  `pallas_mogrified_lstm_recurrence`.""",
+)
 
 
-def _alstm_dtype(cell: ALSTMCell, params, inputs):
-  return cell.dtype or jnp.result_type(inputs, params['input']['kernel_1'])
+def _alstm_window(recurrence: Callable, name: str, doc: str):
+  """`ALSTMCell`'s window through `recurrence` (`alstm_recurrence`'s arguments)."""
+
+  def window(cell: ALSTMCell, params, carry, inputs, state_mask=None, unroll=1, steps=None):
+    dtype = cell.dtype or jnp.result_type(inputs, params['input']['kernel_1'])
+    return recurrence(
+      inputs, params, carry, state_mask, dtype, unroll, cell.cap_input_gate, steps=steps
+    )
+
+  return _named(window, name, doc)
 
 
-def alstm_window(
-  cell: ALSTMCell,
-  params,
-  carry,
-  inputs: jax.Array,
-  state_mask: jax.Array | None = None,
-  unroll: int = 1,
-  steps: jax.Array | None = None,
-):
-  """`ALSTMCell`'s window: `alstm_recurrence`."""
-  return alstm_recurrence(
-    inputs,
-    params,
-    carry,
-    state_mask,
-    _alstm_dtype(cell, params, inputs),
-    unroll,
-    cell.cap_input_gate,
-    steps,
-  )
-
-
-def pallas_alstm_window(
-  cell: ALSTMCell,
-  params,
-  carry,
-  inputs: jax.Array,
-  state_mask: jax.Array | None = None,
-  unroll: int = 1,
-  steps: jax.Array | None = None,
-):
-  """`ALSTMCell`'s window with one Pallas kernel a step: `pallas_alstm_recurrence`."""
-  return pallas_alstm_recurrence(
-    inputs,
-    params,
-    carry,
-    state_mask,
-    _alstm_dtype(cell, params, inputs),
-    unroll,
-    cell.cap_input_gate,
-    steps=steps,
-  )
+alstm_window = _alstm_window(
+  alstm_recurrence, 'alstm_window', """`ALSTMCell`'s window: `alstm_recurrence`."""
+)
+pallas_alstm_window = _alstm_window(
+  pallas_alstm_recurrence,
+  'pallas_alstm_window',
+  """`ALSTMCell`'s window with one Pallas kernel a step: `pallas_alstm_recurrence`.""",
+)
