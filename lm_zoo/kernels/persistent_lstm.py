@@ -35,7 +35,11 @@ accumulator's column tile), u at most 64 (4u = wgmma's N ≤ 256). At hidden
 951, batch 64: n_pad 960, G = 120 blocks of u = 8 units (an H100 has 132
 SMs, all blocks must be resident at once), shared memory per block U
 960 x 32 x 2 = 60 KiB, h 64 x 960 x 2 = 120 KiB, P, c and outputs 13 KiB:
-193 KiB of the 227 KiB a block may have.
+193 KiB of the 227 KiB a block may have. Float32 (TF32) operands would
+double U's slice and h to 360 KiB: they would need h streamed through in
+chunks of K, which this first form does not do. Mosaic GPU's Lane lowering
+semantics could not match the accumulator's layout with P's ("Incompatible
+FragmentedArray layouts"); the Warpgroup semantics infer the layouts.
 
 Modes (`MODES`): 'persistent' is the kernel above (with one block it needs
 no semaphore); 'per_step' launches the same kernel once a step (the launch
