@@ -127,9 +127,11 @@ def test_the_persistent_grid_lowers_for_cuda_with_its_semaphore(steps, batch, n)
   """Mosaic GPU lowers the kernel without a GPU (its layout inference and
   the wgmma's operand checks run here): the persistent form has the global
   semaphore (an int32 scratch; a release add and a polling load), the
-  barrier-free form has neither."""
-  persistent, free = (_lowered(steps, batch, n, mode) for mode in ('persistent', 'no_barrier'))
-  for text in (persistent, free):
+  barrier-free form has neither; the per-step form is a loop of launches."""
+  modes = ('persistent', 'no_barrier', 'per_step')
+  persistent, free, per_step = (_lowered(steps, batch, n, mode) for mode in modes)
+  assert 'stablehlo.while' in per_step and 'stablehlo.while' not in persistent
+  for text in (persistent, free, per_step):
     assert '@mosaic_gpu' in text and 'tensor<64x' in text
   assert 'tensor<1xi32>' in persistent and 'red.release' in persistent
   assert 'ld.relaxed' in persistent
