@@ -52,6 +52,12 @@
 # SEEDS_SIZE=large (or small) trains that Zaremba recipe instead, into
 # zaremba_large/ (SEEDS_ARGS='--seeds=2', say: it is 5 times the medium's
 # products a token and 55 epochs, so its curve as far as MINUTES reach).
+# `persistent` checks and times the persistent Mosaic GPU LSTM kernel
+# (lm_zoo.kernels.persistent_lstm: one launch a window, a semaphore barrier a
+# step) against XLA's window and cuDNN's at the 24M LSTM's size
+# (benchmarks/persistent_probe.py: persistent_probe.json, persistent_probe.txt;
+# under `timeout 120`, as a kernel whose blocks wait for each other may hang,
+# and its JSON keeps every row measured before).
 # `dyneval` and `mogrifier24m` run the seed studies of
 # experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
 # then RMS and SGD dynamic evaluation of each seed on the whole valid and
@@ -78,8 +84,8 @@ MINUTES=${MINUTES:-10}
 PYTHON=${PYTHON:-python3}
 PARTS=" $(echo ${KIT_PARTS:-tests benchmark train}) "  # any blanks: single spaces
 for part in $PARTS; do
-  case $part in tests|benchmark|train|kernels|graphs|agreement|stacks|seeds|dyneval|mogrifier24m) ;; *)
-    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train kernels graphs agreement stacks seeds dyneval mogrifier24m" >&2
+  case $part in tests|benchmark|train|kernels|graphs|agreement|stacks|seeds|dyneval|mogrifier24m|persistent) ;; *)
+    echo "error: KIT_PARTS: unknown part '$part'; choose from: tests benchmark train kernels graphs agreement stacks seeds dyneval mogrifier24m persistent" >&2
     exit 2;;
   esac
 done
@@ -152,6 +158,7 @@ agreement_runs=("mogrifier_paper.py:ptb_lstm fused pallas"
 train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=valid
        --config.data.pad_windows_to=8)
 stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
+persistent=()  # the probe's defaults: hidden 951, batch 64, 70 steps
 seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))
 read -r -a seeds_args <<< "${SEEDS_ARGS:-}"  # words, not globbed
 dyneval=(--config=experiments/paper_seed_studies.py:zaremba_medium_dyneval)
@@ -187,6 +194,7 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
          --config.data.valid_tokens=200 --config.evaluation.splits=valid
          --config.generate.num_lines=0)
   stacks=(--tiny=8 --seeds=1,2 --steps=1 --rounds=1)
+  persistent=(--tiny)
   # Whole windows of the recipe's 20 x 35 batch and batch-1 test: one step shape each.
   tiny_study() {  # MODEL: the flags that make a study's model tiny
     local m=--config.models.$1
@@ -310,6 +318,11 @@ part_seeds() {
   "$PYTHON" launch/train.py --config="experiments/ptb_lstm_$size.py" \
       --workdir="$OUT/zaremba_$size" "${seeds[@]}" ${seeds_args[@]+"${seeds_args[@]}"} 2>&1 \
       | tee "$OUT/zaremba_$size.txt" || failed+=("zaremba_$size")
+}
+part_persistent() {
+  timeout 120 "$PYTHON" benchmarks/persistent_probe.py --output="$OUT/persistent_probe.json" \
+      ${persistent[@]+"${persistent[@]}"} 2>&1 | tee "$OUT/persistent_probe.txt" \
+      || failed+=(persistent_probe)
 }
 # the seed studies of experiments/paper_seed_studies.py: STUDY names its flags
 run_study() {

@@ -250,3 +250,29 @@ def test_each_row_is_compared_with_the_fastest_pytorch_row_of_its_dtype():
   assert narrow['eval_vs_torch_same_dtype'] == 780 / 800
   assert recipe['train_vs_torch_fastest'] == 300 / 410 and recipe['train_vs_cudnn'] == 300 / 360
   assert recipe['train_torch_fastest_row'] == 'torch_lstm_fp16@8'
+
+
+def test_persistent_probe_checks_and_times_every_row_interpreted(tmp_path):
+  """benchmarks/persistent_probe.py --tiny: the kernel's modes interpreted
+  (one block for the persistent ones), each checked against the reference;
+  cuDNN's row is left out on a CPU."""
+  output = tmp_path / 'probe.json'
+  script = [sys.executable, str(REPO / 'benchmarks' / 'persistent_probe.py')]
+  subprocess.run([*script, '--tiny', f'--output={output}'], check=True, capture_output=True)
+  result = json.loads(output.read_text())
+  assert result['interpreted'] and not result['failed']
+  assert result['sizes'] == {'hidden': 24, 'batch': 3, 'steps': 3}
+  rows = {row['row']: row for row in result['results']}
+  assert list(rows) == [
+    'input_projection',
+    'xla',
+    'xla_bf16',
+    'per_step',
+    'no_barrier',
+    'persistent',
+  ]
+  assert [rows[r]['blocks'] for r in ('per_step', 'no_barrier', 'persistent')] == [4, 1, 1]
+  for name in ('per_step', 'no_barrier', 'persistent'):
+    assert rows[name]['hs_max_abs_error_vs_bf16'] < 1e-5
+    assert 1e-5 < rows[name]['hs_max_abs_error_vs_f32'] < 1e-2  # bfloat16 products
+  assert all(row['median_ms'] > 0 for row in rows.values())

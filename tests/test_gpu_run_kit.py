@@ -13,7 +13,7 @@ from warm_python import warm_python
 from lm_zoo.runs import read_metrics
 
 # Every part of the kit, once: each test below reads the figures of its parts.
-KIT_PARTS = 'tests benchmark train kernels graphs agreement stacks seeds dyneval'
+KIT_PARTS = 'tests benchmark train kernels graphs agreement stacks seeds dyneval persistent'
 
 
 @pytest.fixture(scope='module')
@@ -159,6 +159,24 @@ def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit)
   assert '| lstm_medium | sgd | 2 | test |' in report
 
 
+def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
+  """The `persistent` part: benchmarks/persistent_probe.py --tiny, each of the
+  kernel's modes interpreted against the reference (cuDNN's row left out)."""
+  result = json.loads((kit / 'persistent_probe.json').read_text())
+  assert result['interpreted'] and not result['failed']
+  rows = {row['row']: row for row in result['results']}
+  assert set(rows) == {
+    'input_projection',
+    'xla',
+    'xla_bf16',
+    'per_step',
+    'no_barrier',
+    'persistent',
+  }
+  assert rows['persistent']['hs_max_abs_error_vs_bf16'] < 1e-5
+  assert 'persistent ' in (kit / 'persistent_probe.txt').read_text()
+
+
 def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
   """The kit's default parts: tests, benchmark (cuDNN's row skipped) and a few
   updates of the PTB Mogrifier recipe; and the parts the defaults leave out:
@@ -194,7 +212,7 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
   assert wrong.stderr == (
     "error: KIT_PARTS: unknown part 'test'; "
     'choose from: tests benchmark train kernels graphs agreement stacks '
-    'seeds dyneval mogrifier24m\n'
+    'seeds dyneval mogrifier24m persistent\n'
   )
   wrong = subprocess.run(
     ['bash', 'launch/gpu_run_kit.sh', str(tmp_path / 'wrong')],

@@ -3,4 +3,7 @@ step (`lstm_step`), every Mogrifier round of a step (`mogrifier_rounds`) and
 the aLSTM step, its adaptation model and policy included (`alstm_step`);
 what they share is in `common`. The windows that run them and their
 hand-written backward passes are in `lm_zoo.cells` (`pallas_lstm`,
-`pallas_mogrifier`, `pallas_alstm`), chosen by `scan='pallas'`."""
+`pallas_mogrifier`, `pallas_alstm`), chosen by `scan='pallas'`.
+`persistent_lstm` runs the LSTM's forward pass over a whole window as one
+persistent Mosaic GPU kernel (Hopper), for a speed probe
+(benchmarks/persistent_probe.py); no `scan=` takes it yet."""

@@ -1,0 +1,330 @@
+"""The LSTM recurrence's forward pass over a whole window as ONE persistent
+Mosaic GPU kernel (Hopper: TMA copies, wgmma), for a probe of its speed.
+
+Given the hoisted projections P_t = x_t W + b (T, B, 4n), gate order
+[i, f, j, o], the recurrent kernel U (n, 4n) and the carry (h_0, c_0), it runs
+
+    [i, f, j, o] = P_t + h_{t-1} U
+    c_t = σ(f) ⊙ c_{t-1} + σ(i) ⊙ tanh(j),   h_t = σ(o) ⊙ tanh(c_t)
+
+(σ(i) capped at 1 - σ(f) with `cap_input_gate`) as `lstm_recurrence` does with
+``dtype=jnp.bfloat16``: the product's operands h_{t-1} and U in bfloat16,
+summed in float32; P, c and the outputs h_t in float32.
+
+Where XLA launches a few small kernels a step, this launches one for the
+window, as FlashRNN's fused kernel, Baidu's persistent RNNs and cuDNN's
+persistent algorithm do. The grid has G blocks (one warpgroup each, one per
+SM); block g owns u = n_pad / G hidden units, i.e. the four gates' columns of
+those units, 4u columns of U, which it copies to shared memory ONCE (the
+wrapper re-lays U and P out so that they are contiguous). Each step a block
+copies the whole of h_{t-1} (64 rows, n_pad, bfloat16) from global memory to
+shared memory by TMA, multiplies it by its U slice on the tensor cores
+(wgmma, a (64, 4u) float32 accumulator), adds its slice of P_t, updates its
+c (kept in shared memory) and writes its h_t slice to the bfloat16 history
+(T, 64, n_pad), which the next step reads, and to the float32 outputs. It
+then waits for its writes and increments a global semaphore; before reading
+h_t, every block waits until the semaphore reaches (t + 1) G (monotonic: it
+is never decremented, and Pallas zeroes it at each launch). Every step has
+its own slot of the history, so no block overwrites what another still reads.
+
+Tiles: batch padded to 64 rows (wgmma's M for one warpgroup; at most 64
+rows: 128 would not fit shared memory at the recipes' sizes); both wgmma
+operands swizzled by 64 bytes (Mosaic GPU wants the same swizzle for both;
+32 bfloat16 columns), so n_pad is a multiple of 32 and u of 8 (the
+accumulator's column tile), u at most 64 (4u = wgmma's N ≤ 256). At hidden
+951, batch 64: n_pad 960, G = 120 blocks of u = 8 units (an H100 has 132
+SMs, all blocks must be resident at once), shared memory per block U
+960 x 32 x 2 = 60 KiB, h 64 x 960 x 2 = 120 KiB, P, c and outputs 13 KiB:
+193 KiB of the 227 KiB a block may have. Float32 (TF32) operands would
+double U's slice and h to 360 KiB: they would need h streamed through in
+chunks of K, which this first form does not do. Mosaic GPU's Lane lowering
+semantics could not match the accumulator's layout with P's ("Incompatible
+FragmentedArray layouts"); the Warpgroup semantics infer the layouts.
+
+Modes (`MODES`): 'persistent' is the kernel above (with one block it needs
+no semaphore); 'per_step' launches the same kernel once a step (the launch
+boundary is the barrier: correct without the semaphore, and what runs in
+Pallas' GPU interpreter with several blocks, which has no semaphores);
+'no_barrier' is the persistent kernel without its semaphore, whose blocks
+race ahead (wrong answers: a probe of what the barrier costs).
+
+Example::
+
+  (c_T, h_T), hs = persistent_lstm_forward(projected, kernel, h0, c0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from lm_zoo.kernels.common import gate_update
+
+GATES = 4
+ROWS = 64  # wgmma's M for one warpgroup
+SWIZZLE = 64  # bytes, both operands: 32 bfloat16 columns
+K_MULTIPLE = SWIZZLE // 2
+UNIT_MULTIPLE = 8
+MAX_BLOCK_UNITS = 64  # 4 gates x 64 = 256, wgmma's largest N
+SMEM_BYTES = 227 * 1024
+MODES = ('persistent', 'per_step', 'no_barrier')
+
+
+def _round_up(x: int, multiple: int) -> int:
+  return -(-x // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """The kernel's padded sizes.
+
+  Attributes:
+    rows: the batch padded to wgmma's 64 rows.
+    units: the hidden size padded, n_pad = blocks x block_units.
+    blocks: G, the grid's blocks.
+  """
+
+  rows: int
+  units: int
+  blocks: int
+
+  @property
+  def block_units(self) -> int:
+    return self.units // self.blocks
+
+  @property
+  def smem_bytes(self) -> int:
+    """U's slice and h (bfloat16), P's slice, c and h_t's slice (float32 and bfloat16)."""
+    u = self.block_units
+    return (
+      2 * self.units * GATES * u + 2 * self.rows * self.units + self.rows * u * (16 + 4 + 4 + 2)
+    )
+
+
+def layout_for(batch: int, hidden: int, blocks: int | None = None) -> Layout:
+  """The padded sizes for a batch and hidden size; `blocks` None takes
+  the most (8 units each). Raises ValueError naming what does not fit."""
+  if batch > ROWS:
+    raise ValueError(f'batch must be at most {ROWS} (one warpgroup of rows), got {batch}')
+  if blocks is None:
+    blocks = _round_up(hidden, K_MULTIPLE) // UNIT_MULTIPLE
+  if blocks < 1:
+    raise ValueError(f'blocks must be positive, got {blocks}')
+  u = _round_up(-(-hidden // blocks), UNIT_MULTIPLE)
+  while (blocks * u) % K_MULTIPLE:
+    u += UNIT_MULTIPLE
+  if u > MAX_BLOCK_UNITS:
+    raise ValueError(
+      f'blocks={blocks} gives each block {u} of {hidden} units; at most {MAX_BLOCK_UNITS}'
+    )
+  layout = Layout(ROWS, blocks * u, blocks)
+  if layout.smem_bytes > SMEM_BYTES:
+    raise ValueError(
+      f'hidden={hidden} needs {layout.smem_bytes} bytes of shared memory a block '
+      f'(at most {SMEM_BYTES})'
+    )
+  return layout
+
+
+def _swizzled(shape, dtype):
+  transforms = (plgpu.TilingTransform((8, K_MULTIPLE)), plgpu.SwizzleTransform(SWIZZLE))
+  return plgpu.SMEM(shape, dtype, transforms=transforms)
+
+
+def _copy_in(src, dst, barrier):
+  plgpu.copy_gmem_to_smem(src, dst, barrier)
+  plgpu.barrier_wait(barrier)
+
+
+def _cell_step(h_s, u_s, p_s, c_s, layout: Layout, cap_input_gate: bool):
+  """gates = P_t + h_{t-1} U on the tensor cores, then the cell update:
+  c_t into `c_s`, h_t returned (float32)."""
+
+  def product(acc):
+    plgpu.wgmma(acc, h_s, u_s)
+    return acc[...]
+
+  gates = pl.run_scoped(product, plgpu.ACC((layout.rows, GATES * layout.block_units))) + p_s[...]
+  u = layout.block_units
+  _, c, h = gate_update(
+    [gates[:, k * u : (k + 1) * u] for k in range(GATES)], c_s[...], cap_input_gate
+  )
+  c_s[...] = c
+  return h
+
+
+def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, barrier: bool):
+  p_g, u_g, h0_g, c0_g, hs_g, hist_g, c_g, u_s, h_s, p_s, c_s, h32_s, h16_s, bars = refs
+  g = jax.lax.axis_index('blocks')
+  units = pl.ds(g * layout.block_units, layout.block_units)
+  _copy_in(u_g.at[g], u_s, bars.at[0])
+  _copy_in(c0_g.at[:, units], c_s, bars.at[1])
+  # Only a grid of several blocks needs the semaphore; the interpreter has none.
+  sem = pl.get_global(plgpu.SemaphoreType.REGULAR) if barrier and layout.blocks > 1 else None
+
+  @pl.loop(0, steps)
+  def _step(t):
+    plgpu.copy_gmem_to_smem(p_g.at[t, g], p_s, bars.at[2])  # needs no other block
+
+    @pl.when(t == 0)
+    def _():
+      plgpu.copy_gmem_to_smem(h0_g, h_s, bars.at[3])
+
+    @pl.when(t > 0)
+    def _():
+      if sem is not None:
+        pl.semaphore_wait(sem, value=t * layout.blocks, decrement=False)
+      plgpu.copy_gmem_to_smem(hist_g.at[t - 1], h_s, bars.at[3])
+
+    plgpu.barrier_wait(bars.at[2])
+    plgpu.barrier_wait(bars.at[3])
+    h = _cell_step(h_s, u_s, p_s, c_s, layout, cap_input_gate)
+    h32_s[...] = h
+    h16_s[...] = h.astype(jnp.bfloat16)
+    plgpu.commit_smem()  # the stores above, before TMA reads them
+    plgpu.copy_smem_to_gmem(h32_s, hs_g.at[t, :, units])
+    plgpu.copy_smem_to_gmem(h16_s, hist_g.at[t, :, units])
+    plgpu.wait_smem_to_gmem(0)  # written to global memory before the signal
+    if sem is not None:
+      pl.semaphore_signal(sem)
+
+  plgpu.copy_smem_to_gmem(c_s, c_g.at[:, units])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def _kernel(layout: Layout, steps: int, cap_input_gate: bool, barrier: bool, interpret: Any):
+  """The kernel of `steps` steps: (P blocks, U blocks, h0, c0) -> (hs, h history, c_T)."""
+  rows, n, u = layout.rows, layout.units, layout.block_units
+  f32, bf16 = jnp.float32, jnp.bfloat16
+  body = functools.partial(
+    _body, layout=layout, steps=steps, cap_input_gate=cap_input_gate, barrier=barrier
+  )
+  return plgpu.kernel(
+    body,
+    out_type=(
+      jax.ShapeDtypeStruct((steps, rows, n), f32),
+      jax.ShapeDtypeStruct((steps, rows, n), bf16),
+      jax.ShapeDtypeStruct((rows, n), f32),
+    ),
+    scratch_types=[
+      _swizzled((n, GATES * u), bf16),
+      _swizzled((rows, n), bf16),
+      plgpu.SMEM((rows, GATES * u), f32),
+      plgpu.SMEM((rows, u), f32),
+      plgpu.SMEM((rows, u), f32),
+      plgpu.SMEM((rows, u), bf16),
+      plgpu.Barrier(num_barriers=4),
+    ],
+    grid=(layout.blocks,),
+    grid_names=('blocks',),
+    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+    interpret=interpret,
+  )
+
+
+def _by_blocks(gates, layout: Layout, lead_sizes):
+  """(..., L, 4n) gate-major columns -> (..., G, L', 4u): block g's four gates'
+  columns of its units contiguous, each leading axis zero-padded to `lead_sizes`."""
+  *lead, width = gates.shape
+  n = width // GATES
+  split = gates.reshape(*lead, GATES, n)
+  pads = [(0, size - have) for have, size in zip(lead, lead_sizes)]
+  split = jnp.pad(split, pads + [(0, 0), (0, layout.units - n)])
+  split = split.reshape(*lead_sizes, GATES, layout.blocks, layout.block_units)
+  split = jnp.moveaxis(split, -2, len(lead) - 1)
+  return split.reshape(*split.shape[:-2], GATES * layout.block_units)
+
+
+def _padded(state, layout: Layout, dtype):
+  batch, n = state.shape
+  return jnp.pad(state, ((0, layout.rows - batch), (0, layout.units - n))).astype(dtype)
+
+
+def _check_args(projected, recurrent_kernel, h0, c0, mode: str):
+  if mode not in MODES:
+    raise ValueError(f'mode must be one of {", ".join(MODES)}, got {mode!r}')
+  if projected.ndim != 3 or projected.shape[0] < 1:
+    raise ValueError(f'projected must be (T >= 1, B, 4n), got {projected.shape}')
+  steps, batch, width = projected.shape
+  if recurrent_kernel.shape != (width // GATES, width) or width % GATES:
+    raise ValueError(
+      f'recurrent_kernel must be (n, 4n) = {(width // GATES, width)}, got {recurrent_kernel.shape}'
+    )
+  for name, state in (('h0', h0), ('c0', c0)):
+    if state.shape != (batch, width // GATES):
+      raise ValueError(f'{name} must be (B, n) = {(batch, width // GATES)}, got {state.shape}')
+
+
+def _check_blocks_run(layout: Layout, mode: str, interpret: Any):
+  """Refuses a persistent grid that cannot run: interpreted (no semaphores),
+  or with more blocks than the GPU's SMs (all must be resident, or it hangs)."""
+  if mode != 'persistent' or layout.blocks == 1:
+    return
+  if interpret is not None:
+    raise ValueError(
+      f"mode='persistent' with blocks={layout.blocks} cannot run interpreted (Pallas' GPU "
+      "interpreter has no semaphores): use mode='per_step' or blocks=1"
+    )
+  device = jax.devices()[0]
+  if device.platform == 'gpu' and layout.blocks > device.core_count:
+    raise ValueError(
+      f'blocks={layout.blocks} exceeds the {device.core_count} SMs of {device.device_kind}: '
+      'the persistent grid must be resident at once'
+    )
+
+
+def persistent_lstm_forward(
+  projected: jax.Array,
+  recurrent_kernel: jax.Array,
+  h0: jax.Array,
+  c0: jax.Array,
+  *,
+  cap_input_gate: bool = False,
+  blocks: int | None = None,
+  mode: str = 'persistent',
+  interpret: Any = None,
+):
+  """The LSTM's forward pass over a window in one persistent kernel.
+
+  Args:
+    projected: P_t = x_t W + b for every step, (T, B, 4n), gate order i, f, j, o.
+    recurrent_kernel: U, (n, 4n); multiplied in bfloat16.
+    h0, c0: the carry, each (B, n); B at most 64.
+    cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
+    blocks: the grid's blocks G (None: one per 8 units of n padded to 32).
+    mode: 'persistent', 'per_step' or 'no_barrier' (wrong answers with
+      G > 1: timing only); the module's docstring says what each launches.
+    interpret: None compiles for the GPU; Pallas' Mosaic GPU interpreter
+      params (`jax._src.pallas.mosaic_gpu.interpret.params.InterpretGPUParams`,
+      not public in jax 0.10) run it on any backend.
+
+  Returns:
+    ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)), all float32.
+  """
+  _check_args(projected, recurrent_kernel, h0, c0, mode)
+  steps, batch, width = projected.shape
+  n = width // GATES
+  layout = layout_for(batch, n, blocks)
+  _check_blocks_run(layout, mode, interpret)
+  p = _by_blocks(projected.astype(jnp.float32), layout, (steps, layout.rows))
+  u = _by_blocks(recurrent_kernel.astype(jnp.bfloat16), layout, (layout.units,))
+  h, c = _padded(h0, layout, jnp.bfloat16), _padded(c0, layout, jnp.float32)
+  if mode == 'per_step':
+    kernel = _kernel(layout, 1, cap_input_gate, False, interpret)
+
+    def step(carry, p_t):
+      hs, history, c = kernel(p_t[None], u, *carry)
+      return (history[0], c), hs[0]
+
+    (_, c), hs = jax.lax.scan(step, (h, c), p)
+  else:
+    barrier = mode == 'persistent'
+    hs, _, c = _kernel(layout, steps, cap_input_gate, barrier, interpret)(p, u, h, c)
+  hs = hs[:, :batch, :n]
+  return (c[:batch, :n], hs[-1]), hs

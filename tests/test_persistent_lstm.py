@@ -1,0 +1,138 @@
+"""The persistent Mosaic GPU LSTM kernel, without a GPU: run in Pallas' GPU
+interpreter (TMA copies, wgmma, shared memory simulated) against the
+`lax.scan` reference with bfloat16 products, as one block over a whole
+window and as two blocks a step per launch (the interpreter has no
+semaphores); the multi-block persistent form, semaphore and all, lowered
+for CUDA through `jax.export`. On a GPU, benchmarks/persistent_probe.py
+checks and times it."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lm_zoo.cells.lstm_recurrence import lstm_recurrence
+from lm_zoo.kernels.persistent_lstm import Layout, layout_for, persistent_lstm_forward
+
+# Not public in jax 0.10: the library takes the params from its caller.
+params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
+INTERPRET = params.InterpretGPUParams()
+
+T, B, N = 4, 3, 24  # padded to 64 rows and 32 units
+
+
+def _inputs(seed, steps=T, batch=B, n=N):
+  rng = np.random.default_rng(seed)
+  as32 = lambda a: jnp.asarray(a, jnp.float32)
+  return (
+    as32(rng.normal(size=(steps, batch, 4 * n))),
+    as32(0.3 * rng.normal(size=(n, 4 * n))),
+    as32(np.tanh(rng.normal(size=(batch, n)))),
+    as32(rng.normal(size=(batch, n))),
+  )
+
+
+def _reference(projected, kernel, h0, c0, cap):
+  (c, h), hs = lstm_recurrence(projected, kernel, (c0, h0), dtype=jnp.bfloat16, cap_input_gate=cap)
+  return (c, h), hs
+
+
+def _assert_close(got, want, tol=2e-5):
+  for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(got_part, want_part, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize('cap', [False, True])
+def test_one_block_runs_the_whole_window_as_the_reference(cap):
+  args = _inputs(0)
+  got = persistent_lstm_forward(*args, cap_input_gate=cap, blocks=1, interpret=INTERPRET)
+  _assert_close(got, _reference(*args, cap))
+
+
+@pytest.mark.parametrize('cap', [False, True])
+def test_two_blocks_a_step_per_launch_are_the_reference(cap):
+  """Each block's slices of U, P, c and h (16 of 32 padded units)."""
+  args = _inputs(1, steps=3)
+  got = persistent_lstm_forward(
+    *args, cap_input_gate=cap, blocks=2, mode='per_step', interpret=INTERPRET
+  )
+  _assert_close(got, _reference(*args, cap))
+
+
+def test_the_default_grid_of_four_blocks_pads_odd_sizes():
+  """n = 20 and batch 5: 32 units in 4 blocks of 8, 64 rows."""
+  args = _inputs(2, steps=2, batch=5, n=20)
+  got = persistent_lstm_forward(*args, mode='per_step', interpret=INTERPRET)
+  assert got[1].shape == (2, 5, 20)
+  _assert_close(got, _reference(*args, False))
+
+
+def test_the_comparison_catches_a_wrong_gate_order():
+  """The same inputs with the i and j gates' columns swapped (P and U
+  alike) give outputs far outside the tolerance."""
+  projected, kernel, h0, c0 = _inputs(3)
+  swap = lambda a: jnp.concatenate(
+    [a[..., 2 * N : 3 * N], a[..., N : 2 * N], a[..., :N], a[..., 3 * N :]], -1
+  )
+  got = persistent_lstm_forward(
+    swap(projected), swap(kernel), h0, c0, blocks=1, interpret=INTERPRET
+  )
+  with pytest.raises(AssertionError):
+    _assert_close(got, _reference(projected, kernel, h0, c0, False), tol=1e-2)
+
+
+def test_the_recipe_layout_fits_an_sm():
+  """Hidden 951, batch 64: 120 blocks of 8 units (an H100 has 132 SMs) and
+  193 KiB of shared memory a block (227 KiB allowed)."""
+  layout = layout_for(64, 951)
+  assert layout == Layout(rows=64, units=960, blocks=120) and layout.block_units == 8
+  assert layout.smem_bytes == 2 * 960 * 32 + 2 * 64 * 960 + 64 * 8 * 26 == 197_632
+  assert layout_for(3, 24, blocks=2) == Layout(rows=64, units=32, blocks=2)
+
+
+@pytest.mark.parametrize(
+  'change, message',
+  [
+    (dict(batch=65), 'batch must be at most 64'),
+    (dict(blocks=4, n=951), 'blocks=4 gives each block 240 of 951 units; at most 64'),
+    (dict(mode='fast'), "mode must be one of persistent, per_step, no_barrier, got 'fast'"),
+    (dict(kernel_n=23), r'recurrent_kernel must be \(n, 4n\)'),
+    (dict(blocks=2), "mode='persistent' with blocks=2 cannot run interpreted"),
+  ],
+)
+def test_refuses_what_it_cannot_run_naming_the_argument(change, message):
+  batch, n = change.get('batch', B), change.get('n', N)
+  projected, kernel, h0, c0 = _inputs(4, steps=1, batch=batch, n=n)
+  if 'kernel_n' in change:
+    kernel = kernel[: change['kernel_n']]
+  run = functools.partial(
+    persistent_lstm_forward, blocks=change.get('blocks'), mode=change.get('mode', 'persistent')
+  )
+  with pytest.raises(ValueError, match=message):
+    run(projected, kernel, h0, c0, interpret=INTERPRET)
+
+
+def _lowered(steps, batch, n, mode):
+  s = jax.ShapeDtypeStruct
+  shapes = [s((steps, batch, 4 * n), jnp.float32), s((n, 4 * n), jnp.float32)]
+  shapes += [s((batch, n), jnp.float32)] * 2
+  run = jax.jit(functools.partial(persistent_lstm_forward, mode=mode, cap_input_gate=True))
+  return jax.export.export(run, platforms=['cuda'])(*shapes).mlir_module()
+
+
+@pytest.mark.parametrize('steps, batch, n', [(70, 64, 951), (2, 3, 24)])
+def test_the_persistent_grid_lowers_for_cuda_with_its_semaphore(steps, batch, n):
+  """Mosaic GPU lowers the kernel without a GPU (its layout inference and
+  the wgmma's operand checks run here): the persistent form has the global
+  semaphore (an int32 scratch; a release add and a polling load), the
+  barrier-free form has neither; the per-step form is a loop of launches."""
+  modes = ('persistent', 'no_barrier', 'per_step')
+  persistent, free, per_step = (_lowered(steps, batch, n, mode) for mode in modes)
+  assert 'stablehlo.while' in per_step and 'stablehlo.while' not in persistent
+  for text in (persistent, free, per_step):
+    assert '@mosaic_gpu' in text and 'tensor<64x' in text
+  assert 'tensor<1xi32>' in persistent and 'red.release' in persistent
+  assert 'ld.relaxed' in persistent
+  assert 'tensor<1xi32>' not in free and 'red.release' not in free
