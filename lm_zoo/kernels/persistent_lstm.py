@@ -132,19 +132,20 @@ def layout_for(batch: int, hidden: int, blocks: int | None = None) -> Layout:
   return layout
 
 
-def _swizzled(shape, dtype):
+def swizzled(shape, dtype):
   transforms = (plgpu.TilingTransform((8, K_MULTIPLE)), plgpu.SwizzleTransform(SWIZZLE))
   return plgpu.SMEM(shape, dtype, transforms=transforms)
 
 
-def _copy_in(src, dst, barrier):
+def copy_in(src, dst, barrier):
   plgpu.copy_gmem_to_smem(src, dst, barrier)
   plgpu.barrier_wait(barrier)
 
 
 def _cell_step(h_s, u_s, p_s, c_s, layout: Layout, cap_input_gate: bool):
   """gates = P_t + h_{t-1} U on the tensor cores, then the cell update:
-  c_t into `c_s`, h_t returned (float32)."""
+  c_t into `c_s`; returns the activations (σ(i), σ(f), tanh(j), σ(o)) and
+  h_t (float32)."""
 
   def product(acc):
     plgpu.wgmma(acc, h_s, u_s)
@@ -152,19 +153,22 @@ def _cell_step(h_s, u_s, p_s, c_s, layout: Layout, cap_input_gate: bool):
 
   gates = pl.run_scoped(product, plgpu.ACC((layout.rows, GATES * layout.block_units))) + p_s[...]
   u = layout.block_units
-  _, c, h = gate_update(
+  acts, c, h = gate_update(
     [gates[:, k * u : (k + 1) * u] for k in range(GATES)], c_s[...], cap_input_gate
   )
   c_s[...] = c
-  return h
+  return acts, h
 
 
-def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, barrier: bool):
-  p_g, u_g, h0_g, c0_g, hs_g, hist_g, c_g, u_s, h_s, p_s, c_s, h32_s, h16_s, bars = refs
+def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, barrier: bool, saves: bool):
+  outputs = 5 if saves else 3
+  p_g, u_g, h0_g, c0_g = refs[:4]
+  hs_g, hist_g, c_g, *saved_g = refs[4 : 4 + outputs]
+  u_s, h_s, p_s, c_s, h32_s, h16_s, bars, *act_s = refs[4 + outputs :]
   g = jax.lax.axis_index('blocks')
   units = pl.ds(g * layout.block_units, layout.block_units)
-  _copy_in(u_g.at[g], u_s, bars.at[0])
-  _copy_in(c0_g.at[:, units], c_s, bars.at[1])
+  copy_in(u_g.at[g], u_s, bars.at[0])
+  copy_in(c0_g.at[:, units], c_s, bars.at[1])
   # Only a grid of several blocks needs the semaphore; the interpreter has none.
   sem = pl.get_global(plgpu.SemaphoreType.REGULAR) if barrier and layout.blocks > 1 else None
 
@@ -184,12 +188,17 @@ def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, barrier: bool
 
     plgpu.barrier_wait(bars.at[2])
     plgpu.barrier_wait(bars.at[3])
-    h = _cell_step(h_s, u_s, p_s, c_s, layout, cap_input_gate)
+    acts, h = _cell_step(h_s, u_s, p_s, c_s, layout, cap_input_gate)
     h32_s[...] = h
     h16_s[...] = h.astype(jnp.bfloat16)
+    for k, act in enumerate(acts if saves else ()):
+      act_s[0][k] = act
     plgpu.commit_smem()  # the stores above, before TMA reads them
     plgpu.copy_smem_to_gmem(h32_s, hs_g.at[t, :, units])
     plgpu.copy_smem_to_gmem(h16_s, hist_g.at[t, :, units])
+    if saves:  # the activations and c_t, for the backward pass
+      plgpu.copy_smem_to_gmem(act_s[0], saved_g[0].at[t, g])
+      plgpu.copy_smem_to_gmem(c_s, saved_g[1].at[t, :, units])
     plgpu.wait_smem_to_gmem(0)  # written to global memory before the signal
     if sem is not None:
       pl.semaphore_signal(sem)
@@ -198,28 +207,42 @@ def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, barrier: bool
   plgpu.wait_smem_to_gmem(0)
 
 
-def _kernel(layout: Layout, steps: int, cap_input_gate: bool, barrier: bool, interpret: Any):
-  """The kernel of `steps` steps: (P blocks, U blocks, h0, c0) -> (hs, h history, c_T)."""
+def _kernel(
+  layout: Layout, steps: int, cap_input_gate: bool, barrier: bool, saves: bool, interpret
+):
+  """The kernel of `steps` steps: (P blocks, U blocks, h0, c0) -> (hs, h history,
+  c_T), and with `saves` the activations (T, G, 4, 64, u) and c_1..c_T."""
   rows, n, u = layout.rows, layout.units, layout.block_units
   f32, bf16 = jnp.float32, jnp.bfloat16
   body = functools.partial(
-    _body, layout=layout, steps=steps, cap_input_gate=cap_input_gate, barrier=barrier
+    _body,
+    layout=layout,
+    steps=steps,
+    cap_input_gate=cap_input_gate,
+    barrier=barrier,
+    saves=saves,
   )
+  saved = [
+    jax.ShapeDtypeStruct((steps, layout.blocks, GATES, rows, u), f32),
+    jax.ShapeDtypeStruct((steps, rows, n), f32),
+  ]
   return plgpu.kernel(
     body,
     out_type=(
       jax.ShapeDtypeStruct((steps, rows, n), f32),
       jax.ShapeDtypeStruct((steps, rows, n), bf16),
       jax.ShapeDtypeStruct((rows, n), f32),
+      *(saved if saves else ()),
     ),
     scratch_types=[
-      _swizzled((n, GATES * u), bf16),
-      _swizzled((rows, n), bf16),
+      swizzled((n, GATES * u), bf16),
+      swizzled((rows, n), bf16),
       plgpu.SMEM((rows, GATES * u), f32),
       plgpu.SMEM((rows, u), f32),
       plgpu.SMEM((rows, u), f32),
       plgpu.SMEM((rows, u), bf16),
       plgpu.Barrier(num_barriers=4),
+      *([plgpu.SMEM((GATES, rows, u), f32)] if saves else ()),
     ],
     grid=(layout.blocks,),
     grid_names=('blocks',),
@@ -228,7 +251,7 @@ def _kernel(layout: Layout, steps: int, cap_input_gate: bool, barrier: bool, int
   )
 
 
-def _by_blocks(gates, layout: Layout, lead_sizes):
+def by_blocks(gates, layout: Layout, lead_sizes):
   """(..., L, 4n) gate-major columns -> (..., G, L', 4u): block g's four gates'
   columns of its units contiguous, each leading axis zero-padded to `lead_sizes`."""
   *lead, width = gates.shape
@@ -241,7 +264,7 @@ def _by_blocks(gates, layout: Layout, lead_sizes):
   return split.reshape(*split.shape[:-2], GATES * layout.block_units)
 
 
-def _padded(state, layout: Layout, dtype):
+def padded(state, layout: Layout, dtype):
   batch, n = state.shape
   return jnp.pad(state, ((0, layout.rows - batch), (0, layout.units - n))).astype(dtype)
 
@@ -261,7 +284,7 @@ def _check_args(projected, recurrent_kernel, h0, c0, mode: str):
       raise ValueError(f'{name} must be (B, n) = {(batch, width // GATES)}, got {state.shape}')
 
 
-def _check_blocks_run(layout: Layout, mode: str, interpret: Any):
+def check_blocks_run(layout: Layout, mode: str, interpret: Any):
   """Refuses a persistent grid that cannot run: interpreted (no semaphores),
   or with more blocks than the GPU's SMs (all must be resident, or it hangs)."""
   if mode != 'persistent' or layout.blocks == 1:
@@ -279,6 +302,30 @@ def _check_blocks_run(layout: Layout, mode: str, interpret: Any):
     )
 
 
+def _run(p, u, h, c, layout: Layout, cap_input_gate: bool, mode: str, saves: bool, interpret):
+  """The kernel(s) of `mode` over the re-laid-out window: (hs, c_T, *saved)."""
+  if mode != 'per_step':
+    steps = p.shape[0]
+    kernel = _kernel(layout, steps, cap_input_gate, mode == 'persistent', saves, interpret)
+    hs, _, c, *saved = kernel(p, u, h, c)
+    return hs, c, *saved
+  kernel = _kernel(layout, 1, cap_input_gate, False, saves, interpret)
+
+  def step(carry, p_t):
+    hs, history, c, *saved = kernel(p_t[None], u, *carry)
+    return (history[0], c), (hs[0], *(a[0] for a in saved))
+
+  (_, c), (hs, *saved) = jax.lax.scan(step, (h, c), p)
+  return hs, c, *saved
+
+
+def unblocked_gates(blocked, batch: int, n: int):
+  """(..., G, 4, rows, u) by blocks -> (..., B, 4n) gate-major, unpadded."""
+  *lead, blocks, gates, rows, u = blocked.shape
+  split = jnp.moveaxis(blocked, -4, -2).reshape(*lead, gates, rows, blocks * u)
+  return jnp.moveaxis(split[..., :batch, :n], -3, -2).reshape(*lead, batch, gates * n)
+
+
 def persistent_lstm_forward(
   projected: jax.Array,
   recurrent_kernel: jax.Array,
@@ -289,6 +336,7 @@ def persistent_lstm_forward(
   blocks: int | None = None,
   mode: str = 'persistent',
   interpret: Any = None,
+  residuals: bool = False,
 ):
   """The LSTM's forward pass over a window in one persistent kernel.
 
@@ -303,28 +351,30 @@ def persistent_lstm_forward(
     interpret: None compiles for the GPU; Pallas' Mosaic GPU interpreter
       params (`jax._src.pallas.mosaic_gpu.interpret.params.InterpretGPUParams`,
       not public in jax 0.10) run it on any backend.
+    residuals: also return what the backward pass needs (two more writes a
+      step: 4u + u columns a block).
 
   Returns:
-    ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)), all float32.
+    ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)), all float32; with
+    `residuals` a third item (activations [σ(i), σ(f), tanh(j), σ(o)] of
+    shape (T, B, 4n), cell states c_1..c_T of shape (T, B, n)).
   """
   _check_args(projected, recurrent_kernel, h0, c0, mode)
   steps, batch, width = projected.shape
   n = width // GATES
   layout = layout_for(batch, n, blocks)
-  _check_blocks_run(layout, mode, interpret)
-  p = _by_blocks(projected.astype(jnp.float32), layout, (steps, layout.rows))
-  u = _by_blocks(recurrent_kernel.astype(jnp.bfloat16), layout, (layout.units,))
-  h, c = _padded(h0, layout, jnp.bfloat16), _padded(c0, layout, jnp.float32)
-  if mode == 'per_step':
-    kernel = _kernel(layout, 1, cap_input_gate, False, interpret)
-
-    def step(carry, p_t):
-      hs, history, c = kernel(p_t[None], u, *carry)
-      return (history[0], c), hs[0]
-
-    (_, c), hs = jax.lax.scan(step, (h, c), p)
-  else:
-    barrier = mode == 'persistent'
-    hs, _, c = _kernel(layout, steps, cap_input_gate, barrier, interpret)(p, u, h, c)
+  if residuals and layout.smem_bytes + 16 * layout.rows * layout.block_units > SMEM_BYTES:
+    raise ValueError(
+      f'residuals=True at hidden={n} needs more than {SMEM_BYTES} bytes of shared memory'
+    )
+  check_blocks_run(layout, mode, interpret)
+  p = by_blocks(projected.astype(jnp.float32), layout, (steps, layout.rows))
+  u = by_blocks(recurrent_kernel.astype(jnp.bfloat16), layout, (layout.units,))
+  h, c = padded(h0, layout, jnp.bfloat16), padded(c0, layout, jnp.float32)
+  hs, c, *saved = _run(p, u, h, c, layout, cap_input_gate, mode, residuals, interpret)
   hs = hs[:, :batch, :n]
-  return (c[:batch, :n], hs[-1]), hs
+  out = (c[:batch, :n], hs[-1]), hs
+  if not residuals:
+    return out
+  acts, cs = saved
+  return (*out, (unblocked_gates(acts, batch, n), cs[:, :batch, :n]))
