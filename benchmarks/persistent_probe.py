@@ -1,5 +1,6 @@
-"""The persistent Mosaic GPU LSTM kernel (lm_zoo.kernels.persistent_lstm) on a
-GPU: is it right, and how fast is one window's forward pass beside XLA's and
+"""The persistent Mosaic GPU LSTM kernels (lm_zoo.kernels.persistent_lstm and
+persistent_lstm_backward) on a GPU: are they right, and how fast are one
+window's forward pass, and its forward and backward passes, beside XLA's and
 cuDNN's?
 
 At the 24M LSTM recipe's size (hidden 951, batch 64, 70 steps; the kernel
@@ -19,8 +20,20 @@ call waited for with `jax.block_until_ready`):
 - cudnn: cuDNN's LSTM layer (`lm_zoo.cells.cudnn_lstm`, float32 or TF32
   products, its input projection included), on NVIDIA GPUs only.
 
-Rows are measured from the surest to the least sure, the persistent kernel
-last, and the JSON (--output) is rewritten after each: a kernel that hangs
+The grad_* rows time a training step's share of the same window: the value
+and gradients (W, b, U, h_0, c_0) of L = Σ_t hs_t ⊙ R (R a fixed random
+cotangent) under one jit, the projection P = x W + b included:
+grad_xla / grad_xla_bf16 (`lstm_recurrence`'s hand-written backward),
+grad_cudnn, and grad_per_step / grad_no_barrier / grad_persistent
+(`lm_zoo.cells.persistent_lstm.persistent_lstm_recurrence`: both passes as
+persistent kernels in that mode). Each is checked against grad_xla_bf16:
+max abs and relative (to the largest |want|) error of each gradient
+(`dW_max_abs_error_vs_bf16`, ...) and `grad_max_rel_error_vs_bf16`, the
+largest relative one. grad_xla's shows how far float32 (TF32) products are
+from bfloat16 ones; a persistent row should be far closer than that.
+
+Rows are measured from the surest to the least sure, the persistent kernel's
+two rows last, and the JSON (--output) is rewritten after each: a kernel that hangs
 (its blocks not all resident) leaves every figure before it. A row that
 fails is left out with its reason (`failed`), and the script then exits with
 an error. --tiny runs it at a tiny size in Pallas' GPU interpreter on any
@@ -28,7 +41,8 @@ machine, the persistent modes in one block (the interpreter has no
 semaphores): a check that the script runs, not a speed.
 
   python benchmarks/persistent_probe.py [--output=runs/persistent_probe.json]
-      [--hidden=951 --batch=64 --steps=70 --blocks=N --runs=20] [--tiny]
+      [--hidden=951 --batch=64 --steps=70 --blocks=N --runs=20 --grad_runs=10]
+      [--tiny]
 """
 
 import functools
@@ -45,13 +59,16 @@ from baselines import failure_reason
 from lm_zoo.cells import LSTMCell
 from lm_zoo.cells.cudnn_lstm import cudnn_lstm_window
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence
+from lm_zoo.cells.persistent_lstm import persistent_lstm_recurrence
 from lm_zoo.kernels.persistent_lstm import layout_for, persistent_lstm_forward
+from lm_zoo.kernels.persistent_lstm_backward import backward_smem_bytes, chunk_for
 
 flags.DEFINE_integer('hidden', 951, 'Hidden size n (the input size too).')
 flags.DEFINE_integer('batch', 64, 'Batch size (at most 64).')
 flags.DEFINE_integer('steps', 70, 'Window length T.')
 flags.DEFINE_integer('blocks', None, "The kernel's blocks (default: one per 8 units).")
-flags.DEFINE_integer('runs', 20, 'Timed runs per row (their median is reported).')
+flags.DEFINE_integer('runs', 20, 'Timed runs per forward row (their median is reported).')
+flags.DEFINE_integer('grad_runs', 10, 'Timed runs per grad_* row.')
 flags.DEFINE_integer('warmup', 3, 'Untimed runs per row after compiling.')
 flags.DEFINE_bool('tiny', False, 'Hidden 24, batch 3, 3 steps, interpreted: checks the script.')
 flags.DEFINE_string('output', 'runs/persistent_probe.json', 'JSON results file.')
@@ -78,29 +95,42 @@ def _inputs(hidden: int, batch: int, steps: int):
   return x, w, b, u, h0, c0
 
 
-def _median_ms(fn, args) -> dict:
+def _median_ms(fn, args, runs: int) -> dict:
   start = time.perf_counter()
   jax.block_until_ready(fn(*args))
   first = time.perf_counter() - start
   for _ in range(FLAGS.warmup):
     jax.block_until_ready(fn(*args))
   times = []
-  for _ in range(FLAGS.runs):
+  for _ in range(runs):
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)
   return {'median_ms': 1e3 * statistics.median(times), 'first_call_s': first}
 
 
+def _max_errors(name: str, got, want) -> dict:
+  diff = float(jnp.max(jnp.abs(got - want)))
+  rel = diff / max(float(jnp.max(jnp.abs(want))), 1e-30)
+  return {f'{name}_max_abs_error': diff, f'{name}_max_rel_error': rel}
+
+
 def _errors(got, want) -> dict:
   """Max abs and relative (to the largest |want|) error of hs and c_T."""
   (c, _), hs = got
   (want_c, _), want_hs = want
+  return {**_max_errors('hs', hs, want_hs), **_max_errors('c', c, want_c)}
+
+
+GRADS = ('dW', 'db', 'dU', 'dh0', 'dc0')
+
+
+def _grad_errors(got, want) -> dict:
+  """Each gradient's max abs and relative error, and the largest relative one."""
   out = {}
-  for name, a, b in (('hs', hs, want_hs), ('c', c, want_c)):
-    diff = float(jnp.max(jnp.abs(a - b)))
-    out[f'{name}_max_abs_error'] = diff
-    out[f'{name}_max_rel_error'] = diff / max(float(jnp.max(jnp.abs(b))), 1e-30)
+  for name, a, b in zip(GRADS, got[1], want[1]):
+    out.update(_max_errors(name, a, b))
+  out['grad_max_rel_error'] = max(out[f'{name}_max_rel_error'] for name in GRADS)
   return out
 
 
@@ -114,42 +144,69 @@ def _cudnn(hidden: int):
     params = {'input': {'kernel': w, 'bias': b}, 'recurrent_kernel': u}
     return cudnn_lstm_window(cell, params, (c0, h0), x)
 
-  return jax.jit(run)
+  return run
+
+
+def _trained(window, cotangent):
+  """(x, W, b, U, h0, c0) -> (L, dL/d(W, b, U, h0, c0)) of L = Σ window's hs ⊙ cotangent."""
+
+  def loss(w, b, u, h0, c0, x):
+    return jnp.sum(window(x, w, b, u, h0, c0)[1] * cotangent)
+
+  grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))
+  return lambda x, w, b, u, h0, c0: grad(w, b, u, h0, c0, x)
 
 
 def _rows(sizes, interpret):
-  """name -> (the function of (x, W, b, U, h0, c0), whether to check it, the
-  kernel's blocks or None), surest first."""
+  """name -> (the function of (x, W, b, U, h0, c0), what it is checked as:
+  'forward', 'grad' or None, the kernel's blocks or None), surest first."""
   project = lambda x, w, b: x @ w + b
-  reference = lambda dtype: (
-    lambda x, w, b, u, h0, c0: lstm_recurrence(project(x, w, b), u, (c0, h0), dtype=dtype)
+  window = lambda recurrence, **kw: (
+    lambda x, w, b, u, h0, c0: recurrence(project(x, w, b), u, (c0, h0), **kw)
   )
+  reference = lambda dtype: window(lstm_recurrence, dtype=dtype)
 
   def kernel(mode, blocks):
     run = functools.partial(persistent_lstm_forward, mode=mode, blocks=blocks, interpret=interpret)
     return lambda x, w, b, u, h0, c0: run(project(x, w, b), u, h0, c0)
 
+  def trained(mode, blocks):
+    recurrence = functools.partial(persistent_lstm_recurrence, interpret=interpret)
+    return window(recurrence, mode=mode, blocks=blocks)
+
+  cotangent = jax.random.normal(
+    jax.random.key(1), (sizes['steps'], sizes['batch'], sizes['hidden'])
+  )
+  grad = lambda fn: None if fn is None else _trained(fn, cotangent)
   # Interpreted, a persistent grid has one block (no semaphores there).
   one = 1 if interpret is not None else FLAGS.blocks
   grid = lambda blocks: layout_for(sizes['batch'], sizes['hidden'], blocks).blocks
   rows = {
-    'input_projection': (lambda x, w, b, *_: project(x, w, b), False, None),
-    'xla': (reference(jnp.float32), False, None),
-    'xla_bf16': (reference(jnp.bfloat16), False, None),
-    'cudnn': (_cudnn(sizes['hidden']), True, None),
-    'per_step': (kernel('per_step', FLAGS.blocks), True, grid(FLAGS.blocks)),
-    'no_barrier': (kernel('no_barrier', one), True, grid(one)),
-    'persistent': (kernel('persistent', one), True, grid(one)),
+    'input_projection': (lambda x, w, b, *_: project(x, w, b), None, None),
+    'xla': (reference(jnp.float32), None, None),
+    'xla_bf16': (reference(jnp.bfloat16), None, None),
+    'cudnn': (_cudnn(sizes['hidden']), 'forward', None),
+    'grad_xla': (grad(reference(jnp.float32)), 'grad', None),
+    'grad_xla_bf16': (grad(reference(jnp.bfloat16)), None, None),
+    'grad_cudnn': (grad(_cudnn(sizes['hidden'])), 'grad', None),
+    'per_step': (kernel('per_step', FLAGS.blocks), 'forward', grid(FLAGS.blocks)),
+    'no_barrier': (kernel('no_barrier', one), 'forward', grid(one)),
+    'grad_per_step': (grad(trained('per_step', FLAGS.blocks)), 'grad', grid(FLAGS.blocks)),
+    'grad_no_barrier': (grad(trained('no_barrier', one)), 'grad', grid(one)),
+    'persistent': (kernel('persistent', one), 'forward', grid(one)),
+    'grad_persistent': (grad(trained('persistent', one)), 'grad', grid(one)),
   }
   return {name: (jax.jit(fn), *rest) for name, (fn, *rest) in rows.items() if fn is not None}
 
 
 def _measure(name, fn, check, blocks, args, wants) -> dict:
-  row = {'row': name, **({'blocks': blocks} if blocks else {}), **_median_ms(fn, args)}
+  runs = FLAGS.grad_runs if name.startswith('grad_') else FLAGS.runs
+  row = {'row': name, **({'blocks': blocks} if blocks else {}), **_median_ms(fn, args, runs)}
   if check:
     got = fn(*args)
-    for ref, want in wants.items():
-      row.update({f'{key}_vs_{ref}': value for key, value in _errors(got, want).items()})
+    errors = _errors if check == 'forward' else _grad_errors
+    for ref, want in wants[check].items():
+      row.update({f'{key}_vs_{ref}': value for key, value in errors(got, want).items()})
   return row
 
 
@@ -160,27 +217,28 @@ def _write(result: dict):
 
 
 def _print_table(result: dict):
-  print(f'{"row":>17} {"median ms":>10} {"us/step":>8} {"hs err vs f32":>14} {"vs bf16":>12}')
+  """The rows; errors: the forward rows' max abs error of hs, the grad rows'
+  largest relative error of a gradient (vs grad_xla_bf16)."""
+  print(
+    f'{"row":>17} {"median ms":>10} {"us/step":>8} {"hs err vs f32":>14} {"vs bf16":>12}', end=''
+  )
+  print(f' {"grad rel err vs bf16":>21}')
   for r in result['results']:
-    errors = [r.get(f'hs_max_abs_error_vs_{ref}') for ref in ('f32', 'bf16')]
-    shown = ' '.join(f'{e:>{w}.2e}' if e is not None else ' ' * w for e, w in zip(errors, (14, 12)))
+    names = [f'hs_max_abs_error_vs_{ref}' for ref in ('f32', 'bf16')]
+    errors = [r.get(name) for name in (*names, 'grad_max_rel_error_vs_bf16')]
+    shown = ' '.join(
+      f'{e:>{w}.2e}' if e is not None else ' ' * w for e, w in zip(errors, (14, 12, 21))
+    )
     per_step = 1e3 * r['median_ms'] / result['sizes']['steps']
     print(f'{r["row"]:>17} {r["median_ms"]:>10.3f} {per_step:>8.2f} {shown}')
   for name, reason in result['failed'].items():
     print(f'{name:>17} failed: {reason}')
 
 
-def main(argv):
-  del argv
-  if FLAGS.tiny:
-    FLAGS.hidden, FLAGS.batch, FLAGS.steps, FLAGS.runs, FLAGS.warmup = 24, 3, 3, 1, 0
-  if not FLAGS.tiny and jax.default_backend() != 'gpu':
-    raise SystemExit('error: the probe times a GPU kernel; --tiny runs it interpreted elsewhere')
-  interpret = _interpret_params() if FLAGS.tiny else None
-  sizes = {'hidden': FLAGS.hidden, 'batch': FLAGS.batch, 'steps': FLAGS.steps}
+def _result(sizes, interpret) -> dict:
   layout = layout_for(FLAGS.batch, FLAGS.hidden, FLAGS.blocks)
   device = jax.devices()[0]
-  result = {
+  return {
     'device': str(device),
     'device_kind': device.device_kind,
     'sm_count': getattr(device, 'core_count', None),
@@ -193,16 +251,31 @@ def main(argv):
       'blocks': layout.blocks,
       'block_units': layout.block_units,
       'smem_bytes': layout.smem_bytes,
+      'backward_chunk': chunk_for(layout),
+      'backward_smem_bytes': backward_smem_bytes(layout, chunk_for(layout)),
     },
     'results': [],
     'failed': {},
   }
+
+
+def main(argv):
+  del argv
+  if FLAGS.tiny:
+    FLAGS.hidden, FLAGS.batch, FLAGS.steps = 24, 3, 3
+    FLAGS.runs, FLAGS.grad_runs, FLAGS.warmup = 1, 1, 0
+  if not FLAGS.tiny and jax.default_backend() != 'gpu':
+    raise SystemExit('error: the probe times a GPU kernel; --tiny runs it interpreted elsewhere')
+  interpret = _interpret_params() if FLAGS.tiny else None
+  sizes = {'hidden': FLAGS.hidden, 'batch': FLAGS.batch, 'steps': FLAGS.steps}
+  result = _result(sizes, interpret)
   args = _inputs(**sizes)
   rows = _rows(sizes, interpret)
   with jax.default_matmul_precision('highest'):  # float32 products exact, not TF32
-    wants = {'f32': rows['xla'][0](*args)}
-  wants['bf16'] = rows['xla_bf16'][0](*args)
-  print(f'{device.device_kind}, jax {jax.__version__}; {sizes}; layout {result["layout"]}')
+    wants = {'forward': {'f32': rows['xla'][0](*args)}}
+  wants['forward']['bf16'] = rows['xla_bf16'][0](*args)
+  wants['grad'] = {'bf16': rows['grad_xla_bf16'][0](*args)}
+  print(f'{result["device_kind"]}, jax {jax.__version__}; {sizes}; layout {result["layout"]}')
   for name, (fn, check, blocks) in rows.items():
     try:
       result['results'].append(_measure(name, fn, check, blocks, args, wants))

@@ -253,9 +253,9 @@ def test_each_row_is_compared_with_the_fastest_pytorch_row_of_its_dtype():
 
 
 def test_persistent_probe_checks_and_times_every_row_interpreted(tmp_path):
-  """benchmarks/persistent_probe.py --tiny: the kernel's modes interpreted
-  (one block for the persistent ones), each checked against the reference;
-  cuDNN's row is left out on a CPU."""
+  """benchmarks/persistent_probe.py --tiny: the kernels' modes interpreted
+  (one block for the persistent ones), forward and forward plus backward,
+  each checked against the reference; cuDNN's rows are left out on a CPU."""
   output = tmp_path / 'probe.json'
   script = [sys.executable, str(REPO / 'benchmarks' / 'persistent_probe.py')]
   subprocess.run([*script, '--tiny', f'--output={output}'], check=True, capture_output=True)
@@ -267,12 +267,23 @@ def test_persistent_probe_checks_and_times_every_row_interpreted(tmp_path):
     'input_projection',
     'xla',
     'xla_bf16',
+    'grad_xla',
+    'grad_xla_bf16',
     'per_step',
     'no_barrier',
+    'grad_per_step',
+    'grad_no_barrier',
     'persistent',
+    'grad_persistent',
   ]
-  assert [rows[r]['blocks'] for r in ('per_step', 'no_barrier', 'persistent')] == [4, 1, 1]
-  for name in ('per_step', 'no_barrier', 'persistent'):
+  kernels = ('per_step', 'no_barrier', 'persistent')
+  assert [rows[r]['blocks'] for r in kernels] == [4, 1, 1]
+  assert [rows[f'grad_{r}']['blocks'] for r in kernels] == [4, 1, 1]
+  for name in kernels:
     assert rows[name]['hs_max_abs_error_vs_bf16'] < 1e-5
     assert 1e-5 < rows[name]['hs_max_abs_error_vs_f32'] < 1e-2  # bfloat16 products
+    grads = rows[f'grad_{name}']
+    assert grads['grad_max_rel_error_vs_bf16'] < 1e-5
+    assert grads['grad_max_rel_error_vs_bf16'] >= grads['dU_max_rel_error_vs_bf16']
+  assert 1e-4 < rows['grad_xla']['grad_max_rel_error_vs_bf16'] < 3e-2  # float32 products
   assert all(row['median_ms'] > 0 for row in rows.values())

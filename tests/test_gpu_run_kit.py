@@ -161,7 +161,8 @@ def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit)
 
 def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
   """The `persistent` part: benchmarks/persistent_probe.py --tiny, each of the
-  kernel's modes interpreted against the reference (cuDNN's row left out)."""
+  kernels' modes interpreted against the reference, forward and forward plus
+  backward (cuDNN's rows left out)."""
   result = json.loads((kit / 'persistent_probe.json').read_text())
   assert result['interpreted'] and not result['failed']
   rows = {row['row']: row for row in result['results']}
@@ -169,11 +170,17 @@ def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
     'input_projection',
     'xla',
     'xla_bf16',
+    'grad_xla',
+    'grad_xla_bf16',
     'per_step',
     'no_barrier',
+    'grad_per_step',
+    'grad_no_barrier',
     'persistent',
+    'grad_persistent',
   }
   assert rows['persistent']['hs_max_abs_error_vs_bf16'] < 1e-5
+  assert rows['grad_persistent']['grad_max_rel_error_vs_bf16'] < 1e-5
   assert 'persistent ' in (kit / 'persistent_probe.txt').read_text()
 
 
