@@ -5,5 +5,7 @@ what they share is in `common`. The windows that run them and their
 hand-written backward passes are in `lm_zoo.cells` (`pallas_lstm`,
 `pallas_mogrifier`, `pallas_alstm`), chosen by `scan='pallas'`.
 `persistent_lstm` runs the LSTM's forward pass over a whole window as one
-persistent Mosaic GPU kernel (Hopper), for a speed probe
-(benchmarks/persistent_probe.py); no `scan=` takes it yet."""
+persistent Mosaic GPU kernel (Hopper), `persistent_lstm_backward` its
+backward chain as another; `lm_zoo.cells.persistent_lstm` differentiates
+the window with both. A speed probe (benchmarks/persistent_probe.py); no
+`scan=` takes them yet."""

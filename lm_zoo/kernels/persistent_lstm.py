@@ -41,6 +41,12 @@ chunks of K, which this first form does not do. Mosaic GPU's Lane lowering
 semantics could not match the accumulator's layout with P's ("Incompatible
 FragmentedArray layouts"); the Warpgroup semantics infer the layouts.
 
+With `residuals` the kernel also writes, a step, what the backward pass
+(`persistent_lstm_backward`) needs: the block's activations [σ(i), σ(f),
+tanh(j), σ(o)] (by blocks: (T, G, 4, 64, u); the wrapper returns them
+gate-major) and its c_t; 8 KiB more shared memory a block at u = 8. Without
+it the kernel is the plain forward above.
+
 Modes (`MODES`): 'persistent' is the kernel above (with one block it needs
 no semaphore); 'per_step' launches the same kernel once a step (the launch
 boundary is the barrier: correct without the semaphore, and what runs in
