@@ -11,7 +11,10 @@ abs and relative error of the outputs h_1..h_T and of c_T),
 then times a window's forward pass (median of --runs after --warmup, each
 call waited for with `jax.block_until_ready`):
 
-- persistent: the one-launch kernel with its semaphore barrier a step;
+- persistent: the one-launch kernel with its barrier a step (a semaphore
+  and proxy fences, `lm_zoo.kernels.grid_barrier`);
+- unfenced: the same without the proxy fences (if its answers are right,
+  what the fences cost; if wrong, they were needed);
 - no_barrier: the same without the barrier (wrong answers: what it costs);
 - per_step: the same kernel launched once a step (the launch is the barrier);
 - xla / xla_bf16: `lstm_recurrence` under jit, float32 (JAX's default
@@ -33,7 +36,7 @@ largest relative one. grad_xla's shows how far float32 (TF32) products are
 from bfloat16 ones; a persistent row should be far closer than that.
 
 Rows are measured from the surest to the least sure, the persistent kernel's
-two rows last, and the JSON (--output) is rewritten after each: a kernel that hangs
+rows last, and the JSON (--output) is rewritten after each: a kernel that hangs
 (its blocks not all resident) leaves every figure before it. A row that
 fails is left out with its reason (`failed`), and the script then exits with
 an error. --tiny runs it at a tiny size in Pallas' GPU interpreter on any
@@ -193,6 +196,7 @@ def _rows(sizes, interpret):
     'no_barrier': (kernel('no_barrier', one), 'forward', grid(one)),
     'grad_per_step': (grad(trained('per_step', FLAGS.blocks)), 'grad', grid(FLAGS.blocks)),
     'grad_no_barrier': (grad(trained('no_barrier', one)), 'grad', grid(one)),
+    'unfenced': (kernel('unfenced', one), 'forward', grid(one)),
     'persistent': (kernel('persistent', one), 'forward', grid(one)),
     'grad_persistent': (grad(trained('persistent', one)), 'grad', grid(one)),
   }

@@ -52,11 +52,12 @@
 # SEEDS_SIZE=large (or small) trains that Zaremba recipe instead, into
 # zaremba_large/ (SEEDS_ARGS='--seeds=2', say: it is 5 times the medium's
 # products a token and 55 epochs, so its curve as far as MINUTES reach).
-# `persistent` checks and times the persistent Mosaic GPU LSTM kernel
-# (lm_zoo.kernels.persistent_lstm: one launch a window, a semaphore barrier a
-# step) against XLA's window and cuDNN's at the 24M LSTM's size
+# `persistent` checks and times the persistent Mosaic GPU LSTM kernels, forward
+# and backward (lm_zoo.kernels.persistent_lstm, persistent_lstm_backward: one
+# launch a window each way, a barrier across the grid a step) in each mode
+# against XLA's window and cuDNN's at the 24M LSTM's size
 # (benchmarks/persistent_probe.py: persistent_probe.json, persistent_probe.txt;
-# under `timeout 120`, as a kernel whose blocks wait for each other may hang,
+# under `timeout 240`, as a kernel whose blocks wait for each other may hang,
 # and its JSON keeps every row measured before).
 # `dyneval` and `mogrifier24m` run the seed studies of
 # experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
@@ -320,7 +321,7 @@ part_seeds() {
       | tee "$OUT/zaremba_$size.txt" || failed+=("zaremba_$size")
 }
 part_persistent() {
-  timeout 120 "$PYTHON" benchmarks/persistent_probe.py --output="$OUT/persistent_probe.json" \
+  timeout 240 "$PYTHON" benchmarks/persistent_probe.py --output="$OUT/persistent_probe.json" \
       ${persistent[@]+"${persistent[@]}"} 2>&1 | tee "$OUT/persistent_probe.txt" \
       || failed+=(persistent_probe)
 }

@@ -273,12 +273,14 @@ def test_persistent_probe_checks_and_times_every_row_interpreted(tmp_path):
     'no_barrier',
     'grad_per_step',
     'grad_no_barrier',
+    'unfenced',
     'persistent',
     'grad_persistent',
   ]
   kernels = ('per_step', 'no_barrier', 'persistent')
   assert [rows[r]['blocks'] for r in kernels] == [4, 1, 1]
   assert [rows[f'grad_{r}']['blocks'] for r in kernels] == [4, 1, 1]
+  assert rows['unfenced']['hs_max_abs_error_vs_bf16'] < 1e-5
   for name in kernels:
     assert rows[name]['hs_max_abs_error_vs_bf16'] < 1e-5
     assert 1e-5 < rows[name]['hs_max_abs_error_vs_f32'] < 1e-2  # bfloat16 products

@@ -176,6 +176,7 @@ def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
     'no_barrier',
     'grad_per_step',
     'grad_no_barrier',
+    'unfenced',
     'persistent',
     'grad_persistent',
   }

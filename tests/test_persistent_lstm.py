@@ -97,7 +97,10 @@ def test_the_recipe_layout_fits_an_sm():
   [
     (dict(batch=65), 'batch must be at most 64'),
     (dict(blocks=4, n=951), 'blocks=4 gives each block 240 of 951 units; at most 64'),
-    (dict(mode='fast'), "mode must be one of persistent, per_step, no_barrier, got 'fast'"),
+    (
+      dict(mode='fast'),
+      "mode must be one of persistent, unfenced, per_step, no_barrier, got 'fast'",
+    ),
     (dict(kernel_n=23), r'recurrent_kernel must be \(n, 4n\)'),
     (dict(blocks=2), "mode='persistent' with blocks=2 cannot run interpreted"),
   ],
@@ -114,6 +117,9 @@ def test_refuses_what_it_cannot_run_naming_the_argument(change, message):
     run(projected, kernel, h0, c0, interpret=INTERPRET)
 
 
+FENCE = 'fence.proxy.async.global'
+
+
 def _lowered(steps, batch, n, mode):
   s = jax.ShapeDtypeStruct
   shapes = [s((steps, batch, 4 * n), jnp.float32), s((n, 4 * n), jnp.float32)]
@@ -127,12 +133,15 @@ def test_the_persistent_grid_lowers_for_cuda_with_its_semaphore(steps, batch, n)
   """Mosaic GPU lowers the kernel without a GPU (its layout inference and
   the wgmma's operand checks run here): the persistent form has the global
   semaphore (an int32 scratch; a release add and a polling load), the
-  barrier-free form has neither; the per-step form is a loop of launches."""
-  modes = ('persistent', 'no_barrier', 'per_step')
-  persistent, free, per_step = (_lowered(steps, batch, n, mode) for mode in modes)
+  barrier-free form has neither; the per-step form is a loop of launches.
+  The unfenced form has the semaphore without the proxy fences that the
+  persistent one issues after its writes and after its wait."""
+  modes = ('persistent', 'unfenced', 'no_barrier', 'per_step')
+  persistent, unfenced, free, per_step = (_lowered(steps, batch, n, mode) for mode in modes)
   assert 'stablehlo.while' in per_step and 'stablehlo.while' not in persistent
   for text in (persistent, free, per_step):
     assert '@mosaic_gpu' in text and 'tensor<64x' in text
   assert 'tensor<1xi32>' in persistent and 'red.release' in persistent
   assert 'ld.relaxed' in persistent
   assert 'tensor<1xi32>' not in free and 'red.release' not in free
+  assert FENCE in persistent and 'red.release' in unfenced and FENCE not in unfenced

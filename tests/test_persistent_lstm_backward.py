@@ -162,7 +162,10 @@ def test_the_recipe_layout_fits_an_sm_backward():
 @pytest.mark.parametrize(
   'change, message',
   [
-    (dict(mode='fast'), "mode must be one of persistent, per_step, no_barrier, got 'fast'"),
+    (
+      dict(mode='fast'),
+      "mode must be one of persistent, unfenced, per_step, no_barrier, got 'fast'",
+    ),
     (dict(chunk=48), 'chunk must be a multiple of 32 dividing 128, got 48'),
     (dict(blocks=2), "mode='persistent' with blocks=2 cannot run interpreted"),
     (dict(wrong='forget'), r'forget must be \(3, 3, 24\)'),
@@ -189,6 +192,9 @@ def test_the_window_refuses_a_persistent_grid_interpreted():
     persistent_lstm_recurrence(args[0], args[1], (args[2], args[3]), blocks=2, interpret=INTERPRET)
 
 
+FENCE = 'fence.proxy.async.global'
+
+
 def _lowered_backward(steps, batch, n, mode):
   s, f32 = jax.ShapeDtypeStruct, jnp.float32
   shapes = [s((steps, batch, n), f32), s((steps, batch, 4 * n), f32)]
@@ -202,15 +208,20 @@ def test_the_persistent_backward_lowers_for_cuda_with_its_semaphore(steps, batch
   """Mosaic GPU lowers it without a GPU (layout inference, the wgmma
   operand checks, the transposed U operand): the persistent form has the
   global semaphore (an int32 scratch; a release add and a polling load),
-  the barrier-free form neither; the per-step form is a loop of launches."""
-  modes = ('persistent', 'no_barrier', 'per_step')
-  persistent, free, per_step = (_lowered_backward(steps, batch, n, mode) for mode in modes)
+  the barrier-free form neither; the per-step form is a loop of launches.
+  The unfenced form has the semaphore without the proxy fences that the
+  persistent one issues after its writes and after its wait."""
+  modes = ('persistent', 'unfenced', 'no_barrier', 'per_step')
+  persistent, unfenced, free, per_step = (
+    _lowered_backward(steps, batch, n, mode) for mode in modes
+  )
   assert 'stablehlo.while' in per_step and 'stablehlo.while' not in persistent
   for text in (persistent, free, per_step):
     assert '@mosaic_gpu' in text and 'tensor<64x' in text
   assert 'tensor<1xi32>' in persistent and 'red.release' in persistent
   assert 'ld.relaxed' in persistent
   assert 'tensor<1xi32>' not in free and 'red.release' not in free
+  assert FENCE in persistent and 'red.release' in unfenced and FENCE not in unfenced
 
 
 def test_the_windows_gradient_lowers_for_cuda_as_two_persistent_kernels():

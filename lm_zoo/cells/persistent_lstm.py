@@ -114,7 +114,7 @@ def persistent_lstm_recurrence(
     carry: (c_0, h_0), each (B, n); B at most 64.
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
     blocks: the grid's blocks G (None: one per 8 units of n padded to 32).
-    mode: 'persistent', 'per_step' or 'no_barrier' (timing only), both
+    mode: 'persistent', 'unfenced', 'per_step' or 'no_barrier' (timing only), both
       passes (`lm_zoo.kernels.persistent_lstm`).
     interpret: None compiles for the GPU; Pallas' Mosaic GPU interpreter
       params run it on any backend.

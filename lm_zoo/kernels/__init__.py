@@ -6,6 +6,7 @@ hand-written backward passes are in `lm_zoo.cells` (`pallas_lstm`,
 `pallas_mogrifier`, `pallas_alstm`), chosen by `scan='pallas'`.
 `persistent_lstm` runs the LSTM's forward pass over a whole window as one
 persistent Mosaic GPU kernel (Hopper), `persistent_lstm_backward` its
-backward chain as another; `lm_zoo.cells.persistent_lstm` differentiates
+backward chain as another, their blocks kept in step by `grid_barrier`;
+`lm_zoo.cells.persistent_lstm` differentiates
 the window with both. A speed probe (benchmarks/persistent_probe.py); no
 `scan=` takes them yet."""

@@ -22,10 +22,10 @@ shared memory by TMA, multiplies it by its U slice on the tensor cores
 (wgmma, a (64, 4u) float32 accumulator), adds its slice of P_t, updates its
 c (kept in shared memory) and writes its h_t slice to the bfloat16 history
 (T, 64, n_pad), which the next step reads, and to the float32 outputs. It
-then waits for its writes and increments a global semaphore; before reading
-h_t, every block waits until the semaphore reaches (t + 1) G (monotonic: it
-is never decremented, and Pallas zeroes it at each launch). Every step has
-its own slot of the history, so no block overwrites what another still reads.
+then waits for its writes and arrives at the grid's barrier, and before
+reading h_t waits there for every block (`grid_barrier`: a global semaphore
+and proxy fences). Every step has its own slot of the history, so no block
+overwrites what another still reads.
 
 Tiles: batch padded to 64 rows (wgmma's M for one warpgroup; at most 64
 rows: 128 would not fit shared memory at the recipes' sizes); both wgmma
@@ -47,12 +47,11 @@ tanh(j), σ(o)] (by blocks: (T, G, 4, 64, u); the wrapper returns them
 gate-major) and its c_t; 8 KiB more shared memory a block at u = 8. Without
 it the kernel is the plain forward above.
 
-Modes (`MODES`): 'persistent' is the kernel above (with one block it needs
-no semaphore); 'per_step' launches the same kernel once a step (the launch
-boundary is the barrier: correct without the semaphore, and what runs in
-Pallas' GPU interpreter with several blocks, which has no semaphores);
-'no_barrier' is the persistent kernel without its semaphore, whose blocks
-race ahead (wrong answers: a probe of what the barrier costs).
+Modes (`grid_barrier.MODES`): 'persistent' is the kernel above (with one
+block it needs no barrier), 'unfenced' the same without the barrier's proxy
+fences, 'per_step' the kernel launched once a step (what runs in Pallas' GPU
+interpreter with several blocks), 'no_barrier' one launch without the
+barrier (wrong answers: a probe of what the barrier costs).
 
 Example::
 
@@ -71,6 +70,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.kernels.common import gate_update
+from lm_zoo.kernels.grid_barrier import check_blocks_run, check_mode, grid_barrier
 
 GATES = 4
 ROWS = 64  # wgmma's M for one warpgroup
@@ -79,7 +79,6 @@ K_MULTIPLE = SWIZZLE // 2
 UNIT_MULTIPLE = 8
 MAX_BLOCK_UNITS = 64  # 4 gates x 64 = 256, wgmma's largest N
 SMEM_BYTES = 227 * 1024
-MODES = ('persistent', 'per_step', 'no_barrier')
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -166,7 +165,7 @@ def _cell_step(h_s, u_s, p_s, c_s, layout: Layout, cap_input_gate: bool):
   return acts, h
 
 
-def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, barrier: bool, saves: bool):
+def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, mode: str, saves: bool):
   outputs = 5 if saves else 3
   p_g, u_g, h0_g, c0_g = refs[:4]
   hs_g, hist_g, c_g, *saved_g = refs[4 : 4 + outputs]
@@ -175,8 +174,7 @@ def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, barrier: bool
   units = pl.ds(g * layout.block_units, layout.block_units)
   copy_in(u_g.at[g], u_s, bars.at[0])
   copy_in(c0_g.at[:, units], c_s, bars.at[1])
-  # Only a grid of several blocks needs the semaphore; the interpreter has none.
-  sem = pl.get_global(plgpu.SemaphoreType.REGULAR) if barrier and layout.blocks > 1 else None
+  sync = grid_barrier(mode, layout.blocks)
 
   @pl.loop(0, steps)
   def _step(t):
@@ -188,8 +186,8 @@ def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, barrier: bool
 
     @pl.when(t > 0)
     def _():
-      if sem is not None:
-        pl.semaphore_wait(sem, value=t * layout.blocks, decrement=False)
+      if sync is not None:
+        sync.wait(t)
       plgpu.copy_gmem_to_smem(hist_g.at[t - 1], h_s, bars.at[3])
 
     plgpu.barrier_wait(bars.at[2])
@@ -206,16 +204,14 @@ def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, barrier: bool
       plgpu.copy_smem_to_gmem(act_s[0], saved_g[0].at[t, g])
       plgpu.copy_smem_to_gmem(c_s, saved_g[1].at[t, :, units])
     plgpu.wait_smem_to_gmem(0)  # written to global memory before the signal
-    if sem is not None:
-      pl.semaphore_signal(sem)
+    if sync is not None:
+      sync.arrive()
 
   plgpu.copy_smem_to_gmem(c_s, c_g.at[:, units])
   plgpu.wait_smem_to_gmem(0)
 
 
-def _kernel(
-  layout: Layout, steps: int, cap_input_gate: bool, barrier: bool, saves: bool, interpret
-):
+def _kernel(layout: Layout, steps: int, cap_input_gate: bool, mode: str, saves: bool, interpret):
   """The kernel of `steps` steps: (P blocks, U blocks, h0, c0) -> (hs, h history,
   c_T), and with `saves` the activations (T, G, 4, 64, u) and c_1..c_T."""
   rows, n, u = layout.rows, layout.units, layout.block_units
@@ -225,7 +221,7 @@ def _kernel(
     layout=layout,
     steps=steps,
     cap_input_gate=cap_input_gate,
-    barrier=barrier,
+    mode=mode,
     saves=saves,
   )
   saved = [
@@ -276,8 +272,7 @@ def padded(state, layout: Layout, dtype):
 
 
 def _check_args(projected, recurrent_kernel, h0, c0, mode: str):
-  if mode not in MODES:
-    raise ValueError(f'mode must be one of {", ".join(MODES)}, got {mode!r}')
+  check_mode(mode)
   if projected.ndim != 3 or projected.shape[0] < 1:
     raise ValueError(f'projected must be (T >= 1, B, 4n), got {projected.shape}')
   steps, batch, width = projected.shape
@@ -290,32 +285,14 @@ def _check_args(projected, recurrent_kernel, h0, c0, mode: str):
       raise ValueError(f'{name} must be (B, n) = {(batch, width // GATES)}, got {state.shape}')
 
 
-def check_blocks_run(layout: Layout, mode: str, interpret: Any):
-  """Refuses a persistent grid that cannot run: interpreted (no semaphores),
-  or with more blocks than the GPU's SMs (all must be resident, or it hangs)."""
-  if mode != 'persistent' or layout.blocks == 1:
-    return
-  if interpret is not None:
-    raise ValueError(
-      f"mode='persistent' with blocks={layout.blocks} cannot run interpreted (Pallas' GPU "
-      "interpreter has no semaphores): use mode='per_step' or blocks=1"
-    )
-  device = jax.devices()[0]
-  if device.platform == 'gpu' and layout.blocks > device.core_count:
-    raise ValueError(
-      f'blocks={layout.blocks} exceeds the {device.core_count} SMs of {device.device_kind}: '
-      'the persistent grid must be resident at once'
-    )
-
-
 def _run(p, u, h, c, layout: Layout, cap_input_gate: bool, mode: str, saves: bool, interpret):
   """The kernel(s) of `mode` over the re-laid-out window: (hs, c_T, *saved)."""
   if mode != 'per_step':
     steps = p.shape[0]
-    kernel = _kernel(layout, steps, cap_input_gate, mode == 'persistent', saves, interpret)
+    kernel = _kernel(layout, steps, cap_input_gate, mode, saves, interpret)
     hs, _, c, *saved = kernel(p, u, h, c)
     return hs, c, *saved
-  kernel = _kernel(layout, 1, cap_input_gate, False, saves, interpret)
+  kernel = _kernel(layout, 1, cap_input_gate, mode, saves, interpret)
 
   def step(carry, p_t):
     hs, history, c, *saved = kernel(p_t[None], u, *carry)
@@ -352,8 +329,8 @@ def persistent_lstm_forward(
     h0, c0: the carry, each (B, n); B at most 64.
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
     blocks: the grid's blocks G (None: one per 8 units of n padded to 32).
-    mode: 'persistent', 'per_step' or 'no_barrier' (wrong answers with
-      G > 1: timing only); the module's docstring says what each launches.
+    mode: 'persistent', 'unfenced', 'per_step' or 'no_barrier' (wrong
+      answers with G > 1: timing only); `grid_barrier` says what each launches.
     interpret: None compiles for the GPU; Pallas' Mosaic GPU interpreter
       params (`jax._src.pallas.mosaic_gpu.interpret.params.InterpretGPUParams`,
       not public in jax 0.10) run it on any backend.
@@ -373,7 +350,7 @@ def persistent_lstm_forward(
     raise ValueError(
       f'residuals=True at hidden={n} needs more than {SMEM_BYTES} bytes of shared memory'
     )
-  check_blocks_run(layout, mode, interpret)
+  check_blocks_run(layout.blocks, mode, interpret)
   p = by_blocks(projected.astype(jnp.float32), layout, (steps, layout.rows))
   u = by_blocks(recurrent_kernel.astype(jnp.bfloat16), layout, (layout.units,))
   h, c = padded(h0, layout, jnp.bfloat16), padded(c0, layout, jnp.float32)

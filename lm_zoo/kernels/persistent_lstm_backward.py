@@ -29,8 +29,8 @@ summed axis, the TMA copy of chunk k+1 in flight while wgmma multiplies
 chunk k, all into one (64, u) float32 accumulator. The block then writes
 its 4u columns of dG_t to a bfloat16 history (T, 64, 4 n_pad), which the
 step before reads, and to the float32 output, waits for the writes, and
-increments the global semaphore; the next step first waits for (r + 1) G
-increments (r: steps done), as the forward does. The summed axis is in the
+arrives at the grid's barrier (`grid_barrier`); the next step first waits
+there for every block, as the forward does. The summed axis is in the
 by-blocks order (block, gate, unit) of the history's columns; U's columns
 are re-laid out alike.
 
@@ -41,9 +41,10 @@ memory per block U's rows 8 x 3840 x 2 = 60 KiB, buffers 2 x 64 x 480 x 2 =
 the whole dG_{t+1}, 480 KiB, a step: 56 MiB of L2 reads a step for the grid,
 four times the forward's (h is n wide, dG 4n).
 
-Modes (`MODES`) as the forward's: 'persistent' (one launch), 'per_step'
-(one launch a step; what runs interpreted with several blocks),
-'no_barrier' (timing only: wrong answers with several blocks).
+Modes (`grid_barrier.MODES`) as the forward's: 'persistent' (one launch),
+'unfenced' (without the barrier's proxy fences), 'per_step' (one launch a
+step; what runs interpreted with several blocks), 'no_barrier' (timing
+only: wrong answers with several blocks).
 
 Example::
 
@@ -63,14 +64,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.kernels.common import product
+from lm_zoo.kernels.grid_barrier import check_blocks_run, check_mode, grid_barrier
 from lm_zoo.kernels.persistent_lstm import (
   GATES,
   K_MULTIPLE,
-  MODES,
   SMEM_BYTES,
   Layout,
   by_blocks,
-  check_blocks_run,
   copy_in,
   layout_for,
   padded,
@@ -144,7 +144,7 @@ def _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next, u: int):
   dc_s[...] = d_c * forget
 
 
-def _body(*refs, layout: Layout, steps: int, chunk: int, barrier: bool, transposed: bool):
+def _body(*refs, layout: Layout, steps: int, chunk: int, mode: str, transposed: bool):
   x_g, ut_g, dg_in_g, dc_g, dg32_g, hist_g, dc0_g = refs[:7]
   ut_s, buf_s, x_s, dc_s, g32_s, g16_s, bars = refs[7:]
   g = jax.lax.axis_index('blocks')
@@ -152,17 +152,17 @@ def _body(*refs, layout: Layout, steps: int, chunk: int, barrier: bool, transpos
   units = pl.ds(g * u, u)
   copy_in(ut_g.at[g], ut_s, bars.at[BUFFERS])
   copy_in(dc_g.at[:, units], dc_s, bars.at[BUFFERS + 1])
-  sem = pl.get_global(plgpu.SemaphoreType.REGULAR) if barrier and layout.blocks > 1 else None
+  sync = grid_barrier(mode, layout.blocks)
 
   @pl.loop(0, steps)
   def _step(r):
     t = steps - 1 - r
     plgpu.copy_gmem_to_smem(x_g.at[t, g], x_s, bars.at[BUFFERS + 2])  # needs no other block
-    if sem is not None:
+    if sync is not None:
 
       @pl.when(r > 0)
       def _():
-        pl.semaphore_wait(sem, value=r * layout.blocks, decrement=False)
+        sync.wait(r)
 
     def next_chunk(k, buffer, bar):
       cols = pl.ds(k * chunk, chunk)
@@ -182,14 +182,14 @@ def _body(*refs, layout: Layout, steps: int, chunk: int, barrier: bool, transpos
     plgpu.copy_smem_to_gmem(g32_s, dg32_g.at[t, g])
     plgpu.copy_smem_to_gmem(g16_s, hist_g.at[t, :, pl.ds(g * GATES * u, GATES * u)])
     plgpu.wait_smem_to_gmem(0)  # written to global memory before the signal
-    if sem is not None:
-      pl.semaphore_signal(sem)
+    if sync is not None:
+      sync.arrive()
 
   plgpu.copy_smem_to_gmem(dc_s, dc0_g.at[:, units])
   plgpu.wait_smem_to_gmem(0)
 
 
-def _kernel(layout: Layout, steps: int, chunk: int, barrier: bool, interpret: Any):
+def _kernel(layout: Layout, steps: int, chunk: int, mode: str, interpret: Any):
   """(factors (T, G, 7, 64, u), U's rows (G, u, 4 n_pad; interpreted
   (G, 4 n_pad, u)), dG_T, d_c_T) -> (dG (T, G, 4, 64, u), dG's bfloat16
   history (T, 64, 4 n_pad), d_c_0)."""
@@ -197,7 +197,7 @@ def _kernel(layout: Layout, steps: int, chunk: int, barrier: bool, interpret: An
   f32, bf16 = jnp.float32, jnp.bfloat16
   transposed = interpret is None
   body = functools.partial(
-    _body, layout=layout, steps=steps, chunk=chunk, barrier=barrier, transposed=transposed
+    _body, layout=layout, steps=steps, chunk=chunk, mode=mode, transposed=transposed
   )
   return plgpu.kernel(
     body,
@@ -226,11 +226,9 @@ def _run(x, ut, dc, layout: Layout, chunk: int, mode: str, interpret: Any):
   """The kernel(s) of `mode` over the re-laid-out factors: (dG by blocks, d_c_0)."""
   dg_in = jnp.zeros((layout.rows, GATES * layout.units), jnp.bfloat16)  # dG_T: none
   if mode != 'per_step':
-    dg, _, dc = _kernel(layout, x.shape[0], chunk, mode == 'persistent', interpret)(
-      x, ut, dg_in, dc
-    )
+    dg, _, dc = _kernel(layout, x.shape[0], chunk, mode, interpret)(x, ut, dg_in, dc)
     return dg, dc
-  kernel = _kernel(layout, 1, chunk, False, interpret)
+  kernel = _kernel(layout, 1, chunk, mode, interpret)
 
   def step(carry, x_t):
     dg, history, dc = kernel(x_t[None], ut, *carry)
@@ -241,8 +239,7 @@ def _run(x, ut, dc, layout: Layout, chunk: int, mode: str, interpret: Any):
 
 
 def _check_args(d_hs, gate_scales, forget, d_c_from_h, recurrent_kernel, d_c_last, d_h_last, mode):
-  if mode not in MODES:
-    raise ValueError(f'mode must be one of {", ".join(MODES)}, got {mode!r}')
+  check_mode(mode)
   if d_hs.ndim != 3 or d_hs.shape[0] < 1:
     raise ValueError(f'd_hs must be (T >= 1, B, n), got {d_hs.shape}')
   steps, batch, n = d_hs.shape
@@ -307,7 +304,7 @@ def persistent_lstm_backward(
     raise ValueError(
       f'hidden={n} needs {needed} bytes of shared memory a block backward (at most {SMEM_BYTES})'
     )
-  check_blocks_run(layout, mode, interpret)
+  check_blocks_run(layout.blocks, mode, interpret)
   # dG_T Uᵀ stands for dL/dh_T: fold it into the last step's output gradient.
   d_hs = jnp.concatenate([d_hs[:-1], (d_hs[-1] + d_h_last)[None]])
   x = _factors_by_blocks([*jnp.split(gate_scales, GATES, -1), forget, d_c_from_h, d_hs], layout)
