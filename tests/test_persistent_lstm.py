@@ -34,9 +34,8 @@ def _inputs(seed, steps=T, batch=B, n=N):
   )
 
 
-def _reference(projected, kernel, h0, c0, cap):
-  (c, h), hs = lstm_recurrence(projected, kernel, (c0, h0), dtype=jnp.bfloat16, cap_input_gate=cap)
-  return (c, h), hs
+def _reference(projected, kernel, h0, c0, cap, mask=None):
+  return lstm_recurrence(projected, kernel, (c0, h0), mask, dtype=jnp.bfloat16, cap_input_gate=cap)
 
 
 def _assert_close(got, want, tol=2e-5):
@@ -51,14 +50,33 @@ def test_one_block_runs_the_whole_window_as_the_reference(cap):
   _assert_close(got, _reference(*args, cap))
 
 
+def _state_mask(seed, batch=B, n=N):
+  """Variational dropout's mask: zeros and 1 / 0.6 (not a bfloat16)."""
+  rng = np.random.default_rng(seed)
+  return jnp.asarray(rng.binomial(1, 0.6, (batch, n)) / 0.6, jnp.float32)
+
+
 @pytest.mark.parametrize('cap', [False, True])
 def test_two_blocks_a_step_per_launch_are_the_reference(cap):
-  """Each block's slices of U, P, c and h (16 of 32 padded units)."""
+  """Each block's slices of U, P, c, h and (capped) the state mask (16 of 32
+  padded units)."""
   args = _inputs(1, steps=3)
+  mask = _state_mask(1) if cap else None
   got = persistent_lstm_forward(
-    *args, cap_input_gate=cap, blocks=2, mode='per_step', interpret=INTERPRET
+    *args, state_mask=mask, cap_input_gate=cap, blocks=2, mode='per_step', interpret=INTERPRET
   )
-  _assert_close(got, _reference(*args, cap))
+  _assert_close(got, _reference(*args, cap, mask))
+
+
+def test_one_block_masks_the_fed_back_state_and_not_the_outputs():
+  """m ⊙ h_{t-1} feeds the product, h_t is output as it is: far from the
+  unmasked window."""
+  args = _inputs(5)
+  mask = _state_mask(5)
+  got = persistent_lstm_forward(*args, state_mask=mask, blocks=1, interpret=INTERPRET)
+  _assert_close(got, _reference(*args, False, mask))
+  with pytest.raises(AssertionError):
+    _assert_close(got, _reference(*args, False), tol=1e-2)
 
 
 def test_the_default_grid_of_four_blocks_pads_odd_sizes():
@@ -85,10 +103,11 @@ def test_the_comparison_catches_a_wrong_gate_order():
 
 def test_the_recipe_layout_fits_an_sm():
   """Hidden 951, batch 64: 120 blocks of 8 units (an H100 has 132 SMs) and
-  193 KiB of shared memory a block (227 KiB allowed)."""
+  195 KiB of shared memory a block, the mask's slice included (227 KiB
+  allowed)."""
   layout = layout_for(64, 951)
   assert layout == Layout(rows=64, units=960, blocks=120) and layout.block_units == 8
-  assert layout.smem_bytes == 2 * 960 * 32 + 2 * 64 * 960 + 64 * 8 * 26 == 197_632
+  assert layout.smem_bytes == 2 * 960 * 32 + 2 * 64 * 960 + 64 * 8 * 30 == 199_680
   assert layout_for(3, 24, blocks=2) == Layout(rows=64, units=32, blocks=2)
 
 
@@ -102,6 +121,7 @@ def test_the_recipe_layout_fits_an_sm():
       "mode must be one of persistent, unfenced, per_step, no_barrier, got 'fast'",
     ),
     (dict(kernel_n=23), r'recurrent_kernel must be \(n, 4n\)'),
+    (dict(mask_n=23), r'state_mask must be \(B, n\) = \(3, 24\)'),
     (dict(blocks=2), "mode='persistent' with blocks=2 cannot run interpreted"),
   ],
 )
@@ -111,7 +131,10 @@ def test_refuses_what_it_cannot_run_naming_the_argument(change, message):
   if 'kernel_n' in change:
     kernel = kernel[: change['kernel_n']]
   run = functools.partial(
-    persistent_lstm_forward, blocks=change.get('blocks'), mode=change.get('mode', 'persistent')
+    persistent_lstm_forward,
+    state_mask=jnp.ones((batch, change['mask_n'])) if 'mask_n' in change else None,
+    blocks=change.get('blocks'),
+    mode=change.get('mode', 'persistent'),
   )
   with pytest.raises(ValueError, match=message):
     run(projected, kernel, h0, c0, interpret=INTERPRET)

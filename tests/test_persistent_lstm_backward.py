@@ -56,8 +56,8 @@ def _chain_inputs(seed, steps=T, batch=B, n=N, cap=False):
   )
 
 
-def _reference_chain(d_hs, scales, forget, d_c_from_h, kernel, d_c_last, d_h_last):
-  """`lstm_recurrence`'s reverse scan: (dG, d_c_0, d_h_0)."""
+def _reference_chain(d_hs, scales, forget, d_c_from_h, kernel, d_c_last, d_h_last, mask=1.0):
+  """`lstm_recurrence`'s reverse scan: (dG, d_c_0, d_h_0), the state masked by `mask`."""
 
   def step(carry, xs):
     d_c, d_h_next = carry
@@ -68,7 +68,7 @@ def _reference_chain(d_hs, scales, forget, d_c_from_h, kernel, d_c_last, d_h_las
       kernel.T.astype(jnp.bfloat16),
       preferred_element_type=jnp.float32,
     )
-    return (d_c * forget_t, d_h_in), d_gates
+    return (d_c * forget_t, d_h_in * mask), d_gates
 
   xs = (d_hs, forget, d_c_from_h, scales)
   (d_c0, d_h0), d_gates = jax.lax.scan(step, (d_c_last, d_h_last), xs, reverse=True)
@@ -80,16 +80,25 @@ def _assert_close(got, want, tol=2e-5):
     np.testing.assert_allclose(got_part, want_part, rtol=tol, atol=tol)
 
 
+def _state_mask(seed, batch=B, n=N):
+  """Variational dropout's mask: zeros and 1 / 0.6 (not a bfloat16)."""
+  rng = np.random.default_rng(seed)
+  return jnp.asarray(rng.binomial(1, 0.6, (batch, n)) / 0.6, jnp.float32)
+
+
 @pytest.mark.parametrize(
-  'blocks, chunk, mode',
-  [(1, 32, 'persistent'), (1, None, 'no_barrier'), (2, 64, 'per_step')],
+  'blocks, chunk, mode, masked',
+  [(1, 32, 'persistent', True), (1, None, 'no_barrier', False), (2, 64, 'per_step', True)],
 )
-def test_the_backward_chain_is_the_reference_reverse_scan(blocks, chunk, mode):
+def test_the_backward_chain_is_the_reference_reverse_scan(blocks, chunk, mode, masked):
   """Chunks of 32 columns: 4 a step through 2 buffers, each refilled; 64:
   2 chunks; None: the whole 128 at once. One block needs no barrier."""
   args = _chain_inputs(0, cap=blocks == 2)
-  got = persistent_lstm_backward(*args, blocks=blocks, chunk=chunk, mode=mode, interpret=INTERPRET)
-  _assert_close(got, _reference_chain(*args))
+  mask = _state_mask(0) if masked else None
+  got = persistent_lstm_backward(
+    *args, state_mask=mask, blocks=blocks, chunk=chunk, mode=mode, interpret=INTERPRET
+  )
+  _assert_close(got, _reference_chain(*args, 1.0 if mask is None else mask))
 
 
 def test_the_chains_comparison_catches_a_wrong_transpose():
@@ -110,34 +119,51 @@ def _window_inputs(seed, steps=T, batch=B, n=N):
   return projected, kernel, c0, h0, _normal(rng, (steps, batch, n))
 
 
-def _gradients(window, projected, kernel, c0, h0, weights):
-  """The values and the gradients (P, U, c_0, h_0) of a loss of hs, c_T and h_T."""
+def _gradients(window, projected, kernel, c0, h0, weights, mask=None):
+  """The values and the gradients (P, U, c_0, h_0 and a mask's) of a loss of
+  hs, c_T and h_T."""
 
-  def loss(projected, kernel, c0, h0):
-    (c, h), hs = window(projected, kernel, (c0, h0))
+  def loss(projected, kernel, c0, h0, mask):
+    (c, h), hs = window(projected, kernel, (c0, h0), mask)
     return jnp.sum(hs * weights) + jnp.sum(0.7 * c) - jnp.sum(0.3 * h), hs
 
-  (value, hs), grads = jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True)(
-    projected, kernel, c0, h0
-  )
+  wrt = (0, 1, 2, 3) if mask is None else (0, 1, 2, 3, 4)
+  (value, hs), grads = jax.value_and_grad(loss, wrt, has_aux=True)(projected, kernel, c0, h0, mask)
   return value, hs, grads
 
 
 @pytest.mark.parametrize(
-  'seed, sizes, blocks, mode, cap',
+  'seed, sizes, blocks, mode, cap, masked',
   [
-    (2, (T, B, N), 1, 'persistent', False),
-    (3, (T, B, N), 1, 'persistent', True),
-    (4, (2, 5, 20), None, 'per_step', True),  # 4 blocks of 8 units, odd sizes
+    (2, (T, B, N), 1, 'persistent', False, False),
+    (3, (T, B, N), 1, 'persistent', True, True),
+    (4, (2, 5, 20), None, 'per_step', True, True),  # 4 blocks of 8 units, odd sizes
   ],
 )
-def test_the_windows_gradients_are_lstm_recurrences(seed, sizes, blocks, mode, cap):
+def test_the_windows_gradients_are_lstm_recurrences(seed, sizes, blocks, mode, cap, masked):
+  """With a state mask, its gradient too (taken in XLA after the kernels)."""
   *args, weights = _window_inputs(seed, *sizes)
+  mask = _state_mask(seed, *sizes[1:]) if masked else None
   window = functools.partial(
     persistent_lstm_recurrence, cap_input_gate=cap, blocks=blocks, mode=mode, interpret=INTERPRET
   )
   reference = functools.partial(lstm_recurrence, dtype=jnp.bfloat16, cap_input_gate=cap)
-  _assert_close(_gradients(window, *args, weights), _gradients(reference, *args, weights))
+  _assert_close(
+    _gradients(window, *args, weights, mask), _gradients(reference, *args, weights, mask)
+  )
+
+
+def test_the_gradients_comparison_catches_an_ignored_mask():
+  """The masked window's values and gradients are far from the unmasked
+  reference's, and a mask of ones gives the unmasked window's."""
+  *args, weights = _window_inputs(8)
+  window = functools.partial(persistent_lstm_recurrence, blocks=1, interpret=INTERPRET)
+  reference = functools.partial(lstm_recurrence, dtype=jnp.bfloat16)
+  masked = _gradients(window, *args, weights, _state_mask(8))
+  with pytest.raises(AssertionError):
+    _assert_close(masked[:2], _gradients(reference, *args, weights)[:2], 1e-2)
+  ones = _gradients(window, *args, weights, jnp.ones((B, N)))
+  _assert_close(ones[:2] + ones[2][:4], _gradients(reference, *args, weights))
 
 
 def test_the_gradients_comparison_catches_a_wrong_cap():
@@ -151,12 +177,12 @@ def test_the_gradients_comparison_catches_a_wrong_cap():
 
 def test_the_recipe_layout_fits_an_sm_backward():
   """Hidden 951, batch 64: chunks of 480 of the 3840 summed columns, and
-  U's rows 60 KiB + two buffers 120 KiB + factors, d_c and dG_t 28 KiB =
-  208 KiB of shared memory a block (227 KiB allowed)."""
+  U's rows 60 KiB + two buffers 120 KiB + factors, d_c, m and dG_t 30 KiB =
+  210 KiB of shared memory a block (227 KiB allowed)."""
   layout = layout_for(64, 951)
   assert chunk_for(layout) == 480 and chunk_for(layout_for(3, 24)) == 128
-  assert backward_smem_bytes(layout, 480) == 2 * 8 * 3840 + 2 * 2 * 64 * 480 + 64 * 8 * 56
-  assert backward_smem_bytes(layout, 480) == 212_992
+  assert backward_smem_bytes(layout, 480) == 2 * 8 * 3840 + 2 * 2 * 64 * 480 + 64 * 8 * 60
+  assert backward_smem_bytes(layout, 480) == 215_040
 
 
 @pytest.mark.parametrize(
@@ -171,6 +197,7 @@ def test_the_recipe_layout_fits_an_sm_backward():
     (dict(wrong='forget'), r'forget must be \(3, 3, 24\)'),
     (dict(wrong='recurrent_kernel'), r'recurrent_kernel must be \(24, 96\)'),
     (dict(wrong='d_h_last'), r'd_h_last must be \(3, 24\)'),
+    (dict(wrong='state_mask'), r'state_mask must be \(3, 24\)'),
   ],
 )
 def test_the_backward_refuses_what_it_cannot_run_naming_the_argument(change, message):
@@ -225,17 +252,19 @@ def test_the_persistent_backward_lowers_for_cuda_with_its_semaphore(steps, batch
 
 
 def test_the_windows_gradient_lowers_for_cuda_as_two_persistent_kernels():
-  """jax.grad of a loss of the window at the recipe's size: the forward
-  (writing its residuals) and the backward kernel, each with its semaphore.
-  `contract`'s CPU layout constraint is exported too: tracing on a CPU, it
-  takes the CPU's path (on a GPU it is a plain einsum)."""
+  """jax.grad of a loss of the window at the recipe's size, its state
+  masked: the forward (writing its residuals) and the backward kernel, each
+  with its semaphore. `contract`'s CPU layout constraint is exported too:
+  tracing on a CPU, it takes the CPU's path (on a GPU it is a plain einsum)."""
   s, f32, n = jax.ShapeDtypeStruct, jnp.float32, 951
 
-  def loss(projected, kernel, c0, h0):
-    return jnp.sum(persistent_lstm_recurrence(projected, kernel, (c0, h0), True)[1])
+  def loss(projected, kernel, c0, h0, mask):
+    return jnp.sum(
+      persistent_lstm_recurrence(projected, kernel, (c0, h0), mask, cap_input_gate=True)[1]
+    )
 
-  run = jax.jit(jax.grad(loss, (0, 1, 2, 3)))
-  shapes = [s((70, 64, 4 * n), f32), s((n, 4 * n), f32), s((64, n), f32), s((64, n), f32)]
+  run = jax.jit(jax.grad(loss, (0, 1, 2, 3, 4)))
+  shapes = [s((70, 64, 4 * n), f32), s((n, 4 * n), f32)] + [s((64, n), f32)] * 3
   layouts = [jax.export.DisabledSafetyCheck.custom_call('LayoutConstraint')]
   text = jax.export.export(run, platforms=['cuda'], disabled_checks=layouts)(*shapes).mlir_module()
   assert text.count('@mosaic_gpu') == 2 and text.count('red.release') == 2

@@ -4,12 +4,13 @@ Mosaic GPU kernel (Hopper: TMA copies, wgmma), for a probe of its speed.
 Given the hoisted projections P_t = x_t W + b (T, B, 4n), gate order
 [i, f, j, o], the recurrent kernel U (n, 4n) and the carry (h_0, c_0), it runs
 
-    [i, f, j, o] = P_t + h_{t-1} U
+    [i, f, j, o] = P_t + (m ⊙ h_{t-1}) U
     c_t = σ(f) ⊙ c_{t-1} + σ(i) ⊙ tanh(j),   h_t = σ(o) ⊙ tanh(c_t)
 
-(σ(i) capped at 1 - σ(f) with `cap_input_gate`) as `lstm_recurrence` does with
-``dtype=jnp.bfloat16``: the product's operands h_{t-1} and U in bfloat16,
-summed in float32; P, c and the outputs h_t in float32.
+(σ(i) capped at 1 - σ(f) with `cap_input_gate`; m a mask on the fed-back
+state, (B, n), one for the window: variational dropout) as `lstm_recurrence`
+does with ``dtype=jnp.bfloat16``: the product's operands m ⊙ h_{t-1} and U in
+bfloat16, summed in float32; P, c and the outputs h_t (unmasked) in float32.
 
 Where XLA launches a few small kernels a step, this launches one for the
 window, as FlashRNN's fused kernel, Baidu's persistent RNNs and cuDNN's
@@ -20,8 +21,9 @@ wrapper re-lays U and P out so that they are contiguous). Each step a block
 copies the whole of h_{t-1} (64 rows, n_pad, bfloat16) from global memory to
 shared memory by TMA, multiplies it by its U slice on the tensor cores
 (wgmma, a (64, 4u) float32 accumulator), adds its slice of P_t, updates its
-c (kept in shared memory) and writes its h_t slice to the bfloat16 history
-(T, 64, n_pad), which the next step reads, and to the float32 outputs. It
+c (kept in shared memory) and writes its slice of m ⊙ h_t (m's slice copied
+to shared memory once) to the bfloat16 history (T, 64, n_pad), which the
+next step reads, and of h_t to the float32 outputs. It
 then waits for its writes and arrives at the grid's barrier, and before
 reading h_t waits there for every block (`grid_barrier`: a global semaphore
 and proxy fences). Every step has its own slot of the history, so no block
@@ -34,8 +36,8 @@ operands swizzled by 64 bytes (Mosaic GPU wants the same swizzle for both;
 accumulator's column tile), u at most 64 (4u = wgmma's N ≤ 256). At hidden
 951, batch 64: n_pad 960, G = 120 blocks of u = 8 units (an H100 has 132
 SMs, all blocks must be resident at once), shared memory per block U
-960 x 32 x 2 = 60 KiB, h 64 x 960 x 2 = 120 KiB, P, c and outputs 13 KiB:
-193 KiB of the 227 KiB a block may have. Float32 (TF32) operands would
+960 x 32 x 2 = 60 KiB, h 64 x 960 x 2 = 120 KiB, P, c, m and outputs 15 KiB:
+195 KiB of the 227 KiB a block may have. Float32 (TF32) operands would
 double U's slice and h to 360 KiB: they would need h streamed through in
 chunks of K, which this first form does not do. Mosaic GPU's Lane lowering
 semantics could not match the accumulator's layout with P's ("Incompatible
@@ -44,7 +46,8 @@ FragmentedArray layouts"); the Warpgroup semantics infer the layouts.
 With `residuals` the kernel also writes, a step, what the backward pass
 (`persistent_lstm_backward`) needs: the block's activations [σ(i), σ(f),
 tanh(j), σ(o)] (by blocks: (T, G, 4, 64, u); the wrapper returns them
-gate-major) and its c_t; 8 KiB more shared memory a block at u = 8. Without
+gate-major) and its c_t; 8 KiB more shared memory a block at u = 8 (203 KiB
+in all at hidden 951). Without
 it the kernel is the plain forward above.
 
 Modes (`grid_barrier.MODES`): 'persistent' is the kernel above (with one
@@ -55,7 +58,7 @@ barrier (wrong answers: a probe of what the barrier costs).
 
 Example::
 
-  (c_T, h_T), hs = persistent_lstm_forward(projected, kernel, h0, c0)
+  (c_T, h_T), hs = persistent_lstm_forward(projected, kernel, h0, c0, state_mask=mask)
 """
 
 from __future__ import annotations
@@ -105,10 +108,11 @@ class Layout:
 
   @property
   def smem_bytes(self) -> int:
-    """U's slice and h (bfloat16), P's slice, c and h_t's slice (float32 and bfloat16)."""
+    """U's slice and h (bfloat16); P's slice, c, m, h_t's slice (float32) and
+    m ⊙ h_t's (bfloat16)."""
     u = self.block_units
     return (
-      2 * self.units * GATES * u + 2 * self.rows * self.units + self.rows * u * (16 + 4 + 4 + 2)
+      2 * self.units * GATES * u + 2 * self.rows * self.units + self.rows * u * (16 + 4 + 4 + 4 + 2)
     )
 
 
@@ -167,13 +171,14 @@ def _cell_step(h_s, u_s, p_s, c_s, layout: Layout, cap_input_gate: bool):
 
 def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, mode: str, saves: bool):
   outputs = 5 if saves else 3
-  p_g, u_g, h0_g, c0_g = refs[:4]
-  hs_g, hist_g, c_g, *saved_g = refs[4 : 4 + outputs]
-  u_s, h_s, p_s, c_s, h32_s, h16_s, bars, *act_s = refs[4 + outputs :]
+  p_g, u_g, h0_g, c0_g, m_g = refs[:5]
+  hs_g, hist_g, c_g, *saved_g = refs[5 : 5 + outputs]
+  u_s, h_s, p_s, c_s, m_s, h32_s, h16_s, bars, *act_s = refs[5 + outputs :]
   g = jax.lax.axis_index('blocks')
   units = pl.ds(g * layout.block_units, layout.block_units)
   copy_in(u_g.at[g], u_s, bars.at[0])
   copy_in(c0_g.at[:, units], c_s, bars.at[1])
+  copy_in(m_g.at[:, units], m_s, bars.at[4])
   sync = grid_barrier(mode, layout.blocks)
 
   @pl.loop(0, steps)
@@ -194,7 +199,7 @@ def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, mode: str, sa
     plgpu.barrier_wait(bars.at[3])
     acts, h = _cell_step(h_s, u_s, p_s, c_s, layout, cap_input_gate)
     h32_s[...] = h
-    h16_s[...] = h.astype(jnp.bfloat16)
+    h16_s[...] = (h * m_s[...]).astype(jnp.bfloat16)  # what the next product reads
     for k, act in enumerate(acts if saves else ()):
       act_s[0][k] = act
     plgpu.commit_smem()  # the stores above, before TMA reads them
@@ -212,8 +217,9 @@ def _body(*refs, layout: Layout, steps: int, cap_input_gate: bool, mode: str, sa
 
 
 def _kernel(layout: Layout, steps: int, cap_input_gate: bool, mode: str, saves: bool, interpret):
-  """The kernel of `steps` steps: (P blocks, U blocks, h0, c0) -> (hs, h history,
-  c_T), and with `saves` the activations (T, G, 4, 64, u) and c_1..c_T."""
+  """The kernel of `steps` steps: (P blocks, U blocks, m ⊙ h0, c0, m) -> (hs,
+  the history of m ⊙ h, c_T), and with `saves` the activations (T, G, 4, 64,
+  u) and c_1..c_T."""
   rows, n, u = layout.rows, layout.units, layout.block_units
   f32, bf16 = jnp.float32, jnp.bfloat16
   body = functools.partial(
@@ -242,8 +248,9 @@ def _kernel(layout: Layout, steps: int, cap_input_gate: bool, mode: str, saves: 
       plgpu.SMEM((rows, GATES * u), f32),
       plgpu.SMEM((rows, u), f32),
       plgpu.SMEM((rows, u), f32),
+      plgpu.SMEM((rows, u), f32),
       plgpu.SMEM((rows, u), bf16),
-      plgpu.Barrier(num_barriers=4),
+      plgpu.Barrier(num_barriers=5),
       *([plgpu.SMEM((GATES, rows, u), f32)] if saves else ()),
     ],
     grid=(layout.blocks,),
@@ -271,7 +278,7 @@ def padded(state, layout: Layout, dtype):
   return jnp.pad(state, ((0, layout.rows - batch), (0, layout.units - n))).astype(dtype)
 
 
-def _check_args(projected, recurrent_kernel, h0, c0, mode: str):
+def _check_args(projected, recurrent_kernel, h0, c0, state_mask, mode: str):
   check_mode(mode)
   if projected.ndim != 3 or projected.shape[0] < 1:
     raise ValueError(f'projected must be (T >= 1, B, 4n), got {projected.shape}')
@@ -280,22 +287,22 @@ def _check_args(projected, recurrent_kernel, h0, c0, mode: str):
     raise ValueError(
       f'recurrent_kernel must be (n, 4n) = {(width // GATES, width)}, got {recurrent_kernel.shape}'
     )
-  for name, state in (('h0', h0), ('c0', c0)):
-    if state.shape != (batch, width // GATES):
+  for name, state in (('h0', h0), ('c0', c0), ('state_mask', state_mask)):
+    if state is not None and state.shape != (batch, width // GATES):
       raise ValueError(f'{name} must be (B, n) = {(batch, width // GATES)}, got {state.shape}')
 
 
-def _run(p, u, h, c, layout: Layout, cap_input_gate: bool, mode: str, saves: bool, interpret):
+def _run(p, u, h, c, m, layout: Layout, cap_input_gate: bool, mode: str, saves: bool, interpret):
   """The kernel(s) of `mode` over the re-laid-out window: (hs, c_T, *saved)."""
   if mode != 'per_step':
     steps = p.shape[0]
     kernel = _kernel(layout, steps, cap_input_gate, mode, saves, interpret)
-    hs, _, c, *saved = kernel(p, u, h, c)
+    hs, _, c, *saved = kernel(p, u, h, c, m)
     return hs, c, *saved
   kernel = _kernel(layout, 1, cap_input_gate, mode, saves, interpret)
 
   def step(carry, p_t):
-    hs, history, c, *saved = kernel(p_t[None], u, *carry)
+    hs, history, c, *saved = kernel(p_t[None], u, *carry, m)
     return (history[0], c), (hs[0], *(a[0] for a in saved))
 
   (_, c), (hs, *saved) = jax.lax.scan(step, (h, c), p)
@@ -315,6 +322,7 @@ def persistent_lstm_forward(
   h0: jax.Array,
   c0: jax.Array,
   *,
+  state_mask: jax.Array | None = None,
   cap_input_gate: bool = False,
   blocks: int | None = None,
   mode: str = 'persistent',
@@ -327,6 +335,8 @@ def persistent_lstm_forward(
     projected: P_t = x_t W + b for every step, (T, B, 4n), gate order i, f, j, o.
     recurrent_kernel: U, (n, 4n); multiplied in bfloat16.
     h0, c0: the carry, each (B, n); B at most 64.
+    state_mask: m, (B, n): multiplies h_{t-1} before U (variational dropout
+      on the state); None keeps h.
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
     blocks: the grid's blocks G (None: one per 8 units of n padded to 32).
     mode: 'persistent', 'unfenced', 'per_step' or 'no_barrier' (wrong
@@ -342,7 +352,7 @@ def persistent_lstm_forward(
     `residuals` a third item (activations [σ(i), σ(f), tanh(j), σ(o)] of
     shape (T, B, 4n), cell states c_1..c_T of shape (T, B, n)).
   """
-  _check_args(projected, recurrent_kernel, h0, c0, mode)
+  _check_args(projected, recurrent_kernel, h0, c0, state_mask, mode)
   steps, batch, width = projected.shape
   n = width // GATES
   layout = layout_for(batch, n, blocks)
@@ -353,8 +363,11 @@ def persistent_lstm_forward(
   check_blocks_run(layout.blocks, mode, interpret)
   p = by_blocks(projected.astype(jnp.float32), layout, (steps, layout.rows))
   u = by_blocks(recurrent_kernel.astype(jnp.bfloat16), layout, (layout.units,))
-  h, c = padded(h0, layout, jnp.bfloat16), padded(c0, layout, jnp.float32)
-  hs, c, *saved = _run(p, u, h, c, layout, cap_input_gate, mode, residuals, interpret)
+  m = padded(jnp.ones_like(h0) if state_mask is None else state_mask, layout, jnp.float32)
+  # m ⊙ h_0 in float32, then bfloat16: what the kernel writes of every later h.
+  h = (padded(h0, layout, jnp.float32) * m).astype(jnp.bfloat16)
+  c = padded(c0, layout, jnp.float32)
+  hs, c, *saved = _run(p, u, h, c, m, layout, cap_input_gate, mode, residuals, interpret)
   hs = hs[:, :batch, :n]
   out = (c[:batch, :n], hs[-1]), hs
   if not residuals:

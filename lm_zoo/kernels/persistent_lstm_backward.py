@@ -5,10 +5,10 @@ Mosaic GPU kernel (Hopper: TMA copies, wgmma), the reverse of
 Given, for every step, the factors of the cell update that do not depend on
 the incoming gradients (`lm_zoo.cells.lstm_recurrence.backward_factors`:
 σ(f_t), dc/dh of h = σ(o) tanh(c), and the gates' scales s_t), the outputs'
-gradients dL/dh_t, U (n, 4n) and the gradients of the final carry, it runs
-for t = T-1 down to 0
+gradients dL/dh_t, U (n, 4n), the forward's mask m on the fed-back state
+(B, n) and the gradients of the final carry, it runs for t = T-1 down to 0
 
-    d_h = dL/dh_t + dG_{t+1} Uᵀ         (dG_T Uᵀ: dL/dh_T)
+    d_h = dL/dh_t + (dG_{t+1} Uᵀ) ⊙ m   (the last step's: dL/dh_T)
     d_c = d_c + d_h ⊙ dc/dh_t
     dG_t = s_t ⊙ [d_c, d_c, d_c, d_h]
     d_c = d_c ⊙ σ(f_t)
@@ -17,27 +17,29 @@ as `lstm_recurrence`'s backward scan does with ``dtype=jnp.bfloat16``: the
 product's operands dG and U in bfloat16, summed in float32; the factors, d_c,
 d_h and dG float32. It returns dG_t (float32: the gradient of the
 projections, and of U through dU = H_prevᵀ dG, one product that XLA runs
-after), d_c_0 and d_h_0 = dG_0 Uᵀ (one small product in XLA).
+after), d_c_0 and d_h_0 = (dG_0 Uᵀ) ⊙ m (one small product in XLA). The
+mask's own gradient, Σ_t (dG_t Uᵀ) ⊙ h_{t-1}, needs the h_{t-1} the kernel
+does not have: `lm_zoo.cells.persistent_lstm` takes it in XLA after.
 
 The grid is the forward's: G blocks (one warpgroup each), block g owns u
-hidden units. It keeps U's rows of its units, (u, 4 n_pad) bfloat16, in
-shared memory (copied once; read transposed, as wgmma's K-major B operand)
-and its d_c. Each step needs the WHOLE dG_{t+1} (64 rows, 4 n_pad bfloat16,
-written by every block), which does not fit shared memory at the recipes'
-sizes: it streams through two buffers of 64 x `chunk` columns along the
-summed axis, the TMA copy of chunk k+1 in flight while wgmma multiplies
-chunk k, all into one (64, u) float32 accumulator. The block then writes
-its 4u columns of dG_t to a bfloat16 history (T, 64, 4 n_pad), which the
-step before reads, and to the float32 output, waits for the writes, and
+hidden units. It keeps U's rows of its units, (u, 4 n_pad) bfloat16, in shared
+memory (copied once; read transposed, as wgmma's K-major B operand), its slice
+of m (copied once) and its d_c. Each step needs the WHOLE dG_{t+1} (64 rows,
+4 n_pad bfloat16, written by every block), which does not fit shared memory
+at the recipes' sizes: it streams through two buffers of 64 x `chunk` columns
+along the summed axis, the TMA copy of chunk k+1 in flight while wgmma
+multiplies chunk k, all into one (64, u) float32 accumulator. The block then
+writes its 4u columns of dG_t to a bfloat16 history (T, 64, 4 n_pad), which
+the step before reads, and to the float32 output, waits for the writes, and
 arrives at the grid's barrier (`grid_barrier`); the next step first waits
 there for every block, as the forward does. The summed axis is in the
-by-blocks order (block, gate, unit) of the history's columns; U's columns
-are re-laid out alike.
+by-blocks order (block, gate, unit) of the history's columns; U's columns are
+re-laid out alike.
 
 At hidden 951, batch 64: 120 blocks of 8 units, chunk 480 (the largest
 multiple of 32 columns dividing 3840, at most 512), 8 chunks a step; shared
 memory per block U's rows 8 x 3840 x 2 = 60 KiB, buffers 2 x 64 x 480 x 2 =
-120 KiB, factors, d_c and dG_t 28 KiB: 208 KiB of 227 KiB. Each block reads
+120 KiB, factors, d_c, m and dG_t 30 KiB: 210 KiB of 227 KiB. Each block reads
 the whole dG_{t+1}, 480 KiB, a step: 56 MiB of L2 reads a step for the grid,
 four times the forward's (h is n wide, dG 4n).
 
@@ -49,7 +51,7 @@ only: wrong answers with several blocks).
 Example::
 
   d_gates, d_c0, d_h0 = persistent_lstm_backward(
-    d_hs, gate_scales, forget, d_c_from_h, kernel, d_c_last, d_h_last
+    d_hs, gate_scales, forget, d_c_from_h, kernel, d_c_last, d_h_last, state_mask=mask
   )
 """
 
@@ -95,10 +97,10 @@ def chunk_for(layout: Layout, chunk: int | None = None) -> int:
 
 
 def backward_smem_bytes(layout: Layout, chunk: int) -> int:
-  """U's rows and the buffers (bfloat16), factors, d_c, dG_t (float32 and bfloat16)."""
+  """U's rows and the buffers (bfloat16), factors, d_c, m, dG_t (float32 and bfloat16)."""
   rows, u = layout.rows, layout.block_units
   resident = 2 * u * GATES * layout.units + BUFFERS * 2 * rows * chunk
-  return resident + 4 * rows * u * (FACTORS + 1 + GATES) + 2 * rows * GATES * u
+  return resident + 4 * rows * u * (FACTORS + 2 + GATES) + 2 * rows * GATES * u
 
 
 def _u_chunk(ut_s, cols, transposed: bool):
@@ -145,13 +147,14 @@ def _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next, u: int):
 
 
 def _body(*refs, layout: Layout, steps: int, chunk: int, mode: str, transposed: bool):
-  x_g, ut_g, dg_in_g, dc_g, dg32_g, hist_g, dc0_g = refs[:7]
-  ut_s, buf_s, x_s, dc_s, g32_s, g16_s, bars = refs[7:]
+  x_g, ut_g, dg_in_g, dc_g, m_g, dg32_g, hist_g, dc0_g = refs[:8]
+  ut_s, buf_s, x_s, dc_s, m_s, g32_s, g16_s, bars = refs[8:]
   g = jax.lax.axis_index('blocks')
   u = layout.block_units
   units = pl.ds(g * u, u)
   copy_in(ut_g.at[g], ut_s, bars.at[BUFFERS])
   copy_in(dc_g.at[:, units], dc_s, bars.at[BUFFERS + 1])
+  copy_in(m_g.at[:, units], m_s, bars.at[BUFFERS + 3])
   sync = grid_barrier(mode, layout.blocks)
 
   @pl.loop(0, steps)
@@ -177,7 +180,7 @@ def _body(*refs, layout: Layout, steps: int, chunk: int, mode: str, transposed: 
 
     d_h_next = _product(next_chunk, buf_s, ut_s, bars, layout, chunk, transposed)
     plgpu.barrier_wait(bars.at[BUFFERS + 2])
-    _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next, u)
+    _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next * m_s[...], u)
     plgpu.commit_smem()  # the stores above, before TMA reads them
     plgpu.copy_smem_to_gmem(g32_s, dg32_g.at[t, g])
     plgpu.copy_smem_to_gmem(g16_s, hist_g.at[t, :, pl.ds(g * GATES * u, GATES * u)])
@@ -191,7 +194,7 @@ def _body(*refs, layout: Layout, steps: int, chunk: int, mode: str, transposed: 
 
 def _kernel(layout: Layout, steps: int, chunk: int, mode: str, interpret: Any):
   """(factors (T, G, 7, 64, u), U's rows (G, u, 4 n_pad; interpreted
-  (G, 4 n_pad, u)), dG_T, d_c_T) -> (dG (T, G, 4, 64, u), dG's bfloat16
+  (G, 4 n_pad, u)), dG_T, d_c_T, m) -> (dG (T, G, 4, 64, u), dG's bfloat16
   history (T, 64, 4 n_pad), d_c_0)."""
   rows, n, u = layout.rows, layout.units, layout.block_units
   f32, bf16 = jnp.float32, jnp.bfloat16
@@ -211,9 +214,10 @@ def _kernel(layout: Layout, steps: int, chunk: int, mode: str, interpret: Any):
       swizzled((BUFFERS, rows, chunk), bf16),
       plgpu.SMEM((FACTORS, rows, u), f32),
       plgpu.SMEM((rows, u), f32),
+      plgpu.SMEM((rows, u), f32),
       plgpu.SMEM((GATES, rows, u), f32),
       plgpu.SMEM((rows, GATES * u), bf16),
-      plgpu.Barrier(num_barriers=BUFFERS + 3),
+      plgpu.Barrier(num_barriers=BUFFERS + 4),
     ],
     grid=(layout.blocks,),
     grid_names=('blocks',),
@@ -222,23 +226,25 @@ def _kernel(layout: Layout, steps: int, chunk: int, mode: str, interpret: Any):
   )
 
 
-def _run(x, ut, dc, layout: Layout, chunk: int, mode: str, interpret: Any):
+def _run(x, ut, dc, m, layout: Layout, chunk: int, mode: str, interpret: Any):
   """The kernel(s) of `mode` over the re-laid-out factors: (dG by blocks, d_c_0)."""
   dg_in = jnp.zeros((layout.rows, GATES * layout.units), jnp.bfloat16)  # dG_T: none
   if mode != 'per_step':
-    dg, _, dc = _kernel(layout, x.shape[0], chunk, mode, interpret)(x, ut, dg_in, dc)
+    dg, _, dc = _kernel(layout, x.shape[0], chunk, mode, interpret)(x, ut, dg_in, dc, m)
     return dg, dc
   kernel = _kernel(layout, 1, chunk, mode, interpret)
 
   def step(carry, x_t):
-    dg, history, dc = kernel(x_t[None], ut, *carry)
+    dg, history, dc = kernel(x_t[None], ut, *carry, m)
     return (history[0], dc), dg[0]
 
   (_, dc), dg = jax.lax.scan(step, (dg_in, dc), x, reverse=True)
   return dg, dc
 
 
-def _check_args(d_hs, gate_scales, forget, d_c_from_h, recurrent_kernel, d_c_last, d_h_last, mode):
+def _check_args(
+  d_hs, gate_scales, forget, d_c_from_h, recurrent_kernel, d_c_last, d_h_last, state_mask, mode
+):
   check_mode(mode)
   if d_hs.ndim != 3 or d_hs.shape[0] < 1:
     raise ValueError(f'd_hs must be (T >= 1, B, n), got {d_hs.shape}')
@@ -250,9 +256,10 @@ def _check_args(d_hs, gate_scales, forget, d_c_from_h, recurrent_kernel, d_c_las
     'recurrent_kernel': (recurrent_kernel, (n, GATES * n)),
     'd_c_last': (d_c_last, (batch, n)),
     'd_h_last': (d_h_last, (batch, n)),
+    'state_mask': (state_mask, (batch, n)),
   }
   for name, (array, shape) in wanted.items():
-    if array.shape != shape:
+    if array is not None and array.shape != shape:
       raise ValueError(f'{name} must be {shape} (d_hs is {d_hs.shape}), got {array.shape}')
 
 
@@ -275,6 +282,7 @@ def persistent_lstm_backward(
   d_c_last: jax.Array,
   d_h_last: jax.Array,
   *,
+  state_mask: jax.Array | None = None,
   blocks: int | None = None,
   chunk: int | None = None,
   mode: str = 'persistent',
@@ -288,6 +296,7 @@ def persistent_lstm_backward(
       σ(f) and dc/dh (T, B, n) each.
     recurrent_kernel: U, (n, 4n); multiplied in bfloat16.
     d_c_last, d_h_last: the final carry's gradients, each (B, n); B at most 64.
+    state_mask: the forward's m, (B, n); None: none.
     blocks, mode, interpret: as `persistent_lstm_forward`'s.
     chunk: the columns of dG a buffer holds, a multiple of 32 dividing
       4 n_pad (None: the largest up to 512).
@@ -296,7 +305,7 @@ def persistent_lstm_backward(
     (dG: dL/d gate pre-activations (T, B, 4n), d_c_0, d_h_0), all float32.
   """
   args = (d_hs, gate_scales, forget, d_c_from_h, recurrent_kernel, d_c_last, d_h_last)
-  _check_args(*args, mode)
+  _check_args(*args, state_mask, mode)
   steps, batch, n = d_hs.shape
   layout = layout_for(batch, n, blocks)
   chunk = chunk_for(layout, chunk)
@@ -312,9 +321,11 @@ def persistent_lstm_backward(
   rows_by_block = jnp.moveaxis(u, 0, 1).reshape(layout.blocks, layout.block_units, -1)
   if interpret is not None:  # `_u_chunk`: no transposed operands there
     rows_by_block = jnp.swapaxes(rows_by_block, 1, 2)
+  m = jnp.ones_like(d_h_last) if state_mask is None else state_mask
+  dc = padded(d_c_last, layout, jnp.float32)
   dg, dc = _run(
-    x, rows_by_block, padded(d_c_last, layout, jnp.float32), layout, chunk, mode, interpret
+    x, rows_by_block, dc, padded(m, layout, jnp.float32), layout, chunk, mode, interpret
   )
   d_gates = unblocked_gates(dg, batch, n)
-  d_h0 = product(d_gates[0], recurrent_kernel, jnp.bfloat16, None, transpose_b=True)
+  d_h0 = product(d_gates[0], recurrent_kernel, jnp.bfloat16, None, transpose_b=True) * m
   return d_gates, dc[:batch, :n], d_h0
