@@ -24,14 +24,21 @@ the ways of `SCANS`:
   capped gate, no bfloat16 products, no mask on the fed-back state (weight
   drop is applied to the weights before the call, and the second gate bias
   is cuDNN's own b_hh).
+- 'persistent': the LSTM's window with each pass, forward and back, ONE
+  persistent Mosaic GPU kernel (`lm_zoo.cells.persistent_lstm`; Hopper):
+  compiled on a GPU, interpreted a launch a step (exact, slow: for tests)
+  elsewhere. `LSTMCell` layers (and a `Mogrify` of no rounds) with bfloat16
+  products (model.dtype), a batch of at most 64, the state mask, no held
+  steps.
 - 'auto': 'fused' where the cell has a kernel, else 'hoisted' where it can
   hoist, else 'scan', on every backend. 'cudnn' is taken by name only: on an
   H200 its outputs came back permuted (docs/cells.md), and its fix awaits a
-  check on a GPU; 'pallas' is slower than 'fused' there.
+  check on a GPU; 'pallas' is slower than 'fused' there; 'persistent' has
+  not been run on a GPU yet.
 
 All of them give the same outputs and gradients, to rounding. The fused,
-Pallas and cuDNN windows are `jax.custom_vjp`s: reverse mode only (for
-`jax.jvp`, choose another). `resolve_scan` refuses a way a cell cannot
+Pallas, cuDNN and persistent windows are `jax.custom_vjp`s: reverse mode
+only (for `jax.jvp`, choose another). `resolve_scan` refuses a way a cell cannot
 take, naming the reason or the ways it can.
 """
 
@@ -58,6 +65,8 @@ from lm_zoo.cells.window_kernels import (
   pallas_alstm_window,
   pallas_lstm_window,
   pallas_mogrified_lstm_window,
+  persistent_lstm_window,
+  persistent_refusal,
 )
 
 
@@ -71,12 +80,13 @@ class Scan(enum.StrEnum):
   FUSED = 'fused'
   PALLAS = 'pallas'
   CUDNN = 'cudnn'
+  PERSISTENT = 'persistent'
   REMAT = 'remat'
 
 
 SCANS = tuple(way.value for way in Scan)
 # The ways that run a window as one kernel call of the cell's parameters.
-WINDOW_KERNELS = tuple(way.value for way in (Scan.FUSED, Scan.PALLAS, Scan.CUDNN))
+WINDOW_KERNELS = tuple(way.value for way in (Scan.FUSED, Scan.PALLAS, Scan.CUDNN, Scan.PERSISTENT))
 
 # kernel(cell, params, carry, inputs (T, B, m), state_mask, unroll, steps) -> (carry,
 # outputs (T, B, n)): a window from the cell's settings and its parameters, given
@@ -98,8 +108,8 @@ class CellScans:
     project: `project(cell, xs)`: W x + b for inputs of any leading shape.
     step: `step(cell, carry, projected) -> (carry, y)`: one step from W x + b.
       With `project`, the cell hoists.
-    fused, pallas, cudnn: `KernelFactory`s of the window kernels of those
-      names (a wrapper's kernel depends on the cell it wraps).
+    fused, pallas, cudnn, persistent: `KernelFactory`s of the window
+      kernels of those names (a wrapper's kernel depends on the cell it wraps).
   """
 
   project: Callable[..., jax.Array] | None = None
@@ -107,6 +117,7 @@ class CellScans:
   fused: KernelFactory | None = None
   pallas: KernelFactory | None = None
   cudnn: KernelFactory | None = None
+  persistent: KernelFactory | None = None
 
 
 def _inner_window(kernel: FusedKernel, cell: Mogrify, params, *args):
@@ -156,6 +167,10 @@ def _cudnn_kernel(cell: LSTMCell) -> FusedKernel | str:
   return cudnn_refusal(cell) or cudnn_lstm_window
 
 
+def _persistent_kernel(cell: LSTMCell) -> FusedKernel | str:
+  return persistent_refusal(cell) or persistent_lstm_window
+
+
 # Cell type (exactly: a subclass may change the step) -> what it can run.
 REGISTRY: dict[type, CellScans] = {
   LSTMCell: CellScans(
@@ -164,11 +179,13 @@ REGISTRY: dict[type, CellScans] = {
     fused=lambda cell: lstm_window,
     pallas=lambda cell: pallas_lstm_window,
     cudnn=_cudnn_kernel,
+    persistent=_persistent_kernel,
   ),
   Mogrify: CellScans(
     fused=_mogrify_kernel('fused', mogrified_lstm_window),
     pallas=_mogrify_kernel('pallas', pallas_mogrified_lstm_window),
     cudnn=_mogrify_kernel('cudnn'),
+    persistent=_mogrify_kernel('persistent'),
   ),
   ALSTMCell: CellScans(
     fused=_alstm_kernel(alstm_window), pallas=_alstm_kernel(pallas_alstm_window)
@@ -206,8 +223,11 @@ def fused_kernel(cell: nn.Module) -> FusedKernel | None:
 
 def resolve_scan(cell: nn.Module, scan: str, *, state_mask: bool = False) -> str:
   """The way to run `cell` that `scan` (one of `SCANS`) asks for, with
-  'auto' decided for the cell; `state_mask`: whether the layer masks
-  its fed-back state (which cuDNN cannot).
+  'auto' decided for the cell ('fused', else 'hoisted', else 'scan': never
+  'cudnn', 'pallas' nor 'persistent', which are taken by name);
+  `state_mask`: whether the layer masks its fed-back state (which cuDNN
+  cannot). What only the window's inputs tell ('persistent': the batch,
+  held steps) is refused when it runs.
 
   Raises:
     ValueError: `scan` is unknown, or `cell` cannot run so: one line naming

@@ -1,6 +1,7 @@
 """Each cell type's window kernels: its parameters, as the cell holds them,
-into the hand-written recurrences that run a whole window ('fused' and
-'pallas' in `lm_zoo.cells.scans`, which registers them by cell type).
+into the hand-written recurrences that run a whole window ('fused',
+'pallas' and 'persistent' in `lm_zoo.cells.scans`, which registers them by
+cell type).
 
 Each takes (cell, params, carry, inputs (T, B, m), state_mask, unroll, steps)
 and returns (carry, outputs (T, B, n)), as `scans.FusedKernel` describes. A
@@ -24,6 +25,8 @@ from lm_zoo.cells.mogrifier import MogrifierRounds, Mogrify
 from lm_zoo.cells.pallas_alstm import pallas_alstm_recurrence
 from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
 from lm_zoo.cells.pallas_mogrifier import pallas_mogrified_lstm_recurrence
+from lm_zoo.cells.persistent_lstm import persistent_lstm_recurrence, where_it_runs
+from lm_zoo.kernels.persistent_lstm import ROWS
 from lm_zoo.layers.products import accumulation_dtype, linear
 
 
@@ -71,6 +74,52 @@ pallas_lstm_window = _lstm_window(
   'pallas_lstm_window',
   """`LSTMCell`'s window with a Pallas kernel a step: `pallas_lstm_recurrence`.""",
 )
+
+
+def persistent_refusal(cell: LSTMCell) -> str | None:
+  """Why the persistent kernels cannot run `cell`'s layer (they multiply in
+  bfloat16 only), or None if they can."""
+  dtype = None if cell.dtype is None else jnp.dtype(cell.dtype)
+  if dtype == jnp.bfloat16:
+    return None
+  # model.dtype=float32 leaves the cell's dtype unset: the inputs'.
+  name = "the inputs' dtype (model.dtype=float32)" if dtype is None else dtype.name
+  return (
+    f'the persistent kernels multiply in bfloat16 only, not {name}: '
+    "set model.dtype=bfloat16 (the cell's dtype)"
+  )
+
+
+HELD_STEPS_REFUSAL = (
+  "scan='persistent' cannot hold the state past a window's own steps (steps: variable "
+  "windows padded, data.pad_windows_to): leave data.pad_windows_to unset or run scan='fused'"
+)
+
+
+def persistent_lstm_window(
+  cell: LSTMCell, params, carry, inputs, state_mask=None, unroll=1, steps=None
+):
+  """`LSTMCell`'s window with both passes as persistent Mosaic GPU kernels:
+  `persistent_lstm_recurrence` of W x + b (+ b_h), one launch a window each
+  way on a GPU, a launch a step interpreted elsewhere (`where_it_runs`).
+  `unroll` does not apply; the cell's dtype must be bfloat16
+  (`persistent_refusal`)."""
+  del unroll  # one launch a window
+  if steps is not None:
+    raise ValueError(HELD_STEPS_REFUSAL)
+  if inputs.shape[1] > ROWS:
+    raise ValueError(
+      f"scan='persistent' runs at most {ROWS} rows a window (one warpgroup), got batch "
+      f"{inputs.shape[1]}: set data.batch_size <= {ROWS} or run scan='fused'"
+    )
+  projected = _projected(cell, params, inputs)
+  kernel = params['recurrent_kernel']
+  (c, h), hs = persistent_lstm_recurrence(
+    projected, kernel, carry, state_mask, cell.cap_input_gate, **where_it_runs()
+  )
+  # float32 from the kernels: the carry's dtypes, as `lstm_recurrence` returns.
+  c0, h0 = carry
+  return (c.astype(c0.dtype), h.astype(h0.dtype)), hs.astype(h0.dtype)
 
 
 def _mogrified_lstm_window(recurrence: Callable, name: str, doc: str):
