@@ -24,7 +24,9 @@ PyTorch row (`train_vs_torch_fastest`, `eval_vs_torch_fastest`) of the same
 hidden size in the same run, and to the fastest PyTorch row of its products'
 dtype (`dtype`; `train_vs_torch_same_dtype`: autocast's products are
 bfloat16); a recipe is compared at the first baseline size. `--bfloat16`
-adds each recipe row once more with bfloat16 products, as NAME+bfloat16.
+adds each recipe row once more with bfloat16 products, as NAME+bfloat16
+(and a way that takes bfloat16 products only, as 'persistent' does, runs
+as that row alone).
 Also written, per recipe: the hours its whole training implies at the
 measured rate (its planned updates x batch x BPTT tokens; for epoch-based
 recipes the corpus must be in $LM_ZOO_DATA); per row, its model FLOPs (6 x
@@ -154,19 +156,41 @@ def vocab_size() -> int:
   return 50 if FLAGS.tiny else VOCAB
 
 
+def _narrowed(config):
+  """`config` with bfloat16 products."""
+  narrow = config.copy_and_resolve_references()
+  narrow.model.dtype = 'bfloat16'
+  return narrow
+
+
+def _refusal(config) -> str | None:
+  """Why the recipe's model cannot be built with `config`, or None."""
+  try:
+    build_model(config.model, vocab_size())
+  except ConfigError as err:  # a way the recipe's layers cannot run
+    return str(err)
+  return None
+
+
 def recipe_rows(recipes: list[str], scans: list[str]) -> dict:
-  """{row name: config} for every recipe and way its layers can run."""
+  """{row name: config} for every recipe and way its layers can run; with
+  --bfloat16, a way that runs bfloat16 products only ('persistent') as its
+  NAME+bfloat16 row alone."""
   rows = {}
   for recipe in recipes:
     for scan in scans:
       config = experiment_config(recipe, FLAGS.tiny)
       config.model.scan = scan
-      try:
-        build_model(config.model, vocab_size())
-      except ConfigError as err:  # a way the recipe's layers cannot run
-        print(f'{recipe}@{scan}: skipped, {err}')
+      name = recipe if scan == 'auto' else f'{recipe}@{scan}'
+      refused = _refusal(config)
+      if refused is None:
+        rows[name] = config
         continue
-      rows[recipe if scan == 'auto' else f'{recipe}@{scan}'] = config
+      print(f'{name}: skipped, {refused}')
+      narrow = _narrowed(config)
+      if FLAGS.bfloat16 and config.model.dtype != 'bfloat16' and _refusal(narrow) is None:
+        print(f'{name}+bfloat16: timed alone, with bfloat16 products')
+        rows[f'{name}+bfloat16'] = narrow
   return rows
 
 
@@ -254,8 +278,7 @@ def recipe_variants(configs: dict) -> dict:
         lambda config=config: lm_zoo_lm(config, vocab_size(), hold_padding=True),
       )
     if FLAGS.bfloat16 and config.model.dtype != 'bfloat16':
-      narrow = config.copy_and_resolve_references()
-      narrow.model.dtype = 'bfloat16'
+      narrow = _narrowed(config)
       rows[f'{name}+bfloat16'] = narrow, lambda narrow=narrow: lm_zoo_lm(narrow, vocab_size())
   return rows
 

@@ -58,7 +58,10 @@
 # against XLA's window and cuDNN's at the 24M LSTM's size
 # (benchmarks/persistent_probe.py: persistent_probe.json, persistent_probe.txt;
 # under `timeout 240`, as a kernel whose blocks wait for each other may hang,
-# and its JSON keeps every row measured before).
+# and its JSON keeps every row measured before), then the 24M LSTM recipe's
+# train step with bfloat16 products under scan 'auto' and 'persistent' beside
+# PyTorch's rows (benchmark_persistent.json, benchmark_persistent.txt; under
+# `timeout 300`, its own).
 # `dyneval` and `mogrifier24m` run the seed studies of
 # experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
 # then RMS and SGD dynamic evaluation of each seed on the whole valid and
@@ -160,6 +163,11 @@ train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=v
        --config.data.pad_windows_to=8)
 stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
 persistent=()  # the probe's defaults: hidden 951, batch 64, 70 steps
+# The 24M LSTM recipe (its state dropout included) with bfloat16 products,
+# its windows fused ('auto') and persistent, beside PyTorch's rows.
+persistent_bench=(--recipes=mogrifier_paper:ptb_lstm --scans=auto,persistent --bfloat16
+                  --steps=10 --rounds=2 --baseline_hidden=recipe
+                  --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_bf16)
 seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))
 read -r -a seeds_args <<< "${SEEDS_ARGS:-}"  # words, not globbed
 dyneval=(--config=experiments/paper_seed_studies.py:zaremba_medium_dyneval)
@@ -196,6 +204,9 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
          --config.generate.num_lines=0)
   stacks=(--tiny=8 --seeds=1,2 --steps=1 --rounds=1)
   persistent=(--tiny)
+  persistent_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
+                    --scans=auto,persistent --bfloat16 --baselines=jax_cudnn_lstm
+                    --baseline_hidden=recipe)
   # Whole windows of the recipe's 20 x 35 batch and batch-1 test: one step shape each.
   tiny_study() {  # MODEL: the flags that make a study's model tiny
     local m=--config.models.$1
@@ -324,6 +335,9 @@ part_persistent() {
   timeout 240 "$PYTHON" benchmarks/persistent_probe.py --output="$OUT/persistent_probe.json" \
       ${persistent[@]+"${persistent[@]}"} 2>&1 | tee "$OUT/persistent_probe.txt" \
       || failed+=(persistent_probe)
+  timeout 300 "$PYTHON" benchmarks/accelerator_speed.py \
+      --output="$OUT/benchmark_persistent.json" "${persistent_bench[@]}" 2>&1 \
+      | tee "$OUT/benchmark_persistent.txt" || failed+=(benchmark_persistent)
 }
 # the seed studies of experiments/paper_seed_studies.py: STUDY names its flags
 run_study() {

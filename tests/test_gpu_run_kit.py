@@ -160,7 +160,7 @@ def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit)
 
 
 def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
-  """The `persistent` part: benchmarks/persistent_probe.py --tiny, each of the
+  """The `persistent` part first: benchmarks/persistent_probe.py --tiny, each of the
   kernels' modes interpreted against the reference, forward and forward plus
   backward (cuDNN's rows left out)."""
   result = json.loads((kit / 'persistent_probe.json').read_text())
@@ -183,6 +183,25 @@ def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
   assert rows['persistent']['hs_max_abs_error_vs_bf16'] < 1e-5
   assert rows['grad_persistent']['grad_max_rel_error_vs_bf16'] < 1e-5
   assert 'persistent ' in (kit / 'persistent_probe.txt').read_text()
+
+
+def test_the_kits_persistent_part_times_the_recipe_under_the_persistent_scan(kit):
+  """Then the 24M LSTM recipe (tiny) with bfloat16 products under 'auto' and
+  scan='persistent' (interpreted here), which runs bfloat16 products only:
+  its float32 row is skipped with the fix, its bfloat16 twin timed."""
+  result = json.loads((kit / 'benchmark_persistent.json').read_text())
+  assert not result['failed']
+  rows = {row['row']: row for row in result['results']}
+  assert set(rows) == {
+    'mogrifier_paper:ptb_lstm',
+    'mogrifier_paper:ptb_lstm+bfloat16',
+    'mogrifier_paper:ptb_lstm@persistent+bfloat16',
+  }
+  persistent = rows['mogrifier_paper:ptb_lstm@persistent+bfloat16']
+  assert persistent['dtype'] == 'bfloat16' and persistent['train_tokens_per_s'] > 0
+  out = (kit / 'benchmark_persistent.txt').read_text()
+  assert "mogrifier_paper:ptb_lstm@persistent: skipped, model.scan='persistent'" in out
+  assert 'set model.dtype=bfloat16' in out
 
 
 def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
