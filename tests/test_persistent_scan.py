@@ -1,7 +1,8 @@
 """scan='persistent': an LSTM layer's window through the persistent Mosaic GPU
 kernels (lm_zoo.cells.persistent_lstm), here interpreted a launch a step,
 against the same layers under scan='fused' with the same bfloat16 products,
-state dropout in training included; its refusals; 'auto' never takes it."""
+state dropout in training included; its refusals; 'auto' never takes it;
+the recipe's layers as a GPU traces them, lowered for CUDA."""
 
 import jax
 import jax.numpy as jnp
@@ -146,3 +147,24 @@ def test_it_runs_compiled_on_a_gpu_and_interpreted_a_step_a_launch_elsewhere(mon
   assert run['mode'] == 'per_step' and isinstance(run['interpret'], params.InterpretGPUParams)
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert where_it_runs() == dict(mode='persistent', interpret=None)
+
+
+def test_on_a_gpu_a_masked_stacks_gradient_lowers_as_four_persistent_kernels(monkeypatch):
+  """The 24M LSTM recipe's layers (2 x 951, batch 64, 70 steps, capped,
+  state dropout) as a GPU traces them: each layer's window forward and back
+  one Mosaic GPU kernel with its semaphore, lowered for CUDA here."""
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  cells = [LSTMCell(951, dtype=BF16, cap_input_gate=True)] * 2
+  stack = Stack(cells, dropout_hidden=0.3, dropout_state=0.37, scan='persistent')
+  carries, inputs = stack.initialize_carry(64, 400), jnp.zeros((70, 64, 400))
+  rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+  variables = jax.eval_shape(lambda: stack.init(rngs, carries, inputs, train=True))
+
+  def loss(variables, carries, inputs):
+    _, ys = stack.apply(variables, carries, inputs, train=True, rngs={'dropout': rngs['dropout']})
+    return jnp.sum(ys)
+
+  layouts = [jax.export.DisabledSafetyCheck.custom_call('LayoutConstraint')]
+  exported = jax.export.export(jax.jit(jax.grad(loss)), platforms=['cuda'], disabled_checks=layouts)
+  text = exported(variables, carries, inputs).mlir_module()
+  assert text.count('@mosaic_gpu') == 4 and text.count('red.release') == 4
