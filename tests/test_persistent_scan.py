@@ -143,6 +143,7 @@ def test_auto_never_takes_the_persistent_window(monkeypatch, backend):
 
 
 def test_it_runs_compiled_on_a_gpu_and_interpreted_a_step_a_launch_elsewhere(monkeypatch):
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'cpu')
   run = where_it_runs()
   assert run['mode'] == 'per_step' and isinstance(run['interpret'], params.InterpretGPUParams)
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
