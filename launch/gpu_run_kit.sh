@@ -58,7 +58,9 @@
 # against XLA's window and cuDNN's at the 24M LSTM's size
 # (benchmarks/persistent_probe.py: persistent_probe.json, persistent_probe.txt;
 # under `timeout 240`, as a kernel whose blocks wait for each other may hang,
-# and its JSON keeps every row measured before), then the 24M LSTM recipe's
+# and its JSON keeps every row measured before), then tests/test_persistent_scan.py
+# (compiled on a GPU: scan='persistent' in a model with a state mask against
+# 'fused'; persistent_tests.txt, under `timeout 180`), then the 24M LSTM recipe's
 # train step with bfloat16 products under scan 'auto' and 'persistent' beside
 # PyTorch's rows (benchmark_persistent.json, benchmark_persistent.txt; under
 # `timeout 300`, its own).
@@ -163,6 +165,8 @@ train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=v
        --config.data.pad_windows_to=8)
 stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
 persistent=()  # the probe's defaults: hidden 951, batch 64, 70 steps
+# scan='persistent' in a model against 'fused' (compiled on a GPU: the masked kernels)
+persistent_tests=(tests/test_persistent_scan.py)
 # The 24M LSTM recipe (its state dropout included) with bfloat16 products,
 # its windows fused ('auto') and persistent, beside PyTorch's rows.
 persistent_bench=(--recipes=mogrifier_paper:ptb_lstm --scans=auto,persistent --bfloat16
@@ -204,6 +208,7 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
          --config.generate.num_lines=0)
   stacks=(--tiny=8 --seeds=1,2 --steps=1 --rounds=1)
   persistent=(--tiny)
+  persistent_tests=(tests/test_persistent_scan.py -k refused)
   persistent_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
                     --scans=auto,persistent --bfloat16 --baselines=jax_cudnn_lstm
                     --baseline_hidden=recipe)
@@ -335,6 +340,8 @@ part_persistent() {
   timeout 240 "$PYTHON" benchmarks/persistent_probe.py --output="$OUT/persistent_probe.json" \
       ${persistent[@]+"${persistent[@]}"} 2>&1 | tee "$OUT/persistent_probe.txt" \
       || failed+=(persistent_probe)
+  timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${persistent_tests[@]}" 2>&1 \
+      | tee "$OUT/persistent_tests.txt" || failed+=(persistent_tests)
   timeout 300 "$PYTHON" benchmarks/accelerator_speed.py \
       --output="$OUT/benchmark_persistent.json" "${persistent_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_persistent.txt" || failed+=(benchmark_persistent)

@@ -160,13 +160,15 @@ def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit)
 
 
 def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
-  """The `persistent` part first: benchmarks/persistent_probe.py --tiny, each of the
-  kernels' modes interpreted against the reference, forward and forward plus
-  backward (cuDNN's rows left out)."""
+  """The `persistent` part first: benchmarks/persistent_probe.py --tiny, the
+  kernels' modes interpreted (one block for the persistent ones), forward and
+  forward plus backward, each checked against the reference (cuDNN's rows
+  left out on a CPU); then scan='persistent''s tests."""
   result = json.loads((kit / 'persistent_probe.json').read_text())
   assert result['interpreted'] and not result['failed']
+  assert result['sizes'] == {'hidden': 24, 'batch': 3, 'steps': 3}
   rows = {row['row']: row for row in result['results']}
-  assert set(rows) == {
+  assert list(rows) == [
     'input_projection',
     'xla',
     'xla_bf16',
@@ -179,10 +181,22 @@ def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
     'unfenced',
     'persistent',
     'grad_persistent',
-  }
-  assert rows['persistent']['hs_max_abs_error_vs_bf16'] < 1e-5
-  assert rows['grad_persistent']['grad_max_rel_error_vs_bf16'] < 1e-5
+  ]
+  kernels = ('per_step', 'no_barrier', 'persistent')
+  assert [rows[r]['blocks'] for r in kernels] == [4, 1, 1]
+  assert [rows[f'grad_{r}']['blocks'] for r in kernels] == [4, 1, 1]
+  assert rows['unfenced']['hs_max_abs_error_vs_bf16'] < 1e-5
+  for name in kernels:
+    assert rows[name]['hs_max_abs_error_vs_bf16'] < 1e-5
+    assert 1e-5 < rows[name]['hs_max_abs_error_vs_f32'] < 1e-2  # bfloat16 products
+    grads = rows[f'grad_{name}']
+    assert grads['grad_max_rel_error_vs_bf16'] < 1e-5
+    assert grads['grad_max_rel_error_vs_bf16'] >= grads['dU_max_rel_error_vs_bf16']
+  assert 1e-4 < rows['grad_xla']['grad_max_rel_error_vs_bf16'] < 3e-2  # float32 products
+  assert all(row['median_ms'] > 0 for row in rows.values())
   assert 'persistent ' in (kit / 'persistent_probe.txt').read_text()
+  tests = (kit / 'persistent_tests.txt').read_text()
+  assert ' passed' in tests and 'failed' not in tests
 
 
 def test_the_kits_persistent_part_times_the_recipe_under_the_persistent_scan(kit):
