@@ -14,6 +14,8 @@ from lm_zoo.cells.persistent_lstm import where_it_runs
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import RecurrentLayer, Stack, build_model
+from lm_zoo.training import train_and_evaluate
+from lm_zoo.training.seed_axis import check_seed_axis
 
 # Not public in jax 0.10: the window imports it off a GPU.
 params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
@@ -114,6 +116,19 @@ def test_a_model_of_float32_products_is_refused_at_build_naming_the_fix():
     build_model(cfg, 10)
   cfg.dtype = 'bfloat16'
   assert build_model(cfg, 10).stack.scan == 'persistent'
+
+
+def test_stacked_seeds_are_refused_before_anything_runs(tmp_path):
+  """--seeds=N vmaps the train step: the kernels' grid barrier counts one
+  model's blocks. One seed, or another scan, is let through to its work."""
+  config = base_config()
+  config.model.update(scan='persistent', dtype='bfloat16')
+  with pytest.raises(ConfigError, match='num_seeds=2 stacks the seeds .* set model.scan=fused'):
+    train_and_evaluate(config, tmp_path / 'run', num_seeds=2)
+  assert not (tmp_path / 'run').exists()
+  check_seed_axis(config, 1)
+  config.model.scan = 'fused'
+  check_seed_axis(config, 2)
 
 
 @pytest.mark.parametrize(
