@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from persistent_lowering import check_lowered_modes
 
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence
 from lm_zoo.kernels.persistent_lstm import Layout, layout_for, persistent_lstm_forward
@@ -140,9 +141,6 @@ def test_refuses_what_it_cannot_run_naming_the_argument(change, message):
     run(projected, kernel, h0, c0, interpret=INTERPRET)
 
 
-FENCE = 'fence.proxy.async.global'
-
-
 def _lowered(steps, batch, n, mode):
   s = jax.ShapeDtypeStruct
   shapes = [s((steps, batch, 4 * n), jnp.float32), s((n, 4 * n), jnp.float32)]
@@ -154,17 +152,6 @@ def _lowered(steps, batch, n, mode):
 @pytest.mark.parametrize('steps, batch, n', [(70, 64, 951), (2, 3, 24)])
 def test_the_persistent_grid_lowers_for_cuda_with_its_semaphore(steps, batch, n):
   """Mosaic GPU lowers the kernel without a GPU (its layout inference and
-  the wgmma's operand checks run here): the persistent form has the global
-  semaphore (an int32 scratch; a release add and a polling load), the
-  barrier-free form has neither; the per-step form is a loop of launches.
-  The unfenced form has the semaphore without the proxy fences that the
-  persistent one issues after its writes and after its wait."""
-  modes = ('persistent', 'unfenced', 'no_barrier', 'per_step')
-  persistent, unfenced, free, per_step = (_lowered(steps, batch, n, mode) for mode in modes)
-  assert 'stablehlo.while' in per_step and 'stablehlo.while' not in persistent
-  for text in (persistent, free, per_step):
-    assert '@mosaic_gpu' in text and 'tensor<64x' in text
-  assert 'tensor<1xi32>' in persistent and 'red.release' in persistent
-  assert 'ld.relaxed' in persistent
-  assert 'tensor<1xi32>' not in free and 'red.release' not in free
-  assert FENCE in persistent and 'red.release' in unfenced and FENCE not in unfenced
+  the wgmma's operand checks run here), each mode with the barrier it has
+  (`check_lowered_modes`)."""
+  check_lowered_modes(lambda mode: _lowered(steps, batch, n, mode))

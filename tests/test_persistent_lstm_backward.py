@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from persistent_lowering import check_lowered_modes
 
 from lm_zoo.cells.lstm_recurrence import (
   backward_factors,
@@ -219,9 +220,6 @@ def test_the_window_refuses_a_persistent_grid_interpreted():
     persistent_lstm_recurrence(args[0], args[1], (args[2], args[3]), blocks=2, interpret=INTERPRET)
 
 
-FENCE = 'fence.proxy.async.global'
-
-
 def _lowered_backward(steps, batch, n, mode):
   s, f32 = jax.ShapeDtypeStruct, jnp.float32
   shapes = [s((steps, batch, n), f32), s((steps, batch, 4 * n), f32)]
@@ -233,22 +231,9 @@ def _lowered_backward(steps, batch, n, mode):
 @pytest.mark.parametrize('steps, batch, n', [(70, 64, 951), (2, 3, 24)])
 def test_the_persistent_backward_lowers_for_cuda_with_its_semaphore(steps, batch, n):
   """Mosaic GPU lowers it without a GPU (layout inference, the wgmma
-  operand checks, the transposed U operand): the persistent form has the
-  global semaphore (an int32 scratch; a release add and a polling load),
-  the barrier-free form neither; the per-step form is a loop of launches.
-  The unfenced form has the semaphore without the proxy fences that the
-  persistent one issues after its writes and after its wait."""
-  modes = ('persistent', 'unfenced', 'no_barrier', 'per_step')
-  persistent, unfenced, free, per_step = (
-    _lowered_backward(steps, batch, n, mode) for mode in modes
-  )
-  assert 'stablehlo.while' in per_step and 'stablehlo.while' not in persistent
-  for text in (persistent, free, per_step):
-    assert '@mosaic_gpu' in text and 'tensor<64x' in text
-  assert 'tensor<1xi32>' in persistent and 'red.release' in persistent
-  assert 'ld.relaxed' in persistent
-  assert 'tensor<1xi32>' not in free and 'red.release' not in free
-  assert FENCE in persistent and 'red.release' in unfenced and FENCE not in unfenced
+  operand checks, the transposed U operand), each mode with the barrier it
+  has (`check_lowered_modes`)."""
+  check_lowered_modes(lambda mode: _lowered_backward(steps, batch, n, mode))
 
 
 def test_the_windows_gradient_lowers_for_cuda_as_two_persistent_kernels():

@@ -45,11 +45,11 @@ from lm_zoo.kernels.persistent_lstm_backward import persistent_lstm_backward
 from lm_zoo.layers.products import contract
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _recurrence(
-  projected, recurrent_kernel, c0, h0, state_mask, cap_input_gate, blocks, mode, interpret
-):
-  carry, hs = persistent_lstm_forward(
+def _forward(projected, recurrent_kernel, c0, h0, state_mask, settings, residuals=False):
+  """`persistent_lstm_forward` with the window's settings (cap_input_gate,
+  blocks, mode, interpret)."""
+  cap_input_gate, blocks, mode, interpret = settings
+  return persistent_lstm_forward(
     projected,
     recurrent_kernel,
     h0,
@@ -59,24 +59,24 @@ def _recurrence(
     blocks=blocks,
     mode=mode,
     interpret=interpret,
+    residuals=residuals,
   )
-  return carry, hs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _recurrence(
+  projected, recurrent_kernel, c0, h0, state_mask, cap_input_gate, blocks, mode, interpret
+):
+  settings = (cap_input_gate, blocks, mode, interpret)
+  return _forward(projected, recurrent_kernel, c0, h0, state_mask, settings)
 
 
 def _recurrence_fwd(
   projected, recurrent_kernel, c0, h0, state_mask, cap_input_gate, blocks, mode, interpret
 ):
-  carry, hs, (acts, cs) = persistent_lstm_forward(
-    projected,
-    recurrent_kernel,
-    h0,
-    c0,
-    state_mask=state_mask,
-    cap_input_gate=cap_input_gate,
-    blocks=blocks,
-    mode=mode,
-    interpret=interpret,
-    residuals=True,
+  settings = (cap_input_gate, blocks, mode, interpret)
+  carry, hs, (acts, cs) = _forward(
+    projected, recurrent_kernel, c0, h0, state_mask, settings, residuals=True
   )
   return (carry, hs), (recurrent_kernel, state_mask, c0, h0, hs, acts, cs)
 
