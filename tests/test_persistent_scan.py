@@ -4,6 +4,8 @@ against the same layers under scan='fused' with the same bfloat16 products,
 state dropout in training included; its refusals; 'auto' never takes it;
 the recipe's layers as a GPU traces them, lowered for CUDA."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,8 +16,6 @@ from lm_zoo.cells.persistent_lstm import where_it_runs
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import RecurrentLayer, Stack, build_model
-from lm_zoo.training import train_and_evaluate
-from lm_zoo.training.seed_axis import check_seed_axis
 
 # Not public in jax 0.10: the window imports it off a GPU.
 params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
@@ -118,17 +118,53 @@ def test_a_model_of_float32_products_is_refused_at_build_naming_the_fix():
   assert build_model(cfg, 10).stack.scan == 'persistent'
 
 
-def test_stacked_seeds_are_refused_before_anything_runs(tmp_path):
-  """--seeds=N vmaps the train step: the kernels' grid barrier counts one
-  model's blocks. One seed, or another scan, is let through to its work."""
-  config = base_config()
-  config.model.update(scan='persistent', dtype='bfloat16')
-  with pytest.raises(ConfigError, match='num_seeds=2 stacks the seeds .* set model.scan=fused'):
-    train_and_evaluate(config, tmp_path / 'run', num_seeds=2)
-  assert not (tmp_path / 'run').exists()
-  check_seed_axis(config, 1)
-  config.model.scan = 'fused'
-  check_seed_axis(config, 2)
+def test_vmapped_over_seeds_each_seed_trains_as_its_own_fused_window():
+  """`--seeds=N` and MC dropout vmap the window: the kernels then run one
+  model a launch, and each seed's loss and gradients (the state mask's
+  included) are its own run's under 'fused'."""
+  cell = LSTMCell(N, dtype=BF16, cap_input_gate=True)
+  inputs = jax.random.normal(jax.random.key(1), (T, B, M))
+  carry = _perturbed(cell.initialize_carry(jax.random.key(2), (B, M)), 3)
+  variables = RecurrentLayer(cell).init(jax.random.key(0), carry, inputs)
+  seeds = [_perturbed(variables, seed) for seed in (4, 5)]
+  masks = [(jax.random.uniform(jax.random.key(seed), (B, N)) > 0.4) / 0.6 for seed in (6, 7)]
+
+  def run(scan, variables, mask):
+    loss = lambda v, m: jnp.sum(
+      jnp.sin(RecurrentLayer(cell, scan=scan).apply(v, carry, inputs, m)[1])
+    )
+    return jax.value_and_grad(loss, (0, 1))(variables, mask)
+
+  stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *zip(seeds, masks))
+  got = jax.vmap(functools.partial(run, 'persistent'))(*stacked)
+  for k, (seed, mask) in enumerate(zip(seeds, masks)):
+    _assert_close(jax.tree.map(lambda leaf: leaf[k], got), run('fused', seed, mask))
+
+
+def _mosaic_launches(text):
+  """The operand and result types of every Mosaic GPU launch in `text`."""
+  calls = [line for line in text.splitlines() if '@mosaic_gpu' in line]
+  return [call.split(' : ')[-1].split(' loc(')[0] for call in calls]
+
+
+def test_on_a_gpu_vmapped_windows_launch_one_models_grid_in_a_loop(monkeypatch):
+  """Pallas would batch a launch by widening its grid, the seeds' blocks
+  sharing one barrier: vmapped, each launch is one model's, in a loop."""
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  layer = RecurrentLayer(LSTMCell(N, dtype=BF16), scan='persistent')
+  carry, inputs = (jnp.zeros((B, N)),) * 2, jnp.zeros((T, B, M))
+  variables = jax.eval_shape(
+    lambda: RecurrentLayer(LSTMCell(N, dtype=BF16)).init(jax.random.key(0), carry, inputs)
+  )
+  seeds = jax.tree.map(lambda x: jax.ShapeDtypeStruct((3, *x.shape), x.dtype), variables)
+  gradient = jax.grad(lambda v: jnp.sum(layer.apply(v, carry, inputs)[1]))
+
+  def lowered(function, args):
+    return jax.export.export(jax.jit(function), platforms=['cuda'])(args).mlir_module()
+
+  one, three = lowered(gradient, variables), lowered(jax.vmap(gradient), seeds)
+  assert len(_mosaic_launches(one)) == 2 and 'stablehlo.while' not in one
+  assert _mosaic_launches(three) == _mosaic_launches(one) and 'stablehlo.while' in three
 
 
 @pytest.mark.parametrize(

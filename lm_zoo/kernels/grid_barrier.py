@@ -22,6 +22,11 @@ Modes (`MODES`) of a window:
 - 'no_barrier': one launch without the barrier, whose blocks race ahead:
   wrong answers with several blocks, a probe of what the barrier costs.
 
+Under `jax.vmap` (seeds stacked, MC dropout's samples) the kernels run one
+model a launch, in a loop (`one_model_a_launch`): Pallas would batch a
+launch by adding the vmapped axis to its grid, and the blocks of every model
+would then share one semaphore that counts one model's.
+
 Example (inside a kernel body)::
 
   sync = grid_barrier(mode, layout.blocks)
@@ -33,7 +38,7 @@ Example (inside a kernel body)::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 from jax.experimental import pallas as pl
@@ -91,6 +96,13 @@ def grid_barrier(mode: str, blocks: int) -> GridBarrier | None:
   if mode not in SYNCED or blocks == 1:
     return None
   return GridBarrier(pl.get_global(plgpu.SemaphoreType.REGULAR), blocks, mode == 'persistent')
+
+
+def one_model_a_launch(launch: Callable) -> Callable:
+  """`launch` (arrays in, arrays out) run once a model under `jax.vmap`, in
+  a loop (`jax.custom_batching.sequential_vmap`), so that every launch's
+  grid is one model's: the barrier counts G blocks, and G fit on the SMs."""
+  return jax.custom_batching.sequential_vmap(launch)
 
 
 def check_mode(mode: str):

@@ -73,7 +73,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.kernels.common import gate_update
-from lm_zoo.kernels.grid_barrier import check_blocks_run, check_mode, grid_barrier
+from lm_zoo.kernels.grid_barrier import (
+  check_blocks_run,
+  check_mode,
+  grid_barrier,
+  one_model_a_launch,
+)
 
 GATES = 4
 ROWS = 64  # wgmma's M for one warpgroup
@@ -293,20 +298,24 @@ def _check_args(projected, recurrent_kernel, h0, c0, state_mask, mode: str):
 
 
 def _run(p, u, h, c, m, layout: Layout, cap_input_gate: bool, mode: str, saves: bool, interpret):
-  """The kernel(s) of `mode` over the re-laid-out window: (hs, c_T, *saved)."""
-  if mode != 'per_step':
-    steps = p.shape[0]
-    kernel = _kernel(layout, steps, cap_input_gate, mode, saves, interpret)
-    hs, _, c, *saved = kernel(p, u, h, c, m)
+  """The kernel(s) of `mode` over the re-laid-out window: (hs, c_T, *saved);
+  vmapped, a model at a time (`one_model_a_launch`)."""
+
+  def launches(p, u, h, c, m):
+    if mode != 'per_step':
+      kernel = _kernel(layout, p.shape[0], cap_input_gate, mode, saves, interpret)
+      hs, _, c, *saved = kernel(p, u, h, c, m)
+      return hs, c, *saved
+    kernel = _kernel(layout, 1, cap_input_gate, mode, saves, interpret)
+
+    def step(carry, p_t):
+      hs, history, c, *saved = kernel(p_t[None], u, *carry, m)
+      return (history[0], c), (hs[0], *(a[0] for a in saved))
+
+    (_, c), (hs, *saved) = jax.lax.scan(step, (h, c), p)
     return hs, c, *saved
-  kernel = _kernel(layout, 1, cap_input_gate, mode, saves, interpret)
 
-  def step(carry, p_t):
-    hs, history, c, *saved = kernel(p_t[None], u, *carry, m)
-    return (history[0], c), (hs[0], *(a[0] for a in saved))
-
-  (_, c), (hs, *saved) = jax.lax.scan(step, (h, c), p)
-  return hs, c, *saved
+  return one_model_a_launch(launches)(p, u, h, c, m)
 
 
 def unblocked_gates(blocked, batch: int, n: int):

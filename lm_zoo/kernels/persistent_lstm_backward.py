@@ -66,7 +66,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.kernels.common import product
-from lm_zoo.kernels.grid_barrier import check_blocks_run, check_mode, grid_barrier
+from lm_zoo.kernels.grid_barrier import (
+  check_blocks_run,
+  check_mode,
+  grid_barrier,
+  one_model_a_launch,
+)
 from lm_zoo.kernels.persistent_lstm import (
   GATES,
   K_MULTIPLE,
@@ -227,19 +232,24 @@ def _kernel(layout: Layout, steps: int, chunk: int, mode: str, interpret: Any):
 
 
 def _run(x, ut, dc, m, layout: Layout, chunk: int, mode: str, interpret: Any):
-  """The kernel(s) of `mode` over the re-laid-out factors: (dG by blocks, d_c_0)."""
-  dg_in = jnp.zeros((layout.rows, GATES * layout.units), jnp.bfloat16)  # dG_T: none
-  if mode != 'per_step':
-    dg, _, dc = _kernel(layout, x.shape[0], chunk, mode, interpret)(x, ut, dg_in, dc, m)
+  """The kernel(s) of `mode` over the re-laid-out factors: (dG by blocks,
+  d_c_0); vmapped, a model at a time (`one_model_a_launch`)."""
+
+  def launches(x, ut, dc, m):
+    dg_in = jnp.zeros((layout.rows, GATES * layout.units), jnp.bfloat16)  # dG_T: none
+    if mode != 'per_step':
+      dg, _, dc = _kernel(layout, x.shape[0], chunk, mode, interpret)(x, ut, dg_in, dc, m)
+      return dg, dc
+    kernel = _kernel(layout, 1, chunk, mode, interpret)
+
+    def step(carry, x_t):
+      dg, history, dc = kernel(x_t[None], ut, *carry, m)
+      return (history[0], dc), dg[0]
+
+    (_, dc), dg = jax.lax.scan(step, (dg_in, dc), x, reverse=True)
     return dg, dc
-  kernel = _kernel(layout, 1, chunk, mode, interpret)
 
-  def step(carry, x_t):
-    dg, history, dc = kernel(x_t[None], ut, *carry, m)
-    return (history[0], dc), dg[0]
-
-  (_, dc), dg = jax.lax.scan(step, (dg_in, dc), x, reverse=True)
-  return dg, dc
+  return one_model_a_launch(launches)(x, ut, dc, m)
 
 
 def _check_args(

@@ -51,7 +51,7 @@ from lm_zoo.training.config_checks import check_memory, validate_config
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, place_state, shard_batch
 from lm_zoo.training.run import Progress, Run, Trainer, ValidationCallback
-from lm_zoo.training.seed_axis import check_seed_axis, seed_configs, seed_dir, stack
+from lm_zoo.training.seed_axis import check_num_seeds, seed_configs, seed_dir, stack
 from lm_zoo.training.state import close_checkpoints, open_checkpoints, restore_or_init
 from lm_zoo.training.steps import make_train_step
 from lm_zoo.training.summary import count_params, finish
@@ -112,7 +112,7 @@ def train_and_evaluate(
     Preempted: stopped by a signal, after saving a checkpoint.
   """
   validate_config(config)  # before reading data or compiling anything
-  check_seed_axis(config, num_seeds)
+  check_num_seeds(num_seeds)
   workdir = check_workdir(workdir)
   final_splits = split_names(config.evaluation.splits if final_splits is None else final_splits)
   with workdir_lock(workdir):

@@ -22,19 +22,6 @@ def check_num_seeds(num_seeds: Any) -> None:
     raise ConfigError(f'num_seeds must be a whole number of at least 1, got {num_seeds!r}')
 
 
-def check_seed_axis(config: ml_collections.ConfigDict, num_seeds: int) -> None:
-  """`check_num_seeds`, and a ConfigError where `config`'s model cannot train
-  N > 1 seeds stacked: the persistent kernels' grid is one model's, its
-  barrier counting one model's blocks (vmapped, the seeds would share it)."""
-  check_num_seeds(num_seeds)
-  if num_seeds > 1 and config.model.scan == 'persistent':
-    raise ConfigError(
-      f"num_seeds={num_seeds} stacks the seeds under jax.vmap, which model.scan='persistent' "
-      "cannot run (its kernels' grid barrier counts one model's blocks): train the seeds "
-      'one at a time or set model.scan=fused'
-    )
-
-
 def seed_configs(
   config: ml_collections.ConfigDict, num_seeds: int
 ) -> list[ml_collections.ConfigDict]:
