@@ -35,6 +35,15 @@ max abs and relative (to the largest |want|) error of each gradient
 largest relative one. grad_xla's shows how far float32 (TF32) products are
 from bfloat16 ones; a persistent row should be far closer than that.
 
+The barrier_* rows time the grid barrier alone (benchmarks/grid_barrier_probe.py):
+one launch of the forward kernel's G blocks crossing it --crossings times a
+step for the window's steps (11: a Mogrifier of 5 rounds), each crossing with
+a (64, 8) float32 tile written and a neighbour's read by TMA, in mode
+persistent, unfenced and no_barrier (the copies without it: the floor).
+`us_per_crossing` is the median time over the crossings, `stale_blocks` the
+blocks that read a neighbour's tile before it was written (0 where the
+barrier holds; no_barrier's shows that the check can see one).
+
 Rows are measured from the surest to the least sure, the persistent kernel's
 rows last, and the JSON (--output) is rewritten after each: a kernel that hangs
 (its blocks not all resident) leaves every figure before it. A row that
@@ -58,6 +67,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 from baselines import failure_reason
+from grid_barrier_probe import barrier_rounds
 
 from lm_zoo.cells import LSTMCell
 from lm_zoo.cells.cudnn_lstm import cudnn_lstm_window
@@ -70,6 +80,9 @@ flags.DEFINE_integer('hidden', 951, 'Hidden size n (the input size too).')
 flags.DEFINE_integer('batch', 64, 'Batch size (at most 64).')
 flags.DEFINE_integer('steps', 70, 'Window length T.')
 flags.DEFINE_integer('blocks', None, "The kernel's blocks (default: one per 8 units).")
+flags.DEFINE_integer(
+  'crossings', 11, 'Barrier crossings a step in the barrier_* rows (a 5-round Mogrifier: 11).'
+)
 flags.DEFINE_integer('runs', 20, 'Timed runs per forward row (their median is reported).')
 flags.DEFINE_integer('grad_runs', 10, 'Timed runs per grad_* row.')
 flags.DEFINE_integer('warmup', 3, 'Untimed runs per row after compiling.')
@@ -200,13 +213,25 @@ def _rows(sizes, interpret):
     'persistent': (kernel('persistent', one), 'forward', grid(one)),
     'grad_persistent': (grad(trained('persistent', one)), 'grad', grid(one)),
   }
+  rounds = sizes['steps'] * FLAGS.crossings
+  for mode in ('no_barrier', 'unfenced', 'persistent'):
+    crossing = barrier_rounds(grid(one), rounds, mode, interpret)
+    rows[f'barrier_{mode}'] = (lambda *_, run=crossing: run(), 'barrier', grid(one))
   return {name: (jax.jit(fn), *rest) for name, (fn, *rest) in rows.items() if fn is not None}
 
 
 def _measure(name, fn, check, blocks, args, wants) -> dict:
   runs = FLAGS.grad_runs if name.startswith('grad_') else FLAGS.runs
   row = {'row': name, **({'blocks': blocks} if blocks else {}), **_median_ms(fn, args, runs)}
-  if check:
+  if check == 'barrier':
+    sums = jnp.sum(fn(*args), axis=(1, 2))
+    rounds = FLAGS.steps * FLAGS.crossings
+    row.update(
+      rounds=rounds,
+      us_per_crossing=1e3 * row['median_ms'] / rounds,
+      stale_blocks=int(jnp.sum(~(sums == 0))),  # NaN: a slot never written
+    )
+  elif check:
     got = fn(*args)
     errors = _errors if check == 'forward' else _grad_errors
     for ref, want in wants[check].items():
@@ -222,9 +247,10 @@ def _write(result: dict):
 
 def _print_table(result: dict):
   """The rows; errors: the forward rows' max abs error of hs, the grad rows'
-  largest relative error of a gradient (vs grad_xla_bf16)."""
+  largest relative error of a gradient (vs grad_xla_bf16); the barrier
+  rows' time a crossing and stale blocks."""
   print(
-    f'{"row":>17} {"median ms":>10} {"us/step":>8} {"hs err vs f32":>14} {"vs bf16":>12}', end=''
+    f'{"row":>18} {"median ms":>10} {"us/step":>8} {"hs err vs f32":>14} {"vs bf16":>12}', end=''
   )
   print(f' {"grad rel err vs bf16":>21}')
   for r in result['results']:
@@ -234,9 +260,11 @@ def _print_table(result: dict):
       f'{e:>{w}.2e}' if e is not None else ' ' * w for e, w in zip(errors, (14, 12, 21))
     )
     per_step = 1e3 * r['median_ms'] / result['sizes']['steps']
-    print(f'{r["row"]:>17} {r["median_ms"]:>10.3f} {per_step:>8.2f} {shown}')
+    if 'us_per_crossing' in r:
+      shown = f'{r["us_per_crossing"]:.3f} us a crossing, {r["stale_blocks"]} stale blocks'
+    print(f'{r["row"]:>18} {r["median_ms"]:>10.3f} {per_step:>8.2f} {shown}')
   for name, reason in result['failed'].items():
-    print(f'{name:>17} failed: {reason}')
+    print(f'{name:>18} failed: {reason}')
 
 
 def _result(sizes, interpret) -> dict:

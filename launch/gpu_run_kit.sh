@@ -55,7 +55,8 @@
 # `persistent` checks and times the persistent Mosaic GPU LSTM kernels, forward
 # and backward (lm_zoo.kernels.persistent_lstm, persistent_lstm_backward: one
 # launch a window each way, a barrier across the grid a step) in each mode
-# against XLA's window and cuDNN's at the 24M LSTM's size
+# against XLA's window and cuDNN's at the 24M LSTM's size, and what a crossing
+# of the grid barrier alone costs, 11 a step, and whether it holds
 # (benchmarks/persistent_probe.py: persistent_probe.json, persistent_probe.txt;
 # under `timeout 240`, as a kernel whose blocks wait for each other may hang,
 # and its JSON keeps every row measured before), then tests/test_persistent_scan.py

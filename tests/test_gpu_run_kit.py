@@ -163,7 +163,8 @@ def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
   """The `persistent` part first: benchmarks/persistent_probe.py --tiny, the
   kernels' modes interpreted (one block for the persistent ones), forward and
   forward plus backward, each checked against the reference (cuDNN's rows
-  left out on a CPU); then scan='persistent''s tests."""
+  left out on a CPU), and the barrier's crossings; then scan='persistent''s
+  tests."""
   result = json.loads((kit / 'persistent_probe.json').read_text())
   assert result['interpreted'] and not result['failed']
   assert result['sizes'] == {'hidden': 24, 'batch': 3, 'steps': 3}
@@ -181,7 +182,14 @@ def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
     'unfenced',
     'persistent',
     'grad_persistent',
+    'barrier_no_barrier',
+    'barrier_unfenced',
+    'barrier_persistent',
   ]
+  for mode in ('no_barrier', 'unfenced', 'persistent'):
+    crossings = rows[f'barrier_{mode}']
+    assert crossings['rounds'] == 3 * 11 and crossings['stale_blocks'] == 0
+    assert crossings['us_per_crossing'] == pytest.approx(1e3 * crossings['median_ms'] / 33)
   kernels = ('per_step', 'no_barrier', 'persistent')
   assert [rows[r]['blocks'] for r in kernels] == [4, 1, 1]
   assert [rows[f'grad_{r}']['blocks'] for r in kernels] == [4, 1, 1]
