@@ -12,7 +12,7 @@ import pytest
 from jaxprs import summed_sizes_in_loops
 
 from lm_zoo.cells.lstm import lstm_update
-from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_recurrence
+from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_forward, mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import MogrifierRounds
 from lm_zoo.layers.products import aligned_contractions, einsum
 
@@ -259,3 +259,90 @@ def test_mixed_recurrence_names_mismatched_shapes():
       MogrifierRounds(1),
       args['round_params'],
     )
+
+
+def test_the_forward_pass_alone_keeps_what_the_equations_give():
+  """`mixed_lstm_forward`: outputs and carry as the plain scan; the kept
+  activations, cells and [x', h'] are the equations' at every step, and the
+  residuals mix.forward's."""
+  with jax.enable_x64():
+    args = mixed_inputs(3, 2, seed=8)
+    mix = MogrifierRounds(3)
+    r = args['round_params']
+    hs, (c, h), (acts, cs, mixed, residuals) = mixed_lstm_forward(
+      args['inputs'],
+      args['input_kernel'],
+      args['bias'],
+      args['recurrent_kernel'],
+      (args['c0'], args['h0']),
+      mix,
+      r,
+      args['mask'],
+    )
+    values = [args[name] for name in MIXED_ARGS]
+    (c_ref, h_ref), hs_ref = mixed_reference(mix, *values)
+    for got, want in ((hs, hs_ref), (c, c_ref), (h, h_ref)):
+      np.testing.assert_allclose(got, want, rtol=1e-12)
+    h_prev = jnp.concatenate([args['h0'][None], hs[:-1]])
+    for t in range(hs.shape[0]):
+      x_up, h_up, kept = mix.forward(r, args['inputs'][t], h_prev[t] * args['mask'])
+      np.testing.assert_allclose(mixed[t], jnp.concatenate([x_up, h_up], -1), rtol=1e-12)
+      np.testing.assert_allclose(residuals[t], kept, rtol=1e-12)
+      gates = x_up @ args['input_kernel'] + h_up @ args['recurrent_kernel'] + args['bias']
+      i, f, j, o = jnp.split(gates, 4, axis=-1)
+      sigmoid = jax.nn.sigmoid
+      np.testing.assert_allclose(
+        acts[t], jnp.concatenate([sigmoid(i), sigmoid(f), jnp.tanh(j), sigmoid(o)], -1), rtol=1e-12
+      )
+      c_prev = args['c0'] if t == 0 else cs[t - 1]
+      np.testing.assert_allclose(cs[t], sigmoid(f) * c_prev + sigmoid(i) * jnp.tanh(j), rtol=1e-12)
+
+
+class _ShiftedForward:
+  """A `ForwardPass`: `mixed_lstm_forward` with `shift` added to its outputs."""
+
+  def __init__(self, shift):
+    self.shift = shift
+
+  def __call__(self, mix, mix_params, weights, inputs, carry, state_mask, cap_input_gate):
+    hs, new_carry, per_step = mixed_lstm_forward(
+      inputs, *weights, carry, mix, mix_params, state_mask, cap_input_gate=cap_input_gate
+    )
+    return hs + self.shift, new_carry, per_step
+
+
+def test_a_forward_pass_of_its_own_runs_with_the_hand_written_backward():
+  """The window's outputs are the given forward pass's; its gradients the
+  scan's (the same residuals, the same backward pass); no held steps."""
+  with jax.enable_x64():
+    args = mixed_inputs(2, 2, seed=9)
+    values = [args[name] for name in MIXED_ARGS]
+    mix = MogrifierRounds(2)
+
+    def window(forward):
+      def run(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask):
+        weights = (input_kernel, bias, recurrent_kernel)
+        return mixed_lstm_recurrence(
+          inputs, *weights, (c0, h0), mix, round_params, mask, forward=forward
+        )
+
+      return run
+
+    _, hs = window(_ShiftedForward(0.0))(mix, *values)
+    _, shifted = window(_ShiftedForward(1.0))(mix, *values)
+    np.testing.assert_allclose(shifted, hs + 1.0, rtol=1e-12)
+    grads = [
+      jax.grad(mixed_objective(window(forward), mix), argnums=range(len(MIXED_ARGS)))(*values)
+      for forward in (None, _ShiftedForward(0.0))
+    ]
+    jax.tree.map(partial(np.testing.assert_allclose, rtol=1e-12), *grads)
+    with pytest.raises(ValueError, match='no held steps: pass steps=None'):
+      mixed_lstm_recurrence(
+        *values[1:2],
+        *values[2:5],
+        (args['c0'], args['h0']),
+        mix,
+        args['round_params'],
+        steps=jnp.ones(6, bool),
+        forward=_ShiftedForward(0.0),
+      )

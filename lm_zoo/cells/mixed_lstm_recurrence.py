@@ -65,12 +65,23 @@ class Mix(Protocol):
 
 class _Settings(NamedTuple):
   """The window's static arguments: the products' dtype, the scans' unroll,
-  the capped input gate and `contraction_alignment`."""
+  the capped input gate, `contraction_alignment` and the forward pass
+  (None: `lax.scan`; else a `ForwardPass`)."""
 
   dtype: Any
   unroll: int
   cap_input_gate: bool
   alignment: int
+  forward: Any = None
+
+
+class ForwardPass(Protocol):
+  """Another way to run the forward pass (a kernel) for the hand-written
+  backward: hashable, called as forward(mix, mix_params, (W, b, U), inputs,
+  (c_0, h_0), state_mask (B, n), cap_input_gate) and returning what
+  `mixed_lstm_forward` returns, with `mixed` in the products' dtype."""
+
+  def __call__(self, mix, mix_params, weights, inputs, carry, state_mask, cap_input_gate): ...
 
 
 def _forward_scan(mix, mix_params, weights, inputs, carry, state_mask, steps, settings):
@@ -96,16 +107,29 @@ def _forward_scan(mix, mix_params, weights, inputs, carry, state_mask, steps, se
   return hs, new_carry, kernel, per_step
 
 
+def _forward(mix, mix_params, weights, inputs, carry, state_mask, steps, settings):
+  """hs, the final carry, [W; U] in the products' dtype and the per-step
+  residuals, from `settings.forward` if set (no held steps then)."""
+  if settings.forward is None:
+    return _forward_scan(mix, mix_params, weights, inputs, carry, state_mask, steps, settings)
+  hs, new_carry, per_step = settings.forward(
+    mix, mix_params, weights, inputs, carry, state_mask, settings.cap_input_gate
+  )
+  input_kernel, _, recurrent_kernel = weights
+  kernel = jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(settings.dtype)
+  return hs, new_carry, kernel, per_step
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 7))
 def _recurrence(mix, mix_params, weights, inputs, carry, state_mask, steps, settings):
-  hs, new_carry, _, _ = _forward_scan(
+  hs, new_carry, _, _ = _forward(
     mix, mix_params, weights, inputs, carry, state_mask, steps, settings
   )
   return hs, new_carry
 
 
 def _recurrence_fwd(mix, mix_params, weights, inputs, carry, state_mask, steps, settings):
-  hs, new_carry, kernel, per_step = _forward_scan(
+  hs, new_carry, kernel, per_step = _forward(
     mix, mix_params, weights, inputs, carry, state_mask, steps, settings
   )
   saved = (mix_params, weights, kernel, inputs, carry, state_mask, steps, hs, per_step)
@@ -184,6 +208,37 @@ def _check_shapes(inputs, input_kernel, bias, recurrent_kernel, n):
     )
 
 
+def mixed_lstm_forward(
+  inputs: jax.Array,
+  input_kernel: jax.Array,
+  bias: jax.Array,
+  recurrent_kernel: jax.Array,
+  carry: tuple[jax.Array, jax.Array],
+  mix: Mix,
+  mix_params: Any,
+  state_mask: jax.Array | None = None,
+  dtype: Any = None,
+  cap_input_gate: bool = False,
+):
+  """`mixed_lstm_recurrence`'s forward pass alone, with what its backward
+  pass keeps of every step: the reference of a `ForwardPass`.
+
+  Returns:
+    (outputs h_1..h_T (T, B, n), (c_T, h_T), (gate activations [σ(i), σ(f),
+    tanh(j), σ(o)] (T, B, 4n), c_1..c_T (T, B, n), [x', h'] (T, B, m + n)
+    in `dtype`, mix's residuals (T, B, r))).
+  """
+  h0 = carry[1]
+  _check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
+  settings = _Settings(jnp.dtype(dtype or inputs.dtype), 1, cap_input_gate, contraction_alignment())
+  weights = (input_kernel, bias, recurrent_kernel)
+  mask = broadcast_state_mask(state_mask, h0)
+  hs, new_carry, _, per_step = _forward_scan(
+    mix, mix_params, weights, inputs, tuple(carry), mask, None, settings
+  )
+  return hs, new_carry, tuple(per_step)
+
+
 def mixed_lstm_recurrence(
   inputs: jax.Array,
   input_kernel: jax.Array,
@@ -197,6 +252,7 @@ def mixed_lstm_recurrence(
   unroll: int = 1,
   cap_input_gate: bool = False,
   steps: jax.Array | None = None,
+  forward: ForwardPass | None = None,
 ):
   """The LSTM over a window whose gates read (x'_t, h'_{t-1}) = mix(θ, x_t, m ⊙ h_{t-1}):
 
@@ -223,12 +279,16 @@ def mixed_lstm_recurrence(
     unroll: scan steps per loop iteration, forward and backward.
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
     steps: (T,) bool, the window's own steps, as `lstm_recurrence`'s.
+    forward: runs the forward pass in place of `lax.scan` (a kernel; it
+      takes no `steps`); the backward pass stays this one.
 
   Returns:
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
   """
   h0 = carry[1]
   _check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
+  if forward is not None and steps is not None:
+    raise ValueError('a forward pass of its own runs no held steps: pass steps=None')
   hs, new_carry = _recurrence(
     mix,
     mix_params,
@@ -237,6 +297,8 @@ def mixed_lstm_recurrence(
     tuple(carry),
     broadcast_state_mask(state_mask, h0),
     check_steps(steps, inputs.shape[0]),
-    _Settings(jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate, contraction_alignment()),
+    _Settings(
+      jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate, contraction_alignment(), forward
+    ),
   )
   return new_carry, hs
