@@ -289,16 +289,9 @@ def mixed_lstm_recurrence(
   _check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
   if forward is not None and steps is not None:
     raise ValueError('a forward pass of its own runs no held steps: pass steps=None')
-  hs, new_carry = _recurrence(
-    mix,
-    mix_params,
-    (input_kernel, bias, recurrent_kernel),
-    inputs,
-    tuple(carry),
-    broadcast_state_mask(state_mask, h0),
-    check_steps(steps, inputs.shape[0]),
-    _Settings(
-      jnp.dtype(dtype or inputs.dtype), unroll, cap_input_gate, contraction_alignment(), forward
-    ),
-  )
+  dtype = jnp.dtype(dtype or inputs.dtype)
+  settings = _Settings(dtype, unroll, cap_input_gate, contraction_alignment(), forward)
+  weights = (input_kernel, bias, recurrent_kernel)
+  mask, steps = broadcast_state_mask(state_mask, h0), check_steps(steps, inputs.shape[0])
+  hs, new_carry = _recurrence(mix, mix_params, weights, inputs, tuple(carry), mask, steps, settings)
   return new_carry, hs
