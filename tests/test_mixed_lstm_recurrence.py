@@ -12,7 +12,11 @@ import pytest
 from jaxprs import summed_sizes_in_loops
 
 from lm_zoo.cells.lstm import lstm_update
-from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_forward, mixed_lstm_recurrence
+from lm_zoo.cells.mixed_lstm_recurrence import (
+  mixed_lstm_backward_chain,
+  mixed_lstm_forward,
+  mixed_lstm_recurrence,
+)
 from lm_zoo.cells.mogrifier import MogrifierRounds
 from lm_zoo.layers.products import aligned_contractions, einsum
 
@@ -345,4 +349,43 @@ def test_a_forward_pass_of_its_own_runs_with_the_hand_written_backward():
         args['round_params'],
         steps=jnp.ones(6, bool),
         forward=_ShiftedForward(0.0),
+      )
+
+
+def test_the_backward_chain_alone_gives_autodiffs_gradients():
+  """`mixed_lstm_backward_chain` from `mixed_lstm_forward`'s residuals:
+  dL/dc_0, dL/dh_0, the mask's and the inputs' gradients as autodiff of the
+  plain scan gives them; the gate gradients summed over steps and rows are
+  dL/db, and each round's stash of d z_i summed is dL/d its bias."""
+  with jax.enable_x64():
+    args = mixed_inputs(3, 2, seed=10)
+    mix, r = MogrifierRounds(3), args['round_params']
+    values = [args[name] for name in MIXED_ARGS]
+    d_hs = jax.random.normal(jax.random.key(11), args['inputs'].shape[:2] + (4,), jnp.float64)
+    d_last = (jnp.full((3, 4), 0.2), jnp.full((3, 4), -0.3))
+
+    def loss(*values):
+      (c, h), hs = mixed_reference(mix, *values)
+      return jnp.sum(hs * d_hs) + jnp.sum(c * d_last[0]) + jnp.sum(h * d_last[1])
+
+    want = dict(zip(MIXED_ARGS, jax.grad(loss, argnums=range(len(MIXED_ARGS)))(*values)))
+    carry, weights = (args['c0'], args['h0']), (args['input_kernel'], args['recurrent_kernel'])
+    hs, _, per_step = mixed_lstm_forward(
+      args['inputs'], weights[0], args['bias'], weights[1], carry, mix, r, args['mask']
+    )
+    (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = mixed_lstm_backward_chain(
+      (d_hs, d_last), args['inputs'], *weights, carry, mix, r, args['mask'], hs, per_step
+    )
+    close = partial(np.testing.assert_allclose, rtol=1e-10, atol=1e-12)
+    close(d_c0, want['c0'])
+    close(d_h0, want['h0'])
+    close(d_mask, want['mask'])
+    close(d_inputs, want['inputs'])
+    close(jnp.sum(d_gates, axis=(0, 1)), want['bias'])
+    widths = [M, 4, M]  # the rounds' gate widths: x, h, x
+    starts = np.cumsum([0] + widths)
+    for i, name in enumerate(['q1', 'r2', 'q3']):
+      close(
+        jnp.sum(stashes[..., starts[i] : starts[i + 1]], axis=(0, 1)),
+        want['round_params'][name]['bias'],
       )

@@ -151,13 +151,15 @@ def _weight_gradients(weights, mixed, d_gates, dtype):
   )
 
 
-def _recurrence_bwd(mix, settings, saved, cotangents):
-  mix_params, weights, kernel, inputs, (c0, h0), state_mask, steps, hs, per_step = saved
-  acts, cs, mixed, residuals = per_step
+def _backward_scan(
+  mix, mix_params, kernel, inputs, carry, state_mask, steps, hs, per_step, cotangents, settings
+):
+  """The backward chain in reverse, a step at a time: ((dL/dc_0, dL/dh_0,
+  dL/d state_mask), (every step's gate gradients, dL/dx_t and mix's stash))."""
+  (c0, h0), (acts, _, _, residuals) = carry, per_step
   d_hs, d_carry_last = cotangents
-  dtype = settings.dtype
   h_prev = shifted(h0, hs)
-  f, d_c_from_h, gate_scales = backward_factors(acts, cs, c0, settings.cap_input_gate)
+  f, d_c_from_h, gate_scales = backward_factors(acts, per_step[1], c0, settings.cap_input_gate)
   kernel_t = aligned_rows(kernel.T, settings.alignment)
   m = inputs.shape[-1]
 
@@ -165,7 +167,7 @@ def _recurrence_bwd(mix, settings, saved, cotangents):
     d_c, d_h_next, d_mask = carry
     d_h_out, x_t, h_prev_t, f_t, d_c_from_h_t, gate_scales_t, residuals_t, valid = xs
     d_c, d_gates = gates_gradient(d_c, own(valid, d_h_out) + d_h_next, d_c_from_h_t, gate_scales_t)
-    d_mixed = aligned_product(d_gates, kernel_t, dtype)
+    d_mixed = aligned_product(d_gates, kernel_t, settings.dtype)
     d_x, d_h_in, stash = mix.backward(
       mix_params,
       x_t,
@@ -177,15 +179,23 @@ def _recurrence_bwd(mix, settings, saved, cotangents):
     previous = previous_step_gradients(d_c, f_t, d_h_in, h_prev_t, state_mask, d_h_next, d_mask)
     return held(valid, previous, carry), own(valid, (d_gates, d_x, stash))
 
-  (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = jax.lax.scan(
+  return jax.lax.scan(
     step,
     (*d_carry_last, jnp.zeros_like(state_mask)),
     (d_hs, inputs, h_prev, f, d_c_from_h, gate_scales, residuals, steps),
     reverse=True,
     unroll=settings.unroll,
   )
-  d_mix_params = mix.params_gradient(mix_params, inputs, h_prev * state_mask, residuals, stashes)
-  d_weights = _weight_gradients(weights, mixed, d_gates, dtype)
+
+
+def _recurrence_bwd(mix, settings, saved, cotangents):
+  mix_params, weights, kernel, inputs, carry, state_mask, steps, hs, per_step = saved
+  (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = _backward_scan(
+    mix, mix_params, kernel, inputs, carry, state_mask, steps, hs, per_step, cotangents, settings
+  )
+  h_in = shifted(carry[1], hs) * state_mask
+  d_mix_params = mix.params_gradient(mix_params, inputs, h_in, per_step[3], stashes)
+  d_weights = _weight_gradients(weights, per_step[2], d_gates, settings.dtype)
   return d_mix_params, d_weights, d_inputs, (d_c0, d_h0), d_mask, None
 
 
@@ -237,6 +247,48 @@ def mixed_lstm_forward(
     mix, mix_params, weights, inputs, tuple(carry), mask, None, settings
   )
   return hs, new_carry, tuple(per_step)
+
+
+def mixed_lstm_backward_chain(
+  cotangents,
+  inputs: jax.Array,
+  input_kernel: jax.Array,
+  recurrent_kernel: jax.Array,
+  carry: tuple[jax.Array, jax.Array],
+  mix: Mix,
+  mix_params: Any,
+  state_mask: jax.Array,
+  hs: jax.Array,
+  per_step,
+  dtype: Any = None,
+  cap_input_gate: bool = False,
+):
+  """`mixed_lstm_recurrence`'s backward chain alone, from the cotangents
+  (dL/dh_1..h_T (T, B, n), (dL/dc_T, dL/dh_T)) and what `mixed_lstm_forward`
+  kept (`hs`, `per_step`): the reference of a kernel's. The weight
+  gradients are not in it: they are products over the window after it.
+
+  Returns:
+    ((dL/dc_0, dL/dh_0, dL/d state_mask), (dL/d gate pre-activations
+    (T, B, 4n), dL/dx_t (T, B, m), mix's stash (T, B, s))).
+  """
+  dtype = jnp.dtype(dtype or inputs.dtype)
+  settings = _Settings(dtype, 1, cap_input_gate, contraction_alignment())
+  kernel = jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(dtype)
+  mask = broadcast_state_mask(state_mask, carry[1])
+  return _backward_scan(
+    mix,
+    mix_params,
+    kernel,
+    inputs,
+    tuple(carry),
+    mask,
+    None,
+    hs,
+    tuple(per_step),
+    cotangents,
+    settings,
+  )
 
 
 def mixed_lstm_recurrence(
