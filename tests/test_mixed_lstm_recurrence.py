@@ -389,3 +389,43 @@ def test_the_backward_chain_alone_gives_autodiffs_gradients():
         jnp.sum(stashes[..., starts[i] : starts[i + 1]], axis=(0, 1)),
         want['round_params'][name]['bias'],
       )
+
+
+class _ShiftedBackward:
+  """A `BackwardChain`: `mixed_lstm_backward_chain` with `shift` added to dL/dx."""
+
+  def __init__(self, shift):
+    self.shift = shift
+
+  def __call__(self, mix, mix_params, weights, inputs, carry, state_mask, hs, per_step, d, cap):
+    (input_kernel, _, recurrent_kernel) = weights
+    firsts, (d_gates, d_inputs, stashes) = mixed_lstm_backward_chain(
+      d, inputs, input_kernel, recurrent_kernel, carry, mix, mix_params, state_mask, hs, per_step
+    )
+    return firsts, (d_gates, d_inputs + self.shift, stashes)
+
+
+def test_a_backward_chain_of_its_own_gives_the_window_its_gradients():
+  """Every gradient comes from the given chain: with dL/dx shifted, the
+  inputs' gradient is shifted and every other one is the scan's."""
+  with jax.enable_x64():
+    args = mixed_inputs(2, 2, seed=12)
+    values = [args[name] for name in MIXED_ARGS]
+    mix = MogrifierRounds(2)
+
+    def window(backward):
+      def run(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask):
+        weights = (input_kernel, bias, recurrent_kernel)
+        return mixed_lstm_recurrence(
+          inputs, *weights, (c0, h0), mix, round_params, mask, backward=backward
+        )
+
+      return run
+
+    grads = [
+      jax.grad(mixed_objective(window(backward), mix), argnums=range(len(MIXED_ARGS)))(*values)
+      for backward in (None, _ShiftedBackward(0.5))
+    ]
+    for name, scan, own in zip(MIXED_ARGS, *grads):
+      shift = 0.5 if name == 'inputs' else 0.0
+      jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a + shift, rtol=1e-12), scan, own)

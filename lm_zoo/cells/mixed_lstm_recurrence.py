@@ -65,14 +65,16 @@ class Mix(Protocol):
 
 class _Settings(NamedTuple):
   """The window's static arguments: the products' dtype, the scans' unroll,
-  the capped input gate, `contraction_alignment` and the forward pass
-  (None: `lax.scan`; else a `ForwardPass`)."""
+  the capped input gate, `contraction_alignment`, and the forward pass and
+  the backward chain (None: `lax.scan`; else a `ForwardPass`, a
+  `BackwardChain`)."""
 
   dtype: Any
   unroll: int
   cap_input_gate: bool
   alignment: int
   forward: Any = None
+  backward: Any = None
 
 
 class ForwardPass(Protocol):
@@ -82,6 +84,18 @@ class ForwardPass(Protocol):
   `mixed_lstm_forward` returns, with `mixed` in the products' dtype."""
 
   def __call__(self, mix, mix_params, weights, inputs, carry, state_mask, cap_input_gate): ...
+
+
+class BackwardChain(Protocol):
+  """Another way to run the backward chain (a kernel): hashable, called as
+  backward(mix, mix_params, (W, b, U), inputs, (c_0, h_0), state_mask (B,
+  n), hs, per_step, cotangents, cap_input_gate) and returning what
+  `mixed_lstm_backward_chain` returns; the weight gradients stay products
+  over the window after it."""
+
+  def __call__(
+    self, mix, mix_params, weights, inputs, carry, state_mask, hs, per_step, cotangents, cap
+  ): ...
 
 
 def _forward_scan(mix, mix_params, weights, inputs, carry, state_mask, steps, settings):
@@ -190,9 +204,24 @@ def _backward_scan(
 
 def _recurrence_bwd(mix, settings, saved, cotangents):
   mix_params, weights, kernel, inputs, carry, state_mask, steps, hs, per_step = saved
-  (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = _backward_scan(
-    mix, mix_params, kernel, inputs, carry, state_mask, steps, hs, per_step, cotangents, settings
-  )
+  if settings.backward is None:
+    chain = _backward_scan(
+      mix, mix_params, kernel, inputs, carry, state_mask, steps, hs, per_step, cotangents, settings
+    )
+  else:
+    chain = settings.backward(
+      mix,
+      mix_params,
+      weights,
+      inputs,
+      carry,
+      state_mask,
+      hs,
+      per_step,
+      cotangents,
+      settings.cap_input_gate,
+    )
+  (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = chain
   h_in = shifted(carry[1], hs) * state_mask
   d_mix_params = mix.params_gradient(mix_params, inputs, h_in, per_step[3], stashes)
   d_weights = _weight_gradients(weights, per_step[2], d_gates, settings.dtype)
@@ -305,6 +334,7 @@ def mixed_lstm_recurrence(
   cap_input_gate: bool = False,
   steps: jax.Array | None = None,
   forward: ForwardPass | None = None,
+  backward: BackwardChain | None = None,
 ):
   """The LSTM over a window whose gates read (x'_t, h'_{t-1}) = mix(θ, x_t, m ⊙ h_{t-1}):
 
@@ -333,16 +363,18 @@ def mixed_lstm_recurrence(
     steps: (T,) bool, the window's own steps, as `lstm_recurrence`'s.
     forward: runs the forward pass in place of `lax.scan` (a kernel; it
       takes no `steps`); the backward pass stays this one.
+    backward: runs the backward chain in place of `lax.scan` (a kernel; no
+      `steps`); the weight gradients stay products over the window.
 
   Returns:
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
   """
   h0 = carry[1]
   _check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
-  if forward is not None and steps is not None:
-    raise ValueError('a forward pass of its own runs no held steps: pass steps=None')
+  if (forward, backward) != (None, None) and steps is not None:
+    raise ValueError('a forward or backward pass of its own runs no held steps: pass steps=None')
   dtype = jnp.dtype(dtype or inputs.dtype)
-  settings = _Settings(dtype, unroll, cap_input_gate, contraction_alignment(), forward)
+  settings = _Settings(dtype, unroll, cap_input_gate, contraction_alignment(), forward, backward)
   weights = (input_kernel, bias, recurrent_kernel)
   mask, steps = broadcast_state_mask(state_mask, h0), check_steps(steps, inputs.shape[0])
   hs, new_carry = _recurrence(mix, mix_params, weights, inputs, tuple(carry), mask, steps, settings)
