@@ -174,8 +174,9 @@ def _weight_rows(input_kernel, recurrent_kernel, rounds, plan: Plan, transposed:
     x = by_blocks(kernel.astype(bf16), layout, (length,))
     return jnp.moveaxis(x, 0, 1).reshape(blocks, length // blocks, -1)
 
-  def padded(a, shape):
-    return jnp.pad(a, [(0, s - d) for d, s in zip(a.shape, shape)]).astype(bf16)
+  def padded(a, shape):  # the leading axes zero-padded to `shape`
+    pads = [(0, s - d) for d, s in zip(a.shape, shape)]
+    return jnp.pad(a, pads + [(0, 0)] * (a.ndim - len(shape))).astype(bf16)
 
   wu = jnp.concatenate([rows(input_kernel, plan.inputs), rows(recurrent_kernel, layout.units)], 1)
   outs = [padded(p['kernel_out'], (rank, plan.width)) for p in rounds]
