@@ -129,14 +129,20 @@ def _stream(copy, buf_s, bars, rows, width: int, chunk: int, shape, transposed: 
   def accumulate(acc):
     for c in range(min(BUFFERS, chunks)):
       copy(c, buf_s.at[c], bars.at[c])
-    for c in range(chunks):
+
+    @pl.loop(0, chunks)
+    def _(c):
       slot = c % BUFFERS
       plgpu.barrier_wait(bars.at[slot])
-      plgpu.wgmma(acc, buf_s.at[slot], _rows_t(rows, pl.ds(c * chunk, chunk), transposed))
+      cols = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
+      plgpu.wgmma(acc, buf_s.at[slot], _rows_t(rows, cols, transposed))
       refill = c - 1 + BUFFERS
-      if c >= 1 and refill < chunks:
+
+      @pl.when((c >= 1) & (refill < chunks))
+      def _():
         plgpu.wgmma_wait(1)  # chunk c-1's product has read its buffer
         copy(refill, buf_s.at[refill % BUFFERS], bars.at[refill % BUFFERS])
+
     return acc[...]
 
   return pl.run_scoped(accumulate, plgpu.ACC(shape))
