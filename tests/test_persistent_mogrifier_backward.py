@@ -14,8 +14,9 @@ import pytest
 
 from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_backward_chain, mixed_lstm_forward
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
+from lm_zoo.cells.persistent_mogrifier import chain_factors
 from lm_zoo.kernels.persistent_mogrifier_backward import persistent_mogrifier_backward, plan_for
-from lm_zoo.kernels.persistent_mogrifier_phases import smem_bytes
+from lm_zoo.kernels.persistent_mogrifier_backward_phases import smem_bytes
 
 # Not public in jax 0.10: the library takes the params from its caller.
 params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
@@ -27,8 +28,9 @@ def _normal(rng, shape, scale=1.0):
 
 
 def _window(seed, steps, batch, m, n, rounds, rank, zigzag, cap):
-  """The kernel's arguments (a forward pass run, random cotangents, a
-  dropout mask of zeros and 1 / 0.6) and the reference's outputs."""
+  """The kernel's arguments (a forward pass run, its factors, random
+  cotangents, a dropout mask of zeros and 1 / 0.6) and the reference's
+  outputs."""
   rng = np.random.default_rng(seed)
   inputs, bias = _normal(rng, (steps, batch, m)), _normal(rng, (4 * n,), 0.1)
   w, u = _normal(rng, (m, 4 * n), 0.3), _normal(rng, (n, 4 * n), 0.3)
@@ -53,8 +55,8 @@ def _window(seed, steps, batch, m, n, rounds, rank, zigzag, cap):
   want = mixed_lstm_backward_chain(
     cotangents, inputs, w, u, carry, mix, named, mask, hs, per_step, jnp.bfloat16, cap
   )
-  args = (cotangents, inputs, round_params, w, u, carry, mask, hs, per_step)
-  return args, want
+  factors = chain_factors(inputs, carry, mask, hs, per_step, mix, cap)
+  return (cotangents, *factors, round_params, w, u, mask), want
 
 
 def _assert_close(got, want, tol=2e-5):
@@ -79,7 +81,7 @@ def test_the_backward_chain_is_mixed_lstm_backward_chain(sizes, zigzag, cap, blo
   to float32 rounding; a state mask with zeros throughout."""
   args, want = _window(sum(sizes), *sizes, zigzag, cap)
   got = persistent_mogrifier_backward(
-    *args, cap_input_gate=cap, zigzag=zigzag, blocks=blocks, mode=mode, interpret=INTERPRET
+    *args, zigzag=zigzag, blocks=blocks, mode=mode, interpret=INTERPRET
   )
   _assert_close(got, want)
 
@@ -91,18 +93,12 @@ def _shapes(steps, batch, m, n, rounds, rank):
   for i in range(1, rounds + 1):
     source, target = (n, m) if i % 2 else (m, n)
     round_params.append({'kernel_in': s((source, rank), f32), 'kernel_out': s((rank, target), f32)})
-  stash = sum(m if i % 2 else n for i in range(1, rounds + 1)) + rounds * rank
-  per_step = (
-    s((steps, batch, 4 * n), f32),
-    s((steps, batch, n), f32),
-    s((steps, batch, m + n), jnp.bfloat16),
-    s((steps, batch, stash), f32),
-  )
-  state = s((batch, n), f32)
-  cotangents = (s((steps, batch, n), f32), (state, state))
-  inputs, kernels = s((steps, batch, m), f32), (s((m, 4 * n), f32), s((n, 4 * n), f32))
-  hs = s((steps, batch, n), f32)
-  return (cotangents, inputs, round_params, *kernels, (state, state), state, hs, per_step)
+  block, state = s((steps, batch, n), f32), s((batch, n), f32)
+  factors = (block, block, s((steps, batch, 4 * n), f32))
+  round_factors = [(s((steps, batch, w), f32),) * 2 for w in ([m, n] * rounds)[:rounds]]
+  cotangents = (block, (state, state))
+  kernels = (s((m, 4 * n), f32), s((n, 4 * n), f32))
+  return (cotangents, factors, block, round_factors, round_params, *kernels, state)
 
 
 def _lowered(sizes, mode):
@@ -146,7 +142,7 @@ def _refused(change, **kwargs):
 @pytest.mark.parametrize(
   'change, kwargs, message',
   [
-    ({2: [{'kernel': jnp.zeros((8, 5))}]}, {}, r'rounds\[0\] is full rank'),
+    ({4: [{'kernel': jnp.zeros((8, 5))}]}, {}, r'rounds\[0\] is full rank'),
     ({}, dict(mode='fast'), 'mode must be one of persistent, unfenced, per_step, no_barrier'),
     ({}, dict(blocks=2), "mode='persistent' with blocks=2 cannot run interpreted"),
   ],

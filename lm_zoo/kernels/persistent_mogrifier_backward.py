@@ -16,9 +16,11 @@ For t = T-1 down to 0, from the forward's residuals (`mixed_lstm_forward`):
     dL/dx_t = d_x,  d_h_in = d_h:  d_mask += d_h_in ⊙ h_{t-1},  d_h_next = d_h_in ⊙ m
 
 (round i = A_i B_i: `kernel_in` (source width, k), `kernel_out` (k, target
-width); g_i and prev_i, the value it gated, are rebuilt beforehand by XLA
-from x_t, m ⊙ h_{t-1} and the kept gates, as everything elementwise over
-the window: `backward_factors` too). It returns dG (T, B, 4n), dL/dx_t, the
+width)). Its caller computes what is elementwise over the window before it,
+as for `persistent_lstm_backward`: the cell update's factors
+(`backward_factors`) and each round's g_i and prev_i, the value it gated
+(rebuilt from x_t, m ⊙ h_{t-1} and the kept gates by `mogrify_rounds`:
+`lm_zoo.cells.persistent_mogrifier`). It returns dG (T, B, 4n), dL/dx_t, the
 rounds' stash (dz_1..dz_r, d_hidden_1..d_hidden_r, as `MogrifierRounds`
 packs it) and dL/dc_0, dL/dh_0, dL/dm, all float32.
 
@@ -29,7 +31,7 @@ in shared memory [W; U]'s rows of its features and units (read transposed,
 as `persistent_lstm_backward` reads U's), A_i's rows of its source slice and
 B_i's 8 rows of each (round, 8-column group of k_pad) pair it reduces: pair
 p = (i-1) k_pad/8 + j belongs to block p mod G, its slot p // G. A step is
-2r + 2 phases with 2r + 1 grid barrier crossings (`persistent_mogrifier_phases`):
+2r + 2 phases with 2r + 1 grid barrier crossings (`persistent_mogrifier_backward_phases`):
 dG_t (local) published, the whole dG_t streamed through two chunk buffers
 against the block's rows; then per round dz_i (local) published, the whole
 dz_i streamed by the reducers into d_hidden_i's columns, published, and
@@ -56,21 +58,18 @@ semaphores and runs blocks one after another.
 Example::
 
   (d_c0, d_h0, d_mask), (d_gates, d_inputs, stashes) = persistent_mogrifier_backward(
-    cotangents, inputs, rounds, W, U, (c0, h0), mask, hs, per_step
+    cotangents, factors, h_prev, round_factors, rounds, W, U, mask
   )
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.lstm_recurrence import backward_factors, shifted
-from lm_zoo.cells.mogrifier import mogrify_rounds
 from lm_zoo.kernels.grid_barrier import check_blocks_run, check_mode, one_model_a_launch
 from lm_zoo.kernels.persistent_lstm import (
   GATES,
@@ -81,7 +80,12 @@ from lm_zoo.kernels.persistent_lstm import (
   layout_for,
   unblocked_gates,
 )
-from lm_zoo.kernels.persistent_mogrifier_phases import Plan, launch, smem_bytes, step_phases
+from lm_zoo.kernels.persistent_mogrifier_backward_phases import (
+  Plan,
+  launch,
+  smem_bytes,
+  step_phases,
+)
 
 CHUNK_LIMIT = 512  # columns a stream buffer holds: 64 x 512 bfloat16 = 64 KiB
 
@@ -115,28 +119,32 @@ def plan_for(batch: int, m: int, n: int, k: int, rounds: int, zigzag: bool, bloc
   )
 
 
-def _check_args(cotangents, inputs, rounds, input_kernel, recurrent_kernel, carry, mode):
+def _check_args(cotangents, h_prev, round_factors, rounds, input_kernel, recurrent_kernel, mode):
   check_mode(mode)
-  if inputs.ndim != 3 or inputs.shape[0] < 1:
-    raise ValueError(f'inputs must be (T >= 1, B, m), got {inputs.shape}')
-  steps, batch, m = inputs.shape
-  n = recurrent_kernel.shape[0]
+  if h_prev.ndim != 3 or h_prev.shape[0] < 1:
+    raise ValueError(f'h_prev must be (T >= 1, B, n), got {h_prev.shape}')
+  steps, batch, n = h_prev.shape
+  m = input_kernel.shape[0]
   if not rounds:
     raise ValueError('rounds must hold at least one round (zero rounds: the plain LSTM kernel)')
   for i, p in enumerate(rounds, start=1):
     if 'kernel_in' not in p:
       raise ValueError(f'rounds[{i - 1}] is full rank: the kernel takes low-rank rounds only')
+  if len(round_factors) != len(rounds):
+    raise ValueError(
+      f'round_factors must hold one pair a round ({len(rounds)}), got {len(round_factors)}'
+    )
   wanted = {
     'input_kernel': (input_kernel, (m, GATES * n)),
     'recurrent_kernel': (recurrent_kernel, (n, GATES * n)),
     'cotangents[0]': (cotangents[0], (steps, batch, n)),
-    'carry[0]': (carry[0], (batch, n)),
   }
   for i, p in enumerate(rounds, start=1):
     source, target = (n, m) if i % 2 else (m, n)
     k = rounds[0]['kernel_in'].shape[-1]
     wanted[f'rounds[{i - 1}] kernel_in'] = (p['kernel_in'], (source, k))
     wanted[f'rounds[{i - 1}] kernel_out'] = (p['kernel_out'], (k, target))
+    wanted[f'round_factors[{i - 1}]'] = (round_factors[i - 1][0], (steps, batch, target))
   for name, (array, shape) in wanted.items():
     if array.shape != shape:
       raise ValueError(f'{name} must be {shape}, got {array.shape}')
@@ -150,17 +158,15 @@ def _by_blocks(parts, rows: int, width: int, blocks: int):
   return jnp.moveaxis(x, 3, 1).astype(jnp.float32)
 
 
-def _round_factors(inputs, h_in, residuals, plan: Plan):
+def _round_factors(round_factors, plan: Plan):
   """Per round (prev_i, g_i) on its target, by blocks: odd rounds (T, r_odd,
   G, 2, 64, v), even (T, r_even, G, 2, 64, u) (zeros when r = 1)."""
-  m, n, r = inputs.shape[-1], h_in.shape[-1], plan.rounds
-  widths = [m if i % 2 else n for i in range(1, r + 1)]
-  gates = jnp.split(residuals[..., : sum(widths)], list(itertools.accumulate(widths))[:-1], -1)
-  _, _, trace = mogrify_rounds(inputs, h_in, lambda i, _: (gates[i - 1], None), r, plan.zigzag)
   rows, blocks = plan.layout.rows, plan.layout.blocks
   sides = []
   for first, width in ((0, plan.inputs), (1, plan.layout.units)):
-    laid = [_by_blocks([gated, gate], rows, width, blocks) for _, gated, gate, _ in trace[first::2]]
+    laid = [
+      _by_blocks([gated, gate], rows, width, blocks) for gated, gate in round_factors[first::2]
+    ]
     sides.append(jnp.stack(laid, 1) if laid else jnp.zeros_like(sides[0][:, :1]))
   return sides
 
@@ -244,16 +250,14 @@ def _run(arrays, plan: Plan, mode: str, interpret: Any):
   return one_model_a_launch(launches)(*arrays)
 
 
-def _prepare(cotangents, inputs, rounds, weights, carry, mask, hs, per_step, plan, cap, transposed):
-  """The kernel's inputs (`persistent_mogrifier_phases.INPUTS`), laid out by blocks."""
-  (c0, h0), (acts, cs, _, residuals) = carry, per_step
+def _prepare(cotangents, factors, h_prev, round_factors, rounds, weights, mask, plan, transposed):
+  """The kernel's inputs (`persistent_mogrifier_backward_phases.INPUTS`), laid out by blocks."""
   d_hs, (d_c_last, d_h_last) = cotangents
+  forget, d_c_from_h, scales = factors
   rows, units, blocks = plan.layout.rows, plan.layout.units, plan.layout.blocks
-  forget, d_c_from_h, scales = backward_factors(acts, cs, c0, cap)
   lf = _by_blocks([*jnp.split(scales, GATES, -1), forget, d_c_from_h, d_hs], rows, units, blocks)
-  h_prev = shifted(h0, hs)
   hp = _by_blocks([h_prev], rows, units, blocks)[:, :, 0]
-  rfx, rfh = _round_factors(inputs, h_prev * mask, residuals, plan)
+  rfx, rfh = _round_factors(round_factors, plan)
   fixed = _weight_rows(*weights, rounds, plan, transposed)
   m = jnp.pad(mask, ((0, rows - mask.shape[0]), (0, units - mask.shape[1]))).astype(jnp.float32)
   zeros = jnp.zeros_like(d_c_last)
@@ -264,16 +268,14 @@ def _prepare(cotangents, inputs, rounds, weights, carry, mask, hs, per_step, pla
 
 def persistent_mogrifier_backward(
   cotangents,
-  inputs: jax.Array,
+  factors,
+  h_prev: jax.Array,
+  round_factors,
   rounds,
   input_kernel: jax.Array,
   recurrent_kernel: jax.Array,
-  carry,
   state_mask: jax.Array,
-  hs: jax.Array,
-  per_step,
   *,
-  cap_input_gate: bool = False,
   zigzag: bool = True,
   blocks: int | None = None,
   mode: str = 'persistent',
@@ -283,15 +285,17 @@ def persistent_mogrifier_backward(
 
   Args:
     cotangents: (dL/dh_1..h_T (T, B, n), (dL/dc_T, dL/dh_T)).
-    inputs: x_1..x_T, (T, B, m).
+    factors: the cell update's, (σ(f), dc/dh, the gates' scales)
+      (`lstm_recurrence.backward_factors`: the capped gate is in them).
+    h_prev: h_0..h_{T-1}, (T, B, n), unmasked.
+    round_factors: per round i, (prev_i, g_i), each (T, B, its target
+      width): the value it gated and its gate (`mogrify_rounds`' trace).
     rounds: r dicts, round i's `LowRankDense` parameters ('kernel_in' (source
       width, k), 'kernel_out' (k, target width); a bias is not needed):
       odd i from h to x, even from x to h. Full rank is refused.
     input_kernel, recurrent_kernel: W (m, 4n) and U (n, 4n); bfloat16 products.
-    carry: (c_0, h_0), each (B, n); B at most 64.
-    state_mask: m on the fed-back state, (B, n).
-    hs, per_step: `mixed_lstm_forward`'s outputs and residuals.
-    cap_input_gate, zigzag: as the forward's.
+    state_mask: m on the fed-back state, (B, n); B at most 64.
+    zigzag: as the forward's: without it d_source goes to the originals.
     blocks, mode, interpret: as `persistent_lstm_backward`'s; 'per_step' is
       a launch a phase here.
 
@@ -299,17 +303,16 @@ def persistent_mogrifier_backward(
     ((dL/dc_0, dL/dh_0, dL/dm), (dG (T, B, 4n), dL/dx_t (T, B, m), the
     rounds' stash (T, B, Σ_i w_i + r k))), all float32.
   """
-  _check_args(cotangents, inputs, rounds, input_kernel, recurrent_kernel, carry, mode)
-  steps, batch, m = inputs.shape
-  n, k = recurrent_kernel.shape[0], rounds[0]['kernel_in'].shape[-1]
+  _check_args(cotangents, h_prev, round_factors, rounds, input_kernel, recurrent_kernel, mode)
+  steps, batch, n = h_prev.shape
+  m, k = input_kernel.shape[0], rounds[0]['kernel_in'].shape[-1]
   plan = plan_for(batch, m, n, k, len(rounds), zigzag, blocks)
   check_blocks_run(plan.layout.blocks, mode, interpret)
-  mask = jnp.broadcast_to(state_mask, carry[1].shape).astype(jnp.float32)
+  mask = jnp.broadcast_to(state_mask, (batch, n)).astype(jnp.float32)
   weights = (input_kernel, recurrent_kernel)
   arrays = _prepare(
-    cotangents, inputs, rounds, weights, carry, mask, hs, per_step, plan, cap_input_gate,
-    interpret is None,
-  )  # fmt: skip
+    cotangents, factors, h_prev, round_factors, rounds, weights, mask, plan, interpret is None
+  )
   dg, dx, dz, dh, sh = _run(arrays, plan, mode, interpret)
   widths = [m if i % 2 else n for i in range(1, len(rounds) + 1)]
   stash = [dz[:, i, :batch, :w] for i, w in enumerate(widths)]
