@@ -52,9 +52,12 @@ operands 8 columns wide (A's pairs, B_i's slices) are stored K-major and
 read transposed. At the 24M recipe (m = n = 912, k = 84, r = 5, batch 64):
 G = 116 blocks of u = v = 8, m_pad = n_pad = 928, k_pad = 96, J = 12 (60
 pairs: one slot), chunks of 32 columns (928 = 29 x 32); shared memory per
-block [W; U] 1856 x 32 x 2 = 116 KiB, A's pair 15 KiB, a_i 12 KiB, B_i's
-slices 7.5 KiB, the buffers 8 KiB, biases, state and output tiles 38 KiB:
-201,760 bytes of the 227 KiB (`Plan.smem_bytes`; larger sizes are refused).
+block [W; U] 1856 x 32 x 2 = 116 KiB, A's pair 14.5 KiB, a_i 12 KiB, B_i's
+slices 7.5 KiB, the buffers 8 KiB, biases, state and output tiles 46 KiB:
+208,920 bytes of the 227 KiB (`Plan.smem_bytes`; larger sizes are refused).
+The streamed products loop over their chunks (unrolled, Mosaic GPU's layout
+inference took 15 s to lower the recipe's kernel; looped, 1.5 s), so [W; U]
+and A's pairs are laid out a chunk of rows after another.
 
 Modes (`grid_barrier.MODES`): 'persistent' is the one launch above (with
 one block it needs no barrier), 'unfenced' the same without the barrier's
@@ -142,19 +145,20 @@ def _targets(plan: Plan, rounds, first: int, width: int):
 
 
 def _weights(plan: Plan, rounds, input_kernel, bias, recurrent_kernel, mask):
-  """The weights re-laid out by blocks: [W; U]'s columns, A's pairs (G,
-  slots, widest, 8) (compiled (G, slots, 8, widest)), B's slices (odd,
-  even), the biases, and the mask (64, n_pad)."""
+  """The weights re-laid out by blocks: [W; U]'s columns (G, chunks,
+  chunk, 4u), A's pairs (G, slots, chunks, chunk, 8) (compiled: (..., 8,
+  chunk)), B's slices (odd, even), the biases, and the mask (64, n_pad)."""
   layout, rows, n = plan.layout, plan.layout.rows, recurrent_kernel.shape[0]
   kernel = jnp.concatenate(
     [_rows(input_kernel, plan.inputs), _rows(recurrent_kernel, layout.units)]
   ).astype(jnp.bfloat16)
   wu = by_blocks(kernel, layout, (kernel.shape[0],))
+  wu = wu.reshape(layout.blocks, -1, plan.chunk, wu.shape[-1])  # chunks of rows
   bias_g = by_blocks(jnp.broadcast_to(bias.astype(jnp.float32), (rows, GATES * n)), layout, (rows,))
   a = jnp.stack([_rows(p['kernel_in'], plan.widest, plan.rank) for p in rounds])
   pairs = a.reshape(len(rounds), plan.widest, plan.groups, PAIR).swapaxes(1, 2)
   pairs = _rows(pairs.reshape(-1, plan.widest, PAIR), plan.slots * layout.blocks)
-  pairs = pairs.reshape(plan.slots, layout.blocks, plan.widest, PAIR).swapaxes(0, 1)
+  pairs = pairs.reshape(plan.slots, layout.blocks, -1, plan.chunk, PAIR).swapaxes(0, 1)
   pairs = (pairs.swapaxes(-1, -2) if plan.transposed else pairs).astype(jnp.bfloat16)
   bx, bias_x = _targets(plan, rounds, 1, plan.inputs)
   bh, bias_h = _targets(plan, rounds, 2, layout.units)

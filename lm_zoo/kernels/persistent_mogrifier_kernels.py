@@ -16,6 +16,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from lm_zoo.kernels.grid_barrier import grid_barrier
 from lm_zoo.kernels.persistent_lstm import GATES
 from lm_zoo.kernels.persistent_mogrifier_phases import (
+  WEIGHTS,
   Block,
   Plan,
   Smem,
@@ -23,7 +24,6 @@ from lm_zoo.kernels.persistent_mogrifier_phases import (
   scratch_types,
 )
 
-WEIGHTS = 8  # [W; U], A's pairs, B's odd and even slices, their biases, the gates' bias, m
 PHASE_ARGS = {'reduce': (1, 2), 'update': (1, 2), 'gates': (2, 4)}  # (inputs, outputs)
 
 
@@ -87,11 +87,11 @@ def _window_step(block: Block, t, phase, ins, outs):
 
 
 def _persistent_body(*refs, plan: Plan, steps: int, mode: str):
-  ins, weights, outs = refs[:5], refs[5 : 5 + WEIGHTS], refs[5 + WEIGHTS : 16 + WEIGHTS]
-  x_g, _, h_g, _, c0_g = ins
-  block = Block(plan, Smem(*refs[16 + WEIGHTS :]), jax.lax.axis_index('blocks'))
-  block.load_weights(*weights)
-  block.copy_state(c0_g, x_g.at[0], h_g, into_smem=True)
+  ins, weights, outs, scratch = _split(refs, 5, len(WEIGHTS), 11)
+  _, _, h_g, _, c0_g = ins
+  block = Block(plan, Smem(*scratch), jax.lax.axis_index('blocks'))
+  block.load_weights(dict(zip(WEIGHTS, weights)))
+  block.copy_state({'c': c0_g, 'h': h_g}, into_smem=True)
   sync = grid_barrier(mode, plan.layout.blocks)
   crossings = 2 * plan.rounds + 1
 
@@ -142,28 +142,46 @@ def persistent_kernel(plan: Plan, steps: int, mode: str, interpret: Any):
   return _launch(body, out_type, plan, interpret)
 
 
+def _phase_reads(phase: str, i: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """The weights and the state (`Smem` names) a phase's launch copies in;
+  it copies the state back out."""
+  if phase == 'reduce':
+    return ('a',), ()
+  if phase == 'update':
+    return (('bx', 'bias_x'), ('x',)) if i % 2 else (('bh', 'bias_h'), ('h',))
+  return ('wu', 'bias_g', 'm'), ('c', 'h')
+
+
+def _split(refs, *sizes):
+  """`refs` cut into consecutive groups of `sizes`, and the rest."""
+  groups = []
+  for size in sizes:
+    groups.append(refs[:size])
+    refs = refs[size:]
+  return (*groups, refs)
+
+
 def _phase_body(*refs, plan: Plan, phase: str, i: int):
-  ins, outs = PHASE_ARGS[phase]
-  state, weights = refs[:3], refs[3 : 3 + WEIGHTS]
-  args, refs = refs[3 + WEIGHTS : 3 + WEIGHTS + ins], refs[3 + WEIGHTS + ins :]
-  new_state, results = refs[:3], refs[3 : 3 + outs]
-  block = Block(plan, Smem(*refs[3 + outs :]), jax.lax.axis_index('blocks'))
-  block.load_weights(*weights)
-  block.copy_state(*state, into_smem=True)
+  (ins, outs), (weights, state) = PHASE_ARGS[phase], _phase_reads(phase, i)
+  sizes = (len(state), len(weights), ins, len(state), outs)
+  state_in, weights_in, args, state_out, results, scratch = _split(refs, *sizes)
+  block = Block(plan, Smem(*scratch), jax.lax.axis_index('blocks'))
+  block.load_weights(dict(zip(weights, weights_in)))
+  block.copy_state(dict(zip(state, state_in)), into_smem=True)
   if phase == 'reduce':
     block.reduce(i, from_columns(args[0]), *results)
   elif phase == 'update':
     block.update(i, args[0], *results)
   else:
     block.gates(from_columns(args[0]), from_columns(args[1]), *results)
-  block.copy_state(*new_state, into_smem=False)
+  block.copy_state(dict(zip(state, state_out)), into_smem=False)
 
 
 def _phase_kernel(plan: Plan, phase: str, i: int, interpret: Any):
-  """One phase of one step: (c, x^i, h^i (64, width) float32 each, the
-  weights, the phase's inputs) -> (c, x^i, h^i, its outputs): a reduce
-  (source) -> (a_i float32, bfloat16), an update (a_i) -> (published,
-  g_i), the gates (x^↑, h^↑) -> (h_t, m ⊙ h_t, activations, c_t)."""
+  """One phase of one step: (its state (`_phase_reads`: c, x^i, h^i (64,
+  width) float32), its weights, its inputs) -> (the state, its outputs): a
+  reduce (source) -> (a_i float32, bfloat16), an update (a_i) ->
+  (published, g_i), the gates (x^↑, h^↑) -> (h_t, m ⊙ h_t, activations, c_t)."""
   rows, n, m, k = plan.layout.rows, plan.layout.units, plan.inputs, plan.rank
   f32, bf16 = jnp.float32, jnp.bfloat16
   s = lambda *shape, dtype=f32: jax.ShapeDtypeStruct(shape, dtype)
@@ -178,32 +196,39 @@ def _phase_kernel(plan: Plan, phase: str, i: int, interpret: Any):
       s(rows, n),
     ),
   }[phase]
+  state = [s(rows, m if name == 'x' else n) for name in _phase_reads(phase, i)[1]]
   body = functools.partial(_phase_body, plan=plan, phase=phase, i=i)
-  return _launch(body, (s(rows, n), s(rows, m), s(rows, n), *results), plan, interpret)
+  return _launch(body, (*state, *results), plan, interpret)
 
 
 def run_per_phase(plan: Plan, interpret: Any, x, x16, h, h16, c, *weights):
   """The window a phase a launch (mode 'per_step'): `persistent_kernel`'s
   arguments; returns (hs, history, activations, cs, c_T, a (T, r, 64,
   k_pad), per round its published values and g_i (T, 64, width))."""
-  r = plan.rounds
-  launch = lambda phase, i, *args: _phase_kernel(plan, phase, i, interpret)(*args)
+  r, weights = plan.rounds, dict(zip(WEIGHTS, weights))
+
+  def launch(phase, i, state, *args):
+    names, state_names = _phase_reads(phase, i)
+    kernel = _phase_kernel(plan, phase, i, interpret)
+    outs = kernel(*(state[k] for k in state_names), *(weights[k] for k in names), *args)
+    state.update(zip(state_names, outs))
+    return outs[len(state_names) :]
 
   def step(carry, xs):
     c, h, h16 = carry
     x_t, x16_t = xs
-    state, published, gates, a32s = (c, x_t, h), [], [], []
+    state, published, gates, a32s = {'c': c, 'x': x_t, 'h': h}, [], [], []
     for i in range(1, r + 1):
       source = published[-1] if plan.zigzag and i > 1 else (h16 if i % 2 else x16_t)
-      *state, a32, a16 = launch('reduce', i, *state, *weights, source)
-      *state, pub, gate = launch('update', i, *state, *weights, a16)
+      a32, a16 = launch('reduce', i, state, source)
+      pub, gate = launch('update', i, state, a16)
       a32s.append(a32)
       published.append(pub)
       gates.append(gate)
     last_x, last_h = _last_rounds(r)
     h_up = published[last_h - 1] if last_h else h16
-    c, _, h, hs, hist, acts, cs = launch('gates', 0, *state, *weights, published[last_x - 1], h_up)
-    return (c, h, hist), (hs, hist, acts, cs, jnp.stack(a32s), published, gates)
+    hs, hist, acts, cs = launch('gates', 0, state, published[last_x - 1], h_up)
+    return (state['c'], state['h'], hist), (hs, hist, acts, cs, jnp.stack(a32s), published, gates)
 
   (c, _, _), outs = jax.lax.scan(step, (c, h, h16), (x, x16))
   hs, hist, acts, cs, a32, published, gates = outs

@@ -28,6 +28,8 @@ BUFFERS = 2  # the copy of chunk k+1 in flight while chunk k is multiplied
 CHUNK_LIMIT = 128  # columns of a streamed operand a buffer holds: 64 x 128 bfloat16
 MAX_N = 256  # wgmma's largest N
 MISC = BUFFERS  # the barrier of the one-off copies (weights, state, a_i, x_t)
+# The weights a block copies once (`Smem`'s names), in the kernels' argument order.
+WEIGHTS = ('wu', 'a', 'bx', 'bh', 'bias_x', 'bias_h', 'bias_g', 'm')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +118,7 @@ def plan_for(layout: Layout, inputs: int, rank: int, rounds: int, **settings) ->
   plan = Plan(layout, m_pad, k_pad, rounds, chunk=chunk, **settings)
   if plan.smem_bytes > SMEM_BYTES:
     raise ValueError(
-      f'inputs={inputs}, hidden={n_pad} (padded), rank={rank}, rounds={rounds} need '
+      f'm={inputs}, n_pad={n_pad}, rank={rank}, rounds={rounds} on blocks={blocks} need '
       f'{plan.smem_bytes} bytes of shared memory a block (at most {SMEM_BYTES}): '
       'use a smaller rank or more blocks'
     )
@@ -126,9 +128,9 @@ def plan_for(layout: Layout, inputs: int, rank: int, rounds: int, **settings) ->
 class Smem(NamedTuple):
   """A block's shared memory, in `scratch_types`' order."""
 
-  wu: object  # [W; U]'s 4u columns, (m_pad + n_pad, 4u)
+  wu: object  # [W; U]'s 4u columns, (m_pad + n_pad, 4u) in chunks of rows
   buf: object  # the streamed operand's buffers, (2, 64, chunk)
-  a: object  # A_i[:, 8 columns] of the block's pairs, (slots, ...)
+  a: object  # A_i[:, 8 columns] of the block's pairs, (slots, chunks, ...)
   bx: object  # B_i[:, the block's v inputs], odd rounds
   bh: object  # B_i[:, the block's u units], even rounds
   bias_x: object  # (odd rounds, 64, v), rows alike
@@ -151,12 +153,12 @@ class Smem(NamedTuple):
   bars: object
 
 
-def narrow_operand(plan: Plan, slots: int, n: int, k: int):
-  """wgmma's B operand of n < 32 columns: K-major (slots, n, k), read
-  transposed, compiled; (slots, k, n) interpreted."""
+def narrow_operand(plan: Plan, lead: tuple[int, ...], n: int, k: int):
+  """wgmma's B operands of n < 32 columns: K-major (*lead, n, k), read
+  transposed, compiled; (*lead, k, n) interpreted."""
   if plan.transposed:
-    return swizzled((slots, n, k), jnp.bfloat16)
-  return plgpu.SMEM((slots, k, n), jnp.bfloat16)
+    return swizzled((*lead, n, k), jnp.bfloat16)
+  return plgpu.SMEM((*lead, k, n), jnp.bfloat16)
 
 
 def scratch_types(plan: Plan) -> list:
@@ -164,11 +166,11 @@ def scratch_types(plan: Plan) -> list:
   f32, bf16 = jnp.float32, jnp.bfloat16
   tile = lambda w, dtype=f32: plgpu.SMEM((rows, w), dtype)
   return [
-    swizzled((plan.inputs + plan.layout.units, GATES * u), bf16),
+    swizzled(((plan.inputs + plan.layout.units) // plan.chunk, plan.chunk, GATES * u), bf16),
     swizzled((BUFFERS, rows, plan.chunk), bf16),
-    narrow_operand(plan, plan.slots, PAIR, plan.widest),
-    narrow_operand(plan, plan.x_rounds, v, k),
-    narrow_operand(plan, plan.h_rounds, u, k),
+    narrow_operand(plan, (plan.slots, plan.widest // plan.chunk), PAIR, plan.chunk),
+    narrow_operand(plan, (plan.x_rounds,), v, k),
+    narrow_operand(plan, (plan.h_rounds,), u, k),
     plgpu.SMEM((plan.x_rounds, rows, v), f32),
     plgpu.SMEM((plan.h_rounds, rows, u), f32),
     tile(GATES * u),
@@ -200,23 +202,22 @@ class Block:
     self.units = pl.ds(g * plan.u, plan.u)
     self.features = pl.ds(g * plan.v, plan.v)
 
-  def load_weights(self, wu, a, bx, bh, bias_x, bias_h, bias_g, m):
-    """The block's slices of the weights (each (G, ...)) and of the mask (64, n_pad)."""
-    s, bar = self.s, self.s.bars.at[MISC]
-    mine = (s.wu, s.a, s.bx, s.bh, s.bias_x, s.bias_h, s.bias_g)
-    for src, dst in zip((wu, a, bx, bh, bias_x, bias_h, bias_g), mine):
-      copy_in(src.at[self.g], dst, bar)
-    copy_in(m.at[:, self.units], s.m, bar)
+  def load_weights(self, weights: dict):
+    """The block's slices of `weights` (a `Smem` field's name: its (G, ...)
+    array, `WEIGHTS`), the mask's ('m') of its (64, n_pad)."""
+    for name, ref in weights.items():
+      src = ref.at[:, self.units] if name == 'm' else ref.at[self.g]
+      copy_in(src, getattr(self.s, name), self.s.bars.at[MISC])
 
-  def copy_state(self, c, x, h, into_smem: bool):
-    """c, x^i and h^i's slices from (64, width) arrays, or back to them."""
-    s = self.s
-    pairs = ((c, s.c, self.units), (x, s.x, self.features), (h, s.h, self.units))
-    for ref, tile, cols in pairs:
+  def copy_state(self, state: dict, into_smem: bool):
+    """The slices of c, x^i and h^i (`Smem` names: (64, width) arrays)
+    into shared memory, or back to the arrays."""
+    for name, ref in state.items():
+      cols = ref.at[:, self.features if name == 'x' else self.units]
       if into_smem:
-        copy_in(ref.at[:, cols], tile, s.bars.at[MISC])
+        copy_in(cols, getattr(self.s, name), self.s.bars.at[MISC])
       else:
-        plgpu.copy_smem_to_gmem(tile, ref.at[:, cols])
+        plgpu.copy_smem_to_gmem(getattr(self.s, name), cols)
     if not into_smem:
       plgpu.wait_smem_to_gmem(0)
 
@@ -224,28 +225,32 @@ class Block:
     """x_t's slice, (64, m_pad) float32: x^{-1}, what round 1 gates."""
     copy_in(x.at[:, self.features], self.s.x, self.s.bars.at[MISC])
 
-  def _operand(self, ref, start: int, size: int):
-    """Rows [start, start + size) of a `narrow_operand` slot, as wgmma's B."""
-    if self.plan.transposed:
-      return plgpu.transpose_ref(ref.at[:, pl.ds(start, size)], (1, 0))
-    return ref.at[pl.ds(start, size)]
+  def _narrow(self, ref):
+    """A `narrow_operand`'s (k, n) or (n, k) slot as wgmma's B operand."""
+    return plgpu.transpose_ref(ref, (1, 0)) if self.plan.transposed else ref
 
   def _streamed(self, columns: int, chunks: int, copy, operand):
     """Σ_k buffer_k @ operand(k), (64, columns) float32: the k-th chunk of
     the streamed operand copied by copy(k, buffer, barrier), the copy of
-    chunk k+1 in flight while wgmma multiplies chunk k."""
+    chunk k+1 in flight while wgmma multiplies chunk k. A loop, not
+    unrolled: Mosaic GPU's layout inference takes time with every op."""
     bufs, bars = self.s.buf, self.s.bars
 
     def accumulate(acc):
       for k in range(min(BUFFERS, chunks)):
         copy(k, bufs.at[k], bars.at[k])
-      for k in range(chunks):
+
+      @pl.loop(0, chunks)
+      def _chunk(k):
         plgpu.barrier_wait(bars.at[k % BUFFERS])
         plgpu.wgmma(acc, bufs.at[k % BUFFERS], operand(k))
         refill = k - 1 + BUFFERS
-        if k >= 1 and refill < chunks:
+
+        @pl.when((k >= 1) & (refill < chunks))
+        def _():
           plgpu.wgmma_wait(1)  # chunk k-1's product has read its buffer
           copy(refill, bufs.at[refill % BUFFERS], bars.at[refill % BUFFERS])
+
       return acc[...]
 
     return pl.run_scoped(accumulate, plgpu.ACC((self.plan.layout.rows, columns)))
@@ -267,7 +272,7 @@ class Block:
       @pl.when((pair >= first) & (pair < last))
       def _():
         cols = pl.ds((pair - first) * PAIR, PAIR)
-        operand = lambda k: self._operand(s.a.at[slot], k * chunk, chunk)
+        operand = lambda k: self._narrow(s.a.at[slot, k])
         a = self._streamed(PAIR, plan.source_width(i) // chunk, copy, operand)
         s.a32[...] = a
         s.a16[...] = a.astype(jnp.bfloat16)
@@ -289,7 +294,7 @@ class Block:
     copy_in(hidden, s.hidden, s.bars.at[MISC])
 
     def product(acc):
-      plgpu.wgmma(acc, s.hidden, self._operand(b.at[k], 0, self.plan.rank))
+      plgpu.wgmma(acc, s.hidden, self._narrow(b.at[k]))
       return acc[...]
 
     width = self.plan.v if i % 2 else self.plan.u
@@ -313,12 +318,16 @@ class Block:
     chunk, x_chunks = plan.chunk, plan.inputs // plan.chunk
 
     def copy(k, buffer, bar):
-      src, k = (copy_x, k) if k < x_chunks else (copy_h, k - x_chunks)
-      src(pl.ds(k * chunk, chunk), buffer, bar)
+      @pl.when(k < x_chunks)
+      def _():
+        copy_x(pl.ds(k * chunk, chunk), buffer, bar)
+
+      @pl.when(k >= x_chunks)
+      def _():
+        copy_h(pl.ds((k - x_chunks) * chunk, chunk), buffer, bar)
 
     chunks = (plan.inputs + plan.layout.units) // chunk
-    operand = lambda k: s.wu.at[pl.ds(k * chunk, chunk)]
-    gates = self._streamed(GATES * u, chunks, copy, operand) + s.bias_g[...]
+    gates = self._streamed(GATES * u, chunks, copy, lambda k: s.wu.at[k]) + s.bias_g[...]
     split = [gates[:, k * u : (k + 1) * u] for k in range(GATES)]
     act, c, h = gate_update(split, s.c[...], plan.cap_input_gate)
     s.c[...] = c
