@@ -113,12 +113,25 @@ def test_blocks_a_phase_per_launch_are_the_reference(
 
 def test_the_recipe_plan_fits_an_sm():
   """m = n = 912, k = 84, r = 5, batch 64: 116 blocks of 8 units and 8
-  inputs, k_pad 96 (60 pairs: one slot), chunks of 32 columns, 208,920
+  inputs, k_pad 96 (60 pairs: one slot), chunks of 32 columns, 209,944
   bytes of shared memory a block (227 KiB allowed)."""
   plan = plan_for(grid_for(64, 912), 912, 84, 5, zigzag=True, cap_input_gate=False,
                   transposed=True)  # fmt: skip
   assert (plan.layout.blocks, plan.u, plan.v, plan.rank, plan.slots) == (116, 8, 8, 96, 1)
-  assert plan.chunk == 32 and plan.smem_bytes == 208_920
+  assert plan.chunk == 32 and plan.smem_bytes == 209_944
+
+
+def test_the_plan_counts_shared_memory_as_mosaic_gpu_does(monkeypatch):
+  """Mosaic GPU refuses a kernel over its bound, naming what it allocates
+  (every buffer rounded up to 1 KiB): `Plan.smem_bytes` is that count."""
+  from jax.experimental.mosaic.gpu import core
+
+  monkeypatch.setattr(core, '_SMEM_SIZE_BOUND', 1000)
+  plan = plan_for(grid_for(3, 24), 12, 20, 2, zigzag=True, cap_input_gate=False,
+                  transposed=True)  # fmt: skip
+  run = jax.jit(persistent_mogrifier_forward)
+  with pytest.raises(ValueError, match=f'smem_bytes={plan.smem_bytes} > max_smem_bytes=1000'):
+    jax.export.export(run, platforms=['cuda'])(*_shapes(2, 3, 12, 24, 2, 20))
 
 
 def _shapes(steps, batch, m, n, rounds, rank, full_rank=False):

@@ -53,8 +53,10 @@ read transposed. At the 24M recipe (m = n = 912, k = 84, r = 5, batch 64):
 G = 116 blocks of u = v = 8, m_pad = n_pad = 928, k_pad = 96, J = 12 (60
 pairs: one slot), chunks of 32 columns (928 = 29 x 32); shared memory per
 block [W; U] 1856 x 32 x 2 = 116 KiB, A's pair 14.5 KiB, a_i 12 KiB, B_i's
-slices 7.5 KiB, the buffers 8 KiB, biases, state and output tiles 46 KiB:
-208,920 bytes of the 227 KiB (`Plan.smem_bytes`; larger sizes are refused).
+slices 7.5 KiB, the buffers 8 KiB, biases, state and output tiles 47 KiB
+(each buffer rounded up to 1 KiB, Pallas' alignment): 209,944 bytes of the
+227 KiB (`Plan.smem_bytes`, Mosaic GPU's own count; larger sizes are
+refused).
 The streamed products loop over their chunks (unrolled, Mosaic GPU's layout
 inference took 15 s to lower the recipe's kernel; looped, 1.5 s), so [W; U]
 and A's pairs are laid out a chunk of rows after another.

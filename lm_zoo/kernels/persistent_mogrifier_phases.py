@@ -27,6 +27,7 @@ PAIR = 8  # the low-rank hidden's columns a reduce pair computes (wgmma's smalle
 BUFFERS = 2  # the copy of chunk k+1 in flight while chunk k is multiplied
 CHUNK_LIMIT = 128  # columns of a streamed operand a buffer holds: 64 x 128 bfloat16
 MAX_N = 256  # wgmma's largest N
+SMEM_ALIGNMENT = 1024  # bytes: Pallas allocates each shared memory buffer at a multiple
 MISC = BUFFERS  # the barrier of the one-off copies (weights, state, a_i, x_t)
 # The weights a block copies once (`Smem`'s names), in the kernels' argument order.
 WEIGHTS = ('wu', 'a', 'bx', 'bh', 'bias_x', 'bias_h', 'bias_g', 'm')
@@ -92,16 +93,16 @@ class Plan:
 
   @property
   def smem_bytes(self) -> int:
-    """[W; U]'s slice, the buffers, A's pairs, B's slices and a_i (bfloat16);
-    the biases, state and output tiles (float32 and bfloat16)."""
-    rows, u, v, k = self.layout.rows, self.u, self.v, self.rank
-    targets = self.x_rounds * v + self.h_rounds * u
-    weights = (self.inputs + self.layout.units) * GATES * u + self.slots * PAIR * self.widest
-    operands = 2 * (weights + k * targets + BUFFERS * rows * self.chunk + rows * k)
-    # biases; c, x, h, m; the activations; h_t, g_i's and a pair's tiles
-    f32 = targets + GATES * u + (3 * u + v) + GATES * u + (u + v + u + PAIR)
-    bf16 = u + v + u + PAIR  # m ⊙ h_t's, x^i's, h^i's and a pair's tiles
-    return operands + rows * (4 * f32 + 2 * bf16) + 8 * (BUFFERS + 1)
+    """The shared memory a block takes: every `scratch_types` buffer rounded
+    up to Pallas' 1024-byte alignment, and the barriers."""
+    total = 0
+    for scratch in scratch_types(self):
+      if isinstance(scratch, plgpu.Barrier):
+        total += 8 * math.prod(scratch.num_barriers)  # a (3,) shape in jax 0.10
+      else:
+        size = math.prod(scratch.shape) * jnp.dtype(scratch.dtype).itemsize
+        total += -(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+    return total
 
 
 def plan_for(layout: Layout, inputs: int, rank: int, rounds: int, **settings) -> Plan:
