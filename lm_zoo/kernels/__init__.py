@@ -9,4 +9,5 @@ persistent Mosaic GPU kernel (Hopper), `persistent_lstm_backward` its
 backward chain as another, their blocks kept in step by `grid_barrier`;
 `lm_zoo.cells.persistent_lstm` differentiates
 the window with both. A speed probe (benchmarks/persistent_probe.py); no
-`scan=` takes them yet."""
+`scan=` takes them yet. `persistent_mogrifier` runs a Mogrifier LSTM layer's
+forward pass (its low-rank rounds and the LSTM) over a window as another."""

@@ -121,23 +121,36 @@ class Layout:
     )
 
 
-def layout_for(batch: int, hidden: int, blocks: int | None = None) -> Layout:
-  """The padded sizes for a batch and hidden size; `blocks` None takes
-  the most (8 units each). Raises ValueError naming what does not fit."""
+def block_width(size: int, blocks: int) -> int:
+  """The columns of `size` a block owns: a multiple of 8 (the accumulator's
+  column tile), `blocks` of them a multiple of 32 (a swizzle tile)."""
+  width = _round_up(-(-size // blocks), UNIT_MULTIPLE)
+  while (blocks * width) % K_MULTIPLE:
+    width += UNIT_MULTIPLE
+  return width
+
+
+def grid_for(batch: int, hidden: int, blocks: int | None = None) -> Layout:
+  """The padded sizes for a batch and hidden size, shared memory unchecked;
+  `blocks` None takes the most (8 units each)."""
   if batch > ROWS:
     raise ValueError(f'batch must be at most {ROWS} (one warpgroup of rows), got {batch}')
   if blocks is None:
     blocks = _round_up(hidden, K_MULTIPLE) // UNIT_MULTIPLE
   if blocks < 1:
     raise ValueError(f'blocks must be positive, got {blocks}')
-  u = _round_up(-(-hidden // blocks), UNIT_MULTIPLE)
-  while (blocks * u) % K_MULTIPLE:
-    u += UNIT_MULTIPLE
+  u = block_width(hidden, blocks)
   if u > MAX_BLOCK_UNITS:
     raise ValueError(
       f'blocks={blocks} gives each block {u} of {hidden} units; at most {MAX_BLOCK_UNITS}'
     )
-  layout = Layout(ROWS, blocks * u, blocks)
+  return Layout(ROWS, blocks * u, blocks)
+
+
+def layout_for(batch: int, hidden: int, blocks: int | None = None) -> Layout:
+  """`grid_for`'s sizes, refused where this kernel's shared memory does not
+  fit. Raises ValueError naming what does not fit."""
+  layout = grid_for(batch, hidden, blocks)
   if layout.smem_bytes > SMEM_BYTES:
     raise ValueError(
       f'hidden={hidden} needs {layout.smem_bytes} bytes of shared memory a block '
