@@ -60,11 +60,12 @@
 # (benchmarks/persistent_probe.py: persistent_probe.json, persistent_probe.txt;
 # under `timeout 240`, as a kernel whose blocks wait for each other may hang,
 # and its JSON keeps every row measured before), then tests/test_persistent_scan.py
-# (compiled on a GPU: scan='persistent' in a model with a state mask against
-# 'fused'; persistent_tests.txt, under `timeout 180`), then the 24M LSTM recipe's
-# train step with bfloat16 products under scan 'auto' and 'persistent' beside
-# PyTorch's rows (benchmark_persistent.json, benchmark_persistent.txt; under
-# `timeout 300`, its own).
+# and tests/test_persistent_mogrifier_window.py (compiled on a GPU:
+# scan='persistent' in a model with a state mask against 'fused';
+# persistent_tests.txt, under `timeout 180`), then the 24M LSTM and Mogrifier
+# recipes' train steps with bfloat16 products under scan 'auto' and
+# 'persistent' beside PyTorch's rows (benchmark_persistent.json,
+# benchmark_persistent.txt; under `timeout 360`, its own).
 # `dyneval` and `mogrifier24m` run the seed studies of
 # experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
 # then RMS and SGD dynamic evaluation of each seed on the whole valid and
@@ -166,11 +167,13 @@ train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=v
        --config.data.pad_windows_to=8)
 stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
 persistent=()  # the probe's defaults: hidden 951, batch 64, 70 steps
-# scan='persistent' in a model against 'fused' (compiled on a GPU: the masked kernels)
-persistent_tests=(tests/test_persistent_scan.py)
-# The 24M LSTM recipe (its state dropout included) with bfloat16 products,
-# its windows fused ('auto') and persistent, beside PyTorch's rows.
-persistent_bench=(--recipes=mogrifier_paper:ptb_lstm --scans=auto,persistent --bfloat16
+# scan='persistent' in a model against 'fused' (compiled on a GPU: the masked
+# kernels, the LSTM's and the Mogrifier's)
+persistent_tests=(tests/test_persistent_scan.py tests/test_persistent_mogrifier_window.py)
+# The 24M LSTM and Mogrifier recipes (state dropout included) with bfloat16
+# products, their windows fused ('auto') and persistent, beside PyTorch's rows.
+persistent_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier
+                  --scans=auto,persistent --bfloat16
                   --steps=10 --rounds=2 --baseline_hidden=recipe
                   --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_bf16)
 seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))
@@ -343,7 +346,7 @@ part_persistent() {
       || failed+=(persistent_probe)
   timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${persistent_tests[@]}" 2>&1 \
       | tee "$OUT/persistent_tests.txt" || failed+=(persistent_tests)
-  timeout 300 "$PYTHON" benchmarks/accelerator_speed.py \
+  timeout 360 "$PYTHON" benchmarks/accelerator_speed.py \
       --output="$OUT/benchmark_persistent.json" "${persistent_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_persistent.txt" || failed+=(benchmark_persistent)
 }

@@ -101,7 +101,23 @@ def test_a_zero_round_mogrify_runs_its_lstms_persistent_window():
       r"bfloat16 only, not the inputs' dtype \(model.dtype=float32\): set model.dtype=bfloat16",
     ),
     (LSTMCell(N, dtype=jnp.float32), 'bfloat16 only, not float32: set model.dtype=bfloat16'),
-    (Mogrify(LSTMCell(N, dtype=BF16), rounds=2), "choose one of 'auto', 'scan', 'fused', 'pallas'"),
+    (
+      Mogrify(LSTMCell(N, dtype=BF16), rounds=2, rank=3),
+      "rounds in bfloat16 only, not the inputs' dtype: set model.dtype=bfloat16",
+    ),
+    (
+      Mogrify(LSTMCell(N, dtype=BF16), rounds=2, dtype=jnp.float32, rank=3),
+      'rounds in bfloat16 only, not float32',
+    ),
+    (
+      Mogrify(LSTMCell(N, dtype=BF16), rounds=2, dtype=BF16),
+      'low-rank rounds only .* got rank 0: set model.mogrifier.rank > 0',
+    ),
+    (Mogrify(LSTMCell(N), rounds=2, dtype=BF16, rank=3), 'bfloat16 only, not the inputs'),
+    (
+      Mogrify(Mogrify(LSTMCell(N, dtype=BF16), rounds=1), rounds=2, dtype=BF16, rank=3),
+      'choose one of',
+    ),
   ],
 )
 def test_a_layer_the_kernels_cannot_run_is_refused_with_the_reason(cell, message):

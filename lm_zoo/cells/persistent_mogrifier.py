@@ -1,16 +1,21 @@
-"""`Mogrify(LSTMCell)`'s window with its forward pass as one persistent Mosaic
-GPU kernel (Hopper; `lm_zoo.kernels.persistent_mogrifier`) and the fused
-window's hand-written backward pass (`mixed_lstm_recurrence`'s).
+"""`Mogrify(LSTMCell)`'s window with its forward pass and its backward chain
+each one persistent Mosaic GPU kernel (Hopper; `lm_zoo.kernels.persistent_mogrifier`,
+`persistent_mogrifier_backward`), the weight gradients the fused window's
+products over the window (`mixed_lstm_recurrence` with `forward=` and
+`backward=`).
 
-The kernel runs every round and the LSTM update of every step of the window
-in one launch and keeps what the backward pass reads (the gate activations,
-c_t, [x^↑, h^↑] and the rounds' gates and low-rank hiddens), so the
-gradients are the fused window's of the same forward values: bfloat16
-products, as `mixed_lstm_recurrence` with ``dtype=jnp.bfloat16`` and
+The forward kernel runs every round and the LSTM update of every step of
+the window in one launch and keeps what the backward pass reads (the gate
+activations, c_t, [x^↑, h^↑] and the rounds' gates and low-rank hiddens);
+XLA then computes what is elementwise over the window (`chain_factors`),
+and the backward kernel runs the chain in reverse in one launch. Values and
+gradients are the fused window's with bfloat16 products:
+`mixed_lstm_recurrence` with ``dtype=jnp.bfloat16`` and
 `MogrifierRounds(..., dtype=jnp.bfloat16)`. Evaluation, dynamic evaluation
-and generation run the forward pass alone. Low-rank rounds only, a batch of
-at most 64 and no held steps; on a GPU compiled ('persistent'), elsewhere
-interpreted a launch a phase (exact, slow: for tests; `where_it_runs`).
+and generation run the forward kernel alone. Low-rank rounds only, a batch
+of at most 64 and no held steps; on a GPU compiled ('persistent'),
+elsewhere interpreted a launch a phase (exact, slow: for tests;
+`lm_zoo.cells.persistent_lstm.where_it_runs`).
 
 Example::
 
@@ -137,9 +142,9 @@ def persistent_mogrifier_refusal(cell: Mogrify) -> str | None:
 def persistent_mogrified_lstm_window(
   cell: Mogrify, params, carry, inputs, state_mask=None, unroll=1, steps=None
 ):
-  """`Mogrify(LSTMCell)`'s window with the forward pass as one persistent
-  kernel and the fused window's backward pass; `unroll` applies to the
-  backward scan (`persistent_mogrifier_refusal` says what it runs)."""
+  """`Mogrify(LSTMCell)`'s window with the forward pass and the backward
+  chain as persistent kernels; `unroll` does not apply
+  (`persistent_mogrifier_refusal` says what it runs)."""
   from lm_zoo.cells.persistent_lstm import where_it_runs
 
   check_persistent_window(inputs, steps)

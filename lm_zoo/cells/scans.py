@@ -29,7 +29,9 @@ the ways of `SCANS`:
   compiled on a GPU, interpreted a launch a step (exact, slow: for tests)
   elsewhere. `LSTMCell` layers (and a `Mogrify` of no rounds) with bfloat16
   products (model.dtype), a batch of at most 64, the state mask, no held
-  steps.
+  steps. A `Mogrify(LSTMCell)` of low-rank rounds runs its forward pass
+  and its backward chain as one such kernel each (every round and step;
+  `lm_zoo.cells.persistent_mogrifier`), on the same terms.
 - 'auto': 'fused' where the cell has a kernel, else 'hoisted' where it can
   hoist, else 'scan', on every backend. 'cudnn' is taken by name only: on an
   H200 its outputs came back permuted (docs/cells.md), and its fix awaits a
@@ -58,6 +60,10 @@ from lm_zoo.cells.cudnn_lstm import STATE_MASK_REFUSAL, cudnn_lstm_window, cudnn
 from lm_zoo.cells.lstm import LSTMCell
 from lm_zoo.cells.lstm_rhn_window import lstm_rhn_kernel
 from lm_zoo.cells.mogrifier import Mogrify
+from lm_zoo.cells.persistent_mogrifier import (
+  persistent_mogrified_lstm_window,
+  persistent_mogrifier_refusal,
+)
 from lm_zoo.cells.window_kernels import (
   alstm_window,
   lstm_window,
@@ -125,15 +131,15 @@ def _inner_window(kernel: FusedKernel, cell: Mogrify, params, *args):
   return kernel(cell.cell, params['cell'], *args)
 
 
-def _mogrify_kernel(way: str, own: FusedKernel | None = None) -> KernelFactory:
-  """A `Mogrify`'s `way` kernel: with no rounds its inner cell's, else `own`
-  where it wraps an `LSTMCell`."""
+def _mogrify_kernel(way: str, own: KernelFactory | None = None) -> KernelFactory:
+  """A `Mogrify`'s `way` kernel: with no rounds its inner cell's, else
+  `own(cell)`'s where it wraps an `LSTMCell`."""
 
   def kernels(cell: Mogrify):
     if cell.rounds == 0:
       inner = window_kernel(cell.cell, way)
       return inner if not callable(inner) else functools.partial(_inner_window, inner)
-    return own if type(cell.cell) is LSTMCell else None
+    return own(cell) if own is not None and type(cell.cell) is LSTMCell else None
 
   return kernels
 
@@ -171,6 +177,10 @@ def _persistent_kernel(cell: LSTMCell) -> FusedKernel | str:
   return persistent_refusal(cell) or persistent_lstm_window
 
 
+def _persistent_mogrify_kernel(cell: Mogrify) -> FusedKernel | str:
+  return persistent_mogrifier_refusal(cell) or persistent_mogrified_lstm_window
+
+
 # Cell type (exactly: a subclass may change the step) -> what it can run.
 REGISTRY: dict[type, CellScans] = {
   LSTMCell: CellScans(
@@ -182,10 +192,10 @@ REGISTRY: dict[type, CellScans] = {
     persistent=_persistent_kernel,
   ),
   Mogrify: CellScans(
-    fused=_mogrify_kernel('fused', mogrified_lstm_window),
-    pallas=_mogrify_kernel('pallas', pallas_mogrified_lstm_window),
+    fused=_mogrify_kernel('fused', lambda cell: mogrified_lstm_window),
+    pallas=_mogrify_kernel('pallas', lambda cell: pallas_mogrified_lstm_window),
     cudnn=_mogrify_kernel('cudnn'),
-    persistent=_mogrify_kernel('persistent'),
+    persistent=_mogrify_kernel('persistent', _persistent_mogrify_kernel),
   ),
   ALSTMCell: CellScans(
     fused=_alstm_kernel(alstm_window), pallas=_alstm_kernel(pallas_alstm_window)

@@ -94,6 +94,20 @@ HELD_STEPS_REFUSAL = (
 )
 
 
+def check_persistent_window(inputs: jax.Array, steps) -> None:
+  """Refuses what only a window tells the persistent kernels cannot run:
+  held steps, a batch above their 64 rows."""
+  from lm_zoo.kernels.persistent_lstm import ROWS
+
+  if steps is not None:
+    raise ValueError(HELD_STEPS_REFUSAL)
+  if inputs.shape[1] > ROWS:
+    raise ValueError(
+      f"scan='persistent' runs at most {ROWS} rows a window (one warpgroup), got batch "
+      f"{inputs.shape[1]}: set data.batch_size <= {ROWS} or run scan='fused'"
+    )
+
+
 def persistent_lstm_window(
   cell: LSTMCell, params, carry, inputs, state_mask=None, unroll=1, steps=None
 ):
@@ -104,16 +118,9 @@ def persistent_lstm_window(
   (`persistent_refusal`)."""
   # Imported here: Mosaic GPU adds a quarter of a second to importing lm_zoo.cells.
   from lm_zoo.cells.persistent_lstm import persistent_lstm_recurrence, where_it_runs
-  from lm_zoo.kernels.persistent_lstm import ROWS
 
   del unroll  # one launch a window
-  if steps is not None:
-    raise ValueError(HELD_STEPS_REFUSAL)
-  if inputs.shape[1] > ROWS:
-    raise ValueError(
-      f"scan='persistent' runs at most {ROWS} rows a window (one warpgroup), got batch "
-      f"{inputs.shape[1]}: set data.batch_size <= {ROWS} or run scan='fused'"
-    )
+  check_persistent_window(inputs, steps)
   projected = _projected(cell, params, inputs)
   kernel = params['recurrent_kernel']
   (c, h), hs = persistent_lstm_recurrence(
