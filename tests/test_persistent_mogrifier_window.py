@@ -8,8 +8,8 @@ a GPU traces them, lowered for CUDA."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
+from persistent_lowering import assert_close, perturbed
 
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
 from lm_zoo.models import RecurrentLayer, Stack
@@ -25,27 +25,14 @@ def _mogrifier():
   return Mogrify(LSTMCell(N, dtype=BF16, cap_input_gate=True), 3, 4, dtype=BF16)
 
 
-def _perturbed(tree, seed):
-  leaves, treedef = jax.tree.flatten(tree)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(
-    treedef, [x + 0.3 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
-  )
-
-
-def _assert_close(got, want, tol=2e-5):
-  for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(got_part, want_part, rtol=tol, atol=tol)
-
-
 def test_a_masked_layer_trains_as_the_fused_window():
   """Loss, outputs and the gradients of every parameter, the carry, the
   inputs and the state mask agree to float32 rounding (the kernels' other
   settings: test_persistent_mogrifier.py, test_persistent_mogrifier_backward.py)."""
   cell = _mogrifier()
   inputs = jax.random.normal(jax.random.key(1), (T, B, M))
-  carry = _perturbed(cell.initialize_carry(jax.random.key(2), (B, M)), 3)
-  variables = _perturbed(
+  carry = perturbed(cell.initialize_carry(jax.random.key(2), (B, M)), 3)
+  variables = perturbed(
     RecurrentLayer(cell, scan='fused').init(jax.random.key(0), carry, inputs), 4
   )
   mask = (jax.random.uniform(jax.random.key(6), (B, N)) > 0.4) / 0.6
@@ -57,7 +44,7 @@ def test_a_masked_layer_trains_as_the_fused_window():
 
     return jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True)(variables, carry, inputs, mask)
 
-  _assert_close(run('persistent'), run('fused'))
+  assert_close(run('persistent'), run('fused'))
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
+from persistent_lowering import assert_close, perturbed
 
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
 from lm_zoo.cells.persistent_lstm import where_it_runs
@@ -22,19 +22,6 @@ params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
 
 T, B, M, N = 4, 3, 5, 8  # N padded to 32 units: 4 blocks of 8
 BF16 = jnp.bfloat16
-
-
-def _perturbed(tree, seed):
-  leaves, treedef = jax.tree.flatten(tree)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(
-    treedef, [x + 0.3 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
-  )
-
-
-def _assert_close(got, want, tol=2e-5):
-  for got_part, want_part in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(got_part, want_part, rtol=tol, atol=tol)
 
 
 def _stack_loss_and_gradients(scan, variables, carries, inputs, weights):
@@ -61,25 +48,25 @@ def test_a_stack_with_state_dropout_trains_as_the_fused_window():
   changes them."""
   stack = Stack([LSTMCell(N, dtype=BF16, cap_input_gate=True)] * 2, scan='fused')
   inputs = jax.random.normal(jax.random.key(1), (T, B, M))
-  carries = _perturbed(stack.initialize_carry(B, M), 3)
+  carries = perturbed(stack.initialize_carry(B, M), 3)
   rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(7)}
-  variables = _perturbed(stack.init(rngs, carries, inputs, train=True), 4)
+  variables = perturbed(stack.init(rngs, carries, inputs, train=True), 4)
   weights = jax.random.normal(jax.random.key(5), (T, B, N))
   args = variables, carries, inputs, weights
   got = _stack_loss_and_gradients('persistent', *args)
-  _assert_close(got, _stack_loss_and_gradients('fused', *args))
+  assert_close(got, _stack_loss_and_gradients('fused', *args))
   undropped = Stack([LSTMCell(N, dtype=BF16, cap_input_gate=True)] * 2, dropout_hidden=0.3)
   value = undropped.apply(variables, carries, inputs, train=True, rngs={'dropout': rngs['dropout']})
   with pytest.raises(AssertionError):
-    _assert_close(got[0][1], value[1], 1e-2)
+    assert_close(got[0][1], value[1], 1e-2)
 
 
 def test_a_zero_round_mogrify_runs_its_lstms_persistent_window():
   cell = Mogrify(LSTMCell(N, dtype=BF16), rounds=0)
   assert resolve_scan(cell, 'persistent', state_mask=True) == 'persistent'
   inputs = jax.random.normal(jax.random.key(1), (T, B, M))
-  carry = _perturbed(cell.initialize_carry(jax.random.key(2), (B, M)), 3)
-  variables = _perturbed(
+  carry = perturbed(cell.initialize_carry(jax.random.key(2), (B, M)), 3)
+  variables = perturbed(
     RecurrentLayer(cell, scan='fused').init(jax.random.key(0), carry, inputs), 4
   )
   mask = (jax.random.uniform(jax.random.key(6), (B, N)) > 0.4) / 0.6
@@ -90,7 +77,7 @@ def test_a_zero_round_mogrify_runs_its_lstms_persistent_window():
     )
     return jax.value_and_grad(loss)(variables)
 
-  _assert_close(run('persistent'), run('fused'))
+  assert_close(run('persistent'), run('fused'))
 
 
 @pytest.mark.parametrize(
@@ -140,9 +127,9 @@ def test_vmapped_over_seeds_each_seed_trains_as_its_own_fused_window():
   included) are its own run's under 'fused'."""
   cell = LSTMCell(N, dtype=BF16, cap_input_gate=True)
   inputs = jax.random.normal(jax.random.key(1), (T, B, M))
-  carry = _perturbed(cell.initialize_carry(jax.random.key(2), (B, M)), 3)
+  carry = perturbed(cell.initialize_carry(jax.random.key(2), (B, M)), 3)
   variables = RecurrentLayer(cell).init(jax.random.key(0), carry, inputs)
-  seeds = [_perturbed(variables, seed) for seed in (4, 5)]
+  seeds = [perturbed(variables, seed) for seed in (4, 5)]
   masks = [(jax.random.uniform(jax.random.key(seed), (B, N)) > 0.4) / 0.6 for seed in (6, 7)]
 
   def run(scan, variables, mask):
@@ -154,7 +141,7 @@ def test_vmapped_over_seeds_each_seed_trains_as_its_own_fused_window():
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *zip(seeds, masks))
   got = jax.vmap(functools.partial(run, 'persistent'))(*stacked)
   for k, (seed, mask) in enumerate(zip(seeds, masks)):
-    _assert_close(jax.tree.map(lambda leaf: leaf[k], got), run('fused', seed, mask))
+    assert_close(jax.tree.map(lambda leaf: leaf[k], got), run('fused', seed, mask))
 
 
 def _mosaic_launches(text):

@@ -28,8 +28,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.kernels.grid_barrier import grid_barrier
 from lm_zoo.kernels.persistent_lstm import GATES, UNIT_MULTIPLE, Layout, copy_in, swizzled
+from lm_zoo.kernels.streamed_product import BUFFERS, streamed_product
 
-BUFFERS = 2  # the copy of chunk k+1 in flight while chunk k is multiplied
 LSTM_FACTORS = 7  # the four gates' scales, σ(f), dc/dh, dL/dh_t
 # d_c, d_h (d_h_next from the step's end to the next cell phase, when d_h is
 # not live), d_mask, d_h0 (the originals' accumulator without zigzag)
@@ -122,30 +122,13 @@ def _rows_t(rows, cols, transposed: bool):
 
 def _stream(copy, buf_s, bars, rows, width: int, chunk: int, shape, transposed: bool):
   """Σ over the chunks of `width` of A[:, chunk] rows[:, chunk]ᵀ, `shape`
-  float32: A's chunk c copied by `copy(c, buffer, barrier)`, the copy of
-  chunk c + 1 running while wgmma multiplies chunk c."""
-  chunks = width // chunk
+  float32: A's chunk c copied by `copy(c, buffer, barrier)`
+  (`streamed_product`)."""
 
-  def accumulate(acc):
-    for c in range(min(BUFFERS, chunks)):
-      copy(c, buf_s.at[c], bars.at[c])
+  def operand(c):
+    return _rows_t(rows, pl.ds(pl.multiple_of(c * chunk, chunk), chunk), transposed)
 
-    @pl.loop(0, chunks)
-    def _(c):
-      slot = c % BUFFERS
-      plgpu.barrier_wait(bars.at[slot])
-      cols = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
-      plgpu.wgmma(acc, buf_s.at[slot], _rows_t(rows, cols, transposed))
-      refill = c - 1 + BUFFERS
-
-      @pl.when((c >= 1) & (refill < chunks))
-      def _():
-        plgpu.wgmma_wait(1)  # chunk c-1's product has read its buffer
-        copy(refill, buf_s.at[refill % BUFFERS], bars.at[refill % BUFFERS])
-
-    return acc[...]
-
-  return pl.run_scoped(accumulate, plgpu.ACC(shape))
+  return streamed_product(shape, width // chunk, copy, buf_s, bars, operand)
 
 
 def _send(*pairs):

@@ -22,9 +22,9 @@ from lm_zoo.kernels.persistent_lstm import (
   copy_in,
   swizzled,
 )
+from lm_zoo.kernels.streamed_product import BUFFERS, streamed_product
 
 PAIR = 8  # the low-rank hidden's columns a reduce pair computes (wgmma's smallest N)
-BUFFERS = 2  # the copy of chunk k+1 in flight while chunk k is multiplied
 CHUNK_LIMIT = 128  # columns of a streamed operand a buffer holds: 64 x 128 bfloat16
 MAX_N = 256  # wgmma's largest N
 SMEM_ALIGNMENT = 1024  # bytes: Pallas allocates each shared memory buffer at a multiple
@@ -231,30 +231,9 @@ class Block:
     return plgpu.transpose_ref(ref, (1, 0)) if self.plan.transposed else ref
 
   def _streamed(self, columns: int, chunks: int, copy, operand):
-    """Σ_k buffer_k @ operand(k), (64, columns) float32: the k-th chunk of
-    the streamed operand copied by copy(k, buffer, barrier), the copy of
-    chunk k+1 in flight while wgmma multiplies chunk k. A loop, not
-    unrolled: Mosaic GPU's layout inference takes time with every op."""
-    bufs, bars = self.s.buf, self.s.bars
-
-    def accumulate(acc):
-      for k in range(min(BUFFERS, chunks)):
-        copy(k, bufs.at[k], bars.at[k])
-
-      @pl.loop(0, chunks)
-      def _chunk(k):
-        plgpu.barrier_wait(bars.at[k % BUFFERS])
-        plgpu.wgmma(acc, bufs.at[k % BUFFERS], operand(k))
-        refill = k - 1 + BUFFERS
-
-        @pl.when((k >= 1) & (refill < chunks))
-        def _():
-          plgpu.wgmma_wait(1)  # chunk k-1's product has read its buffer
-          copy(refill, bufs.at[refill % BUFFERS], bars.at[refill % BUFFERS])
-
-      return acc[...]
-
-    return pl.run_scoped(accumulate, plgpu.ACC((self.plan.layout.rows, columns)))
+    """Σ_k buffer_k @ operand(k), (64, columns) float32 (`streamed_product`)."""
+    shape = (self.plan.layout.rows, columns)
+    return streamed_product(shape, chunks, copy, self.s.buf, self.s.bars, operand)
 
   def reduce(self, i: int, copy_source, a32, a16):
     """Round i's reduce phase: for each of the block's pairs (i, j),
