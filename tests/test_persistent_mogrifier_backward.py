@@ -115,7 +115,19 @@ def test_the_recipe_fits_an_sm():
   plan = plan_for(64, 912, 912, 84, 5, True)
   assert (plan.layout.blocks, plan.u, plan.v, plan.rank) == (116, 8, 8, 96)
   assert (plan.chunk, plan.small, plan.slots) == (128, 32, 1)
-  assert smem_bytes(plan) == 230_440
+  assert smem_bytes(plan) == 231_464
+
+
+def test_the_plan_counts_shared_memory_as_mosaic_gpu_does(monkeypatch):
+  """Mosaic GPU refuses a kernel over its bound, naming what it allocates:
+  `smem_bytes` is that count."""
+  from jax.experimental.mosaic.gpu import core
+
+  monkeypatch.setattr(core, '_SMEM_SIZE_BOUND', 1000)
+  sizes = (2, 3, 12, 24, 2, 20)
+  plan = plan_for(3, 12, 24, 20, 2, True)
+  with pytest.raises(ValueError, match=f'smem_bytes={smem_bytes(plan)} > max_smem_bytes=1000'):
+    _lowered(sizes, 'persistent')
 
 
 def test_the_persistent_backward_lowers_for_cuda_with_its_semaphore():

@@ -44,8 +44,9 @@ Shared memory at the 24M recipe (n = m = 912, k = 84, r = 5, batch 64; n_pad
 rows 16 x 3712 x 2 = 116 KiB, dG's buffers 2 x 64 x 128 x 2 = 32 KiB (chunk
 128: the largest 32-multiple dividing 3712 that fits), dz's and d_hidden's
 2 x 64 x 32 x 2 = 8 KiB (928 = 29 x 32), B's rows 14.5 KiB, A's 7.5 KiB, the
-factors, state and outgoing tiles 46 KiB: 230,440 bytes of the 232,448 a
-block may have (`smem_bytes`). The chunk loops are `pl.loop`s, not unrolled:
+factors, state and outgoing tiles 46 KiB: 231,464 bytes of the 232,448 a
+block may have, each buffer rounded up to 1 KiB as Mosaic GPU allocates it
+(`smem_bytes`). The chunk loops are `pl.loop`s, not unrolled:
 29 to 116 chunks a stream at the recipe's sizes.
 
 Modes (`grid_barrier.MODES`): 'persistent' (one launch, the fenced barrier

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from types import SimpleNamespace
 
 import jax
@@ -27,8 +26,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.kernels.grid_barrier import grid_barrier
+from lm_zoo.kernels.persistent_blocks import BUFFERS, smem_bytes_of, streamed_product
 from lm_zoo.kernels.persistent_lstm import GATES, UNIT_MULTIPLE, Layout, copy_in, swizzled
-from lm_zoo.kernels.streamed_product import BUFFERS, streamed_product
 
 LSTM_FACTORS = 7  # the four gates' scales, σ(f), dc/dh, dL/dh_t
 # d_c, d_h (d_h_next from the step's end to the next cell phase, when d_h is
@@ -103,14 +102,9 @@ def scratch(plan: Plan, transposed: bool):
 
 
 def smem_bytes(plan: Plan) -> int:
-  """The bytes of `scratch` (a barrier: 8)."""
-  total = 0
-  for s in scratch(plan, transposed=False):
-    if isinstance(s, plgpu.Barrier):
-      total += 8 * math.prod(s.num_barriers)
-    else:
-      total += math.prod(s.shape) * jnp.dtype(s.dtype).itemsize
-  return total
+  """The shared memory a block's `scratch` takes, as Mosaic GPU counts it
+  (`smem_bytes_of`)."""
+  return smem_bytes_of(scratch(plan, transposed=False))
 
 
 def _rows_t(rows, cols, transposed: bool):

@@ -13,6 +13,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.kernels.common import gate_update, sigmoid
+from lm_zoo.kernels.persistent_blocks import BUFFERS, smem_bytes_of, streamed_product
 from lm_zoo.kernels.persistent_lstm import (
   GATES,
   K_MULTIPLE,
@@ -22,12 +23,10 @@ from lm_zoo.kernels.persistent_lstm import (
   copy_in,
   swizzled,
 )
-from lm_zoo.kernels.streamed_product import BUFFERS, streamed_product
 
 PAIR = 8  # the low-rank hidden's columns a reduce pair computes (wgmma's smallest N)
 CHUNK_LIMIT = 128  # columns of a streamed operand a buffer holds: 64 x 128 bfloat16
 MAX_N = 256  # wgmma's largest N
-SMEM_ALIGNMENT = 1024  # bytes: Pallas allocates each shared memory buffer at a multiple
 MISC = BUFFERS  # the barrier of the one-off copies (weights, state, a_i, x_t)
 # The weights a block copies once (`Smem`'s names), in the kernels' argument order.
 WEIGHTS = ('wu', 'a', 'bx', 'bh', 'bias_x', 'bias_h', 'bias_g', 'm')
@@ -93,16 +92,8 @@ class Plan:
 
   @property
   def smem_bytes(self) -> int:
-    """The shared memory a block takes: every `scratch_types` buffer rounded
-    up to Pallas' 1024-byte alignment, and the barriers."""
-    total = 0
-    for scratch in scratch_types(self):
-      if isinstance(scratch, plgpu.Barrier):
-        total += 8 * math.prod(scratch.num_barriers)  # a (3,) shape in jax 0.10
-      else:
-        size = math.prod(scratch.shape) * jnp.dtype(scratch.dtype).itemsize
-        total += -(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
-    return total
+    """The shared memory a block takes, as Mosaic GPU counts it (`smem_bytes_of`)."""
+    return smem_bytes_of(scratch_types(self))
 
 
 def plan_for(layout: Layout, inputs: int, rank: int, rounds: int, **settings) -> Plan:

@@ -1,8 +1,10 @@
-"""A wgmma product whose left operand streams from global memory through two
-shared-memory buffers, the copy of chunk k + 1 in flight while chunk k is
-multiplied: what the persistent Mogrifier kernels (`persistent_mogrifier`,
-`persistent_mogrifier_backward`) use for every product whose left operand
-is a whole vector another block wrote (Hopper, Mosaic GPU).
+"""What a block of the persistent Mogrifier kernels (`persistent_mogrifier`,
+`persistent_mogrifier_backward`; Hopper, Mosaic GPU) does the same way in
+both: a wgmma product whose left operand, a whole vector another block
+wrote, streams from global memory through two shared-memory buffers, the
+copy of chunk k + 1 in flight while chunk k is multiplied
+(`streamed_product`); and the shared memory its scratch takes as Mosaic GPU
+allocates it (`smem_bytes_of`).
 
 Example (inside a kernel body)::
 
@@ -11,12 +13,15 @@ Example (inside a kernel body)::
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, Sequence
 
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 BUFFERS = 2  # the copy of chunk k+1 in flight while chunk k is multiplied
+SMEM_ALIGNMENT = 1024  # bytes: Pallas allocates each shared memory buffer at a multiple
 
 
 def streamed_product(shape, chunks: int, copy: Callable, buffers, bars, operand: Callable):
@@ -44,3 +49,17 @@ def streamed_product(shape, chunks: int, copy: Callable, buffers, bars, operand:
     return acc[...]
 
   return pl.run_scoped(accumulate, plgpu.ACC(shape))
+
+
+def smem_bytes_of(scratch_types: Sequence) -> int:
+  """The shared memory a block's `scratch_types` take: every buffer rounded
+  up to Pallas' 1024-byte alignment, and 8 bytes a barrier (Mosaic GPU's own
+  count, which it refuses above its bound)."""
+  total = 0
+  for scratch in scratch_types:
+    if isinstance(scratch, plgpu.Barrier):
+      total += 8 * math.prod(scratch.num_barriers)  # a (3,) shape in jax 0.10
+    else:
+      size = math.prod(scratch.shape) * jnp.dtype(scratch.dtype).itemsize
+      total += -(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+  return total
