@@ -59,7 +59,10 @@
 # of the grid barrier alone costs, 11 a step, and whether it holds
 # (benchmarks/persistent_probe.py: persistent_probe.json, persistent_probe.txt;
 # under `timeout 240`, as a kernel whose blocks wait for each other may hang,
-# and its JSON keeps every row measured before), then tests/test_persistent_scan.py
+# and its JSON keeps every row measured before), then the persistent Mogrifier
+# kernels against the fused window, one layer of the 24M recipe forward and
+# with its gradients (benchmarks/persistent_mogrifier_probe.py:
+# persistent_mogrifier_probe.json and .txt; under `timeout 150`), then tests/test_persistent_scan.py
 # and tests/test_persistent_mogrifier_window.py (compiled on a GPU:
 # scan='persistent' in a model with a state mask against 'fused';
 # persistent_tests.txt, under `timeout 180`), then the 24M LSTM and Mogrifier
@@ -344,6 +347,9 @@ part_persistent() {
   timeout 240 "$PYTHON" benchmarks/persistent_probe.py --output="$OUT/persistent_probe.json" \
       ${persistent[@]+"${persistent[@]}"} 2>&1 | tee "$OUT/persistent_probe.txt" \
       || failed+=(persistent_probe)
+  timeout 150 "$PYTHON" benchmarks/persistent_mogrifier_probe.py \
+      --output="$OUT/persistent_mogrifier_probe.json" ${persistent[@]+"${persistent[@]}"} 2>&1 \
+      | tee "$OUT/persistent_mogrifier_probe.txt" || failed+=(persistent_mogrifier_probe)
   timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${persistent_tests[@]}" 2>&1 \
       | tee "$OUT/persistent_tests.txt" || failed+=(persistent_tests)
   timeout 360 "$PYTHON" benchmarks/accelerator_speed.py \

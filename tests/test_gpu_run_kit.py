@@ -163,8 +163,9 @@ def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
   """The `persistent` part first: benchmarks/persistent_probe.py --tiny, the
   kernels' modes interpreted (one block for the persistent ones), forward and
   forward plus backward, each checked against the reference (cuDNN's rows
-  left out on a CPU), and the barrier's crossings; then scan='persistent''s
-  tests."""
+  left out on a CPU), and the barrier's crossings; the Mogrifier kernels
+  against the fused window (benchmarks/persistent_mogrifier_probe.py --tiny);
+  then scan='persistent''s tests."""
   result = json.loads((kit / 'persistent_probe.json').read_text())
   assert result['interpreted'] and not result['failed']
   assert result['sizes'] == {'hidden': 24, 'batch': 3, 'steps': 3}
@@ -203,6 +204,12 @@ def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
   assert 1e-4 < rows['grad_xla']['grad_max_rel_error_vs_bf16'] < 3e-2  # float32 products
   assert all(row['median_ms'] > 0 for row in rows.values())
   assert 'persistent ' in (kit / 'persistent_probe.txt').read_text()
+  mogrifier = json.loads((kit / 'persistent_mogrifier_probe.json').read_text())
+  assert mogrifier['interpreted'] and not mogrifier['failed']
+  rows = {row['row']: row for row in mogrifier['results']}
+  assert list(rows) == ['forward_fused', 'forward_persistent', 'grad_fused', 'grad_persistent']
+  for name in ('forward_persistent', 'grad_persistent'):
+    assert rows[name]['max_rel_error_vs_fused'] < 1e-5
   tests = (kit / 'persistent_tests.txt').read_text()
   assert ' passed' in tests and 'failed' not in tests
 
