@@ -69,12 +69,12 @@ from baselines import (
   jax_rnn_lm,
   lm_zoo_lm,
   recurrence_matmul_seconds,
-  seconds_per_call,
   torch_lm,
 )
 from device_traces import device_kernels, top_kernels
 from optimized_hlo import loop_pads
 from speed_report import report, result_row
+from timing import seconds_per_call
 
 from lm_zoo.errors import ConfigError
 from lm_zoo.layers.products import aligned_contractions

@@ -23,12 +23,12 @@ import importlib
 import math
 import os
 import time
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from timing import best_seconds
 
 
 def random_batch(vocab: int, batch: int, bptt: int) -> tuple[np.ndarray, np.ndarray]:
@@ -135,27 +135,6 @@ def lstm_lm_matmul_params(hidden: int, vocab: int, layers: int = 2) -> int:
   hidden size `hidden` (two biases each, as cuDNN and PyTorch keep them) and
   an untied softmax."""
   return layers * (8 * hidden * hidden + 8 * hidden) + hidden * vocab + vocab
-
-
-def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
-  """The best time of `repeats` calls of `fn` (compiled and warmed up first),
-  each waited for."""
-  jax.block_until_ready(fn())
-  best = math.inf
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    best = min(best, time.perf_counter() - start)
-  return best
-
-
-def seconds_per_call(calls: dict, key: str, steps: int) -> float:
-  """Seconds per call of `calls[key]`, over `steps` calls."""
-  start = time.perf_counter()
-  for _ in range(steps):
-    out = calls[key]()
-  calls['sync'](out)
-  return (time.perf_counter() - start) / steps
 
 
 TORCH_DTYPES = {  # row name -> (parameter dtype, autocast dtype)

@@ -41,7 +41,8 @@ import pathlib
 import jax
 import jax.numpy as jnp
 from absl import app, flags
-from baselines import best_seconds, lm_zoo_lm, seconds_per_call, torch_lm
+from baselines import lm_zoo_lm, torch_lm
+from timing import best_seconds, seconds_per_call
 
 from lm_zoo.configs import base_config
 from lm_zoo.runtime import retain_host_memory

@@ -27,13 +27,12 @@ a check that the script runs, not a speed.
 
 import json
 import pathlib
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 from absl import app, flags
 from baselines import failure_reason
+from timing import median_call
 
 from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
@@ -92,20 +91,6 @@ def _functions(kernels, r: int, cotangent):
   return jax.jit(forward), jax.jit(jax.value_and_grad(loss, argnums=tuple(range(8))))
 
 
-def _median_ms(fn, args) -> dict:
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn(*args))
-  first = time.perf_counter() - start
-  for _ in range(FLAGS.warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(FLAGS.runs):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return out, {'median_ms': 1e3 * statistics.median(times), 'first_call_s': first}
-
-
 def _max_rel_error(got, want) -> float:
   """The largest |got - want| of any array over that array's largest |want|."""
   errors = [
@@ -141,7 +126,7 @@ def main(argv):
           for way, fns in (('fused', fused), ('persistent', persistent))]  # fmt: skip
   for name, fn in rows:
     try:
-      out, row = _median_ms(fn, args)
+      out, row = median_call(fn, args, FLAGS.runs, FLAGS.warmup)
       kind = name.split('_')[0]
       if name.endswith('fused'):
         wants[kind] = out

@@ -60,14 +60,13 @@ semaphores): a check that the script runs, not a speed.
 import functools
 import json
 import pathlib
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 from absl import app, flags
 from baselines import failure_reason
 from grid_barrier_probe import barrier_rounds
+from timing import median_call
 
 from lm_zoo.cells import LSTMCell
 from lm_zoo.cells.cudnn_lstm import cudnn_lstm_window
@@ -109,20 +108,6 @@ def _inputs(hidden: int, batch: int, steps: int):
   h0 = jnp.tanh(jax.random.normal(keys[4], (batch, hidden)))
   c0 = jax.random.normal(keys[5], (batch, hidden))
   return x, w, b, u, h0, c0
-
-
-def _median_ms(fn, args, runs: int) -> dict:
-  start = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  first = time.perf_counter() - start
-  for _ in range(FLAGS.warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(runs):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return {'median_ms': 1e3 * statistics.median(times), 'first_call_s': first}
 
 
 def _max_errors(name: str, got, want) -> dict:
@@ -222,9 +207,10 @@ def _rows(sizes, interpret):
 
 def _measure(name, fn, check, blocks, args, wants) -> dict:
   runs = FLAGS.grad_runs if name.startswith('grad_') else FLAGS.runs
-  row = {'row': name, **({'blocks': blocks} if blocks else {}), **_median_ms(fn, args, runs)}
+  got, timing = median_call(fn, args, runs, FLAGS.warmup)
+  row = {'row': name, **({'blocks': blocks} if blocks else {}), **timing}
   if check == 'barrier':
-    sums = jnp.sum(fn(*args), axis=(1, 2))
+    sums = jnp.sum(got, axis=(1, 2))
     rounds = FLAGS.steps * FLAGS.crossings
     row.update(
       rounds=rounds,
@@ -232,7 +218,6 @@ def _measure(name, fn, check, blocks, args, wants) -> dict:
       stale_blocks=int(jnp.sum(~(sums == 0))),  # NaN: a slot never written
     )
   elif check:
-    got = fn(*args)
     errors = _errors if check == 'forward' else _grad_errors
     for ref, want in wants[check].items():
       row.update({f'{key}_vs_{ref}': value for key, value in errors(got, want).items()})

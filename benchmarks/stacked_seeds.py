@@ -18,7 +18,8 @@ import json
 import pathlib
 
 from absl import app, flags
-from baselines import experiment_config, lm_zoo_lm, seconds_per_call
+from baselines import experiment_config, lm_zoo_lm
+from timing import seconds_per_call
 
 from lm_zoo.runtime import environment
 

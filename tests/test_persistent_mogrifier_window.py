@@ -9,10 +9,10 @@ a GPU traces them, lowered for CUDA."""
 import jax
 import jax.numpy as jnp
 import pytest
-from persistent_lowering import assert_close, perturbed
+from persistent_lowering import assert_close, lowered_stack_gradient, perturbed
 
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
-from lm_zoo.models import RecurrentLayer, Stack
+from lm_zoo.models import RecurrentLayer
 
 # Not public in jax 0.10: the window imports it off a GPU.
 params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
@@ -76,16 +76,5 @@ def test_on_a_gpu_the_recipes_gradient_lowers_as_four_persistent_kernels(monkeyp
   forward pass and backward chain one Mosaic GPU kernel with its semaphore."""
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   cell = Mogrify(LSTMCell(912, dtype=BF16, cap_input_gate=True), 5, 84, dtype=BF16)
-  stack = Stack([cell] * 2, dropout_hidden=0.3, dropout_state=0.37, scan='persistent')
-  carries, inputs = stack.initialize_carry(64, 912), jnp.zeros((70, 64, 912))
-  rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
-  variables = jax.eval_shape(lambda: stack.init(rngs, carries, inputs, train=True))
-
-  def loss(variables, carries, inputs):
-    _, ys = stack.apply(variables, carries, inputs, train=True, rngs={'dropout': rngs['dropout']})
-    return jnp.sum(ys)
-
-  layouts = [jax.export.DisabledSafetyCheck.custom_call('LayoutConstraint')]
-  exported = jax.export.export(jax.jit(jax.grad(loss)), platforms=['cuda'], disabled_checks=layouts)
-  text = exported(variables, carries, inputs).mlir_module()
+  text = lowered_stack_gradient([cell] * 2, 912)
   assert text.count('@mosaic_gpu') == 4 and 'red.release' in text

@@ -9,7 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from persistent_lowering import assert_close, perturbed
+from persistent_lowering import assert_close, lowered_stack_gradient, perturbed
 
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
 from lm_zoo.cells.persistent_lstm import where_it_runs
@@ -210,16 +210,5 @@ def test_on_a_gpu_a_masked_stacks_gradient_lowers_as_four_persistent_kernels(mon
   one Mosaic GPU kernel with its semaphore, lowered for CUDA here."""
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   cells = [LSTMCell(951, dtype=BF16, cap_input_gate=True)] * 2
-  stack = Stack(cells, dropout_hidden=0.3, dropout_state=0.37, scan='persistent')
-  carries, inputs = stack.initialize_carry(64, 400), jnp.zeros((70, 64, 400))
-  rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
-  variables = jax.eval_shape(lambda: stack.init(rngs, carries, inputs, train=True))
-
-  def loss(variables, carries, inputs):
-    _, ys = stack.apply(variables, carries, inputs, train=True, rngs={'dropout': rngs['dropout']})
-    return jnp.sum(ys)
-
-  layouts = [jax.export.DisabledSafetyCheck.custom_call('LayoutConstraint')]
-  exported = jax.export.export(jax.jit(jax.grad(loss)), platforms=['cuda'], disabled_checks=layouts)
-  text = exported(variables, carries, inputs).mlir_module()
+  text = lowered_stack_gradient(cells, 400)
   assert text.count('@mosaic_gpu') == 4 and text.count('red.release') == 4
