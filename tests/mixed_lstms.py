@@ -50,8 +50,20 @@ def mixed_reference(
 
 
 def mixed_fused(
-  mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask, unroll=1, cap=False
+  mix,
+  round_params,
+  inputs,
+  input_kernel,
+  bias,
+  recurrent_kernel,
+  c0,
+  h0,
+  mask,
+  unroll=1,
+  cap=False,
+  **passes,
 ):
+  """`mixed_lstm_recurrence` of these arguments; `passes`: its `forward=`, `backward=`."""
   return mixed_lstm_recurrence(
     inputs,
     input_kernel,
@@ -63,6 +75,7 @@ def mixed_fused(
     mask,
     unroll=unroll,
     cap_input_gate=cap,
+    **passes,
   )
 
 

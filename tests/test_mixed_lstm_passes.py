@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from mixed_lstms import MIXED_ARGS, M, mixed_inputs, mixed_objective, mixed_reference
+from mixed_lstms import MIXED_ARGS, M, mixed_fused, mixed_inputs, mixed_objective, mixed_reference
 
 from lm_zoo.cells.mixed_lstm_recurrence import (
   mixed_lstm_backward_chain,
@@ -77,15 +77,7 @@ def test_a_forward_pass_of_its_own_runs_with_the_hand_written_backward():
     values = [args[name] for name in MIXED_ARGS]
     mix = MogrifierRounds(2)
 
-    def window(forward):
-      def run(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask):
-        weights = (input_kernel, bias, recurrent_kernel)
-        return mixed_lstm_recurrence(
-          inputs, *weights, (c0, h0), mix, round_params, mask, forward=forward
-        )
-
-      return run
-
+    window = lambda forward: partial(mixed_fused, forward=forward)
     _, hs = window(_ShiftedForward(0.0))(mix, *values)
     _, shifted = window(_ShiftedForward(1.0))(mix, *values)
     np.testing.assert_allclose(shifted, hs + 1.0, rtol=1e-12)
@@ -167,15 +159,7 @@ def test_a_backward_chain_of_its_own_gives_the_window_its_gradients():
     values = [args[name] for name in MIXED_ARGS]
     mix = MogrifierRounds(2)
 
-    def window(backward):
-      def run(mix, round_params, inputs, input_kernel, bias, recurrent_kernel, c0, h0, mask):
-        weights = (input_kernel, bias, recurrent_kernel)
-        return mixed_lstm_recurrence(
-          inputs, *weights, (c0, h0), mix, round_params, mask, backward=backward
-        )
-
-      return run
-
+    window = lambda backward: partial(mixed_fused, backward=backward)
     grads = [
       jax.grad(mixed_objective(window(backward), mix), argnums=range(len(MIXED_ARGS)))(*values)
       for backward in (None, _ShiftedBackward(0.5))
