@@ -122,15 +122,18 @@ def _forward_scan(mix, mix_params, weights, inputs, carry, state_mask, steps, se
 
 
 def _forward(mix, mix_params, weights, inputs, carry, state_mask, steps, settings):
-  """hs, the final carry, [W; U] in the products' dtype and the per-step
+  """hs, the final carry, [W; U] in the products' dtype (what the backward
+  scan multiplies by; None for a `BackwardChain`) and the per-step
   residuals, from `settings.forward` if set (no held steps then)."""
   if settings.forward is None:
     return _forward_scan(mix, mix_params, weights, inputs, carry, state_mask, steps, settings)
   hs, new_carry, per_step = settings.forward(
     mix, mix_params, weights, inputs, carry, state_mask, settings.cap_input_gate
   )
-  input_kernel, _, recurrent_kernel = weights
-  kernel = jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(settings.dtype)
+  kernel = None
+  if settings.backward is None:
+    input_kernel, _, recurrent_kernel = weights
+    kernel = jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(settings.dtype)
   return hs, new_carry, kernel, per_step
 
 
