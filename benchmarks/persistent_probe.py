@@ -72,7 +72,7 @@ from lm_zoo.cells import LSTMCell
 from lm_zoo.cells.cudnn_lstm import cudnn_lstm_window
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence
 from lm_zoo.cells.persistent_lstm import persistent_lstm_recurrence
-from lm_zoo.kernels.persistent_lstm import layout_for, persistent_lstm_forward
+from lm_zoo.kernels.persistent_lstm import layout_for, persistent_lstm_forward, smem_bytes
 from lm_zoo.kernels.persistent_lstm_backward import backward_smem_bytes, chunk_for
 
 flags.DEFINE_integer('hidden', 951, 'Hidden size n (the input size too).')
@@ -267,7 +267,7 @@ def _result(sizes, interpret) -> dict:
       'units': layout.units,
       'blocks': layout.blocks,
       'block_units': layout.block_units,
-      'smem_bytes': layout.smem_bytes,
+      'smem_bytes': smem_bytes(layout, saves=True),
       'backward_chunk': chunk_for(layout),
       'backward_smem_bytes': backward_smem_bytes(layout, chunk_for(layout)),
     },

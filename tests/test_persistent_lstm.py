@@ -15,7 +15,7 @@ import pytest
 from persistent_lowering import check_lowered_modes
 
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence
-from lm_zoo.kernels.persistent_lstm import Layout, layout_for, persistent_lstm_forward
+from lm_zoo.kernels.persistent_lstm import Layout, layout_for, persistent_lstm_forward, smem_bytes
 
 # Not public in jax 0.10: the library takes the params from its caller.
 params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
@@ -104,12 +104,26 @@ def test_the_comparison_catches_a_wrong_gate_order():
 
 def test_the_recipe_layout_fits_an_sm():
   """Hidden 951, batch 64: 120 blocks of 8 units (an H100 has 132 SMs) and
-  195 KiB of shared memory a block, the mask's slice included (227 KiB
-  allowed)."""
+  U's slice 60 KiB, h 120 KiB, P's slice, c, m and the outgoing tiles 15
+  KiB (each buffer rounded up to 1 KiB), the barriers 40 bytes; 8 KiB more
+  with the residuals' tile (227 KiB allowed)."""
   layout = layout_for(64, 951)
   assert layout == Layout(rows=64, units=960, blocks=120) and layout.block_units == 8
-  assert layout.smem_bytes == 2 * 960 * 32 + 2 * 64 * 960 + 64 * 8 * 30 == 199_680
+  assert smem_bytes(layout) == 2 * 960 * 32 + 2 * 64 * 960 + 1024 * (8 + 2 + 2 + 2 + 1) + 40
+  assert smem_bytes(layout, saves=True) == smem_bytes(layout) + 4 * 64 * 32 == 207_912
   assert layout_for(3, 24, blocks=2) == Layout(rows=64, units=32, blocks=2)
+
+
+@pytest.mark.parametrize('residuals', [False, True])
+def test_the_layout_counts_shared_memory_as_mosaic_gpu_does(monkeypatch, residuals):
+  """Mosaic GPU refuses a kernel over its bound, naming what it allocates:
+  `smem_bytes` is that count, with and without the residuals' tile."""
+  from jax.experimental.mosaic.gpu import core
+
+  monkeypatch.setattr(core, '_SMEM_SIZE_BOUND', 1000)
+  needed = smem_bytes(layout_for(3, 24), saves=residuals)
+  with pytest.raises(ValueError, match=f'smem_bytes={needed} > max_smem_bytes=1000'):
+    _lowered(2, 3, 24, 'persistent', residuals=residuals)
 
 
 @pytest.mark.parametrize(
@@ -141,11 +155,12 @@ def test_refuses_what_it_cannot_run_naming_the_argument(change, message):
     run(projected, kernel, h0, c0, interpret=INTERPRET)
 
 
-def _lowered(steps, batch, n, mode):
+def _lowered(steps, batch, n, mode, residuals=False):
   s = jax.ShapeDtypeStruct
   shapes = [s((steps, batch, 4 * n), jnp.float32), s((n, 4 * n), jnp.float32)]
   shapes += [s((batch, n), jnp.float32)] * 2
-  run = jax.jit(functools.partial(persistent_lstm_forward, mode=mode, cap_input_gate=True))
+  forward = functools.partial(persistent_lstm_forward, residuals=residuals)
+  run = jax.jit(functools.partial(forward, mode=mode, cap_input_gate=True))
   return jax.export.export(run, platforms=['cuda'])(*shapes).mlir_module()
 
 

@@ -178,12 +178,25 @@ def test_the_gradients_comparison_catches_a_wrong_cap():
 
 def test_the_recipe_layout_fits_an_sm_backward():
   """Hidden 951, batch 64: chunks of 480 of the 3840 summed columns, and
-  U's rows 60 KiB + two buffers 120 KiB + factors, d_c, m and dG_t 30 KiB =
-  210 KiB of shared memory a block (227 KiB allowed)."""
+  U's rows 60 KiB + two buffers 120 KiB + factors, d_c, m and dG_t 30 KiB
+  (each buffer rounded up to 1 KiB) + the barriers 48 bytes = 210 KiB of
+  shared memory a block (227 KiB allowed)."""
   layout = layout_for(64, 951)
   assert chunk_for(layout) == 480 and chunk_for(layout_for(3, 24)) == 128
-  assert backward_smem_bytes(layout, 480) == 2 * 8 * 3840 + 2 * 2 * 64 * 480 + 64 * 8 * 60
-  assert backward_smem_bytes(layout, 480) == 215_040
+  assert backward_smem_bytes(layout, 480) == 2 * 8 * 3840 + 2 * 2 * 64 * 480 + 64 * 8 * 60 + 48
+  assert backward_smem_bytes(layout, 480) == 215_088
+
+
+def test_the_backward_counts_shared_memory_as_mosaic_gpu_does(monkeypatch):
+  """Mosaic GPU refuses a kernel over its bound, naming what it allocates:
+  `backward_smem_bytes` is that count."""
+  from jax.experimental.mosaic.gpu import core
+
+  monkeypatch.setattr(core, '_SMEM_SIZE_BOUND', 1000)
+  layout = layout_for(3, 24)
+  needed = backward_smem_bytes(layout, chunk_for(layout))
+  with pytest.raises(ValueError, match=f'smem_bytes={needed} > max_smem_bytes=1000'):
+    _lowered_backward(2, 3, 24, 'persistent')
 
 
 @pytest.mark.parametrize(

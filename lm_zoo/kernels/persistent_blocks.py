@@ -1,10 +1,12 @@
-"""What a block of the persistent Mogrifier kernels (`persistent_mogrifier`,
-`persistent_mogrifier_backward`; Hopper, Mosaic GPU) does the same way in
-both: a wgmma product whose left operand, a whole vector another block
-wrote, streams from global memory through two shared-memory buffers, the
-copy of chunk k + 1 in flight while chunk k is multiplied
-(`streamed_product`); and the shared memory its scratch takes as Mosaic GPU
-allocates it (`smem_bytes_of`).
+"""What a block of every persistent kernel (`persistent_lstm`,
+`persistent_lstm_backward`, `persistent_mogrifier`,
+`persistent_mogrifier_backward`; Hopper, Mosaic GPU) does the same way: its
+bfloat16 wgmma operands swizzled by 64 bytes (`swizzled`), one-off copies
+in (`copy_in`), the shared memory its scratch takes as Mosaic GPU allocates
+it (`smem_bytes_of`, at most `SMEM_BYTES`); and, in the Mogrifier's, a
+wgmma product whose left operand, a whole vector another block wrote,
+streams from global memory through two shared-memory buffers, the copy of
+chunk k + 1 in flight while chunk k is multiplied (`streamed_product`).
 
 Example (inside a kernel body)::
 
@@ -22,6 +24,21 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 BUFFERS = 2  # the copy of chunk k+1 in flight while chunk k is multiplied
 SMEM_ALIGNMENT = 1024  # bytes: Pallas allocates each shared memory buffer at a multiple
+SMEM_BYTES = 227 * 1024  # what a block may have on Hopper
+SWIZZLE = 64  # bytes, both wgmma operands: 32 bfloat16 columns
+K_MULTIPLE = SWIZZLE // 2  # a summed axis' multiple: one swizzle tile of bfloat16
+
+
+def swizzled(shape, dtype):
+  """A bfloat16 wgmma operand's shared memory: (8, 32) tiles swizzled by 64 bytes."""
+  transforms = (plgpu.TilingTransform((8, K_MULTIPLE)), plgpu.SwizzleTransform(SWIZZLE))
+  return plgpu.SMEM(shape, dtype, transforms=transforms)
+
+
+def copy_in(src, dst, barrier):
+  """A one-off TMA copy of `src` into `dst`, waited for."""
+  plgpu.copy_gmem_to_smem(src, dst, barrier)
+  plgpu.barrier_wait(barrier)
 
 
 def streamed_product(shape, chunks: int, copy: Callable, buffers, bars, operand: Callable):

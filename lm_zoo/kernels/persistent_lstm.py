@@ -36,8 +36,10 @@ operands swizzled by 64 bytes (Mosaic GPU wants the same swizzle for both;
 accumulator's column tile), u at most 64 (4u = wgmma's N ≤ 256). At hidden
 951, batch 64: n_pad 960, G = 120 blocks of u = 8 units (an H100 has 132
 SMs, all blocks must be resident at once), shared memory per block U
-960 x 32 x 2 = 60 KiB, h 64 x 960 x 2 = 120 KiB, P, c, m and outputs 15 KiB:
-195 KiB of the 227 KiB a block may have. Float32 (TF32) operands would
+960 x 32 x 2 = 60 KiB, h 64 x 960 x 2 = 120 KiB, P, c, m and outputs 15 KiB
+(8 KiB more with the residuals): 195 to 203 KiB of the 227 KiB a block may
+have, each buffer rounded up to 1 KiB as Mosaic GPU allocates it
+(`smem_bytes`). Float32 (TF32) operands would
 double U's slice and h to 360 KiB: they would need h streamed through in
 chunks of K, which this first form does not do. Mosaic GPU's Lane lowering
 semantics could not match the accumulator's layout with P's ("Incompatible
@@ -79,14 +81,18 @@ from lm_zoo.kernels.grid_barrier import (
   grid_barrier,
   one_model_a_launch,
 )
+from lm_zoo.kernels.persistent_blocks import (
+  K_MULTIPLE,
+  SMEM_BYTES,
+  copy_in,
+  smem_bytes_of,
+  swizzled,
+)
 
 GATES = 4
 ROWS = 64  # wgmma's M for one warpgroup
-SWIZZLE = 64  # bytes, both operands: 32 bfloat16 columns
-K_MULTIPLE = SWIZZLE // 2
 UNIT_MULTIPLE = 8
 MAX_BLOCK_UNITS = 64  # 4 gates x 64 = 256, wgmma's largest N
-SMEM_BYTES = 227 * 1024
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -110,15 +116,6 @@ class Layout:
   @property
   def block_units(self) -> int:
     return self.units // self.blocks
-
-  @property
-  def smem_bytes(self) -> int:
-    """U's slice and h (bfloat16); P's slice, c, m, h_t's slice (float32) and
-    m ⊙ h_t's (bfloat16)."""
-    u = self.block_units
-    return (
-      2 * self.units * GATES * u + 2 * self.rows * self.units + self.rows * u * (16 + 4 + 4 + 4 + 2)
-    )
 
 
 def block_width(size: int, blocks: int) -> int:
@@ -151,22 +148,35 @@ def layout_for(batch: int, hidden: int, blocks: int | None = None) -> Layout:
   """`grid_for`'s sizes, refused where this kernel's shared memory does not
   fit. Raises ValueError naming what does not fit."""
   layout = grid_for(batch, hidden, blocks)
-  if layout.smem_bytes > SMEM_BYTES:
+  if (needed := smem_bytes(layout)) > SMEM_BYTES:
     raise ValueError(
-      f'hidden={hidden} needs {layout.smem_bytes} bytes of shared memory a block '
-      f'(at most {SMEM_BYTES})'
+      f'hidden={hidden} needs {needed} bytes of shared memory a block (at most {SMEM_BYTES})'
     )
   return layout
 
 
-def swizzled(shape, dtype):
-  transforms = (plgpu.TilingTransform((8, K_MULTIPLE)), plgpu.SwizzleTransform(SWIZZLE))
-  return plgpu.SMEM(shape, dtype, transforms=transforms)
+def scratch_types(layout: Layout, saves: bool) -> list:
+  """A block's shared memory: U's slice and h (bfloat16, swizzled); P's
+  slice, c, m, h_t's slice (float32) and m ⊙ h_t's (bfloat16); the
+  barriers; with `saves`, the gate activations' tile (float32)."""
+  rows, n, u = layout.rows, layout.units, layout.block_units
+  f32, bf16 = jnp.float32, jnp.bfloat16
+  return [
+    swizzled((n, GATES * u), bf16),
+    swizzled((rows, n), bf16),
+    plgpu.SMEM((rows, GATES * u), f32),
+    plgpu.SMEM((rows, u), f32),
+    plgpu.SMEM((rows, u), f32),
+    plgpu.SMEM((rows, u), f32),
+    plgpu.SMEM((rows, u), bf16),
+    plgpu.Barrier(num_barriers=5),
+    *([plgpu.SMEM((GATES, rows, u), f32)] if saves else ()),
+  ]
 
 
-def copy_in(src, dst, barrier):
-  plgpu.copy_gmem_to_smem(src, dst, barrier)
-  plgpu.barrier_wait(barrier)
+def smem_bytes(layout: Layout, saves: bool = False) -> int:
+  """The shared memory a block takes, as Mosaic GPU counts it (`smem_bytes_of`)."""
+  return smem_bytes_of(scratch_types(layout, saves))
 
 
 def _cell_step(h_s, u_s, p_s, c_s, layout: Layout, cap_input_gate: bool):
@@ -260,17 +270,7 @@ def _kernel(layout: Layout, steps: int, cap_input_gate: bool, mode: str, saves: 
       jax.ShapeDtypeStruct((rows, n), f32),
       *(saved if saves else ()),
     ),
-    scratch_types=[
-      swizzled((n, GATES * u), bf16),
-      swizzled((rows, n), bf16),
-      plgpu.SMEM((rows, GATES * u), f32),
-      plgpu.SMEM((rows, u), f32),
-      plgpu.SMEM((rows, u), f32),
-      plgpu.SMEM((rows, u), f32),
-      plgpu.SMEM((rows, u), bf16),
-      plgpu.Barrier(num_barriers=5),
-      *([plgpu.SMEM((GATES, rows, u), f32)] if saves else ()),
-    ],
+    scratch_types=scratch_types(layout, saves),
     grid=(layout.blocks,),
     grid_names=('blocks',),
     compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
@@ -378,9 +378,10 @@ def persistent_lstm_forward(
   steps, batch, width = projected.shape
   n = width // GATES
   layout = layout_for(batch, n, blocks)
-  if residuals and layout.smem_bytes + 16 * layout.rows * layout.block_units > SMEM_BYTES:
+  if residuals and (needed := smem_bytes(layout, saves=True)) > SMEM_BYTES:
     raise ValueError(
-      f'residuals=True at hidden={n} needs more than {SMEM_BYTES} bytes of shared memory'
+      f'residuals=True at hidden={n} needs {needed} bytes of shared memory a block '
+      f'(at most {SMEM_BYTES})'
     )
   check_blocks_run(layout.blocks, mode, interpret)
   p = by_blocks(projected.astype(jnp.float32), layout, (steps, layout.rows))

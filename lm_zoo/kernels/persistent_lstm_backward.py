@@ -39,9 +39,10 @@ re-laid out alike.
 At hidden 951, batch 64: 120 blocks of 8 units, chunk 480 (the largest
 multiple of 32 columns dividing 3840, at most 512), 8 chunks a step; shared
 memory per block U's rows 8 x 3840 x 2 = 60 KiB, buffers 2 x 64 x 480 x 2 =
-120 KiB, factors, d_c, m and dG_t 30 KiB: 210 KiB of 227 KiB. Each block reads
-the whole dG_{t+1}, 480 KiB, a step: 56 MiB of L2 reads a step for the grid,
-four times the forward's (h is n wide, dG 4n).
+120 KiB, factors, d_c, m and dG_t 30 KiB: 210 KiB of 227 KiB (Mosaic GPU's
+count, `backward_smem_bytes`). Each block reads the whole dG_{t+1}, 480
+KiB, a step: 56 MiB of L2 reads a step for the grid, four times the
+forward's (h is n wide, dG 4n).
 
 Modes (`grid_barrier.MODES`) as the forward's: 'persistent' (one launch),
 'unfenced' (without the barrier's proxy fences), 'per_step' (one launch a
@@ -72,21 +73,24 @@ from lm_zoo.kernels.grid_barrier import (
   grid_barrier,
   one_model_a_launch,
 )
-from lm_zoo.kernels.persistent_lstm import (
-  GATES,
+from lm_zoo.kernels.persistent_blocks import (
+  BUFFERS,
   K_MULTIPLE,
   SMEM_BYTES,
+  copy_in,
+  smem_bytes_of,
+  swizzled,
+)
+from lm_zoo.kernels.persistent_lstm import (
+  GATES,
   Layout,
   by_blocks,
-  copy_in,
   layout_for,
   padded,
-  swizzled,
   unblocked_gates,
 )
 
 CHUNK_LIMIT = 512  # columns of dG a buffer holds: 64 x 512 bfloat16 = 64 KiB
-BUFFERS = 2  # copy of chunk k+1 in flight while chunk k is multiplied
 FACTORS = 7  # the four gates' scales, σ(f), dc/dh, dL/dh_t
 
 
@@ -101,11 +105,26 @@ def chunk_for(layout: Layout, chunk: int | None = None) -> int:
   return chunk
 
 
+def backward_scratch_types(layout: Layout, chunk: int, transposed: bool) -> list:
+  """A block's shared memory: U's rows and dG's buffers (bfloat16), the
+  factors, d_c, m, dG_t (float32 and bfloat16), the barriers."""
+  rows, n, u = layout.rows, layout.units, layout.block_units
+  f32, bf16 = jnp.float32, jnp.bfloat16
+  return [
+    swizzled((u, GATES * n), bf16) if transposed else plgpu.SMEM((GATES * n, u), bf16),
+    swizzled((BUFFERS, rows, chunk), bf16),
+    plgpu.SMEM((FACTORS, rows, u), f32),
+    plgpu.SMEM((rows, u), f32),
+    plgpu.SMEM((rows, u), f32),
+    plgpu.SMEM((GATES, rows, u), f32),
+    plgpu.SMEM((rows, GATES * u), bf16),
+    plgpu.Barrier(num_barriers=BUFFERS + 4),
+  ]
+
+
 def backward_smem_bytes(layout: Layout, chunk: int) -> int:
-  """U's rows and the buffers (bfloat16), factors, d_c, m, dG_t (float32 and bfloat16)."""
-  rows, u = layout.rows, layout.block_units
-  resident = 2 * u * GATES * layout.units + BUFFERS * 2 * rows * chunk
-  return resident + 4 * rows * u * (FACTORS + 2 + GATES) + 2 * rows * GATES * u
+  """The shared memory a block takes, as Mosaic GPU counts it (`smem_bytes_of`)."""
+  return smem_bytes_of(backward_scratch_types(layout, chunk, transposed=True))
 
 
 def _u_chunk(ut_s, cols, transposed: bool):
@@ -214,16 +233,7 @@ def _kernel(layout: Layout, steps: int, chunk: int, mode: str, interpret: Any):
       jax.ShapeDtypeStruct((steps, rows, GATES * n), bf16),
       jax.ShapeDtypeStruct((rows, n), f32),
     ),
-    scratch_types=[
-      swizzled((u, GATES * n), bf16) if transposed else plgpu.SMEM((GATES * n, u), bf16),
-      swizzled((BUFFERS, rows, chunk), bf16),
-      plgpu.SMEM((FACTORS, rows, u), f32),
-      plgpu.SMEM((rows, u), f32),
-      plgpu.SMEM((rows, u), f32),
-      plgpu.SMEM((GATES, rows, u), f32),
-      plgpu.SMEM((rows, GATES * u), bf16),
-      plgpu.Barrier(num_barriers=BUFFERS + 4),
-    ],
+    scratch_types=backward_scratch_types(layout, chunk, transposed),
     grid=(layout.blocks,),
     grid_names=('blocks',),
     compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),

@@ -72,10 +72,9 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.kernels.grid_barrier import check_blocks_run, check_mode, one_model_a_launch
+from lm_zoo.kernels.persistent_blocks import K_MULTIPLE, SMEM_BYTES
 from lm_zoo.kernels.persistent_lstm import (
   GATES,
-  K_MULTIPLE,
-  SMEM_BYTES,
   UNIT_MULTIPLE,
   by_blocks,
   layout_for,

@@ -26,8 +26,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.kernels.grid_barrier import grid_barrier
-from lm_zoo.kernels.persistent_blocks import BUFFERS, smem_bytes_of, streamed_product
-from lm_zoo.kernels.persistent_lstm import GATES, UNIT_MULTIPLE, Layout, copy_in, swizzled
+from lm_zoo.kernels.persistent_blocks import (
+  BUFFERS,
+  copy_in,
+  smem_bytes_of,
+  streamed_product,
+  swizzled,
+)
+from lm_zoo.kernels.persistent_lstm import GATES, UNIT_MULTIPLE, Layout
 
 LSTM_FACTORS = 7  # the four gates' scales, σ(f), dc/dh, dL/dh_t
 # d_c, d_h (d_h_next from the step's end to the next cell phase, when d_h is

@@ -13,16 +13,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.kernels.common import gate_update, sigmoid
-from lm_zoo.kernels.persistent_blocks import BUFFERS, smem_bytes_of, streamed_product
-from lm_zoo.kernels.persistent_lstm import (
-  GATES,
+from lm_zoo.kernels.persistent_blocks import (
+  BUFFERS,
   K_MULTIPLE,
   SMEM_BYTES,
-  Layout,
-  block_width,
   copy_in,
+  smem_bytes_of,
+  streamed_product,
   swizzled,
 )
+from lm_zoo.kernels.persistent_lstm import GATES, Layout, block_width
 
 PAIR = 8  # the low-rank hidden's columns a reduce pair computes (wgmma's smallest N)
 CHUNK_LIMIT = 128  # columns of a streamed operand a buffer holds: 64 x 128 bfloat16
