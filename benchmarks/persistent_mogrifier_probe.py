@@ -12,7 +12,12 @@ rewritten after each so that a hang leaves the rows before it:
 
 - forward_fused / forward_persistent: the outputs h_1..h_T and the carry;
 - grad_fused / grad_persistent: L = Σ_t h_t ⊙ R (R fixed, random) and its
-  gradients (inputs, W, b, U, every round's weights, the carry, the mask).
+  gradients (inputs, W, b, U, every round's weights, the carry, the mask);
+- forward_persistent_blocksG / grad_persistent_blocksG: the kernels on G
+  blocks for each G in --blocks (the rows above: one block per 8 units, 116
+  at the recipe). More blocks pad n further but can widen the streamed
+  chunks (120 blocks: n_pad 960, chunks of 96 columns, not 32), one timing
+  that decides the grid.
 
 Each persistent row is checked against its fused row: the largest error of
 any output or gradient relative to that array's largest magnitude
@@ -22,7 +27,7 @@ bfloat16 at the same places, only the order of float32 sums differs).
 a check that the script runs, not a speed.
 
   python benchmarks/persistent_mogrifier_probe.py [--output=runs/persistent_mogrifier_probe.json]
-      [--hidden=912 --rank=84 --rounds=5 --batch=64 --steps=70 --runs=10] [--tiny]
+      [--hidden=912 --rank=84 --rounds=5 --batch=64 --steps=70 --runs=10] [--blocks=120] [--tiny]
 """
 
 import json
@@ -45,6 +50,7 @@ flags.DEFINE_integer('batch', 64, 'Batch size (at most 64).')
 flags.DEFINE_integer('steps', 70, 'Window length T.')
 flags.DEFINE_integer('runs', 10, 'Timed runs per row (their median is reported).')
 flags.DEFINE_integer('warmup', 2, 'Untimed runs per row after compiling.')
+flags.DEFINE_list('blocks', [], 'Other grids to time the kernels on: blocks each (at most 132).')
 flags.DEFINE_bool('tiny', False, 'Hidden 16, rank 8, 2 rounds, batch 3, 1 step, interpreted.')
 flags.DEFINE_string('output', 'runs/persistent_mogrifier_probe.json', 'JSON results file.')
 FLAGS = flags.FLAGS
@@ -110,20 +116,26 @@ def main(argv):
   if FLAGS.tiny:  # Not public in jax 0.10.
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
 
-    kernels = PersistentMogrifierKernels('per_step', InterpretGPUParams())
+    mode, interpret = 'per_step', InterpretGPUParams()
   else:
-    kernels = PersistentMogrifierKernels('persistent', None)
+    mode, interpret = 'persistent', None
+  try:
+    grids = [None] + [int(blocks) for blocks in FLAGS.blocks]
+  except ValueError:
+    raise SystemExit(f'error: --blocks takes whole numbers, got {",".join(FLAGS.blocks)}') from None
   sizes = dict(n=FLAGS.hidden, k=FLAGS.rank, r=FLAGS.rounds, batch=FLAGS.batch, steps=FLAGS.steps)
   args = _arguments(**sizes)
   cotangent = jax.random.normal(jax.random.key(1), (FLAGS.steps, FLAGS.batch, FLAGS.hidden))
   device = jax.devices()[0]
   result = {'device_kind': device.device_kind, 'jax': jax.__version__, 'sizes': sizes}
   result.update(interpreted=FLAGS.tiny, results=[], failed={})
-  fused = _functions(None, FLAGS.rounds, cotangent)
-  persistent = _functions(kernels, FLAGS.rounds, cotangent)
+  ways = [('fused', _functions(None, FLAGS.rounds, cotangent))]
+  for blocks in grids:
+    kernels = PersistentMogrifierKernels(mode, interpret, blocks)
+    way = 'persistent' if blocks is None else f'persistent_blocks{blocks}'
+    ways.append((way, _functions(kernels, FLAGS.rounds, cotangent)))
   wants = {}
-  rows = [(f'{p}_{way}', fns[i]) for i, p in enumerate(('forward', 'grad'))
-          for way, fns in (('fused', fused), ('persistent', persistent))]  # fmt: skip
+  rows = [(f'{p}_{way}', fns[i]) for i, p in enumerate(('forward', 'grad')) for way, fns in ways]
   for name, fn in rows:
     try:
       out, row = median_call(fn, args, FLAGS.runs, FLAGS.warmup)

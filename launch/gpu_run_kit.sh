@@ -61,8 +61,8 @@
 # under `timeout 240`, as a kernel whose blocks wait for each other may hang,
 # and its JSON keeps every row measured before), then the persistent Mogrifier
 # kernels against the fused window, one layer of the 24M recipe forward and
-# with its gradients (benchmarks/persistent_mogrifier_probe.py:
-# persistent_mogrifier_probe.json and .txt; under `timeout 150`), then tests/test_persistent_scan.py
+# with its gradients, on 116 blocks and on 120 (benchmarks/persistent_mogrifier_probe.py:
+# persistent_mogrifier_probe.json and .txt; under `timeout 200`), then tests/test_persistent_scan.py
 # and tests/test_persistent_mogrifier_window.py (compiled on a GPU:
 # scan='persistent' in a model with a state mask against 'fused';
 # persistent_tests.txt, under `timeout 180`), then the 24M LSTM and Mogrifier
@@ -170,6 +170,7 @@ train=(--config.train.max_seconds=$((MINUTES * 60)) --config.evaluation.splits=v
        --config.data.pad_windows_to=8)
 stacks=(--recipe=ptb_lstm_medium --seeds=1,2,4,8)
 persistent=()  # the probe's defaults: hidden 951, batch 64, 70 steps
+mogrifier_probe=(--blocks=120)  # and on 120 blocks: n_pad 960, chunks of 96 columns
 # scan='persistent' in a model against 'fused' (compiled on a GPU: the masked
 # kernels, the LSTM's and the Mogrifier's)
 persistent_tests=(tests/test_persistent_scan.py tests/test_persistent_mogrifier_window.py)
@@ -215,6 +216,7 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
          --config.generate.num_lines=0)
   stacks=(--tiny=8 --seeds=1,2 --steps=1 --rounds=1)
   persistent=(--tiny)
+  mogrifier_probe=(--tiny --blocks=1)
   persistent_tests=(tests/test_persistent_scan.py -k refused)
   persistent_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
                     --scans=auto,persistent --bfloat16 --baselines=jax_cudnn_lstm
@@ -347,8 +349,8 @@ part_persistent() {
   timeout 240 "$PYTHON" benchmarks/persistent_probe.py --output="$OUT/persistent_probe.json" \
       ${persistent[@]+"${persistent[@]}"} 2>&1 | tee "$OUT/persistent_probe.txt" \
       || failed+=(persistent_probe)
-  timeout 150 "$PYTHON" benchmarks/persistent_mogrifier_probe.py \
-      --output="$OUT/persistent_mogrifier_probe.json" ${persistent[@]+"${persistent[@]}"} 2>&1 \
+  timeout 200 "$PYTHON" benchmarks/persistent_mogrifier_probe.py \
+      --output="$OUT/persistent_mogrifier_probe.json" "${mogrifier_probe[@]}" 2>&1 \
       | tee "$OUT/persistent_mogrifier_probe.txt" || failed+=(persistent_mogrifier_probe)
   timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${persistent_tests[@]}" 2>&1 \
       | tee "$OUT/persistent_tests.txt" || failed+=(persistent_tests)
