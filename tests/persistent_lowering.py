@@ -15,16 +15,18 @@ FENCE = 'fence.proxy.async.global'
 
 def check_lowered_modes(lowered):
   """`lowered(mode)`: the module's text. The persistent form has the global
-  semaphore (an int32 scratch; a release add and a polling load) and the
-  proxy fences; the unfenced form the semaphore without the fences; the
-  barrier-free form neither; the per-step form is a loop of launches."""
+  semaphore (an int32 scratch; a release add and a polling load, at the
+  GPU's scope, not the system's) and the proxy fences; the unfenced form the
+  semaphore without the fences; the barrier-free form neither; the per-step
+  form is a loop of launches."""
   modes = ('persistent', 'unfenced', 'no_barrier', 'per_step')
   persistent, unfenced, free, per_step = (lowered(mode) for mode in modes)
   assert 'stablehlo.while' in per_step and 'stablehlo.while' not in persistent
   for text in (persistent, free, per_step):
     assert '@mosaic_gpu' in text and 'tensor<64x' in text
-  assert 'tensor<1xi32>' in persistent and 'red.release' in persistent
-  assert 'ld.relaxed' in persistent
+  assert 'tensor<1xi32>' in persistent and 'red.release.gpu.global' in persistent
+  assert 'ld.relaxed.gpu.global' in persistent and 'fence.acquire.gpu' in persistent
+  assert '.sys' not in persistent
   assert 'tensor<1xi32>' not in free and 'red.release' not in free
   assert FENCE in persistent and 'red.release' in unfenced and FENCE not in unfenced
 

@@ -15,7 +15,9 @@ and again after the wait.
 
 Modes (`MODES`) of a window:
 - 'persistent': one launch for the window, the fenced barrier a step;
-- 'unfenced': the same without the proxy fences (what they cost or save);
+- 'unfenced': the same without the proxy fences, a probe of what they cost:
+  PTX orders the TMA writes with the semaphore only through them, so a
+  block may read another's stale values (timing only);
 - 'per_step': the kernel launched once a step: the launch boundary is the
   barrier, so it needs no semaphore (and runs in Pallas' GPU interpreter
   with several blocks, which has no semaphores);
@@ -81,11 +83,13 @@ class GridBarrier:
     """After this block's TMA writes of the step have completed."""
     if self.fenced:
       _proxy_fence()
-    pl.semaphore_signal(self.semaphore)
+    # The GPU's scope, not the system's: every block is on this one GPU.
+    plgpu.semaphore_signal(self.semaphore, memory_scope='gpu')
 
   def wait(self, steps_done):
     """Until every block has arrived `steps_done` times."""
-    pl.semaphore_wait(self.semaphore, value=steps_done * self.blocks, decrement=False)
+    done = steps_done * self.blocks
+    plgpu.semaphore_wait(self.semaphore, value=done, decrement=False, memory_scope='gpu')
     if self.fenced:
       _proxy_fence()
 
