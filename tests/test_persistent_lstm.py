@@ -130,7 +130,7 @@ def test_the_layout_counts_shared_memory_as_mosaic_gpu_does(monkeypatch, residua
   'change, message',
   [
     (dict(batch=65), 'batch must be at most 64'),
-    (dict(blocks=4, n=951), 'blocks=4 gives each block 240 of 951 units; at most 64'),
+    (dict(blocks=4, n=951), 'blocks=4 gives each block 256 of 951 units; at most 64'),
     (
       dict(mode='fast'),
       "mode must be one of persistent, unfenced, per_step, no_barrier, got 'fast'",

@@ -163,6 +163,24 @@ def test_the_persistent_grid_lowers_for_cuda_at_the_recipe_size():
 
 
 @pytest.mark.parametrize(
+  'm, n, rounds, rank, blocks',
+  [
+    (24, 24, 2, 20, 2),  # 16 units a block: [W; U]'s slice two swizzle tiles wide
+    (768, 256, 3, 64, None),  # 768 inputs over 32 blocks: 32 features a block, not 24
+    (256, 256, 3, 96, None),  # 12 pairs a round, 36 over 32 blocks: A's pairs in 2 slots
+  ],
+)
+def test_grids_off_the_recipe_lower_their_copies_for_cuda(m, n, rounds, rank, blocks):
+  """Mosaic GPU refuses a TMA copy that strides over more than 5 dimensions
+  (a (k, 64, 24) float32 tile, an (R, chunks, 32, 64) swizzled operand):
+  blocks own a power of two columns and one-off copies of such operands go
+  a leading index at a time."""
+  run = jax.jit(functools.partial(persistent_mogrifier_forward, blocks=blocks))
+  shapes = _shapes(3, 64, m, n, rounds, rank)
+  assert '@mosaic_gpu' in jax.export.export(run, platforms=['cuda'])(*shapes).mlir_module()
+
+
+@pytest.mark.parametrize(
   'change, message',
   [
     (dict(full_rank=True), r"rounds\[0\] is full rank \(\['bias', 'kernel'\]\)"),

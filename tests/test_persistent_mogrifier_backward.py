@@ -143,6 +143,23 @@ def test_the_persistent_backward_lowers_for_cuda_with_its_semaphore():
   assert 'fence.proxy.async.global' not in free
 
 
+@pytest.mark.parametrize(
+  'm, n, rounds, rank, blocks',
+  [
+    (768, 256, 3, 64, None),  # 768 inputs over 32 blocks: 32 features a block, not 24
+    (24, 24, 4, 64, 2),  # 16 units a block, two rounds of each kind: A_i's rows (2, 16, 64)
+  ],
+)
+def test_grids_off_the_recipe_lower_their_copies_for_cuda(m, n, rounds, rank, blocks):
+  """Mosaic GPU refuses a TMA copy that strides over more than 5 dimensions
+  (a (k, 64, 24) float32 tile of the factors, A's rows of two rounds
+  swizzled): blocks own a power of two columns, and one-off copies of such
+  operands go a round at a time."""
+  run = jax.jit(functools.partial(persistent_mogrifier_backward, blocks=blocks))
+  shapes = _shapes(3, 64, m, n, rounds, rank)
+  assert '@mosaic_gpu' in jax.export.export(run, platforms=['cuda'])(*shapes).mlir_module()
+
+
 def _refused(change, **kwargs):
   args, _ = _window(9, 2, 3, 5, 8, 1, 4, True, False)
   args = list(args)

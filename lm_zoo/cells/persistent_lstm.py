@@ -140,8 +140,9 @@ def persistent_lstm_recurrence(
       state), broadcastable to (B, n); None keeps h.
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
     blocks: the grid's blocks G (None: one per 8 units of n padded to 32).
-    mode: 'persistent', 'unfenced', 'per_step' or 'no_barrier' (timing only), both
-      passes (`lm_zoo.kernels.persistent_lstm`).
+    mode: 'persistent', 'per_step', or 'unfenced' and 'no_barrier' (timing
+      only: they may read stale values), both passes
+      (`lm_zoo.kernels.grid_barrier`).
     interpret: None compiles for the GPU; Pallas' Mosaic GPU interpreter
       params run it on any backend (`where_it_runs`).
 

@@ -1,12 +1,13 @@
 """What a block of every persistent kernel (`persistent_lstm`,
 `persistent_lstm_backward`, `persistent_mogrifier`,
-`persistent_mogrifier_backward`; Hopper, Mosaic GPU) does the same way: its
-bfloat16 wgmma operands swizzled by 64 bytes (`swizzled`), one-off copies
-in (`copy_in`), the shared memory its scratch takes as Mosaic GPU allocates
-it (`smem_bytes_of`, at most `SMEM_BYTES`); and, in the Mogrifier's, a
-wgmma product whose left operand, a whole vector another block wrote,
-streams from global memory through two shared-memory buffers, the copy of
-chunk k + 1 in flight while chunk k is multiplied (`streamed_product`).
+`persistent_mogrifier_backward`; Hopper, Mosaic GPU) does the same way: the
+columns it owns (`block_width`), its bfloat16 wgmma operands swizzled by 64
+bytes (`swizzled`), copies in (`copy_in`, `copy_in_parts`), the shared
+memory its scratch takes as Mosaic GPU allocates it (`smem_bytes_of`, at
+most `SMEM_BYTES`); and, in the Mogrifier's, a wgmma product whose left
+operand, a whole vector another block wrote, streams from global memory
+through two shared-memory buffers, the copy of chunk k + 1 in flight while
+chunk k is multiplied (`streamed_product`).
 
 Example (inside a kernel body)::
 
@@ -27,6 +28,18 @@ SMEM_ALIGNMENT = 1024  # bytes: Pallas allocates each shared memory buffer at a 
 SMEM_BYTES = 227 * 1024  # what a block may have on Hopper
 SWIZZLE = 64  # bytes, both wgmma operands: 32 bfloat16 columns
 K_MULTIPLE = SWIZZLE // 2  # a summed axis' multiple: one swizzle tile of bfloat16
+UNIT_MULTIPLE = 8  # the accumulator's column tile
+
+
+def block_width(size: int, blocks: int) -> int:
+  """The columns of `size` a block owns: a power of two from 8 (the
+  accumulator's column tile; the TMA copies of a block's (k, 64, width)
+  float32 tiles stride over at most 5 dimensions, which 24 or 48 columns
+  exceed), `blocks` of them a multiple of 32 (a swizzle tile)."""
+  width = UNIT_MULTIPLE
+  while width * blocks < size or (blocks * width) % K_MULTIPLE:
+    width *= 2
+  return width
 
 
 def swizzled(shape, dtype):
@@ -36,9 +49,18 @@ def swizzled(shape, dtype):
 
 
 def copy_in(src, dst, barrier):
-  """A one-off TMA copy of `src` into `dst`, waited for."""
+  """A TMA copy of `src` into `dst`, waited for."""
   plgpu.copy_gmem_to_smem(src, dst, barrier)
   plgpu.barrier_wait(barrier)
+
+
+def copy_in_parts(src, dst, barrier):
+  """`copy_in` a leading index at a time, for the one-off copies of arrays
+  of 3 or more axes: a TMA copy strides over at most 5 dimensions, which
+  such an array tiled and swizzled may exceed (a block's [W; U] with 16
+  units or more, A's pairs in 2 slots)."""
+  for i in range(dst.shape[0]):
+    copy_in(src.at[i], dst.at[i], barrier)
 
 
 def streamed_product(shape, chunks: int, copy: Callable, buffers, bars, operand: Callable):

@@ -32,8 +32,9 @@ overwrites what another still reads.
 Tiles: batch padded to 64 rows (wgmma's M for one warpgroup; at most 64
 rows: 128 would not fit shared memory at the recipes' sizes); both wgmma
 operands swizzled by 64 bytes (Mosaic GPU wants the same swizzle for both;
-32 bfloat16 columns), so n_pad is a multiple of 32 and u of 8 (the
-accumulator's column tile), u at most 64 (4u = wgmma's N ≤ 256). At hidden
+32 bfloat16 columns), so n_pad is a multiple of 32 and u a power of two
+from 8 (the accumulator's column tile; `block_width`), u at most 64 (4u =
+wgmma's N ≤ 256). At hidden
 951, batch 64: n_pad 960, G = 120 blocks of u = 8 units (an H100 has 132
 SMs, all blocks must be resident at once), shared memory per block U
 960 x 32 x 2 = 60 KiB, h 64 x 960 x 2 = 120 KiB, P, c, m and outputs 15 KiB
@@ -53,10 +54,10 @@ in all at hidden 951). Without
 it the kernel is the plain forward above.
 
 Modes (`grid_barrier.MODES`): 'persistent' is the kernel above (with one
-block it needs no barrier), 'unfenced' the same without the barrier's proxy
-fences, 'per_step' the kernel launched once a step (what runs in Pallas' GPU
-interpreter with several blocks), 'no_barrier' one launch without the
-barrier (wrong answers: a probe of what the barrier costs).
+block it needs no barrier), 'per_step' the kernel launched once a step
+(what runs in Pallas' GPU interpreter with several blocks); for timing only,
+as they may read stale values: 'unfenced' the same without the barrier's
+proxy fences, 'no_barrier' one launch without the barrier.
 
 Example::
 
@@ -84,6 +85,8 @@ from lm_zoo.kernels.grid_barrier import (
 from lm_zoo.kernels.persistent_blocks import (
   K_MULTIPLE,
   SMEM_BYTES,
+  UNIT_MULTIPLE,
+  block_width,
   copy_in,
   smem_bytes_of,
   swizzled,
@@ -91,7 +94,6 @@ from lm_zoo.kernels.persistent_blocks import (
 
 GATES = 4
 ROWS = 64  # wgmma's M for one warpgroup
-UNIT_MULTIPLE = 8
 MAX_BLOCK_UNITS = 64  # 4 gates x 64 = 256, wgmma's largest N
 
 
@@ -116,15 +118,6 @@ class Layout:
   @property
   def block_units(self) -> int:
     return self.units // self.blocks
-
-
-def block_width(size: int, blocks: int) -> int:
-  """The columns of `size` a block owns: a multiple of 8 (the accumulator's
-  column tile), `blocks` of them a multiple of 32 (a swizzle tile)."""
-  width = _round_up(-(-size // blocks), UNIT_MULTIPLE)
-  while (blocks * width) % K_MULTIPLE:
-    width += UNIT_MULTIPLE
-  return width
 
 
 def grid_for(batch: int, hidden: int, blocks: int | None = None) -> Layout:
@@ -361,8 +354,9 @@ def persistent_lstm_forward(
       on the state); None keeps h.
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
     blocks: the grid's blocks G (None: one per 8 units of n padded to 32).
-    mode: 'persistent', 'unfenced', 'per_step' or 'no_barrier' (wrong
-      answers with G > 1: timing only); `grid_barrier` says what each launches.
+    mode: 'persistent', 'per_step', or 'unfenced' and 'no_barrier' (timing
+      only: they may read stale values with G > 1); `grid_barrier` says what
+      each launches.
     interpret: None compiles for the GPU; Pallas' Mosaic GPU interpreter
       params (`jax._src.pallas.mosaic_gpu.interpret.params.InterpretGPUParams`,
       not public in jax 0.10) run it on any backend.

@@ -45,9 +45,9 @@ KiB, a step: 56 MiB of L2 reads a step for the grid, four times the
 forward's (h is n wide, dG 4n).
 
 Modes (`grid_barrier.MODES`) as the forward's: 'persistent' (one launch),
-'unfenced' (without the barrier's proxy fences), 'per_step' (one launch a
-step; what runs interpreted with several blocks), 'no_barrier' (timing
-only: wrong answers with several blocks).
+'per_step' (one launch a step; what runs interpreted with several blocks),
+'unfenced' (without the barrier's proxy fences) and 'no_barrier' (timing
+only: they may read stale values with several blocks).
 
 Example::
 
@@ -132,7 +132,7 @@ def _u_chunk(ut_s, cols, transposed: bool):
   transposed (wgmma's K-major B operand; its N = u is narrower than a
   swizzle tile); Pallas' GPU interpreter has no transposed wgmma operands,
   so there U's rows come laid out (4 n_pad, u) already."""
-  return plgpu.transpose_ref(ut_s.at[:, cols], (1, 0)) if transposed else ut_s.at[cols]
+  return ut_s.at[:, cols].transpose((1, 0)) if transposed else ut_s.at[cols]
 
 
 def _product(next_chunk, buf_s, ut_s, bars, layout: Layout, chunk: int, transposed: bool):

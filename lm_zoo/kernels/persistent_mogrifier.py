@@ -63,8 +63,8 @@ and A's pairs are laid out a chunk of rows after another.
 
 Modes (`grid_barrier.MODES`): 'persistent' is the one launch above (with
 one block it needs no barrier), 'unfenced' the same without the barrier's
-proxy fences, 'no_barrier' one launch without the barrier (wrong answers
-with G > 1: a probe of what it costs). 'per_step' here launches ONE PHASE
+proxy fences and 'no_barrier' one launch without the barrier (timing only:
+both may read stale values with G > 1). 'per_step' here launches ONE PHASE
 at a time (2r + 1 launches a step, each phase's body the persistent
 kernel's, its state passed between launches through global arrays): a
 launch boundary is the barrier, so it runs in Pallas' GPU interpreter
@@ -231,8 +231,8 @@ def persistent_mogrifier_forward(
     cap_input_gate: write with min(1 - σ(f), σ(i)) in place of σ(i).
     zigzag: False: every round's source is h^0 or x_t.
     blocks, interpret: as `persistent_lstm_forward`'s.
-    mode: 'persistent', 'unfenced', 'per_step' (a launch a phase) or
-      'no_barrier' (wrong answers with G > 1: timing only).
+    mode: 'persistent', 'per_step' (a launch a phase), or 'unfenced' and
+      'no_barrier' (timing only: they may read stale values with G > 1).
 
   Returns:
     (h_1..h_T (T, B, n), (c_T, h_T), (activations [σ(i)|σ(f)|tanh(j)|σ(o)]

@@ -25,8 +25,8 @@ rounds' stash (dz_1..dz_r, d_hidden_1..d_hidden_r, as `MogrifierRounds`
 packs it) and dL/dc_0, dL/dh_0, dL/dm, all float32.
 
 The grid is the LSTM's (`layout_for`): G blocks, block g owns u hidden units
-(their 4u gate columns) and v = m_pad / G input features (m padded to a
-multiple of 8G and 32), k padded to k_pad (a multiple of 32). A block keeps
+(their 4u gate columns) and v = m_pad / G input features (`block_width`,
+as the forward's), k padded to k_pad (a multiple of 32). A block keeps
 in shared memory [W; U]'s rows of its features and units (read transposed,
 as `persistent_lstm_backward` reads U's), A_i's rows of its source slice and
 B_i's 8 rows of each (round, 8-column group of k_pad) pair it reduces: pair
@@ -50,8 +50,8 @@ block may have, each buffer rounded up to 1 KiB as Mosaic GPU allocates it
 29 to 116 chunks a stream at the recipe's sizes.
 
 Modes (`grid_barrier.MODES`): 'persistent' (one launch, the fenced barrier
-at every crossing), 'unfenced', 'no_barrier' (timing only: wrong answers
-with several blocks), and 'per_step': one launch a PHASE (a launch boundary
+at every crossing), 'unfenced', 'no_barrier' (timing only: they may read
+stale values with several blocks), and 'per_step': one launch a PHASE (a launch boundary
 is the barrier; the state between launches passes through global arrays),
 what Pallas' GPU interpreter runs with several blocks, as it has no
 semaphores and runs blocks one after another.
@@ -72,14 +72,8 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.kernels.grid_barrier import check_blocks_run, check_mode, one_model_a_launch
-from lm_zoo.kernels.persistent_blocks import K_MULTIPLE, SMEM_BYTES
-from lm_zoo.kernels.persistent_lstm import (
-  GATES,
-  UNIT_MULTIPLE,
-  by_blocks,
-  layout_for,
-  unblocked_gates,
-)
+from lm_zoo.kernels.persistent_blocks import K_MULTIPLE, SMEM_BYTES, UNIT_MULTIPLE, block_width
+from lm_zoo.kernels.persistent_lstm import GATES, by_blocks, layout_for, unblocked_gates
 from lm_zoo.kernels.persistent_mogrifier_backward_phases import (
   Plan,
   launch,
@@ -103,7 +97,7 @@ def plan_for(batch: int, m: int, n: int, k: int, rounds: int, zigzag: bool, bloc
   """The padded sizes and chunks; dG's chunk the largest that fits shared
   memory. Raises ValueError naming what does not fit."""
   layout = layout_for(batch, n, blocks)
-  inputs = _round_up(m, math.lcm(UNIT_MULTIPLE * layout.blocks, K_MULTIPLE))
+  inputs = layout.blocks * block_width(m, layout.blocks)
   rank = _round_up(k, K_MULTIPLE)
   small = _chunks(math.gcd(inputs, layout.units, rank))[0]
   plans = [

@@ -28,12 +28,14 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from lm_zoo.kernels.grid_barrier import grid_barrier
 from lm_zoo.kernels.persistent_blocks import (
   BUFFERS,
+  UNIT_MULTIPLE,
   copy_in,
+  copy_in_parts,
   smem_bytes_of,
   streamed_product,
   swizzled,
 )
-from lm_zoo.kernels.persistent_lstm import GATES, UNIT_MULTIPLE, Layout
+from lm_zoo.kernels.persistent_lstm import GATES, Layout
 
 LSTM_FACTORS = 7  # the four gates' scales, σ(f), dc/dh, dL/dh_t
 # d_c, d_h (d_h_next from the step's end to the next cell phase, when d_h is
@@ -117,7 +119,7 @@ def _rows_t(rows, cols, transposed: bool):
   """rows[:, cols]ᵀ as wgmma's B operand: compiled, the rows read transposed
   (K-major; N = 8 or u is narrower than a swizzle tile); Pallas' GPU
   interpreter has no transposed operands, so there they come transposed."""
-  return plgpu.transpose_ref(rows.at[:, cols], (1, 0)) if transposed else rows.at[cols]
+  return rows.at[:, cols].transpose((1, 0)) if transposed else rows.at[cols]
 
 
 def _stream(copy, buf_s, bars, rows, width: int, chunk: int, shape, transposed: bool):
@@ -272,11 +274,9 @@ def _body(*refs, plan: Plan, steps: int, phases, mode: str, transposed: bool, sl
     for s in SLOTS:
       setattr(k, f'read_{s}', getattr(k, s))
   g = jax.lax.axis_index('blocks')
-  for src, dst in ((k.wu.at[g], k.wu_s), (k.b.at[g], k.b_s), (k.ah.at[g], k.ah_s)):
-    copy_in(src, dst, k.bar.at[0])
-  copy_in(k.ax.at[g], k.ax_s, k.bar.at[0])
-  copy_in(k.sh0.at[g], k.sh_s, k.bar.at[0])
-  copy_in(k.sx0.at[g], k.sx_s, k.bar.at[0])
+  for src, dst in ((k.wu, k.wu_s), (k.b, k.b_s), (k.ah, k.ah_s), (k.ax, k.ax_s), (k.sh0, k.sh_s),
+                   (k.sx0, k.sx_s)):  # fmt: skip
+    (copy_in_parts if len(dst.shape) > 2 else copy_in)(src.at[g], dst, k.bar.at[0])
   sync = grid_barrier(mode, plan.layout.blocks)
   run = _Phases(k, plan, g, transposed)
   crossings = len(phases) - 1

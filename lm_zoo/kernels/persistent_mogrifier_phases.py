@@ -17,12 +17,14 @@ from lm_zoo.kernels.persistent_blocks import (
   BUFFERS,
   K_MULTIPLE,
   SMEM_BYTES,
+  block_width,
   copy_in,
+  copy_in_parts,
   smem_bytes_of,
   streamed_product,
   swizzled,
 )
-from lm_zoo.kernels.persistent_lstm import GATES, Layout, block_width
+from lm_zoo.kernels.persistent_lstm import GATES, Layout
 
 PAIR = 8  # the low-rank hidden's columns a reduce pair computes (wgmma's smallest N)
 CHUNK_LIMIT = 128  # columns of a streamed operand a buffer holds: 64 x 128 bfloat16
@@ -199,7 +201,9 @@ class Block:
     array, `WEIGHTS`), the mask's ('m') of its (64, n_pad)."""
     for name, ref in weights.items():
       src = ref.at[:, self.units] if name == 'm' else ref.at[self.g]
-      copy_in(src, getattr(self.s, name), self.s.bars.at[MISC])
+      dst = getattr(self.s, name)
+      copy = copy_in_parts if len(dst.shape) > 2 else copy_in
+      copy(src, dst, self.s.bars.at[MISC])
 
   def copy_state(self, state: dict, into_smem: bool):
     """The slices of c, x^i and h^i (`Smem` names: (64, width) arrays)
@@ -219,7 +223,7 @@ class Block:
 
   def _narrow(self, ref):
     """A `narrow_operand`'s (k, n) or (n, k) slot as wgmma's B operand."""
-    return plgpu.transpose_ref(ref, (1, 0)) if self.plan.transposed else ref
+    return ref.transpose((1, 0)) if self.plan.transposed else ref
 
   def _streamed(self, columns: int, chunks: int, copy, operand):
     """Σ_k buffer_k @ operand(k), (64, columns) float32 (`streamed_product`)."""
