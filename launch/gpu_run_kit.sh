@@ -346,10 +346,13 @@ part_seeds() {
       | tee "$OUT/zaremba_$size.txt" || failed+=("zaremba_$size")
 }
 part_persistent() {
-  timeout 240 "$PYTHON" benchmarks/persistent_probe.py --output="$OUT/persistent_probe.json" \
-      ${persistent[@]+"${persistent[@]}"} 2>&1 | tee "$OUT/persistent_probe.txt" \
+  # MOSAIC_GPU_DUMP_PTXAS: ptxas' report of each kernel in the .txt (registers,
+  # spills, and whether it serialised the wgmmas: warning C7510)
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 240 "$PYTHON" benchmarks/persistent_probe.py \
+      --output="$OUT/persistent_probe.json" ${persistent[@]+"${persistent[@]}"} 2>&1 \
+      | tee "$OUT/persistent_probe.txt" \
       || failed+=(persistent_probe)
-  timeout 200 "$PYTHON" benchmarks/persistent_mogrifier_probe.py \
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 200 "$PYTHON" benchmarks/persistent_mogrifier_probe.py \
       --output="$OUT/persistent_mogrifier_probe.json" "${mogrifier_probe[@]}" 2>&1 \
       | tee "$OUT/persistent_mogrifier_probe.txt" || failed+=(persistent_mogrifier_probe)
   timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${persistent_tests[@]}" 2>&1 \
