@@ -135,6 +135,22 @@ def tiny_lm_config(data_dir):
   return c
 
 
+# Pallas' Triton lowering compiles for a GPU's compute capability: jax 0.10
+# took 9.0 (an H100's) on a host without a GPU, jax 0.11 raises there unless
+# an abstract GPU is named.
+TRITON_TARGET = jax.sharding.AbstractMesh(
+  (), (), abstract_device=jax.sharding.AbstractDevice('NVIDIA H100', None, 'gpu')
+)
+
+
+def lower_for_cuda(jitted, *args):
+  """`jitted` traced at `args` and lowered for CUDA, its Triton kernels for an
+  H100 (jax 0.10: for the host's GPU where it has one). jax 0.11 reads the
+  abstract GPU as it traces, not as it lowers."""
+  with jax.sharding.use_abstract_mesh(TRITON_TARGET):
+    return jitted.trace(*args).lower(lowering_platforms=('cuda',))
+
+
 def check_reverse_gradient(f, args: tuple, eps: float, atol: float, rtol: float):
   """`jax.test_util.check_grads(f, args, order=1, modes=('rev',))` against f's
   gradient compiled whole by one jax.jit (jax.vjp of a jitted f would compile

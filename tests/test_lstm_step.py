@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import lower_for_cuda
 
 from lm_zoo.cells.lstm_recurrence import gate_factors
 from lm_zoo.kernels.lstm_step import Tiles, backward_step, forward_step, tiles_for
@@ -146,8 +147,8 @@ def test_both_kernels_lower_for_nvidia_gpus(batch, units, dtype):
   )
   backward = jax.jit(lambda *a: backward_step(*a, tiles=tiles, dtype=dtype, interpret=False))
   lowered = [
-    forward.trace(state, state, state, gates, kernel).lower(lowering_platforms=('cuda',)),
-    backward.trace(*(state,) * 5, gates, state, kernel).lower(lowering_platforms=('cuda',)),
+    lower_for_cuda(forward, state, state, state, gates, kernel),
+    lower_for_cuda(backward, *(state,) * 5, gates, state, kernel),
   ]
   for low in lowered:
     assert '__gpu$xla.gpu.triton' in low.as_text()

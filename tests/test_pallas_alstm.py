@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import alstm_window_inputs, perturb
+from conftest import alstm_window_inputs, lower_for_cuda, perturb
 from jaxprs import pallas_grids
 
 from lm_zoo.cells import ALSTMCell, LSTMCell, StaticLatent, resolve_scan
@@ -191,7 +191,8 @@ def test_both_kernels_lower_for_nvidia_gpus(recurrent, dtype):
     else (f32(rows, k),)
   )
   lowered = [
-    forward.trace(
+    lower_for_cuda(
+      forward,
       f32(rows, m),
       state,
       state,
@@ -206,8 +207,9 @@ def test_both_kernels_lower_for_nvidia_gpus(recurrent, dtype):
         low(n, GATES * n),
         f32(GATES * n),
       ),
-    ).lower(lowering_platforms=('cuda',)),
-    backward.trace(
+    ),
+    lower_for_cuda(
+      backward,
       state,
       state,
       state,
@@ -225,7 +227,7 @@ def test_both_kernels_lower_for_nvidia_gpus(recurrent, dtype):
         low(n, latent_gates * k),
         *latent_u,
       ),
-    ).lower(lowering_platforms=('cuda',)),
+    ),
   ]
   for lowered_step in lowered:
     assert '__gpu$xla.gpu.triton' in lowered_step.as_text()
