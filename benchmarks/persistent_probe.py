@@ -198,11 +198,15 @@ def _rows(sizes, interpret):
     'persistent': (kernel('persistent', one), 'forward', grid(one)),
     'grad_persistent': (grad(trained('persistent', one)), 'grad', grid(one)),
   }
+  rows = {name: (jax.jit(fn), *rest) for name, (fn, *rest) in rows.items() if fn is not None}
   rounds = sizes['steps'] * FLAGS.crossings
   for mode in ('no_barrier', 'unfenced', 'persistent'):
+    # Jitted already, and not again: jax 0.11's XLA on a CPU aborts compiling
+    # the interpreted kernel inside another jit (its CSE of the NaN constants
+    # that fill the kernel's buffers, behind ordered callbacks).
     crossing = barrier_rounds(grid(one), rounds, mode, interpret)
     rows[f'barrier_{mode}'] = (lambda *_, run=crossing: run(), 'barrier', grid(one))
-  return {name: (jax.jit(fn), *rest) for name, (fn, *rest) in rows.items() if fn is not None}
+  return rows
 
 
 def _measure(name, fn, check, blocks, args, wants) -> dict:
