@@ -127,10 +127,12 @@ def test_aligned_weights_give_the_scan_in_values_and_every_gradient():
     sizes = summed_sizes_in_loops(jax.make_jaxpr(gradient)(*args).jaxpr)
     got = _outputs_and_grads(run('fused'), args)
   assert sorted(set(sizes)) == [64, 192, 256, 896]
-  # float32 sums of 63 to 882 terms: within 1e-5 of each array's largest entry
+  # float32 sums of 63 to 882 terms, 3 steps of 2 layers and back: either path
+  # is within 5e-5 of each array's largest entry of a float64 run (4.6e-5 at
+  # most, jax 0.10 and 0.11), so within 1e-4 of the other (3.5e-5 seen).
   jax.tree.map(
     lambda g, w: np.testing.assert_allclose(
-      g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w)))
+      g, w, rtol=1e-5, atol=1e-4 * float(jnp.max(jnp.abs(w)))
     ),
     got,
     _outputs_and_grads(run('scan'), args),
