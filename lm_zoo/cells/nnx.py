@@ -78,12 +78,12 @@ class NNXCell(nnx.RNNCellBase):
 
   def linen_params(self) -> dict[str, Any]:
     """The parameters as the linen cell's `params` tree."""
-    return nnx.state(self.module, nnx.Param).to_pure_dict()['cell']
+    return nnx.to_pure_dict(nnx.state(self.module, nnx.Param))['cell']
 
   def load_linen_params(self, params: dict[str, Any]) -> None:
     """Sets the parameters from a linen `params` tree of the same cell."""
     state = nnx.state(self.module, nnx.Param)
-    expected = jax.tree.map(jnp.shape, state.to_pure_dict()['cell'])
+    expected = jax.tree.map(jnp.shape, nnx.to_pure_dict(state)['cell'])
     if jax.tree.map(jnp.shape, params) != expected:
       raise ValueError(f'the linen parameters do not fit this cell: expected the shapes {expected}')
     nnx.replace_by_pure_dict(state, {'cell': params})
