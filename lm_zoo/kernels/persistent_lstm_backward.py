@@ -117,7 +117,7 @@ def backward_scratch_types(layout: Layout, chunk: int, transposed: bool) -> list
     plgpu.SMEM((rows, u), f32),
     plgpu.SMEM((rows, u), f32),
     plgpu.SMEM((GATES, rows, u), f32),
-    plgpu.SMEM((rows, GATES * u), bf16),
+    plgpu.SMEM((GATES, rows, u), bf16),
     plgpu.Barrier(num_barriers=BUFFERS + 4),
   ]
 
@@ -159,14 +159,14 @@ def _product(next_chunk, buf_s, ut_s, bars, layout: Layout, chunk: int, transpos
 
 
 def _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next, u: int):
-  """dG_t into `g32_s` (4, 64, u) and `g16_s` (64, 4u), d_c_{t-1} into `dc_s`."""
+  """dG_t into `g32_s` and `g16_s` (4, 64, u), d_c_{t-1} into `dc_s`."""
   scales, (forget, d_c_from_h, d_h_out) = [x_s[k] for k in range(GATES)], (x_s[4], x_s[5], x_s[6])
   d_h = d_h_out + d_h_next
   d_c = dc_s[...] + d_h * d_c_from_h
   for k, d in enumerate((d_c, d_c, d_c, d_h)):
     d_gate = scales[k] * d
     g32_s[k] = d_gate
-    g16_s[:, pl.ds(k * u, u)] = d_gate.astype(jnp.bfloat16)
+    g16_s[k] = d_gate.astype(jnp.bfloat16)  # whole rows: a column slice is bank-conflicted
   dc_s[...] = d_c * forget
 
 
@@ -207,7 +207,8 @@ def _body(*refs, layout: Layout, steps: int, chunk: int, mode: str, transposed: 
     _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next * m_s[...], u)
     plgpu.commit_smem()  # the stores above, before TMA reads them
     plgpu.copy_smem_to_gmem(g32_s, dg32_g.at[t, g])
-    plgpu.copy_smem_to_gmem(g16_s, hist_g.at[t, :, pl.ds(g * GATES * u, GATES * u)])
+    for k in range(GATES):
+      plgpu.copy_smem_to_gmem(g16_s.at[k], hist_g.at[t, :, pl.ds((g * GATES + k) * u, u)])
     plgpu.wait_smem_to_gmem(0)  # written to global memory before the signal
     if sync is not None:
       sync.arrive()

@@ -99,7 +99,7 @@ def scratch(plan: Plan, transposed: bool):
     plgpu.SMEM((2, rows, u), f32),
     plgpu.SMEM((STATE_H, rows, u), f32),
     plgpu.SMEM((STATE_X, rows, v), f32),
-    plgpu.SMEM((rows, GATES * u), bf16),
+    plgpu.SMEM((GATES, rows, u), bf16),
     *(plgpu.SMEM((rows, w), dtype) for w in (v, u) for dtype in (f32, bf16)),
     plgpu.SMEM((rows, UNIT_MULTIPLE), f32),
     plgpu.SMEM((rows, UNIT_MULTIPLE), bf16),
@@ -165,10 +165,10 @@ class _Phases:
     for j, d in enumerate((d_c, d_c, d_c, d_h)):
       d_gate = x[j] * d
       x[j] = d_gate  # the gates' gradients leave from the scales' place
-      k.g16_s[:, pl.ds(j * u, u)] = d_gate.astype(jnp.bfloat16)
+      k.g16_s[j] = d_gate.astype(jnp.bfloat16)  # whole rows: a column slice is bank-conflicted
     k.sh_s[0] = d_c * x[4]
-    cols = pl.ds(g * GATES * u, GATES * u)
-    _send((x.at[pl.ds(0, GATES)], k.dg32.at[t, g]), (k.g16_s, k.dg16.at[t, :, cols]))
+    gates = [(k.g16_s.at[j], k.dg16.at[t, :, pl.ds((g * GATES + j) * u, u)]) for j in range(GATES)]
+    _send((x.at[pl.ds(0, GATES)], k.dg32.at[t, g]), *gates)
 
   def mix(self, _, t):
     """d_mixed = dG_t [W; U]ᵀ for the block's v features and u units, the
