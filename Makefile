@@ -4,7 +4,13 @@
 #               on one pytest-xdist worker per core; an idle worker takes tests queued
 #               for a busy one (worksteal), so that the suite does not end waiting on
 #               one worker's queue.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The first Python 3.12 or newer that runs (jax 0.11 needs 3.12): on PATH, else
+# one pyenv installed (its shims run only the versions it has made active).
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(firstword $(foreach p,python3.12 python3.13 python3 \
+  $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.1[2-9]*/bin/python3),$(shell $(p) -c \
+  'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && command -v $(p))))
+endif
 VENV := .venv
 export LM_ZOO_DATA ?= $(abspath ../shared/data)
 
@@ -12,7 +18,11 @@ export LM_ZOO_DATA ?= $(abspath ../shared/data)
 
 # One stamp per extra installed: `make train` does not install the test tools.
 $(VENV)/.installed-%: pyproject.toml
+	@test -x $(VENV)/bin/python || test -n "$(PYTHON)" || { echo "make: no Python 3.12 or newer found:" \
+	  "install one, or name it with PYTHON=/path/to/python3"; exit 1; }
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))' || { echo "make: $(VENV) is an older Python than" \
+	  "lm_zoo's 3.12: remove it (rm -r $(VENV)) and run make again"; exit 1; }
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e '.[$*]'
 	touch $@

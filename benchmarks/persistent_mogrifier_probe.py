@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 from baselines import failure_reason
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from timing import median_call
 
 from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_recurrence
@@ -113,10 +114,8 @@ def main(argv):
     FLAGS.runs, FLAGS.warmup = 1, 0
   if not FLAGS.tiny and jax.default_backend() != 'gpu':
     raise SystemExit('error: the probe times GPU kernels; --tiny runs them interpreted elsewhere')
-  if FLAGS.tiny:  # Not public in jax 0.10.
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-    mode, interpret = 'per_step', InterpretGPUParams()
+  if FLAGS.tiny:
+    mode, interpret = 'per_step', plgpu.InterpretGPUParams()
   else:
     mode, interpret = 'persistent', None
   try:

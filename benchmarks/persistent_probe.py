@@ -66,6 +66,7 @@ import jax.numpy as jnp
 from absl import app, flags
 from baselines import failure_reason
 from grid_barrier_probe import barrier_rounds
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from timing import median_call
 
 from lm_zoo.cells import LSTMCell
@@ -88,13 +89,6 @@ flags.DEFINE_integer('warmup', 3, 'Untimed runs per row after compiling.')
 flags.DEFINE_bool('tiny', False, 'Hidden 24, batch 3, 3 steps, interpreted: checks the script.')
 flags.DEFINE_string('output', 'runs/persistent_probe.json', 'JSON results file.')
 FLAGS = flags.FLAGS
-
-
-def _interpret_params():
-  """Pallas' Mosaic GPU interpreter (not public in jax 0.10)."""
-  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-  return InterpretGPUParams()
 
 
 def _inputs(hidden: int, batch: int, steps: int):
@@ -287,7 +281,7 @@ def main(argv):
     FLAGS.runs, FLAGS.grad_runs, FLAGS.warmup = 1, 1, 0
   if not FLAGS.tiny and jax.default_backend() != 'gpu':
     raise SystemExit('error: the probe times a GPU kernel; --tiny runs it interpreted elsewhere')
-  interpret = _interpret_params() if FLAGS.tiny else None
+  interpret = plgpu.InterpretGPUParams() if FLAGS.tiny else None
   sizes = {'hidden': FLAGS.hidden, 'batch': FLAGS.batch, 'steps': FLAGS.steps}
   result = _result(sizes, interpret)
   args = _inputs(**sizes)

@@ -10,7 +10,6 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 import numpy as np
 import pytest
 from jax.test_util import check_vjp
@@ -28,17 +27,11 @@ os.environ['XLA_FLAGS'] = ' '.join(
 
 # On a CPU the tests' tiny programs spend far more time in XLA's compiler than
 # running. LLVM without its optimisation passes compiles them faster and runs
-# the same operations (no fast-math, so the same float rounding); XLA's loop
-# emitters compile the many small fusions in about 60% of the CPU time of its
-# MLIR fusion emitters, with elementwise functions that may round differently
-# in the last bit, far inside every float32 tolerance here. jaxlib 0.11's XLA
-# no longer has that choice, and aborts on the unknown flag. Accelerator hosts
-# keep the defaults, which their kernels' tests run as users do.
+# the same operations (no fast-math, so the same float rounding). Accelerator
+# hosts keep the defaults, which their kernels' tests run as users do.
 # LM_ZOO_TEST_COMPILE=default keeps XLA's defaults: for a child process whose
 # claim is about the programs users compile (`users_compile_env`).
 CPU_COMPILE_FLAGS = ('--xla_backend_optimization_level=0',)
-if jaxlib.version.__version_info__ < (0, 11):
-  CPU_COMPILE_FLAGS += ('--xla_cpu_use_fusion_emitters=false',)
 if not accelerator_expected() and os.environ.get('LM_ZOO_TEST_COMPILE') != 'default':
   for flag in CPU_COMPILE_FLAGS:
     if flag.split('=')[0] not in os.environ['XLA_FLAGS']:
@@ -135,9 +128,8 @@ def tiny_lm_config(data_dir):
   return c
 
 
-# Pallas' Triton lowering compiles for a GPU's compute capability: jax 0.10
-# took 9.0 (an H100's) on a host without a GPU, jax 0.11 raises there unless
-# an abstract GPU is named.
+# Pallas' Triton lowering compiles for a GPU's compute capability: on a host
+# without a GPU it raises unless an abstract GPU is named.
 TRITON_TARGET = jax.sharding.AbstractMesh(
   (), (), abstract_device=jax.sharding.AbstractDevice('NVIDIA H100', None, 'gpu')
 )
@@ -145,8 +137,7 @@ TRITON_TARGET = jax.sharding.AbstractMesh(
 
 def lower_for_cuda(jitted, *args):
   """`jitted` traced at `args` and lowered for CUDA, its Triton kernels for an
-  H100 (jax 0.10: for the host's GPU where it has one). jax 0.11 reads the
-  abstract GPU as it traces, not as it lowers."""
+  H100. jax reads the abstract GPU as it traces, not as it lowers."""
   with jax.sharding.use_abstract_mesh(TRITON_TARGET):
     return jitted.trace(*args).lower(lowering_platforms=('cuda',))
 

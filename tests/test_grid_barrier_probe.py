@@ -9,23 +9,22 @@ import sys
 import jax
 import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from persistent_lowering import FENCE
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'benchmarks'))
 from grid_barrier_probe import barrier_rounds  # noqa: E402
 
-params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
-
 
 def test_one_block_reads_back_every_rounds_tile():
-  stale = barrier_rounds(1, 4, 'persistent', params.InterpretGPUParams())()
+  stale = barrier_rounds(1, 4, 'persistent', plgpu.InterpretGPUParams())()
   assert stale.shape == (1, 64, 8) and not np.any(stale)
 
 
 def test_without_the_barrier_a_block_reads_a_tile_not_yet_written():
   """Interpreted, the blocks run one after the other: block 0 reads block
   1's slot before block 1 has written it."""
-  stale = barrier_rounds(2, 3, 'no_barrier', params.InterpretGPUParams())()
+  stale = barrier_rounds(2, 3, 'no_barrier', plgpu.InterpretGPUParams())()
   assert not np.all(np.asarray(stale[0]) == 0)
 
 

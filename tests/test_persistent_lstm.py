@@ -12,14 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from persistent_lowering import check_lowered_modes
 
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence
 from lm_zoo.kernels.persistent_lstm import Layout, layout_for, persistent_lstm_forward, smem_bytes
 
-# Not public in jax 0.10: the library takes the params from its caller.
-params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
-INTERPRET = params.InterpretGPUParams()
+INTERPRET = plgpu.InterpretGPUParams()
 
 T, B, N = 4, 3, 24  # padded to 64 rows and 32 units
 

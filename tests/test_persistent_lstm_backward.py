@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from persistent_lowering import check_lowered_modes
 
 from lm_zoo.cells.lstm_recurrence import (
@@ -28,9 +29,7 @@ from lm_zoo.kernels.persistent_lstm_backward import (
   persistent_lstm_backward,
 )
 
-# Not public in jax 0.10: the library takes the params from its caller.
-params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
-INTERPRET = params.InterpretGPUParams()
+INTERPRET = plgpu.InterpretGPUParams()
 
 T, B, N = 3, 3, 24  # padded to 64 rows and 32 units: 4n_pad = 128 summed columns
 

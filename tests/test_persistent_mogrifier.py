@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from persistent_lowering import check_lowered_modes
 
 from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_forward
@@ -19,9 +20,7 @@ from lm_zoo.kernels.persistent_lstm import grid_for
 from lm_zoo.kernels.persistent_mogrifier import persistent_mogrifier_forward
 from lm_zoo.kernels.persistent_mogrifier_phases import plan_for
 
-# Not public in jax 0.10: the library takes the params from its caller.
-params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
-INTERPRET = params.InterpretGPUParams()
+INTERPRET = plgpu.InterpretGPUParams()
 
 
 def _inputs(seed, steps, batch, m, n, rounds, rank):

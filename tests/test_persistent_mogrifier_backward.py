@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_backward_chain, mixed_lstm_forward
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
@@ -18,9 +19,7 @@ from lm_zoo.cells.persistent_mogrifier import chain_factors
 from lm_zoo.kernels.persistent_mogrifier_backward import persistent_mogrifier_backward, plan_for
 from lm_zoo.kernels.persistent_mogrifier_backward_phases import smem_bytes
 
-# Not public in jax 0.10: the library takes the params from its caller.
-params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
-INTERPRET = params.InterpretGPUParams()
+INTERPRET = plgpu.InterpretGPUParams()
 
 
 def _normal(rng, shape, scale=1.0):

@@ -14,9 +14,6 @@ from persistent_lowering import assert_close, lowered_stack_gradient, perturbed
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
 from lm_zoo.models import RecurrentLayer
 
-# Not public in jax 0.10: the window imports it off a GPU.
-params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
-
 T, B, M, N = 3, 3, 5, 8
 BF16 = jnp.bfloat16
 

@@ -9,6 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from persistent_lowering import assert_close, lowered_stack_gradient, perturbed
 
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
@@ -16,9 +17,6 @@ from lm_zoo.cells.persistent_lstm import where_it_runs
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import RecurrentLayer, Stack, build_model
-
-# Not public in jax 0.10: the window imports it off a GPU.
-params = pytest.importorskip('jax._src.pallas.mosaic_gpu.interpret.params')
 
 T, B, M, N = 4, 3, 5, 8  # N padded to 32 units: 4 blocks of 8
 BF16 = jnp.bfloat16
@@ -199,7 +197,7 @@ def test_auto_never_takes_the_persistent_window(monkeypatch, backend):
 def test_it_runs_compiled_on_a_gpu_and_interpreted_a_step_a_launch_elsewhere(monkeypatch):
   monkeypatch.setattr(jax, 'default_backend', lambda: 'cpu')
   run = where_it_runs()
-  assert run['mode'] == 'per_step' and isinstance(run['interpret'], params.InterpretGPUParams)
+  assert run['mode'] == 'per_step' and isinstance(run['interpret'], plgpu.InterpretGPUParams)
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert where_it_runs() == dict(mode='persistent', interpret=None)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.cells.lstm_recurrence import backward_factors, broadcast_state_mask, shifted
 from lm_zoo.kernels.common import interpret_default, product
@@ -175,7 +176,4 @@ def where_it_runs() -> dict:
   semaphores), exact and slow, for tests."""
   if not interpret_default():
     return dict(mode='persistent', interpret=None)
-  # Not public in jax 0.10.
-  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-  return dict(mode='per_step', interpret=InterpretGPUParams())
+  return dict(mode='per_step', interpret=plgpu.InterpretGPUParams())

@@ -97,7 +97,7 @@ def smem_bytes_of(scratch_types: Sequence) -> int:
   total = 0
   for scratch in scratch_types:
     if isinstance(scratch, plgpu.Barrier):
-      total += 8 * math.prod(scratch.num_barriers)  # a (3,) shape in jax 0.10
+      total += 8 * math.prod(scratch.num_barriers)  # a shape: (3,) for 3 barriers
     else:
       size = math.prod(scratch.shape) * jnp.dtype(scratch.dtype).itemsize
       total += -(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT

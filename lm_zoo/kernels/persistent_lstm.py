@@ -358,8 +358,7 @@ def persistent_lstm_forward(
       only: they may read stale values with G > 1); `grid_barrier` says what
       each launches.
     interpret: None compiles for the GPU; Pallas' Mosaic GPU interpreter
-      params (`jax._src.pallas.mosaic_gpu.interpret.params.InterpretGPUParams`,
-      not public in jax 0.10) run it on any backend.
+      params (`plgpu.InterpretGPUParams()`) run it on any backend.
     residuals: also return what the backward pass needs (two more writes a
       step: 4u + u columns a block).
 
