@@ -8,7 +8,8 @@
 # one pyenv installed (its shims run only the versions it has made active).
 ifeq ($(origin PYTHON),undefined)
 PYTHON := $(firstword $(foreach p,python3.12 python3.13 python3 \
-  $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.1[2-9]*/bin/python3),$(shell $(p) -c \
+  $(foreach root,$(PYENV_ROOT) $(HOME)/.pyenv $(shell pyenv root 2>/dev/null), \
+  $(wildcard $(root)/versions/3.1[2-9]*/bin/python3)),$(shell $(p) -c \
   'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && command -v $(p))))
 endif
 VENV := .venv
