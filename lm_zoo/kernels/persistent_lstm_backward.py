@@ -158,7 +158,7 @@ def _product(next_chunk, buf_s, ut_s, bars, layout: Layout, chunk: int, transpos
   return pl.run_scoped(accumulate, plgpu.ACC((layout.rows, layout.block_units)))
 
 
-def _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next, u: int):
+def _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next):
   """dG_t into `g32_s` and `g16_s` (4, 64, u), d_c_{t-1} into `dc_s`."""
   scales, (forget, d_c_from_h, d_h_out) = [x_s[k] for k in range(GATES)], (x_s[4], x_s[5], x_s[6])
   d_h = d_h_out + d_h_next
@@ -204,7 +204,7 @@ def _body(*refs, layout: Layout, steps: int, chunk: int, mode: str, transposed: 
 
     d_h_next = _product(next_chunk, buf_s, ut_s, bars, layout, chunk, transposed)
     plgpu.barrier_wait(bars.at[BUFFERS + 2])
-    _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next * m_s[...], u)
+    _cell_gradient(x_s, dc_s, g32_s, g16_s, d_h_next * m_s[...])
     plgpu.commit_smem()  # the stores above, before TMA reads them
     plgpu.copy_smem_to_gmem(g32_s, dg32_g.at[t, g])
     for k in range(GATES):
