@@ -168,6 +168,39 @@ def test_rhn_stack_needs_recurrent_latents():
     nn.RNN(stack).init(jax.random.key(0), jnp.zeros((B, T, M)))
 
 
+@pytest.mark.parametrize(
+  'make, message',
+  [
+    (lambda: ALSTMCell(0), 'ALSTMCell: features must be a whole number >= 1, got 0'),
+    (lambda: ALSTMCell(N, latent_size=-1), 'ALSTMCell: latent_size must be .* got -1'),
+    (
+      lambda: _cell(dropout_latent=1.5),
+      r'dropout_latent must be a dropout rate in \[0, 1\), got 1.5',
+    ),
+    (lambda: _cell(dropout_latent=-0.5), 'dropout_latent must be a dropout rate .* got -0.5'),
+    (lambda: StaticLatent(0), 'StaticLatent: features must be a whole number >= 1, got 0'),
+    (lambda: LSTMRHNStack([]), 'cells must hold at least one ALSTMCell layer'),
+    (lambda: LSTMRHNStack([_cell()], dropout_state=-1.0), 'dropout_state must be a dropout rate'),
+    (lambda: LSTMRHNStack([_cell()], dropout_hidden=1.0), 'dropout_hidden must be a dropout rate'),
+  ],
+  ids=[
+    'features',
+    'latent_size',
+    'rate 1.5',
+    'rate -0.5',
+    'static',
+    'no layers',
+    'state',
+    'hidden',
+  ],
+)
+def test_a_size_or_rate_out_of_range_is_refused_on_construction(make, message):
+  """Not at the first call, deep in JAX, nor silently: flax's nn.Dropout
+  drops everything at a rate above 1 and scales every value down below 0."""
+  with pytest.raises(ValueError, match=message):
+    make()
+
+
 @pytest.mark.parametrize('latent', ['lstm', 'static'])
 def test_parameter_count_formula(latent):
   cell = _cell(latent)

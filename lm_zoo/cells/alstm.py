@@ -4,6 +4,7 @@ LSTM-RHN wiring of eq. 9."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, ClassVar, Sequence
 
 import flax.linen as nn
@@ -17,6 +18,21 @@ from lm_zoo.layers.adaptive import AdaptiveDense, split_sizes
 from lm_zoo.layers.products import dense
 
 
+def check_fields(module: nn.Module, sizes: Sequence[str] = (), rates: Sequence[str] = ()) -> None:
+  """Raises ValueError naming the first field of `module` among `sizes` that
+  is not a whole number >= 1, or among `rates` that is not a dropout rate in
+  [0, 1) (flax's `nn.Dropout` would silently zero every value, or scale them down)."""
+  cls = type(module).__name__
+  for name in sizes:
+    value = getattr(module, name)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+      raise ValueError(f'{cls}: {name} must be a whole number >= 1, got {value!r}')
+  for name in rates:
+    value = getattr(module, name)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+      raise ValueError(f'{cls}: {name} must be a dropout rate in [0, 1), got {value!r}')
+
+
 class StaticLatent(nn.RNNCellBase):
   """The static adaptation model of eq. (6): z_t = ReLU(W v_t + b).
 
@@ -26,6 +42,10 @@ class StaticLatent(nn.RNNCellBase):
 
   features: int
   dtype: Any = None
+
+  def __post_init__(self):
+    check_fields(self, sizes=('features',))
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, carry, v: jax.Array):
@@ -99,6 +119,10 @@ class ALSTMCell(nn.RNNCellBase):
   param_dtype: Any = jnp.float32
 
   dropout_rates: ClassVar[tuple[str, ...]] = ('dropout_latent',)  # `lm_zoo.cells.base`
+
+  def __post_init__(self):
+    check_fields(self, sizes=('features', 'latent_size'), rates=self.dropout_rates)
+    super().__post_init__()
 
   @nn.compact
   def step(self, carry, x: jax.Array, context: jax.Array | None = None):
@@ -189,6 +213,12 @@ class LSTMRHNStack(nn.RNNCellBase):
   dropout_hidden: float = 0.0
   dropout_state: float = 0.0
   deterministic: bool = True
+
+  def __post_init__(self):
+    if not self.cells:
+      raise ValueError('LSTMRHNStack: cells must hold at least one ALSTMCell layer, got none')
+    check_fields(self, rates=('dropout_hidden', 'dropout_state'))
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, carry, inputs: jax.Array):
