@@ -89,6 +89,33 @@ def test_a_masked_state_is_refused():
     )
 
 
+@pytest.mark.parametrize(
+  'inputs, carry, steps, message',
+  [
+    ((T, B, M - 1), (B, N), None, r"params\['input'\]\['kernel'\] is \(3, 20\), but inputs"),
+    ((T, B, M), (B + 1, N), None, r"the carry's c is \(3, 5\), but inputs \(6, 2, 3\)"),
+    ((T, B, M), (B, N + 1), None, r"the carry's c is \(2, 6\).* need \(2, 5\)"),
+    ((B, M), (B, N), None, r'inputs must be \(T, B, m\), time first, got \(2, 3\)'),
+    ((T, B, M), (B, N), T + 2, "steps must mark each of the window's 6 steps"),
+  ],
+  ids=['narrower inputs', 'carry batch', 'carry width', 'one step', 'steps'],
+)
+def test_inputs_carry_and_steps_that_do_not_fit_the_layer_are_refused(
+  inputs, carry, steps, message
+):
+  """Not silently: cuDNN (and its reference scan) read the flat weights by
+  the inputs' width, so narrower inputs ran on the wrong weights."""
+  cell = LSTMCell(N)
+  with pytest.raises(ValueError, match=message):
+    cudnn_lstm_window(
+      cell,
+      _params(cell)['cell'],
+      (jnp.zeros(carry),) * 2,
+      jnp.ones(inputs),
+      steps=None if steps is None else jnp.ones(steps, bool),
+    )
+
+
 @pytest.mark.parametrize('backend', ['cpu', 'gpu'])
 def test_auto_takes_the_fused_window_on_every_backend(monkeypatch, backend):
   """'cudnn' is taken by name only, until its pinned layouts are checked on a GPU."""

@@ -30,6 +30,7 @@ from jax.extend.core import Primitive
 from jax.extend.mlir import ir
 from jax.interpreters import mlir
 
+from lm_zoo.cells.held_steps import check_steps
 from lm_zoo.cells.lstm import LSTMCell
 
 STATE_MASK_REFUSAL = "cuDNN's LSTM cannot mask the fed-back state (model.dropout_state)"
@@ -189,6 +190,30 @@ def _lstm_bwd(input_size, hidden_size, residuals, gradients):
 _lstm.defvjp(_lstm_fwd, _lstm_bwd)
 
 
+def check_window(cell: LSTMCell, params, carry, inputs: jax.Array) -> None:
+  """Raises ValueError unless the inputs, the parameters and the carry fit one
+  layer of `cell`: cuDNN reads its flat weights by the sizes it is given, so
+  inputs of another width would read the wrong weights, silently."""
+  if jnp.ndim(inputs) != 3:
+    raise ValueError(f"scan='cudnn': inputs must be (T, B, m), time first, got {jnp.shape(inputs)}")
+  _, batch, m = inputs.shape
+  n = cell.features
+  c0, h0 = carry
+  shapes = {
+    "params['input']['kernel']": (params['input']['kernel'], (m, 4 * n)),
+    "params['recurrent_kernel']": (params['recurrent_kernel'], (n, 4 * n)),
+    "the carry's c": (c0, (batch, n)),
+    "the carry's h": (h0, (batch, n)),
+  }
+  for name, (array, want) in shapes.items():
+    if jnp.shape(array) != want:
+      raise ValueError(
+        f"scan='cudnn': {name} is {jnp.shape(array)}, but inputs {inputs.shape} and "
+        f'LSTMCell({n}) need {want}: give the layer the inputs, carry '
+        '(cell.initialize_carry) and parameters of one cell'
+      )
+
+
 def cudnn_lstm_window(
   cell: LSTMCell,
   params,
@@ -206,6 +231,8 @@ def cudnn_lstm_window(
   reason = cudnn_refusal(cell, state_mask is not None)
   if reason:
     raise ValueError(f"scan='cudnn' cannot run this layer: {reason}")
+  check_window(cell, params, carry, inputs)
+  steps = check_steps(steps, inputs.shape[0])
   c0, h0 = carry
   _, batch, size = inputs.shape
   x = jnp.swapaxes(inputs, 0, 1).astype(jnp.float32)  # cuDNN's calls are batch-major
