@@ -139,6 +139,17 @@ def test_inputs_that_do_not_fit_the_input_kernel_are_refused():
     pallas_alstm_recurrence(xs[..., :2], params, carry, mask)
 
 
+@pytest.mark.parametrize('latent', LATENTS.values(), ids=LATENTS.keys())
+def test_a_carry_that_does_not_fit_the_inputs_is_refused(latent):
+  """The kernels pad the states to their tiles: a carry of 4 rows for
+  inputs of 3 ran and returned 4 rows of outputs, silently."""
+  cell = ALSTMCell(N, latent=latent, latent_size=K)
+  params, _, xs, mask = _args(cell)
+  wider = cell.initialize_carry(jax.random.key(0), (B + 1, M))
+  with pytest.raises(ValueError, match=r"the carry's arrays \(.*\(4, 5\), \(4, 5\)\) do not fit"):
+    pallas_alstm_recurrence(xs, params, wider)
+
+
 def test_each_program_owns_16_rows():
   """The recipe's batch of 20, padded to 32, runs as 2 programs a step,
   forward and back (`row_tiles`), not one."""

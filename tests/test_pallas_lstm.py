@@ -100,3 +100,15 @@ def test_shapes_that_do_not_fit_are_refused_naming_both():
     r'\(8, 32\) do not fit a carry of \(3, 8\)',
   ):
     pallas_lstm_recurrence(projected[..., :28], kernel, (c0, h0))
+
+
+def test_a_cell_state_that_does_not_fit_the_carry_is_refused():
+  """c_0 was padded to the kernels' tiles and cut back to its own shape: a
+  narrower one ran, silently."""
+  projected, kernel, c0, h0, _ = _window(3, 8)
+  with pytest.raises(
+    ValueError,
+    match=r"the carry's arrays \(\(3, 5\), \(3, 8\)\) do not fit projected inputs "
+    r'\(5, 3, 32\): expected \(\(3, 8\), \(3, 8\)\)',
+  ):
+    pallas_lstm_recurrence(projected, kernel, (c0[:, :5], h0))

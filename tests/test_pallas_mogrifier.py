@@ -8,6 +8,8 @@ import pytest
 from jaxprs import pallas_grids
 
 from lm_zoo.cells import LSTMCell, Mogrify, resolve_scan
+from lm_zoo.cells.mogrifier import MogrifierRounds
+from lm_zoo.cells.pallas_mogrifier import pallas_mogrified_lstm_recurrence
 from lm_zoo.models import RecurrentLayer
 
 M, N, B, T = 6, 10, 3, 3
@@ -69,3 +71,33 @@ def test_the_rounds_run_16_rows_a_program():
   loss = lambda p: jnp.sum(layer.apply(p, carry, xs)[1])
   grids = pallas_grids(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
   assert grids['mogrifier_rounds_forward'] == grids['mogrifier_rounds_backward'] == (4,)
+
+
+@pytest.mark.parametrize(
+  'batch, inputs, rounds, message',
+  [
+    (B + 1, M, 3, r"the carry's arrays \(\(4, 10\), \(4, 10\)\) do not fit inputs \(3, 3, 6\)"),
+    (B, M - 1, 3, r'inputs \(3, 3, 5\), W \(6, 40\).* do not fit an LSTM of 10 units'),
+    (B, M, 2, r"mix_params holds the rounds \['q1', 'q3', 'r2'\], but mix runs 2"),
+  ],
+  ids=['carry batch', 'inputs width', 'rounds'],
+)
+def test_a_window_that_does_not_fit_the_layer_is_refused(batch, inputs, rounds, message):
+  """The kernels pad every array to their tiles, so each of these ran and
+  returned a silently wrong window (a carry of 4 rows gave 4 rows of outputs
+  for inputs of 3; narrower inputs ran on W's first rows)."""
+  cell = Mogrify(LSTMCell(N), rounds=3, rank=2)
+  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
+  params = cell.init(jax.random.key(0), carry, jnp.ones((B, M)))['params']
+  inner = params['cell']
+  mix_params = {name: p for name, p in params.items() if name != 'cell'}
+  with pytest.raises(ValueError, match=message):
+    pallas_mogrified_lstm_recurrence(
+      jnp.ones((T, B, inputs)),
+      inner['input']['kernel'],
+      inner['input']['bias'],
+      inner['recurrent_kernel'],
+      (jnp.zeros((batch, N)), jnp.zeros((batch, N))),
+      MogrifierRounds(rounds),
+      mix_params,
+    )

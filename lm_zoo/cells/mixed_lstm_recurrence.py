@@ -234,7 +234,7 @@ def _recurrence_bwd(mix, settings, saved, cotangents):
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
-def _check_shapes(inputs, input_kernel, bias, recurrent_kernel, n):
+def check_shapes(inputs, input_kernel, bias, recurrent_kernel, n):
   """Raises ValueError unless the inputs and weights fit an LSTM of n units."""
   m = inputs.shape[-1]
   if (
@@ -271,7 +271,7 @@ def mixed_lstm_forward(
     in `dtype`, mix's residuals (T, B, r))).
   """
   h0 = carry[1]
-  _check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
+  check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
   settings = _Settings(jnp.dtype(dtype or inputs.dtype), 1, cap_input_gate, contraction_alignment())
   weights = (input_kernel, bias, recurrent_kernel)
   mask = broadcast_state_mask(state_mask, h0)
@@ -373,7 +373,7 @@ def mixed_lstm_recurrence(
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
   """
   h0 = carry[1]
-  _check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
+  check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
   if (forward, backward) != (None, None) and steps is not None:
     raise ValueError('a forward or backward pass of its own runs no held steps: pass steps=None')
   dtype = jnp.dtype(dtype or inputs.dtype)

@@ -28,7 +28,7 @@ from lm_zoo.cells.adapted_step import (
 )
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, gate_factors, shifted
-from lm_zoo.cells.pallas_lstm import cut_to, pad_to, round_up
+from lm_zoo.cells.pallas_lstm import check_carry, cut_to, pad_to, round_up
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
 from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
 from lm_zoo.layers.products import contract
@@ -311,6 +311,14 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, tiles, interpret, residuals, 
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
+def _carry_shapes(inputs, params, n: int) -> list:
+  """The shapes of the carry's arrays: the latent's (c_z, z) if it is
+  recurrent, then c and h."""
+  batch, recurrent = inputs.shape[1], is_recurrent(params)
+  k = latent_dense(params)['kernel'].shape[1] // (GATES if recurrent else 1)
+  return [(batch, k)] * (2 if recurrent else 0) + [(batch, n)] * 2
+
+
 def pallas_alstm_recurrence(
   inputs: jax.Array,
   params: Any,
@@ -339,6 +347,7 @@ def pallas_alstm_recurrence(
   h0 = carry[-1]
   n = h0.shape[-1]
   check_window(inputs, params, n)
+  check_carry(carry, _carry_shapes(inputs, params, n), f'inputs {inputs.shape} and {n} units')
   tiles = tiles or tiles_for(h0.shape[0], max(n, inputs.shape[-1]))
   hs, new_carry = _recurrence(
     params,

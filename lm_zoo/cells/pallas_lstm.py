@@ -36,6 +36,19 @@ def cut_to(x: jax.Array, like: jax.Array) -> jax.Array:
   return x[..., : like.shape[-2], : like.shape[-1]].astype(like.dtype)
 
 
+def check_carry(carry, shapes, fits: str) -> None:
+  """Raises ValueError unless the arrays of `carry`, in order, have `shapes`:
+  the kernels pad each state to their tiles and cut it back to its own
+  shape, so a state that does not fit would be padded or cut silently.
+  `fits` names what it must fit, for the message."""
+  got = tuple(jnp.shape(x) for x in jax.tree.leaves(carry))
+  if got != tuple(shapes):
+    raise ValueError(
+      f"scan='pallas': the carry's arrays {got} do not fit {fits}: expected "
+      f"{tuple(shapes)} (cell.initialize_carry for the inputs' batch)"
+    )
+
+
 def gate_major(x: jax.Array, batch: int, units: int) -> jax.Array:
   """(..., B, 4n) -> (..., 4, batch, units), zero-padded."""
   *lead, b, four_n = x.shape
@@ -175,6 +188,23 @@ def _recurrence_bwd(dtype, cap_input_gate, tiles, interpret, unroll, saved, cota
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
+def _check_window(projected, recurrent_kernel, carry) -> None:
+  """Raises ValueError unless W x + b, U and the carry (c_0, h_0) fit one another."""
+  h0 = carry[-1]
+  n = h0.shape[-1]
+  if (
+    projected.ndim != 3
+    or recurrent_kernel.shape != (n, GATES * n)
+    or (projected.shape[1:] != (h0.shape[0], GATES * n))
+  ):
+    raise ValueError(
+      f'projected inputs {projected.shape} and recurrent kernel '
+      f'{recurrent_kernel.shape} do not fit a carry of {h0.shape}: expected '
+      f'(T, {h0.shape[0]}, {GATES * n}) and ({n}, {GATES * n})'
+    )
+  check_carry(carry, [h0.shape] * 2, f'projected inputs {projected.shape}')
+
+
 def pallas_lstm_recurrence(
   projected: jax.Array,
   recurrent_kernel: jax.Array,
@@ -208,16 +238,7 @@ def pallas_lstm_recurrence(
   """
   c0, h0 = carry
   n = h0.shape[-1]
-  if (
-    projected.ndim != 3
-    or recurrent_kernel.shape != (n, GATES * n)
-    or (projected.shape[1:] != (h0.shape[0], GATES * n))
-  ):
-    raise ValueError(
-      f'projected inputs {projected.shape} and recurrent kernel '
-      f'{recurrent_kernel.shape} do not fit a carry of {h0.shape}: expected '
-      f'(T, {h0.shape[0]}, {GATES * n}) and ({n}, {GATES * n})'
-    )
+  _check_window(projected, recurrent_kernel, carry)
   mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
   dtype = jnp.dtype(dtype or projected.dtype)
   tiles = tiles or tiles_for(h0.shape[0], n)

@@ -23,8 +23,9 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
+from lm_zoo.cells.mixed_lstm_recurrence import check_shapes
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
-from lm_zoo.cells.pallas_lstm import cut_to, gate_major, pad_to, round_up
+from lm_zoo.cells.pallas_lstm import check_carry, cut_to, gate_major, pad_to, round_up
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, row_tiles, tiles_for
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
 from lm_zoo.layers.products import contract
@@ -303,6 +304,25 @@ def _recurrence_bwd(mix, dtype, unroll, cap_input_gate, tiles, interpret, residu
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
+def _check_window(inputs, weights, carry, mix: MogrifierRounds, mix_params) -> None:
+  """Raises ValueError unless the inputs, weights, carry and rounds fit one
+  layer: the kernels pad every array to their tiles, so a misfit would run."""
+  n = carry[-1].shape[-1]
+  check_shapes(inputs, *weights, n)
+  check_carry(carry, [(inputs.shape[1], n)] * 2, f'inputs {inputs.shape} and {n} units')
+  names = [round_name(i) for i in range(1, mix.rounds + 1)]
+  if sorted(mix_params) != sorted(names):
+    raise ValueError(
+      f'mix_params holds the rounds {sorted(mix_params)}, but mix runs {mix.rounds}: '
+      f'give {names}, the parameters of Mogrify(cell, rounds={mix.rounds})'
+    )
+  if any('bias' not in p for p in mix_params.values()):
+    raise ValueError(
+      "scan='pallas' runs Mogrifier rounds with biases (LowRankDense's "
+      'default): give every round its bias, or choose another scan'
+    )
+
+
 def pallas_mogrified_lstm_recurrence(
   inputs: jax.Array,
   input_kernel: jax.Array,
@@ -335,11 +355,7 @@ def pallas_mogrified_lstm_recurrence(
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
   """
   c0, h0 = carry
-  if any('bias' not in p for p in mix_params.values()):
-    raise ValueError(
-      "scan='pallas' runs Mogrifier rounds with biases (LowRankDense's "
-      'default): give every round its bias, or choose another scan'
-    )
+  _check_window(inputs, (input_kernel, bias, recurrent_kernel), carry, mix, mix_params)
   mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
   dtype = jnp.dtype(dtype or inputs.dtype)
   tiles = tiles or tiles_for(h0.shape[0], max(h0.shape[-1], inputs.shape[-1]))
