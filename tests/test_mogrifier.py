@@ -87,6 +87,34 @@ def test_zero_rounds_is_the_inner_cell():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize(
+  'make, message',
+  [
+    (
+      lambda: Mogrify(LSTMCell(N), rank=2.5),
+      r'Mogrify: rank must be an integer \(<= 0: full rank\), got 2.5',
+    ),
+    (lambda: Mogrify(LSTMCell(N), rank='4'), "Mogrify: rank must be an integer .* got '4'"),
+    (
+      lambda: Mogrify(LSTMCell(N), rounds=True),
+      'Mogrify: rounds must be an integer >= 0 .* got True',
+    ),
+    (
+      lambda: Mogrify(LSTMCell, rounds=2),
+      'Mogrify: cell must be a cell instance, such as LSTMCell',
+    ),
+    (lambda: MogrifierRounds(0), 'MogrifierRounds: rounds must be an integer >= 1 .* got 0'),
+    (lambda: MogrifierRounds(2.5), 'MogrifierRounds: rounds must be an integer >= 1 .* got 2.5'),
+  ],
+  ids=['rank 2.5', "rank '4'", 'rounds True', 'cell class', 'mix of 0 rounds', 'mix of 2.5'],
+)
+def test_a_wrong_rank_rounds_or_cell_is_refused_on_construction(make, message):
+  """Not at the first call, as a TypeError deep in JAX or flax (a fractional
+  rank, a cell class) or a concatenation of no arrays (a mix of no rounds)."""
+  with pytest.raises(ValueError, match=message):
+    make()
+
+
 @pytest.mark.parametrize('rank', [0, 2])
 def test_zero_mogrifier_weights_give_the_inner_cell(rank):
   c, h, x = _inputs()

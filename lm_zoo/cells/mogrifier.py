@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -20,6 +21,11 @@ RoundGate = Callable[[int, jax.Array], tuple[jax.Array, Any]]
 
 def _gate(x: jax.Array) -> jax.Array:
   return 2.0 * nn.sigmoid(x)  # 2σ(0) = 1: fresh rounds start near the identity
+
+
+def _whole(value: Any) -> bool:
+  """Whether `value` is an integer (not a bool, which would pass as one)."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def round_name(i: int) -> str:
@@ -79,10 +85,16 @@ class Mogrify(nn.RNNCellBase):
   dtype: Any = None
 
   def __post_init__(self):
-    if not isinstance(self.rounds, int) or self.rounds < 0:
+    if not _whole(self.rounds) or self.rounds < 0:
       raise ValueError(
         f'Mogrify: rounds must be an integer >= 0 (0: the inner cell '
         f'unchanged), got {self.rounds!r}'
+      )
+    if not _whole(self.rank):
+      raise ValueError(f'Mogrify: rank must be an integer (<= 0: full rank), got {self.rank!r}')
+    if not isinstance(self.cell, nn.Module):
+      raise ValueError(
+        f'Mogrify: cell must be a cell instance, such as LSTMCell(n), got {self.cell!r}'
       )
     super().__post_init__()
 
@@ -136,6 +148,13 @@ class MogrifierRounds:
   rounds: int
   zigzag: bool = True
   dtype: Any = None
+
+  def __post_init__(self):
+    if not _whole(self.rounds) or self.rounds < 1:
+      raise ValueError(
+        f'MogrifierRounds: rounds must be an integer >= 1 (a Mogrify of no rounds '
+        f'is its inner cell, which runs no mix), got {self.rounds!r}'
+      )
 
   def _trace(self, params, x, h, gates=None):
     """The rounds on x and h; with `gates` (the forward pass's, one per
