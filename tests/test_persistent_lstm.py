@@ -16,6 +16,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from persistent_lowering import check_lowered_modes
 
 from lm_zoo.cells.lstm_recurrence import lstm_recurrence
+from lm_zoo.cells.persistent_lstm import persistent_lstm_recurrence
 from lm_zoo.kernels.persistent_lstm import Layout, layout_for, persistent_lstm_forward, smem_bytes
 
 INTERPRET = plgpu.InterpretGPUParams()
@@ -152,6 +153,33 @@ def test_refuses_what_it_cannot_run_naming_the_argument(change, message):
   )
   with pytest.raises(ValueError, match=message):
     run(projected, kernel, h0, c0, interpret=INTERPRET)
+
+
+@pytest.mark.parametrize(
+  'settings, message',
+  [
+    (
+      dict(interpret=True),
+      r'interpret must be None \(compiled for a GPU\) or plgpu.InterpretGPUParams',
+    ),
+    (dict(interpret='yes'), r"got 'yes': pass \*\*where_it_runs\(\) for this backend"),
+    (dict(blocks=2.5), 'blocks must be a whole number >= 1, or None .* got 2.5'),
+    (dict(blocks=True), 'blocks must be a whole number >= 1, or None .* got True'),
+    (
+      dict(mode='fast'),
+      "mode must be one of persistent, unfenced, per_step, no_barrier, got 'fast'",
+    ),
+  ],
+  ids=['interpret True', "interpret 'yes'", 'blocks 2.5', 'blocks True', 'mode'],
+)
+def test_the_window_refuses_settings_it_cannot_run_naming_them(settings, message):
+  """Before tracing: interpret=True (the Triton kernels' flag) failed deep in
+  Pallas' discharge rules, blocks=2.5 in JAX's shape code, and blocks=True
+  ran as one block."""
+  projected, kernel, h0, c0 = _inputs(4, steps=1)
+  run = functools.partial(persistent_lstm_recurrence, **{'interpret': INTERPRET, **settings})
+  with pytest.raises(ValueError, match=message):
+    run(projected, kernel, (c0, h0))
 
 
 def _lowered(steps, batch, n, mode, residuals=False):

@@ -16,6 +16,7 @@ from persistent_lowering import check_lowered_modes
 
 from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_forward
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
+from lm_zoo.cells.persistent_mogrifier import PersistentMogrifierKernels
 from lm_zoo.kernels.persistent_lstm import grid_for
 from lm_zoo.kernels.persistent_mogrifier import persistent_mogrifier_forward
 from lm_zoo.kernels.persistent_mogrifier_phases import plan_for
@@ -204,3 +205,12 @@ def test_refuses_what_it_cannot_run_naming_the_argument(change, message):
   )
   with pytest.raises(ValueError, match=message):
     jax.eval_shape(run, *shapes)
+
+
+def test_the_kernels_refuse_settings_they_cannot_run_on_construction():
+  with pytest.raises(ValueError, match='interpret must be None .* got True'):
+    PersistentMogrifierKernels('per_step', True)
+  with pytest.raises(ValueError, match='blocks must be a whole number >= 1, or None .* got 0'):
+    PersistentMogrifierKernels('per_step', INTERPRET, blocks=0)
+  with pytest.raises(ValueError, match="mode must be one of .* got 'fast'"):
+    PersistentMogrifierKernels('fast', INTERPRET)

@@ -27,12 +27,15 @@ keep `lstm_recurrence`.
 
 Example::
 
-  (c_T, h_T), hs = persistent_lstm_recurrence(projected, kernel, (c0, h0), mask)
+  (c_T, h_T), hs = persistent_lstm_recurrence(
+    projected, kernel, (c0, h0), mask, **where_it_runs()
+  )
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Any
 
 import jax
@@ -41,9 +44,27 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.cells.lstm_recurrence import backward_factors, broadcast_state_mask, shifted
 from lm_zoo.kernels.common import interpret_default, product
+from lm_zoo.kernels.grid_barrier import check_mode
 from lm_zoo.kernels.persistent_lstm import persistent_lstm_forward
 from lm_zoo.kernels.persistent_lstm_backward import persistent_lstm_backward
 from lm_zoo.layers.products import contract
+
+
+def check_settings(blocks: Any, mode: str, interpret: Any) -> None:
+  """Raises ValueError on a `blocks`, `mode` or `interpret` that the
+  persistent kernels cannot take, before they are traced (a fractional
+  grid, or `interpret=True`, failed deep in Pallas)."""
+  check_mode(mode)
+  whole = isinstance(blocks, numbers.Integral) and not isinstance(blocks, bool)
+  if blocks is not None and (not whole or blocks < 1):
+    raise ValueError(
+      f'blocks must be a whole number >= 1, or None for one block per 8 units, got {blocks!r}'
+    )
+  if interpret is not None and not isinstance(interpret, plgpu.InterpretGPUParams):
+    raise ValueError(
+      "interpret must be None (compiled for a GPU) or plgpu.InterpretGPUParams() (Pallas' "
+      f'Mosaic GPU interpreter), got {interpret!r}: pass **where_it_runs() for this backend'
+    )
 
 
 def _forward(projected, recurrent_kernel, c0, h0, state_mask, settings, residuals=False):
@@ -152,6 +173,7 @@ def persistent_lstm_recurrence(
     flow to `projected`, `recurrent_kernel`, the carry and `state_mask`, in
     their dtypes.
   """
+  check_settings(blocks, mode, interpret)
   c0, h0 = carry
   f32 = jnp.float32
   mask = None if state_mask is None else broadcast_state_mask(state_mask, h0.astype(f32))

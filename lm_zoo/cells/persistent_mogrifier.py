@@ -74,6 +74,11 @@ class PersistentMogrifierKernels:
   interpret: Any
   blocks: int | None = None
 
+  def __post_init__(self):
+    from lm_zoo.cells.persistent_lstm import check_settings
+
+    check_settings(self.blocks, self.mode, self.interpret)
+
   def _settings(self, mix: MogrifierRounds) -> dict:
     return dict(zigzag=mix.zigzag, blocks=self.blocks, mode=self.mode, interpret=self.interpret)
 
