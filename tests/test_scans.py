@@ -132,3 +132,16 @@ def test_a_registered_cell_hoists_and_gives_the_plain_scans_outputs(monkeypatch)
   )
   with pytest.raises(ValueError, match='both project and step'):
     register_scans(ElmanCell, CellScans(project=ElmanCell.project_inputs))
+
+
+def test_a_cell_class_or_name_is_refused_not_resolved_as_an_unknown_cell():
+  """resolve_scan(LSTMCell, 'auto') answered 'scan' (LSTMCell(n) runs
+  'fused'), and register_scans('elman', ...) registered a string."""
+  with pytest.raises(ValueError, match='cell must be a cell instance, such as LSTMCell'):
+    resolve_scan(LSTMCell, 'auto')
+  with pytest.raises(ValueError, match="cell must be a cell instance, .* got 'lstm'"):
+    resolve_scan('lstm', 'fused')
+  with pytest.raises(ValueError, match="cell_type must be a cell class, .* got 'elman'"):
+    register_scans('elman', CellScans())
+  with pytest.raises(ValueError, match='scans must be a CellScans'):
+    register_scans(ElmanCell, {'project': None})

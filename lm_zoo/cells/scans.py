@@ -206,6 +206,10 @@ REGISTRY: dict[type, CellScans] = {
 
 def register_scans(cell_type: type, scans: CellScans) -> None:
   """Declares what cells of `cell_type` can run (see `CellScans`)."""
+  if not isinstance(cell_type, type):
+    raise ValueError(f'cell_type must be a cell class, such as LSTMCell, got {cell_type!r}')
+  if not isinstance(scans, CellScans):
+    raise ValueError(f'scans must be a CellScans(...), got {type(scans).__name__} {scans!r}')
   if (scans.project is None) != (scans.step is None):
     raise ValueError(
       f'{cell_type.__name__} hoists with both project and step: give both or neither'
@@ -240,11 +244,14 @@ def resolve_scan(cell: nn.Module, scan: str, *, state_mask: bool = False) -> str
   held steps) is refused when it runs.
 
   Raises:
-    ValueError: `scan` is unknown, or `cell` cannot run so: one line naming
-      the reason, or the cell and the ways it can run.
+    ValueError: `scan` is unknown, `cell` is not a cell instance, or it
+      cannot run so: one line naming the reason, or the cell and the ways
+      it can run.
   """
   if scan not in SCANS:
     raise ValueError(f'scan={scan!r} is not known: choose one of {", ".join(SCANS)}')
+  if not isinstance(cell, nn.Module):  # a class or a name would resolve as an unknown cell
+    raise ValueError(f'cell must be a cell instance, such as LSTMCell(n), got {cell!r}')
   kernels = {way: window_kernel(cell, way) for way in WINDOW_KERNELS}
   if state_mask and callable(kernels['cudnn']):
     kernels['cudnn'] = STATE_MASK_REFUSAL
