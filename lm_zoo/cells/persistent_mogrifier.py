@@ -35,6 +35,7 @@ from lm_zoo.cells.lstm import gate_bias
 from lm_zoo.cells.lstm_recurrence import backward_factors, shifted
 from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import MogrifierRounds, Mogrify, mogrify_rounds, round_name
+from lm_zoo.cells.persistent_lstm import check_settings
 from lm_zoo.cells.window_kernels import check_persistent_window, persistent_refusal
 
 
@@ -75,8 +76,6 @@ class PersistentMogrifierKernels:
   blocks: int | None = None
 
   def __post_init__(self):
-    from lm_zoo.cells.persistent_lstm import check_settings
-
     check_settings(self.blocks, self.mode, self.interpret)
 
   def _settings(self, mix: MogrifierRounds) -> dict:
