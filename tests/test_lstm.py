@@ -11,7 +11,7 @@ from conftest import perturb
 from jax.test_util import check_grads
 from numpy_reference import lstm_step as numpy_lstm_step
 
-from lm_zoo.cells import LSTMCell, carry_output, replace_carry_output, resolve_scan
+from lm_zoo.cells import LSTMCell, MLSTMCell, carry_output, replace_carry_output, resolve_scan
 
 
 def _random_params(cell, m, key=0):
@@ -236,3 +236,27 @@ def test_each_gate_bias_takes_the_whole_gradient():
   assert float(jnp.abs(g_one['input']['bias']).max()) > 1e-3
   np.testing.assert_allclose(g_two['input']['bias'], g_one['input']['bias'], rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(g_two['recurrent_bias'], g_one['input']['bias'], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize('cell_type', [LSTMCell, MLSTMCell])
+@pytest.mark.parametrize(
+  'carry, got',
+  [
+    (np.zeros((2, 4), np.float32), r'an array of shape \(2, 4\)'),  # rows unpacked as c and h
+    ((np.zeros((2, 4), np.float32),), r'a tuple of shapes \(\(2, 4\),\)'),
+    (
+      (np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32)),
+      r'a tuple of shapes \(\(2, 4\), \(2, 3\)\)',
+    ),
+    ([np.zeros((3, 4), np.float32)] * 2, r'a list of shapes \(\(3, 4\), \(3, 4\)\)'),
+  ],
+  ids=['one array', 'one of the pair', 'narrow h', 'wrong batch'],
+)
+def test_a_carry_that_is_not_a_c_h_pair_of_its_shape_is_refused(cell_type, carry, got):
+  """A single (2, n) array once ran: `c, h = carry` took its two rows."""
+  cell = cell_type(4)
+  x = jnp.ones((2, 3))
+  params = cell.init(jax.random.key(0), cell.initialize_carry(jax.random.key(1), x.shape), x)
+  message = r'carry must be a \(c, h\) pair of arrays of shape \(2, 4\), as cell.initialize_carry'
+  with pytest.raises(ValueError, match=f'{message}.*got {got}'):
+    cell.apply(params, carry, x)

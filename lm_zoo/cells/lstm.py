@@ -48,6 +48,27 @@ def lstm_update(
   return new_c, nn.sigmoid(o) * jnp.tanh(new_c)
 
 
+def _described(carry) -> str:
+  """What a carry is, for a refusal: 'an array of shape (2, 8)', 'a tuple of shapes ((2, 8),)'."""
+  if hasattr(carry, 'shape'):
+    return f'an array of shape {tuple(carry.shape)}'
+  if isinstance(carry, (tuple, list)):
+    shapes = tuple(tuple(x.shape) if hasattr(x, 'shape') else type(x).__name__ for x in carry)
+    return f'a {type(carry).__name__} of shapes {shapes}'
+  return repr(carry)
+
+
+def check_lstm_carry(carry, shape: tuple[int, ...]) -> None:
+  """Raises ValueError unless `carry` is a (c, h) pair of arrays of `shape`:
+  `c, h = carry` would unpack the rows of a single (2, n) array and run on."""
+  pair = isinstance(carry, (tuple, list)) and len(carry) == 2
+  if not (pair and all(tuple(getattr(x, 'shape', ())) == shape for x in carry)):
+    raise ValueError(
+      f'carry must be a (c, h) pair of arrays of shape {shape}, as '
+      f'cell.initialize_carry(rng, input_shape) makes, got {_described(carry)}'
+    )
+
+
 def gate_bias(params) -> jax.Array:
   """An `LSTMCell`'s gate bias from its parameters: b, plus b_h where the
   cell has one (`recurrent_bias`)."""
@@ -140,6 +161,7 @@ class LSTMCell(nn.RNNCellBase):
 
   def step_projected(self, carry, projected: jax.Array):
     """One step given W x + b (+ b_h); returns ((c', h'), h')."""
+    check_lstm_carry(carry, (*projected.shape[:-1], self.features))
     c, h = carry
     new_c, new_h = lstm_update(
       projected + matmul(h, self.recurrent_kernel, self.dtype), c, self.cap_input_gate

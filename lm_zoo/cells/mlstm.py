@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.cells.lstm import LSTMCell
+from lm_zoo.cells.lstm import LSTMCell, check_lstm_carry
 from lm_zoo.layers.products import dense
 
 
@@ -33,6 +33,7 @@ class MLSTMCell(nn.RNNCellBase):
 
   @nn.compact
   def __call__(self, carry, inputs: jax.Array):
+    check_lstm_carry(carry, (*inputs.shape[:-1], self.features))
     c, h = carry
     factor = lambda name: dense(
       self.features, self.dtype, use_bias=False, param_dtype=self.param_dtype, name=name
