@@ -21,7 +21,7 @@ from lm_zoo.cells import (
   resolve_scan,
 )
 from lm_zoo.cells.scans import REGISTRY
-from lm_zoo.models import RecurrentLayer
+from lm_zoo.models import RecurrentLayer, recurrent
 
 M, N, B, T = 3, 5, 2, 6
 
@@ -145,3 +145,45 @@ def test_a_cell_class_or_name_is_refused_not_resolved_as_an_unknown_cell():
     register_scans('elman', CellScans())
   with pytest.raises(ValueError, match='scans must be a CellScans'):
     register_scans(ElmanCell, {'project': None})
+
+
+LAYERS = {
+  **{scan: (LSTMCell(N), scan) for scan in ('scan', 'hoisted', 'fused', 'pallas', 'cudnn')},
+  'persistent': (LSTMCell(N, dtype=jnp.bfloat16), 'persistent'),
+  'Mogrify fused': (Mogrify(LSTMCell(N), rounds=2), 'fused'),
+  'ALSTMCell fused': (ALSTMCell(N, latent_size=2), 'fused'),
+}
+
+
+@pytest.mark.parametrize('rows, width', [(B + 1, N), (1, N), (B, N - 1)], ids=str)
+@pytest.mark.parametrize('cell, scan', LAYERS.values(), ids=LAYERS.keys())
+def test_a_carry_that_does_not_fit_the_inputs_is_refused_before_any_scan(cell, scan, rows, width):
+  """Such a carry failed deep inside JAX ('fused', the step's product), with
+  a multi-line scan error at batch 1, or was cut silently ('pallas')."""
+  xs = jnp.ones((T, B, M))
+  carry = jax.tree.map(
+    lambda a: jnp.zeros((rows, width if a.shape[-1] == N else a.shape[-1])),
+    cell.initialize_carry(jax.random.key(0), (B, M)),
+  )
+  fits = (
+    rf'\({rows}, {width}\)\) do not fit inputs \({T}, {B}, {M}\): .* expects \(.*\({B}, {N}\)\)'
+  )
+  with pytest.raises(ValueError, match=rf"carry: its arrays' shapes \(.*{fits}"):
+    jax.eval_shape(RecurrentLayer(cell, scan=scan).init, jax.random.key(0), carry, xs)
+
+
+def test_the_carry_check_costs_nothing_jitted_and_holds_vmapped_over_seeds(monkeypatch):
+  """It reads shapes only, at trace time: the traced window is the same
+  without it; vmapped over seeds (`--seeds=N`) it sees one seed's carry."""
+  carry, xs, _ = _window()
+  layer = RecurrentLayer(LSTMCell(N))
+  seeds = jax.vmap(lambda key: layer.init(key, carry, xs))(jax.random.split(jax.random.key(0), 2))
+  run = lambda variables, carry: layer.apply(variables, carry, xs)
+  traced = lambda: str(jax.make_jaxpr(jax.vmap(run, in_axes=(0, None)))(seeds, carry))
+  checked = traced()
+  monkeypatch.setattr(recurrent, 'check_carry', lambda *args: None)
+  assert traced() == checked
+  monkeypatch.undo()
+  jax.jit(jax.vmap(run, in_axes=(0, None)))(seeds, carry)  # every seed from the same carry
+  with pytest.raises(ValueError, match=r"carry: its arrays' shapes \(\(1, 5\), \(1, 5\)\)"):
+    jax.jit(jax.vmap(run, in_axes=(0, None)))(seeds, jax.tree.map(lambda a: a[:1], carry))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
-from lm_zoo.cells.base import carry_output, replace_carry_output
+from lm_zoo.cells.base import carry_output, describe, replace_carry_output
 from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.scans import WINDOW_KERNELS, cell_scans, resolve_scan, window_kernel
 
@@ -26,6 +27,22 @@ def _step_projected(cell, carry, xs, state_mask):
   projected_x, valid = xs
   new_carry, y = cell_scans(cell).step(cell, _masked(carry, state_mask), projected_x)
   return held(valid, new_carry, carry), own(valid, y)
+
+
+def check_carry(cell: nn.RNNCellBase, carry, inputs: jax.Array) -> None:
+  """Raises ValueError unless the arrays of `carry` (any pytree) have the
+  shapes of `cell.initialize_carry` for `inputs` (T, B, m): a carry of
+  another batch or width failed deep inside JAX, in a scan or a window
+  kernel. Shapes only, traced once with the layer: nothing is allocated."""
+  input_shape = inputs.shape[1:]
+  expected = jax.eval_shape(lambda: cell.initialize_carry(jax.random.key(0), input_shape))
+  want = tuple(x.shape for x in jax.tree.leaves(expected))
+  got = tuple(jnp.shape(x) for x in jax.tree.leaves(carry))
+  if got != want:
+    raise ValueError(
+      f"carry: its arrays' shapes {got} do not fit inputs {inputs.shape}: {describe(cell)} "
+      f'expects {want}, as cell.initialize_carry(rng, {input_shape}) makes'
+    )
 
 
 class RecurrentLayer(nn.Module):
@@ -57,6 +74,7 @@ class RecurrentLayer(nn.Module):
   ):
     scan = resolve_scan(self.cell, self.scan, state_mask=state_mask is not None)
     steps = check_steps(steps, inputs.shape[0])
+    check_carry(self.cell, carry, inputs)
     if scan in WINDOW_KERNELS:
       if self.is_initializing():
         self.cell(carry, inputs[0])  # creates the cell's parameters
