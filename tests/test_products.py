@@ -17,6 +17,7 @@ from lm_zoo.layers.products import (
   einsum,
   is_low_precision,
   matmul,
+  product_dtype,
 )
 from lm_zoo.layers.products import dense as products_dense
 
@@ -163,3 +164,67 @@ def test_an_alignment_that_is_no_positive_integer_is_refused(multiple):
   ):
     with aligned_contractions(multiple):
       pass
+
+
+ENTRIES = (
+  'einsum',
+  'dense',
+  'LSTMCell scan',
+  'LSTMCell fused',
+  'Mogrify rounds',
+  'ALSTMCell',
+  'lstm_recurrence',
+  'pallas_lstm_recurrence',
+)
+
+
+def _entries():
+  """Where a product dtype enters: the products, a cell's `dtype`, the
+  recurrences' `dtype=`; each as call(dtype), traced for shapes only."""
+  from lm_zoo.cells import ALSTMCell, LSTMCell, Mogrify
+  from lm_zoo.cells.lstm_recurrence import lstm_recurrence
+  from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
+  from lm_zoo.models import RecurrentLayer
+
+  a, b = _operands('mk,kn->mn')
+  projected, kernel = jnp.zeros((3, 2, 8)), jnp.zeros((2, 8))
+  carry = (jnp.zeros((2, 2)), jnp.zeros((2, 2)))
+
+  def layer(cell, scan):
+    xs = jnp.zeros((3, 2, 4))
+    init = RecurrentLayer(cell, scan=scan).init
+    return lambda: init(jax.random.key(0), cell.initialize_carry(jax.random.key(0), (2, 4)), xs)
+
+  return {
+    'einsum': lambda dtype: lambda: einsum('mk,kn->mn', a, b, dtype),
+    'dense': lambda dtype: lambda: products_dense(3, dtype).init(jax.random.key(0), a),
+    'LSTMCell scan': lambda dtype: layer(LSTMCell(2, dtype=dtype), 'scan'),
+    'LSTMCell fused': lambda dtype: layer(LSTMCell(2, dtype=dtype), 'fused'),
+    'Mogrify rounds': lambda dtype: layer(Mogrify(LSTMCell(2), rounds=2, dtype=dtype), 'fused'),
+    'ALSTMCell': lambda dtype: layer(ALSTMCell(2, latent_size=2, dtype=dtype), 'fused'),
+    'lstm_recurrence': lambda dtype: lambda: lstm_recurrence(projected, kernel, carry, dtype=dtype),
+    'pallas_lstm_recurrence': lambda dtype: (
+      lambda: pallas_lstm_recurrence(projected, kernel, carry, dtype=dtype)
+    ),
+  }
+
+
+@pytest.mark.parametrize(
+  'dtype, got',
+  [(jnp.int32, 'int32'), (jnp.bool_, 'bool'), ('complex64', 'complex64'), ('bogus', "'bogus'")],
+)
+@pytest.mark.parametrize('entry', ENTRIES)
+def test_a_product_dtype_that_is_not_floating_is_refused_naming_dtype(entry, dtype, got):
+  """int32 ran the products in integers (wrong numbers, zeros in Pallas);
+  'bogus' gave NumPy's TypeError naming no argument."""
+  with pytest.raises(
+    ValueError, match=rf'^dtype must be a floating dtype .* or None, got {got}(\n|$)'
+  ):
+    jax.eval_shape(_entries()[entry](dtype))
+
+
+def test_the_product_dtype_is_the_given_one_else_the_default():
+  assert set(_entries()) == set(ENTRIES)
+  assert product_dtype(None) is None and product_dtype('bfloat16') == jnp.bfloat16
+  assert product_dtype(None, jnp.float16) == jnp.float16
+  assert product_dtype(jnp.float32, jnp.bfloat16) == jnp.float32

@@ -25,7 +25,7 @@ from lm_zoo.cells.adapted_step import (
 )
 from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, shifted
-from lm_zoo.layers.products import contraction_alignment
+from lm_zoo.layers.products import contraction_alignment, product_dtype
 
 
 def _forward_scan(
@@ -163,7 +163,7 @@ def alstm_recurrence(
     tuple(carry),
     broadcast_state_mask(state_mask, h0),
     check_steps(steps, inputs.shape[0]),
-    jnp.dtype(dtype or inputs.dtype),
+    product_dtype(dtype, inputs.dtype),
     unroll,
     cap_input_gate,
     contraction_alignment(),

@@ -32,6 +32,7 @@ from jax.interpreters import mlir
 
 from lm_zoo.cells.held_steps import check_steps
 from lm_zoo.cells.lstm import LSTMCell
+from lm_zoo.layers.products import product_dtype
 
 STATE_MASK_REFUSAL = "cuDNN's LSTM cannot mask the fed-back state (model.dropout_state)"
 
@@ -45,10 +46,9 @@ def cudnn_refusal(cell: LSTMCell, state_mask: bool = False) -> str | None:
   """
   if cell.cap_input_gate:
     return "cuDNN's LSTM has no capped input gate (model.cap_input_gate)"
-  if cell.dtype is not None and jnp.dtype(cell.dtype) != jnp.float32:
-    return (
-      f"cuDNN's LSTM runs float32 products only, not {jnp.dtype(cell.dtype).name} (model.dtype)"
-    )
+  dtype = product_dtype(cell.dtype)
+  if dtype is not None and dtype != jnp.float32:
+    return f"cuDNN's LSTM runs float32 products only, not {dtype.name} (model.dtype)"
   if state_mask:
     return STATE_MASK_REFUSAL
   return None

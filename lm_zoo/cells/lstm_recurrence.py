@@ -34,6 +34,7 @@ from lm_zoo.layers.products import (
   aligned_rows,
   contract,
   contraction_alignment,
+  product_dtype,
 )
 
 
@@ -223,7 +224,7 @@ def lstm_recurrence(
     h0,
     broadcast_state_mask(state_mask, h0),
     check_steps(steps, projected.shape[0]),
-    jnp.dtype(dtype or projected.dtype),
+    product_dtype(dtype, projected.dtype),
     unroll,
     cap_input_gate,
     contraction_alignment(),

@@ -41,7 +41,7 @@ from lm_zoo.cells.adapted_step import (
 )
 from lm_zoo.cells.held_steps import check_steps, held, own
 from lm_zoo.cells.lstm_recurrence import shifted
-from lm_zoo.layers.products import contraction_alignment
+from lm_zoo.layers.products import contraction_alignment, product_dtype
 
 
 class LayerMasks(NamedTuple):
@@ -257,7 +257,7 @@ def lstm_rhn_recurrence(
   _check_layers(inputs, params, carry, masks)
   layers = len(params)
   masks = _constant_masks(masks, layers, inputs.dtype)
-  dtypes = tuple(jnp.dtype(dtype or inputs.dtype) for dtype in (dtypes or (None,) * layers))
+  dtypes = tuple(product_dtype(dtype, inputs.dtype) for dtype in (dtypes or (None,) * layers))
   caps = tuple(bool(cap) for cap in (cap_input_gates or (False,) * layers))
   carry = tuple(((latent[0], latent[1]), c, h) for latent, c, h in carry)
   hs, new_carry = _recurrence(

@@ -32,6 +32,7 @@ from lm_zoo.layers.products import (
   aligned_rows,
   contract,
   contraction_alignment,
+  product_dtype,
 )
 
 
@@ -272,7 +273,9 @@ def mixed_lstm_forward(
   """
   h0 = carry[1]
   check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
-  settings = _Settings(jnp.dtype(dtype or inputs.dtype), 1, cap_input_gate, contraction_alignment())
+  settings = _Settings(
+    product_dtype(dtype, inputs.dtype), 1, cap_input_gate, contraction_alignment()
+  )
   weights = (input_kernel, bias, recurrent_kernel)
   mask = broadcast_state_mask(state_mask, h0)
   hs, new_carry, _, per_step = _forward_scan(
@@ -304,7 +307,7 @@ def mixed_lstm_backward_chain(
     ((dL/dc_0, dL/dh_0, dL/d state_mask), (dL/d gate pre-activations
     (T, B, 4n), dL/dx_t (T, B, m), mix's stash (T, B, s))).
   """
-  dtype = jnp.dtype(dtype or inputs.dtype)
+  dtype = product_dtype(dtype, inputs.dtype)
   settings = _Settings(dtype, 1, cap_input_gate, contraction_alignment())
   kernel = jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(dtype)
   mask = broadcast_state_mask(state_mask, carry[1])
@@ -376,7 +379,7 @@ def mixed_lstm_recurrence(
   check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
   if (forward, backward) != (None, None) and steps is not None:
     raise ValueError('a forward or backward pass of its own runs no held steps: pass steps=None')
-  dtype = jnp.dtype(dtype or inputs.dtype)
+  dtype = product_dtype(dtype, inputs.dtype)
   settings = _Settings(dtype, unroll, cap_input_gate, contraction_alignment(), forward, backward)
   weights = (input_kernel, bias, recurrent_kernel)
   mask, steps = broadcast_state_mask(state_mask, h0), check_steps(steps, inputs.shape[0])

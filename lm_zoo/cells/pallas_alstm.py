@@ -31,7 +31,7 @@ from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, gate_factors, shi
 from lm_zoo.cells.pallas_lstm import check_carry, cut_to, pad_to, round_up
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
 from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
-from lm_zoo.layers.products import contract
+from lm_zoo.layers.products import contract, product_dtype
 
 
 def _blocks(matrix, rows: int, width: int, count: int):
@@ -355,7 +355,7 @@ def pallas_alstm_recurrence(
     tuple(carry),
     broadcast_state_mask(state_mask, h0),
     check_steps(steps, inputs.shape[0]),
-    jnp.dtype(dtype or inputs.dtype),
+    product_dtype(dtype, inputs.dtype),
     unroll,
     cap_input_gate,
     tiles,

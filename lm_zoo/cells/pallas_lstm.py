@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, tiles_for
-from lm_zoo.layers.products import accumulation_dtype, contract
+from lm_zoo.layers.products import accumulation_dtype, contract, product_dtype
 
 
 def round_up(size: int, multiple: int) -> int:
@@ -240,7 +240,7 @@ def pallas_lstm_recurrence(
   n = h0.shape[-1]
   _check_window(projected, recurrent_kernel, carry)
   mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
-  dtype = jnp.dtype(dtype or projected.dtype)
+  dtype = product_dtype(dtype, projected.dtype)
   tiles = tiles or tiles_for(h0.shape[0], n)
   hs, new_carry = _recurrence(
     projected.astype(accumulation_dtype(dtype)),

@@ -28,7 +28,7 @@ from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
 from lm_zoo.cells.pallas_lstm import check_carry, cut_to, gate_major, pad_to, round_up
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, row_tiles, tiles_for
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
-from lm_zoo.layers.products import contract
+from lm_zoo.layers.products import contract, product_dtype
 
 
 def _rank_size(rank: int) -> int:
@@ -357,7 +357,7 @@ def pallas_mogrified_lstm_recurrence(
   c0, h0 = carry
   _check_window(inputs, (input_kernel, bias, recurrent_kernel), carry, mix, mix_params)
   mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
-  dtype = jnp.dtype(dtype or inputs.dtype)
+  dtype = product_dtype(dtype, inputs.dtype)
   tiles = tiles or tiles_for(h0.shape[0], max(h0.shape[-1], inputs.shape[-1]))
   hs, new_carry = _recurrence(
     mix,

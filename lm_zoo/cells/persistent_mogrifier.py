@@ -37,6 +37,7 @@ from lm_zoo.cells.mixed_lstm_recurrence import mixed_lstm_recurrence
 from lm_zoo.cells.mogrifier import MogrifierRounds, Mogrify, mogrify_rounds, round_name
 from lm_zoo.cells.persistent_lstm import check_settings
 from lm_zoo.cells.window_kernels import check_persistent_window, persistent_refusal
+from lm_zoo.layers.products import product_dtype
 
 
 def chain_factors(inputs, carry, state_mask, hs, per_step, mix: MogrifierRounds, cap_input_gate):
@@ -128,7 +129,7 @@ def persistent_mogrifier_refusal(cell: Mogrify) -> str | None:
   lstm = persistent_refusal(cell.cell)
   if lstm is not None:
     return lstm
-  dtype = None if cell.dtype is None else jnp.dtype(cell.dtype)
+  dtype = product_dtype(cell.dtype)
   if dtype != jnp.bfloat16:
     name = "the inputs' dtype" if dtype is None else dtype.name
     return (

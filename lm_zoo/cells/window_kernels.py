@@ -25,7 +25,7 @@ from lm_zoo.cells.mogrifier import MogrifierRounds, Mogrify
 from lm_zoo.cells.pallas_alstm import pallas_alstm_recurrence
 from lm_zoo.cells.pallas_lstm import pallas_lstm_recurrence
 from lm_zoo.cells.pallas_mogrifier import pallas_mogrified_lstm_recurrence
-from lm_zoo.layers.products import accumulation_dtype, linear
+from lm_zoo.layers.products import accumulation_dtype, linear, product_dtype
 
 
 def _projected(cell: LSTMCell, params, inputs: jax.Array) -> jax.Array:
@@ -77,7 +77,7 @@ pallas_lstm_window = _lstm_window(
 def persistent_refusal(cell: LSTMCell) -> str | None:
   """Why the persistent kernels cannot run `cell`'s layer (they multiply in
   bfloat16 only), or None if they can."""
-  dtype = None if cell.dtype is None else jnp.dtype(cell.dtype)
+  dtype = product_dtype(cell.dtype)
   if dtype == jnp.bfloat16:
     return None
   # model.dtype=float32 leaves the cell's dtype unset: the inputs'.

@@ -25,13 +25,41 @@ import numpy as np
 from jax.experimental.layout import Layout, with_layout_constraint
 
 
+def product_dtype(dtype: Any, default: Any = None) -> Any:
+  """The products' operand dtype `dtype`, or `default`'s where it is None
+  (None stays None), as a `jnp.dtype`. Every product dtype in the zoo (a
+  cell's or model's `dtype`, a recurrence's `dtype=`) passes here.
+
+  Raises:
+    ValueError: `dtype` is not a floating dtype or None (an integer dtype
+      ran the products in integers, and gave wrong numbers).
+  """
+  if dtype is None:
+    return None if default is None else jnp.dtype(default)
+  try:
+    resolved = jnp.dtype(dtype)
+  except (TypeError, ValueError):  # not a dtype at all: 'bogus'
+    resolved = None
+  if resolved is None or not jnp.issubdtype(resolved, jnp.floating):
+    got = repr(dtype) if resolved is None else resolved.name
+    raise ValueError(
+      f'dtype must be a floating dtype (jnp.float32, jnp.bfloat16, ...) or None, got {got}'
+    )
+  return resolved
+
+
 def is_low_precision(dtype: Any) -> bool:
   """Whether `dtype` is a floating dtype narrower than float32 (bfloat16, float16)."""
   return dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4
 
 
 def accumulation_dtype(dtype: Any) -> Any:
-  """float32 for a low-precision `dtype`, else `dtype` itself (None stays None)."""
+  """float32 for a low-precision `dtype`, else `dtype` itself (None stays None).
+
+  Raises:
+    ValueError: `dtype` is not a floating dtype or None (`product_dtype`).
+  """
+  product_dtype(dtype)
   return jnp.promote_types(dtype, jnp.float32) if is_low_precision(dtype) else dtype
 
 
@@ -39,8 +67,8 @@ def contract(spec: str, a: jax.Array, b: jax.Array, dtype: Any) -> jax.Array:
   """`jnp.einsum(spec, a, b)` with both operands cast to `dtype` and the sums
   and result in `accumulation_dtype(dtype)` (float32 for bfloat16); for the
   hand-written backward passes (no VJP of its own: `einsum` has one)."""
-  a, b = a.astype(dtype), b.astype(dtype)
   accumulate = accumulation_dtype(dtype)
+  a, b = a.astype(dtype), b.astype(dtype)
   if is_low_precision(dtype) and _is_matrix_product(spec) and jax.default_backend() == 'cpu':
     return _cpu_contract(spec, a, b, accumulate)
   return jnp.einsum(spec, a, b, preferred_element_type=accumulate)
@@ -120,7 +148,11 @@ def einsum(spec: str, a: jax.Array, b: jax.Array, dtype: Any = None) -> jax.Arra
   products of its gradient (the incoming gradient cast to `dtype`), whose
   results come back in the operands' dtypes. Otherwise the plain
   `jnp.einsum` in the operands' promoted dtype, or in `dtype` when given.
+
+  Raises:
+    ValueError: `dtype` is not a floating dtype or None (`product_dtype`).
   """
+  product_dtype(dtype)
   if not is_low_precision(dtype):
     if dtype is not None:
       a, b = a.astype(dtype), b.astype(dtype)
