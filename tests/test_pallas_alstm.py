@@ -242,3 +242,10 @@ def test_both_kernels_lower_for_nvidia_gpus(recurrent, dtype):
   ]
   for lowered_step in lowered:
     assert '__gpu$xla.gpu.triton' in lowered_step.as_text()
+
+
+def test_an_interpret_that_is_not_a_bool_or_none_is_refused():
+  """Pallas takes any truthy value as True: interpret='no' ran interpreted."""
+  params, carry, xs, mask = _args(ALSTMCell(N, latent_size=K))
+  with pytest.raises(ValueError, match=r"interpret must be True .* or None .*, got 'no'"):
+    pallas_alstm_recurrence(xs, params, carry, mask, interpret='no')

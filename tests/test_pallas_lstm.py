@@ -1,6 +1,8 @@
 """pallas_lstm_recurrence (its kernels interpreted on the CPU) against the
 fused window it must equal, values and gradients, and as a layer's scan."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,3 +114,14 @@ def test_a_cell_state_that_does_not_fit_the_carry_is_refused():
     r'\(5, 3, 32\): expected \(\(3, 8\), \(3, 8\)\)',
   ):
     pallas_lstm_recurrence(projected, kernel, (c0[:, :5], h0))
+
+
+INTERPRET_MESSAGE = r"interpret must be True \(Pallas' interpreter\), False .* or None .*, got "
+
+
+@pytest.mark.parametrize('interpret', ['no', 'False', 0, 1.0], ids=repr)
+def test_an_interpret_that_is_not_a_bool_or_none_is_refused(interpret):
+  """Pallas takes any truthy value as True: interpret='no' ran interpreted."""
+  projected, kernel, c0, h0, _ = _window(3, 8)
+  with pytest.raises(ValueError, match=INTERPRET_MESSAGE + re.escape(repr(interpret))):
+    pallas_lstm_recurrence(projected, kernel, (c0, h0), interpret=interpret)

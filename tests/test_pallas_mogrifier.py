@@ -101,3 +101,17 @@ def test_a_window_that_does_not_fit_the_layer_is_refused(batch, inputs, rounds, 
       MogrifierRounds(rounds),
       mix_params,
     )
+
+
+def test_an_interpret_that_is_not_a_bool_or_none_is_refused():
+  """Pallas takes any truthy value as True: interpret='no' ran interpreted."""
+  cell = Mogrify(LSTMCell(N), rounds=3, rank=2)
+  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
+  params = cell.init(jax.random.key(0), carry, jnp.ones((B, M)))['params']
+  inner = params['cell']
+  mix_params = {name: p for name, p in params.items() if name != 'cell'}
+  weights = (inner['input']['kernel'], inner['input']['bias'], inner['recurrent_kernel'])
+  with pytest.raises(ValueError, match=r"interpret must be True .* or None .*, got 'no'"):
+    pallas_mogrified_lstm_recurrence(
+      jnp.ones((T, B, M)), *weights, carry, MogrifierRounds(3), mix_params, interpret='no'
+    )

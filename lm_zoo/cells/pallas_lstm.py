@@ -49,6 +49,16 @@ def check_carry(carry, shapes, fits: str) -> None:
     )
 
 
+def check_interpret(interpret) -> None:
+  """Raises ValueError unless `interpret` is a bool or None: Pallas takes any
+  truthy value as True, so interpret='no' ran interpreted."""
+  if interpret is not None and not isinstance(interpret, bool):
+    raise ValueError(
+      "interpret must be True (Pallas' interpreter), False (compiled for a GPU) or None "
+      f'(interpreted off a GPU only), got {interpret!r}'
+    )
+
+
 def gate_major(x: jax.Array, batch: int, units: int) -> jax.Array:
   """(..., B, 4n) -> (..., 4, batch, units), zero-padded."""
   *lead, b, four_n = x.shape
@@ -236,6 +246,7 @@ def pallas_lstm_recurrence(
     >>> hs.shape
     (5, 2, 2)
   """
+  check_interpret(interpret)
   c0, h0 = carry
   n = h0.shape[-1]
   _check_window(projected, recurrent_kernel, carry)

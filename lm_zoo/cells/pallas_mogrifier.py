@@ -25,7 +25,14 @@ from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
 from lm_zoo.cells.mixed_lstm_recurrence import check_shapes
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
-from lm_zoo.cells.pallas_lstm import check_carry, cut_to, gate_major, pad_to, round_up
+from lm_zoo.cells.pallas_lstm import (
+  check_carry,
+  check_interpret,
+  cut_to,
+  gate_major,
+  pad_to,
+  round_up,
+)
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, row_tiles, tiles_for
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
 from lm_zoo.layers.products import contract, product_dtype
@@ -354,6 +361,7 @@ def pallas_mogrified_lstm_recurrence(
   Returns:
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
   """
+  check_interpret(interpret)
   c0, h0 = carry
   _check_window(inputs, (input_kernel, bias, recurrent_kernel), carry, mix, mix_params)
   mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
