@@ -11,7 +11,7 @@ import pytest
 from conftest import check_reverse_gradient, perturb
 from numpy_reference import alstm_step, mogrify
 
-from lm_zoo.cells import ALSTMCell, LSTMRHNStack, Mogrify, StaticLatent
+from lm_zoo.cells import ALSTMCell, LSTMCell, LSTMRHNStack, Mogrify, StaticLatent
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
 from lm_zoo.models import build_model, init_params
@@ -182,6 +182,15 @@ def test_rhn_stack_needs_recurrent_latents():
     (lambda: LSTMRHNStack([]), 'cells must hold at least one ALSTMCell layer'),
     (lambda: LSTMRHNStack([_cell()], dropout_state=-1.0), 'dropout_state must be a dropout rate'),
     (lambda: LSTMRHNStack([_cell()], dropout_hidden=1.0), 'dropout_hidden must be a dropout rate'),
+    (
+      lambda: ALSTMCell(N, latent=LSTMCell(4, parent=None)),
+      'ALSTMCell: latent must be a cell constructor .* got LSTMCell',
+    ),
+    (lambda: ALSTMCell(N, latent='lstm'), "latent must be a cell constructor .* got 'lstm'"),
+    (
+      lambda: LSTMRHNStack([_cell(parent=None), LSTMCell(N, parent=None)]),
+      'LSTMRHNStack: cells must be ALSTMCell layers, and layer 1 is LSTMCell',
+    ),
   ],
   ids=[
     'features',
@@ -192,6 +201,9 @@ def test_rhn_stack_needs_recurrent_latents():
     'no layers',
     'state',
     'hidden',
+    'latent instance',
+    'latent name',
+    'plain layer',
   ],
 )
 def test_a_size_or_rate_out_of_range_is_refused_on_construction(make, message):

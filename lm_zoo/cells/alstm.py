@@ -122,6 +122,13 @@ class ALSTMCell(nn.RNNCellBase):
 
   def __post_init__(self):
     check_fields(self, sizes=('features', 'latent_size'), rates=self.dropout_rates)
+    # A cell instance is callable too, but is called with (carry, inputs): it
+    # failed deep in flax when step built it with features= and dtype=.
+    if isinstance(self.latent, nn.Module) or not callable(self.latent):
+      raise ValueError(
+        'ALSTMCell: latent must be a cell constructor taking features= and dtype= '
+        f'(LSTMCell or StaticLatent, the class), got {self.latent!r}'
+      )
     super().__post_init__()
 
   @nn.compact
@@ -217,6 +224,12 @@ class LSTMRHNStack(nn.RNNCellBase):
   def __post_init__(self):
     if not self.cells:
       raise ValueError('LSTMRHNStack: cells must hold at least one ALSTMCell layer, got none')
+    for layer, cell in enumerate(self.cells):
+      if not isinstance(cell, ALSTMCell):  # __call__ steps each with ALSTMCell.step
+        raise ValueError(
+          f'LSTMRHNStack: cells must be ALSTMCell layers, and layer {layer} is '
+          f'{type(cell).__name__}: wrap it as ALSTMCell(features, latent=...)'
+        )
     check_fields(self, rates=('dropout_hidden', 'dropout_state'))
     super().__post_init__()
 
