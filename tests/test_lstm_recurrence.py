@@ -10,7 +10,7 @@ import pytest
 from jaxprs import summed_sizes_in_loops
 
 from lm_zoo.cells.lstm import lstm_update
-from lm_zoo.cells.lstm_recurrence import lstm_recurrence
+from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, lstm_recurrence
 from lm_zoo.layers.products import aligned_contractions, einsum
 
 
@@ -193,3 +193,18 @@ def test_mismatched_shapes_are_named():
   projected, kernel, c0, h0, _ = inputs(jnp.float32)
   with pytest.raises(ValueError, match='do not match the recurrent kernel'):
     lstm_recurrence(projected[..., :-1], kernel, (c0, h0))
+
+
+@pytest.mark.parametrize('shape', [(3, 5), (5,), (2, 3, 8), (1, 3, 8)], ids=str)
+def test_a_state_mask_that_does_not_broadcast_to_h_is_refused(shape):
+  """Every window broadcasts its mask here: one of another shape failed deep
+  in a scan or a Pallas kernel."""
+  h0 = jnp.zeros((3, 8))
+  message = rf'state_mask: its shape \({", ".join(map(str, shape))},?\) does not broadcast to '
+  with pytest.raises(ValueError, match=message + r"the carry's h \(3, 8\)"):
+    broadcast_state_mask(jnp.ones(shape), h0)
+
+
+@pytest.mark.parametrize('shape', [(3, 8), (1, 8), (3, 1), (8,), ()], ids=str)
+def test_a_state_mask_that_broadcasts_to_h_is_taken(shape):
+  assert broadcast_state_mask(jnp.full(shape, 0.5), jnp.zeros((3, 8))).shape == (3, 8)

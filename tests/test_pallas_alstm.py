@@ -249,3 +249,9 @@ def test_an_interpret_that_is_not_a_bool_or_none_is_refused():
   params, carry, xs, mask = _args(ALSTMCell(N, latent_size=K))
   with pytest.raises(ValueError, match=r"interpret must be True .* or None .*, got 'no'"):
     pallas_alstm_recurrence(xs, params, carry, mask, interpret='no')
+
+
+def test_a_state_mask_that_does_not_broadcast_to_h_is_refused():
+  params, carry, xs, _ = _args(ALSTMCell(N, latent_size=K))
+  with pytest.raises(ValueError, match=r"state_mask: its shape \(3, 4\) .* carry's h \(3, 5\)"):
+    pallas_alstm_recurrence(xs, params, carry, jnp.ones((B, 4)))

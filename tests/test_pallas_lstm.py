@@ -116,6 +116,12 @@ def test_a_cell_state_that_does_not_fit_the_carry_is_refused():
     pallas_lstm_recurrence(projected, kernel, (c0[:, :5], h0))
 
 
+def test_a_state_mask_that_does_not_broadcast_to_h_is_refused():
+  projected, kernel, c0, h0, _ = _window(3, 8)
+  with pytest.raises(ValueError, match=r"state_mask: its shape \(3, 5\) .* carry's h \(3, 8\)"):
+    pallas_lstm_recurrence(projected, kernel, (c0, h0), jnp.ones((3, 5)))
+
+
 INTERPRET_MESSAGE = r"interpret must be True \(Pallas' interpreter\), False .* or None .*, got "
 
 

@@ -115,3 +115,16 @@ def test_an_interpret_that_is_not_a_bool_or_none_is_refused():
     pallas_mogrified_lstm_recurrence(
       jnp.ones((T, B, M)), *weights, carry, MogrifierRounds(3), mix_params, interpret='no'
     )
+
+
+def test_a_state_mask_that_does_not_broadcast_to_h_is_refused():
+  cell = Mogrify(LSTMCell(N), rounds=3, rank=2)
+  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
+  params = cell.init(jax.random.key(0), carry, jnp.ones((B, M)))['params']
+  inner = params['cell']
+  mix_params = {name: p for name, p in params.items() if name != 'cell'}
+  weights = (inner['input']['kernel'], inner['input']['bias'], inner['recurrent_kernel'])
+  with pytest.raises(ValueError, match=r"state_mask: its shape \(3, 4\) .* carry's h \(3, 10\)"):
+    pallas_mogrified_lstm_recurrence(
+      jnp.ones((T, B, M)), *weights, carry, MogrifierRounds(3), mix_params, jnp.ones((B, 4))
+    )

@@ -182,6 +182,12 @@ def test_the_window_refuses_settings_it_cannot_run_naming_them(settings, message
     run(projected, kernel, (c0, h0))
 
 
+def test_the_window_refuses_a_state_mask_that_does_not_broadcast_to_h():
+  projected, kernel, h0, c0 = _inputs(4, steps=1)
+  with pytest.raises(ValueError, match=r"state_mask: its shape \(3, 23\) .* carry's h \(3, 24\)"):
+    persistent_lstm_recurrence(projected, kernel, (c0, h0), jnp.ones((B, 23)), interpret=INTERPRET)
+
+
 def _lowered(steps, batch, n, mode, residuals=False):
   s = jax.ShapeDtypeStruct
   shapes = [s((steps, batch, 4 * n), jnp.float32), s((n, 4 * n), jnp.float32)]

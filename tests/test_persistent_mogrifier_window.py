@@ -75,3 +75,13 @@ def test_on_a_gpu_the_recipes_gradient_lowers_as_four_persistent_kernels(monkeyp
   cell = Mogrify(LSTMCell(912, dtype=BF16, cap_input_gate=True), 5, 84, dtype=BF16)
   text = lowered_stack_gradient([cell] * 2, 912)
   assert text.count('@mosaic_gpu') == 4 and 'red.release' in text
+
+
+def test_a_state_mask_that_does_not_broadcast_to_h_is_refused():
+  carry = (jnp.zeros((B, N)),) * 2
+  inputs = jnp.ones((T, B, M))
+  variables = RecurrentLayer(_mogrifier(), scan='fused').init(jax.random.key(0), carry, inputs)
+  with pytest.raises(ValueError, match=r"state_mask: its shape \(3, 5\) .* carry's h \(3, 8\)"):
+    RecurrentLayer(_mogrifier(), scan='persistent').apply(
+      variables, carry, inputs, jnp.ones((B, 5))
+    )

@@ -177,8 +177,22 @@ def _recurrence_bwd(dtype, unroll, cap_input_gate, alignment, saved, cotangents)
 _recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 
 
+def _broadcasts(shape, target) -> bool:
+  """Whether an array of `shape` broadcasts to `target` (numpy's rules, one way)."""
+  if len(shape) > len(target):
+    return False
+  return all(a in (1, b) for a, b in zip(shape[::-1], target[::-1]))
+
+
 def broadcast_state_mask(state_mask, h0):
-  """The fed-back state's mask (None: all ones) broadcast to h0's shape and dtype."""
+  """The fed-back state's mask (None: all ones) broadcast to h0's shape and
+  dtype. Raises ValueError, naming `state_mask`, for a mask that does not
+  broadcast to h0 (batch, n): the windows failed deep in a kernel or scan."""
+  if state_mask is not None and not _broadcasts(jnp.shape(state_mask), h0.shape):
+    raise ValueError(
+      f"state_mask: its shape {jnp.shape(state_mask)} does not broadcast to the carry's h "
+      f'{h0.shape} (batch, n): pass one of that shape, (n,), (1, n) or (batch, 1)'
+    )
   return jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
 
 

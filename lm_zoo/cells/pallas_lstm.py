@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
-from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
+from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, gate_factors, shifted
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, tiles_for
 from lm_zoo.layers.products import accumulation_dtype, contract, product_dtype
 
@@ -250,7 +250,7 @@ def pallas_lstm_recurrence(
   c0, h0 = carry
   n = h0.shape[-1]
   _check_window(projected, recurrent_kernel, carry)
-  mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
+  mask = broadcast_state_mask(state_mask, h0)
   dtype = product_dtype(dtype, projected.dtype)
   tiles = tiles or tiles_for(h0.shape[0], n)
   hs, new_carry = _recurrence(

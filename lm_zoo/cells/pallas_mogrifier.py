@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
-from lm_zoo.cells.lstm_recurrence import gate_factors, shifted
+from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, gate_factors, shifted
 from lm_zoo.cells.mixed_lstm_recurrence import check_shapes
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
 from lm_zoo.cells.pallas_lstm import (
@@ -364,7 +364,7 @@ def pallas_mogrified_lstm_recurrence(
   check_interpret(interpret)
   c0, h0 = carry
   _check_window(inputs, (input_kernel, bias, recurrent_kernel), carry, mix, mix_params)
-  mask = jnp.broadcast_to(1 if state_mask is None else state_mask, h0.shape).astype(h0.dtype)
+  mask = broadcast_state_mask(state_mask, h0)
   dtype = product_dtype(dtype, inputs.dtype)
   tiles = tiles or tiles_for(h0.shape[0], max(h0.shape[-1], inputs.shape[-1]))
   hs, new_carry = _recurrence(
