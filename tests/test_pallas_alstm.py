@@ -255,3 +255,9 @@ def test_a_state_mask_that_does_not_broadcast_to_h_is_refused():
   params, carry, xs, _ = _args(ALSTMCell(N, latent_size=K))
   with pytest.raises(ValueError, match=r"state_mask: its shape \(3, 4\) .* carry's h \(3, 5\)"):
     pallas_alstm_recurrence(xs, params, carry, jnp.ones((B, 4)))
+
+
+def test_tiles_that_are_not_a_tiles_are_refused():
+  params, carry, xs, mask = _args(ALSTMCell(N, latent_size=K))
+  with pytest.raises(ValueError, match=r'tiles must be a .*Tiles, .* got \(16, 16, 16\)'):
+    pallas_alstm_recurrence(xs, params, carry, mask, tiles=(16, 16, 16))

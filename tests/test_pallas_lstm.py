@@ -122,6 +122,14 @@ def test_a_state_mask_that_does_not_broadcast_to_h_is_refused():
     pallas_lstm_recurrence(projected, kernel, (c0, h0), jnp.ones((3, 5)))
 
 
+@pytest.mark.parametrize('tiles', [(16, 16, 16), {'batch': 16}], ids=['tuple', 'dict'])
+def test_tiles_that_are_not_a_tiles_are_refused(tiles):
+  """The kernels read the tiling by name: a tuple failed with an AttributeError."""
+  projected, kernel, c0, h0, _ = _window(3, 8)
+  with pytest.raises(ValueError, match=r'tiles must be a lm_zoo.kernels.lstm_step.Tiles, .* got '):
+    pallas_lstm_recurrence(projected, kernel, (c0, h0), tiles=tiles)
+
+
 INTERPRET_MESSAGE = r"interpret must be True \(Pallas' interpreter\), False .* or None .*, got "
 
 

@@ -128,3 +128,16 @@ def test_a_state_mask_that_does_not_broadcast_to_h_is_refused():
     pallas_mogrified_lstm_recurrence(
       jnp.ones((T, B, M)), *weights, carry, MogrifierRounds(3), mix_params, jnp.ones((B, 4))
     )
+
+
+def test_tiles_that_are_not_a_tiles_are_refused():
+  cell = Mogrify(LSTMCell(N), rounds=3, rank=2)
+  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
+  params = cell.init(jax.random.key(0), carry, jnp.ones((B, M)))['params']
+  inner = params['cell']
+  mix_params = {name: p for name, p in params.items() if name != 'cell'}
+  weights = (inner['input']['kernel'], inner['input']['bias'], inner['recurrent_kernel'])
+  with pytest.raises(ValueError, match=r'tiles must be a .*Tiles, .* got \(16, 16, 16\)'):
+    pallas_mogrified_lstm_recurrence(
+      jnp.ones((T, B, M)), *weights, carry, MogrifierRounds(3), mix_params, tiles=(16, 16, 16)
+    )

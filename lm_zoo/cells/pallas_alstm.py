@@ -28,7 +28,14 @@ from lm_zoo.cells.adapted_step import (
 )
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, gate_factors, shifted
-from lm_zoo.cells.pallas_lstm import check_carry, check_interpret, cut_to, pad_to, round_up
+from lm_zoo.cells.pallas_lstm import (
+  check_carry,
+  check_interpret,
+  check_tiles,
+  cut_to,
+  pad_to,
+  round_up,
+)
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
 from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
 from lm_zoo.layers.products import contract, product_dtype
@@ -345,6 +352,7 @@ def pallas_alstm_recurrence(
     ((latent carry, c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
   """
   check_interpret(interpret)
+  check_tiles(tiles)
   h0 = carry[-1]
   n = h0.shape[-1]
   check_window(inputs, params, n)

@@ -59,6 +59,16 @@ def check_interpret(interpret) -> None:
     )
 
 
+def check_tiles(tiles) -> None:
+  """Raises ValueError unless `tiles` is a `Tiles` or None: the kernels read
+  its fields by name, so a plain tuple failed with an AttributeError."""
+  if tiles is not None and not isinstance(tiles, Tiles):
+    raise ValueError(
+      'tiles must be a lm_zoo.kernels.lstm_step.Tiles, for example Tiles(batch=16, units=16, '
+      f'chunk=16), or None (tiles_for the batch and width), got {tiles!r}'
+    )
+
+
 def gate_major(x: jax.Array, batch: int, units: int) -> jax.Array:
   """(..., B, 4n) -> (..., 4, batch, units), zero-padded."""
   *lead, b, four_n = x.shape
@@ -247,6 +257,7 @@ def pallas_lstm_recurrence(
     (5, 2, 2)
   """
   check_interpret(interpret)
+  check_tiles(tiles)
   c0, h0 = carry
   n = h0.shape[-1]
   _check_window(projected, recurrent_kernel, carry)

@@ -28,6 +28,7 @@ from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
 from lm_zoo.cells.pallas_lstm import (
   check_carry,
   check_interpret,
+  check_tiles,
   cut_to,
   gate_major,
   pad_to,
@@ -362,6 +363,7 @@ def pallas_mogrified_lstm_recurrence(
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
   """
   check_interpret(interpret)
+  check_tiles(tiles)
   c0, h0 = carry
   _check_window(inputs, (input_kernel, bias, recurrent_kernel), carry, mix, mix_params)
   mask = broadcast_state_mask(state_mask, h0)
