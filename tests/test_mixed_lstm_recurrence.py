@@ -184,3 +184,22 @@ def test_mixed_recurrence_names_mismatched_shapes():
       MogrifierRounds(1),
       args['round_params'],
     )
+
+
+@pytest.mark.parametrize('rounds', [1, 3], ids=['fewer rounds', 'more rounds'])
+def test_round_parameters_that_are_not_the_rounds_it_runs_are_refused(rounds):
+  """As scan='pallas' refuses them: a window of one round ignored the second
+  round's parameters, silently, and one of three failed with a KeyError."""
+  args = mixed_inputs(2, 0, dtype=jnp.float32)
+  with pytest.raises(
+    ValueError, match=rf"mix_params holds the rounds \['q1', 'r2'\], but mix runs {rounds}: give"
+  ):
+    mixed_lstm_recurrence(
+      args['inputs'],
+      args['input_kernel'],
+      args['bias'],
+      args['recurrent_kernel'],
+      (args['c0'], args['h0']),
+      MogrifierRounds(rounds),
+      args['round_params'],
+    )

@@ -26,6 +26,7 @@ from lm_zoo.cells.lstm_recurrence import (
   previous_step_gradients,
   shifted,
 )
+from lm_zoo.cells.mogrifier import MogrifierRounds
 from lm_zoo.layers.products import (
   accumulation_dtype,
   aligned_product,
@@ -375,13 +376,14 @@ def mixed_lstm_recurrence(
   Returns:
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
   """
-  h0 = carry[1]
-  check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
+  check_shapes(inputs, input_kernel, bias, recurrent_kernel, carry[1].shape[-1])
+  if isinstance(mix, MogrifierRounds):  # other mixes read their parameters as they will
+    mix.check_params(mix_params)
   if (forward, backward) != (None, None) and steps is not None:
     raise ValueError('a forward or backward pass of its own runs no held steps: pass steps=None')
   dtype = product_dtype(dtype, inputs.dtype)
   settings = _Settings(dtype, unroll, cap_input_gate, contraction_alignment(), forward, backward)
   weights = (input_kernel, bias, recurrent_kernel)
-  mask, steps = broadcast_state_mask(state_mask, h0), check_steps(steps, inputs.shape[0])
+  mask, steps = broadcast_state_mask(state_mask, carry[1]), check_steps(steps, inputs.shape[0])
   hs, new_carry = _recurrence(mix, mix_params, weights, inputs, tuple(carry), mask, steps, settings)
   return new_carry, hs

@@ -156,6 +156,17 @@ class MogrifierRounds:
         f'is its inner cell, which runs no mix), got {self.rounds!r}'
       )
 
+  def check_params(self, mix_params) -> None:
+    """Raises ValueError unless `mix_params` holds exactly these rounds'
+    parameters: the rounds read theirs by name, so those of further rounds
+    were ignored, silently, and a missing one failed with a KeyError."""
+    names = [round_name(i) for i in range(1, self.rounds + 1)]
+    if sorted(mix_params) != sorted(names):
+      raise ValueError(
+        f'mix_params holds the rounds {sorted(mix_params)}, but mix runs {self.rounds}: '
+        f'give {names}, the parameters of Mogrify(cell, rounds={self.rounds})'
+      )
+
   def _trace(self, params, x, h, gates=None):
     """The rounds on x and h; with `gates` (the forward pass's, one per
     round) the chain is rebuilt from them without the matrix products."""

@@ -318,12 +318,7 @@ def _check_window(inputs, weights, carry, mix: MogrifierRounds, mix_params) -> N
   n = carry[-1].shape[-1]
   check_shapes(inputs, *weights, n)
   check_carry(carry, [(inputs.shape[1], n)] * 2, f'inputs {inputs.shape} and {n} units')
-  names = [round_name(i) for i in range(1, mix.rounds + 1)]
-  if sorted(mix_params) != sorted(names):
-    raise ValueError(
-      f'mix_params holds the rounds {sorted(mix_params)}, but mix runs {mix.rounds}: '
-      f'give {names}, the parameters of Mogrify(cell, rounds={mix.rounds})'
-    )
+  mix.check_params(mix_params)
   if any('bias' not in p for p in mix_params.values()):
     raise ValueError(
       "scan='pallas' runs Mogrifier rounds with biases (LowRankDense's "
