@@ -73,6 +73,21 @@ def test_the_rounds_run_16_rows_a_program():
   assert grids['mogrifier_rounds_forward'] == grids['mogrifier_rounds_backward'] == (4,)
 
 
+def _three_rounds_layer():
+  """W, b and U, a zero carry and the rounds' parameters of a 3-round, rank-2
+  Mogrifier LSTM of N units on inputs of width M."""
+  cell = Mogrify(LSTMCell(N), rounds=3, rank=2)
+  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
+  params = cell.init(jax.random.key(0), carry, jnp.ones((B, M)))['params']
+  inner = params['cell']
+  mix_params = {name: p for name, p in params.items() if name != 'cell'}
+  return (
+    (inner['input']['kernel'], inner['input']['bias'], inner['recurrent_kernel']),
+    carry,
+    mix_params,
+  )
+
+
 @pytest.mark.parametrize(
   'batch, inputs, rounds, message',
   [
@@ -86,17 +101,11 @@ def test_a_window_that_does_not_fit_the_layer_is_refused(batch, inputs, rounds, 
   """The kernels pad every array to their tiles, so each of these ran and
   returned a silently wrong window (a carry of 4 rows gave 4 rows of outputs
   for inputs of 3; narrower inputs ran on W's first rows)."""
-  cell = Mogrify(LSTMCell(N), rounds=3, rank=2)
-  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
-  params = cell.init(jax.random.key(0), carry, jnp.ones((B, M)))['params']
-  inner = params['cell']
-  mix_params = {name: p for name, p in params.items() if name != 'cell'}
+  weights, _, mix_params = _three_rounds_layer()
   with pytest.raises(ValueError, match=message):
     pallas_mogrified_lstm_recurrence(
       jnp.ones((T, B, inputs)),
-      inner['input']['kernel'],
-      inner['input']['bias'],
-      inner['recurrent_kernel'],
+      *weights,
       (jnp.zeros((batch, N)), jnp.zeros((batch, N))),
       MogrifierRounds(rounds),
       mix_params,
@@ -105,12 +114,7 @@ def test_a_window_that_does_not_fit_the_layer_is_refused(batch, inputs, rounds, 
 
 def test_an_interpret_that_is_not_a_bool_or_none_is_refused():
   """Pallas takes any truthy value as True: interpret='no' ran interpreted."""
-  cell = Mogrify(LSTMCell(N), rounds=3, rank=2)
-  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
-  params = cell.init(jax.random.key(0), carry, jnp.ones((B, M)))['params']
-  inner = params['cell']
-  mix_params = {name: p for name, p in params.items() if name != 'cell'}
-  weights = (inner['input']['kernel'], inner['input']['bias'], inner['recurrent_kernel'])
+  weights, carry, mix_params = _three_rounds_layer()
   with pytest.raises(ValueError, match=r"interpret must be True .* or None .*, got 'no'"):
     pallas_mogrified_lstm_recurrence(
       jnp.ones((T, B, M)), *weights, carry, MogrifierRounds(3), mix_params, interpret='no'
@@ -118,12 +122,7 @@ def test_an_interpret_that_is_not_a_bool_or_none_is_refused():
 
 
 def test_a_state_mask_that_does_not_broadcast_to_h_is_refused():
-  cell = Mogrify(LSTMCell(N), rounds=3, rank=2)
-  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
-  params = cell.init(jax.random.key(0), carry, jnp.ones((B, M)))['params']
-  inner = params['cell']
-  mix_params = {name: p for name, p in params.items() if name != 'cell'}
-  weights = (inner['input']['kernel'], inner['input']['bias'], inner['recurrent_kernel'])
+  weights, carry, mix_params = _three_rounds_layer()
   with pytest.raises(ValueError, match=r"state_mask: its shape \(3, 4\) .* carry's h \(3, 10\)"):
     pallas_mogrified_lstm_recurrence(
       jnp.ones((T, B, M)), *weights, carry, MogrifierRounds(3), mix_params, jnp.ones((B, 4))
@@ -131,12 +130,7 @@ def test_a_state_mask_that_does_not_broadcast_to_h_is_refused():
 
 
 def test_tiles_that_are_not_a_tiles_are_refused():
-  cell = Mogrify(LSTMCell(N), rounds=3, rank=2)
-  carry = (jnp.zeros((B, N)), jnp.zeros((B, N)))
-  params = cell.init(jax.random.key(0), carry, jnp.ones((B, M)))['params']
-  inner = params['cell']
-  mix_params = {name: p for name, p in params.items() if name != 'cell'}
-  weights = (inner['input']['kernel'], inner['input']['bias'], inner['recurrent_kernel'])
+  weights, carry, mix_params = _three_rounds_layer()
   with pytest.raises(ValueError, match=r'tiles must be a .*Tiles, .* got \(16, 16, 16\)'):
     pallas_mogrified_lstm_recurrence(
       jnp.ones((T, B, M)), *weights, carry, MogrifierRounds(3), mix_params, tiles=(16, 16, 16)
