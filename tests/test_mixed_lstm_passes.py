@@ -167,3 +167,39 @@ def test_a_backward_chain_of_its_own_gives_the_window_its_gradients():
     for name, scan, own in zip(MIXED_ARGS, *grads):
       shift = 0.5 if name == 'inputs' else 0.0
       jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a + shift, rtol=1e-12), scan, own)
+
+
+def test_both_passes_alone_refuse_round_parameters_that_are_not_their_rounds():
+  """As `mixed_lstm_recurrence` does: the passes alone, the references the
+  persistent kernels are tested against, ignored a surplus round's
+  parameters silently."""
+  args = mixed_inputs(2, 0, dtype=jnp.float32)
+  carry, weights = (args['c0'], args['h0']), (args['input_kernel'], args['recurrent_kernel'])
+  refused = r"mix_params holds the rounds \['q1', 'r2'\], but mix runs 1: give \['q1'\]"
+  with pytest.raises(ValueError, match=refused):
+    mixed_lstm_forward(
+      args['inputs'],
+      weights[0],
+      args['bias'],
+      weights[1],
+      carry,
+      MogrifierRounds(1),
+      args['round_params'],
+    )
+  mix = MogrifierRounds(2)
+  hs, _, per_step = mixed_lstm_forward(
+    args['inputs'], weights[0], args['bias'], weights[1], carry, mix, args['round_params']
+  )
+  cotangents = (jnp.ones_like(hs), (jnp.zeros_like(carry[0]), jnp.zeros_like(carry[1])))
+  with pytest.raises(ValueError, match=refused):
+    mixed_lstm_backward_chain(
+      cotangents,
+      args['inputs'],
+      *weights,
+      carry,
+      MogrifierRounds(1),
+      args['round_params'],
+      None,
+      hs,
+      per_step,
+    )

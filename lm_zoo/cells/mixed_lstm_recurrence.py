@@ -252,6 +252,13 @@ def check_shapes(inputs, input_kernel, bias, recurrent_kernel, n):
     )
 
 
+def check_mix_params(mix: Mix, mix_params: Any) -> None:
+  """Raises ValueError unless a `MogrifierRounds` mix gets exactly its rounds'
+  parameters (other mixes read theirs as they will)."""
+  if isinstance(mix, MogrifierRounds):
+    mix.check_params(mix_params)
+
+
 def mixed_lstm_forward(
   inputs: jax.Array,
   input_kernel: jax.Array,
@@ -274,6 +281,7 @@ def mixed_lstm_forward(
   """
   h0 = carry[1]
   check_shapes(inputs, input_kernel, bias, recurrent_kernel, h0.shape[-1])
+  check_mix_params(mix, mix_params)
   settings = _Settings(
     product_dtype(dtype, inputs.dtype), 1, cap_input_gate, contraction_alignment()
   )
@@ -308,6 +316,7 @@ def mixed_lstm_backward_chain(
     ((dL/dc_0, dL/dh_0, dL/d state_mask), (dL/d gate pre-activations
     (T, B, 4n), dL/dx_t (T, B, m), mix's stash (T, B, s))).
   """
+  check_mix_params(mix, mix_params)
   dtype = product_dtype(dtype, inputs.dtype)
   settings = _Settings(dtype, 1, cap_input_gate, contraction_alignment())
   kernel = jnp.concatenate([input_kernel, recurrent_kernel], axis=0).astype(dtype)
@@ -377,8 +386,7 @@ def mixed_lstm_recurrence(
     ((c_T, h_T), outputs h_1..h_T of shape (T, B, n)).
   """
   check_shapes(inputs, input_kernel, bias, recurrent_kernel, carry[1].shape[-1])
-  if isinstance(mix, MogrifierRounds):  # other mixes read their parameters as they will
-    mix.check_params(mix_params)
+  check_mix_params(mix, mix_params)
   if (forward, backward) != (None, None) and steps is not None:
     raise ValueError('a forward or backward pass of its own runs no held steps: pass steps=None')
   dtype = product_dtype(dtype, inputs.dtype)
