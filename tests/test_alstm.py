@@ -213,6 +213,28 @@ def test_a_size_or_rate_out_of_range_is_refused_on_construction(make, message):
     make()
 
 
+@pytest.mark.parametrize(
+  'carry',
+  [
+    lambda c, h: (c, h),
+    lambda c, h: ((), c[:, :1], h),
+    lambda c, h: ((), c, h[:1]),
+  ],
+  ids=['no latent carry', 'c of width 1', 'h of another batch'],
+)
+def test_a_carry_that_is_not_its_own_is_refused_naming_the_shapes(carry):
+  """Called as a cell, outside a layer: a c of width 1 broadcast against the
+  gates and ran on, silently; a (c, h) pair failed to unpack."""
+  cell = _cell('static')
+  x = jnp.zeros((B, M))
+  _, c, h = cell.initialize_carry(jax.random.key(0), x.shape)
+  params = cell.init(jax.random.key(0), ((), c, h), x)
+  with pytest.raises(
+    ValueError, match=rf'carry must be \(latent carry, c, h\), c and h arrays of shape \({B}, {N}\)'
+  ):
+    cell.apply(params, carry(c, h), x)
+
+
 @pytest.mark.parametrize('latent', ['lstm', 'static'])
 def test_parameter_count_formula(latent):
   cell = _cell(latent)

@@ -48,7 +48,7 @@ def lstm_update(
   return new_c, nn.sigmoid(o) * jnp.tanh(new_c)
 
 
-def _described(carry) -> str:
+def described_carry(carry) -> str:
   """What a carry is, for a refusal: 'an array of shape (2, 8)', 'a tuple of shapes ((2, 8),)'."""
   if hasattr(carry, 'shape'):
     return f'an array of shape {tuple(carry.shape)}'
@@ -65,7 +65,7 @@ def check_lstm_carry(carry, shape: tuple[int, ...]) -> None:
   if not (pair and all(tuple(getattr(x, 'shape', ())) == shape for x in carry)):
     raise ValueError(
       f'carry must be a (c, h) pair of arrays of shape {shape}, as '
-      f'cell.initialize_carry(rng, input_shape) makes, got {_described(carry)}'
+      f'cell.initialize_carry(rng, input_shape) makes, got {described_carry(carry)}'
     )
 
 
