@@ -152,3 +152,26 @@ def test_both_kernels_lower_for_nvidia_gpus(batch, units, dtype):
   ]
   for low in lowered:
     assert '__gpu$xla.gpu.triton' in low.as_text()
+
+
+@pytest.mark.parametrize('interpret', ['no', 1], ids=repr)
+def test_an_interpret_that_is_not_a_bool_or_none_is_refused(interpret):
+  """Pallas takes any truthy value as True: interpret='no' ran interpreted."""
+  h, mask, c, projected, kernel = _as32(*_step_inputs(0))
+  refused = r"interpret must be True \(Pallas' interpreter\), False .* or None .*, got "
+  with pytest.raises(ValueError, match=refused + repr(interpret)):
+    forward_step(
+      h,
+      mask,
+      c,
+      projected,
+      kernel,
+      tiles=TILES,
+      dtype=jnp.float32,
+      cap_input_gate=False,
+      interpret=interpret,
+    )
+  with pytest.raises(ValueError, match=refused + repr(interpret)):
+    backward_step(
+      c, c, mask, c, c, projected, c, kernel, tiles=TILES, dtype=jnp.float32, interpret=interpret
+    )

@@ -135,3 +135,16 @@ def test_both_kernels_lower_for_nvidia_gpus(rank, dtype):
     lower_for_cuda(backward, spec((batch, 2 * width), jnp.float32), rows, rows, [rows] * 5, params),
   ):
     assert '__gpu$xla.gpu.triton' in lowered.as_text()
+
+
+def test_an_interpret_that_is_not_a_bool_or_none_is_refused():
+  """Pallas takes any truthy value as True: interpret='no' ran interpreted."""
+  x, h, _, ordered = _rounds(2, RANK, True)
+  refused = r"interpret must be True \(Pallas' interpreter\), False .* or None .*, got 'no'"
+  with pytest.raises(ValueError, match=refused):
+    rounds_forward(x, h, ordered, zigzag=True, tiles=TILES, dtype=jnp.float32, interpret='no')
+  d_mixed = jnp.zeros((B, M + N))
+  with pytest.raises(ValueError, match=refused):
+    rounds_backward(
+      d_mixed, x, h, [], ordered, zigzag=True, tiles=TILES, dtype=jnp.float32, interpret='no'
+    )

@@ -30,13 +30,13 @@ from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, gate_factors, shifted
 from lm_zoo.cells.pallas_lstm import (
   check_carry,
-  check_interpret,
   check_tiles,
   cut_to,
   pad_to,
   round_up,
 )
 from lm_zoo.kernels.alstm_step import backward_step, forward_step
+from lm_zoo.kernels.common import check_interpret
 from lm_zoo.kernels.lstm_step import GATES, Tiles, row_tiles, tiles_for
 from lm_zoo.layers.products import contract, product_dtype
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from lm_zoo.cells.held_steps import check_steps, held, output_gradients, own
 from lm_zoo.cells.lstm_recurrence import broadcast_state_mask, gate_factors, shifted
+from lm_zoo.kernels.common import check_interpret
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, tiles_for
 from lm_zoo.layers.products import accumulation_dtype, contract, product_dtype
 
@@ -46,16 +47,6 @@ def check_carry(carry, shapes, fits: str) -> None:
     raise ValueError(
       f"scan='pallas': the carry's arrays {got} do not fit {fits}: expected "
       f"{tuple(shapes)} (cell.initialize_carry for the inputs' batch)"
-    )
-
-
-def check_interpret(interpret) -> None:
-  """Raises ValueError unless `interpret` is a bool or None: Pallas takes any
-  truthy value as True, so interpret='no' ran interpreted."""
-  if interpret is not None and not isinstance(interpret, bool):
-    raise ValueError(
-      "interpret must be True (Pallas' interpreter), False (compiled for a GPU) or None "
-      f'(interpreted off a GPU only), got {interpret!r}'
     )
 
 

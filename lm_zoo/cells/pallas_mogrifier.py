@@ -27,13 +27,13 @@ from lm_zoo.cells.mixed_lstm_recurrence import check_shapes
 from lm_zoo.cells.mogrifier import MogrifierRounds, round_name
 from lm_zoo.cells.pallas_lstm import (
   check_carry,
-  check_interpret,
   check_tiles,
   cut_to,
   gate_major,
   pad_to,
   round_up,
 )
+from lm_zoo.kernels.common import check_interpret
 from lm_zoo.kernels.lstm_step import GATES, Tiles, backward_step, forward_step, row_tiles, tiles_for
 from lm_zoo.kernels.mogrifier_rounds import rounds_backward, rounds_forward
 from lm_zoo.layers.products import contract, product_dtype

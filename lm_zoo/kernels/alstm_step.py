@@ -51,7 +51,7 @@ from lm_zoo.kernels.common import (
   RowProgram,
   call_by_rows,
   gate_update,
-  interpret_default,
+  resolve_interpret,
 )
 from lm_zoo.kernels.common import (
   shifted_columns as at,
@@ -320,7 +320,7 @@ def forward_step(
     dtype: the products' operand dtype (bfloat16 sums in float32).
     interpret: run in Pallas' interpreter (default: off a GPU).
   """
-  interpret = interpret_default() if interpret is None else interpret
+  interpret = resolve_interpret(interpret)
   (batch, m), n = x.shape, h.shape[1]
   recurrent = bool(latent_carry)
   k = latent_in.shape[1] // (GATES if recurrent else 1)
@@ -377,7 +377,7 @@ def backward_step(
     weights: W, V, b, P, W_zh (, U_z) in the layouts above.
     tiles, dtype, interpret: as `forward_step`'s.
   """
-  interpret = interpret_default() if interpret is None else interpret
+  interpret = resolve_interpret(interpret)
   (batch, m), n = x.shape, h.shape[1]
   recurrent = len(latent) > 1
   k = latent[0].shape[1]

@@ -19,6 +19,22 @@ def interpret_default() -> bool:
   return jax.default_backend() != 'gpu'
 
 
+def check_interpret(interpret: Any) -> None:
+  """Raises ValueError unless `interpret` is a bool or None: Pallas takes any
+  truthy value as True, so interpret='no' ran interpreted."""
+  if interpret is not None and not isinstance(interpret, bool):
+    raise ValueError(
+      "interpret must be True (Pallas' interpreter), False (compiled for a GPU) or None "
+      f'(interpreted off a GPU only), got {interpret!r}'
+    )
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+  """`interpret` checked, None meaning `interpret_default()`."""
+  check_interpret(interpret)
+  return interpret_default() if interpret is None else interpret
+
+
 def precision_for(dtype: Any) -> jax.lax.Precision:
   """The products' precision: float32 operands follow JAX's default matmul
   precision (TF32 on NVIDIA GPUs unless it is 'highest', as XLA's products

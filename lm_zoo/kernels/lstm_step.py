@@ -42,9 +42,9 @@ from jax.experimental import pallas as pl
 from lm_zoo.kernels.common import (
   compiler_params,
   gate_update,
-  interpret_default,
   precision_for,
   product,
+  resolve_interpret,
 )
 
 GATES = 4
@@ -151,7 +151,7 @@ def forward_step(
   batch, summed = h.shape
   units = c.shape[-1]
   _check_shapes(batch, (summed, units), tiles)
-  interpret = interpret_default() if interpret is None else interpret
+  interpret = resolve_interpret(interpret)
   rows = pl.BlockSpec((tiles.batch, summed), lambda b, u: (b, 0))
   tile = pl.BlockSpec((tiles.batch, tiles.units), lambda b, u: (b, u))
   gate_tile = pl.BlockSpec((GATES, tiles.batch, tiles.units), lambda b, u: (0, b, u))
@@ -284,7 +284,7 @@ def backward_step(
   batch, units = d_out.shape
   summed = kernel.shape[1]
   _check_shapes(batch, (summed, units), tiles)
-  interpret = interpret_default() if interpret is None else interpret
+  interpret = resolve_interpret(interpret)
   summed_tiles, unit_tiles = summed // tiles.units, units // tiles.units
   in_specs, out_specs = _backward_specs(tiles, units, summed_tiles, unit_tiles)
   body = functools.partial(

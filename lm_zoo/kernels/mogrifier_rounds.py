@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lm_zoo.kernels.common import RowProgram, call_by_rows, interpret_default, shifted_columns
+from lm_zoo.kernels.common import RowProgram, call_by_rows, resolve_interpret, shifted_columns
 from lm_zoo.kernels.lstm_step import Tiles
 
 
@@ -240,7 +240,7 @@ def rounds_forward(
     dtype: the products' operand dtype (bfloat16 sums in float32).
     interpret: run in Pallas' interpreter (default: off a GPU).
   """
-  interpret = interpret_default() if interpret is None else interpret
+  interpret = resolve_interpret(interpret)
   plan, (batch, m), n = _plan(params), x.shape, h.shape[1]
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   widths = [m if i % 2 else n for i in range(1, len(plan) + 1)]
@@ -282,7 +282,7 @@ def rounds_backward(
     x, h, params, zigzag, tiles, dtype, interpret: as `rounds_forward`'s.
     gates: each round's gate, as `rounds_forward` returned them.
   """
-  interpret = interpret_default() if interpret is None else interpret
+  interpret = resolve_interpret(interpret)
   plan, (batch, m), n = _plan(params), x.shape, h.shape[1]
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   widths = [m if i % 2 else n for i in range(1, len(plan) + 1)]
