@@ -5,17 +5,20 @@ papers evaluate: statically (`evaluate_stream`, windows of `--bptt`) and
 dynamically (`dynamic_evaluate` with the SGD and RMS rules and the learned
 rule of `GateNetwork` (8 hidden units), segments of `--segment` tokens, each
 scored and then trained on), with its layers run each way of `--scans`
-(`lm_zoo.cells.scans`: on a GPU 'fused', 'pallas' and 'cudnn' serve it as
-they serve training). Prints tokens/s, the ratio to static evaluation and
-to the first scan's row of the same mode; writes JSON. With
-`--profile_dir`, each row is traced once more, untimed, and gives the device
-kernels a token (`profile_kernels_per_token`), the fraction of the traced
-time the device was busy, and the 10 kernels that took longest in all
-(`profile_top_kernels`; on a GPU only). A size and scan that fails is left
+(`lm_zoo.cells.scans`: on a GPU 'fused', 'pallas', 'cudnn' and, with
+`--dtype=bfloat16`, 'persistent' serve it as they serve training), its
+products in `--dtype` (bfloat16: float32 sums, as `model.dtype` gives them;
+the parameters and the rules' updates stay float32). Prints tokens/s, the
+ratio to static evaluation and to the first scan's row of the same mode;
+writes JSON. With `--profile_dir`, each row is traced once more, untimed,
+and gives the device kernels a token (`profile_kernels_per_token`), the
+fraction of the traced time the device was busy, and the 10 kernels that
+took longest in all (`profile_top_kernels`; on a GPU only). A size and scan that fails is left
 out with its reason (`failed`), and the script then exits with an error.
 
   python benchmarks/dynamic_evaluation_speed.py [--sizes=200,650] [--tokens=2000]
       [--scans=fused,pallas,cudnn] [--rules=dynamic_sgd,dynamic_rms,learned_rule]
+      [--dtype=float32]
 """
 
 import json
@@ -33,6 +36,7 @@ from device_traces import device_kernels, top_kernels
 from lm_zoo.cells import LSTMCell
 from lm_zoo.evaluation import dynamic_evaluate, evaluate_stream, make_eval_step
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
+from lm_zoo.models.registry import DTYPES
 from lm_zoo.optim import NUM_FEATURES, GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
 from lm_zoo.runtime import retain_host_memory
 
@@ -42,6 +46,7 @@ flags.DEFINE_integer('tokens', 2000, 'Length of the scored stream.')
 flags.DEFINE_integer('segment', 5, 'Dynamic evaluation segment length.')
 flags.DEFINE_integer('bptt', 35, 'Static evaluation window length.')
 flags.DEFINE_list('scans', ['auto'], 'Ways to run the layers (lm_zoo.cells.SCANS).')
+flags.DEFINE_enum('dtype', 'float32', list(DTYPES), "The products' operand dtype (model.dtype).")
 RULES = ('dynamic_sgd', 'dynamic_rms', 'learned_rule')
 flags.DEFINE_list(
   'rules',
@@ -87,10 +92,11 @@ def profile(fn, name: str) -> dict:
 
 
 def measure(hidden: int, scan: str) -> list[dict]:
+  dtype = DTYPES[FLAGS.dtype]
   model = RecurrentLM(
-    Embedding(FLAGS.vocab, hidden),
-    Stack([LSTMCell(hidden), LSTMCell(hidden)], scan=scan),
-    Softmax(FLAGS.vocab),
+    Embedding(FLAGS.vocab, hidden, dtype=dtype),
+    Stack([LSTMCell(hidden, dtype=dtype), LSTMCell(hidden, dtype=dtype)], scan=scan),
+    Softmax(FLAGS.vocab, dtype=dtype),
   )
   params = init_params(model, jax.random.key(0))
   stream = np.random.default_rng(0).integers(0, FLAGS.vocab, FLAGS.tokens + 1).astype(np.int32)
@@ -115,7 +121,13 @@ def measure(hidden: int, scan: str) -> list[dict]:
   for mode, fn in runs.items():
     if mode == 'static' or mode in FLAGS.rules:
       rows.append(
-        {'mode': mode, 'hidden': hidden, 'scan': scan, 'tokens_per_s': _tokens_per_second(fn)}
+        {
+          'mode': mode,
+          'hidden': hidden,
+          'scan': scan,
+          'dtype': FLAGS.dtype,
+          'tokens_per_s': _tokens_per_second(fn),
+        }
       )
       if FLAGS.profile_dir:
         rows[-1].update(profile(fn, f'{mode}_{hidden}_{scan}'))
@@ -140,7 +152,7 @@ def main(argv):
     row['ratio_vs_first_scan'] = row['tokens_per_s'] / first['tokens_per_s']
   print(
     f'devices: {jax.devices()}; vocab {FLAGS.vocab}, batch 1, {FLAGS.tokens} tokens, '
-    f'segment {FLAGS.segment}, static window {FLAGS.bptt}'
+    f'segment {FLAGS.segment}, static window {FLAGS.bptt}, {FLAGS.dtype} products'
   )
   print(
     f'{"mode":>12} {"hidden":>6} {"scan":>7} {"tokens/s":>10} {"vs static":>9} '

@@ -68,7 +68,10 @@
 # persistent_tests.txt, under `timeout 180`), then the 24M LSTM and Mogrifier
 # recipes' train steps with bfloat16 products under scan 'auto' and
 # 'persistent' beside PyTorch's rows (benchmark_persistent.json,
-# benchmark_persistent.txt; under `timeout 360`, its own).
+# benchmark_persistent.txt; under `timeout 360`, its own), then dynamic
+# evaluation at 2 x 650, batch 1, with bfloat16 products, fused and
+# persistent (dynamic_evaluation_persistent.json and .txt, profile_dyneval_persistent/;
+# under `timeout 240`).
 # `dyneval` and `mogrifier24m` run the seed studies of
 # experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
 # then RMS and SGD dynamic evaluation of each seed on the whole valid and
@@ -180,6 +183,11 @@ persistent_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifi
                   --scans=auto,persistent --bfloat16
                   --steps=10 --rounds=2 --baseline_hidden=recipe
                   --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_bf16)
+# Dynamic evaluation (batch 1) with bfloat16 products, fused and persistent
+# (the persistent kernels multiply in bfloat16 only): the `kernels` part's
+# float32 rows are the ratios' baseline.
+persistent_dynamic=(--sizes=650 --tokens=1000 --scans=fused,persistent --dtype=bfloat16
+                    --rules=dynamic_sgd,dynamic_rms --profile_dir="$OUT/profile_dyneval_persistent")
 seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))
 read -r -a seeds_args <<< "${SEEDS_ARGS:-}"  # words, not globbed
 dyneval=(--config=experiments/paper_seed_studies.py:zaremba_medium_dyneval)
@@ -222,6 +230,9 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
   persistent_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
                     --scans=persistent --bfloat16 --baselines=jax_cudnn_lstm
                     --baseline_hidden=recipe)
+  # interpreted, a persistent row takes 15 s: the tiny run checks the flags
+  persistent_dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=fused --dtype=bfloat16
+                      --rules=dynamic_sgd)
   # Whole windows of the recipe's 20 x 35 batch and batch-1 test: one step shape each.
   tiny_study() {  # MODEL: the flags that make a study's model tiny
     local m=--config.models.$1
@@ -361,6 +372,9 @@ part_persistent() {
   timeout 360 "$PYTHON" benchmarks/accelerator_speed.py \
       --output="$OUT/benchmark_persistent.json" "${persistent_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_persistent.txt" || failed+=(benchmark_persistent)
+  timeout 240 "$PYTHON" benchmarks/dynamic_evaluation_speed.py \
+      --output="$OUT/dynamic_evaluation_persistent.json" "${persistent_dynamic[@]}" 2>&1 \
+      | tee "$OUT/dynamic_evaluation_persistent.txt" || failed+=(dynamic_evaluation_persistent)
 }
 # the seed studies of experiments/paper_seed_studies.py: STUDY names its flags
 run_study() {

@@ -233,6 +233,15 @@ def test_the_kits_persistent_part_times_the_recipe_under_the_persistent_scan(kit
   assert 'set model.dtype=bfloat16' in out
 
 
+def test_the_kits_persistent_part_times_dynamic_evaluation_with_bfloat16_products(kit):
+  """Last, dynamic evaluation with bfloat16 products (the tiny kit times the
+  fused row: an interpreted persistent one takes 15 s)."""
+  result = json.loads((kit / 'dynamic_evaluation_persistent.json').read_text())
+  assert not result['failed']
+  rows = {(row['mode'], row['scan'], row['dtype']) for row in result['results']}
+  assert rows == {('static', 'fused', 'bfloat16'), ('dynamic_sgd', 'fused', 'bfloat16')}
+
+
 def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
   """The kit's default parts: tests, benchmark (cuDNN's row skipped) and a few
   updates of the PTB Mogrifier recipe; and the parts the defaults leave out:
