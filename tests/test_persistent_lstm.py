@@ -203,3 +203,11 @@ def test_the_persistent_grid_lowers_for_cuda_with_its_semaphore(steps, batch, n)
   the wgmma's operand checks run here), each mode with the barrier it has
   (`check_lowered_modes`)."""
   check_lowered_modes(lambda mode: _lowered(steps, batch, n, mode))
+
+
+def test_the_kernel_refuses_an_interpret_that_is_not_the_interpreters():
+  """Only None lays the operands out for the GPU: interpret=False compiled
+  the interpreter's layouts."""
+  projected, kernel, h0, c0 = _inputs(4, steps=1)
+  with pytest.raises(ValueError, match=r'interpret must be None .* got False\b'):
+    persistent_lstm_forward(projected, kernel, h0, c0, blocks=1, interpret=False)

@@ -214,3 +214,12 @@ def test_the_kernels_refuse_settings_they_cannot_run_on_construction():
     PersistentMogrifierKernels('per_step', INTERPRET, blocks=0)
   with pytest.raises(ValueError, match="mode must be one of .* got 'fast'"):
     PersistentMogrifierKernels('fast', INTERPRET)
+
+
+def test_the_kernel_refuses_an_interpret_that_is_not_the_interpreters():
+  """Only None lays the operands out for the GPU (transposed): interpret=False
+  compiled the interpreter's layouts."""
+  shapes = _shapes(1, 3, 5, 8, 5, 4, False)
+  run = functools.partial(persistent_mogrifier_forward, blocks=1, interpret=False)
+  with pytest.raises(ValueError, match=r'interpret must be None .* got False\b'):
+    jax.eval_shape(run, *shapes)

@@ -44,7 +44,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.cells.lstm_recurrence import backward_factors, broadcast_state_mask, shifted
 from lm_zoo.kernels.common import interpret_default, product
-from lm_zoo.kernels.grid_barrier import check_mode
+from lm_zoo.kernels.grid_barrier import check_interpret, check_mode
 from lm_zoo.kernels.persistent_lstm import persistent_lstm_forward
 from lm_zoo.kernels.persistent_lstm_backward import persistent_lstm_backward
 from lm_zoo.layers.products import contract
@@ -60,11 +60,7 @@ def check_settings(blocks: Any, mode: str, interpret: Any) -> None:
     raise ValueError(
       f'blocks must be a whole number >= 1, or None for one block per 8 units, got {blocks!r}'
     )
-  if interpret is not None and not isinstance(interpret, plgpu.InterpretGPUParams):
-    raise ValueError(
-      "interpret must be None (compiled for a GPU) or plgpu.InterpretGPUParams() (Pallas' "
-      f'Mosaic GPU interpreter), got {interpret!r}: pass **where_it_runs() for this backend'
-    )
+  check_interpret(interpret, ': pass **where_it_runs() for this backend')
 
 
 def _forward(projected, recurrent_kernel, c0, h0, state_mask, settings, residuals=False):

@@ -114,9 +114,23 @@ def check_mode(mode: str):
     raise ValueError(f'mode must be one of {", ".join(MODES)}, got {mode!r}')
 
 
+def check_interpret(interpret: Any, fix: str = '') -> None:
+  """Raises ValueError unless `interpret` is None or Mosaic GPU's interpreter
+  parameters: the kernels lay their operands out for the GPU only where it
+  is None, so `interpret=False` compiled the interpreter's layouts."""
+  if interpret is not None and not isinstance(interpret, plgpu.InterpretGPUParams):
+    raise ValueError(
+      "interpret must be None (compiled for a GPU) or plgpu.InterpretGPUParams() (Pallas' "
+      f'Mosaic GPU interpreter), got {interpret!r}{fix}'
+    )
+
+
 def check_blocks_run(blocks: int, mode: str, interpret: Any):
-  """Refuses a synced grid that cannot run: interpreted (no semaphores), or
-  with more blocks than the GPU's SMs (all must be resident, or it hangs)."""
+  """Refuses an `interpret` that is neither None nor the interpreter's
+  parameters, and a synced grid that cannot run: interpreted (no
+  semaphores), or with more blocks than the GPU's SMs (all must be resident,
+  or it hangs)."""
+  check_interpret(interpret)
   if mode not in SYNCED or blocks == 1:
     return
   if interpret is not None:
