@@ -48,13 +48,15 @@ Rows are measured from the surest to the least sure, the persistent kernel's
 rows last, and the JSON (--output) is rewritten after each: a kernel that hangs
 (its blocks not all resident) leaves every figure before it. A row that
 fails is left out with its reason (`failed`), and the script then exits with
-an error. --tiny runs it at a tiny size in Pallas' GPU interpreter on any
+an error. `--rows=barrier_persistent` runs the barrier alone, in seconds:
+the GPU kit's first check that it ends, before any kernel that crosses it.
+--tiny runs it at a tiny size in Pallas' GPU interpreter on any
 machine, the persistent modes in one block (the interpreter has no
 semaphores): a check that the script runs, not a speed.
 
   python benchmarks/persistent_probe.py [--output=runs/persistent_probe.json]
       [--hidden=951 --batch=64 --steps=70 --blocks=N --runs=20 --grad_runs=10]
-      [--tiny]
+      [--rows=ROW,... | --skip_rows=ROW,...] [--tiny]
 """
 
 import functools
@@ -87,6 +89,13 @@ flags.DEFINE_integer('runs', 20, 'Timed runs per forward row (their median is re
 flags.DEFINE_integer('grad_runs', 10, 'Timed runs per grad_* row.')
 flags.DEFINE_integer('warmup', 3, 'Untimed runs per row after compiling.')
 flags.DEFINE_bool('tiny', False, 'Hidden 24, batch 3, 3 steps, interpreted: checks the script.')
+flags.DEFINE_list('rows', [], 'Only these rows, in the order above (default: every row).')
+flags.DEFINE_list(
+  'skip_rows',
+  [],
+  'Rows left out (the GPU kit leaves out those that cross the '
+  'barrier where the barrier alone, --rows=barrier_persistent, did not end).',
+)
 flags.DEFINE_string('output', 'runs/persistent_probe.json', 'JSON results file.')
 FLAGS = flags.FLAGS
 
@@ -203,6 +212,27 @@ def _rows(sizes, interpret):
   return rows
 
 
+def _chosen(rows: dict) -> dict:
+  """The rows --rows and --skip_rows leave, in their order."""
+  unknown = sorted(set(FLAGS.rows + FLAGS.skip_rows) - set(rows))
+  if unknown:
+    raise SystemExit(f'error: --rows, --skip_rows: no row {unknown}; the rows: {", ".join(rows)}')
+  wanted = set(FLAGS.rows or rows) - set(FLAGS.skip_rows)
+  return {name: row for name, row in rows.items() if name in wanted}
+
+
+def _wants(rows: dict, checks: set, args) -> dict:
+  """The references the chosen rows are checked against, and only those."""
+  wants = {}
+  if 'forward' in checks:
+    with jax.default_matmul_precision('highest'):  # float32 products exact, not TF32
+      wants['forward'] = {'f32': rows['xla'][0](*args)}
+    wants['forward']['bf16'] = rows['xla_bf16'][0](*args)
+  if 'grad' in checks:
+    wants['grad'] = {'bf16': rows['grad_xla_bf16'][0](*args)}
+  return wants
+
+
 def _measure(name, fn, check, blocks, args, wants) -> dict:
   runs = FLAGS.grad_runs if name.startswith('grad_') else FLAGS.runs
   got, timing = median_call(fn, args, runs, FLAGS.warmup)
@@ -285,13 +315,12 @@ def main(argv):
   sizes = {'hidden': FLAGS.hidden, 'batch': FLAGS.batch, 'steps': FLAGS.steps}
   result = _result(sizes, interpret)
   args = _inputs(**sizes)
-  rows = _rows(sizes, interpret)
-  with jax.default_matmul_precision('highest'):  # float32 products exact, not TF32
-    wants = {'forward': {'f32': rows['xla'][0](*args)}}
-  wants['forward']['bf16'] = rows['xla_bf16'][0](*args)
-  wants['grad'] = {'bf16': rows['grad_xla_bf16'][0](*args)}
+  every_row = _rows(sizes, interpret)
+  rows = _chosen(every_row)
+  wants = _wants(every_row, {check for _, check, _ in rows.values()}, args)
   print(f'{result["device_kind"]}, jax {jax.__version__}; {sizes}; layout {result["layout"]}')
   for name, (fn, check, blocks) in rows.items():
+    print(f'{name}: compiling and timing', flush=True)  # a hang shows where
     try:
       result['results'].append(_measure(name, fn, check, blocks, args, wants))
       print(f'{name}: {result["results"][-1]["median_ms"]:.3f} ms', flush=True)

@@ -160,13 +160,16 @@ def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit)
 
 
 def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
-  """The `persistent` part first: benchmarks/persistent_probe.py --tiny, the
-  kernels' modes interpreted (one block for the persistent ones), forward and
-  forward plus backward, each checked against the reference (cuDNN's rows
-  left out on a CPU), and the barrier's crossings; the Mogrifier kernels
-  against the fused window, on their own grid and on one block
-  (benchmarks/persistent_mogrifier_probe.py --tiny --blocks=1);
-  then scan='persistent''s tests."""
+  """The `persistent` part first: the barrier alone, then
+  benchmarks/persistent_probe.py --tiny, the kernels' modes interpreted
+  (one block for the persistent ones), forward and forward plus backward,
+  each checked against the reference (cuDNN's rows left out on a CPU), and
+  the barrier's crossings; the Mogrifier kernels against the fused window,
+  on their own grid and on one block (benchmarks/persistent_mogrifier_probe.py
+  --tiny --blocks=1); then scan='persistent''s tests."""
+  barrier = json.loads((kit / 'grid_barrier.json').read_text())
+  assert [row['row'] for row in barrier['results']] == ['barrier_persistent']
+  assert barrier['results'][0]['stale_blocks'] == 0 and not barrier['failed']
   result = json.loads((kit / 'persistent_probe.json').read_text())
   assert result['interpreted'] and not result['failed']
   assert result['sizes'] == {'hidden': 24, 'batch': 3, 'steps': 3}
@@ -290,3 +293,46 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
   assert wrong.stderr == (
     "error: SEEDS_SIZE: unknown size 'huge'; choose from: small medium large\n"
   )
+
+
+# A stand-in for the kit's $PYTHON: logs each command line; the barrier alone
+# hangs (a `timeout` below 90 s stands for the kit's) and everything else ends.
+_HANGING_BARRIER = """#!/usr/bin/env bash
+echo "$*" >> "$KIT_LOG"
+case "$*" in *--rows=barrier_persistent*) exec sleep 60;; esac
+"""
+
+
+def test_where_the_barrier_alone_hangs_the_persistent_part_skips_what_crosses_it(tmp_path):
+  """A grid barrier whose blocks are not all resident hangs every kernel that
+  crosses it until that step's timeout: after the barrier's own check the
+  probe leaves those rows out and the steps that need them do not run."""
+  python, log, out = tmp_path / 'python', tmp_path / 'log', tmp_path / 'out'
+  python.write_text(_HANGING_BARRIER)
+  python.chmod(0o755)
+  kit = (REPO / 'launch' / 'gpu_run_kit.sh').read_text()
+  assert kit.count('timeout 90 ') == 1
+  (tmp_path / 'launch').mkdir()  # the copy runs in tmp_path, its root
+  (tmp_path / 'launch' / 'gpu_run_kit.sh').write_text(kit.replace('timeout 90 ', 'timeout 2 '))
+  ran = subprocess.run(
+    ['bash', str(tmp_path / 'launch' / 'gpu_run_kit.sh'), str(out)],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    env={
+      **os.environ,
+      'PYTHON': str(python),
+      'KIT_LOG': str(log),
+      'KIT_PARTS': 'persistent',
+      'WHEELS': str(tmp_path / 'no_wheels'),
+    },
+  )
+  assert ran.returncode == 1 and 'failed: grid_barrier' in ran.stderr
+  calls = log.read_text().splitlines()
+  assert calls[1].startswith('benchmarks/persistent_probe.py --rows=barrier_persistent')
+  assert calls[2] == (
+    f'benchmarks/persistent_probe.py --output={out}/persistent_probe.json '
+    '--skip_rows=unfenced,persistent,grad_persistent,barrier_unfenced,barrier_persistent'
+  )
+  assert len(calls) == 3  # devices, the barrier, the probe: nothing after
+  assert 'the barrier alone did not end' in (out / 'persistent_skipped.txt').read_text()
