@@ -13,6 +13,10 @@ rewritten after each so that a hang leaves the rows before it:
 - forward_fused / forward_persistent: the outputs h_1..h_T and the carry;
 - grad_fused / grad_persistent: L = Σ_t h_t ⊙ R (R fixed, random) and its
   gradients (inputs, W, b, U, every round's weights, the carry, the mask);
+- forward_per_step / grad_per_step (on a GPU): the same kernels, their
+  layouts compiled as the persistent rows', launched a phase at a time (the
+  launch is the barrier): where these are right and the persistent rows
+  wrong, the barrier is at fault, not the operands' layouts;
 - forward_persistent_blocksG / grad_persistent_blocksG: the kernels on G
   blocks for each G in --blocks (the rows above: one block per 8 units, 116
   at the recipe). More blocks pad n further but can widen the streamed
@@ -129,6 +133,9 @@ def main(argv):
   result = {'device_kind': device.device_kind, 'jax': jax.__version__, 'sizes': sizes}
   result.update(interpreted=FLAGS.tiny, results=[], failed={})
   ways = [('fused', _functions(None, FLAGS.rounds, cotangent))]
+  if not FLAGS.tiny:  # interpreted, every way runs a launch a phase
+    per_step = PersistentMogrifierKernels('per_step', None, None)
+    ways.append(('per_step', _functions(per_step, FLAGS.rounds, cotangent)))
   for blocks in grids:
     kernels = PersistentMogrifierKernels(mode, interpret, blocks)
     way = 'persistent' if blocks is None else f'persistent_blocks{blocks}'
@@ -136,6 +143,7 @@ def main(argv):
   wants = {}
   rows = [(f'{p}_{way}', fns[i]) for i, p in enumerate(('forward', 'grad')) for way, fns in ways]
   for name, fn in rows:
+    print(f'{name}: compiling and timing', flush=True)  # a hang shows where
     try:
       out, row = median_call(fn, args, FLAGS.runs, FLAGS.warmup)
       kind = name.split('_')[0]
