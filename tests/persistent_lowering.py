@@ -4,6 +4,8 @@ of `lm_zoo.kernels.grid_barrier.MODES`, and the windows' tests
 (test_persistent_scan.py, test_persistent_mogrifier_window.py) their
 perturbed parameters, comparison and a recipe's stack lowered for CUDA."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ FENCE = 'fence.proxy.async.global'
 
 def check_lowered_modes(lowered):
   """`lowered(mode)`: the module's text. The persistent form has the global
-  semaphore (an int32 scratch; a release add and a polling load, at the
+  semaphore (an int32 scratch passed in as zeros; a release add and a polling load, at the
   GPU's scope, not the system's) and the proxy fences; the unfenced form the
   semaphore without the fences; the barrier-free form neither; the per-step
   form is a loop of launches."""
@@ -25,6 +27,14 @@ def check_lowered_modes(lowered):
   for text in (persistent, free, per_step):
     assert '@mosaic_gpu' in text and 'tensor<64x' in text
   assert 'tensor<1xi32>' in persistent and 'red.release.gpu.global' in persistent
+  # The barrier counts from zero at every launch: Pallas passes the semaphore
+  # as an aliased operand of zeros (its registration says so "at the moment").
+  zeros = re.findall(r'(%\w+) = stablehlo\.constant dense<0> : tensor<i32>', persistent)
+  assert any(
+    f'stablehlo.broadcast_in_dim {zero}, dims = [] : (tensor<i32>) -> tensor<1xi32>' in persistent
+    for zero in zeros
+  )
+  assert 'output_operand_aliases' in persistent
   assert 'ld.relaxed.gpu.global' in persistent and 'fence.acquire.gpu' in persistent
   assert '.sys' not in persistent
   assert 'tensor<1xi32>' not in free and 'red.release' not in free
