@@ -82,7 +82,10 @@ def streamed_product(shape, chunks: int, copy: Callable, buffers, bars, operand:
 
       @pl.when((k >= 1) & (refill < chunks))
       def _():
-        plgpu.wgmma_wait(1)  # chunk k-1's product has read its buffer
+        # This thread's chunk k-1 product has read its buffer; Pallas' own
+        # warpgroup barrier before each TMA copy (never turned off with
+        # unsafe_no_auto_barriers) holds the copy until every warp has too.
+        plgpu.wgmma_wait(1)
         copy(refill, buffers.at[refill % BUFFERS], bars.at[refill % BUFFERS])
 
     return acc[...]
