@@ -55,25 +55,26 @@
 # `persistent` first runs the grid barrier alone (grid_barrier.json and .txt,
 # under `timeout 90`: if it fails or hangs, the steps below skip every kernel
 # that crosses it and say so in persistent_skipped.txt), then checks and
-# times the persistent Mosaic GPU LSTM kernels, forward
-# and backward (lm_zoo.kernels.persistent_lstm, persistent_lstm_backward: one
-# launch a window each way, a barrier across the grid a step) in each mode
-# against XLA's window and cuDNN's at the 24M LSTM's size, and what a crossing
-# of the grid barrier alone costs, 11 a step, and whether it holds
-# (benchmarks/persistent_probe.py: persistent_probe.json, persistent_probe.txt;
-# under `timeout 240`, as a kernel whose blocks wait for each other may hang,
-# and its JSON keeps every row measured before), then the persistent Mogrifier
+# times the persistent Mosaic GPU LSTM kernels, forward and backward
+# (lm_zoo.kernels.persistent_lstm, persistent_lstm_backward: one launch a
+# window each way, a barrier across the grid a step) in each mode against
+# XLA's window and cuDNN's at the 24M LSTM's size, and what a crossing of
+# the grid barrier alone costs, 11 a step, and whether it holds
+# (benchmarks/persistent_probe.py: persistent_probe.json and .txt; under
+# `timeout 240`, as a kernel whose blocks wait for each other may hang, and
+# its JSON keeps every row measured before), then the persistent Mogrifier
 # kernels against the fused window, one layer of the 24M recipe forward and
-# with its gradients, on 116 blocks and on 120 (benchmarks/persistent_mogrifier_probe.py:
-# persistent_mogrifier_probe.json and .txt; under `timeout 200`), then tests/test_persistent_scan.py
-# and tests/test_persistent_mogrifier_window.py (compiled on a GPU:
+# with its gradients, a launch a phase, on 116 blocks and on 120
+# (benchmarks/persistent_mogrifier_probe.py: persistent_mogrifier_probe.json
+# and .txt; under `timeout 200`), then the 24M LSTM and Mogrifier recipes'
+# train steps with bfloat16 products under scan 'auto' and 'persistent'
+# beside PyTorch's rows (benchmark_persistent.json and .txt; under
+# `timeout 360`), then tests/test_persistent_scan.py and
+# tests/test_persistent_mogrifier_window.py (compiled on a GPU:
 # scan='persistent' in a model with a state mask against 'fused';
-# persistent_tests.txt, under `timeout 180`), then the 24M LSTM and Mogrifier
-# recipes' train steps with bfloat16 products under scan 'auto' and
-# 'persistent' beside PyTorch's rows (benchmark_persistent.json,
-# benchmark_persistent.txt; under `timeout 360`, its own), then dynamic
-# evaluation at 2 x 650, batch 1, with bfloat16 products, fused and
-# persistent (dynamic_evaluation_persistent.json and .txt, profile_dyneval_persistent/;
+# persistent_tests.txt, under `timeout 180`), then dynamic evaluation at
+# 2 x 650, batch 1, with bfloat16 products, fused and persistent
+# (dynamic_evaluation_persistent.json and .txt, profile_dyneval_persistent/;
 # under `timeout 240`).
 # `dyneval` and `mogrifier24m` run the seed studies of
 # experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
@@ -379,18 +380,20 @@ part_persistent() {
       || failed+=(persistent_probe)
   if [ ${#skip[@]} -gt 0 ]; then
     echo "skipped: every kernel that crosses the grid barrier (the Mogrifier probe," \
-         "persistent_tests, benchmark_persistent, dynamic_evaluation_persistent):" \
+         "benchmark_persistent, persistent_tests, dynamic_evaluation_persistent):" \
          "the barrier alone did not end (grid_barrier.txt)" | tee "$OUT/persistent_skipped.txt"
     return
   fi
   MOSAIC_GPU_DUMP_PTXAS=1 timeout 200 "$PYTHON" benchmarks/persistent_mogrifier_probe.py \
       --output="$OUT/persistent_mogrifier_probe.json" "${mogrifier_probe[@]}" 2>&1 \
       | tee "$OUT/persistent_mogrifier_probe.txt" || failed+=(persistent_mogrifier_probe)
-  timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${persistent_tests[@]}" 2>&1 \
-      | tee "$OUT/persistent_tests.txt" || failed+=(persistent_tests)
+  # the recipes' speed before the model-level tests: the probes have checked
+  # the kernels' answers, and a lent machine may go back before the end
   timeout 360 "$PYTHON" benchmarks/accelerator_speed.py \
       --output="$OUT/benchmark_persistent.json" "${persistent_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_persistent.txt" || failed+=(benchmark_persistent)
+  timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${persistent_tests[@]}" 2>&1 \
+      | tee "$OUT/persistent_tests.txt" || failed+=(persistent_tests)
   timeout 240 "$PYTHON" benchmarks/dynamic_evaluation_speed.py \
       --output="$OUT/dynamic_evaluation_persistent.json" "${persistent_dynamic[@]}" 2>&1 \
       | tee "$OUT/dynamic_evaluation_persistent.txt" || failed+=(dynamic_evaluation_persistent)
