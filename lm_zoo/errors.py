@@ -1,7 +1,17 @@
 """Errors that carry a message meant for the person running lm_zoo.
 
 Launch scripts catch `LMZooError` and print its message instead of a traceback.
+`is_whole_number` is the test the refusals of sizes and counts share.
 """
+
+import numbers
+from typing import Any
+
+
+def is_whole_number(value: Any) -> bool:
+  """Whether `value` is an integer: not a float, and not a bool, which
+  Python counts as one."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class LMZooError(Exception):

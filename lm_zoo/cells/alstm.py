@@ -14,12 +14,12 @@ import jax.numpy as jnp
 from lm_zoo.cells.base import carry_output, replace_carry_output
 from lm_zoo.cells.lstm import (
   LSTMCell,
-  described_carry,
+  check_lstm_carry,
   gate_bias_init,
   lstm_update,
   per_gate_init,
 )
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, is_whole_number
 from lm_zoo.layers.adaptive import AdaptiveDense, split_sizes
 from lm_zoo.layers.products import dense
 
@@ -31,7 +31,7 @@ def check_fields(module: nn.Module, sizes: Sequence[str] = (), rates: Sequence[s
   cls = type(module).__name__
   for name in sizes:
     value = getattr(module, name)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    if not is_whole_number(value) or value < 1:
       raise ValueError(f'{cls}: {name} must be a whole number >= 1, got {value!r}')
   for name in rates:
     value = getattr(module, name)
@@ -69,17 +69,6 @@ class StaticLatent(nn.RNNCellBase):
   @property
   def num_feature_axes(self) -> int:
     return 1
-
-
-def _check_carry(carry, shape: tuple[int, ...]) -> None:
-  """Raises ValueError unless `carry` is (latent carry, c, h) with c and h
-  arrays of `shape`: a c of width 1 broadcast against the gates and ran on."""
-  triple = isinstance(carry, (tuple, list)) and len(carry) == 3
-  if not (triple and all(tuple(getattr(x, 'shape', ())) == shape for x in carry[1:])):
-    raise ValueError(
-      f'carry must be (latent carry, c, h), c and h arrays of shape {shape}, as '
-      f'cell.initialize_carry(rng, input_shape) makes, got {described_carry(carry)}'
-    )
 
 
 class ALSTMCell(nn.RNNCellBase):
@@ -152,7 +141,7 @@ class ALSTMCell(nn.RNNCellBase):
   def step(self, carry, x: jax.Array, context: jax.Array | None = None):
     """One step with an extra summary input `context` (eq. 9); returns
     (carry, h) like `__call__`."""
-    _check_carry(carry, (*x.shape[:-1], self.features))
+    check_lstm_carry(carry, (*x.shape[:-1], self.features), latent=True)
     latent_carry, c, h = carry
     n, m = self.features, x.shape[-1]
     v = jnp.concatenate([x, h] if context is None else [x, h, context], axis=-1)

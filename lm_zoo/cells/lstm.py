@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lm_zoo.errors import is_whole_number
 from lm_zoo.layers.products import dense, matmul
 
 Initializer = Callable[..., jax.Array]
@@ -48,7 +48,7 @@ def lstm_update(
   return new_c, nn.sigmoid(o) * jnp.tanh(new_c)
 
 
-def described_carry(carry) -> str:
+def _described(carry) -> str:
   """What a carry is, for a refusal: 'an array of shape (2, 8)', 'a tuple of shapes ((2, 8),)'."""
   if hasattr(carry, 'shape'):
     return f'an array of shape {tuple(carry.shape)}'
@@ -58,14 +58,19 @@ def described_carry(carry) -> str:
   return repr(carry)
 
 
-def check_lstm_carry(carry, shape: tuple[int, ...]) -> None:
-  """Raises ValueError unless `carry` is a (c, h) pair of arrays of `shape`:
-  `c, h = carry` would unpack the rows of a single (2, n) array and run on."""
-  pair = isinstance(carry, (tuple, list)) and len(carry) == 2
-  if not (pair and all(tuple(getattr(x, 'shape', ())) == shape for x in carry)):
+def check_lstm_carry(carry, shape: tuple[int, ...], latent: bool = False) -> None:
+  """Raises ValueError unless `carry` is a (c, h) pair of arrays of `shape`,
+  or with `latent` (the aLSTM's) a (latent carry, c, h) triple: `c, h =
+  carry` would unpack the rows of a single (2, n) array and run on, and a c
+  of width 1 would broadcast against the gates."""
+  size, form = 2, 'a (c, h) pair of arrays'
+  if latent:
+    size, form = 3, '(latent carry, c, h), c and h arrays'
+  whole = isinstance(carry, (tuple, list)) and len(carry) == size
+  if not (whole and all(tuple(getattr(x, 'shape', ())) == shape for x in carry[-2:])):
     raise ValueError(
-      f'carry must be a (c, h) pair of arrays of shape {shape}, as '
-      f'cell.initialize_carry(rng, input_shape) makes, got {described_carry(carry)}'
+      f'carry must be {form} of shape {shape}, as '
+      f'cell.initialize_carry(rng, input_shape) makes, got {_described(carry)}'
     )
 
 
@@ -124,11 +129,7 @@ class LSTMCell(nn.RNNCellBase):
   carry_init: Initializer = nn.initializers.zeros_init()
 
   def __post_init__(self):
-    if (
-      isinstance(self.features, bool)
-      or not isinstance(self.features, numbers.Integral)
-      or self.features < 1
-    ):
+    if not is_whole_number(self.features) or self.features < 1:
       raise ValueError(f'features must be a whole number >= 1, got {self.features!r}')
     super().__post_init__()
 

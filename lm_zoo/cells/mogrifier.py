@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import numbers
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -12,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells.base import carry_output, replace_carry_output
+from lm_zoo.errors import is_whole_number
 from lm_zoo.layers import LowRankDense, low_rank_linear
 from lm_zoo.layers.products import contract
 
@@ -21,11 +21,6 @@ RoundGate = Callable[[int, jax.Array], tuple[jax.Array, Any]]
 
 def _gate(x: jax.Array) -> jax.Array:
   return 2.0 * nn.sigmoid(x)  # 2σ(0) = 1: fresh rounds start near the identity
-
-
-def _whole(value: Any) -> bool:
-  """Whether `value` is an integer (not a bool, which would pass as one)."""
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def round_name(i: int) -> str:
@@ -85,12 +80,12 @@ class Mogrify(nn.RNNCellBase):
   dtype: Any = None
 
   def __post_init__(self):
-    if not _whole(self.rounds) or self.rounds < 0:
+    if not is_whole_number(self.rounds) or self.rounds < 0:
       raise ValueError(
         f'Mogrify: rounds must be an integer >= 0 (0: the inner cell '
         f'unchanged), got {self.rounds!r}'
       )
-    if not _whole(self.rank):
+    if not is_whole_number(self.rank):
       raise ValueError(f'Mogrify: rank must be an integer (<= 0: full rank), got {self.rank!r}')
     if not isinstance(self.cell, nn.Module):
       raise ValueError(
@@ -150,7 +145,7 @@ class MogrifierRounds:
   dtype: Any = None
 
   def __post_init__(self):
-    if not _whole(self.rounds) or self.rounds < 1:
+    if not is_whole_number(self.rounds) or self.rounds < 1:
       raise ValueError(
         f'MogrifierRounds: rounds must be an integer >= 1 (a Mogrify of no rounds '
         f'is its inner cell, which runs no mix), got {self.rounds!r}'

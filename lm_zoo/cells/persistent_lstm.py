@@ -35,7 +35,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import numbers
 from typing import Any
 
 import jax
@@ -43,6 +42,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lm_zoo.cells.lstm_recurrence import backward_factors, broadcast_state_mask, shifted
+from lm_zoo.errors import is_whole_number
 from lm_zoo.kernels.common import interpret_default, product
 from lm_zoo.kernels.grid_barrier import check_interpret, check_mode
 from lm_zoo.kernels.persistent_lstm import persistent_lstm_forward
@@ -55,8 +55,7 @@ def check_settings(blocks: Any, mode: str, interpret: Any) -> None:
   persistent kernels cannot take, before they are traced (a fractional
   grid, or `interpret=True`, failed deep in Pallas)."""
   check_mode(mode)
-  whole = isinstance(blocks, numbers.Integral) and not isinstance(blocks, bool)
-  if blocks is not None and (not whole or blocks < 1):
+  if blocks is not None and (not is_whole_number(blocks) or blocks < 1):
     raise ValueError(
       f'blocks must be a whole number >= 1, or None for one block per 8 units, got {blocks!r}'
     )
