@@ -364,7 +364,7 @@ part_seeds() {
 part_persistent() {
   # The grid barrier alone first, in seconds: where its blocks are not all
   # resident, every kernel that crosses it would hang until its timeout
-  # (about 16 minutes in all), so then the rest runs without them.
+  # (their timeouts add up to 20 minutes), so then the rest runs without them.
   local skip=()
   if ! timeout 90 "$PYTHON" benchmarks/persistent_probe.py --rows=barrier_persistent \
       --output="$OUT/grid_barrier.json" ${persistent[@]+"${persistent[@]}"} 2>&1 \
