@@ -253,6 +253,10 @@ def evaluation_config(evaluator: str = 'static') -> ml_collections.ConfigDict:
   c.dynamic.ms_batches = 100  # rms: training windows of the gradient statistics
   c.dynamic.ms_batch_size = 64  # rms: rows of those windows
   c.dynamic.search_tokens = 0  # > 0: the search scores only the first this many valid tokens
+  # How many runs (settings of the search; in a seed study, seeds too) one
+  # compiled scan scores at once, vmapped; 0: all. On a GPU at batch 1 more is
+  # faster, up to its memory (each run holds its own weights); on a CPU, 1.
+  c.dynamic.members = 1
 
   # The meta-learned update rule (lm-zoo-meta-train), run as dynamic evaluation
   c.learned = ml_collections.ConfigDict()

@@ -12,13 +12,14 @@ from lm_zoo.cells import LSTMCell
 from lm_zoo.configs import evaluation_config
 from lm_zoo.data import Corpus
 from lm_zoo.data.vocab import Vocab
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation import (
   Dynamic,
   DynamicEvalSettings,
   DynamicRuleSpec,
   MCDropout,
   MetaLearner,
+  Prepared,
   Static,
   TunedTemperature,
   build_evaluator,
@@ -126,6 +127,55 @@ def test_dynamic_searches_valid_and_scores_each_split_with_the_best_setting(lm):
   assert evaluator.score(prepared, 'valid').loss == pytest.approx(losses[best])
 
 
+@pytest.mark.parametrize('rule', ['sgd', 'rms'])
+def test_weights_searched_and_scored_together_are_each_as_alone(lm, rule):
+  """Two weights (each with its own MS) searched and scored with every run
+  in one scan (`members=0`): each one's search, choice and scores are those
+  of its own evaluation one run at a time; a weights whose every setting
+  diverges is its own error."""
+  model, params = lm
+  weights = [params, perturb(params, seed=5, scale=0.1)]
+  searched = dict(learning_rate=(1e-3, 3e-2), decay=(0.0, 0.1), segment_length=(4, 6))
+  one_by_one = Dynamic(bptt=9, rule=rule, ms_batches=2, ms_batch_size=2, **searched)
+  together = dataclasses.replace(one_by_one, members=0)
+  prepared = together.prepare_many(model, weights, CORPUS)
+  scored = together.score_many(prepared, 'test')
+  for start, choice, result in zip(weights, prepared, scored):
+    alone = one_by_one.prepare(model, start, CORPUS)
+    assert choice.choice.settings == alone.choice.settings
+    np.testing.assert_allclose(
+      [loss for _, loss in choice.choice.trials],
+      [loss for _, loss in alone.choice.trials],
+      rtol=1e-5,
+    )
+    by_itself = one_by_one.score(alone, 'test')
+    np.testing.assert_allclose(result.loss, by_itself.loss, rtol=1e-5)
+    assert result.details['static_loss'] == by_itself.details['static_loss']
+  assert scored[0].loss != pytest.approx(scored[1].loss, rel=1e-4)
+
+  blown = {**params, 'head': {**params['head'], 'bias': params['head']['bias'] * 1e30}}
+  search = dataclasses.replace(together, decay=(0.0,), segment_length=(4,))
+  outcomes = search.prepare_many(model, [blown, params], CORPUS)
+  assert isinstance(outcomes[0], TrainingError) and 'every searched setting' in str(outcomes[0])
+  assert isinstance(outcomes[1], Prepared)
+  one_setting = dataclasses.replace(search, learning_rate=(1e-3,))
+  finished = one_setting.score_many(
+    one_setting.prepare_many(model, [blown, params], CORPUS), 'test'
+  )
+  assert isinstance(finished[0], TrainingError) and 'diverged' in str(finished[0])
+  assert finished[1].loss == pytest.approx(
+    one_setting(model, params, CORPUS, 'test').loss, rel=1e-5
+  )
+
+
+def test_evaluators_score_many_weights_as_each_alone(lm):
+  model, params = lm
+  weights = [params, perturb(params, seed=6, scale=0.1)]
+  evaluator = MCDropout(bptt=9, samples=3, max_tokens=40)
+  scored = evaluator.score_many(evaluator.prepare_many(model, weights, CORPUS), 'test')
+  assert [r.loss for r in scored] == [evaluator(model, w, CORPUS, 'test').loss for w in weights]
+
+
 def test_what_one_set_of_weights_prepared_does_not_touch_another_s(lm):
   """Evaluators keep nothing between weights: each prepared value holds
   its own choice, and scoring one after preparing another gives what it
@@ -176,6 +226,7 @@ def test_settings_share_one_compiled_scan(lm):
   evaluator = Dynamic(bptt=9, rule='rms', ms_batches=2, ms_batch_size=2)
   setup = evaluator.setup(model, params, CORPUS)
   ms = setup.rms_gradients
+  _scan_segments.clear_cache()  # other tests' scans of this model would be found
   compiled = _scan_segments._cache_size()
   for lr, decay, eps, mean in (
     (1e-3, 1e-2, 1e-3, 'tensors'),

@@ -3,7 +3,12 @@ streams, MC dropout, tuned temperatures, dynamic evaluation and the learned
 rule along a stream, the gradient statistics they need, meta-training the
 learned rule, and the evaluators that run each way from a config."""
 
-from lm_zoo.evaluation.dynamic import DynamicEvalResult, dynamic_evaluate
+from lm_zoo.evaluation.dynamic import (
+  DynamicEvalResult,
+  DynamicMember,
+  dynamic_evaluate,
+  dynamic_evaluate_many,
+)
 from lm_zoo.evaluation.dynamic_evaluators import (
   Dynamic,
   DynamicChoice,
@@ -55,6 +60,7 @@ __all__ = [
   'Dynamic',
   'DynamicChoice',
   'DynamicEvalResult',
+  'DynamicMember',
   'DynamicEvalSettings',
   'DynamicRule',
   'DynamicRuleSpec',
@@ -73,6 +79,7 @@ __all__ = [
   'build_evaluator',
   'diagonal_fisher',
   'dynamic_evaluate',
+  'dynamic_evaluate_many',
   'evaluate_split',
   'evaluate_stream',
   'evaluate_stream_stacked',

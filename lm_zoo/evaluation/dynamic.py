@@ -9,7 +9,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Any, NamedTuple
+import time
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +18,10 @@ import numpy as np
 import optax
 
 from lm_zoo.data import BatchedStream
-from lm_zoo.errors import TrainingError
+from lm_zoo.errors import TrainingError, is_whole_number
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.models.objective import check_token_ids, window_loss
+from lm_zoo.progress import eta
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,7 @@ class _Rule:
     return id(self) if self.program is None else hash(self.program)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'rule'))
-def _scan_segments(
+def _segment_scan(
   model, rule: _Rule, params, opt_state, carries, inputs, targets, weights, extra_args
 ):
   transformation = rule.transformation
@@ -98,6 +99,26 @@ def _scan_segments(
   state = (params, opt_state, carries)
   (params, _, _), (totals, counts, skipped) = jax.lax.scan(step, state, (inputs, targets, weights))
   return totals, counts, skipped, params
+
+
+_scan_segments = jax.jit(_segment_scan, static_argnames=('model', 'rule'))
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'rule', 'treedef', 'mapped'))
+def _scan_members(
+  model, rule: _Rule, treedef, mapped, leaves, carries, inputs, targets, weights, extra_args
+):
+  """`_segment_scan` of several members at once: `leaves` are the flat
+  (params, opt_state) leaves, stacked on a leading member axis where
+  `mapped` says so and shared by every member elsewhere."""
+
+  def member(*member_leaves):
+    params, opt_state = jax.tree.unflatten(treedef, member_leaves)
+    return _segment_scan(
+      model, rule, params, opt_state, carries, inputs, targets, weights, extra_args
+    )
+
+  return jax.vmap(member, in_axes=[0 if stacked else None for stacked in mapped])(*leaves)
 
 
 class DynamicEvalResult(NamedTuple):
@@ -156,17 +177,139 @@ def dynamic_evaluate(
       loss of a uniform guess, 2 log V). The Mogrifier paper lost runs to
       this; no number is returned.
   """
+  outcome = dynamic_evaluate_many(
+    model,
+    [DynamicMember(params, transformation, opt_state)],
+    stream,
+    segment_length,
+    batch_size,
+    unit,
+    max_loss,
+    extra_args,
+  )[0]
+  if isinstance(outcome, TrainingError):
+    raise outcome
+  return outcome
+
+
+class DynamicMember(NamedTuple):
+  """One dynamic evaluation among several of the same stream
+  (`dynamic_evaluate_many`): the weights it starts from, its
+  transformation, and that transformation's state to start from (None:
+  `transformation.init(params)`)."""
+
+  params: Any
+  transformation: optax.GradientTransformation
+  opt_state: Any = None
+
+
+def dynamic_evaluate_many(
+  model,
+  members: Sequence[DynamicMember],
+  stream: np.ndarray,
+  segment_length: int,
+  batch_size: int = 1,
+  unit: str = 'word',
+  max_loss: float | None = None,
+  extra_args: dict[str, Any] | None = None,
+  max_members: int = 0,
+) -> list[DynamicEvalResult | TrainingError]:
+  """`dynamic_evaluate` of one stream from several starts at once: the
+  settings of a search, the seeds of a study.
+
+  Members whose transformations update by the same program (those of
+  `optax.inject_hyperparams` with other values in their states, each seed's
+  `dynamic_rms`; see `dynamic_evaluate`) run as one compiled scan vmapped
+  over them, at most `max_members` at a time (0: all). At batch 1 one
+  member leaves a GPU idle between small kernels, so n members take far
+  less than n times as long. A leaf that is the same array in every member
+  (weights every setting starts from, the shared MS) is passed once; the
+  others are stacked, so memory grows with the members.
+
+  Returns, in the order of `members`, each one's `DynamicEvalResult`, or
+  the `TrainingError` `dynamic_evaluate` would raise for it (one member
+  diverging does not stop the others).
+
+  Example, two learning rates of SGD in one scan (held in the state, so
+  that both are one program)::
+
+    sgd = optax.inject_hyperparams(dynamic_sgd)
+    members = [DynamicMember(params, sgd(learning_rate=eta)) for eta in (0.01, 0.1)]
+    runs = dynamic_evaluate_many(model, members, stream, segment_length=5)
+  """
+  if not members:
+    raise ValueError('members is empty: give at least one DynamicMember')
+  if not is_whole_number(max_members) or max_members < 0:
+    raise ValueError(
+      f'max_members must be a whole number >= 0 (0: all at once), got {max_members!r}'
+    )
   inputs, targets, weights = _segments(stream, batch_size, segment_length, model.vocab_size)
-  opt_state = transformation.init(params) if opt_state is None else opt_state
-  transformation = optax.with_extra_args_support(transformation)
   extra_args = extra_args or {}
-  rule = _Rule(transformation, params, opt_state, extra_args)
   carries = model.initialize_carry(batch_size)
-  scanned = _scan_segments(
-    model, rule, params, opt_state, carries, inputs, targets, weights, extra_args
-  )
   max_loss = 2 * math.log(model.vocab_size) if max_loss is None else max_loss
-  return _checked_result(*scanned, unit, max_loss)
+  starts = []
+  for params, transformation, opt_state in members:
+    opt_state = transformation.init(params) if opt_state is None else opt_state
+    transformation = optax.with_extra_args_support(transformation)
+    starts.append((params, opt_state, _Rule(transformation, params, opt_state, extra_args)))
+  groups = _groups([rule for _, _, rule in starts], max_members or len(members))
+  scan_inputs = (carries, inputs, targets, weights, extra_args)
+  return _scored_groups(model, starts, groups, scan_inputs, unit, max_loss)
+
+
+def _scored_groups(model, starts, groups, scan_inputs, unit: str, max_loss: float) -> list:
+  """Each start's checked result (or TrainingError), group by group."""
+  outcomes = [None] * len(starts)
+  began, done = time.perf_counter(), 0
+  for group in groups:
+    scanned = _scan_group(model, [starts[i] for i in group], *scan_inputs)
+    for i, (totals, counts, skipped, params) in zip(group, scanned):
+      try:
+        outcomes[i] = _checked_result(totals, counts, skipped, params, unit, max_loss)
+      except TrainingError as err:
+        outcomes[i] = err
+    done += len(group)
+    if len(groups) > 1:
+      seconds = time.perf_counter() - began
+      log.info(
+        'dynamic evaluation: %d of %d scored, ETA %s',
+        done,
+        len(starts),
+        eta(seconds, done, len(starts)),
+      )
+  return outcomes
+
+
+def _groups(rules: list[_Rule], size: int) -> list[list[int]]:
+  """The members' indices in groups of equal rules, at most `size` each."""
+  by_rule: dict[_Rule, list[int]] = {}
+  for i, rule in enumerate(rules):
+    by_rule.setdefault(rule, []).append(i)
+  return [ids[k : k + size] for ids in by_rule.values() for k in range(0, len(ids), size)]
+
+
+def _scan_group(model, starts, carries, inputs, targets, weights, extra_args) -> list[tuple]:
+  """Each start's (totals, counts, skipped, params) from one scan."""
+  rule = starts[0][2]
+  trees = [(params, opt_state) for params, opt_state, _ in starts]
+  flat = [jax.tree.flatten(tree) for tree in trees]
+  treedef = flat[0][1]
+  columns = list(zip(*(leaves for leaves, _ in flat)))
+  mapped = tuple(any(leaf is not column[0] for leaf in column) for column in columns)
+  if not any(mapped):  # the same start every time: one scan serves all
+    params, opt_state = trees[0]
+    scanned = _scan_segments(
+      model, rule, params, opt_state, carries, inputs, targets, weights, extra_args
+    )
+    return [scanned] * len(starts)
+  leaves = [jnp.stack(column) if stacked else column[0] for column, stacked in zip(columns, mapped)]
+  totals, counts, skipped, params = _scan_members(
+    model, rule, treedef, mapped, leaves, carries, inputs, targets, weights, extra_args
+  )
+  return [
+    (totals[i], counts[i], skipped[i], jax.tree.map(lambda leaf: leaf[i], params))
+    for i in range(len(starts))
+  ]
 
 
 def _checked_result(

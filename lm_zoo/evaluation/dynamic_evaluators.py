@@ -9,21 +9,24 @@ import dataclasses
 import itertools
 import logging
 import math
-import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax.numpy as jnp
 import optax
 
 from lm_zoo.data import Corpus
 from lm_zoo.errors import TrainingError
-from lm_zoo.evaluation.dynamic import dynamic_evaluate
+from lm_zoo.evaluation.dynamic import (
+  DynamicEvalResult,
+  DynamicMember,
+  dynamic_evaluate,
+  dynamic_evaluate_many,
+)
 from lm_zoo.evaluation.dynamic_rules import DYNAMIC_RULES, SEARCHED
 from lm_zoo.evaluation.evaluators import Evaluator, Prepared, Static, beside_static, first_tokens
 from lm_zoo.evaluation.meta_training import MetaLearner
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.evaluation.statistics import rms_training_gradients
-from lm_zoo.progress import eta
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +65,13 @@ class DynamicSetup:
     rms_gradients: MS (`rms_training_gradients`), or None.
     transformations: (rule, decay_mean) -> the injected transformation,
       filled as settings ask for them.
+    states: (rule, decay_mean) -> (the weights, the transformation's initial
+      state for them).
   """
 
   rms_gradients: Any = dataclasses.field(default=None, repr=False)
   transformations: dict = dataclasses.field(default_factory=dict, repr=False)
+  states: dict = dataclasses.field(default_factory=dict, repr=False)
 
   def transformation(
     self, settings: DynamicEvalSettings, params
@@ -78,8 +84,14 @@ class DynamicSetup:
       factory = rule.make(self.rms_gradients, settings.decay_mean)
       self.transformations[key] = optax.inject_hyperparams(factory)(**values)
     injected = self.transformations[key]
-    # The inner state (theta_g and MS / mean(MS)) does not depend on the values.
-    return injected, injected.init(params)._replace(
+    # The inner state (theta_g and MS / mean(MS)) does not depend on the
+    # values: every setting shares one, which `dynamic_evaluate_many` then
+    # passes once rather than stacking a copy per setting.
+    start, state = self.states.get(key, (None, None))
+    if start is not params:
+      state = injected.init(params)
+      self.states[key] = params, state
+    return injected, state._replace(
       hyperparams={k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
     )
 
@@ -120,6 +132,7 @@ class Dynamic(Evaluator):
   search_tokens: int = 0
   batch_size: int = 1
   max_tokens: int = 0
+  members: int = 1
 
   def grid(self) -> list[DynamicEvalSettings]:
     read = DYNAMIC_RULES[self.rule].hyperparameters
@@ -141,6 +154,38 @@ class Dynamic(Evaluator):
     )
     return DynamicSetup(ms)
 
+  def score_settings_many(
+    self, runs: Sequence[tuple], model, corpus: Corpus, split: str, num_tokens: int = 0
+  ) -> list[EvalResult | TrainingError]:
+    """`split` (its first `num_tokens` tokens when > 0) scored by each of
+    `runs`, (setup, settings, trained weights) triples: `members` of them at
+    a time in one vmapped scan (`dynamic_evaluate_many`). Returns, in their
+    order, each one's result or the TrainingError of its divergence."""
+    stream = first_tokens(corpus, split, num_tokens)
+    outcomes: list = [None] * len(runs)
+    by_length: dict[int, list[int]] = {}
+    for i, (_, settings, _) in enumerate(runs):
+      by_length.setdefault(settings.segment_length, []).append(i)
+    for length, ids in by_length.items():
+      # One jitted scan per pass, silent until it ends: say what is running.
+      log.info(
+        'dynamic evaluation of %s: %s tokens in segments of %d, %d run(s), %s at once',
+        split,
+        f'{len(stream) - 1:,}',
+        length,
+        len(ids),
+        self.members or 'all',
+      )
+      members = []
+      for setup, settings, params in (runs[i] for i in ids):
+        members.append(DynamicMember(params, *setup.transformation(settings, params)))
+      scored = dynamic_evaluate_many(
+        model, members, stream, length, self.batch_size, corpus.unit, max_members=self.members
+      )
+      for i, run in zip(ids, scored):
+        outcomes[i] = run if isinstance(run, TrainingError) else _with_details(run, runs[i][1])
+    return outcomes
+
   def score_settings(
     self,
     setup: DynamicSetup,
@@ -151,91 +196,103 @@ class Dynamic(Evaluator):
     split: str,
     num_tokens: int = 0,
   ) -> EvalResult:
-    """`split` (its first `num_tokens` tokens when > 0) scored with
-    `settings` from the trained weights; TrainingError when it diverges."""
-    stream = first_tokens(corpus, split, num_tokens)
-    # One jitted scan per pass, silent until it ends: say what is running.
-    log.info(
-      'dynamic evaluation of %s: %s tokens in segments of %d',
-      split,
-      f'{len(stream) - 1:,}',
-      settings.segment_length,
+    """`score_settings_many` of one run; TrainingError when it diverges."""
+    return _raised(
+      self.score_settings_many([(setup, settings, params)], model, corpus, split, num_tokens)[0]
     )
-    transformation, state = setup.transformation(settings, params)
-    run = dynamic_evaluate(
-      model,
-      params,
-      transformation,
-      stream,
-      settings.segment_length,
-      self.batch_size,
-      corpus.unit,
-      opt_state=state,
+
+  def prepare_many(self, model, params_list: Sequence, corpus: Corpus) -> list:
+    """Each weights' search, all of them (every setting of every weights)
+    scored together `members` at a time."""
+    setups = [self.setup(model, params, corpus) for params in params_list]
+    grid = self.grid()
+    if len(grid) == 1:
+      return [
+        Prepared(model, params, corpus, DynamicChoice(grid[0], setup=setup))
+        for params, setup in zip(params_list, setups)
+      ]
+    whole = self.search_tokens in (0, self.max_tokens)
+    runs = [(setup, settings, p) for p, setup in zip(params_list, setups) for settings in grid]
+    scored = self.score_settings_many(
+      runs, model, corpus, 'valid', self.search_tokens or self.max_tokens
     )
-    return dataclasses.replace(
-      run.result,
-      details={
-        'settings': dataclasses.asdict(settings),
-        'segment_nll': run.segment_nll,
-        'segment_tokens': run.segment_tokens,
-        'skipped_updates': run.skipped_updates,
-      },
-    )
+    prepared = []
+    for k, (params, setup) in enumerate(zip(params_list, setups)):
+      outcomes = scored[k * len(grid) : (k + 1) * len(grid)]
+      trials = []
+      for settings, outcome in zip(grid, outcomes):
+        if isinstance(outcome, TrainingError):
+          log.warning('%s: %s', settings, outcome)
+        loss = math.inf if isinstance(outcome, TrainingError) else outcome.loss
+        log.info(
+          'search: valid loss %.4f (perplexity %.2f) with %s', loss, _perplexity(loss), settings
+        )
+        trials.append((dataclasses.asdict(settings), loss))
+      best = min(range(len(grid)), key=lambda i: trials[i][1])
+      if math.isinf(trials[best][1]):
+        prepared.append(
+          TrainingError(
+            'dynamic evaluation diverged with every searched setting: lower the learning rates'
+          )
+        )
+        continue
+      valid = outcomes[best] if whole else None
+      prepared.append(
+        Prepared(model, params, corpus, DynamicChoice(grid[best], trials, valid, setup))
+      )
+    return prepared
 
   def prepare(self, model, params, corpus: Corpus) -> Prepared:
-    setup, grid = self.setup(model, params, corpus), self.grid()
-    if len(grid) == 1:
-      return Prepared(model, params, corpus, DynamicChoice(grid[0], setup=setup))
-    whole = self.search_tokens in (0, self.max_tokens)
-    trials, results, start = [], {}, time.perf_counter()
-    for trial, settings in enumerate(grid, 1):
-      try:
-        results[settings] = self.score_settings(
-          setup, settings, model, params, corpus, 'valid', self.search_tokens or self.max_tokens
-        )
-        loss = results[settings].loss
-      except TrainingError as err:
-        log.warning('%s: %s', settings, err)
-        loss = math.inf
-      log.info(
-        'search %d/%d: valid loss %.4f (perplexity %.2f) with %s, ETA %s',
-        trial,
-        len(grid),
-        loss,
-        math.exp(min(loss, 700)),
-        settings,
-        eta(time.perf_counter() - start, trial, len(grid)),
-      )
-      trials.append((dataclasses.asdict(settings), loss))
-    best_index = min(range(len(grid)), key=lambda i: trials[i][1])
-    if math.isinf(trials[best_index][1]):
-      raise TrainingError(
-        'dynamic evaluation diverged with every searched setting: lower the learning rates'
-      )
-    best = grid[best_index]
-    return Prepared(
-      model, params, corpus, DynamicChoice(best, trials, results[best] if whole else None, setup)
+    return _raised(self.prepare_many(model, [params], corpus)[0])
+
+  def score_many(self, prepared: Sequence[Prepared], split: str) -> list:
+    """Each prepared weights' `split` scored with its chosen setting, all
+    of them together `members` at a time; they share one model and corpus."""
+    first = prepared[0]
+    if any(p.model != first.model or p.corpus is not first.corpus for p in prepared):
+      raise ValueError('score_many: every prepared weights must share one model and one corpus')
+    reuse = [split == 'valid' and p.choice.valid is not None for p in prepared]
+    runs = [(p.choice.setup, p.choice.settings, p.params) for p, r in zip(prepared, reuse) if not r]
+    scored = iter(
+      self.score_settings_many(runs, first.model, first.corpus, split, self.max_tokens)
+      if runs
+      else []
     )
+    static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens)
+    outcomes = []
+    for p, reused in zip(prepared, reuse):
+      result = p.choice.valid if reused else next(scored)
+      if not isinstance(result, TrainingError):
+        details = {**result.details, 'search': p.choice.trials}
+        result = beside_static(dataclasses.replace(result, details=details), static.score(p, split))
+      outcomes.append(result)
+    return outcomes
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:
-    choice: DynamicChoice = prepared.choice
-    if split == 'valid' and choice.valid is not None:
-      result = choice.valid
-    else:
-      result = self.score_settings(
-        choice.setup,
-        choice.settings,
-        prepared.model,
-        prepared.params,
-        prepared.corpus,
-        split,
-        self.max_tokens,
-      )
-    static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens)
-    return beside_static(
-      dataclasses.replace(result, details={**result.details, 'search': choice.trials}),
-      static.score(prepared, split),
-    )
+    return _raised(self.score_many([prepared], split)[0])
+
+
+def _with_details(run: DynamicEvalResult, settings: DynamicEvalSettings) -> EvalResult:
+  return dataclasses.replace(
+    run.result,
+    details={
+      'settings': dataclasses.asdict(settings),
+      'segment_nll': run.segment_nll,
+      'segment_tokens': run.segment_tokens,
+      'skipped_updates': run.skipped_updates,
+    },
+  )
+
+
+def _raised(outcome):
+  """`outcome`, raised where it is the error of its divergence."""
+  if isinstance(outcome, TrainingError):
+    raise outcome
+  return outcome
+
+
+def _perplexity(loss: float) -> float:
+  return math.exp(min(loss, 700))
 
 
 @dataclasses.dataclass(frozen=True)

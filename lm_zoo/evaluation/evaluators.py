@@ -18,14 +18,14 @@ import abc
 import dataclasses
 import functools
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
 
 from lm_zoo.data import Corpus
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation.mc_dropout import make_mc_dropout_eval_step, mc_dropout_carries
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.evaluation.streams import (
@@ -67,10 +67,31 @@ class Evaluator(abc.ABC):
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     """`split` scored with what `prepare` chose."""
 
+  def prepare_many(
+    self, model: nn.Module, params_list: Sequence, corpus: Corpus
+  ) -> list[Prepared | TrainingError]:
+    """`prepare` for each of several weights of one model (the seeds of a
+    study), each one's TrainingError in its place; an evaluator that can
+    prepare them together (`Dynamic`) does."""
+    return [_outcome(self.prepare, model, params, corpus) for params in params_list]
+
+  def score_many(
+    self, prepared: Sequence[Prepared], split: str
+  ) -> list[EvalResult | TrainingError]:
+    """`score` of each prepared weights, each one's TrainingError in its place."""
+    return [_outcome(self.score, one, split) for one in prepared]
+
   def __call__(self, model: nn.Module, params: Any, corpus: Corpus, split: str) -> EvalResult:
     """`split` scored after preparing for these weights (for several splits,
     prepare once and score each)."""
     return self.score(self.prepare(model, params, corpus), split)
+
+
+def _outcome(function, *args):
+  try:
+    return function(*args)
+  except TrainingError as err:  # this weights' divergence, not the others'
+    return err
 
 
 def first_tokens(corpus: Corpus, split: str, max_tokens: int, model=None) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Callable
 
 import ml_collections
 
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, is_whole_number
 from lm_zoo.evaluation.dynamic_evaluators import Dynamic, Learned
 from lm_zoo.evaluation.dynamic_rules import DYNAMIC_RULES
 from lm_zoo.evaluation.evaluators import Evaluator, MCDropout, Static, TokenLosses, TunedTemperature
@@ -145,6 +145,10 @@ def _dynamic(config: ml_collections.ConfigDict, windows: Windows) -> Dynamic:
       raise ConfigError(f'dynamic.{field} must be at least 1, got {cfg[field]}')
   if cfg.search_tokens < 0:
     raise ConfigError(f'dynamic.search_tokens must be >= 0, got {cfg.search_tokens}')
+  if not is_whole_number(cfg.members) or cfg.members < 0:
+    raise ConfigError(
+      f'dynamic.members must be a whole number >= 0 (0: every run at once), got {cfg.members!r}'
+    )
   return Dynamic(
     windows.bptt,
     cfg.rule,
@@ -158,6 +162,7 @@ def _dynamic(config: ml_collections.ConfigDict, windows: Windows) -> Dynamic:
     cfg.search_tokens,
     config.batch_size or 1,
     config.max_tokens,
+    cfg.members,
   )
 
 

@@ -1,0 +1,120 @@
+"""Several dynamic evaluations of one stream at once (`dynamic_evaluate_many`):
+each member's score and final weights against its own `dynamic_evaluate`,
+one compiled scan for members of one program, and each member's divergence
+its own."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import perturb
+
+from lm_zoo.cells import LSTMCell
+from lm_zoo.errors import TrainingError
+from lm_zoo.evaluation import DynamicMember, dynamic_evaluate, dynamic_evaluate_many
+from lm_zoo.evaluation.dynamic import _scan_members, _scan_segments
+from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
+from lm_zoo.optim import dynamic_rms, dynamic_sgd
+
+V = 11
+STREAM = np.random.default_rng(1).integers(0, V, 57).astype(np.int32)
+
+
+@pytest.fixture(scope='module')
+def lm():
+  model = RecurrentLM(Embedding(V, 5), Stack([LSTMCell(6)]), Softmax(V))
+  return model, perturb(init_params(model, jax.random.key(0)))
+
+
+def _injected_sgd(params, learning_rate, decay):
+  """SGD with its settings in its state, as the `Dynamic` evaluator makes it."""
+  injected = optax.inject_hyperparams(dynamic_sgd)(learning_rate=learning_rate, decay=decay)
+  return DynamicMember(params, injected, injected.init(params))
+
+
+def _assert_same_run(together, alone):
+  np.testing.assert_allclose(together.segment_nll, alone.segment_nll, rtol=1e-5)
+  np.testing.assert_array_equal(together.segment_tokens, alone.segment_tokens)
+  np.testing.assert_allclose(together.result.loss, alone.result.loss, rtol=1e-6)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+    together.params,
+    alone.params,
+  )
+
+
+def test_each_member_scores_as_it_would_alone(lm):
+  """Settings of one weights (the weights shared) and other weights with
+  their own MS: one compiled scan, and every member's segment losses and
+  final weights are its own run's."""
+  model, params = lm
+  other = perturb(params, seed=4, scale=0.05)
+  ms = [jax.tree.map(lambda p, s=s: jnp.full(p.shape, s), params) for s in (0.4, 1.5)]
+  members = [
+    DynamicMember(params, dynamic_rms(0.05, 0.02, 1e-3, ms[0])),
+    DynamicMember(other, dynamic_rms(0.05, 0.02, 1e-3, ms[1])),
+  ]
+  _scan_members.clear_cache()
+  together = dynamic_evaluate_many(model, members, STREAM, 6)
+  assert _scan_members._cache_size() == 1
+  for run, member in zip(together, members):
+    alone = dynamic_evaluate(model, member.params, member.transformation, STREAM, 6)
+    _assert_same_run(run, alone)
+  assert abs(together[0].result.loss - together[1].result.loss) > 1e-3
+
+  settings = [(0.3, 0.0), (1.0, 0.05), (0.0, 0.0)]
+  searched = dynamic_evaluate_many(
+    model, [_injected_sgd(params, *s) for s in settings], STREAM, 6, batch_size=2
+  )
+  for run, (lr, decay) in zip(searched, settings):
+    _assert_same_run(run, dynamic_evaluate(model, params, dynamic_sgd(lr, decay), STREAM, 6, 2))
+
+
+def test_a_diverging_member_is_its_own_error(lm):
+  model, params = lm
+  runs = dynamic_evaluate_many(
+    model, [_injected_sgd(params, lr, 0.0) for lr in (0.1, 1e4)], STREAM, 5
+  )
+  assert isinstance(runs[1], TrainingError) and 'diverged' in str(runs[1])
+  _assert_same_run(runs[0], dynamic_evaluate(model, params, dynamic_sgd(0.1), STREAM, 5))
+  with pytest.raises(TrainingError, match='diverged'):
+    dynamic_evaluate(model, params, dynamic_sgd(1e4), STREAM, 5)
+
+
+def test_max_members_and_other_programs_split_the_members(lm):
+  """At most `max_members` a scan; a rule holding its settings as arrays is
+  another program and runs on its own; the order of the results is the
+  order of the members."""
+  model, params = lm
+  members = [_injected_sgd(params, lr, 0.0) for lr in (0.2, 0.4, 0.6)]
+  members.insert(1, DynamicMember(params, dynamic_sgd(jnp.float32(0.5))))
+  _scan_members.clear_cache()
+  _scan_segments.clear_cache()
+  runs = dynamic_evaluate_many(model, members, STREAM, 7, max_members=2)
+  assert _scan_members._cache_size() == 1  # the injected three: 2 members, then 1 alone
+  assert _scan_segments._cache_size() == 2  # the third injected one; the array-holding rule
+  for run, lr in zip(runs, (0.2, 0.5, 0.4, 0.6)):
+    _assert_same_run(run, dynamic_evaluate(model, params, dynamic_sgd(lr), STREAM, 7))
+
+
+def test_identical_members_share_one_run(lm):
+  model, params = lm
+  member = _injected_sgd(params, 0.3, 0.0)
+  first, second = dynamic_evaluate_many(model, [member, member], STREAM, 7)
+  np.testing.assert_array_equal(first.segment_nll, second.segment_nll)
+
+
+@pytest.mark.parametrize(
+  'members, max_members, message',
+  [
+    ([], 0, 'members is empty'),
+    (None, -1, 'max_members must be a whole number >= 0'),
+    (None, True, 'max_members must be a whole number >= 0'),
+  ],
+)
+def test_bad_arguments_are_refused(lm, members, max_members, message):
+  model, params = lm
+  members = [_injected_sgd(params, 0.1, 0.0)] if members is None else members
+  with pytest.raises(ValueError, match=message):
+    dynamic_evaluate_many(model, members, STREAM, 5, max_members=max_members)
