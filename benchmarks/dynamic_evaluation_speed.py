@@ -15,10 +15,14 @@ and gives the device kernels a token (`profile_kernels_per_token`), the
 fraction of the traced time the device was busy, and the 10 kernels that
 took longest in all (`profile_top_kernels`; on a GPU only). A size and scan that fails is left
 out with its reason (`failed`), and the script then exits with an error.
+With `--members=1,8`, the SGD and RMS rows are also timed for 8 settings of
+the rule scored at once (`dynamic_evaluate_many`, as a search or a seed
+study scores them with `dynamic.members`); such a row's tokens/s counts
+every member's tokens.
 
   python benchmarks/dynamic_evaluation_speed.py [--sizes=200,650] [--tokens=2000]
       [--scans=fused,pallas,cudnn] [--rules=dynamic_sgd,dynamic_rms,learned_rule]
-      [--dtype=float32]
+      [--dtype=float32] [--members=1]
 """
 
 import json
@@ -29,12 +33,19 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from absl import app, flags
 from baselines import failure_reason
 from device_traces import device_kernels, top_kernels
 
 from lm_zoo.cells import LSTMCell
-from lm_zoo.evaluation import dynamic_evaluate, evaluate_stream, make_eval_step
+from lm_zoo.evaluation import (
+  DynamicMember,
+  dynamic_evaluate,
+  dynamic_evaluate_many,
+  evaluate_stream,
+  make_eval_step,
+)
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.models.registry import DTYPES
 from lm_zoo.optim import NUM_FEATURES, GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
@@ -57,6 +68,14 @@ flags.register_validator(
   'rules',
   lambda rules: bool(rules) and set(rules) <= set(RULES),
   f'choose one or more of {", ".join(RULES)}',
+)
+flags.DEFINE_list(
+  'members', ['1'], 'How many settings of the SGD and RMS rules one scan scores, each a row.'
+)
+flags.register_validator(
+  'members',
+  lambda members: bool(members) and all(m.isdigit() and int(m) >= 1 for m in members),
+  'give whole numbers >= 1',
 )
 flags.DEFINE_string('output', 'runs/bench_dynamic_evaluation.json', 'JSON results file.')
 flags.DEFINE_string(
@@ -117,23 +136,45 @@ def measure(hidden: int, scan: str) -> list[dict]:
       model, params, learned, stream, FLAGS.segment, extra_args=meta
     ),
   }
+  timed = [(mode, 1, fn) for mode, fn in runs.items() if mode == 'static' or mode in FLAGS.rules]
+  for count in sorted({int(m) for m in FLAGS.members} - {1}):
+    for mode, rule in (('dynamic_sgd', dynamic_sgd), ('dynamic_rms', _with_ms(dynamic_rms, rms))):
+      if mode in FLAGS.rules:
+        timed.append((mode, count, _settings_at_once(model, params, rule, stream, count)))
   rows = []
-  for mode, fn in runs.items():
-    if mode == 'static' or mode in FLAGS.rules:
-      rows.append(
-        {
-          'mode': mode,
-          'hidden': hidden,
-          'scan': scan,
-          'dtype': FLAGS.dtype,
-          'tokens_per_s': _tokens_per_second(fn),
-        }
-      )
-      if FLAGS.profile_dir:
-        rows[-1].update(profile(fn, f'{mode}_{hidden}_{scan}'))
+  for mode, count, fn in timed:
+    rows.append(
+      {
+        'mode': mode,
+        'members': count,
+        'hidden': hidden,
+        'scan': scan,
+        'dtype': FLAGS.dtype,
+        'tokens_per_s': count * _tokens_per_second(fn),
+      }
+    )
+    if FLAGS.profile_dir:
+      rows[-1].update(profile(fn, f'{mode}_x{count}_{hidden}_{scan}'))
   for row in rows:
     row['ratio_vs_static'] = row['tokens_per_s'] / rows[0]['tokens_per_s']
   return rows
+
+
+def _with_ms(rms_rule, ms):
+  return lambda learning_rate, decay, eps: rms_rule(learning_rate, decay, eps, ms)
+
+
+def _settings_at_once(model, params, rule, stream, count: int):
+  """`count` settings of `rule` (learning rates 1e-4 to 1e-3, held in its
+  state) scored in one scan."""
+  injected = optax.inject_hyperparams(rule)
+  rates = np.geomspace(1e-4, 1e-3, count)
+  settings = [
+    {'learning_rate': lr, 'decay': 1e-3, **({'eps': 1e-3} if rule is not dynamic_sgd else {})}
+    for lr in rates
+  ]
+  members = [DynamicMember(params, injected(**setting)) for setting in settings]
+  return lambda: dynamic_evaluate_many(model, members, stream, FLAGS.segment)
 
 
 def main(argv):
@@ -148,20 +189,21 @@ def main(argv):
         failed[f'{size}@{scan}'] = failure_reason(err)
         print(f'hidden {size}, scan {scan}: failed, {failed[f"{size}@{scan}"]}')
   for row in rows:
-    first = next(r for r in rows if (r['mode'], r['hidden']) == (row['mode'], row['hidden']))
+    same = lambda r: (r['mode'], r['members'], r['hidden'])
+    first = next(r for r in rows if same(r) == same(row))
     row['ratio_vs_first_scan'] = row['tokens_per_s'] / first['tokens_per_s']
   print(
     f'devices: {jax.devices()}; vocab {FLAGS.vocab}, batch 1, {FLAGS.tokens} tokens, '
     f'segment {FLAGS.segment}, static window {FLAGS.bptt}, {FLAGS.dtype} products'
   )
   print(
-    f'{"mode":>12} {"hidden":>6} {"scan":>7} {"tokens/s":>10} {"vs static":>9} '
+    f'{"mode":>12} {"members":>7} {"hidden":>6} {"scan":>7} {"tokens/s":>10} {"vs static":>9} '
     f'{"vs " + FLAGS.scans[0]:>10}'
   )
   for r in rows:
     print(
-      f'{r["mode"]:>12} {r["hidden"]:>6} {r["scan"]:>7} {r["tokens_per_s"]:>10,.0f} '
-      f'{r["ratio_vs_static"]:>9.2f} {r["ratio_vs_first_scan"]:>10.2f}'
+      f'{r["mode"]:>12} {r["members"]:>7} {r["hidden"]:>6} {r["scan"]:>7} '
+      f'{r["tokens_per_s"]:>10,.0f} {r["ratio_vs_static"]:>9.2f} {r["ratio_vs_first_scan"]:>10.2f}'
     )
   if FLAGS.output:
     path = pathlib.Path(FLAGS.output)

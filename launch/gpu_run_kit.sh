@@ -79,7 +79,9 @@
 # `dyneval` and `mogrifier24m` run the seed studies of
 # experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
 # then RMS and SGD dynamic evaluation of each seed on the whole valid and
-# test (dyneval.json, dyneval.txt, dyneval/); the 24M LSTM and Mogrifier
+# test, every seed's runs in shared scans (dyneval.json, dyneval.txt,
+# dyneval/), then dynamic evaluation's speed with 1, 4 and 24 runs a scan,
+# as the study runs them (dyneval_members.json and .txt); the 24M LSTM and Mogrifier
 # recipes for MINUTES/2 of training each, then valid and test
 # (mogrifier24m.json, mogrifier24m.txt, mogrifier24m/). Run again into the
 # same OUT, a study reads back what it finished and goes on.
@@ -195,6 +197,9 @@ persistent_dynamic=(--sizes=650 --tokens=1000 --scans=fused,persistent --dtype=b
 seeds=(--config.model.dtype=bfloat16 --seeds=8 --config.train.max_seconds=$((MINUTES * 60)))
 read -r -a seeds_args <<< "${SEEDS_ARGS:-}"  # words, not globbed
 dyneval=(--config=experiments/paper_seed_studies.py:zaremba_medium_dyneval)
+# the study's runs a scan: a seed alone, its 4 seeds, 4 seeds x 6 RMS settings
+dyneval_members=(--sizes=650 --tokens=1000 --scans=fused --dtype=bfloat16
+                 --rules=dynamic_sgd,dynamic_rms --members=1,4,24)
 mogrifier24m=(--config=experiments/paper_seed_studies.py:mogrifier_24m
               --config.models.lstm.train.max_seconds=$((MINUTES * 30))
               --config.models.mogrifier.train.max_seconds=$((MINUTES * 30)))
@@ -254,6 +259,8 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
            --config.evaluations.rms.dynamic.ms_batch_size=4
            --config.evaluations.sgd.dynamic.learning_rate='(1e-2,)'
            --config.evaluations.rms.splits=test --config.evaluations.sgd.splits=test)
+  dyneval_members=(--sizes=16 --vocab=50 --tokens=10 --scans=fused --rules=dynamic_rms
+                   --members=1,2)
   # shellcheck disable=SC2207
   mogrifier24m=(--config=experiments/paper_seed_studies.py:mogrifier_24m
                 --config.seeds='(0, 1)' $(tiny_study lstm) $(tiny_study mogrifier)
@@ -404,7 +411,11 @@ run_study() {
   "$PYTHON" launch/run_task.py "${flags[@]}" --config.workdir="$OUT/$1" \
       --output="$OUT/$1.json" 2>&1 | tee "$OUT/$1.txt" || failed+=("$1")
 }
-part_dyneval() { run_study dyneval; }
+part_dyneval() {
+  run_study dyneval
+  "$PYTHON" benchmarks/dynamic_evaluation_speed.py --output="$OUT/dyneval_members.json" \
+      "${dyneval_members[@]}" 2>&1 | tee "$OUT/dyneval_members.txt" || failed+=(dyneval_members)
+}
 part_mogrifier24m() { run_study mogrifier24m; }
 
 # The parts in the order KIT_PARTS names them: a lent machine may go back

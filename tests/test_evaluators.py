@@ -279,6 +279,7 @@ def test_token_losses_are_the_per_token_losses_and_their_mean(lm):
     ('dynamic', 'dynamic.learning_rate', (float('nan'),), 'dynamic.learning_rate must be'),
     ('dynamic', 'dynamic.decay_mean', 'rows', 'dynamic.decay_mean must be one of'),
     ('dynamic', 'dynamic.segment_length', (0,), 'dynamic.segment_length must be >= 1'),
+    ('dynamic', 'dynamic.members', -1, 'dynamic.members must be a whole number >= 0'),
     ('dynamic_rms', 'dynamic.eps', (1e-3, 0.0), "dynamic.eps must be > 0 for rule 'rms'"),
     ('static', 'max_tokens', -5, 'max_tokens must be >= 0'),
     ('temperature', 'temperature.low', 3.0, 'need 0 < low < high'),

@@ -143,7 +143,8 @@ def test_the_kits_stacks_time_each_stack_against_a_run_alone(kit):
 
 def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit):
   """The `dyneval` part: the medium recipe's seeds (tiny) as one stack, then
-  RMS and SGD dynamic evaluation of each, tabled beside the static score."""
+  RMS and SGD dynamic evaluation of each, tabled beside the static score,
+  then dynamic evaluation's speed with several runs a scan."""
   rows = json.loads((kit / 'dyneval.json').read_text())
   assert [(r['model'], r['seed']) for r in rows] == [('lstm_medium', 0), ('lstm_medium', 1)]
   for row in rows:
@@ -157,6 +158,14 @@ def test_the_kits_dyneval_study_scores_each_seed_statically_and_dynamically(kit)
   report = (kit / 'dyneval.txt').read_text()
   assert '| lstm_medium | rms | 2 | test |' in report
   assert '| lstm_medium | sgd | 2 | test |' in report
+  # then dynamic evaluation's speed with one run a scan and with 2
+  speed = json.loads((kit / 'dyneval_members.json').read_text())
+  assert not speed['failed']
+  assert [(r['mode'], r['members']) for r in speed['results']] == [
+    ('static', 1),
+    ('dynamic_rms', 1),
+    ('dynamic_rms', 2),
+  ]
 
 
 def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):

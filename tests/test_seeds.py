@@ -230,11 +230,12 @@ def test_a_diverged_stack_trains_its_seeds_one_by_one_once(study, tmp_path, monk
   assert again[1]['test_perplexity'] == pytest.approx(rows[1]['test_perplexity'], rel=1e-12)
 
 
-def _rms_dyneval(learning_rate=1e-2):
+def _rms_dyneval(learning_rate=1e-2, members=1):
   from conftest import load_experiment
 
   rms = load_experiment('dyneval_rms', 'krause')
   rms.dynamic.update(learning_rate=(learning_rate,), decay=(1e-3,), ms_batches=2, ms_batch_size=4)
+  rms.dynamic.members = members
   return rms
 
 
@@ -242,14 +243,14 @@ def test_a_studys_evaluations_score_every_run_and_are_read_back(held_stacks):
   """Dynamic evaluation of the stacked study's lstm runs: its static score of
   the same tokens is static evaluation at batch 1 of the whole split, its
   scores are kept beside each run and read back, and scored again when the
-  evaluation changes; a diverged evaluation is a data point."""
+  evaluation changes (not `members`); a diverged evaluation is a data point."""
   from lm_zoo.configs import evaluation_config
   from lm_zoo.training import evaluate_workdir
 
   study, _, trained, _ = held_stacks
   study = study.copy_and_resolve_references()
   study.models = {'lstm': study.models.lstm}
-  study.evaluations = {'rms': _rms_dyneval()}
+  study.evaluations = {'rms': _rms_dyneval(members=0)}  # both seeds in one scan
   rows = run_seed_study(study)
   same = lambda r: (r['model'], r['seed'], r['workdir'], r['valid_perplexity'])
   assert [same(r) for r in rows] == [same(r) for r in trained if r['model'] == 'lstm']
@@ -281,6 +282,7 @@ def test_a_studys_evaluations_score_every_run_and_are_read_back(held_stacks):
   kept = json.loads(stored.read_text())
   kept['scores']['test']['perplexity'] = 1.5
   stored.write_text(json.dumps(kept))
+  study.evaluations = {'rms': _rms_dyneval(members=1)}
   assert run_seed_study(study)[1]['rms_test_perplexity'] == 1.5  # read back
   for learning_rate in (3e-3, 1.0):  # another setting; one that diverges
     study.evaluations = {'rms': _rms_dyneval(learning_rate)}

@@ -10,7 +10,7 @@ from lm_zoo.configs import evaluation_config, meta_training_config
 from lm_zoo.evaluation import Static
 from lm_zoo.optim import PRECISION_FLOOR, dynamic_rms
 from lm_zoo.runs import load_trained
-from lm_zoo.training import evaluate_workdir, meta_train_workdir
+from lm_zoo.training import evaluate_workdir, evaluate_workdirs, meta_train_workdir
 from lm_zoo.training.meta_learner import META_LEARNER_DIR, load_meta_learner
 
 
@@ -41,6 +41,42 @@ def test_evaluate_workdir_is_the_evaluator_on_the_best_weights(trained_workdir):
   one = evaluation_config()
   one.splits = ('test,valid',)  # as a command line gives it
   assert list(evaluate_workdir(trained_workdir, one)) == ['test', 'valid']
+
+
+def test_workdirs_scored_together_are_each_as_alone(trained_workdir, tmp_path, data_dir):
+  """Two seeds of one model and a run of another size: dynamic evaluation
+  searches and scores the seeds in shared scans and the other model on its
+  own; every run's scores are its `evaluate_workdir`'s."""
+  from conftest import tiny_lm_config
+
+  from lm_zoo.evaluation.dynamic import _scan_members
+  from lm_zoo.training import train_and_evaluate
+
+  others = []
+  for seed, hidden in ((1, 16), (0, 12)):
+    config = tiny_lm_config(data_dir)
+    config.update(seed=seed)
+    config.train.num_epochs = 1
+    config.model.hidden_size = hidden
+    train_and_evaluate(config, tmp_path / f'run{len(others)}')
+    others.append(tmp_path / f'run{len(others)}')
+  config = evaluation_config('dynamic')
+  config.dynamic.update(rule='rms', learning_rate=(1e-3, 1e-2), ms_batches=2, ms_batch_size=2)
+  config.dynamic.members = 0
+  workdirs = [trained_workdir, *others]
+  _scan_members.clear_cache()
+  together = evaluate_workdirs(workdirs, config)
+  # The seeds' search (4 runs) and test (2); the other model's search (2).
+  assert _scan_members._cache_size() == 3
+  config.dynamic.members = 1
+  for results, workdir in zip(together, workdirs):
+    alone = evaluate_workdir(workdir, config)
+    assert list(results) == list(alone) == ['valid', 'test']
+    for split, result in results.items():
+      assert result.details['settings'] == alone[split].details['settings']
+      np.testing.assert_allclose(result.loss, alone[split].loss, rtol=1e-5)
+  static = evaluate_workdirs(workdirs)
+  assert [r['test'].loss for r in static] == [evaluate_workdir(w)['test'].loss for w in workdirs]
 
 
 def _meta_train(workdir, **fields):

@@ -118,7 +118,10 @@ class Dynamic(Evaluator):
   MS, for a rule that reads it, comes from `ms_batches` training windows of
   `ms_batch_size` rows.
   The result's details hold the chosen settings, the search, each segment's
-  NLL sum and token count, and the static loss of the same tokens."""
+  NLL sum and token count, and the static loss of the same tokens.
+  `members` runs (settings, and with `prepare_many` / `score_many` several
+  weights) share one compiled scan at a time, vmapped (0: all;
+  `dynamic_evaluate_many`)."""
 
   bptt: int
   rule: str = 'sgd'
@@ -248,6 +251,8 @@ class Dynamic(Evaluator):
   def score_many(self, prepared: Sequence[Prepared], split: str) -> list:
     """Each prepared weights' `split` scored with its chosen setting, all
     of them together `members` at a time; they share one model and corpus."""
+    if not prepared:
+      return []
     first = prepared[0]
     if any(p.model != first.model or p.corpus is not first.corpus for p in prepared):
       raise ValueError('score_many: every prepared weights must share one model and one corpus')

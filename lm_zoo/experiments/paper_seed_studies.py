@@ -6,7 +6,8 @@ each model's seeds trained at once):
                           then dynamic evaluation of each seed's best weights
                           on the whole valid and test: RMS with mean(MS) over
                           tensors as Krause's code, and SGD, each searched on
-                          the first `search_tokens` of valid. Krause et al.
+                          the first `search_tokens` of valid, the seeds
+                          scored together (`dynamic.members`). Krause et al.
                           (2018) report AWD-LSTM 57.3 to 51.1 on PTB test,
                           Melis et al. (2020) the Mogrifier 50.1 to 44.8.
   mogrifier_24m           the 24M LSTM and Mogrifier recipes of the Mogrifier
@@ -54,6 +55,9 @@ def get_config(variant: str = 'zaremba_medium_dyneval'):
     c.evaluations = ml_collections.ConfigDict({'rms': dyneval_rms('krause'), 'sgd': dyneval_sgd()})
     for evaluation in c.evaluations.values():
       evaluation.dynamic.search_tokens = SEARCH_TOKENS
+      # Every seed's every setting in one scan, then the seeds' scores in one:
+      # at batch 1 a GPU runs them in far less than one after another.
+      evaluation.dynamic.members = 0
   else:
     models = {'lstm': mogrifier_paper('ptb_lstm'), 'mogrifier': mogrifier_paper('ptb_mogrifier')}
     for model in models.values():

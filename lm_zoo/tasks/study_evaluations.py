@@ -26,7 +26,7 @@ import ml_collections
 from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation import EvalResult, build_evaluator, mean_and_spread, split_names
 from lm_zoo.runs.files import read_json, write_text_atomically
-from lm_zoo.training import evaluate_workdir
+from lm_zoo.training import evaluate_workdirs
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,13 @@ def evaluate_runs(
   """Adds to each converged run's row `{name}_{split}_perplexity`, and where
   the evaluator also scores the same tokens statically (dynamic evaluation)
   `{name}_{split}_static_perplexity` and `{name}_settings`, the setting its
-  search chose."""
-  for row in rows:
-    if not math.isfinite(row['valid_perplexity']):
-      continue  # a diverged run has no weights worth scoring
-    for name, evaluation in evaluations.items():
-      scores = _scores(pathlib.Path(row['workdir']), name, evaluation)
+  search chose. The runs an evaluation has not scored yet are scored
+  together (`evaluate_workdirs`)."""
+  # A diverged run has no weights worth scoring.
+  converged = [row for row in rows if math.isfinite(row['valid_perplexity'])]
+  for name, evaluation in evaluations.items():
+    workdirs = [pathlib.Path(row['workdir']) for row in converged]
+    for row, scores in zip(converged, _scores(workdirs, name, evaluation)):
       for split, score in scores.items():
         row[f'{name}_{split}_perplexity'] = score['perplexity']
         if 'static_perplexity' in score:
@@ -82,30 +83,55 @@ def evaluate_runs(
 
 
 def _scores(
-  workdir: pathlib.Path, name: str, evaluation: ml_collections.ConfigDict
-) -> dict[str, dict]:
-  path = workdir / FOLDER / f'{name}.json'
+  workdirs: Sequence[pathlib.Path], name: str, evaluation: ml_collections.ConfigDict
+) -> list[dict[str, dict]]:
+  """Each work directory's scores: those kept for this config read back,
+  the others computed and kept, each as it finishes, or all together where
+  dynamic evaluation runs several at once (`dynamic.members` not 1)."""
+  wanted = _scoring_config(evaluation)
+  kept = [_kept_scores(workdir / FOLDER / f'{name}.json', wanted) for workdir in workdirs]
+  missing = [i for i, scores in enumerate(kept) if scores is None]
+  together = evaluation.evaluator == 'dynamic' and evaluation.dynamic.members != 1
+  for batch in [missing] if together and missing else [[i] for i in missing]:
+    outcomes = evaluate_workdirs([workdirs[i] for i in batch], evaluation)
+    for i, outcome in zip(batch, outcomes):
+      kept[i] = _stored(workdirs[i] / FOLDER / f'{name}.json', wanted, outcome, evaluation)
+  return kept
+
+
+def _scoring_config(evaluation: ml_collections.ConfigDict) -> dict:
+  """The evaluation's config as kept with its scores, without
+  `dynamic.members`, which changes how fast, not what."""
   wanted = json.loads(evaluation.to_json_best_effort())
-  if path.is_file():
-    stored = read_json(path, 'a study keeps the scores it computed')
-    if stored.get('config') == wanted:
-      return stored['scores']
-  scores = {}
-  try:
-    results = evaluate_workdir(workdir, evaluation)
-  except TrainingError as err:  # a data point of the study, not its end
-    log.warning('%s: %s diverged: %s', workdir, name, err)
-    results = {}
+  wanted.get('dynamic', {}).pop('members', None)
+  return wanted
+
+
+def _kept_scores(path: pathlib.Path, wanted: dict) -> dict | None:
+  if not path.is_file():
+    return None
+  stored = read_json(path, 'a study keeps the scores it computed')
+  return stored['scores'] if stored.get('config') == wanted else None
+
+
+def _stored(path: pathlib.Path, wanted: dict, outcome, evaluation) -> dict[str, dict]:
+  """The scores of one run's outcome (an evaluation that diverged is a data
+  point of the study, not its end: infinite, its error kept), written."""
+  if isinstance(outcome, TrainingError):
+    log.warning('%s: %s diverged: %s', path.parent.parent, path.stem, outcome)
     scores = {
-      split: {'perplexity': math.inf, 'error': str(err)} for split in split_names(evaluation.splits)
+      split: {'perplexity': math.inf, 'error': str(outcome)}
+      for split in split_names(evaluation.splits)
     }
-  for split, result in results.items():
-    scores[split] = {'perplexity': result.perplexity}
-    if 'static_loss' in result.details:
-      static = EvalResult(result.details['static_loss'], result.num_tokens, result.unit)
-      scores[split].update(
-        static_perplexity=static.perplexity, settings=dict(result.details['settings'])
-      )
+  else:
+    scores = {}
+    for split, result in outcome.items():
+      scores[split] = {'perplexity': result.perplexity}
+      if 'static_loss' in result.details:
+        static = EvalResult(result.details['static_loss'], result.num_tokens, result.unit)
+        scores[split].update(
+          static_perplexity=static.perplexity, settings=dict(result.details['settings'])
+        )
   path.parent.mkdir(parents=True, exist_ok=True)
   write_text_atomically(path, json.dumps({'config': wanted, 'scores': scores}, indent=2))
   return scores

@@ -14,7 +14,12 @@ from lm_zoo.training.parallel import data_mesh, initialize_distributed, shard_ba
 from lm_zoo.training.run import Progress, create_train_state
 from lm_zoo.training.scoring import sample_text
 from lm_zoo.training.steps import TrainState, make_train_step
-from lm_zoo.training.trained import evaluate_workdir, meta_train_workdir, workdir_evaluator
+from lm_zoo.training.trained import (
+  evaluate_workdir,
+  evaluate_workdirs,
+  meta_train_workdir,
+  workdir_evaluator,
+)
 
 __all__ = [
   'Progress',
@@ -23,6 +28,7 @@ __all__ = [
   'data_mesh',
   'epoch_learning_rate',
   'evaluate_workdir',
+  'evaluate_workdirs',
   'initialize_distributed',
   'make_optimizer',
   'make_train_step',

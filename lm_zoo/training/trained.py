@@ -5,7 +5,7 @@ meta-trained for them (`meta_train_workdir`)."""
 from __future__ import annotations
 
 import pathlib
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,7 @@ import numpy as np
 import optax
 
 from lm_zoo.configs import evaluation_config
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation import (
   EvalResult,
   Evaluator,
@@ -78,6 +78,46 @@ def evaluate_workdir(
   evaluator = workdir_evaluator(workdir, run_config, config)
   prepared = evaluator.prepare(model, params, corpus)
   return {split: evaluator.score(prepared, split) for split in splits}
+
+
+def evaluate_workdirs(
+  workdirs: Sequence[str | pathlib.Path],
+  config: ml_collections.ConfigDict | None = None,
+  data_dir: str | None = None,
+) -> list[dict[str, EvalResult] | TrainingError]:
+  """`evaluate_workdir` of several work directories (the seeds of a study):
+  those of one model, data and windows are prepared and scored together
+  (`Evaluator.prepare_many`; dynamic evaluation runs them in shared scans,
+  `dynamic.members` at a time). Returns, in their order, each one's results
+  or the TrainingError of its divergence."""
+  config = evaluation_config() if config is None else config
+  splits = split_names(config.splits)
+  if config.evaluator != 'learned':  # its meta-learner is read with the model
+    build_evaluator(config, bptt=1, batch_size=1)  # a bad field fails before any loading
+  groups: list[tuple[tuple, Evaluator, Any, list[int], list]] = []
+  for i, workdir in enumerate(workdirs):
+    run_config, corpus, model, params = load_trained(workdir, data_dir)
+    # A learned rule is each run's own: its runs are scored one by one.
+    key = (model, run_config.data.to_json_best_effort(sort_keys=True), config.evaluator, i)
+    key = key[:3] if config.evaluator != 'learned' else key
+    group = next((g for g in groups if g[0] == key), None)
+    if group is None:
+      group = (key, workdir_evaluator(workdir, run_config, config), corpus, [], [])
+      groups.append(group)
+    group[3].append(i)
+    group[4].append(params)
+  outcomes: list = [None] * len(workdirs)
+  for (model, *_), evaluator, corpus, indices, params_list in groups:
+    prepared = evaluator.prepare_many(model, params_list, corpus)
+    ready = [(i, p) for i, p in zip(indices, prepared) if not isinstance(p, TrainingError)]
+    for i, p in zip(indices, prepared):
+      outcomes[i] = p  # the errors stay
+    scores = {split: evaluator.score_many([p for _, p in ready], split) for split in splits}
+    for k, (i, _) in enumerate(ready):
+      results = {split: scores[split][k] for split in splits}
+      errors = [r for r in results.values() if isinstance(r, TrainingError)]
+      outcomes[i] = errors[0] if errors else results
+  return outcomes
 
 
 def meta_train_workdir(
