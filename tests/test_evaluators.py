@@ -28,6 +28,7 @@ from lm_zoo.evaluation import (
   tune_temperature,
 )
 from lm_zoo.evaluation.dynamic import _scan_segments
+from lm_zoo.evaluation.streams import make_eval_step
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.optim import GateNetwork, dynamic_rms, dynamic_sgd, learned_update_rule
 
@@ -63,6 +64,33 @@ def test_static_scores_the_first_max_tokens_as_one_pass(lm):
   np.testing.assert_allclose(result.loss, _nll(model, params, CORPUS.valid[:51]), rtol=1e-5)
   whole = Static(bptt=7, batch_size=3)(model, params, CORPUS, 'test')
   assert whole.num_tokens == len(CORPUS.test) - 1
+
+
+def test_static_scores_several_weights_in_one_pass_each_as_alone(lm):
+  """`members` weights a vmapped pass (0: all; 2 of 3: a pair, then one),
+  one compiled step a number of weights: each loss that of its own pass, at
+  the evaluator's temperature."""
+  model, params = lm
+  weights = [params, perturb(params, seed=5, scale=0.1), perturb(params, seed=6, scale=0.1)]
+  prepared = [Prepared(model, w, CORPUS) for w in weights]
+  alone = Static(bptt=9, batch_size=2, temperature=1.3, max_tokens=60)
+  expected = [alone.score(p, 'test') for p in prepared]
+  assert len({r.loss for r in expected}) == 3
+  stacked_step = make_eval_step(model, stacked=True)
+  compiled = stacked_step._cache_size()
+  for members, programs in ((0, 1), (2, 2)):  # 3 weights at once; a pair, then one
+    results = dataclasses.replace(alone, members=members).score_many(prepared, 'test')
+    np.testing.assert_allclose([r.loss for r in results], [r.loss for r in expected], rtol=1e-6)
+    assert [(r.num_tokens, r.temperature) for r in results] == [(60, 1.3)] * 3
+    assert stacked_step._cache_size() == compiled + programs
+    compiled += programs
+  other = RecurrentLM(Embedding(V, 6), Stack([LSTMCell(5)]), Softmax(V))
+  mixed = [prepared[0], Prepared(other, init_params(other, jax.random.key(1)), CORPUS)]
+  with pytest.raises(ValueError, match='one model and one corpus'):
+    dataclasses.replace(alone, members=0).score_many(mixed, 'test')
+  for members in (-1, 1.5, True):
+    with pytest.raises(ValueError, match='members must be a whole number'):
+      dataclasses.replace(alone, members=members).score_many(prepared, 'test')
 
 
 def test_mc_dropout_at_scale_zero_is_static_evaluation(lm):

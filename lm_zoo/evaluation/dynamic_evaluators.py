@@ -121,7 +121,8 @@ class Dynamic(Evaluator):
   NLL sum and token count, and the static loss of the same tokens.
   `members` runs (settings, and with `prepare_many` / `score_many` several
   weights) share one compiled scan at a time, vmapped (0: all;
-  `dynamic_evaluate_many`)."""
+  `dynamic_evaluate_many`), and so many weights' static baselines one pass
+  (`Static.score_many`)."""
 
   bptt: int
   rule: str = 'sgd'
@@ -263,14 +264,13 @@ class Dynamic(Evaluator):
       if runs
       else []
     )
-    static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens)
-    outcomes = []
-    for p, reused in zip(prepared, reuse):
-      result = p.choice.valid if reused else next(scored)
-      if not isinstance(result, TrainingError):
-        details = {**result.details, 'search': p.choice.trials}
-        result = beside_static(dataclasses.replace(result, details=details), static.score(p, split))
-      outcomes.append(result)
+    outcomes = [p.choice.valid if reused else next(scored) for p, reused in zip(prepared, reuse)]
+    kept = [i for i, result in enumerate(outcomes) if not isinstance(result, TrainingError)]
+    # The baseline of the same tokens, as many weights at a time as the runs.
+    static = Static(self.bptt, self.batch_size, max_tokens=self.max_tokens, members=self.members)
+    for i, baseline in zip(kept, static.score_many([prepared[i] for i in kept], split)):
+      details = {**outcomes[i].details, 'search': prepared[i].choice.trials}
+      outcomes[i] = beside_static(dataclasses.replace(outcomes[i], details=details), baseline)
     return outcomes
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:

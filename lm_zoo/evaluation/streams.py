@@ -81,15 +81,18 @@ def evaluate_stream_stacked(
   bptt: int,
   unit: str = 'word',
   what: str = 'evaluation',
+  temperature: float = 1.0,
 ) -> list[EvalResult]:
   """`evaluate_stream` for runs stacked on a leading axis: `eval_step` is
   `make_eval_step(model, stacked=True)`'s, `params` and `initial_carries` have
   that axis, and the result is one `EvalResult` per run, in its order."""
   totals, counts = _stream_sums(
-    eval_step, params, initial_carries, stream, batch_size, bptt, 1.0, what
+    eval_step, params, initial_carries, stream, batch_size, bptt, temperature, what
   )
   return [
-    EvalResult(loss=float(total / count), num_tokens=int(count), unit=unit)
+    EvalResult(
+      loss=float(total / count), num_tokens=int(count), unit=unit, temperature=float(temperature)
+    )
     for total, count in zip(totals, counts)
   ]
 
