@@ -12,7 +12,14 @@ from conftest import perturb
 
 from lm_zoo.cells import LSTMCell
 from lm_zoo.errors import TrainingError
-from lm_zoo.evaluation import DynamicMember, dynamic_evaluate, dynamic_evaluate_many
+from lm_zoo.evaluation import (
+  DynamicEvalSettings,
+  DynamicMember,
+  DynamicSetup,
+  dynamic,
+  dynamic_evaluate,
+  dynamic_evaluate_many,
+)
 from lm_zoo.evaluation.dynamic import _scan_members, _scan_segments
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.optim import dynamic_rms, dynamic_sgd
@@ -96,6 +103,64 @@ def test_max_members_and_other_programs_split_the_members(lm):
   assert _scan_segments._cache_size() == 2  # the third injected one; the array-holding rule
   for run, lr in zip(runs, (0.2, 0.5, 0.4, 0.6)):
     _assert_same_run(run, dynamic_evaluate(model, params, dynamic_sgd(lr), STREAM, 7))
+
+
+def _jitted_sgd(learning_rate):
+  """SGD whose step is a jitted function holding its rate as an array: the
+  update's program reads the same for every rate."""
+  rate = jnp.float32(learning_rate)
+  step = jax.jit(lambda grads: jax.tree.map(lambda g: -rate * g, grads))
+  return optax.GradientTransformation(
+    lambda params: optax.EmptyState(), lambda updates, state, params=None: (step(updates), state)
+  )
+
+
+def test_a_rule_whose_inner_function_holds_an_array_is_its_own_program(lm):
+  """Together or one after another, each rate is its own run, not the
+  first one's compiled again."""
+  model, params = lm
+  rates = (0.0, 0.5)
+  together = dynamic_evaluate_many(
+    model, [DynamicMember(params, _jitted_sgd(r)) for r in rates], STREAM, 5
+  )
+  alone = [dynamic_evaluate(model, params, _jitted_sgd(r), STREAM, 5) for r in rates]
+  for run, by_itself, rate in zip(together, alone, rates):
+    expected = dynamic_evaluate(model, params, dynamic_sgd(rate), STREAM, 5)
+    _assert_same_run(run, expected)
+    _assert_same_run(by_itself, expected)
+
+
+def test_what_every_member_shares_is_carried_once(lm, monkeypatch):
+  """RMS settings of one weights as the `Dynamic` evaluator makes them: in
+  the vmapped scan's loop only the adapted weights and the recurrent state
+  have a member axis; MS and the trained weights the decay pulls toward are
+  one array for all."""
+  model, params = lm
+  setup = DynamicSetup(jax.tree.map(lambda p: jnp.full(p.shape, 0.7), params))
+  rates = (0.05, 0.1, 0.2)
+  members = [
+    DynamicMember(
+      params, *setup.transformation(DynamicEvalSettings('rms', r, 0.02, 1e-3, 5), params)
+    )
+    for r in rates
+  ]
+  traced, scan_members = [], dynamic._scan_members
+  monkeypatch.setattr(
+    dynamic,
+    '_scan_members',
+    lambda *args: traced.append(scan_members.trace(*args).jaxpr) or scan_members(*args),
+  )
+  runs = dynamic_evaluate_many(model, members, STREAM, 5)
+  for run, rate in zip(runs, rates):
+    rms = dynamic_rms(rate, 0.02, 1e-3, setup.rms_gradients)
+    _assert_same_run(run, dynamic_evaluate(model, params, rms, STREAM, 5))
+  (scan,) = [eqn for eqn in traced[0].eqns if eqn.primitive.name == 'scan']
+  # What the loop body reads: its constants, its carry, one segment.
+  read = [var.aval for var in scan.params['jaxpr'].jaxpr.invars]
+  per_member = sum(a.size for a in read if a.ndim >= 2 and a.shape[0] == len(rates))
+  weights = sum(leaf.size for leaf in jax.tree.leaves(params))
+  state = sum(leaf.size for leaf in jax.tree.leaves(model.initialize_carry(1)))
+  assert per_member == len(rates) * (weights + state)
 
 
 def test_identical_members_share_one_run(lm):

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.extend import core as jax_core
 
 from lm_zoo.data import BatchedStream
 from lm_zoo.errors import TrainingError, is_whole_number
@@ -62,8 +63,9 @@ class _Rule:
       grads, state, params, loss=loss, **extra
     )
     traced = jax.make_jaxpr(update)(params, opt_state, params, jnp.float32(0), extra_args)
-    # Constants are values the program holds: another's would differ.
-    self.program = None if traced.consts else str(traced.jaxpr)
+    # Constants are values the program holds, which its text does not show:
+    # another's would differ.
+    self.program = None if _holds_constants(traced) else str(traced.jaxpr)
 
   def __eq__(self, other):
     if self.program is None or not isinstance(other, _Rule):
@@ -72,6 +74,24 @@ class _Rule:
 
   def __hash__(self):
     return id(self) if self.program is None else hash(self.program)
+
+
+def _holds_constants(closed) -> bool:
+  """Whether a closed jaxpr, or one nested in its equations (a jitted
+  function's, a branch's, a loop body's), holds constants."""
+  pending = [closed]
+  while pending:
+    jaxpr = pending.pop()
+    if isinstance(jaxpr, jax_core.ClosedJaxpr):
+      if jaxpr.consts:
+        return True
+      jaxpr = jaxpr.jaxpr
+    for eqn in jaxpr.eqns:
+      for value in eqn.params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+          if isinstance(item, (jax_core.ClosedJaxpr, jax_core.Jaxpr)):
+            pending.append(item)
+  return False
 
 
 def _segment_scan(
@@ -91,7 +111,11 @@ def _segment_scan(
     # A non-finite update (an overflowing gradient or step) is skipped: the
     # weights and the rule's state stay as they were.
     finite = jnp.isfinite(optax.tree.norm(updates))
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    # A leaf the update left as it was stays itself: under vmap, one every
+    # member shares (MS, the trained weights) keeps no copy per member.
+    keep = lambda new, old: jax.tree.map(
+      lambda n, o: o if n is o else jnp.where(finite, n, o), new, old
+    )
     params = keep(optax.apply_updates(params, updates), params)
     opt_state = keep(new_opt_state, opt_state)
     return (params, opt_state, jax.lax.stop_gradient(carries)), (total, count, ~finite)
@@ -223,8 +247,8 @@ def dynamic_evaluate_many(
   over them, at most `max_members` at a time (0: all). At batch 1 one
   member leaves a GPU idle between small kernels, so n members take far
   less than n times as long. A leaf that is the same array in every member
-  (weights every setting starts from, the shared MS) is passed once; the
-  others are stacked, so memory grows with the members.
+  (weights every setting starts from, the shared MS) is passed and carried
+  once; the others are stacked, so memory grows with the members.
 
   Returns, in the order of `members`, each one's `DynamicEvalResult`, or
   the `TrainingError` `dynamic_evaluate` would raise for it (one member
