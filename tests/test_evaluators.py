@@ -186,6 +186,10 @@ def test_weights_searched_and_scored_together_are_each_as_alone(lm, rule):
   outcomes = search.prepare_many(model, [blown, params], CORPUS)
   assert isinstance(outcomes[0], TrainingError) and 'every searched setting' in str(outcomes[0])
   assert isinstance(outcomes[1], Prepared)
+  # prepare_many's list scores as it is: the error stays in its place.
+  error, result = search.score_many(outcomes, 'test')
+  assert error is outcomes[0]
+  np.testing.assert_allclose(result.loss, search.score(outcomes[1], 'test').loss, rtol=1e-6)
   one_setting = dataclasses.replace(search, learning_rate=(1e-3,))
   finished = one_setting.score_many(
     one_setting.prepare_many(model, [blown, params], CORPUS), 'test'
@@ -194,6 +198,8 @@ def test_weights_searched_and_scored_together_are_each_as_alone(lm, rule):
   assert finished[1].loss == pytest.approx(
     one_setting(model, params, CORPUS, 'test').loss, rel=1e-5
   )
+  with pytest.raises(ValueError, match='members must be a whole number >= 0'):
+    dataclasses.replace(search, members=-1).prepare(model, params, CORPUS)
 
 
 def test_evaluators_score_many_weights_as_each_alone(lm):

@@ -23,7 +23,15 @@ from lm_zoo.evaluation.dynamic import (
   dynamic_evaluate_many,
 )
 from lm_zoo.evaluation.dynamic_rules import DYNAMIC_RULES, SEARCHED
-from lm_zoo.evaluation.evaluators import Evaluator, Prepared, Static, beside_static, first_tokens
+from lm_zoo.evaluation.evaluators import (
+  Evaluator,
+  Prepared,
+  Static,
+  beside_static,
+  check_members,
+  first_tokens,
+  one_model_and_corpus,
+)
 from lm_zoo.evaluation.meta_training import MetaLearner
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.evaluation.statistics import rms_training_gradients
@@ -165,6 +173,7 @@ class Dynamic(Evaluator):
     `runs`, (setup, settings, trained weights) triples: `members` of them at
     a time in one vmapped scan (`dynamic_evaluate_many`). Returns, in their
     order, each one's result or the TrainingError of its divergence."""
+    check_members(self.members)
     stream = first_tokens(corpus, split, num_tokens)
     outcomes: list = [None] * len(runs)
     by_length: dict[int, list[int]] = {}
@@ -223,13 +232,18 @@ class Dynamic(Evaluator):
     prepared = []
     for k, (params, setup) in enumerate(zip(params_list, setups)):
       outcomes = scored[k * len(grid) : (k + 1) * len(grid)]
+      which = f' (weights {k + 1} of {len(params_list)})' if len(params_list) > 1 else ''
       trials = []
       for settings, outcome in zip(grid, outcomes):
         if isinstance(outcome, TrainingError):
-          log.warning('%s: %s', settings, outcome)
+          log.warning('%s%s: %s', settings, which, outcome)
         loss = math.inf if isinstance(outcome, TrainingError) else outcome.loss
         log.info(
-          'search: valid loss %.4f (perplexity %.2f) with %s', loss, _perplexity(loss), settings
+          'search%s: valid loss %.4f (perplexity %.2f) with %s',
+          which,
+          loss,
+          _perplexity(loss),
+          settings,
         )
         trials.append((dataclasses.asdict(settings), loss))
       best = min(range(len(grid)), key=lambda i: trials[i][1])
@@ -249,20 +263,16 @@ class Dynamic(Evaluator):
   def prepare(self, model, params, corpus: Corpus) -> Prepared:
     return _raised(self.prepare_many(model, [params], corpus)[0])
 
-  def score_many(self, prepared: Sequence[Prepared], split: str) -> list:
+  def _score_ready(self, prepared: Sequence[Prepared], split: str) -> list:
     """Each prepared weights' `split` scored with its chosen setting, all
     of them together `members` at a time; they share one model and corpus."""
     if not prepared:
       return []
-    first = prepared[0]
-    if any(p.model != first.model or p.corpus is not first.corpus for p in prepared):
-      raise ValueError('score_many: every prepared weights must share one model and one corpus')
+    model, corpus = one_model_and_corpus(prepared)
     reuse = [split == 'valid' and p.choice.valid is not None for p in prepared]
     runs = [(p.choice.setup, p.choice.settings, p.params) for p, r in zip(prepared, reuse) if not r]
     scored = iter(
-      self.score_settings_many(runs, first.model, first.corpus, split, self.max_tokens)
-      if runs
-      else []
+      self.score_settings_many(runs, model, corpus, split, self.max_tokens) if runs else []
     )
     outcomes = [p.choice.valid if reused else next(scored) for p, reused in zip(prepared, reuse)]
     kept = [i for i, result in enumerate(outcomes) if not isinstance(result, TrainingError)]

@@ -78,9 +78,20 @@ class Evaluator(abc.ABC):
     return [_outcome(self.prepare, model, params, corpus) for params in params_list]
 
   def score_many(
-    self, prepared: Sequence[Prepared], split: str
+    self, prepared: Sequence[Prepared | TrainingError], split: str
   ) -> list[EvalResult | TrainingError]:
-    """`score` of each prepared weights, each one's TrainingError in its place."""
+    """`score` of each prepared weights (`prepare_many`'s list), each one's
+    TrainingError in its place; an entry that is one already (weights that
+    could not be prepared) stays. An evaluator that can score several
+    weights together (`Static`, `Dynamic`) does."""
+    ready = [i for i, one in enumerate(prepared) if not isinstance(one, TrainingError)]
+    outcomes = list(prepared)
+    for i, outcome in zip(ready, self._score_ready([prepared[i] for i in ready], split)):
+      outcomes[i] = outcome
+    return outcomes
+
+  def _score_ready(self, prepared: Sequence[Prepared], split: str) -> list:
+    """`score_many` of prepared weights only: one by one."""
     return [_outcome(self.score, one, split) for one in prepared]
 
   def __call__(self, model: nn.Module, params: Any, corpus: Corpus, split: str) -> EvalResult:
@@ -94,6 +105,22 @@ def _outcome(function, *args):
     return function(*args)
   except TrainingError as err:  # this weights' divergence, not the others'
     return err
+
+
+def check_members(members: Any) -> int:
+  """`members` (how many runs share one vmapped pass, 0: all), or
+  ValueError unless it is a whole number >= 0."""
+  if not is_whole_number(members) or members < 0:
+    raise ValueError(f'members must be a whole number >= 0 (0: all at once), got {members!r}')
+  return members
+
+
+def one_model_and_corpus(prepared: Sequence[Prepared]) -> tuple[nn.Module, Corpus]:
+  """The model and corpus every prepared weights shares, or ValueError."""
+  model, corpus = prepared[0].model, prepared[0].corpus
+  if any(p.model != model or p.corpus is not corpus for p in prepared):
+    raise ValueError('score_many: every prepared weights must share one model and one corpus')
+  return model, corpus
 
 
 def first_tokens(corpus: Corpus, split: str, max_tokens: int, model=None) -> np.ndarray:
@@ -133,19 +160,13 @@ class Static(Evaluator):
       what=f'{split} evaluation',
     )
 
-  def score_many(self, prepared: Sequence[Prepared], split: str) -> list[EvalResult]:
+  def _score_ready(self, prepared: Sequence[Prepared], split: str) -> list[EvalResult]:
     """Each prepared weights' `split`, `members` of them at a time in one
     vmapped pass (`evaluate_stream_stacked`); they share one model and corpus."""
-    if not is_whole_number(self.members) or self.members < 0:
-      raise ValueError(
-        f'members must be a whole number >= 0 (0: all at once), got {self.members!r}'
-      )
-    at_once = self.members or len(prepared)
+    at_once = check_members(self.members) or len(prepared)
     if at_once == 1 or len(prepared) < 2:
       return [self.score(one, split) for one in prepared]
-    model, corpus = prepared[0].model, prepared[0].corpus
-    if any(p.model != model or p.corpus is not corpus for p in prepared):
-      raise ValueError('score_many: every prepared weights must share one model and one corpus')
+    model, corpus = one_model_and_corpus(prepared)
     stream = first_tokens(corpus, split, self.max_tokens, model)
     results = []
     for start in range(0, len(prepared), at_once):

@@ -6,8 +6,9 @@ their means over the seeds beside the static score of the same tokens.
 `config.evaluations` maps a name (letters, digits and '_': it names files
 and row fields) to an evaluation config (`lm_zoo.configs.evaluation_config`,
 `experiments/dyneval_*.py`). Each run's scores are kept in
-`{run}/study_evaluations/{name}.json` with the config that made them: a study
-run again reads them back, and scores again where the config changed. An
+`{run}/study_evaluations/{name}.json` with the config that made them (less
+`dynamic.members`, which changes how fast, not what): a study run again reads
+them back, and scores again where the config changed. An
 evaluation that diverges is a data point (infinite perplexity, its error
 kept), not the study's end.
 """

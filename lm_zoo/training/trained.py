@@ -108,12 +108,10 @@ def evaluate_workdirs(
     group[4].append(params)
   outcomes: list = [None] * len(workdirs)
   for (model, *_), evaluator, corpus, indices, params_list in groups:
+    # A weights prepare_many could not prepare stays its error in score_many.
     prepared = evaluator.prepare_many(model, params_list, corpus)
-    ready = [(i, p) for i, p in zip(indices, prepared) if not isinstance(p, TrainingError)]
-    for i, p in zip(indices, prepared):
-      outcomes[i] = p  # the errors stay
-    scores = {split: evaluator.score_many([p for _, p in ready], split) for split in splits}
-    for k, (i, _) in enumerate(ready):
+    scores = {split: evaluator.score_many(prepared, split) for split in splits}
+    for k, i in enumerate(indices):
       results = {split: scores[split][k] for split in splits}
       errors = [r for r in results.values() if isinstance(r, TrainingError)]
       outcomes[i] = errors[0] if errors else results
