@@ -16,9 +16,9 @@ fraction of the traced time the device was busy, and the 10 kernels that
 took longest in all (`profile_top_kernels`; on a GPU only). A size and scan that fails is left
 out with its reason (`failed`), and the script then exits with an error.
 With `--members=1,8`, the SGD and RMS rows are also timed for 8 settings of
-the rule scored at once (`dynamic_evaluate_many`, as a search or a seed
-study scores them with `dynamic.members`); such a row's tokens/s counts
-every member's tokens.
+the rule scored at once (`dynamic_evaluate_many`) as a search scores them
+with `dynamic.members` (one weights, their MS shared); such a row's
+tokens/s counts every member's tokens.
 
   python benchmarks/dynamic_evaluation_speed.py [--sizes=200,650] [--tokens=2000]
       [--scans=fused,pallas,cudnn] [--rules=dynamic_sgd,dynamic_rms,learned_rule]
@@ -33,14 +33,15 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import app, flags
 from baselines import failure_reason
 from device_traces import device_kernels, top_kernels
 
 from lm_zoo.cells import LSTMCell
 from lm_zoo.evaluation import (
+  DynamicEvalSettings,
   DynamicMember,
+  DynamicSetup,
   dynamic_evaluate,
   dynamic_evaluate_many,
   evaluate_stream,
@@ -138,9 +139,9 @@ def measure(hidden: int, scan: str) -> list[dict]:
   }
   timed = [(mode, 1, fn) for mode, fn in runs.items() if mode == 'static' or mode in FLAGS.rules]
   for count in sorted({int(m) for m in FLAGS.members} - {1}):
-    for mode, rule in (('dynamic_sgd', dynamic_sgd), ('dynamic_rms', _with_ms(dynamic_rms, rms))):
+    for mode, rule in (('dynamic_sgd', 'sgd'), ('dynamic_rms', 'rms')):
       if mode in FLAGS.rules:
-        timed.append((mode, count, _settings_at_once(model, params, rule, stream, count)))
+        timed.append((mode, count, _settings_at_once(model, params, rule, rms, stream, count)))
   rows = []
   for mode, count, fn in timed:
     rows.append(
@@ -160,20 +161,18 @@ def measure(hidden: int, scan: str) -> list[dict]:
   return rows
 
 
-def _with_ms(rms_rule, ms):
-  return lambda learning_rate, decay, eps: rms_rule(learning_rate, decay, eps, ms)
-
-
-def _settings_at_once(model, params, rule, stream, count: int):
-  """`count` settings of `rule` (learning rates 1e-4 to 1e-3, held in its
-  state) scored in one scan."""
-  injected = optax.inject_hyperparams(rule)
-  rates = np.geomspace(1e-4, 1e-3, count)
-  settings = [
-    {'learning_rate': lr, 'decay': 1e-3, **({'eps': 1e-3} if rule is not dynamic_sgd else {})}
-    for lr in rates
+def _settings_at_once(model, params, rule: str, ms, stream, count: int):
+  """`count` settings of `rule` (learning rates 1e-4 to 1e-3) scored in one
+  scan as a search scores them: held in the states of one transformation,
+  whose inner state (the trained weights, MS) every setting shares."""
+  setup = DynamicSetup(ms if rule == 'rms' else None)
+  members = [
+    DynamicMember(
+      params,
+      *setup.transformation(DynamicEvalSettings(rule, lr, 1e-3, 1e-3, FLAGS.segment), params),
+    )
+    for lr in np.geomspace(1e-4, 1e-3, count)
   ]
-  members = [DynamicMember(params, injected(**setting)) for setting in settings]
   return lambda: dynamic_evaluate_many(model, members, stream, FLAGS.segment)
 
 
