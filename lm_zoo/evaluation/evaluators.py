@@ -138,7 +138,8 @@ class Static(Evaluator):
   """Dropout off, the state carried across the split (`evaluate_stream`),
   the logits divided by `temperature`. `score_many` scores `members`
   weights of one model in one pass, vmapped over them (0: all; 1: one by
-  one, faster on a CPU), as dynamic evaluation's baseline does on a GPU."""
+  one, faster on a CPU), as dynamic evaluation's baseline does with its own
+  `members`."""
 
   bptt: int
   batch_size: int = 1
