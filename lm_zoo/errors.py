@@ -35,7 +35,8 @@ class CheckpointError(LMZooError):
 
 
 class WorkdirInUse(LMZooError):
-  """Another process holds the work directory's lock (it is training there)."""
+  """Another process holds a work directory's lock (it is training there, or
+  scoring an evaluation of a study)."""
 
 
 class Preempted(LMZooError):

@@ -135,19 +135,41 @@ def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
   workdir.mkdir(parents=True, exist_ok=True)
   index = jax.process_index()
   path = workdir / (f'{LOCK_FILE}.{index}' if index else LOCK_FILE)
+  busy = (
+    f'{workdir} is in use by {{holder}}: wait for that run to end, or train in another --workdir'
+  )
   with contextlib.ExitStack() as held:
     if index == 0:
       folder = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
       held.callback(os.close, folder)
-      _flock(folder, wait, workdir, path)
-    try:  # never through a link: the pid written into it would land elsewhere
-      descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as err:
-      if err.errno == errno.ELOOP:
-        raise _link_error(path) from None
-      raise
-    f = held.enter_context(os.fdopen(descriptor, 'r+'))
-    _flock(f.fileno(), wait, workdir, path)
+      _flock(folder, wait, busy, path)
+    held.enter_context(file_lock(path, wait, busy))
+    yield
+
+
+@contextlib.contextmanager
+def file_lock(path: pathlib.Path, wait: bool, busy: str) -> Iterator[None]:
+  """Holds an exclusive flock on the file `path` (made if missing, never
+  through a link) for the duration, its text naming the holder's host and
+  pid. The kernel releases it when the process ends, however it ends.
+
+  Args:
+    wait: block until the lock is free instead of raising.
+    busy: the message when another process holds it, '{holder}' standing
+      for the holder the file names.
+
+  Raises:
+    WorkdirInUse: another process holds it (and `wait` is False).
+    ConfigError: `path` is a symbolic link.
+  """
+  try:  # never through a link: the pid written into it would land elsewhere
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+  except OSError as err:
+    if err.errno == errno.ELOOP:
+      raise _link_error(path) from None
+    raise
+  with os.fdopen(descriptor, 'r+') as f:
+    _flock(f.fileno(), wait, busy, path)
     f.seek(0)
     f.truncate()
     f.write(f'pid {os.getpid()} on host {socket.gethostname()}\n')
@@ -155,9 +177,10 @@ def workdir_lock(workdir: pathlib.Path, wait: bool = False) -> Iterator[None]:
     yield
 
 
-def _flock(descriptor: int, wait: bool, workdir: pathlib.Path, path: pathlib.Path) -> None:
+def _flock(descriptor: int, wait: bool, busy: str, path: pathlib.Path) -> None:
   """Takes an exclusive flock on `descriptor` (held until it is closed), or
-  raises WorkdirInUse naming the holder from the lock file at `path`."""
+  raises WorkdirInUse with `busy` naming the holder from the lock file at
+  `path`."""
   try:
     fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
   except BlockingIOError:
@@ -166,9 +189,7 @@ def _flock(descriptor: int, wait: bool, workdir: pathlib.Path, path: pathlib.Pat
     except OSError:
       holder = ''
     holder = holder or 'another process (its lock file was removed)'
-    raise WorkdirInUse(
-      f'{workdir} is in use by {holder}: wait for that run to end, or train in another --workdir'
-    ) from None
+    raise WorkdirInUse(busy.replace('{holder}', holder)) from None
 
 
 def record_command(workdir: pathlib.Path, command: str) -> None:

@@ -13,7 +13,8 @@ directory `{workdir}/{model}_s{seed}`, so a study stopped at any point resumes
 with the same command and its finished seeds are already complete pairs.
 Several workers (the same command on other cores or hosts sharing the
 folder) split the study: each skips the runs another holds (a work
-directory's lock), and waits for them once its own are done.
+directory's lock), and waits for them once its own are done; they split
+the evaluations so too (`lm_zoo.tasks.study_evaluations`).
 
 With `config.stack` each model's seeds (consecutive, ascending) train as
 one stack (`lm_zoo.training.train_seeds`) in

@@ -10,11 +10,13 @@ and row fields) to an evaluation config (`lm_zoo.configs.evaluation_config`,
 `dynamic.members`, which changes how fast, not what): a study run again reads
 them back, and scores again where the config changed. An
 evaluation that diverges is a data point (infinite perplexity, its error
-kept), not the study's end.
+kept), not the study's end. Workers sharing a study score each run's
+evaluation once, holding `{name}.lock` beside its scores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -24,9 +26,10 @@ from typing import Mapping, Sequence
 
 import ml_collections
 
-from lm_zoo.errors import ConfigError, TrainingError
+from lm_zoo.errors import ConfigError, TrainingError, WorkdirInUse
 from lm_zoo.evaluation import EvalResult, build_evaluator, mean_and_spread, split_names
 from lm_zoo.runs.files import read_json, write_text_atomically
+from lm_zoo.runs.workdir import file_lock
 from lm_zoo.training import evaluate_workdirs
 
 log = logging.getLogger(__name__)
@@ -88,16 +91,45 @@ def _scores(
 ) -> list[dict[str, dict]]:
   """Each work directory's scores: those kept for this config read back,
   the others computed and kept, each as it finishes, or all together where
-  dynamic evaluation runs several at once (`dynamic.members` not 1)."""
+  dynamic evaluation runs several at once (`dynamic.members` not 1).
+
+  A run's evaluation is scored holding `{name}.lock` beside its scores:
+  several workers of one study score each run once. Runs another worker
+  holds are left to it; once every missing run is held elsewhere, this
+  worker waits for the first and reads them again."""
   wanted = _scoring_config(evaluation)
-  kept = [_kept_scores(workdir / FOLDER / f'{name}.json', wanted) for workdir in workdirs]
-  missing = [i for i, scores in enumerate(kept) if scores is None]
+  paths = [workdir / FOLDER / f'{name}.json' for workdir in workdirs]
+  kept = [_kept_scores(path, wanted) for path in paths]
   together = evaluation.evaluator == 'dynamic' and evaluation.dynamic.members != 1
-  for batch in [missing] if together and missing else [[i] for i in missing]:
-    outcomes = evaluate_workdirs([workdirs[i] for i in batch], evaluation)
-    for i, outcome in zip(batch, outcomes):
-      kept[i] = _stored(workdirs[i] / FOLDER / f'{name}.json', wanted, outcome, evaluation)
+  while None in kept:
+    with contextlib.ExitStack() as held:
+      mine = [i for i, scores in enumerate(kept) if scores is None and _hold(held, paths[i])]
+      if not mine:
+        mine = [kept.index(None)]
+        _hold(held, paths[mine[0]], wait=True)
+      # Another worker may have scored them before this one took the locks.
+      kept = [_kept_scores(path, wanted) if s is None else s for s, path in zip(kept, paths)]
+      mine = [i for i in mine if kept[i] is None]
+      for batch in [mine] if together and mine else [[i] for i in mine]:
+        outcomes = evaluate_workdirs([workdirs[i] for i in batch], evaluation)
+        for i, outcome in zip(batch, outcomes):
+          kept[i] = _stored(paths[i], wanted, outcome, evaluation)
   return kept
+
+
+def _hold(held: contextlib.ExitStack, path: pathlib.Path, wait: bool = False) -> bool:
+  """Whether this process now holds the lock of the scores at `path` (kept
+  in `held`); False when another holds it and `wait` is False."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  lock = path.with_suffix('.lock')
+  if wait:
+    log.info('%s: waiting for the worker scoring it', lock)
+  try:
+    held.enter_context(file_lock(lock, wait, f'{lock} is held by {{holder}}'))
+  except WorkdirInUse as other:
+    log.info('%s: left to it', other)
+    return False
+  return True
 
 
 def _scoring_config(evaluation: ml_collections.ConfigDict) -> dict:
