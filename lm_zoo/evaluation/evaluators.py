@@ -173,14 +173,10 @@ class Static(Evaluator):
     for start in range(0, len(prepared), at_once):
       chunk = prepared[start : start + at_once]
       params = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(p.params for p in chunk))
-      carries = jax.tree.map(
-        lambda x: jnp.broadcast_to(x, (len(chunk), *x.shape)),
-        model.initialize_carry(self.batch_size),
-      )
       results += evaluate_stream_stacked(
         make_eval_step(model, stacked=True),
         params,
-        carries,
+        model.initialize_carry(self.batch_size),
         stream,
         self.batch_size,
         self.bptt,

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -84,10 +85,13 @@ def evaluate_stream_stacked(
   temperature: float = 1.0,
 ) -> list[EvalResult]:
   """`evaluate_stream` for runs stacked on a leading axis: `eval_step` is
-  `make_eval_step(model, stacked=True)`'s, `params` and `initial_carries` have
-  that axis, and the result is one `EvalResult` per run, in its order."""
+  `make_eval_step(model, stacked=True)`'s, `params` have that axis, every
+  run starts from `initial_carries` (one run's), and the result is one
+  `EvalResult` per run, in its order."""
+  runs = jax.tree.leaves(params)[0].shape[0]
+  carries = jax.tree.map(lambda x: jnp.broadcast_to(x, (runs, *x.shape)), initial_carries)
   totals, counts = _stream_sums(
-    eval_step, params, initial_carries, stream, batch_size, bptt, temperature, what
+    eval_step, params, carries, stream, batch_size, bptt, temperature, what
   )
   return [
     EvalResult(

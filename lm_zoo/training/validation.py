@@ -15,7 +15,7 @@ from lm_zoo.runs.nonfinite import RollBack
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
 from lm_zoo.training.run import Run, Trainer
 from lm_zoo.training.scoring import eval_batch_size, score_split
-from lm_zoo.training.seed_axis import select_seeds, stack, take_seed
+from lm_zoo.training.seed_axis import select_seeds, take_seed
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def score_seeds(t: Trainer, params) -> list[EvalResult]:
   return evaluate_stream_stacked(
     t.stacked_eval_step,
     params,
-    stack([t.model.initialize_carry(batch_size)] * t.num_seeds),
+    t.model.initialize_carry(batch_size),
     t.corpus.valid,
     batch_size,
     t.config.data.bptt,
