@@ -26,7 +26,7 @@ from absl import logging as absl_logging
 
 from lm_zoo import configs
 from lm_zoo.configs import base_config
-from lm_zoo.errors import LMZooError, Preempted, missing_extra
+from lm_zoo.errors import ConfigError, LMZooError, Preempted, missing_extra
 from lm_zoo.interrupts import interrupt_again
 from lm_zoo.runtime import retain_host_memory
 
@@ -136,6 +136,23 @@ def run(job: Callable[[], T]) -> T:
     _report(f'error: {missing_extra(err) or _unexpected(err)}', 1)
   except Exception as err:  # a bug, unless the disk failed: say which
     _report(f'error: {storage_fault(err) or _unexpected(err)}', 1)
+
+
+def check_output(
+  path: pathlib.Path, kind: str = 'JSON', flag: str = '--output', fix: str = ''
+) -> None:
+  """Checks, before a program's work, the file it writes at the end: its
+  folder made where missing, and not a folder itself. Raises ConfigError
+  naming `flag`=path (the path alone when `flag` is empty) and `fix`
+  (default: name a `kind` file in a folder you can write)."""
+  named = f'{flag}={path}' if flag else str(path)
+  fix = fix or f'name a {kind} file in a folder you can write'
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as err:
+    raise ConfigError(f'{named} cannot be written ({err.strerror}): {fix}') from None
+  if path.is_dir():
+    raise ConfigError(f'{named} is a folder: {fix}')
 
 
 # What the disk or the file system refused: the machine's state, not a bug.

@@ -149,6 +149,7 @@ def _evaluate_program(argv):
   workdir = cli.run(lambda: resolve(FLAGS.workdir))  # a preset's URL: its cached copy
   # The results go into the work directory: never through a link out of it.
   cli.run(lambda: refuse_links(workdir))
+  outputs = cli.run(lambda: _outputs(workdir, config))  # before the evaluation's minutes
   results = cli.run(
     lambda: evaluate_workdir(workdir, config, cli.workdir_data_dir(workdir, FLAGS.data_dir))
   )
@@ -158,24 +159,41 @@ def _evaluate_program(argv):
       for settings, loss in search:
         print(f'search: valid loss {loss:.4f} with {settings}')
     print(_describe(config, split, result))
-  # The results go beside the run (a preset stays as it was published), and to
-  # --output when given.
-  outputs = [] if is_preset(workdir) else [workdir / EVALUATIONS_DIR / f'{config.evaluator}.json']
-  for output in outputs + ([pathlib.Path(FLAGS.output)] if FLAGS.output else []):
-    cli.run(lambda output=output: _write(output, json.dumps(_as_json(config, results))))
+  text = json.dumps(_as_json(config, results))
+  cli.run(lambda: _write(outputs, text))
 
 
-def _write(path: pathlib.Path, text: str) -> None:
-  """Writes an evaluation's JSON; a folder that cannot be written is a
-  one-line error (the scores are printed already)."""
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, text)
-  except OSError as err:
-    raise ConfigError(
-      f'the results were printed but cannot be saved to {path} '
-      f'({err.strerror}): give --output=FILE in a folder you can write'
-    ) from None
+def _outputs(workdir: pathlib.Path, config) -> dict[pathlib.Path, str]:
+  """Where the results go, each checked (`cli.check_output`), with what to do
+  if it cannot be written: beside the run (a preset stays as it was
+  published), and to --output when given."""
+  outputs = {}
+  if not is_preset(workdir):
+    outputs[workdir / EVALUATIONS_DIR / f'{config.evaluator}.json'] = (
+      'move what is there away: lm-zoo-eval keeps its results there'
+    )
+  if FLAGS.output:
+    outputs[pathlib.Path(FLAGS.output)] = 'give --output=FILE in a folder you can write'
+  for path, fix in outputs.items():
+    flag = '--output' if path == pathlib.Path(FLAGS.output or '') else ''
+    cli.check_output(path, flag=flag, fix=fix)
+  return outputs
+
+
+def _write(outputs: dict[pathlib.Path, str], text: str) -> None:
+  """Writes an evaluation's JSON to every output; one that cannot be
+  written is a one-line error once the others are (the scores are printed
+  already)."""
+  failed = []
+  for path, fix in outputs.items():
+    try:
+      write_text_atomically(path, text)
+    except OSError as err:
+      failed.append(
+        f'the results were printed but cannot be saved to {path} ({err.strerror}): {fix}'
+      )
+  if failed:
+    raise ConfigError(failed[0])
 
 
 def main():

@@ -98,21 +98,8 @@ def _read_json(path: pathlib.Path):
     raise ConfigError(f'{path} is damaged ({type(err).__name__}: {err}): write it again') from None
 
 
-def _check_output(output: str) -> None:
-  """--output's folder, made where missing; one that cannot be is a flag error."""
-  try:
-    pathlib.Path(output).parent.mkdir(parents=True, exist_ok=True)
-  except OSError as err:
-    raise ConfigError(
-      f'--output={output} cannot be written ({err.strerror}): name a PNG '
-      'file in a folder you can write'
-    ) from None
-  if pathlib.Path(output).is_dir():
-    raise ConfigError(f'--output={output} is a folder: name a PNG file')
-
-
 def draw() -> pathlib.Path:
-  _check_output(FLAGS.output)
+  cli.check_output(pathlib.Path(FLAGS.output), 'PNG')
   if FLAGS.figure == 'mogrifier_ablation':
     return plots.mogrifier_ablation_figure(
       ablation_perplexities(FLAGS.workdir_prefix), FLAGS.output, FLAGS.title

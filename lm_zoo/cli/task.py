@@ -35,18 +35,6 @@ def run_task() -> list[dict]:
   return TASKS[task](FLAGS.config)
 
 
-def _check_output(path: pathlib.Path) -> None:
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-  except OSError as err:
-    raise ConfigError(
-      f'--output={path} cannot be written ({err.strerror}): name a JSON file '
-      'in a folder you can write'
-    ) from None
-  if path.is_dir():
-    raise ConfigError(f'--output={path} is a folder: name a JSON file')
-
-
 def result_table(rows: list[dict]) -> str:
   """The rows' scalar columns (every row's, in order of appearance), one
   line a row under a header; '-' where a row has none."""
@@ -68,7 +56,7 @@ def _task_program(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   cli.with_env_data_dir(FLAGS.config)
   path = pathlib.Path(FLAGS.output)
-  cli.run(lambda: _check_output(path))  # before the experiment's minutes
+  cli.run(lambda: cli.check_output(path))  # before the experiment's minutes
   rows = cli.run(run_task)
   print(result_table(rows))
   if FLAGS.config.task in REPORTS:
