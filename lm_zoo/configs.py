@@ -336,3 +336,17 @@ def check_fields(
       value = field_value(config, field)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not test(value):
         raise field_error(prefix + field, value, f'must be {must_be}')
+
+
+def unknown_fields(given: Any, known: Any, prefix: str = '') -> list[str]:
+  """The dotted names in `given` that `known` lacks (two configs as nested
+  dicts, JSON's say): a misspelt or foreign field."""
+  if not isinstance(given, dict) or not isinstance(known, dict):
+    return []
+  unknown = []
+  for name, value in given.items():
+    if name not in known:
+      unknown.append(prefix + name)
+    else:
+      unknown += unknown_fields(value, known[name], f'{prefix}{name}.')
+  return unknown

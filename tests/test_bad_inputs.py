@@ -110,7 +110,7 @@ CASES = {
   ),
   'unknown dynamic evaluation': (
     lambda d, t, w: lambda: evaluate_workdir(w, _evaluation('dynamic', **{'dynamic.rule': 'adam'})),
-    "unknown dynamic.rule 'adam'",
+    "dynamic.rule 'adam' is unknown",
   ),
 }
 

@@ -227,7 +227,7 @@ PROBES = {
   'eval: negative max_tokens': (
     'evaluate',
     ['--workdir={w}', '--config.max_tokens=-3'],
-    'max_tokens must be >= 0 (0: the default), got -3',
+    'max_tokens must be a whole number >= 0 (0: the default), got -3',
   ),
   'eval: zero MC dropout samples': (
     'evaluate',
@@ -236,7 +236,7 @@ PROBES = {
       '--config=experiments/evaluate.py:mc_dropout',
       '--config.mc_dropout.samples=0',
     ],
-    'mc_dropout.samples must be at least 1, got 0',
+    'mc_dropout.samples must be a whole number >= 1, got 0',
   ),
   'eval: a NaN dynamic learning rate': (
     'evaluate',
@@ -251,17 +251,22 @@ PROBES = {
   'eval: --output a folder': (
     'evaluate',
     ['--workdir={w}', '--output={t}/empty_dir'],
-    'cannot be saved to {t}/empty_dir (Is a directory): give --output=FILE',
+    '--output={t}/empty_dir is a folder: give --output=FILE in a folder you can write',
   ),
   'eval: --output under a file': (
     'evaluate',
     ['--workdir={w}', '--output={t}/file.txt/x.json'],
-    'cannot be saved to {t}/file.txt/x.json',
+    '--output={t}/file.txt/x.json cannot be written (File exists)',
+  ),
+  'eval: no split': (
+    'evaluate',
+    ['--workdir={w}', '--config.splits='],
+    'splits is empty: name one or more of train, valid, test',
   ),
   'eval: a negative batch size': (
     'evaluate',
     ['--workdir={w}', '--config.batch_size=-2'],
-    'batch_size must be >= 0 (0: the default), got -2',
+    'batch_size must be a whole number >= 0 (0: the default), got -2',
   ),
   # lm-zoo-generate
   'generate: temperature 0': (

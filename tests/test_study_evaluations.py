@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from lm_zoo.configs import evaluation_config
@@ -73,7 +74,7 @@ def test_a_run_another_worker_scores_is_left_to_it_and_read_back(recorder, membe
   theirs = {split: {'perplexity': 99.0} for split in ('valid', 'test')}
   written = {'config': study_evaluations._scoring_config(evaluation), 'scores': theirs}
   worker = _other_worker(path, release, json.dumps(written))
-  scores = study_evaluations._scores(workdirs, 'dyn', evaluation)
+  scores = study_evaluations._scores(workdirs, ['lstm'] * 3, 'dyn', evaluation)
   worker.wait(timeout=30)
   # This worker scored runs 0 and 2 (together with members 0), waited for the
   # other to finish run 1, and read its scores back without scoring it.
@@ -87,12 +88,12 @@ def test_a_run_whose_worker_stopped_without_its_scores_is_scored_here(recorder):
   workdirs, calls, release = recorder
   evaluation = evaluation_config('static')
   worker = _other_worker(workdirs[0] / study_evaluations.FOLDER / 'static.json', release, '')
-  scores = study_evaluations._scores(workdirs, 'static', evaluation)
+  scores = study_evaluations._scores(workdirs, ['lstm'] * 3, 'static', evaluation)
   worker.wait(timeout=30)
   assert calls == [[1], [2], [0]]
   assert [s['valid']['perplexity'] for s in scores] == pytest.approx([10.0, 11.0, 12.0])
   # Kept: a study run again reads every score back.
-  assert study_evaluations._scores(workdirs, 'static', evaluation) == scores
+  assert study_evaluations._scores(workdirs, ['lstm'] * 3, 'static', evaluation) == scores
   assert len(calls) == 3
 
 
@@ -109,3 +110,152 @@ def test_a_held_lock_names_its_holder_and_a_link_is_refused(tmp_path):
     with file_lock(tmp_path / 'link.lock', True, '{holder}'):
       pass
   assert not (tmp_path / 'elsewhere').exists()
+
+
+def _evaluations(**evaluations):
+  return ml_collections.ConfigDict({'evaluations': evaluations})
+
+
+@pytest.mark.parametrize(
+  'evaluations, message',
+  [
+    ('st', 'config.evaluations must map names to evaluation configs, got a str'),
+    ({'x' * 101: {'evaluator': 'static'}}, 'is not a name of 1 to 100 letters'),
+    (
+      {'dyn': {'evaluator': 'dynamic', 'max_token': 3, 'dynamic': {'learnig_rate': (1.0,)}}},
+      'config.evaluations.dyn has fields an evaluation config lacks: max_token, '
+      'dynamic.learnig_rate: check their spelling',
+    ),
+    ({'st': {'evaluator': 'static', 'max_tokens': 2.5}}, "config.evaluations.st: .*'max_tokens'"),
+    ({'st': {'evaluator': 'static', 'splits': ()}}, 'config.evaluations.st: splits is empty'),
+    ({'st': {'evaluator': 'static', 'splits': ('bogus',)}}, "st: splits: unknown split 'bogus'"),
+    (
+      {'st': {'evaluator': 'static', 'static': {'temperature': 0.0}}},
+      'config.evaluations.st: static.temperature must be a positive number',
+    ),
+    (
+      {'mc': {'evaluator': 'mc_dropout', 'mc_dropout': {'samples': 0}}},
+      'config.evaluations.mc: mc_dropout.samples must be a whole number >= 1',
+    ),
+  ],
+)
+def test_a_bad_evaluation_of_a_study_is_named_before_any_run(evaluations, message):
+  config = ml_collections.ConfigDict({'evaluations': evaluations})
+  with pytest.raises(ConfigError, match=message):
+    study_evaluations.study_evaluations(config)
+
+
+def test_an_evaluation_that_sets_some_fields_takes_the_defaults_of_the_others():
+  checked = study_evaluations.study_evaluations(
+    _evaluations(dyn={'evaluator': 'dynamic', 'max_tokens': 30, 'dynamic': {'members': 0}})
+  )
+  expected = evaluation_config('dynamic')
+  expected.max_tokens, expected.dynamic.members = 30, 0
+  assert checked['dyn'].to_dict() == expected.to_dict()
+
+
+def _planted(workdir, what):
+  """A run's study_evaluations made hostile: (the path to refuse, a folder
+  outside the run that must stay empty)."""
+  folder = workdir / study_evaluations.FOLDER
+  outside = workdir.parent / f'outside_{what}'
+  outside.mkdir()
+  if what == 'folder link':
+    workdir.mkdir()
+    folder.symlink_to(outside, target_is_directory=True)
+    return folder, outside
+  if what == 'folder a file':
+    workdir.mkdir()
+    folder.write_text('')
+    return folder, outside
+  folder.mkdir(parents=True)
+  target = folder / ('st.lock' if what == 'lock a folder' else 'st.json')
+  if what == 'scores link':
+    target.symlink_to(outside / 'st.json')
+  else:
+    target.mkdir()
+  return target, outside
+
+
+@pytest.mark.parametrize(
+  'what, kind',
+  [
+    ('folder link', 'a symbolic link'),
+    ('folder a file', 'a file'),
+    ('scores link', 'a symbolic link'),
+    ('scores a folder', 'a folder'),
+    ('lock a folder', 'a folder'),
+  ],
+)
+def test_scores_are_never_kept_through_a_link_or_in_a_thing_of_another_kind(recorder, what, kind):
+  workdirs, calls, _ = recorder
+  refused, outside = _planted(workdirs[1], what)
+  with pytest.raises(ConfigError, match=f'^{refused} is {kind}, where a study keeps its scores'):
+    study_evaluations._scores(workdirs, ['lstm'] * 3, 'st', evaluation_config('static'))
+  assert calls == [] and not any(outside.iterdir())
+
+
+@pytest.mark.parametrize(
+  'stored',
+  [
+    [1, 2],
+    None,
+    {'scores': {}},
+    {'config': 'WANTED'},
+    {'config': 'WANTED', 'scores': []},
+    {'config': 'WANTED', 'scores': {'valid': {'perplexity': 9.0}}},
+    {'config': 'WANTED', 'scores': {'valid': {'perplexity': 9.0}, 'test': {'perplexity': 'abc'}}},
+  ],
+)
+def test_damaged_kept_scores_are_named_with_what_to_do(recorder, stored):
+  workdirs, calls, _ = recorder
+  evaluation = evaluation_config('static')
+  if isinstance(stored, dict) and stored.get('config') == 'WANTED':
+    stored['config'] = study_evaluations._scoring_config(evaluation)
+  path = workdirs[0] / study_evaluations.FOLDER / 'st.json'
+  path.parent.mkdir(parents=True)
+  path.write_text(json.dumps(stored))
+  with pytest.raises(ConfigError, match=f'^{path} .*: delete it to score the run again$'):
+    study_evaluations._scores(workdirs, ['lstm'] * 3, 'st', evaluation)
+  assert calls == []
+
+
+def test_scores_of_another_config_are_scored_again(recorder):
+  workdirs, calls, _ = recorder
+  path = workdirs[0] / study_evaluations.FOLDER / 'st.json'
+  path.parent.mkdir(parents=True)
+  path.write_text(json.dumps({'config': {'evaluator': 'mc_dropout'}, 'scores': {}}))
+  study_evaluations._scores(workdirs, ['lstm'] * 3, 'st', evaluation_config('static'))
+  assert calls == [[0], [1], [2]]
+
+
+def test_a_model_whose_evaluation_fails_leaves_the_other_models_scores_kept(recorder):
+  from lm_zoo.errors import DataError
+
+  workdirs, calls, _ = recorder
+  evaluate = study_evaluations.evaluate_workdirs
+
+  def failing_for_wider(batch, evaluation):
+    if workdirs[2] in batch:
+      raise DataError('a stream of 401 tokens is too short for batch size 500')
+    return evaluate(batch, evaluation)
+
+  study_evaluations.evaluate_workdirs = failing_for_wider  # undone by the recorder's monkeypatch
+  evaluation = evaluation_config('dynamic')
+  evaluation.dynamic.members = 0
+  with pytest.raises(DataError):
+    study_evaluations._scores(workdirs, ['lstm', 'lstm', 'wider'], 'dyn', evaluation)
+  assert calls == [[0, 1]]
+  kept = [(w / study_evaluations.FOLDER / 'dyn.json').is_file() for w in workdirs]
+  assert kept == [True, True, False]
+
+
+def test_the_report_counts_a_diverged_evaluation_and_averages_the_others():
+  rows = [
+    {'model': 'lstm', 'seed': s, 'rms_valid_perplexity': p, 'rms_valid_static_perplexity': 100.0}
+    for s, p in enumerate([90.0, math.inf, 94.0])
+  ]
+  report = study_evaluations.evaluations_report(rows, ['rms'])
+  assert '| lstm | rms | 3 (1 diverged) | valid | 100.00 ± 0.00 | 92.00 ± 2.83 | 8.00 ± 2.83 |' in (
+    report
+  )

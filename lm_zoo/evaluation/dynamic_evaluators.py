@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import optax
 
 from lm_zoo.data import Corpus
-from lm_zoo.errors import TrainingError
+from lm_zoo.errors import ConfigError, TrainingError, is_whole_number
+from lm_zoo.evaluation.checks import check_grid, check_whole, check_windows
 from lm_zoo.evaluation.dynamic import (
   DynamicEvalResult,
   DynamicMember,
@@ -35,6 +36,7 @@ from lm_zoo.evaluation.evaluators import (
 from lm_zoo.evaluation.meta_training import MetaLearner
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.evaluation.statistics import rms_training_gradients
+from lm_zoo.optim import DECAY_MEANS
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,30 @@ class Dynamic(Evaluator):
   batch_size: int = 1
   max_tokens: int = 0
   members: int = 1
+
+  def __post_init__(self):
+    check_windows(self.bptt, self.batch_size, self.max_tokens)
+    if self.rule not in DYNAMIC_RULES:
+      raise ConfigError(f'rule {self.rule!r} is unknown: choose one of {", ".join(DYNAMIC_RULES)}')
+    if self.decay_mean not in DECAY_MEANS:
+      raise ConfigError(
+        f'decay_mean must be one of {", ".join(DECAY_MEANS)}, got {self.decay_mean!r}'
+      )
+    for name in SEARCHED + ('segment_length',):
+      check_grid(getattr(self, name), name)
+    if not all(is_whole_number(n) and n >= 1 for n in self.segment_length):
+      raise ConfigError(
+        f'segment_length must be whole numbers >= 1, got {tuple(self.segment_length)}'
+      )
+    for name in DYNAMIC_RULES[self.rule].positive:
+      if min(getattr(self, name)) <= 0:
+        raise ConfigError(
+          f'{name} must be > 0 for rule {self.rule!r}, got {tuple(getattr(self, name))}'
+        )
+    check_whole(self.ms_batches, 'ms_batches', 1)
+    check_whole(self.ms_batch_size, 'ms_batch_size', 1)
+    check_whole(self.search_tokens, 'search_tokens', 0)
+    check_members(self.members)
 
   def grid(self) -> list[DynamicEvalSettings]:
     read = DYNAMIC_RULES[self.rule].hyperparameters
@@ -319,6 +345,9 @@ class Learned(Evaluator):
   bptt: int
   batch_size: int = 1
   max_tokens: int = 0
+
+  def __post_init__(self):
+    check_windows(self.bptt, self.batch_size, self.max_tokens)
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     learned = self.meta_learner

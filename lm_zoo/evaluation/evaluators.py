@@ -18,6 +18,7 @@ import abc
 import dataclasses
 import functools
 import logging
+import math
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -26,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lm_zoo.data import Corpus
-from lm_zoo.errors import ConfigError, TrainingError, is_whole_number
+from lm_zoo.errors import ConfigError, TrainingError
+from lm_zoo.evaluation.checks import check_temperature, check_whole, check_windows, is_number
 from lm_zoo.evaluation.mc_dropout import make_mc_dropout_eval_step, mc_dropout_carries
 from lm_zoo.evaluation.results import EvalResult
 from lm_zoo.evaluation.streams import (
@@ -109,9 +111,8 @@ def _outcome(function, *args):
 
 def check_members(members: Any) -> int:
   """`members` (how many runs share one vmapped pass, 0: all), or
-  ValueError unless it is a whole number >= 0."""
-  if not is_whole_number(members) or members < 0:
-    raise ValueError(f'members must be a whole number >= 0 (0: all at once), got {members!r}')
+  ConfigError unless it is a whole number >= 0."""
+  check_whole(members, 'members', 0, ' (0: all at once)')
   return members
 
 
@@ -146,6 +147,11 @@ class Static(Evaluator):
   temperature: float = 1.0
   max_tokens: int = 0
   members: int = 1
+
+  def __post_init__(self):
+    check_windows(self.bptt, self.batch_size, self.max_tokens)
+    check_temperature(self.temperature)
+    check_members(self.members)
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     model, corpus = prepared.model, prepared.corpus
@@ -201,6 +207,14 @@ class MCDropout(Evaluator):
   temperature: float = 1.0
   max_tokens: int = 0
 
+  def __post_init__(self):
+    check_windows(self.bptt, self.batch_size, self.max_tokens)
+    check_whole(self.samples, 'samples', 1)
+    if not (is_number(self.dropout_scale) and 0 <= self.dropout_scale < math.inf):
+      raise ConfigError(f'dropout_scale must be >= 0, got {self.dropout_scale}')
+    check_whole(self.seed, 'seed', 0)
+    check_temperature(self.temperature)
+
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     try:
       model = prepared.model.with_dropout_scaled(self.dropout_scale)
@@ -236,6 +250,19 @@ class TunedTemperature(Evaluator):
   high: float = 2.0
   tolerance: float = 0.01
 
+  def __post_init__(self):
+    if not isinstance(self.base, (Static, MCDropout)):
+      raise ConfigError(f'base must be a Static or MCDropout evaluator, got {self.base!r}')
+    bounds = (self.low, self.high, self.tolerance)
+    # A tolerance as wide as [low, high] would search nothing.
+    if not all(map(is_number, bounds)) or not (
+      0 < self.low < self.high < math.inf and 0 < self.tolerance < self.high - self.low
+    ):
+      raise ConfigError(
+        'need 0 < low < high (finite) and 0 < tolerance < high - low, got '
+        f'low={self.low}, high={self.high}, tolerance={self.tolerance}'
+      )
+
   def prepare(self, model, params, corpus: Corpus) -> Prepared:
     plain = Prepared(model, params, corpus)
     at = lambda t: dataclasses.replace(self.base, temperature=t).score(plain, 'valid').loss
@@ -254,6 +281,9 @@ class TokenLosses(Evaluator):
 
   bptt: int
   max_tokens: int = 0
+
+  def __post_init__(self):
+    check_windows(self.bptt, max_tokens=self.max_tokens)
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     losses = token_losses(

@@ -62,15 +62,14 @@ def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
       raise
 
 
-def read_json(path: pathlib.Path, what: str) -> Any:
+def read_json(
+  path: pathlib.Path, what: str, fix: str = 'restore it, or train again in a new --workdir'
+) -> Any:
   """A work directory's JSON file; a one-line ConfigError when it is missing
-  or does not parse."""
+  or does not parse, ending with `fix`."""
   if not path.is_file():
-    raise ConfigError(f'{path} is missing: {what}. Restore it, or train again in a new --workdir')
+    raise ConfigError(f'{path} is missing: {what}. {fix[0].upper()}{fix[1:]}')
   try:
     return json.loads(path.read_text())
   except (ValueError, UnicodeDecodeError) as err:
-    raise ConfigError(
-      f'{path} is damaged ({type(err).__name__}: {err}): restore it, or '
-      'train again in a new --workdir'
-    ) from None
+    raise ConfigError(f'{path} is damaged ({type(err).__name__}: {err}): {fix}') from None

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from lm_zoo.configs import base_config
+from lm_zoo.configs import base_config, unknown_fields
 from lm_zoo.data import Corpus, Vocab, load_data
 from lm_zoo.data.corpora import SPLITS, vocab_sha256
 from lm_zoo.errors import ConfigError
@@ -69,7 +69,7 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
       'own: use that lm_zoo for it, or train again in a new --workdir'
     )
   config = base_config()
-  unknown = _unknown_fields(saved, json.loads(config.to_json_best_effort()))
+  unknown = unknown_fields(saved, json.loads(config.to_json_best_effort()))
   if unknown:
     raise ConfigError(
       f'{path} has fields this lm_zoo does not know: {", ".join(unknown[:5])}'
@@ -79,19 +79,6 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
     )
   config.update(saved)
   return config
-
-
-def _unknown_fields(saved: Any, known: Any, prefix: str = '') -> list[str]:
-  """The dotted names in `saved` that `known` (a config as JSON) lacks."""
-  if not isinstance(saved, dict) or not isinstance(known, dict):
-    return []
-  unknown = []
-  for name, value in saved.items():
-    if name not in known:
-      unknown.append(prefix + name)
-    else:
-      unknown += _unknown_fields(value, known[name], f'{prefix}{name}.')
-  return unknown
 
 
 def load_vocab(workdir: str | pathlib.Path) -> Vocab:

@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 
 import ml_collections
 
+from lm_zoo.configs import evaluation_config, unknown_fields
 from lm_zoo.errors import ConfigError, TrainingError, WorkdirInUse
 from lm_zoo.evaluation import EvalResult, build_evaluator, mean_and_spread, split_names
 from lm_zoo.runs.files import read_json, write_text_atomically
@@ -40,16 +41,24 @@ FOLDER = 'study_evaluations'
 
 def study_evaluations(config: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
   """`config.evaluations` checked before any run: names that can name files,
-  evaluation configs whose every field an evaluator accepts.
+  evaluation configs whose every field is one of `evaluation_config`'s and
+  an evaluator accepts, each completed with the defaults of the fields it
+  leaves out.
 
   Raises:
     ConfigError: naming the evaluation and the fix.
   """
-  evaluations = dict(config.get('evaluations') or {})
+  evaluations = config.get('evaluations') or {}
+  if not isinstance(evaluations, (Mapping, ml_collections.ConfigDict)):
+    raise ConfigError(
+      'config.evaluations must map names to evaluation configs, got a '
+      f'{type(evaluations).__name__}: {{"rms": experiments/dyneval_rms.py\'s config}}'
+    )
+  checked = {}
   for name, evaluation in evaluations.items():
-    if not re.fullmatch(r'[A-Za-z0-9_]+', name):
+    if not re.fullmatch(r'[A-Za-z0-9_]{1,100}', name):
       raise ConfigError(
-        f'config.evaluations: {name!r} is not a name of letters, digits and '
+        f'config.evaluations: {name!r} is not a name of 1 to 100 letters, digits and '
         "'_': rename it (it names files and result fields)"
       )
     if not isinstance(evaluation, ml_collections.ConfigDict) or 'evaluator' not in evaluation:
@@ -62,8 +71,28 @@ def study_evaluations(config: ml_collections.ConfigDict) -> dict[str, ml_collect
         f'config.evaluations.{name}: the learned rule needs each run '
         'meta-trained first (lm-zoo-meta-train): score it with lm-zoo-eval'
       )
-    build_evaluator(evaluation, bptt=1, batch_size=1)  # a bad field fails here
-  return evaluations
+    checked[name] = _completed(f'config.evaluations.{name}', evaluation)
+  return checked
+
+
+def _completed(where: str, evaluation: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`evaluation` over `evaluation_config`'s defaults, every field known and
+  accepted by its evaluator (`where` names it in the errors)."""
+  full = evaluation_config(evaluation.evaluator)
+  given = json.loads(evaluation.to_json_best_effort())
+  unknown = unknown_fields(given, json.loads(full.to_json_best_effort()))
+  if unknown:
+    raise ConfigError(
+      f'{where} has fields an evaluation config lacks: {", ".join(unknown)}: '
+      'check their spelling (lm_zoo.configs.evaluation_config)'
+    )
+  try:
+    full.update(evaluation)
+    split_names(full.splits, required=True)
+    build_evaluator(full, bptt=1, batch_size=1)
+  except (ConfigError, TypeError, ValueError) as err:
+    raise ConfigError(f'{where}: {err}') from None
+  return full
 
 
 def evaluate_runs(
@@ -76,9 +105,10 @@ def evaluate_runs(
   together (`evaluate_workdirs`)."""
   # A diverged run has no weights worth scoring.
   converged = [row for row in rows if math.isfinite(row['valid_perplexity'])]
+  workdirs = [pathlib.Path(row['workdir']) for row in converged]
+  models = [row['model'] for row in converged]
   for name, evaluation in evaluations.items():
-    workdirs = [pathlib.Path(row['workdir']) for row in converged]
-    for row, scores in zip(converged, _scores(workdirs, name, evaluation)):
+    for row, scores in zip(converged, _scores(workdirs, models, name, evaluation)):
       for split, score in scores.items():
         row[f'{name}_{split}_perplexity'] = score['perplexity']
         if 'static_perplexity' in score:
@@ -87,18 +117,21 @@ def evaluate_runs(
 
 
 def _scores(
-  workdirs: Sequence[pathlib.Path], name: str, evaluation: ml_collections.ConfigDict
+  workdirs: Sequence[pathlib.Path],
+  models: Sequence[str],
+  name: str,
+  evaluation: ml_collections.ConfigDict,
 ) -> list[dict[str, dict]]:
   """Each work directory's scores: those kept for this config read back,
-  the others computed and kept, each as it finishes, or all together where
-  dynamic evaluation runs several at once (`dynamic.members` not 1).
+  the others computed and kept, each as it finishes, or a model's together
+  where dynamic evaluation runs several at once (`dynamic.members` not 1).
 
   A run's evaluation is scored holding `{name}.lock` beside its scores:
   several workers of one study score each run once. Runs another worker
   holds are left to it; once every missing run is held elsewhere, this
   worker waits for the first and reads them again."""
   wanted = _scoring_config(evaluation)
-  paths = [workdir / FOLDER / f'{name}.json' for workdir in workdirs]
+  paths = [_scores_path(workdir, name) for workdir in workdirs]
   kept = [_kept_scores(path, wanted) for path in paths]
   together = evaluation.evaluator == 'dynamic' and evaluation.dynamic.members != 1
   while None in kept:
@@ -110,7 +143,8 @@ def _scores(
       # Another worker may have scored them before this one took the locks.
       kept = [_kept_scores(path, wanted) if s is None else s for s, path in zip(kept, paths)]
       mine = [i for i in mine if kept[i] is None]
-      for batch in [mine] if together and mine else [[i] for i in mine]:
+      by_model = [[i for i in mine if models[i] == m] for m in dict.fromkeys(models)]
+      for batch in [b for b in by_model if b] if together else [[i] for i in mine]:
         outcomes = evaluate_workdirs([workdirs[i] for i in batch], evaluation)
         for i, outcome in zip(batch, outcomes):
           kept[i] = _stored(paths[i], wanted, outcome, evaluation)
@@ -140,11 +174,46 @@ def _scoring_config(evaluation: ml_collections.ConfigDict) -> dict:
   return wanted
 
 
+def _scores_path(workdir: pathlib.Path, name: str) -> pathlib.Path:
+  """Where a run keeps evaluation `name`'s scores, once neither its folder
+  nor those files are links or things of another kind: lm_zoo writes
+  nothing through a link, and reads no scores it did not write."""
+  folder = workdir / FOLDER
+  path = folder / f'{name}.json'
+  for what, wanted_dir in ((folder, True), (path, False), (path.with_suffix('.lock'), False)):
+    link = what.is_symlink()
+    if link or (what.exists() and what.is_dir() != wanted_dir):
+      kind = 'a symbolic link' if link else 'a file' if wanted_dir else 'a folder'
+      raise ConfigError(
+        f'{what} is {kind}, where a study keeps its scores: remove it to score the run again'
+      )
+  return path
+
+
 def _kept_scores(path: pathlib.Path, wanted: dict) -> dict | None:
+  """The scores at `path` if they were computed with `wanted`, else None.
+
+  Raises:
+    ConfigError: the file is damaged (it names the file: delete it to score again).
+  """
   if not path.is_file():
     return None
-  stored = read_json(path, 'a study keeps the scores it computed')
-  return stored['scores'] if stored.get('config') == wanted else None
+  fix = 'delete it to score the run again'
+  stored = read_json(path, 'a study keeps the scores it computed', fix)
+  if not isinstance(stored, dict) or stored.get('config') != wanted:
+    if isinstance(stored, dict) and 'config' in stored:
+      return None  # scored with another config: scored again
+    raise ConfigError(f'{path} holds no scores a study wrote: {fix}')
+  scores = stored.get('scores')
+  splits = split_names(wanted['splits'], required=True)
+  if not isinstance(scores, dict) or not all(_a_score(scores.get(split)) for split in splits):
+    raise ConfigError(f'{path} lacks the score of a split, or holds one that is no number: {fix}')
+  return scores
+
+
+def _a_score(score) -> bool:
+  perplexity = score.get('perplexity') if isinstance(score, dict) else None
+  return isinstance(perplexity, (int, float)) and not isinstance(perplexity, bool)
 
 
 def _stored(path: pathlib.Path, wanted: dict, outcome, evaluation) -> dict[str, dict]:
@@ -165,7 +234,6 @@ def _stored(path: pathlib.Path, wanted: dict, outcome, evaluation) -> dict[str, 
         scores[split].update(
           static_perplexity=static.perplexity, settings=dict(result.details['settings'])
         )
-  path.parent.mkdir(parents=True, exist_ok=True)
   write_text_atomically(path, json.dumps({'config': wanted, 'scores': scores}, indent=2))
   return scores
 
@@ -186,11 +254,15 @@ def evaluations_report(rows: Sequence[Mapping], names: Sequence[str]) -> str:
             '| model | evaluation | seeds | split | static, same tokens | evaluated | gain |',
             '|---|---|---|---|---|---|---|',
           ]
-        evaluated = [r[f'{name}_{split}_perplexity'] for r in scored]
-        static = [r.get(f'{name}_{split}_static_perplexity', math.nan) for r in scored]
+        # A diverged evaluation is counted, not averaged, as a diverged run is.
+        finite = [r for r in scored if math.isfinite(r[f'{name}_{split}_perplexity'])]
+        diverged = len(scored) - len(finite)
+        seeds = f'{len(scored)} ({diverged} diverged)' if diverged else f'{len(scored)}'
+        evaluated = [r[f'{name}_{split}_perplexity'] for r in finite]
+        static = [r.get(f'{name}_{split}_static_perplexity', math.nan) for r in finite]
         gains = [s - e for s, e in zip(static, evaluated)]
         cells = [_text(values) for values in (static, evaluated, gains)]
-        lines.append(f'| {model} | {name} | {len(scored)} | {split} | {" | ".join(cells)} |')
+        lines.append(f'| {model} | {name} | {seeds} | {split} | {" | ".join(cells)} |')
   return '\n'.join(lines)
 
 

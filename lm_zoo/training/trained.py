@@ -4,6 +4,7 @@ meta-trained for them (`meta_train_workdir`)."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Any, Sequence
 
@@ -70,10 +71,7 @@ def evaluate_workdir(
   the evaluator `config` names (`lm_zoo.configs.evaluation_config`; default:
   static evaluation of valid and test at the run's test batch size), on the
   run's data (`data_dir`: where it is now, if not where the run recorded)."""
-  config = evaluation_config() if config is None else config
-  splits = split_names(config.splits)
-  if config.evaluator != 'learned':  # its meta-learner is read with the model
-    build_evaluator(config, bptt=1, batch_size=1)  # a bad field fails before any loading
+  config, splits = _checked_evaluation(config)
   run_config, corpus, model, params = load_trained(workdir, data_dir)
   evaluator = workdir_evaluator(workdir, run_config, config)
   prepared = evaluator.prepare(model, params, corpus)
@@ -90,10 +88,13 @@ def evaluate_workdirs(
   (`Evaluator.prepare_many`; dynamic evaluation runs them in shared scans,
   `dynamic.members` at a time). Returns, in their order, each one's results
   or the TrainingError of its divergence."""
-  config = evaluation_config() if config is None else config
-  splits = split_names(config.splits)
-  if config.evaluator != 'learned':  # its meta-learner is read with the model
-    build_evaluator(config, bptt=1, batch_size=1)  # a bad field fails before any loading
+  if isinstance(workdirs, (str, os.PathLike)):
+    raise ConfigError(
+      f'workdirs is one work directory ({workdirs}), not a list of them: pass '
+      '[workdir], or call evaluate_workdir'
+    )
+  workdirs = list(workdirs)
+  config, splits = _checked_evaluation(config)
   groups: list[tuple[tuple, Evaluator, Any, list[int], list]] = []
   for i, workdir in enumerate(workdirs):
     run_config, corpus, model, params = load_trained(workdir, data_dir)
@@ -116,6 +117,23 @@ def evaluate_workdirs(
       errors = [r for r in results.values() if isinstance(r, TrainingError)]
       outcomes[i] = errors[0] if errors else results
   return outcomes
+
+
+def _checked_evaluation(
+  config: ml_collections.ConfigDict | None,
+) -> tuple[ml_collections.ConfigDict, tuple[str, ...]]:
+  """The evaluation config (default: static) and its splits, checked before
+  any loading."""
+  config = evaluation_config() if config is None else config
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(
+      f'config must be an evaluation config (lm_zoo.configs.evaluation_config), '
+      f'got a {type(config).__name__}'
+    )
+  splits = split_names(config.splits, required=True)
+  if config.evaluator != 'learned':  # its meta-learner is read with the model
+    build_evaluator(config, bptt=1, batch_size=1)
+  return config, splits
 
 
 def meta_train_workdir(
