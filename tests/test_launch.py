@@ -330,7 +330,7 @@ def test_clear_errors_instead_of_tracebacks(tmp_path):
         '--config.evaluator=mc_dropout',
         '--config.mc_dropout.samples=0',
       ],
-      'mc_dropout.samples must be at least 1',
+      'mc_dropout.samples must be a whole number >= 1',
     ),
     (['launch/generate.py', f'--workdir={tmp_path}', '--beam_width=3', '--top_k=5'], '--top_k'),
     (['launch/generate.py', f'--workdir={tmp_path / "empty"}'], 'error:'),

@@ -37,7 +37,7 @@ def test_splits_and_a_bad_evaluation_are_checked_before_training(tiny_config, tm
     train_and_evaluate(tiny_config, tmp_path / 'b')
   tiny_config.evaluation.update(evaluator='mc_dropout')
   tiny_config.evaluation.mc_dropout.samples = 0
-  with pytest.raises(ConfigError, match='mc_dropout.samples must be at least 1'):
+  with pytest.raises(ConfigError, match='mc_dropout.samples must be a whole number >= 1'):
     train_and_evaluate(tiny_config, tmp_path / 'c')
   assert not (tmp_path / 'b' / 'checkpoints').exists()
 

@@ -168,7 +168,8 @@ def _outputs(workdir: pathlib.Path, config) -> dict[pathlib.Path, str]:
   if it cannot be written: beside the run (a preset stays as it was
   published), and to --output when given."""
   outputs = {}
-  if not is_preset(workdir):
+  # A folder that is no work directory is named as such by the evaluation.
+  if workdir.is_dir() and not is_preset(workdir):
     outputs[workdir / EVALUATIONS_DIR / f'{config.evaluator}.json'] = (
       'move what is there away: lm-zoo-eval keeps its results there'
     )
