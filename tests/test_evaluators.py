@@ -369,6 +369,23 @@ def test_an_evaluator_made_in_python_refuses_settings_it_cannot_score_with(make,
     make()
 
 
+def test_a_split_shorter_than_a_batchs_rows_names_the_fields_to_change(lm):
+  model, params = lm
+  evaluators = {
+    'lower batch_size or raise max_tokens': Static(bptt=7, batch_size=60, max_tokens=50),
+    'fewer than batch_size 121 rows: lower batch_size$': MCDropout(bptt=7, batch_size=121),
+    'valid split scores 20 tokens, fewer than batch_size 30': Dynamic(
+      bptt=7, batch_size=30, max_tokens=20
+    ),
+    'ms_batch_size 301 is more rows than the train split has tokens \\(300\\)': Dynamic(
+      bptt=7, rule='rms', ms_batch_size=301
+    ),
+  }
+  for message, evaluator in evaluators.items():
+    with pytest.raises(ConfigError, match=message):
+      evaluator(model, params, CORPUS, 'valid')
+
+
 def test_sgd_searches_no_epsilon_and_a_rule_reads_only_searched_settings():
   grid = Dynamic(bptt=5, rule='sgd', learning_rate=(0.1, 0.2), eps=(1e-3, 1e-2)).grid()
   assert [(s.learning_rate, s.eps) for s in grid] == [(0.1, 0.0), (0.2, 0.0)]

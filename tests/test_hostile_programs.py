@@ -263,6 +263,11 @@ PROBES = {
     ['--workdir={w}', '--config.splits='],
     'splits is empty: name one or more of train, valid, test',
   ),
+  'eval: a batch of more rows than the split has tokens': (
+    'evaluate',
+    ['--workdir={w}', '--config.batch_size=10000000'],
+    'tokens, fewer than batch_size 10,000,000 rows: lower batch_size',
+  ),
   'eval: a negative batch size': (
     'evaluate',
     ['--workdir={w}', '--config.batch_size=-2'],

@@ -183,6 +183,11 @@ class Dynamic(Evaluator):
   def setup(self, model, params, corpus: Corpus) -> DynamicSetup:
     """What every setting shares for these weights (MS estimated here for a
     rule that reads it)."""
+    if DYNAMIC_RULES[self.rule].statistics and len(corpus.train) - 1 < self.ms_batch_size:
+      raise ConfigError(
+        f'ms_batch_size {self.ms_batch_size:,} is more rows than the train split has tokens '
+        f'({len(corpus.train) - 1:,}): lower dynamic.ms_batch_size'
+      )
     ms = (
       rms_training_gradients(
         model, params, corpus.train, self.ms_batch_size, self.bptt, self.ms_batches
@@ -200,7 +205,7 @@ class Dynamic(Evaluator):
     a time in one vmapped scan (`dynamic_evaluate_many`). Returns, in their
     order, each one's result or the TrainingError of its divergence."""
     check_members(self.members)
-    stream = first_tokens(corpus, split, num_tokens)
+    stream = first_tokens(corpus, split, num_tokens, rows=self.batch_size)
     outcomes: list = [None] * len(runs)
     by_length: dict[int, list[int]] = {}
     for i, (_, settings, _) in enumerate(runs):
@@ -351,7 +356,7 @@ class Learned(Evaluator):
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     learned = self.meta_learner
-    stream = first_tokens(prepared.corpus, split, self.max_tokens)
+    stream = first_tokens(prepared.corpus, split, self.max_tokens, rows=self.batch_size)
     log.info(
       'dynamic evaluation of %s with the learned rule: %s tokens in segments of %d',
       split,

@@ -124,11 +124,22 @@ def one_model_and_corpus(prepared: Sequence[Prepared]) -> tuple[nn.Module, Corpu
   return model, corpus
 
 
-def first_tokens(corpus: Corpus, split: str, max_tokens: int, model=None) -> np.ndarray:
+def first_tokens(
+  corpus: Corpus, split: str, max_tokens: int, model=None, rows: int = 1
+) -> np.ndarray:
   """The split's stream, cut to its first `max_tokens` scored tokens when > 0,
-  its ids checked against `model`'s vocabulary."""
+  its ids checked against `model`'s vocabulary.
+
+  Raises:
+    ConfigError: it scores fewer tokens than the `rows` of a batch.
+  """
   stream = corpus.split(split)
   stream = stream[: max_tokens + 1] if max_tokens > 0 else stream
+  if len(stream) - 1 < rows:
+    raise ConfigError(
+      f'the {split} split scores {max(len(stream) - 1, 0):,} tokens, fewer than batch_size '
+      f'{rows:,} rows: lower batch_size' + (' or raise max_tokens' if max_tokens > 0 else '')
+    )
   if model is not None:
     check_token_ids(stream, model.vocab_size, f'the {split} split')
   return stream
@@ -159,7 +170,7 @@ class Static(Evaluator):
       make_eval_step(model),
       prepared.params,
       model.initialize_carry(self.batch_size),
-      first_tokens(corpus, split, self.max_tokens, model),
+      first_tokens(corpus, split, self.max_tokens, model, self.batch_size),
       self.batch_size,
       self.bptt,
       corpus.unit,
@@ -174,7 +185,7 @@ class Static(Evaluator):
     if at_once == 1 or len(prepared) < 2:
       return [self.score(one, split) for one in prepared]
     model, corpus = one_model_and_corpus(prepared)
-    stream = first_tokens(corpus, split, self.max_tokens, model)
+    stream = first_tokens(corpus, split, self.max_tokens, model, self.batch_size)
     results = []
     for start in range(0, len(prepared), at_once):
       chunk = prepared[start : start + at_once]
@@ -225,7 +236,7 @@ class MCDropout(Evaluator):
       _mc_dropout_step(model, self.samples),
       prepared.params,
       carries,
-      first_tokens(prepared.corpus, split, self.max_tokens, model),
+      first_tokens(prepared.corpus, split, self.max_tokens, model, self.batch_size),
       self.batch_size,
       self.bptt,
       prepared.corpus.unit,
