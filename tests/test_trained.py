@@ -43,6 +43,25 @@ def test_evaluate_workdir_is_the_evaluator_on_the_best_weights(trained_workdir):
   assert list(evaluate_workdir(trained_workdir, one)) == ['test', 'valid']
 
 
+@pytest.mark.parametrize(
+  'workdirs, config, message',
+  [
+    ('runs/x', None, r'workdirs is one work directory \(runs/x\), not a list of them'),
+    (['runs/x', None], None, 'workdirs must name work directories'),
+    (['runs/x'], {'evaluator': 'static'}, 'config must be an evaluation config'),
+    (['runs/x'], 'NO_SPLITS', 'splits is empty'),
+  ],
+)
+def test_scoring_workdirs_refuses_what_it_cannot_score_before_loading(workdirs, config, message):
+  from lm_zoo.errors import ConfigError
+
+  if config == 'NO_SPLITS':
+    config = evaluation_config()
+    config.splits = ()
+  with pytest.raises(ConfigError, match=message):
+    evaluate_workdirs(workdirs, config)
+
+
 def test_workdirs_scored_together_are_each_as_alone(trained_workdir, tmp_path, data_dir):
   """Two seeds of one model and a run of another size: dynamic evaluation
   searches and scores the seeds in shared scans and the other model on its

@@ -94,6 +94,9 @@ def evaluate_workdirs(
       '[workdir], or call evaluate_workdir'
     )
   workdirs = list(workdirs)
+  named = [w for w in workdirs if not isinstance(w, (str, os.PathLike))]
+  if named:
+    raise ConfigError(f'workdirs must name work directories (paths), got {named[0]!r}')
   config, splits = _checked_evaluation(config)
   groups: list[tuple[tuple, Evaluator, Any, list[int], list]] = []
   for i, workdir in enumerate(workdirs):
