@@ -84,6 +84,35 @@ def test_a_run_another_worker_scores_is_left_to_it_and_read_back(recorder, membe
     assert (workdir / study_evaluations.FOLDER / 'dyn.lock').is_file()
 
 
+@pytest.mark.parametrize('members', [1, 0])
+def test_a_worker_holds_the_locks_of_the_runs_it_is_scoring_only(recorder, monkeypatch, members):
+  """So another worker takes the next run meanwhile (flock: a second open
+  file of this process is refused as another process would be)."""
+  workdirs, calls, _ = recorder
+  evaluate, held_while_scoring = study_evaluations.evaluate_workdirs, []
+
+  def noting_the_held_locks(batch, evaluation):
+    held = []
+    for i, workdir in enumerate(workdirs):
+      lock = workdir / study_evaluations.FOLDER / 'dyn.lock'
+      if not lock.parent.is_dir():
+        continue  # not taken yet
+      try:
+        with file_lock(lock, False, '{holder}'):
+          pass
+      except WorkdirInUse:
+        held.append(i)
+    held_while_scoring.append(held)
+    return evaluate(batch, evaluation)
+
+  monkeypatch.setattr(study_evaluations, 'evaluate_workdirs', noting_the_held_locks)
+  evaluation = evaluation_config('dynamic')
+  evaluation.dynamic.members = members
+  study_evaluations._scores(workdirs, ['lstm', 'wider', 'lstm'], 'dyn', evaluation)
+  batches = [[0], [1], [2]] if members == 1 else [[0, 2], [1]]
+  assert calls == batches and held_while_scoring == batches
+
+
 def test_a_run_whose_worker_stopped_without_its_scores_is_scored_here(recorder):
   workdirs, calls, release = recorder
   evaluation = evaluation_config('static')

@@ -165,19 +165,26 @@ def _evaluate_program(argv):
 
 def _outputs(workdir: pathlib.Path, config) -> dict[pathlib.Path, str]:
   """Where the results go, each checked (`cli.check_output`), with what to do
-  if it cannot be written: beside the run (a preset stays as it was
-  published), and to --output when given."""
+  if it cannot be written: to --output when given, and beside the run
+  unless it is a preset (which stays as it was published) or its folder
+  cannot take them while --output can."""
   outputs = {}
+  if FLAGS.output:
+    output = pathlib.Path(FLAGS.output)
+    cli.check_output(output, fix='give --output=FILE in a folder you can write')
+    outputs[output] = 'give --output=FILE in a folder you can write'
   # A folder that is no work directory is named as such by the evaluation.
   if workdir.is_dir() and not is_preset(workdir):
-    outputs[workdir / EVALUATIONS_DIR / f'{config.evaluator}.json'] = (
-      'move what is there away: lm-zoo-eval keeps its results there'
-    )
-  if FLAGS.output:
-    outputs[pathlib.Path(FLAGS.output)] = 'give --output=FILE in a folder you can write'
-  for path, fix in outputs.items():
-    flag = '--output' if path == pathlib.Path(FLAGS.output or '') else ''
-    cli.check_output(path, flag=flag, fix=fix)
+    beside = workdir / EVALUATIONS_DIR / f'{config.evaluator}.json'
+    fix = 'lm-zoo-eval keeps its results there: clear the way, or keep them elsewhere (--output)'
+    try:
+      cli.check_output(beside, flag='', fix=fix)
+    except ConfigError as err:
+      if not outputs:
+        raise
+      print(f'warning: {err}; the results go to --output only', file=sys.stderr)
+    else:
+      outputs[beside] = fix
   return outputs
 
 

@@ -126,29 +126,42 @@ def _scores(
   the others computed and kept, each as it finishes, or a model's together
   where dynamic evaluation runs several at once (`dynamic.members` not 1).
 
-  A run's evaluation is scored holding `{name}.lock` beside its scores:
-  several workers of one study score each run once. Runs another worker
+  A run's evaluation is scored holding `{name}.lock` beside its scores,
+  one run (or one model's runs scored together) at a time: several workers
+  of one study split the runs and score each once. Runs another worker
   holds are left to it; once every missing run is held elsewhere, this
-  worker waits for the first and reads them again."""
+  worker waits for the first (holding no lock) and reads them again."""
   wanted = _scoring_config(evaluation)
   paths = [_scores_path(workdir, name) for workdir in workdirs]
   kept = [_kept_scores(path, wanted) for path in paths]
   together = evaluation.evaluator == 'dynamic' and evaluation.dynamic.members != 1
   while None in kept:
-    with contextlib.ExitStack() as held:
-      mine = [i for i, scores in enumerate(kept) if scores is None and _hold(held, paths[i])]
-      if not mine:
-        mine = [kept.index(None)]
-        _hold(held, paths[mine[0]], wait=True)
-      # Another worker may have scored them before this one took the locks.
+    scored = False
+    for batch in _batches([i for i, s in enumerate(kept) if s is None], models, together):
+      with contextlib.ExitStack() as held:
+        mine = [i for i in batch if _hold(held, paths[i])]
+        # Another worker may have scored them before this one took the locks.
+        for i in mine:
+          kept[i] = _kept_scores(paths[i], wanted)
+        mine = [i for i in mine if kept[i] is None]
+        if mine:
+          outcomes = evaluate_workdirs([workdirs[i] for i in mine], evaluation)
+          for i, outcome in zip(mine, outcomes):
+            kept[i] = _stored(paths[i], wanted, outcome, evaluation)
+          scored = True
+    if None in kept and not scored:
+      with contextlib.ExitStack() as held:
+        _hold(held, paths[kept.index(None)], wait=True)
       kept = [_kept_scores(path, wanted) if s is None else s for s, path in zip(kept, paths)]
-      mine = [i for i in mine if kept[i] is None]
-      by_model = [[i for i in mine if models[i] == m] for m in dict.fromkeys(models)]
-      for batch in [b for b in by_model if b] if together else [[i] for i in mine]:
-        outcomes = evaluate_workdirs([workdirs[i] for i in batch], evaluation)
-        for i, outcome in zip(batch, outcomes):
-          kept[i] = _stored(paths[i], wanted, outcome, evaluation)
   return kept
+
+
+def _batches(missing: list[int], models: Sequence[str], together: bool) -> list[list[int]]:
+  """The missing runs as they are scored: each alone, or each model's
+  together."""
+  if not together:
+    return [[i] for i in missing]
+  return [[i for i in missing if models[i] == m] for m in dict.fromkeys(models[i] for i in missing)]
 
 
 def _hold(held: contextlib.ExitStack, path: pathlib.Path, wait: bool = False) -> bool:
