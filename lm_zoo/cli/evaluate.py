@@ -170,9 +170,9 @@ def _outputs(workdir: pathlib.Path, config) -> dict[pathlib.Path, str]:
   cannot take them while --output can."""
   outputs = {}
   if FLAGS.output:
-    output = pathlib.Path(FLAGS.output)
-    cli.check_output(output, fix='give --output=FILE in a folder you can write')
-    outputs[output] = 'give --output=FILE in a folder you can write'
+    output, fix = pathlib.Path(FLAGS.output), 'give --output=FILE in a folder you can write'
+    cli.check_output(output, fix=fix)
+    outputs[output] = fix
   # A folder that is no work directory is named as such by the evaluation.
   if workdir.is_dir() and not is_preset(workdir):
     beside = workdir / EVALUATIONS_DIR / f'{config.evaluator}.json'

@@ -21,10 +21,10 @@ def is_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 
-def check_temperature(value: Any, name: str = 'temperature') -> None:
-  """Raises ConfigError unless `value` is a finite number > 0."""
+def check_temperature(value: Any) -> None:
+  """Raises ConfigError unless the temperature `value` is a finite number > 0."""
   if not (is_number(value) and math.isfinite(value) and value > 0):
-    raise ConfigError(f'{name} must be a positive number, got {value}')
+    raise ConfigError(f'temperature must be a positive number, got {value}')
 
 
 def check_windows(bptt: Any, batch_size: Any = 1, max_tokens: Any = 0) -> None:
@@ -39,8 +39,7 @@ def check_grid(values: Any, name: str) -> None:
   """Raises ConfigError unless `values` is one or more finite numbers >= 0
   (a searched setting of dynamic evaluation)."""
   if (
-    isinstance(values, (str, bytes))
-    or not isinstance(values, (tuple, list))
+    not isinstance(values, (tuple, list))
     or not values
     or not all(is_number(v) and math.isfinite(v) and v >= 0 for v in values)
   ):

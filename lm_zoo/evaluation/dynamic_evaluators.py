@@ -204,7 +204,6 @@ class Dynamic(Evaluator):
     `runs`, (setup, settings, trained weights) triples: `members` of them at
     a time in one vmapped scan (`dynamic_evaluate_many`). Returns, in their
     order, each one's result or the TrainingError of its divergence."""
-    check_members(self.members)
     stream = first_tokens(corpus, split, num_tokens, rows=self.batch_size)
     outcomes: list = [None] * len(runs)
     by_length: dict[int, list[int]] = {}

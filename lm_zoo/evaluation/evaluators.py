@@ -109,11 +109,10 @@ def _outcome(function, *args):
     return err
 
 
-def check_members(members: Any) -> int:
-  """`members` (how many runs share one vmapped pass, 0: all), or
-  ConfigError unless it is a whole number >= 0."""
+def check_members(members: Any) -> None:
+  """Raises ConfigError unless `members` (how many runs share one vmapped
+  pass, 0: all) is a whole number >= 0."""
   check_whole(members, 'members', 0, ' (0: all at once)')
-  return members
 
 
 def one_model_and_corpus(prepared: Sequence[Prepared]) -> tuple[nn.Module, Corpus]:
@@ -181,7 +180,7 @@ class Static(Evaluator):
   def _score_ready(self, prepared: Sequence[Prepared], split: str) -> list[EvalResult]:
     """Each prepared weights' `split`, `members` of them at a time in one
     vmapped pass (`evaluate_stream_stacked`); they share one model and corpus."""
-    at_once = check_members(self.members) or len(prepared)
+    at_once = self.members or len(prepared)
     if at_once == 1 or len(prepared) < 2:
       return [self.score(one, split) for one in prepared]
     model, corpus = one_model_and_corpus(prepared)
