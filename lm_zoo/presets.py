@@ -16,7 +16,6 @@ preset is loaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pathlib
 import re
@@ -25,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from lm_zoo.data.download import sha256_file
 from lm_zoo.errors import ConfigError
 from lm_zoo.version import __version__
 
@@ -95,14 +95,6 @@ def split_shards(arrays: dict[str, np.ndarray], max_bytes: int) -> list[dict[str
     shards[-1][name] = array
     size += array.nbytes
   return shards
-
-
-def sha256_file(path: pathlib.Path) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(1 << 20), b''):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def write_sums(folder: pathlib.Path) -> None:

@@ -28,8 +28,9 @@ import urllib.parse
 import urllib.request
 from typing import Iterator
 
+from lm_zoo.data.download import sha256_file
 from lm_zoo.errors import ConfigError
-from lm_zoo.presets import CARD_FILE, SUMS_FILE, read_sums, sha256_file, verify
+from lm_zoo.presets import CARD_FILE, SUMS_FILE, read_sums, verify
 from lm_zoo.progress import ProgressLog
 
 log = logging.getLogger(__name__)

@@ -154,7 +154,7 @@ class MogrifierRounds:
   def check_params(self, mix_params) -> None:
     """Raises ValueError unless `mix_params` holds exactly these rounds'
     parameters: the rounds read theirs by name, so those of further rounds
-    were ignored, silently, and a missing one failed with a KeyError."""
+    would be ignored and a missing one would fail with a KeyError."""
     names = [round_name(i) for i in range(1, self.rounds + 1)]
     if sorted(mix_params) != sorted(names):
       raise ValueError(

@@ -229,12 +229,6 @@ def window_kernel(cell: nn.Module, way: str) -> FusedKernel | str | None:
   return None if kernels is None else kernels(cell)
 
 
-def fused_kernel(cell: nn.Module) -> FusedKernel | None:
-  """`cell`'s fused window kernel, or None."""
-  kernel = window_kernel(cell, 'fused')
-  return kernel if callable(kernel) else None
-
-
 def resolve_scan(cell: nn.Module, scan: str, *, state_mask: bool = False) -> str:
   """The way to run `cell` that `scan` (one of `SCANS`) asks for, with
   'auto' decided for the cell ('fused', else 'hoisted', else 'scan': never

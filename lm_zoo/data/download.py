@@ -171,7 +171,8 @@ def _files(dataset: str) -> tuple[DataFile, ...]:
   return FILES[dataset]
 
 
-def _sha256(path: pathlib.Path) -> str:
+def sha256_file(path: pathlib.Path) -> str:
+  """The hex sha256 of the file at `path`, read in blocks."""
   with path.open('rb') as f:
     return hashlib.file_digest(f, 'sha256').hexdigest()
 
@@ -179,7 +180,7 @@ def _sha256(path: pathlib.Path) -> str:
 def _is_intact(file: DataFile, data_dir: pathlib.Path) -> bool:
   path = data_dir / file.path
   # The size check spares hashing a file that is plainly wrong.
-  return path.is_file() and path.stat().st_size == file.size and _sha256(path) == file.sha256
+  return path.is_file() and path.stat().st_size == file.size and sha256_file(path) == file.sha256
 
 
 def verify(dataset: str, data_dir: str | os.PathLike) -> list[str]:
@@ -256,7 +257,7 @@ def _install(
         write(out)
       except OSError as err:  # a full disk; network errors are DataErrors by now
         raise DataError(f'cannot write {target}: {err}') from None
-    actual = _sha256(partial)
+    actual = sha256_file(partial)
     if actual != file.sha256:
       raise DataError(
         f'checksum mismatch for {file.path} from {origin}: '

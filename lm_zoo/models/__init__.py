@@ -3,7 +3,6 @@
 from lm_zoo.models.checks import check_model_config
 from lm_zoo.models.factory import (
   build_model,
-  cell_factory,
   count_params,
   describe_model,
   init_params,
@@ -30,7 +29,6 @@ __all__ = [
   'Stack',
   'TiedSoftmax',
   'build_model',
-  'cell_factory',
   'check_model_config',
   'count_params',
   'describe_model',

@@ -33,17 +33,9 @@ def compute_dtype(cfg: ml_collections.ConfigDict):
   return DTYPES[cfg.dtype]
 
 
-def cell_factory(cfg: ml_collections.ConfigDict):
-  """The constructor of one layer's cell: `model.cell` computing in
-  `model.dtype`, mogrified when `model.mogrifier.rounds` > 0.
-
-  Raises ConfigError where `cfg` cannot build a model (`check_model_config`).
-  """
-  check_model_config(cfg)
-  return _cell_factory(cfg)
-
-
 def _cell_factory(cfg: ml_collections.ConfigDict):
+  """The constructor of one layer's cell: `model.cell` computing in
+  `model.dtype`, mogrified when `model.mogrifier.rounds` > 0."""
   dtype = compute_dtype(cfg)
   make_cell = functools.partial(CELLS[cfg.cell](cfg), dtype=dtype)
   mog = cfg.mogrifier
