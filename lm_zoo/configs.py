@@ -312,6 +312,13 @@ def field_error(field: str, value: Any, problem: str) -> ConfigError:
   return ConfigError(f'config field {field}={value!r} {problem} (--config.{field})')
 
 
+def check_choice(field: str, value: Any, names: Iterable[str]) -> None:
+  """Raises `field_error` unless `value` is one of `names`, the choices of
+  the config field `field`."""
+  if value not in names:
+    raise field_error(field, value, f'is not known: choose one of {", ".join(names)}')
+
+
 # (fields, test, what each value must be): a rule of `check_fields`.
 Rule = tuple[Iterable[str], Callable[[Any], bool], str]
 
@@ -328,9 +335,7 @@ def check_fields(
   named within `config`, which is the config's `section` ('model')."""
   prefix = f'{section}.' if section else ''
   for field, names in choices.items():
-    value = field_value(config, field)
-    if value not in names:
-      raise field_error(prefix + field, value, f'is not known: choose one of {", ".join(names)}')
+    check_choice(prefix + field, field_value(config, field), names)
   for fields, test, must_be in rules:
     for field in fields:
       value = field_value(config, field)

@@ -84,7 +84,7 @@ def test_plateau_fraction_and_unknown_triggers():
   assert should_start_averaging(_averaging('fraction'), 1.0, [], 5, 10)
   for trigger in ('none', 'always'):
     assert not should_start_averaging(_averaging(trigger), 9.0, [1.0] * 9, 10, 10)
-  with pytest.raises(ConfigError, match="unknown averaging trigger 'asgd'"):
+  with pytest.raises(ConfigError, match="averaging.trigger='asgd' is not known"):
     should_start_averaging(_averaging('asgd'), 1.0, [], 1, 1)
 
 

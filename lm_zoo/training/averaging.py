@@ -11,7 +11,7 @@ from typing import Sequence
 
 import ml_collections
 
-from lm_zoo.errors import ConfigError
+from lm_zoo.configs import check_choice
 
 TRIGGERS = ('none', 'always', 'nonmonotone', 'plateau', 'fraction', 'patience')
 
@@ -35,11 +35,7 @@ def should_start_averaging(
     patience: never here; it is decided at every validation turn
       (`patience_reached`).
   """
-  if cfg.trigger not in TRIGGERS:
-    raise ConfigError(
-      f'unknown averaging trigger {cfg.trigger!r} (averaging.trigger): '
-      f'choose one of {", ".join(TRIGGERS)}'
-    )
+  check_choice('averaging.trigger', cfg.trigger, TRIGGERS)
   past = list(past_valid_losses)
   if cfg.trigger == 'nonmonotone':
     return len(past) > cfg.nonmono and valid_loss > min(past[: -cfg.nonmono])

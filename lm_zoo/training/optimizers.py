@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from lm_zoo.errors import ConfigError
+from lm_zoo.configs import check_choice
 from lm_zoo.optim import parameter_averaging
 from lm_zoo.training.averaging import TRIGGERS
 
@@ -22,7 +22,6 @@ OPTIMIZERS: dict[str, Callable[[ml_collections.ConfigDict, Any], optax.GradientT
   # Adam with Nesterov momentum: the dual connection paper's optimizer.
   'nadam': lambda cfg, lr: optax.nadam(lr, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps),
 }
-SCHEDULES = ('constant', 'exponential', 'milestones', 'plateau')
 LOSS_REDUCTIONS = ('mean', 'sum_over_time')  # optimizer.loss_reduction (make_train_step)
 
 
@@ -49,15 +48,8 @@ def make_optimizer(
   that epoch schedules and plateau drops change it without recompiling.
   Adam with beta1 = 0 is the Mogrifier paper's RMSProp-like setting.
   """
-  if cfg.name not in OPTIMIZERS:
-    raise ConfigError(
-      f'unknown optimizer {cfg.name!r} (optimizer.name): choose one of {", ".join(OPTIMIZERS)}'
-    )
-  if averaging not in TRIGGERS:
-    raise ConfigError(
-      f'unknown averaging trigger {averaging!r} (averaging.trigger): '
-      f'choose one of {", ".join(TRIGGERS)}'
-    )
+  check_choice('optimizer.name', cfg.name, OPTIMIZERS)
+  check_choice('averaging.trigger', averaging, TRIGGERS)
 
   def build(learning_rate):
     penalties = []
@@ -104,38 +96,44 @@ def set_learning_rate(opt_state, learning_rate: float):
   return opt_state._replace(hyperparams=hyperparams)
 
 
+def _plateau_drops(cfg: ml_collections.ConfigDict, epoch: int, valid_losses: Sequence[float]):
+  """The finished epochs whose validation loss did not improve on the best before it."""
+  del cfg, epoch
+  drops, best = 0, math.inf
+  for loss in valid_losses:
+    if loss < best:
+      best = loss
+    else:
+      drops += 1
+  return drops
+
+
+# schedule.kind -> drops(schedule config, epoch, validation losses so far):
+# how many times the rate has been multiplied by `factor` (`epoch_learning_rate`).
+SCHEDULES: dict[str, Callable[[ml_collections.ConfigDict, int, Sequence[float]], int]] = {
+  'constant': lambda cfg, epoch, losses: 0,
+  'exponential': lambda cfg, epoch, losses: max(0, epoch - cfg.decay_after),
+  'milestones': lambda cfg, epoch, losses: sum(1 for m in cfg.milestones if m < epoch),
+  'plateau': _plateau_drops,
+}
+
+
 def epoch_learning_rate(
   cfg: ml_collections.ConfigDict, base_lr: float, epoch: int, valid_losses: Sequence[float]
 ) -> float:
-  """The learning rate for `epoch` (1-based) from `config.schedule`.
+  """The learning rate for `epoch` (1-based) from `config.schedule`:
+  base_lr * factor ** drops, where `SCHEDULES[kind]` counts the drops:
 
-  kinds:
-    constant: base_lr.
-    exponential: base_lr * factor ** max(0, epoch - decay_after) (Zaremba et
-      al.'s small model: lr 1 for 5 epochs in their code, 4 in their text,
-      then halved every epoch).
-    milestones: base_lr * factor ** (number of milestones < epoch) (aLSTM:
-      lr / 10 at epochs 100 and 160).
-    plateau: base_lr * factor ** (number of finished epochs whose validation
-      loss did not improve on the best before it).
+    constant: none.
+    exponential: max(0, epoch - decay_after) (Zaremba et al.'s small model:
+      lr 1 for 5 epochs in their code, 4 in their text, then halved every epoch).
+    milestones: the milestones < epoch (aLSTM: lr / 10 at epochs 100 and 160).
+    plateau: the finished epochs whose validation loss did not improve on
+      the best before it.
+
   The rate never goes below `min_lr`. It is a function of the epoch and the
   validation history alone, so a resumed run recomputes the same value.
   """
-  if cfg.kind == 'constant':
-    drops = 0
-  elif cfg.kind == 'exponential':
-    drops = max(0, epoch - cfg.decay_after)
-  elif cfg.kind == 'milestones':
-    drops = sum(1 for m in cfg.milestones if m < epoch)
-  elif cfg.kind == 'plateau':
-    drops, best = 0, math.inf
-    for loss in valid_losses:
-      if loss < best:
-        best = loss
-      else:
-        drops += 1
-  else:
-    raise ConfigError(
-      f'unknown schedule {cfg.kind!r} (schedule.kind): choose one of {", ".join(SCHEDULES)}'
-    )
+  check_choice('schedule.kind', cfg.kind, SCHEDULES)
+  drops = SCHEDULES[cfg.kind](cfg, epoch, valid_losses)
   return max(base_lr * cfg.factor**drops, cfg.min_lr)
