@@ -157,7 +157,7 @@ def test_an_aligned_product_equals_the_plain_product():
   assert aligned_rows(kernel, 1) is kernel
 
 
-@pytest.mark.parametrize('multiple', [0, -128, 1.5, '128'])
+@pytest.mark.parametrize('multiple', [0, -128, 1.5, '128', True])
 def test_an_alignment_that_is_no_positive_integer_is_refused(multiple):
   with pytest.raises(
     ValueError, match=f'aligned_contractions: multiple must be a positive integer, got {multiple!r}'

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lm_zoo.configs import evaluation_config, meta_training_config
+from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import Static
 from lm_zoo.optim import PRECISION_FLOOR, dynamic_rms
 from lm_zoo.runs import load_trained
@@ -53,8 +54,6 @@ def test_evaluate_workdir_is_the_evaluator_on_the_best_weights(trained_workdir):
   ],
 )
 def test_scoring_workdirs_refuses_what_it_cannot_score_before_loading(workdirs, config, message):
-  from lm_zoo.errors import ConfigError
-
   if config == 'NO_SPLITS':
     config = evaluation_config()
     config.splits = ()
@@ -100,7 +99,7 @@ def test_workdirs_scored_together_are_each_as_alone(trained_workdir, tmp_path, d
 
 def _meta_train(workdir, **fields):
   config = meta_training_config()
-  config.update(
+  defaults = dict(
     meta_steps=0,
     prior='rms',
     initial_learning_rate=1e-2,
@@ -109,9 +108,21 @@ def _meta_train(workdir, **fields):
     fisher_batches=2,
     fisher_batch_size=2,
     hidden=4,
-    **fields,
   )
+  config.update({**defaults, **fields})
   meta_train_workdir(workdir, config)
+
+
+@pytest.mark.parametrize(
+  'fields, message',
+  [
+    (dict(hidden=True), 'hidden must be a whole number >= 1, got True'),
+    (dict(segment_length=True), 'segment_length must be a whole number >= 1, got True'),
+  ],
+)
+def test_a_meta_training_size_that_is_no_whole_number_is_refused(trained_workdir, fields, message):
+  with pytest.raises(ConfigError, match=message):
+    _meta_train(trained_workdir, **fields)
 
 
 @pytest.fixture(scope='module')

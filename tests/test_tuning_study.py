@@ -15,7 +15,7 @@ import time
 
 import optuna
 import pytest
-from conftest import REPO
+from conftest import REPO, load_experiment
 from postgres_server import find_server, new_database, postgres_server
 from tiny_tuning import load_tune_config, write_tune_file
 
@@ -23,6 +23,7 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.runs import load_config
 from lm_zoo.training import train_and_evaluate
 from lm_zoo.tuning import open_study, run_worker, trial_workdir, write_report
+from lm_zoo.tuning.study import validate_tuning
 
 
 @pytest.fixture
@@ -242,3 +243,12 @@ def test_sigterm_checkpoints_the_trial_and_queues_it_again(tune_file, tmp_path):
   assert stopped.state == optuna.trial.TrialState.FAIL
   assert queued.state == optuna.trial.TrialState.WAITING
   assert queued.system_attrs['failed_trial'] == 0 and queued.params == stopped.params
+
+
+@pytest.mark.parametrize('field', ['heartbeat_interval', 'grace_period'])
+@pytest.mark.parametrize('value', [0, True])  # a float the config's type refuses
+def test_a_tuning_study_s_seconds_must_be_whole_numbers(field, value):
+  tune = load_experiment('tune_ptb_small', 'lstm')
+  tune.study[field] = value
+  with pytest.raises(ConfigError, match=f'tune.study.{field}={value!r} must be a whole number'):
+    validate_tuning(tune)

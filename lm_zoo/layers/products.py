@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.layout import Layout, with_layout_constraint
 
+from lm_zoo.errors import is_whole_number
+
 
 def product_dtype(dtype: Any, default: Any = None) -> Any:
   """The products' operand dtype `dtype`, or `default`'s where it is None
@@ -211,7 +213,7 @@ def aligned_contractions(multiple: int) -> Iterator[None]:
       train_step = make_train_step(model, optimizer)
       state, metrics = train_step(state, inputs, targets, weights)  # traced here
   """
-  if not isinstance(multiple, int) or multiple < 1:
+  if not is_whole_number(multiple) or multiple < 1:
     raise ValueError(f'aligned_contractions: multiple must be a positive integer, got {multiple!r}')
   _alignment_override.append(multiple)
   try:

@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, is_whole_number
 
 
 def check_num_seeds(num_seeds: Any) -> None:
   """Raises ConfigError unless `num_seeds` is a whole number of at least 1."""
-  if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
+  if not is_whole_number(num_seeds) or num_seeds < 1:
     raise ConfigError(f'num_seeds must be a whole number of at least 1, got {num_seeds!r}')
 
 

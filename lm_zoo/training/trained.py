@@ -24,6 +24,7 @@ from lm_zoo.evaluation import (
   meta_train,
   split_names,
 )
+from lm_zoo.evaluation.checks import check_whole
 from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
 from lm_zoo.presets import is_preset
 from lm_zoo.remote import is_remote, resolve
@@ -264,10 +265,7 @@ def _check_meta_training_config(config: ml_collections.ConfigDict) -> None:
     'fisher_batches',
     'fisher_batch_size',
   ):
-    if not isinstance(config[field], int) or config[field] < (field != 'meta_steps'):
-      raise ConfigError(
-        f'{field} must be a whole number >= {int(field != "meta_steps")}, got {config[field]!r}'
-      )
+    check_whole(config[field], field, int(field != 'meta_steps'))
   if config.prior not in PRIORS:
     raise ConfigError(f'prior must be one of {", ".join(PRIORS)}, got {config.prior!r}')
   if config.decay_mean not in DECAY_MEANS:

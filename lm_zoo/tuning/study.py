@@ -38,7 +38,7 @@ import numpy as np
 import optuna
 import sqlalchemy
 
-from lm_zoo.errors import ConfigError, Preempted
+from lm_zoo.errors import ConfigError, Preempted, is_whole_number
 from lm_zoo.evaluation import build_evaluator
 from lm_zoo.runs.workdir import refuse_links
 from lm_zoo.tuning.objectives import (
@@ -157,7 +157,7 @@ def validate_tuning(tune: ml_collections.ConfigDict) -> None:
       'training config?); give an experiments/tune_*.py file'
     )
   for name in ('heartbeat_interval', 'grace_period'):
-    if not (isinstance(tune.study[name], int) and tune.study[name] >= 1):
+    if not (is_whole_number(tune.study[name]) and tune.study[name] >= 1):
       raise ConfigError(
         f'tune.study.{name}={tune.study[name]!r} must be a whole number of seconds, at least 1'
       )
