@@ -210,11 +210,15 @@ def test_a_diverged_stack_trains_its_seeds_one_by_one_once(study, tmp_path, monk
   study.models = {'lstm': study.models.lstm}
   stacks = []
 
-  def diverging_stack(config, workdir, num_seeds):
+  alone = runs.train_and_evaluate
+
+  def diverging_stack(config, workdir, num_seeds=1):
+    if num_seeds == 1:
+      return alone(config, workdir)
     stacks.append(workdir)
     raise TrainingError('seed 4: non-finite loss or gradient at step 3')
 
-  monkeypatch.setattr(runs, 'train_seeds', diverging_stack)
+  monkeypatch.setattr(runs, 'train_and_evaluate', diverging_stack)
   rows = run_seed_study(study)
   assert stacks == [tmp_path / 'study' / 'lstm_s3-4']
   assert 'seed 4' in (tmp_path / 'study' / 'lstm_s3-4' / 'diverged.json').read_text()

@@ -14,7 +14,7 @@ from conftest import read_events, tiny_lm_config
 from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.models import build_model, init_params
 from lm_zoo.runs import Checkpoints, read_metrics
-from lm_zoo.training import evaluate_workdir, loop, train_and_evaluate, train_seeds
+from lm_zoo.training import evaluate_workdir, loop, train_and_evaluate
 from lm_zoo.training import state as train_state
 from lm_zoo.training.seed_axis import check_num_seeds
 
@@ -43,7 +43,7 @@ def plateau_stack(data_dir, tmp_path_factory):
   {seed: summary alone}). Tests read the folders, never train in them."""
   config = _plateau(tiny_lm_config(data_dir))
   folder = tmp_path_factory.mktemp('plateau')
-  summary = train_seeds(config, folder / 'stack', 2)
+  summary = train_and_evaluate(config, folder / 'stack', num_seeds=2)
   alone = {}
   for seed in (3, 4):
     single = config.copy_and_resolve_references()
@@ -100,7 +100,7 @@ def test_each_seed_drops_its_own_carried_state_rows(tiny_config, tmp_path):
   seed zeroes the rows its run alone zeroes."""
   tiny_config.train.update(drop_state=0.3, num_epochs=1)
   tiny_config.generate.num_lines = 0
-  second = train_seeds(tiny_config, tmp_path / 'stack', 2)['runs'][1]
+  second = train_and_evaluate(tiny_config, tmp_path / 'stack', num_seeds=2)['runs'][1]
   alone = tiny_config.copy_and_resolve_references()
   alone.seed = second['seed']  # not the stack's first: its draws are the stack's own
   expected = train_and_evaluate(alone, tmp_path / 'alone')['test']['loss']
@@ -116,11 +116,11 @@ def test_a_stopped_stack_resumes_as_if_it_had_not_stopped(plateau_stack, tmp_pat
   plateau_config, _, expected, _ = plateau_stack
   stopped = plateau_config.copy_and_resolve_references()
   stopped.train.max_steps = 14
-  train_seeds(stopped, tmp_path / 'stopped', 2)
+  train_and_evaluate(stopped, tmp_path / 'stopped', num_seeds=2)
   # a kill after the save of step 14 reached disk only in part: the one of step 7 is used
   shutil.rmtree(tmp_path / 'stopped' / 'checkpoints' / '14')
   stopped.train.max_steps = 0
-  resumed = train_seeds(stopped, tmp_path / 'stopped', 2)
+  resumed = train_and_evaluate(stopped, tmp_path / 'stopped', num_seeds=2)
   for a, b in zip(expected['runs'], resumed['runs']):
     assert a['valid_curve'] == b['valid_curve']
     assert a['test'] == b['test']
@@ -128,7 +128,7 @@ def test_a_stopped_stack_resumes_as_if_it_had_not_stopped(plateau_stack, tmp_pat
   train_steps = [(r['step'], r['seed']) for r in records if r['kind'] == 'train']
   assert train_steps == sorted(set(train_steps))  # nothing the lost stretch logged is kept
   # run again once finished: its summary, untouched
-  assert train_seeds(stopped, tmp_path / 'stopped', 2) == resumed
+  assert train_and_evaluate(stopped, tmp_path / 'stopped', num_seeds=2) == resumed
 
 
 def test_a_seed_work_directory_is_an_ordinary_run(plateau_stack):
@@ -168,7 +168,7 @@ def signalled_stack(data_dir, tmp_path_factory):
       lambda self, step: signal.SIGTERM if step == 8 else original(self, step),
     )
     with pytest.raises(Preempted) as stopped:
-      train_seeds(config, workdir, 2)
+      train_and_evaluate(config, workdir, num_seeds=2)
   with Checkpoints(workdir) as checkpoints:
     latest = checkpoints._latest.latest_step()
   steps = []
@@ -177,7 +177,7 @@ def signalled_stack(data_dir, tmp_path_factory):
     patch.setattr(
       loop, 'make_train_step', lambda *a, **k: steps.append(make_train_step(*a, **k)) or steps[-1]
     )
-    resumed = train_seeds(config, workdir, 2)
+    resumed = train_and_evaluate(config, workdir, num_seeds=2)
   return stopped.value, latest, resumed, steps
 
 
@@ -201,7 +201,7 @@ def test_a_stack_resumes_only_as_the_same_stack(plateau_stack):
     match=r'holds a stack of seeds \[3, 4\], not a stack of '
     r'seeds \[3, 4, 5\]: resume it with --seeds=2 and config.seed=3',
   ):
-    train_seeds(config, folder / 'stack', 3)
+    train_and_evaluate(config, folder / 'stack', num_seeds=3)
   with pytest.raises(ConfigError, match=r'holds a stack of seeds \[3, 4\], not a run alone'):
     train_and_evaluate(config, folder / 'stack')
   with pytest.raises(
@@ -209,7 +209,7 @@ def test_a_stack_resumes_only_as_the_same_stack(plateau_stack):
     match=r'holds a run alone, not a stack of seeds \[3, 4\]: '
     'resume it without --seeds',
   ):
-    train_seeds(config, folder / 'alone_3', 2)
+    train_and_evaluate(config, folder / 'alone_3', num_seeds=2)
 
 
 def test_a_resumed_stack_compiles_its_train_step_once(signalled_stack):
@@ -235,7 +235,7 @@ def test_a_non_finite_seed_stops_the_stack_naming_it(tiny_config, tmp_path, monk
     r'finite at or before step 1 .*No checkpoint was written before '
     r'it',
   ) as stopped:
-    train_seeds(tiny_config, tmp_path, 3)
+    train_and_evaluate(tiny_config, tmp_path, num_seeds=3)
   assert '\n' not in str(stopped.value)
   assert not list((tmp_path / 'checkpoints').glob('*'))
   nonfinite = [r for r in read_metrics(tmp_path / 'metrics.jsonl') if r['kind'] == 'nonfinite']

@@ -15,7 +15,7 @@ import ml_collections
 from lm_zoo.errors import TrainingError, WorkdirInUse
 from lm_zoo.runs.files import read_json, write_text_atomically
 from lm_zoo.runs.workdir import workdir_lock
-from lm_zoo.training import train_and_evaluate, train_seeds
+from lm_zoo.training import train_and_evaluate
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +47,16 @@ def train_or_read(
 def train_stack_or_read(
   config: ml_collections.ConfigDict, workdir: pathlib.Path, num_seeds: int, wait: bool = True
 ) -> dict | None:
-  """`train_seeds(config, workdir, num_seeds)`'s summary, read back if the
+  """`train_and_evaluate(config, workdir, num_seeds=num_seeds)`'s summary, read back if the
   stack ended before; waited for or left to another process as
   `train_or_read` does.
 
   Raises:
     TrainingError: a seed's loss turned non-finite, which stops the stack.
   """
-  return _read_or_run(lambda: train_seeds(config, workdir, num_seeds), workdir, wait)
+  return _read_or_run(
+    lambda: train_and_evaluate(config, workdir, num_seeds=num_seeds), workdir, wait
+  )
 
 
 def _read_or_run(

@@ -17,7 +17,7 @@ directory's lock), and waits for them once its own are done; they split
 the evaluations so too (`lm_zoo.tasks.study_evaluations`).
 
 With `config.stack` each model's seeds (consecutive, ascending) train as
-one stack (`lm_zoo.training.train_seeds`) in
+one stack (`train_and_evaluate`'s `num_seeds`) in
 `{workdir}/{model}_s{first}-{last}`, the run of seed s in its `seed_s`: the
 same runs, faster per seed on a GPU where the model's kernels leave it idle,
 slower on a CPU. Workers split such a study model by model. A seed whose

@@ -1,9 +1,9 @@
-"""Training: the loop (`train_and_evaluate`, of one seed or several at once;
-`train_seeds`), the train step, optimizers and data parallelism; a finished
+"""Training: the loop (`train_and_evaluate`, of one seed or several at once),
+the train step, optimizers and data parallelism; a finished
 run scored (`evaluate_workdir`) or meta-trained for (`meta_train_workdir`).
 The run's work directory, checkpoints and metrics are `lm_zoo.runs`."""
 
-from lm_zoo.training.loop import train_and_evaluate, train_seeds
+from lm_zoo.training.loop import train_and_evaluate
 from lm_zoo.training.optimizers import (
   epoch_learning_rate,
   make_optimizer,
@@ -39,6 +39,5 @@ __all__ = [
   'shard_batch',
   'state_shardings',
   'train_and_evaluate',
-  'train_seeds',
   'workdir_evaluator',
 ]

@@ -109,12 +109,11 @@ RULES = (
 TRAINING_BYTES_PER_PARAM = 16
 
 
-def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = None) -> None:
+def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError on the first field of `config` (lm_zoo/configs.py)
   that training cannot use: an unknown name, a size below its minimum, a
   dropout rate outside [0, 1), a Mogrifier rank larger than the matrices it
-  factorises. With the loaded `corpus`, also whether each split holds a row
-  per batch row, and the BPTT length fits the training rows.
+  factorises. What the data decides is `check_against_corpus`'s.
   """
   check_fields(config, CHOICES, RULES)
   check_model_config(config.model)
@@ -135,9 +134,16 @@ def validate_config(config: ml_collections.ConfigDict, corpus: Corpus | None = N
       'small multiple such as 8',
     )
   _check_evaluation(config.evaluation)
-  if corpus is not None:
-    _check_fit(config, corpus)
-    check_memory(config, len(corpus.vocab))
+
+
+def check_against_corpus(
+  config: ml_collections.ConfigDict, corpus: Corpus, copies: int = 1
+) -> None:
+  """Raises ConfigError unless each split of the loaded `corpus` holds a row
+  per batch row, the BPTT length fits the training rows, and `copies`
+  models of `config` (a stack of seeds) fit the device (`check_memory`)."""
+  _check_fit(config, corpus)
+  check_memory(config, len(corpus.vocab), copies)
 
 
 def check_memory(config: ml_collections.ConfigDict, vocab_size: int, copies: int = 1) -> None:

@@ -47,7 +47,7 @@ from lm_zoo.runs.workdir import (
 )
 from lm_zoo.training.budget import budget_spent, completed_summary, planned_steps, training_done
 from lm_zoo.training.checkpointing import preempt, roll_back, save
-from lm_zoo.training.config_checks import check_memory, validate_config
+from lm_zoo.training.config_checks import check_against_corpus, validate_config
 from lm_zoo.training.optimizers import epoch_learning_rate, make_optimizer, set_learning_rate
 from lm_zoo.training.parallel import check_batch, data_mesh, place_state, shard_batch
 from lm_zoo.training.run import Progress, Run, Trainer, ValidationCallback
@@ -121,16 +121,6 @@ def train_and_evaluate(
     return _train_and_evaluate(config, workdir, on_validation, final_splits, num_seeds)
 
 
-def train_seeds(
-  config: ml_collections.ConfigDict,
-  workdir: str | pathlib.Path,
-  num_seeds: int,
-  final_splits: Sequence[str] | None = None,
-) -> dict[str, Any]:
-  """`train_and_evaluate` of `num_seeds` seeds at once."""
-  return train_and_evaluate(config, workdir, final_splits=final_splits, num_seeds=num_seeds)
-
-
 def _train_and_evaluate(
   config: ml_collections.ConfigDict,
   workdir: pathlib.Path,
@@ -141,9 +131,7 @@ def _train_and_evaluate(
   """`train_and_evaluate` once the work directory is locked."""
   started = time.perf_counter()
   corpus = load_data(config)
-  validate_config(config, corpus)
-  if num_seeds > 1:
-    check_memory(config, len(corpus.vocab), num_seeds)
+  check_against_corpus(config, corpus, num_seeds)
   model = build_model(config.model, len(corpus.vocab))
   optimizer = make_optimizer(config.optimizer, config.averaging.trigger)
   mesh = data_mesh(config.parallel.num_devices)
