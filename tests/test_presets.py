@@ -93,7 +93,7 @@ def test_the_model_card_gives_size_data_and_results(preset, run):
 
 
 def test_the_model_card_s_command_trains_the_run_s_config_again(preset, run):
-  from lm_zoo.model_card import RETRAIN_COMMAND
+  from lm_zoo.runs.model_card import RETRAIN_COMMAND
 
   card = (preset / 'README.md').read_text()
   assert f'    {RETRAIN_COMMAND}\n' in card

@@ -208,11 +208,9 @@ def test_a_diverged_stack_trains_its_seeds_one_by_one_once(study, tmp_path, monk
 
   study.stack = True
   study.models = {'lstm': study.models.lstm}
-  stacks = []
+  stacks, alone = [], runs.train_and_evaluate
 
-  alone = runs.train_and_evaluate
-
-  def diverging_stack(config, workdir, num_seeds=1):
+  def diverging_stack(config, workdir, num_seeds=1):  # the runs alone train
     if num_seeds == 1:
       return alone(config, workdir)
     stacks.append(workdir)

@@ -34,7 +34,7 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import DynamicEvalSettings, EvalResult
 from lm_zoo.presets import is_preset
 from lm_zoo.remote import resolve
-from lm_zoo.runs.files import write_text_atomically
+from lm_zoo.runs.files import EVALUATIONS_DIR, write_text_atomically
 from lm_zoo.runs.workdir import refuse_links
 from lm_zoo.training import evaluate_workdir
 
@@ -61,7 +61,6 @@ flags.DEFINE_string(
   'WORKDIR/evaluations/EVALUATOR.json (a preset is left as it is).',
 )
 # Where each evaluator's latest results are kept in the work directory.
-EVALUATIONS_DIR = 'evaluations'
 FLAGS = flags.FLAGS
 
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import ml_collections
 
-from lm_zoo.data.corpora import Corpus, load_corpus
+from lm_zoo.data.corpora import SPLITS, Corpus, load_corpus
 from lm_zoo.data.text import load_text_folder, load_tfds_text
 from lm_zoo.errors import ConfigError
 
@@ -42,7 +42,7 @@ def load_data(config: ml_collections.ConfigDict) -> Corpus:
         f'data.name=text or tfds; {data.name} comes with its own'
       )
     corpus = load_corpus(data.name, data.data_dir or None)
-  limits = {s: config.data.get(f'{s}_tokens', 0) for s in ('train', 'valid', 'test')}
+  limits = {s: config.data.get(f'{s}_tokens', 0) for s in SPLITS}
   return dataclasses.replace(
     corpus, **{s: getattr(corpus, s)[:n] for s, n in limits.items() if n > 0}
   )

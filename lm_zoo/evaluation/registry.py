@@ -15,6 +15,7 @@ from typing import Callable
 
 import ml_collections
 
+from lm_zoo.data.corpora import SPLITS
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation.checks import check_whole
 from lm_zoo.evaluation.dynamic_evaluators import Dynamic, Learned
@@ -174,9 +175,11 @@ def split_names(splits, required: bool = False) -> tuple[str, ...]:
   if isinstance(splits, str) or not all(isinstance(entry, str) for entry in splits):
     raise ConfigError(f'splits must be a tuple of split names, got {splits!r}')
   names = tuple(name.strip() for entry in splits for name in entry.split(',') if name.strip())
-  unknown = [name for name in names if name not in ('train', 'valid', 'test')]
+  unknown = [name for name in names if name not in SPLITS]
   if unknown:
-    raise ConfigError(f'splits: unknown split {unknown[0]!r}; choose from train, valid, test')
+    raise ConfigError(f'splits: unknown split {unknown[0]!r}; choose from {", ".join(SPLITS)}')
   if required and not names:
-    raise ConfigError('splits is empty: name one or more of train, valid, test (splits=valid,test)')
+    raise ConfigError(
+      f'splits is empty: name one or more of {", ".join(SPLITS)} (splits=valid,test)'
+    )
   return names

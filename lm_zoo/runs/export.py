@@ -16,7 +16,6 @@ import jax
 from safetensors.numpy import save_file
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.model_card import model_card
 from lm_zoo.models import build_model, init_params
 from lm_zoo.presets import (
   CARD_FILE,
@@ -31,6 +30,7 @@ from lm_zoo.presets import (
 )
 from lm_zoo.runs.files import DATA_FILE, VOCAB_FILE
 from lm_zoo.runs.finished import best_params, load_config, load_vocab
+from lm_zoo.runs.model_card import model_card
 from lm_zoo.runs.workdir import save_config
 from lm_zoo.version import __version__
 

@@ -26,6 +26,10 @@ LOCK_FILE = 'lock'
 SEEDS_FILE = 'seeds.json'
 # Every command line that trained in the work directory, a line each (`record_command`).
 COMMANDS_FILE = 'commands.txt'
+# The finished run's figures (`lm_zoo.training.summary`).
+SUMMARY_FILE = 'summary.json'
+# lm-zoo-eval's results, a file per evaluator (`{evaluator}.json`).
+EVALUATIONS_DIR = 'evaluations'
 # config.json's keys that hold the format it was written in
 # (`lm_zoo.runs.checkpoints.FORMAT_VERSION`) and the lm_zoo that wrote it.
 FORMAT_KEY, WRITER_KEY = 'format_version', 'lm_zoo_version'

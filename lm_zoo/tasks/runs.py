@@ -13,7 +13,7 @@ from typing import Any, Callable
 import ml_collections
 
 from lm_zoo.errors import TrainingError, WorkdirInUse
-from lm_zoo.runs.files import read_json, write_text_atomically
+from lm_zoo.runs.files import SUMMARY_FILE, read_json, write_text_atomically
 from lm_zoo.runs.workdir import workdir_lock
 from lm_zoo.training import train_and_evaluate
 
@@ -38,7 +38,7 @@ def train_or_read(
     except TrainingError as err:  # a data point of the study, not its end
       log.warning('%s diverged: %s', workdir, err)
       summary = {'diverged': True, 'error': str(err)}
-      write_text_atomically(workdir / 'summary.json', json.dumps(summary, indent=2))
+      write_text_atomically(workdir / SUMMARY_FILE, json.dumps(summary, indent=2))
       return summary
 
   return _read_or_run(train, workdir, wait)
@@ -62,7 +62,7 @@ def train_stack_or_read(
 def _read_or_run(
   run: Callable[[], dict[str, Any]], workdir: pathlib.Path, wait: bool
 ) -> dict | None:
-  summary_path = workdir / 'summary.json'
+  summary_path = workdir / SUMMARY_FILE
   while True:
     if summary_path.is_file():
       return read_json(summary_path, 'a finished run keeps its summary')

@@ -44,6 +44,7 @@ from lm_zoo.errors import ConfigError, TrainingError
 from lm_zoo.evaluation import mean_and_spread
 from lm_zoo.tasks.runs import train_or_read, train_stack_or_read
 from lm_zoo.tasks.study_evaluations import (
+  SPLITS,
   evaluate_runs,
   evaluations_report,
   mean_and_spread_text,
@@ -52,8 +53,6 @@ from lm_zoo.tasks.study_evaluations import (
 from lm_zoo.training.seed_axis import check_num_seeds, seed_dir
 
 log = logging.getLogger(__name__)
-
-SPLITS = ('valid', 'test')
 
 
 def run_seed_study(config: ml_collections.ConfigDict) -> list[dict]:

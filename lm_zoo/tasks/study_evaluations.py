@@ -35,7 +35,7 @@ from lm_zoo.training import evaluate_workdirs
 
 log = logging.getLogger(__name__)
 
-SPLITS = ('valid', 'test')
+SPLITS = ('valid', 'test')  # what a seed study scores and reports
 FOLDER = 'study_evaluations'
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import ml_collections
 
 from lm_zoo.data import BatchedStream
-from lm_zoo.runs.files import read_json
+from lm_zoo.runs.files import SUMMARY_FILE, read_json
 from lm_zoo.training.run import Progress
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def completed_summary(
   """The summary of a run that finished at the restored `step`, or None: a
   finished run run again is left as it is (not scored again, its times and
   metrics kept), unless it stopped before its summary was written."""
-  summary_file = workdir / 'summary.json'
+  summary_file = workdir / SUMMARY_FILE
   if not training_done(config, progress, step, progress.train_seconds):
     return None
   summary = (

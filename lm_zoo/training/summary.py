@@ -16,7 +16,7 @@ import jax
 
 from lm_zoo.evaluation import EvalResult, mean_and_spread
 from lm_zoo.progress import format_duration
-from lm_zoo.runs.files import is_main_process, write_text_atomically
+from lm_zoo.runs.files import SUMMARY_FILE, is_main_process, write_text_atomically
 from lm_zoo.runtime import environment
 from lm_zoo.training.run import Run, Trainer
 from lm_zoo.training.scoring import final_batch_size, final_scores, record_samples
@@ -60,13 +60,13 @@ def finish(t: Trainer, run: Run, final_splits: Sequence[str]) -> dict[str, Any]:
     summary[split] = {'mean': mean, 'std': std, 'measure': measure(t.corpus.unit)}
     log.info('%s over %d seeds: %s', split, len(results), spread(results))
   if is_main_process():
-    write_text_atomically(t.workdir / 'summary.json', json.dumps(summary, indent=2))
+    write_text_atomically(t.workdir / SUMMARY_FILE, json.dumps(summary, indent=2))
   return summary
 
 
 def _write(folder: pathlib.Path, summary: dict[str, Any]) -> None:
   if is_main_process():
-    write_text_atomically(folder / 'summary.json', json.dumps(summary, indent=2))
+    write_text_atomically(folder / SUMMARY_FILE, json.dumps(summary, indent=2))
   if 'seed' not in summary:
     log.info('%s', run_summary(summary, folder))
 

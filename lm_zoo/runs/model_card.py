@@ -11,8 +11,15 @@ from typing import Any
 import ml_collections
 
 from lm_zoo.data import Vocab
+from lm_zoo.data.corpora import SPLITS
+from lm_zoo.runs.files import (
+  COMMANDS_FILE,
+  DATA_FILE,
+  EVALUATIONS_DIR,
+  SEEDS_FILE,
+  SUMMARY_FILE,
+)
 
-_SPLITS = ('train', 'valid', 'test')
 # Trains a preset's model again from its config.json (its data from
 # $LM_ZOO_DATA or the default data folder).
 RETRAIN_COMMAND = 'lm-zoo-train --config=experiments/from_workdir.py:FOLDER --workdir=runs/NAME'
@@ -27,7 +34,7 @@ def _read(path: pathlib.Path) -> Any:
 
 def _commands(workdir: pathlib.Path) -> list[str]:
   try:
-    return (workdir / 'commands.txt').read_text().splitlines()
+    return (workdir / COMMANDS_FILE).read_text().splitlines()
   except OSError:
     return []
 
@@ -62,7 +69,7 @@ def _architecture_and_data(
     f'- corpus: {d.name}; vocabulary: {len(vocab):,} {vocab.kind} tokens '
     f'(vocab.json), BPTT {d.bptt}',
   ]
-  for split in _SPLITS:
+  for split in SPLITS:
     if isinstance(data.get(split), dict) and 'tokens' in data[split]:
       lines.append(f'- {split}: {data[split]["tokens"]:,} tokens')
   return lines
@@ -73,7 +80,7 @@ def _results(
 ) -> list[str]:
   """The card's results: seeds, device, each split's scores at the end of
   training and those of the later evaluations."""
-  seeds = (_read(workdir / 'seeds.json') or {}).get('seeds') or [config.seed]
+  seeds = (_read(workdir / SEEDS_FILE) or {}).get('seeds') or [config.seed]
   env = summary.get('environment') or {}
   lines = [
     '## Results',
@@ -82,10 +89,10 @@ def _results(
     f'- device: {env.get("device_kind", "not recorded")} ({env.get("backend", "?")}, '
     f'jax {env.get("jax", "?")})',
   ]
-  for split in _SPLITS:
+  for split in SPLITS:
     if split in summary:
       lines.append(f'- {split}: {_result(summary[split])}')
-  for path in sorted((workdir / 'evaluations').glob('*.json')):
+  for path in sorted((workdir / EVALUATIONS_DIR).glob('*.json')):
     saved = _read(path) or {}
     for split, result in (saved.get('results') or {}).items():
       lines.append(f'- {path.stem} evaluation, {split}: {_result(result)}')
@@ -129,9 +136,9 @@ def model_card(
     'A recurrent language model trained with lm_zoo and exported as a preset. '
     "Load it with `lm_zoo.load('THIS_FOLDER')` or any lm_zoo program's `--workdir`.",
     '',
-    *_architecture_and_data(config, vocab, record, _read(workdir / 'data.json') or {}),
+    *_architecture_and_data(config, vocab, record, _read(workdir / DATA_FILE) or {}),
     '',
-    *_results(workdir, config, record, _read(workdir / 'summary.json') or {}),
+    *_results(workdir, config, record, _read(workdir / SUMMARY_FILE) or {}),
     '',
     *_training(workdir),
     '## Intended use and limitations',
