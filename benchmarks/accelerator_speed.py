@@ -26,7 +26,7 @@ dtype (`dtype`; `train_vs_torch_same_dtype`: autocast's products are
 bfloat16); a recipe is compared at the first baseline size. `--bfloat16`
 adds each recipe row once more with bfloat16 products, as NAME+bfloat16
 (and a way that takes bfloat16 products only, as 'persistent' does, runs
-as that row alone).
+as that row alone); `--bfloat16_only` times the NAME+bfloat16 rows alone.
 Also written, per recipe: the hours its whole training implies at the
 measured rate (its planned updates x batch x BPTT tokens; for epoch-based
 recipes the corpus must be in $LM_ZOO_DATA); per row, its model FLOPs (6 x
@@ -57,7 +57,6 @@ others are timed and written, and the script then exits with an error.
 """
 
 import os
-import pathlib
 
 import jax
 from absl import app, flags
@@ -65,14 +64,14 @@ from baselines import (
   TORCH_DTYPES,
   add_ratios,
   experiment_config,
-  failure_reason,
   jax_rnn_lm,
   lm_zoo_lm,
   recurrence_matmul_seconds,
+  row_failed,
   torch_lm,
 )
 from device_traces import device_kernels, top_kernels
-from optimized_hlo import loop_pads
+from optimized_hlo import write_hlo
 from speed_report import report, result_row
 from timing import seconds_per_call
 
@@ -121,6 +120,12 @@ flags.DEFINE_bool(
   '(model.dtype; NAME+bfloat16), beside the PyTorch rows of that dtype.',
 )
 flags.DEFINE_bool(
+  'bfloat16_only',
+  False,
+  'Time each recipe row with bfloat16 products only (NAME+bfloat16), not '
+  'also with its own dtype: implies --bfloat16.',
+)
+flags.DEFINE_bool(
   'unpadded',
   False,
   "Also time each 'auto' and 'fused' recipe row with its "
@@ -163,6 +168,11 @@ def _narrowed(config):
   return narrow
 
 
+def _twins() -> bool:
+  """Whether recipe rows get their NAME+bfloat16 twins."""
+  return FLAGS.bfloat16 or FLAGS.bfloat16_only
+
+
 def _refusal(config) -> str | None:
   """Why the recipe's model cannot be built with `config`, or None."""
   try:
@@ -188,7 +198,7 @@ def recipe_rows(recipes: list[str], scans: list[str]) -> dict:
         continue
       print(f'{name}: skipped, {refused}')
       narrow = _narrowed(config)
-      if FLAGS.bfloat16 and config.model.dtype != 'bfloat16' and _refusal(narrow) is None:
+      if _twins() and config.model.dtype != 'bfloat16' and _refusal(narrow) is None:
         print(f'{name}+bfloat16: timed alone, with bfloat16 products')
         rows[f'{name}+bfloat16'] = narrow
   return rows
@@ -228,35 +238,19 @@ def build_row(name: str, build, failed: dict) -> dict | None:
   """`build()` (the row's compiled and warmed-up calls), or None with the
   reason in `failed[name]`: a kernel that does not compile or run on this
   device costs its own row, not the other rows' timings."""
+  print(f'{name}: compiling', flush=True)  # a hang shows where
   try:
     return build()
   except Exception as err:  # any failure: the row's reason, not the run's end
-    failed[name] = failure_reason(err)
-    print(f'{name}: failed, {failed[name]}')
+    row_failed(name, err, failed)
     return None
 
 
-def time_rows(built: dict) -> dict:
-  seconds = {name: {'train': float('inf'), 'eval': float('inf')} for name in built}
-  for _ in range(FLAGS.rounds):
-    for name, calls in built.items():
-      for key in ('train', 'eval'):
-        seconds[name][key] = min(seconds[name][key], seconds_per_call(calls, key, FLAGS.steps))
-  return seconds
-
-
-def write_hlo(built: dict, folder: str) -> dict:
-  """Each recipe row's optimized train step, as text, into `folder`;
-  returns {row: the pads inside its loops}."""
-  path = pathlib.Path(folder)
-  path.mkdir(parents=True, exist_ok=True)
-  pads = {}
-  for name, calls in built.items():
-    if 'hlo' in calls:
-      text = calls['hlo']()
-      (path / f'{name.replace(":", "_").replace("@", "_")}.hlo.txt').write_text(text)
-      pads[name] = loop_pads(text)
-  return pads
+def time_round(calls: dict, seconds: dict | None) -> dict:
+  """One round of a row's timings, the best of them and `seconds` (the
+  rounds before; None for none)."""
+  best = seconds or {'train': float('inf'), 'eval': float('inf')}
+  return {key: min(best[key], seconds_per_call(calls, key, FLAGS.steps)) for key in best}
 
 
 def recipe_variants(configs: dict) -> dict:
@@ -264,7 +258,9 @@ def recipe_variants(configs: dict) -> dict:
   twins that --unpadded, --held and --bfloat16 ask for."""
   rows = {}
   for name, config in configs.items():
-    rows[name] = config, lambda config=config: lm_zoo_lm(config, vocab_size())
+    narrow = config.model.dtype != 'bfloat16'
+    if not (FLAGS.bfloat16_only and narrow):
+      rows[name] = config, lambda config=config: lm_zoo_lm(config, vocab_size())
     if FLAGS.unpadded and config.model.scan in ('auto', 'fused'):
 
       def build(config=config):
@@ -277,9 +273,9 @@ def recipe_variants(configs: dict) -> dict:
         config,
         lambda config=config: lm_zoo_lm(config, vocab_size(), hold_padding=True),
       )
-    if FLAGS.bfloat16 and config.model.dtype != 'bfloat16':
-      narrow = _narrowed(config)
-      rows[f'{name}+bfloat16'] = narrow, lambda narrow=narrow: lm_zoo_lm(narrow, vocab_size())
+    if _twins() and narrow:
+      twin = _narrowed(config)
+      rows[f'{name}+bfloat16'] = twin, lambda twin=twin: lm_zoo_lm(twin, vocab_size())
   return rows
 
 
@@ -318,62 +314,75 @@ def count_kernels(built: dict) -> dict:
   return kernels
 
 
+def all_rows(configs: dict, recipe_hidden: int, batch: int, bptt: int) -> dict:
+  """{row: (its config or None, how to build it, its hidden size)}: the
+  baselines first, so that every row timed before a hang has its ratios."""
+  rows = {}
+  for size in FLAGS.baseline_hidden:
+    hidden = recipe_hidden if size == 'recipe' else (FLAGS.tiny * 2 if FLAGS.tiny else int(size))
+    for name in FLAGS.baselines:
+      build = lambda name=name, hidden=hidden: build_baseline(name, hidden, batch, bptt)
+      rows.setdefault(f'{name}@{hidden}', (None, build, hidden))
+  for name, (config, build) in recipe_variants(configs).items():
+    rows[name] = config, build, recipe_hidden
+  return rows
+
+
 def main(argv):
   del argv
   unknown = set(FLAGS.baselines) - set(BASELINES)
   if unknown:
     raise app.UsageError(f'unknown baselines {sorted(unknown)}: choose from {list(BASELINES)}')
   malloc = 'retained' if retain_host_memory() else 'system'  # off on GPU and TPU
-  configs = recipe_rows(FLAGS.recipes, FLAGS.scans)
   first = experiment_config(FLAGS.recipes[0], FLAGS.tiny)
   recipe_hidden = layer_sizes(build_model(first.model, vocab_size()))[0]
   batch, bptt = first.data.batch_size, first.data.bptt
-  built, hidden_of, failed = {}, {}, {}
-  row_configs = {}
-  for name, (config, build) in recipe_variants(configs).items():
+  rows = all_rows(recipe_rows(FLAGS.recipes, FLAGS.scans), recipe_hidden, batch, bptt)
+  built, seconds, failed, pads, kernels = {}, {}, {}, {}, {}
+
+  def write(table: bool = False) -> None:
+    """The report of every row timed so far (the JSON after each, the
+    table at the end): a call cut short keeps what it measured."""
+    results = [
+      result_row(
+        name,
+        calls,
+        first if rows[name][0] is None else rows[name][0],
+        rows[name][2],
+        seconds[name],
+        recipe=rows[name][0] is not None,
+        pads=pads,
+        kernels=kernels,
+      )
+      for name, calls in built.items()
+    ]
+    add_ratios(results)
+    recurrence = recurrence_matmul_seconds(recipe_hidden, batch, bptt)
+    settings = dict(hidden=recipe_hidden, batch=batch, bptt=bptt, malloc=malloc)
+    report(
+      results,
+      recurrence,
+      **settings,
+      vocab=vocab_size(),
+      failed=failed,
+      output=FLAGS.output,
+      baselines=FLAGS.baselines,
+      scans=FLAGS.scans,
+      table=table,
+    )
+
+  for name, (_, build, _) in rows.items():  # each row timed once as soon as it is built
     calls = build_row(name, build, failed)
     if calls is not None:
-      built[name], hidden_of[name], row_configs[name] = calls, recipe_hidden, config
-  for size in FLAGS.baseline_hidden:
-    hidden = recipe_hidden if size == 'recipe' else (FLAGS.tiny * 2 if FLAGS.tiny else int(size))
-    for name in FLAGS.baselines:
-      row = f'{name}@{hidden}'
-      if row not in built and row not in failed:
-        calls = build_row(row, lambda name=name: build_baseline(name, hidden, batch, bptt), failed)
-        if calls is not None:
-          built[row], hidden_of[row] = calls, hidden
-  seconds = time_rows(built)
-  pads = write_hlo(built, FLAGS.hlo_dir) if FLAGS.hlo_dir else {}
-  kernels = count_kernels(built) if FLAGS.profile_dir else {}
-
-  rows = [
-    result_row(
-      name,
-      calls,
-      row_configs.get(name, first),
-      hidden_of[name],
-      seconds[name],
-      recipe=name in row_configs,
-      pads=pads,
-      kernels=kernels,
-    )
-    for name, calls in built.items()
-  ]
-  add_ratios(rows)
-  recurrence = recurrence_matmul_seconds(recipe_hidden, batch, bptt)
-  report(
-    rows,
-    recurrence,
-    hidden=recipe_hidden,
-    batch=batch,
-    bptt=bptt,
-    malloc=malloc,
-    vocab=vocab_size(),
-    failed=failed,
-    output=FLAGS.output,
-    baselines=FLAGS.baselines,
-    scans=FLAGS.scans,
-  )
+      built[name], seconds[name] = calls, time_round(calls, None)
+      write()
+  for _ in range(FLAGS.rounds - 1):  # the other rounds in turn: the best of them
+    for name, calls in built.items():
+      seconds[name] = time_round(calls, seconds[name])
+    write()
+  pads.update(write_hlo(built, FLAGS.hlo_dir) if FLAGS.hlo_dir else {})
+  kernels.update(count_kernels(built) if FLAGS.profile_dir else {})
+  write(table=True)
   if failed:
     raise SystemExit(
       f'error: {len(failed)} rows failed: {", ".join(failed)} (reasons above '

@@ -23,6 +23,7 @@ import importlib
 import math
 import os
 import time
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -125,9 +126,14 @@ def lm_zoo_lm(config, vocab: int, num_seeds: int = 0, hold_padding: bool = False
   }
 
 
-def failure_reason(err: Exception) -> str:
-  """A row's failure in one line: the exception's type and first line."""
-  return f'{type(err).__name__}: {(str(err).strip().splitlines() or [""])[0]}'
+def row_failed(name: str, err: Exception, failed: dict) -> None:
+  """Keeps `err`, the failure of row `name`, whole in `failed[name]` (the
+  exception's type and message) and prints its first line and its
+  traceback, so that a kernel that fails to compile on a lent GPU can be
+  debugged from the log (a compiler's diagnostics follow its first line)."""
+  failed[name] = f'{type(err).__name__}: {str(err).strip()}'
+  print(f'{name}: failed, {failed[name].splitlines()[0]}', flush=True)
+  print(traceback.format_exc(), flush=True)
 
 
 def lstm_lm_matmul_params(hidden: int, vocab: int, layers: int = 2) -> int:

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from baselines import failure_reason
+from baselines import row_failed
 from device_traces import device_kernels, top_kernels
 
 from lm_zoo.cells import LSTMCell
@@ -176,21 +176,47 @@ def _settings_at_once(model, params, rule: str, ms, stream, count: int):
   return lambda: dynamic_evaluate_many(model, members, stream, FLAGS.segment)
 
 
+def _with_ratios(rows: list[dict]) -> list[dict]:
+  """`rows`, each with its tokens/s against the first scan's row of its mode,
+  members and size."""
+  same = lambda r: (r['mode'], r['members'], r['hidden'])
+  return [
+    {
+      **row,
+      'ratio_vs_first_scan': row['tokens_per_s']
+      / next(r for r in rows if same(r) == same(row))['tokens_per_s'],
+    }
+    for row in rows
+  ]
+
+
+def _write(rows: list[dict], failed: dict) -> None:
+  """The JSON output of the rows measured so far: a call cut short keeps them."""
+  if FLAGS.output:
+    path = pathlib.Path(FLAGS.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results = {
+      'device': str(jax.devices()[0]),
+      'jax': jax.__version__,
+      'xla_flags': os.environ.get('XLA_FLAGS', ''),
+      'results': _with_ratios(rows),
+      'failed': failed,
+    }
+    path.write_text(json.dumps(results, indent=2))
+
+
 def main(argv):
   del argv
   retain_host_memory()  # as lm_zoo's programs do
   rows, failed = [], {}
   for size in FLAGS.sizes:
     for scan in FLAGS.scans:
+      print(f'hidden {size}, scan {scan}: compiling and timing', flush=True)  # a hang shows where
       try:
         rows += measure(int(size), scan)
       except Exception as err:  # any failure: this size and scan's reason, not the run's end
-        failed[f'{size}@{scan}'] = failure_reason(err)
-        print(f'hidden {size}, scan {scan}: failed, {failed[f"{size}@{scan}"]}')
-  for row in rows:
-    same = lambda r: (r['mode'], r['members'], r['hidden'])
-    first = next(r for r in rows if same(r) == same(row))
-    row['ratio_vs_first_scan'] = row['tokens_per_s'] / first['tokens_per_s']
+        row_failed(f'{size}@{scan}', err, failed)
+      _write(rows, failed)
   print(
     f'devices: {jax.devices()}; vocab {FLAGS.vocab}, batch 1, {FLAGS.tokens} tokens, '
     f'segment {FLAGS.segment}, static window {FLAGS.bptt}, {FLAGS.dtype} products'
@@ -199,27 +225,13 @@ def main(argv):
     f'{"mode":>12} {"members":>7} {"hidden":>6} {"scan":>7} {"tokens/s":>10} {"vs static":>9} '
     f'{"vs " + FLAGS.scans[0]:>10}'
   )
-  for r in rows:
+  for r in _with_ratios(rows):
     print(
       f'{r["mode"]:>12} {r["members"]:>7} {r["hidden"]:>6} {r["scan"]:>7} '
       f'{r["tokens_per_s"]:>10,.0f} {r["ratio_vs_static"]:>9.2f} {r["ratio_vs_first_scan"]:>10.2f}'
     )
   if FLAGS.output:
-    path = pathlib.Path(FLAGS.output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-      json.dumps(
-        {
-          'device': str(jax.devices()[0]),
-          'jax': jax.__version__,
-          'xla_flags': os.environ.get('XLA_FLAGS', ''),
-          'results': rows,
-          'failed': failed,
-        },
-        indent=2,
-      )
-    )
-    print(f'wrote {path}')
+    print(f'wrote {FLAGS.output}')
   if failed:
     raise SystemExit(
       f'error: {", ".join(failed)} failed (reasons above and in the output\'s "failed")'

@@ -9,6 +9,7 @@ copy made at every step of its loop.
 
 from __future__ import annotations
 
+import pathlib
 import re
 
 # A computation's header: `name {` or `ENTRY name {`, with its parameters.
@@ -65,4 +66,18 @@ def loop_pads(hlo: str) -> list[str]:
       pad = _PAD.search(line)
       if pad:
         pads.append(f'{shapes.get(pad.group(2), "?")} -> {pad.group(1)}')
+  return pads
+
+
+def write_hlo(built: dict, folder: str) -> dict:
+  """Each recipe row's optimized train step, as text, into `folder`;
+  returns {row: the pads inside its loops}."""
+  path = pathlib.Path(folder)
+  path.mkdir(parents=True, exist_ok=True)
+  pads = {}
+  for name, calls in built.items():
+    if 'hlo' in calls:
+      text = calls['hlo']()
+      (path / f'{name.replace(":", "_").replace("@", "_")}.hlo.txt').write_text(text)
+      pads[name] = loop_pads(text)
   return pads

@@ -40,7 +40,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 from absl import app, flags
-from baselines import failure_reason
+from baselines import row_failed
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from timing import median_call
 
@@ -154,8 +154,7 @@ def main(argv):
       result['results'].append({'row': name, **row})
       print(f'{name}: {row}', flush=True)
     except Exception as err:  # any failure: this row's reason, not the run's end
-      result['failed'][name] = failure_reason(err)
-      print(f'{name}: failed, {result["failed"][name]}', flush=True)
+      row_failed(name, err, result['failed'])
     path = pathlib.Path(FLAGS.output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))

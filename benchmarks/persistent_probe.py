@@ -66,7 +66,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 from absl import app, flags
-from baselines import failure_reason
+from baselines import row_failed
 from grid_barrier_probe import barrier_rounds
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from timing import median_call
@@ -325,8 +325,7 @@ def main(argv):
       result['results'].append(_measure(name, fn, check, blocks, args, wants))
       print(f'{name}: {result["results"][-1]["median_ms"]:.3f} ms', flush=True)
     except Exception as err:  # any failure: this row's reason, not the run's end
-      result['failed'][name] = failure_reason(err)
-      print(f'{name}: failed, {result["failed"][name]}', flush=True)
+      row_failed(name, err, result['failed'])
     _write(result)
   _print_table(result)
   print(f'wrote {FLAGS.output}')

@@ -78,23 +78,9 @@ def result_row(
   return row
 
 
-def report(
-  rows: list[dict],
-  recurrence: float,
-  *,
-  hidden: int,
-  batch: int,
-  bptt: int,
-  malloc: str,
-  vocab: int,
-  failed: dict,
-  output: str,
-  baselines: list[str],
-  scans: list[str],
+def _print_table(
+  rows: list[dict], recurrence: float, device, *, hidden, batch, bptt, malloc, vocab
 ) -> None:
-  """Prints the rows as a table and, when `output` names a file, writes them
-  there as JSON with the device, the run's settings and the failed rows."""
-  device = jax.devices()[0]
   print(
     f'\n{device.platform}: {device.device_kind} x {jax.device_count()}; '
     f'{os.cpu_count()} CPUs; malloc {malloc}; vocabulary {vocab}'
@@ -115,6 +101,30 @@ def report(
       f'{r.get("recipe_hours", nan):>6.2f} {r.get("train_vs_cudnn", nan):>11.2f} '
       f'{r.get("train_vs_torch_fastest", nan):>11.2f}'
     )
+
+
+def report(
+  rows: list[dict],
+  recurrence: float,
+  *,
+  hidden: int,
+  batch: int,
+  bptt: int,
+  malloc: str,
+  vocab: int,
+  failed: dict,
+  output: str,
+  baselines: list[str],
+  scans: list[str],
+  table: bool = True,
+) -> None:
+  """Prints the rows as a table (with `table`) and, when `output` names a
+  file, writes them there as JSON with the device, the run's settings and
+  the failed rows."""
+  device = jax.devices()[0]
+  if table:
+    sizes = dict(hidden=hidden, batch=batch, bptt=bptt)
+    _print_table(rows, recurrence, device, **sizes, malloc=malloc, vocab=vocab)
   if output:
     path = pathlib.Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,4 +150,5 @@ def report(
         indent=2,
       )
     )
-    print(f'wrote {path}')
+    if table:
+      print(f'wrote {path}')

@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
 # The GPU run kit (launch/gpu_run_kit.sh) in the background, for a host lent in
-# calls shorter than the kit: the first call starts the kit in a process
-# session of its own (setsid), which outlives the call; every call then waits
-# up to SECONDS for the kit to finish and packs what it has written so far
-# into PACK, as the few files such a host sends back:
+# calls shorter than the kit: the first call copies the checkout into RUN/src
+# and starts the kit from there in a process session of its own (setsid),
+# which outlives the call; every call then waits up to SECONDS for the kit to
+# finish, packing what it has written so far into PACK every PACK_EVERY
+# seconds (default 60), when the wait ends, and when the call is stopped
+# (TERM or INT), as the few files such a host sends back:
 #
 #   launch/gpu_kit_background.sh SECONDS PACK [RUN]
 #
 #   status.txt           running, or the kit's exit code; the log's last lines
 #   kit.log              the kit's output
-#   figures.tar.gz       RUN's files but the profiles, the optimized HLO and
-#                        the work directories' weights (checkpoints/, best/)
+#   figures.tar.gz       RUN's files but the profiles, the optimized HLO, the
+#                        copied checkout and the work directories' weights
+#                        (checkpoints/, best/)
 #   hlo.tar.gz           RUN's hlo_*/ folders
 #   profiles.tar.gz.NN   RUN's profile*/ folders, in pieces of 15 MiB (at most
 #                        MAX_PIECES, default 3: `cat profiles.tar.gz.* | tar xz`)
 #
+# A call cut short by its host's time limit thus still returns the last pack.
 # RUN is the kit's OUT (default /tmp/lm_zoo_gpu_kit), outside the checkout
-# that each call may copy again. The first call's environment configures the
-# kit (KIT_PARTS, AGREEMENT_RUNS, MINUTES, ...: see gpu_run_kit.sh) and is
-# recorded in RUN/kit.env; later calls only wait and pack. KIT names another
-# script to run (default the kit).
+# that each call may copy again (the kit runs from its own copy, so a later
+# call's copy does not change the files under it). The first call's
+# environment configures the kit (KIT_PARTS, AGREEMENT_RUNS, MINUTES, ...: see
+# gpu_run_kit.sh) and is recorded in RUN/kit.env; later calls only wait and
+# pack. KIT names another script to run (default the copied kit).
 set -euo pipefail
 if [ $# -lt 2 ] || ! [[ $1 =~ ^[0-9]+$ ]]; then
   echo "usage: launch/gpu_kit_background.sh SECONDS PACK [RUN]: SECONDS to wait, a whole number" >&2
@@ -29,15 +34,55 @@ SECONDS_TO_WAIT=$1
 mkdir -p "$2" "${3:-/tmp/lm_zoo_gpu_kit}"
 PACK=$(cd "$2" && pwd)
 RUN=$(cd "${3:-/tmp/lm_zoo_gpu_kit}" && pwd)
-KIT=$(realpath "${KIT:-$(dirname "$0")/gpu_run_kit.sh}")
 MAX_PIECES=${MAX_PIECES:-3}
+PACK_EVERY=${PACK_EVERY:-60}
+if [ -n "${KIT:-}" ]; then
+  KIT=$(realpath "$KIT")
+fi
 cd "$(dirname "$0")/.."
 # tar of files the kit may still be writing: such a file is packed as it was
 pack() { tar --warning=no-file-changed "$@" || [ $? -eq 1 ]; }
 
+# Each file is written under a temporary name, then renamed: a call stopped
+# while packing returns the pack before.
+pack_all() {
+  local new="$PACK/.packing" pieces
+  rm -rf "$new" && mkdir -p "$new"
+  {
+    if [ -e "$RUN/exit_code" ]; then
+      echo "finished: exit code $(cat "$RUN/exit_code")"
+    else
+      echo "running"
+    fi
+    echo "--- the log's last lines"
+    tail -n 40 "$RUN/kit.log" 2>/dev/null || true
+  } > "$new/status.txt"
+  cp "$RUN/kit.log" "$new/kit.log" 2>/dev/null || true
+  (cd "$RUN" && pack -czf "$new/figures.tar.gz" --exclude='./hlo_*' --exclude='./profile*' \
+      --exclude=./src --exclude=checkpoints --exclude=best --exclude=./kit.log .)
+  if compgen -G "$RUN/hlo_*" > /dev/null; then
+    (cd "$RUN" && pack -czf "$new/hlo.tar.gz" hlo_*)
+  fi
+  if compgen -G "$RUN/profile*" > /dev/null; then
+    (cd "$RUN" && pack -cz profile*) | split -b 15M -d -a 2 - "$new/profiles.tar.gz."
+    pieces=("$new"/profiles.tar.gz.*)
+    if [ ${#pieces[@]} -gt "$MAX_PIECES" ]; then
+      rm -f "${pieces[@]:$MAX_PIECES}"
+      echo "profiles: ${#pieces[@]} pieces, only the first $MAX_PIECES kept" >> "$new/status.txt"
+    fi
+  fi
+  rm -f "$PACK"/profiles.tar.gz.*
+  mv -f "$new"/* "$PACK"/
+  rmdir "$new"
+}
+
 if [ ! -e "$RUN/kit.env" ]; then
   env | grep -E '^(KIT_|AGREEMENT_|MINUTES=|SEEDS_|TRAIN_CONFIG=|WHEELS=|LM_ZOO_DATA=)' \
       > "$RUN/kit.env" || true
+  mkdir -p "$RUN/src"
+  tar --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./runs -cf - . \
+      | tar -C "$RUN/src" -xf -
+  KIT=${KIT:-$RUN/src/launch/gpu_run_kit.sh}
   # stdin from /dev/null and a session of its own: the call's end does not stop it
   # setsid(1), or where util-linux is missing Python's os.setsid
   detach=(setsid)
@@ -48,35 +93,15 @@ if [ ! -e "$RUN/kit.env" ]; then
   echo "started $KIT into $RUN"
 fi
 
+trap 'pack_all; cat "$PACK/status.txt"; exit 143' TERM INT
 deadline=$((SECONDS + SECONDS_TO_WAIT))
+packed=$SECONDS
 while [ ! -e "$RUN/exit_code" ] && [ $SECONDS -lt $deadline ]; do
-  sleep 2
+  sleep 2 & wait $!  # a TERM is taken at once, not after the sleep
+  if [ $((SECONDS - packed)) -ge "$PACK_EVERY" ]; then
+    pack_all
+    packed=$SECONDS
+  fi
 done
-
-{
-  if [ -e "$RUN/exit_code" ]; then
-    echo "finished: exit code $(cat "$RUN/exit_code")"
-  else
-    echo "running"
-  fi
-  echo "--- the log's last lines"
-  tail -n 40 "$RUN/kit.log" 2>/dev/null || true
-} > "$PACK/status.txt"
-cp "$RUN/kit.log" "$PACK/kit.log" 2>/dev/null || true
-(cd "$RUN" && pack -czf "$PACK/figures.tar.gz" --exclude='./hlo_*' --exclude='./profile*' \
-    --exclude=checkpoints --exclude=best --exclude=./kit.log .)
-shopt -s nullglob
-hlo=("$RUN"/hlo_*)
-if [ ${#hlo[@]} -gt 0 ]; then
-  (cd "$RUN" && pack -czf "$PACK/hlo.tar.gz" hlo_*)
-fi
-profiles=("$RUN"/profile*)
-if [ ${#profiles[@]} -gt 0 ]; then
-  (cd "$RUN" && pack -cz profile*) | split -b 15M -d -a 2 - "$PACK/profiles.tar.gz."
-  pieces=("$PACK"/profiles.tar.gz.*)
-  if [ ${#pieces[@]} -gt "$MAX_PIECES" ]; then
-    rm -f "${pieces[@]:$MAX_PIECES}"
-    echo "profiles: ${#pieces[@]} pieces, only the first $MAX_PIECES kept" >> "$PACK/status.txt"
-  fi
-fi
+pack_all
 cat "$PACK/status.txt"

@@ -53,29 +53,31 @@
 # zaremba_large/ (SEEDS_ARGS='--seeds=2', say: it is 5 times the medium's
 # products a token and 55 epochs, so its curve as far as MINUTES reach).
 # `persistent` first runs the grid barrier alone (grid_barrier.json and .txt,
-# under `timeout 90`: if it fails or hangs, the steps below skip every kernel
-# that crosses it and say so in persistent_skipped.txt), then checks and
-# times the persistent Mosaic GPU LSTM kernels, forward and backward
+# under `timeout 60`: if it hangs, the steps below skip every kernel that
+# crosses it and say so in persistent_skipped.txt), then checks and times
+# the persistent Mosaic GPU LSTM kernels, forward and backward
 # (lm_zoo.kernels.persistent_lstm, persistent_lstm_backward: one launch a
 # window each way, a barrier across the grid a step) in each mode against
 # XLA's window and cuDNN's at the 24M LSTM's size, and what a crossing of
 # the grid barrier alone costs, 11 a step, and whether it holds
 # (benchmarks/persistent_probe.py: persistent_probe.json and .txt; under
-# `timeout 240`, as a kernel whose blocks wait for each other may hang, and
+# `timeout 150`, as a kernel whose blocks wait for each other may hang, and
 # its JSON keeps every row measured before), then the persistent Mogrifier
 # kernels against the fused window, one layer of the 24M recipe forward and
 # with its gradients, a launch a phase, on 116 blocks and on 120
 # (benchmarks/persistent_mogrifier_probe.py: persistent_mogrifier_probe.json
-# and .txt; under `timeout 200`), then the 24M LSTM and Mogrifier recipes'
+# and .txt; under `timeout 150`), then the 24M LSTM and Mogrifier recipes'
 # train steps with bfloat16 products under scan 'auto' and 'persistent'
-# beside PyTorch's rows (benchmark_persistent.json and .txt; under
-# `timeout 360`), then tests/test_persistent_scan.py and
+# beside PyTorch's bfloat16 rows, with kernels a step
+# (benchmark_persistent.json and .txt, profile_persistent/; under
+# `timeout 240`), then tests/test_persistent_scan.py and
 # tests/test_persistent_mogrifier_window.py (compiled on a GPU:
 # scan='persistent' in a model with a state mask against 'fused';
-# persistent_tests.txt, under `timeout 180`), then dynamic evaluation at
+# persistent_tests.txt, under `timeout 120`), then dynamic evaluation at
 # 2 x 650, batch 1, with bfloat16 products, fused and persistent
 # (dynamic_evaluation_persistent.json and .txt, profile_dyneval_persistent/;
-# under `timeout 240`).
+# under `timeout 120`). Every benchmark and probe rewrites its JSON after
+# each row, and a failed row's whole error and traceback are in its .txt.
 # `dyneval` and `mogrifier24m` run the seed studies of
 # experiments/paper_seed_studies.py (4 seeds stacked): Zaremba's medium model,
 # then RMS and SGD dynamic evaluation of each seed on the whole valid and
@@ -184,11 +186,14 @@ mogrifier_probe=(--blocks=120)  # and on 120 blocks: n_pad 960, chunks of 96 col
 # kernels, the LSTM's and the Mogrifier's)
 persistent_tests=(tests/test_persistent_scan.py tests/test_persistent_mogrifier_window.py)
 # The 24M LSTM and Mogrifier recipes (state dropout included) with bfloat16
-# products, their windows fused ('auto') and persistent, beside PyTorch's rows.
+# products only (the `kernels` part has their float32 rows), their windows
+# fused ('auto') and persistent, beside PyTorch's bfloat16 rows, with kernels
+# a step (profile_persistent/).
 persistent_bench=(--recipes=mogrifier_paper:ptb_lstm,mogrifier_paper:ptb_mogrifier
-                  --scans=auto,persistent --bfloat16
+                  --scans=auto,persistent --bfloat16_only
                   --steps=10 --rounds=2 --baseline_hidden=recipe
-                  --baselines=jax_cudnn_lstm,torch_lstm,torch_lstm_bf16_autocast,torch_lstm_bf16)
+                  --baselines=jax_cudnn_lstm,torch_lstm_bf16_autocast,torch_lstm_bf16
+                  --profile_dir="$OUT/profile_persistent")
 # Dynamic evaluation (batch 1) with bfloat16 products, fused and persistent
 # (the persistent kernels multiply in bfloat16 only): the `kernels` part's
 # float32 rows are the ratios' baseline.
@@ -370,38 +375,46 @@ part_seeds() {
 }
 part_persistent() {
   # The grid barrier alone first, in seconds: where its blocks are not all
-  # resident, every kernel that crosses it would hang until its timeout
-  # (their timeouts add up to 20 minutes), so then the rest runs without them.
-  local skip=()
-  if ! timeout 90 "$PYTHON" benchmarks/persistent_probe.py --rows=barrier_persistent \
+  # resident, every kernel that crosses it would hang until its timeout, so
+  # when it times out the rest runs without them (any other failure is the
+  # probe's own: the rest runs, each row failing on its own). Each step's
+  # timeout is its cap; together about 14 minutes, most used only on a hang,
+  # the steps ordered by what the results need first. -k: a process stuck in
+  # the driver is killed 10 s after the TERM.
+  local skip=(--skip_rows=barrier_persistent) rc=0 hung=0
+  timeout -k 10 60 "$PYTHON" benchmarks/persistent_probe.py --rows=barrier_persistent \
       --output="$OUT/grid_barrier.json" ${persistent[@]+"${persistent[@]}"} 2>&1 \
-      | tee "$OUT/grid_barrier.txt"; then
+      | tee "$OUT/grid_barrier.txt" || rc=${PIPESTATUS[0]}
+  if [ "$rc" != 0 ]; then
     failed+=(grid_barrier)
+  fi
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    hung=1
     skip=(--skip_rows=unfenced,persistent,grad_persistent,barrier_unfenced,barrier_persistent)
   fi
   # MOSAIC_GPU_DUMP_PTXAS: ptxas' report of each kernel in the .txt (registers,
   # spills, and whether it serialised the wgmmas: warning C7510)
-  MOSAIC_GPU_DUMP_PTXAS=1 timeout 240 "$PYTHON" benchmarks/persistent_probe.py \
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout -k 10 150 "$PYTHON" benchmarks/persistent_probe.py \
       --output="$OUT/persistent_probe.json" ${persistent[@]+"${persistent[@]}"} \
-      ${skip[@]+"${skip[@]}"} 2>&1 | tee "$OUT/persistent_probe.txt" \
-      || failed+=(persistent_probe)
-  if [ ${#skip[@]} -gt 0 ]; then
+      "${skip[@]}" 2>&1 | tee "$OUT/persistent_probe.txt" || failed+=(persistent_probe)
+  if [ "$hung" = 1 ]; then
     echo "skipped: every kernel that crosses the grid barrier (the Mogrifier probe," \
          "benchmark_persistent, persistent_tests, dynamic_evaluation_persistent):" \
-         "the barrier alone did not end (grid_barrier.txt)" | tee "$OUT/persistent_skipped.txt"
+         "the barrier alone did not end in 60 s (grid_barrier.txt)" \
+        | tee "$OUT/persistent_skipped.txt"
     return
   fi
-  MOSAIC_GPU_DUMP_PTXAS=1 timeout 200 "$PYTHON" benchmarks/persistent_mogrifier_probe.py \
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout -k 10 150 "$PYTHON" benchmarks/persistent_mogrifier_probe.py \
       --output="$OUT/persistent_mogrifier_probe.json" "${mogrifier_probe[@]}" 2>&1 \
       | tee "$OUT/persistent_mogrifier_probe.txt" || failed+=(persistent_mogrifier_probe)
   # the recipes' speed before the model-level tests: the probes have checked
   # the kernels' answers, and a lent machine may go back before the end
-  timeout 360 "$PYTHON" benchmarks/accelerator_speed.py \
+  timeout -k 10 240 "$PYTHON" benchmarks/accelerator_speed.py \
       --output="$OUT/benchmark_persistent.json" "${persistent_bench[@]}" 2>&1 \
       | tee "$OUT/benchmark_persistent.txt" || failed+=(benchmark_persistent)
-  timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider "${persistent_tests[@]}" 2>&1 \
+  timeout -k 10 120 "$PYTHON" -m pytest -q -p no:cacheprovider "${persistent_tests[@]}" 2>&1 \
       | tee "$OUT/persistent_tests.txt" || failed+=(persistent_tests)
-  timeout 240 "$PYTHON" benchmarks/dynamic_evaluation_speed.py \
+  timeout -k 10 120 "$PYTHON" benchmarks/dynamic_evaluation_speed.py \
       --output="$OUT/dynamic_evaluation_persistent.json" "${persistent_dynamic[@]}" 2>&1 \
       | tee "$OUT/dynamic_evaluation_persistent.txt" || failed+=(dynamic_evaluation_persistent)
 }

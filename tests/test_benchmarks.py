@@ -11,7 +11,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / 'benchmarks'))
-from baselines import add_ratios, lstm_lm_matmul_params  # noqa: E402
+from baselines import add_ratios, lstm_lm_matmul_params, row_failed  # noqa: E402
 from device_traces import device_kernels, top_kernels  # noqa: E402
 from optimized_hlo import loop_pads  # noqa: E402
 
@@ -250,3 +250,19 @@ def test_each_row_is_compared_with_the_fastest_pytorch_row_of_its_dtype():
   assert narrow['eval_vs_torch_same_dtype'] == 780 / 800
   assert recipe['train_vs_torch_fastest'] == 300 / 410 and recipe['train_vs_cudnn'] == 300 / 360
   assert recipe['train_torch_fastest_row'] == 'torch_lstm_fp16@8'
+
+
+def test_a_failed_row_keeps_its_whole_error_and_prints_its_traceback(capsys):
+  """A kernel's compiler puts its diagnostics after the first line: the
+  output keeps them, and the log has the traceback to debug it from."""
+  failed = {}
+  try:
+    raise RuntimeError('Mosaic GPU lowering failed\nline 2: ptxas error\n')
+  except RuntimeError as err:
+    row_failed('lstm@persistent', err, failed)
+  assert failed == {
+    'lstm@persistent': 'RuntimeError: Mosaic GPU lowering failed\nline 2: ptxas error'
+  }
+  printed = capsys.readouterr().out
+  assert printed.startswith('lstm@persistent: failed, RuntimeError: Mosaic GPU lowering failed\n')
+  assert 'Traceback (most recent call last)' in printed and 'line 2: ptxas error' in printed

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import tarfile
+import time
 
 import pytest
 from conftest import REPO
@@ -93,6 +94,42 @@ def test_the_kit_starts_once_and_each_call_packs_what_it_has_written(tmp_path):
   assert members(whole) == {'profile_scans.bin'}
   with tarfile.open(whole) as tar:
     assert tar.extractfile('profile_scans.bin').read() == (run / 'profile_scans.bin').read_bytes()
+
+
+def test_a_call_packs_while_it_waits_and_when_it_is_stopped(tmp_path):
+  """A host's time limit may stop a call before its wait ends: what the kit
+  has written is packed every PACK_EVERY seconds and on TERM, so the call
+  still returns it. The kit runs from a copy of the checkout in RUN/src."""
+  kit = tmp_path / 'stand_in.sh'
+  kit.write_text(STAND_IN)
+  run, pack = tmp_path / 'run', tmp_path / 'pack'
+  kits = re.compile(r'(KIT_|AGREEMENT_|MINUTES$|SEEDS_|TRAIN_CONFIG$|WHEELS$|LM_ZOO_DATA$)')
+  env = {k: v for k, v in os.environ.items() if not kits.match(k)}
+  call = subprocess.Popen(
+    ['bash', 'launch/gpu_kit_background.sh', '60', str(pack), str(run)],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    text=True,
+    env={**env, 'KIT': str(kit), 'PACK_EVERY': '1'},
+  )
+  try:
+    deadline = time.monotonic() + 30
+    while not (pack / 'figures.tar.gz').exists() and time.monotonic() < deadline:
+      time.sleep(0.2)
+    assert call.poll() is None  # packed while waiting
+    assert (pack / 'status.txt').read_text().startswith('running\n')
+    assert 'benchmark.json' in members(pack / 'figures.tar.gz')
+    (run / 'hlo_late').mkdir()  # written after that pack: the stopped call's pack has it
+    (run / 'hlo_late' / 'x.txt').write_text('HloModule')
+  finally:
+    call.terminate()
+  assert call.wait(timeout=30) == 143
+  assert 'hlo_late/x.txt' in members(pack / 'hlo.tar.gz')
+  assert not (pack / '.packing').exists()
+  assert (run / 'src' / 'launch' / 'gpu_run_kit.sh').read_bytes() == (
+    REPO / 'launch' / 'gpu_run_kit.sh'
+  ).read_bytes()
+  (run / 'go').touch()  # the stand-in ends
 
 
 @pytest.mark.parametrize('args', [[], ['soon', 'pack']])

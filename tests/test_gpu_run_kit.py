@@ -198,8 +198,8 @@ def test_the_kits_persistent_part_checks_the_kernel_interpreted(kit):
     'grad_persistent',
     'barrier_no_barrier',
     'barrier_unfenced',
-    'barrier_persistent',
-  ]
+  ]  # not barrier_persistent again: grid_barrier.json has it
+  rows['barrier_persistent'] = barrier['results'][0]
   for mode in ('no_barrier', 'unfenced', 'persistent'):
     crossings = rows[f'barrier_{mode}']
     assert crossings['rounds'] == 3 * 11 and crossings['stale_blocks'] == 0
@@ -305,24 +305,26 @@ def test_the_gpu_run_kit_leaves_every_figure_in_its_folder(kit, tmp_path):
 
 
 # A stand-in for the kit's $PYTHON: logs each command line; the barrier alone
-# hangs (a `timeout` below 90 s stands for the kit's) and everything else ends.
-_HANGING_BARRIER = """#!/usr/bin/env bash
+# hangs (a `timeout` below 60 s stands for the kit's) or fails, and
+# everything else ends.
+_STAND_IN = """#!/usr/bin/env bash
 echo "$*" >> "$KIT_LOG"
-case "$*" in *--rows=barrier_persistent*) exec sleep 60;; esac
+case "$*" in *--rows=barrier_persistent*) BARRIER;; esac
 """
 
 
-def test_where_the_barrier_alone_hangs_the_persistent_part_skips_what_crosses_it(tmp_path):
-  """A grid barrier whose blocks are not all resident hangs every kernel that
-  crosses it until that step's timeout: after the barrier's own check the
-  probe leaves those rows out and the steps that need them do not run."""
+def _persistent_part(tmp_path, barrier: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+  """The kit's persistent part run with the stand-in, its barrier step
+  running `barrier`: (the kit's run, the command lines it ran)."""
   python, log, out = tmp_path / 'python', tmp_path / 'log', tmp_path / 'out'
-  python.write_text(_HANGING_BARRIER)
+  python.write_text(_STAND_IN.replace('BARRIER', barrier))
   python.chmod(0o755)
   kit = (REPO / 'launch' / 'gpu_run_kit.sh').read_text()
-  assert kit.count('timeout 90 ') == 1
+  assert kit.count('timeout -k 10 60 ') == 1
   (tmp_path / 'launch').mkdir()  # the copy runs in tmp_path, its root
-  (tmp_path / 'launch' / 'gpu_run_kit.sh').write_text(kit.replace('timeout 90 ', 'timeout 2 '))
+  (tmp_path / 'launch' / 'gpu_run_kit.sh').write_text(
+    kit.replace('timeout -k 10 60 ', 'timeout -k 1 2 ')
+  )
   ran = subprocess.run(
     ['bash', str(tmp_path / 'launch' / 'gpu_run_kit.sh'), str(out)],
     cwd=REPO,
@@ -336,8 +338,16 @@ def test_where_the_barrier_alone_hangs_the_persistent_part_skips_what_crosses_it
       'WHEELS': str(tmp_path / 'no_wheels'),
     },
   )
+  return ran, log.read_text().splitlines()
+
+
+def test_where_the_barrier_alone_hangs_the_persistent_part_skips_what_crosses_it(tmp_path):
+  """A grid barrier whose blocks are not all resident hangs every kernel that
+  crosses it until that step's timeout: after the barrier's own check the
+  probe leaves those rows out and the steps that need them do not run."""
+  ran, calls = _persistent_part(tmp_path, 'exec sleep 60')
+  out = tmp_path / 'out'
   assert ran.returncode == 1 and 'failed: grid_barrier' in ran.stderr
-  calls = log.read_text().splitlines()
   assert calls[1].startswith('benchmarks/persistent_probe.py --rows=barrier_persistent')
   assert calls[2] == (
     f'benchmarks/persistent_probe.py --output={out}/persistent_probe.json '
@@ -345,3 +355,23 @@ def test_where_the_barrier_alone_hangs_the_persistent_part_skips_what_crosses_it
   )
   assert len(calls) == 3  # devices, the barrier, the probe: nothing after
   assert 'the barrier alone did not end' in (out / 'persistent_skipped.txt').read_text()
+
+
+def test_a_barrier_probe_that_fails_without_hanging_leaves_the_rest_to_run(tmp_path):
+  """A failure that is no hang (the probe's own error) is the barrier row's:
+  every later step runs, and the probe does not time the barrier again."""
+  ran, calls = _persistent_part(tmp_path, 'exit 1')
+  out = tmp_path / 'out'
+  assert ran.returncode == 1 and 'failed: grid_barrier' in ran.stderr
+  assert calls[2] == (
+    f'benchmarks/persistent_probe.py --output={out}/persistent_probe.json '
+    '--skip_rows=barrier_persistent'
+  )
+  later = [call.split()[0] if call.split()[0] != '-m' else call.split()[1] for call in calls[3:]]
+  assert later == [
+    'benchmarks/persistent_mogrifier_probe.py',
+    'benchmarks/accelerator_speed.py',
+    'pytest',
+    'benchmarks/dynamic_evaluation_speed.py',
+  ]
+  assert not (out / 'persistent_skipped.txt').exists()
