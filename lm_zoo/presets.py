@@ -26,7 +26,7 @@ import numpy as np
 
 from lm_zoo.data.download import sha256_file
 from lm_zoo.errors import ConfigError
-from lm_zoo.version import __version__
+from lm_zoo.version import check_format
 
 # The layout of a preset folder: a version that reads another refuses it.
 PRESET_FORMAT_VERSION = 3
@@ -153,7 +153,7 @@ def load_params(folder: str | pathlib.Path, like: Any) -> Any:
   from safetensors.numpy import load_file
 
   folder = pathlib.Path(folder)
-  check_format(folder)
+  _check_preset_format(folder)
   verify(folder, skip=(CARD_FILE,))
   if (folder / INDEX_FILE).is_file():
     weight_map = json.loads((folder / INDEX_FILE).read_text())['weight_map']
@@ -185,7 +185,7 @@ def load_params(folder: str | pathlib.Path, like: Any) -> Any:
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def check_format(folder: pathlib.Path) -> None:
+def _check_preset_format(folder: pathlib.Path) -> None:
   """Raises ConfigError when FOLDER/preset.json is of another format."""
   try:
     record = json.loads((folder / PRESET_FILE).read_text())
@@ -193,11 +193,5 @@ def check_format(folder: pathlib.Path) -> None:
     raise ConfigError(
       f'{folder / PRESET_FILE} cannot be read ({type(err).__name__}): export the preset again'
     ) from None
-  written = record.get('format_version') if isinstance(record, dict) else None
-  if written != PRESET_FORMAT_VERSION:
-    writer = record.get('lm_zoo_version', 'another version') if isinstance(record, dict) else '?'
-    raise ConfigError(
-      f'{folder} is a preset of format {written} (lm_zoo {writer}); this is '
-      f'lm_zoo {__version__} (preset format {PRESET_FORMAT_VERSION}), which '
-      'reads only its own: use that lm_zoo, or export it again with this one'
-    )
+  fix = 'use that lm_zoo, or export it again with this one'
+  check_format(record, PRESET_FORMAT_VERSION, f'the preset {folder}', fix)

@@ -1,4 +1,28 @@
 """lm_zoo's version: pyproject.toml reads it, and work directories, checkpoints
-and presets record it."""
+and presets record it with their format (`check_format` refuses another)."""
+
+from typing import Any
+
+from lm_zoo.errors import ConfigError
 
 __version__ = '0.2.0'
+
+# The keys of a record lm_zoo writes (config.json, a checkpoint's meta,
+# preset.json) that hold the format it was written in and the lm_zoo that wrote it.
+FORMAT_KEY, WRITER_KEY = 'format_version', 'lm_zoo_version'
+
+
+def check_format(
+  record: Any, expected: int, what: str, fix: str, error: type[Exception] = ConfigError
+) -> None:
+  """Raises `error` unless `record` (a JSON object of lm_zoo's) holds the
+  format `expected` under FORMAT_KEY: the message names `what` was read,
+  the lm_zoo and format that wrote it (WRITER_KEY), this one's, and `fix`."""
+  fields = record if isinstance(record, dict) else {}
+  written = fields.get(FORMAT_KEY)
+  if written != expected:
+    raise error(
+      f'{what} was written by lm_zoo {fields.get(WRITER_KEY, "an earlier version")} (format '
+      f'{written}); this is lm_zoo {__version__} (format {expected}), which reads only its '
+      f'own: {fix}'
+    )

@@ -35,16 +35,16 @@ from jax.experimental import multihost_utils
 
 from lm_zoo.errors import CheckpointError, ConfigError
 from lm_zoo.runs.files import is_main_process, sync_processes
-from lm_zoo.version import __version__
+from lm_zoo.version import FORMAT_KEY, WRITER_KEY, __version__, check_format
 
 log = logging.getLogger(__name__)
 
 # The layout of what lm_zoo writes into a work directory (its checkpoints,
 # config.json): a version that reads another format refuses it.
 FORMAT_VERSION = 4
-# The keys of a checkpoint's meta that hold its arrays' digests, its format
-# and the lm_zoo that wrote it.
-_DIGESTS, _FORMAT, _WRITER = 'array_digests', 'format_version', 'lm_zoo_version'
+# The key of a checkpoint's meta that holds its arrays' digests (beside its
+# format and the lm_zoo that wrote it: FORMAT_KEY, WRITER_KEY).
+_DIGESTS = 'array_digests'
 # A step's previous checkpoint while the same step is saved again; orbax's own
 # folders in the making end in ORBAX_TMP.
 _PREVIOUS = '.previous'
@@ -109,7 +109,7 @@ class Checkpoints:
         os.replace(folder, previous)
       sync_processes('lm_zoo checkpoint set aside')
       manager.reload()
-    meta = {**meta, _DIGESTS: _digests(tree), _FORMAT: FORMAT_VERSION, _WRITER: __version__}
+    meta = {**meta, _DIGESTS: _digests(tree), FORMAT_KEY: FORMAT_VERSION, WRITER_KEY: __version__}
     manager.save(
       step,
       args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),
@@ -296,14 +296,9 @@ def _verified(folder: pathlib.Path, tree: Any, meta: dict, keeps_older: bool) ->
   """`meta` without its digests and format once the checkpoint is of this
   format and every array of `tree` matches its digest; else a
   CheckpointError naming the checkpoint and what is wrong."""
-  meta = dict(meta)
-  written, writer = meta.pop(_FORMAT, None), meta.pop(_WRITER, 'an earlier version')
-  if written != FORMAT_VERSION:
-    raise CheckpointError(
-      f'the checkpoint {folder} was written by lm_zoo {writer} (format {written}); this is '
-      f'lm_zoo {__version__} (format {FORMAT_VERSION}), which reads only its own: use that '
-      'lm_zoo to read it, or train again in a new --workdir.'
-    )
+  fix = 'use that lm_zoo to read it, or train again in a new --workdir.'
+  check_format(meta, FORMAT_VERSION, f'the checkpoint {folder}', fix, CheckpointError)
+  meta = {k: v for k, v in meta.items() if k not in (FORMAT_KEY, WRITER_KEY)}
   expected = meta.pop(_DIGESTS, None)
   if not isinstance(expected, dict):
     raise CheckpointError(

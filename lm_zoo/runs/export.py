@@ -32,7 +32,7 @@ from lm_zoo.runs.files import DATA_FILE, VOCAB_FILE
 from lm_zoo.runs.finished import best_params, load_config, load_vocab
 from lm_zoo.runs.model_card import model_card
 from lm_zoo.runs.workdir import save_config
-from lm_zoo.version import __version__
+from lm_zoo.version import FORMAT_KEY, WRITER_KEY, __version__
 
 
 def export(
@@ -83,8 +83,8 @@ def export(
     }
     (output / INDEX_FILE).write_text(json.dumps(index, indent=2))
   record = {
-    'format_version': PRESET_FORMAT_VERSION,
-    'lm_zoo_version': __version__,
+    FORMAT_KEY: PRESET_FORMAT_VERSION,
+    WRITER_KEY: __version__,
     'best_epoch': meta.get('epoch'),
     'num_params': sum(a.size for a in arrays.values()),
   }

@@ -30,9 +30,6 @@ COMMANDS_FILE = 'commands.txt'
 SUMMARY_FILE = 'summary.json'
 # lm-zoo-eval's results, a file per evaluator (`{evaluator}.json`).
 EVALUATIONS_DIR = 'evaluations'
-# config.json's keys that hold the format it was written in
-# (`lm_zoo.runs.checkpoints.FORMAT_VERSION`) and the lm_zoo that wrote it.
-FORMAT_KEY, WRITER_KEY = 'format_version', 'lm_zoo_version'
 
 
 def is_main_process() -> bool:

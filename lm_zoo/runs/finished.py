@@ -31,13 +31,11 @@ from lm_zoo.runs.checkpoints import FORMAT_VERSION, Checkpoints
 from lm_zoo.runs.files import (
   CONFIG_FILE,
   DATA_FILE,
-  FORMAT_KEY,
   SEEDS_FILE,
   VOCAB_FILE,
-  WRITER_KEY,
   read_json,
 )
-from lm_zoo.version import __version__
+from lm_zoo.version import FORMAT_KEY, WRITER_KEY, check_format
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
@@ -61,13 +59,9 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
       f'{path} holds no config (a JSON {type(saved).__name__}): restore it, '
       'or train again in a new --workdir'
     )
-  written, writer = saved.pop(FORMAT_KEY, None), saved.pop(WRITER_KEY, 'an earlier version')
-  if written != FORMAT_VERSION:
-    raise ConfigError(
-      f'{workdir} was written by lm_zoo {writer} (format {written}); this is '
-      f'lm_zoo {__version__} (format {FORMAT_VERSION}), which reads only its '
-      'own: use that lm_zoo for it, or train again in a new --workdir'
-    )
+  fix = 'use that lm_zoo for it, or train again in a new --workdir'
+  check_format(saved, FORMAT_VERSION, str(workdir), fix)
+  saved = {k: v for k, v in saved.items() if k not in (FORMAT_KEY, WRITER_KEY)}
   config = base_config()
   unknown = unknown_fields(saved, json.loads(config.to_json_best_effort()))
   if unknown:

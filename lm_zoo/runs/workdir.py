@@ -27,18 +27,16 @@ from lm_zoo.runs.files import (
   COMMANDS_FILE,
   CONFIG_FILE,
   DATA_FILE,
-  FORMAT_KEY,
   LOCK_FILE,
   SEEDS_FILE,
   VOCAB_FILE,
-  WRITER_KEY,
   is_main_process,
   sync_processes,
   write_text_atomically,
 )
 from lm_zoo.runs.finished import check_data, load_config, load_seeds
 from lm_zoo.runs.metrics import flat_fields
-from lm_zoo.version import __version__
+from lm_zoo.version import FORMAT_KEY, WRITER_KEY, __version__
 
 log = logging.getLogger(__name__)
 
