@@ -82,7 +82,8 @@ CASES = {
   ),
   'corrupt checkpoint file': (
     _garble_latest_meta,
-    'checkpoints/10 is corrupt or truncated: unreadable JSON in {w}/checkpoints/10/meta/metadata',
+    'checkpoints/10 is corrupt or truncated: unreadable JSON in {w}/checkpoints/10/meta/metadata; '
+    'delete {w}/checkpoints/10, or train again in a new --workdir.',
   ),
   'truncated checkpoint': (_truncate_best, 'is corrupt or truncated: OUT_OF_RANGE'),
   'checkpoint from another model': (
@@ -145,6 +146,7 @@ def test_the_programs_print_one_line_and_verbose_adds_the_traceback(tmp_path, tr
   broken = run_script(['launch/evaluate.py', f'--workdir={workdir}'])
   assert broken.returncode == 1 and 'Traceback' not in broken.stderr
   assert f'error: the checkpoint {workdir}/best/10 is corrupt or truncated' in broken.stderr
+  assert 'best/ keeps no other copy: train again in a new --workdir' in broken.stderr
 
 
 def _api_cases():

@@ -125,8 +125,9 @@ class Checkpoints:
       return None
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     folder = pathlib.Path(manager.directory) / str(step)
-    _check_whole(folder, keeps_older=manager is self._latest)
-    with _readable(folder):
+    keeps_older = manager is self._latest
+    _check_whole(folder, keeps_older)
+    with _readable(folder, keeps_older):
       metadata = manager.item_metadata(step)['state']
     saved = {
       _keys(path): tuple(leaf.shape)
@@ -153,14 +154,14 @@ class Checkpoints:
         + '\nWas it written with another config? Resume or '
         'evaluate it with its own config, or use a new --workdir.'
       )
-    with _readable(folder):
+    with _readable(folder, keeps_older):
       restored = manager.restore(
         step,
         args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
         ),
       )
-    meta = _verified(folder, restored.state, restored.meta, keeps_older=manager is self._latest)
+    meta = _verified(folder, restored.state, restored.meta, keeps_older)
     return restored.state, meta
 
   def save_latest(self, step: int, state: Any, meta: dict) -> None:
@@ -215,10 +216,11 @@ class Checkpoints:
 
 class _readable:
   """Turns an error reading the checkpoint folder `folder` into a
-  `CheckpointError` naming it, and the JSON files in it that do not parse."""
+  `CheckpointError` naming it, and the JSON files in it that do not parse;
+  `keeps_older`: whether an older checkpoint stands beside it (`_advice`)."""
 
-  def __init__(self, folder: pathlib.Path):
-    self.folder = pathlib.Path(folder)
+  def __init__(self, folder: pathlib.Path, keeps_older: bool):
+    self.folder, self.keeps_older = pathlib.Path(folder), keeps_older
 
   def __enter__(self):
     return self
@@ -236,17 +238,10 @@ class _readable:
       for path in sorted(self.folder.rglob('*'))
       if path.is_file() and _is_broken_json(path)
     ]
-    in_latest = self.folder.parent.name == 'checkpoints'
-    advice = (
-      f'Delete {self.folder}, or use a new --workdir'
-      if in_latest
-      else f'{self.folder.parent.name}/ keeps no other copy: train again in a new '
-      '--workdir, or put a backup of the folder back'
-    )
     raise CheckpointError(
       f'the checkpoint {self.folder} is corrupt or truncated: '
       + (f'unreadable JSON in {", ".join(broken)}' if broken else cause)
-      + f'. {advice}.'
+      + f'; {_advice(self.folder, self.keeps_older)}.'
     ) from err
 
 
@@ -353,7 +348,7 @@ def restore_tree(directory: str | pathlib.Path) -> tuple[Any, dict] | None:
   folder = directory / str(step)
   if step is not None:
     _check_whole(folder, keeps_older=False)
-  with _readable(folder):
+  with _readable(folder, keeps_older=False):
     restored = (
       None
       if step is None
