@@ -238,7 +238,10 @@ def dyneval_gain_figure(
 
   def segments(run):
     if split not in run['segments']:
-      raise ConfigError(f'a dynamic evaluation result has no {split!r} split')
+      raise ConfigError(
+        f'a dynamic evaluation result has no {split!r} split: draw one it scored '
+        f'({", ".join(run["segments"])})'
+      )
     return run['segments'][split]
 
   length = min(sum(segments(run)['tokens']) for run in (static, *runs.values()))

@@ -107,6 +107,7 @@ def make_folders(data_dir, t) -> dict[str, str]:
   (t / 'file.txt').write_text('not a folder')
   (t / 'garbled.json').write_text('{"rows": [1, 2')
   (t / 'list.json').write_text('[1, 2, 3]')
+  (t / 'test_only.json').write_text('{"segments": {"test": {"nll": [1.0], "tokens": [1]}}}')
   (t / 'syntax.py').write_text('def get_config(:\n')
   (t / 'no_get_config.py').write_text('x = 1\n')
   (t / 'raises.py').write_text('def get_config():\n  return 1 / 0\n')

@@ -145,6 +145,12 @@ PROBES = {
     ['--figure=dyneval_gain', '--results={t}/garbled.json,{t}/garbled.json', '--output={t}/x.png'],
     '{t}/garbled.json is damaged (JSONDecodeError',
   ),
+  'plot: dyneval results without the split drawn': (
+    'plot',
+    ['--figure=dyneval_gain', '--split=valid', '--results={t}/test_only.json,{t}/test_only.json']
+    + ['--output={t}/x.png'],
+    "a dynamic evaluation result has no 'valid' split: draw one it scored (test)",
+  ),
   'plot: --output under a file': (
     'plot',
     ['--figure=curves', '--workdirs={w}', '--output={t}/file.txt/x.png'],

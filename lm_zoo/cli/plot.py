@@ -45,7 +45,7 @@ flags.DEFINE_enum(
   'study (all four from --results); curves: training and validation '
   'perplexity of work directories against step; dyneval_gain: the '
   'perplexity gain of '
-  'dynamic evaluation along the test stream, from --results: the JSON '
+  'dynamic evaluation along the --split stream, from --results: the JSON '
   'files of lm-zoo-eval --output with a dynamic evaluator, the static one '
   '(learning rate 0) first, each labelled by its file name; token_loss_difference: '
   "the per-token loss of the first of two --workdirs minus the second's "
@@ -70,7 +70,7 @@ flags.DEFINE_list(
   'curves: work directories to draw; '
   'token_loss_difference: the two to compare (trained on one corpus).',
 )
-flags.DEFINE_string('split', 'test', 'token_loss_difference: the text scored.')
+flags.DEFINE_string('split', 'test', 'dyneval_gain, token_loss_difference: the split drawn.')
 flags.DEFINE_integer('num_tokens', 3000, 'token_loss_difference: tokens scored.', lower_bound=1)
 flags.DEFINE_string('title', '', 'Figure title.')
 flags.mark_flags_as_required(['figure', 'output'])
@@ -139,7 +139,11 @@ def dyneval_gain() -> pathlib.Path:
       raise ConfigError(f'{f} not found: write it with lm-zoo-eval --output')
   static, *runs = [_read_json(f) for f in files]
   return plots.dyneval_gain_figure(
-    {f.stem: run for f, run in zip(files[1:], runs)}, static, FLAGS.output, title=FLAGS.title
+    {f.stem: run for f, run in zip(files[1:], runs)},
+    static,
+    FLAGS.output,
+    split=FLAGS.split,
+    title=FLAGS.title,
   )
 
 
