@@ -252,3 +252,20 @@ def test_a_tuning_study_s_seconds_must_be_whole_numbers(field, value):
   tune.study[field] = value
   with pytest.raises(ConfigError, match=f'tune.study.{field}={value!r} must be a whole number'):
     validate_tuning(tune)
+
+
+def test_a_report_of_a_study_that_read_lm_zoo_data_opens_the_same_study(tmp_path, data_dir):
+  """A study whose base config names no data folder reads $LM_ZOO_DATA, and
+  records the folder in its base config: --report_only opens it as it was."""
+  tune_file = write_tune_file(tmp_path, '')
+  command = [sys.executable, 'launch/tune.py', f'--tune={tune_file}', f'--workdir={tmp_path}/s']
+  env = {**os.environ, 'LM_ZOO_DATA': str(data_dir)}
+  trained = subprocess.run(
+    [*command, '--tune.study.num_trials=1'], cwd=REPO, env=env, capture_output=True, text=True
+  )
+  assert trained.returncode == 0, trained.stderr[-2000:]
+  report = subprocess.run(
+    [*command, '--report_only'], cwd=REPO, env=env, capture_output=True, text=True
+  )
+  assert report.returncode == 0, report.stderr[-2000:]
+  assert 'Best: trial 0' in (tmp_path / 's' / 'report.md').read_text()

@@ -71,17 +71,17 @@ def _tune_program(argv):
       raise ConfigError(
         f'--workdir={FLAGS.workdir} is a file, not a folder: name a folder for the study'
       )
+    tune, data_dir = FLAGS.tune, None
+    validate_tuning(tune)  # before its fields are read here
+    if tune.kind == 'dyneval':
+      data_dir = cli.workdir_data_dir(tune.dyneval.workdir, FLAGS.data_dir)
+    else:  # as the study recorded its base config: a report opens the same study
+      cli.with_env_data_dir(tune.base)
     if FLAGS.report_only:
-      study = open_study(FLAGS.tune, FLAGS.workdir, FLAGS.worker)
+      study = open_study(tune, FLAGS.workdir, FLAGS.worker)
     else:
-      tune, data_dir = FLAGS.tune, None
-      validate_tuning(tune)  # before its fields are read here
-      if tune.kind == 'dyneval':
-        data_dir = cli.workdir_data_dir(tune.dyneval.workdir, FLAGS.data_dir)
-      else:
-        cli.with_env_data_dir(tune.base)
       study = run_worker(tune, FLAGS.workdir, FLAGS.worker, FLAGS.timeout, data_dir)
-    return write_report(study, FLAGS.tune, FLAGS.workdir)
+    return write_report(study, tune, FLAGS.workdir)
 
   print(cli.run(tune))
 
