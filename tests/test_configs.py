@@ -53,6 +53,7 @@ def test_config_builds_a_model(name):
     ('evaluate', 'mc_dropout'),
     ('evaluate', 'temperature'),
     ('evaluate', 'token_losses'),
+    ('evaluate', 'learned'),
     ('dyneval_sgd', None),
     ('dyneval_rms', 'lamb'),
     ('dyneval_rms', 'krause'),

@@ -252,9 +252,9 @@ def test_meta_train_then_score_and_plot_the_gain(trained_run, data_dir, tmp_path
     (
       'learned',
       [
-        '--config=experiments/dyneval_learned.py',
-        '--config.evaluation.max_tokens=120',
-        '--config.evaluation.splits=test',
+        '--config=experiments/evaluate.py:learned',  # the rule in WORKDIR/meta_learner
+        '--config.max_tokens=120',
+        '--config.splits=test',
       ],
     ),
   ):

@@ -8,7 +8,7 @@ r"""Scores a work directory's best checkpoint (`lm-zoo-eval`, or
   lm-zoo-eval --workdir=runs/x --config=experiments/dyneval_rms.py \
       --config.dynamic.learning_rate=3e-5,1e-4,3e-4 --config.dynamic.decay=0,1e-3 \
       --output=runs/x/dyneval_rms.json
-  lm-zoo-eval --workdir=runs/x --config=experiments/dyneval_learned.py  # after lm-zoo-meta-train
+  lm-zoo-eval --workdir=runs/x --config=experiments/evaluate.py:learned  # after lm-zoo-meta-train
 
 The results are written as JSON to WORKDIR/evaluations/EVALUATOR.json and to
 --output (for dynamic evaluation also the chosen setting, the search, each

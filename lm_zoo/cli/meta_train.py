@@ -4,7 +4,7 @@ then scores the config's `evaluation.splits` with it:
 
   lm-zoo-meta-train --workdir=runs/x --config=experiments/dyneval_learned.py \
       --config.meta_steps=300 --config.num_updates=40
-  lm-zoo-eval --workdir=runs/x --config=experiments/dyneval_learned.py   # later, again
+  lm-zoo-eval --workdir=runs/x --config=experiments/evaluate.py:learned   # later, again
 
 The rule is saved to WORKDIR/meta_learner, or to --config.output=FOLDER (which
 a preset, kept as it was exported, needs). Every field of the config can be

@@ -4,10 +4,12 @@ trained model, then score with it.
   lm-zoo-meta-train --workdir=W --config=experiments/dyneval_learned.py
   # starts as RMS dynamic evaluation:
   lm-zoo-meta-train --workdir=W --config=experiments/dyneval_learned.py:rms
-  lm-zoo-eval --workdir=W --config=experiments/dyneval_learned.py      # scores with it again
+  lm-zoo-eval --workdir=W --config=experiments/evaluate.py:learned    # scores with it again
 
-`lm-zoo-eval` reads the config's `evaluation` section (the 'learned'
-evaluator); `lm-zoo-meta-train` reads the whole config.
+`lm-zoo-meta-train` reads the whole config and scores with the rule it
+trained by its `evaluation` section; `lm-zoo-eval` reads that section too
+(`--config.evaluation.FIELD=...`), or `experiments/evaluate.py:learned`,
+the same evaluation config at the top level (`--config.FIELD=...`).
 """
 
 from lm_zoo.configs import meta_training_config

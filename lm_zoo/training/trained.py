@@ -241,8 +241,8 @@ def _meta_learner_output(workdir: str | pathlib.Path, output: str) -> pathlib.Pa
   if is_remote(workdir) or is_preset(workdir):
     raise ConfigError(
       f'{workdir} is a preset, kept as it was exported: name the folder '
-      'the rule goes to with --config.output=FOLDER (and score with '
-      '--config.learned.meta_learner=FOLDER)'
+      'the rule goes to with --config.output=FOLDER (and score with lm-zoo-eval '
+      '--config=experiments/evaluate.py:learned --config.learned.meta_learner=FOLDER)'
     )
   refuse_links(pathlib.Path(workdir))
   return pathlib.Path(workdir) / META_LEARNER_DIR
