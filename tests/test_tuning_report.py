@@ -96,3 +96,37 @@ def test_a_dyneval_report_gives_the_evaluation_command(study, tmp_path):
   assert f'--config.dynamic.segment_length={best.params["dropout"]:.4g}' in command
   # The settings the space leaves out are the ones every trial ran with.
   assert '--config.dynamic.decay=0 ' in command and '--config.dynamic.eps=0.001' in command
+
+
+def test_the_evaluation_command_scores_with_every_setting_the_trials_ran_with(study, tmp_path):
+  """The command's config (its file with its flags applied) is the trials'
+  dynamic section with the best trial's values: what is not searched and
+  not the default (the RMS statistics' windows, the mean, the runs a scan)
+  is in it too. Only search_tokens, which drives no search of one setting,
+  is left to the file."""
+  from conftest import load_experiment
+
+  study, tune = study
+  tune.kind, tune.dyneval.workdir = 'dyneval', 'runs/x'
+  tune.space = {'lr': param('learning_rate', 1e-5, 1e-1, log=True), 'dropout': param('eps', 0, 1)}
+  trials = tune.dyneval.evaluation.dynamic
+  trials.update(rule='rms', decay=(1e-3,), search_tokens=200, ms_batches=2, ms_batch_size=4)
+  trials.update(decay_mean='tensors', members=3, segment_length=(20,))
+  text = write_report(study, tune, tmp_path)
+  command = next(line for line in text.splitlines() if 'lm-zoo-eval' in line).split()
+  config = load_experiment('dyneval_rms')
+  assert command[2] == '--config=experiments/dyneval_rms.py'
+  for flag in command[3:]:
+    field, value = flag.removeprefix('--config.dynamic.').split('=')
+    kind = type(config.dynamic[field])
+    config.dynamic[field] = (
+      tuple(type(config.dynamic[field][0])(v) for v in value.split(','))
+      if kind is tuple
+      else kind(value)
+    )
+  best = study.best_trial.params
+  got, expected = config.dynamic.to_dict(), trials.to_dict() | {'search_tokens': 0}
+  for field, name in (('learning_rate', 'lr'), ('eps', 'dropout')):
+    assert got.pop(field) == pytest.approx((best[name],), rel=1e-3)
+    del expected[field]
+  assert got == expected

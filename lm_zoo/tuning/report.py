@@ -12,8 +12,9 @@ from typing import Sequence
 import ml_collections
 import optuna
 
+from lm_zoo.configs import evaluation_config
 from lm_zoo.drawing import parallel_coordinates_figure
-from lm_zoo.evaluation import DYNAMIC_RULES, DynamicRule
+from lm_zoo.evaluation import DynamicRule
 from lm_zoo.tuning.spaces import position
 from lm_zoo.tuning.study import DYNEVAL_FIELDS, best_trial, study_counts
 
@@ -142,6 +143,31 @@ def write_report(
   return text
 
 
+def _flag_value(value) -> str:
+  """`value` as a --config flag writes it: a number to 4 significant
+  digits, a tuple of them joined by commas."""
+  if isinstance(value, (tuple, list)):
+    return ','.join(_flag_value(v) for v in value)
+  return f'{value:.4g}' if isinstance(value, float) else str(value)
+
+
+def _scored_settings(dynamic: ml_collections.ConfigDict, tuned: dict) -> dict:
+  """The `dynamic.*` settings that score as the trials did, searching
+  nothing: the searched ones at the best trial's values (`tuned`), every
+  other the trials' own where it is not the default (the rule is the
+  config file's; `search_tokens` drives no search of one setting)."""
+  defaults = evaluation_config('dynamic').dynamic
+  settings = {}
+  for field, value in dynamic.items():
+    if field in tuned:
+      settings[field] = tuned[field]
+    elif field in DYNEVAL_FIELDS or (
+      field not in ('rule', 'search_tokens') and value != defaults[field]
+    ):
+      settings[field] = value
+  return settings
+
+
 def _commands(
   study: optuna.Study, tune: ml_collections.ConfigDict, best: optuna.trial.FrozenTrial
 ) -> list[str]:
@@ -158,21 +184,10 @@ def _commands(
   if tune.kind == 'dyneval':
     evaluation = tune.dyneval.evaluation
     tuned = {tune.space[name].field: value for name, value in best.params.items()}
-    # Every setting the trials ran with, so that the command searches nothing.
     flags = ' '.join(
-      f'--config.dynamic.{field}='
-      + (
-        f'{tuned[field]:.4g}'
-        if field in tuned
-        else ','.join(f'{v:.4g}' for v in evaluation.dynamic[field])
-      )
-      for field in DYNEVAL_FIELDS
+      f'--config.dynamic.{field}={_flag_value(value)}'
+      for field, value in _scored_settings(evaluation.dynamic, tuned).items()
     )
-    if (
-      DYNAMIC_RULES[evaluation.dynamic.rule].statistics
-      and evaluation.dynamic.decay_mean != 'coordinates'
-    ):
-      flags += f' --config.dynamic.decay_mean={evaluation.dynamic.decay_mean}'
     rule = evaluation.dynamic.rule
     config = (
       f'experiments/dyneval_{rule}.py'
