@@ -77,6 +77,12 @@ PROBES = {
     'the study database sqlite:///{t}/cut_study/study.db cannot be read (database disk '
     'image is malformed): restore it',
   ),
+  'tune: a trial whose model is below its budget': (
+    'tune',
+    ['--workdir={t}/tune_budget', '--tune.base.data.data_dir={d}']
+    + ['--tune.base.model.param_budget=1000'],
+    'model.param_budget 1,000 is below the smallest model',
+  ),
   'tune: an unknown sampler': (
     'tune',
     ['--workdir={t}/tune', '--tune.study.sampler=grid'],

@@ -124,6 +124,9 @@ def run(job: Callable[[], T]) -> T:
     # A failed orbax write (a full disk) logs each of its threads' traceback;
     # the error itself reaches the job, and is reported below in one line.
     logging.getLogger('absl').addFilter(_thread_failures_to_debug)
+    # Optuna logs a failed trial's traceback; an lm_zoo error (a config a
+    # trial cannot train, a signal that stopped it) is the trial's line.
+    logging.getLogger('optuna.study._optimize').addFilter(_lm_zoo_trial_failures_in_one_line)
   try:
     return job()
   except Preempted as err:
@@ -201,6 +204,13 @@ def _thread_failures_to_debug(record: logging.LogRecord) -> bool:
     return True
   logging.getLogger(__name__).debug('%s', record.getMessage(), exc_info=record.exc_info)
   return False
+
+
+def _lm_zoo_trial_failures_in_one_line(record: logging.LogRecord) -> bool:
+  err = record.exc_info[1] if record.exc_info else None
+  if isinstance(err, LMZooError) or isinstance(getattr(err, '__cause__', None), LMZooError):
+    record.exc_info, record.exc_text = None, None
+  return True
 
 
 def _unretrieved_task_errors_to_debug(record: logging.LogRecord) -> bool:
