@@ -193,6 +193,11 @@ PROBES = {
     ['--config=experiments/default.py', '--output={t}/rows.json'],
     'config.task is None: choose one of reverse_copy',
   ),
+  'task: a Mogrifier rank larger than its matrix': (
+    'task',
+    ['--config=experiments/reverse_copy.py', '--config.hidden_size=8', '--output={t}/rc.json'],
+    'config.models.mogrifier: LowRankDense: rank 32 is larger than the (8, 16) matrix',
+  ),
   'task: --output under a file': (
     'task',
     ['--config=experiments/tail_regression.py', '--output={t}/file.txt/rows.json'],

@@ -13,10 +13,12 @@ from typing import Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
 from lm_zoo.cells import LSTMCell, mogrified
+from lm_zoo.errors import ConfigError
 from lm_zoo.models.recurrent import RecurrentLayer
 
 
@@ -145,6 +147,22 @@ def fit(
   return params
 
 
+def _checked_model(config, name: str) -> EncoderDecoder:
+  """The encoder-decoder of `config.models[name]`, its shapes checked before
+  any data is built: a size its layers refuse is a ConfigError naming it."""
+  spec = config.models[name]
+  cell = mogrified(LSTMCell, spec.rounds, spec.rank) if spec.rounds > 0 else LSTMCell
+  model = EncoderDecoder(
+    config.vocab_size, spec.embed_size, config.hidden_size, encoder_cell=cell, decoder_cell=cell
+  )
+  ids = jnp.zeros((1, 1), jnp.int32)
+  try:
+    jax.eval_shape(model.init, jax.random.key(0), ids, ids)
+  except ValueError as err:
+    raise ConfigError(f'config.models.{name}: {err}') from None
+  return model
+
+
 def run_experiment(config) -> list[dict]:
   """Cross-entropy against sequence length for each model of `config.models`.
 
@@ -152,15 +170,12 @@ def run_experiment(config) -> list[dict]:
   mogrifier rounds and rank), vocab_size, hidden_size, num_train, num_test,
   learning_rate, l2, batch_size, epochs, seed.
   """
+  models = {name: _checked_model(config, name) for name in config.models}
   rows = []
   for length in config.lengths:
     train = reverse_copy_data(config.num_train, length, config.vocab_size, config.seed)
     test = reverse_copy_data(config.num_test, length, config.vocab_size, config.seed + 1)
-    for name, spec in config.models.items():
-      cell = mogrified(LSTMCell, spec.rounds, spec.rank) if spec.rounds > 0 else LSTMCell
-      model = EncoderDecoder(
-        config.vocab_size, spec.embed_size, config.hidden_size, encoder_cell=cell, decoder_cell=cell
-      )
+    for name, model in models.items():
       params = fit(
         model,
         train,
