@@ -30,6 +30,7 @@ from lm_zoo.drawing import (
   scatter_figure,
 )
 from lm_zoo.errors import ConfigError
+from lm_zoo.evaluation.results import perplexity
 from lm_zoo.runs.metrics import METRICS_FILE, read_metrics
 
 
@@ -202,7 +203,7 @@ def curves_figure(
       for seed in dict.fromkeys(r.get('seed') for r in rows):  # None: a run alone
         mine = [r for r in rows if r.get('seed') == seed]
         name = f'{label} {kind}' if seed is None else f'{label} seed {seed} {kind}'
-        series[name] = ([r['step'] for r in mine], [math.exp(min(r['loss'], 700.0)) for r in mine])
+        series[name] = ([r['step'] for r in mine], [perplexity(r['loss']) for r in mine])
   return line_figure(series, path, xlabel='step', ylabel='perplexity', title=title, logy=True)
 
 

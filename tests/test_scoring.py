@@ -6,7 +6,7 @@ import math
 import pytest
 
 from lm_zoo.errors import ConfigError
-from lm_zoo.evaluation import EvalResult, Static, TunedTemperature
+from lm_zoo.evaluation import EvalResult, Static, TunedTemperature, perplexity
 from lm_zoo.runs import load_trained, read_metrics
 from lm_zoo.training import train_and_evaluate
 
@@ -52,3 +52,8 @@ def test_a_finite_loss_past_the_float_range_scores_an_infinite_perplexity(tiny_c
   assert summary['valid']['perplexity'] == math.inf
   assert 'perplexity inf' in EvalResult(summary['test']['loss'], 1).summary()
   assert EvalResult(709.0, 1).perplexity == pytest.approx(math.exp(709.0))
+  # The training records too: inf, not exp of a capped loss (1e304 at 700).
+  trained = [r for r in read_metrics(tmp_path / 'metrics.jsonl') if r['kind'] == 'train']
+  assert trained and all(r['perplexity'] == perplexity(r['loss']) for r in trained)
+  assert any(r['loss'] > 709.8 and r['perplexity'] == math.inf for r in trained)
+  assert math.isnan(perplexity(math.nan))

@@ -44,7 +44,7 @@ from lm_zoo.evaluation.registry import (
   register_evaluator,
   split_names,
 )
-from lm_zoo.evaluation.results import EvalResult, mean_and_spread
+from lm_zoo.evaluation.results import EvalResult, mean_and_spread, perplexity
 from lm_zoo.evaluation.statistics import diagonal_fisher, rms_training_gradients
 from lm_zoo.evaluation.streams import (
   evaluate_split,
@@ -87,6 +87,7 @@ __all__ = [
   'make_mc_dropout_eval_step',
   'mc_dropout_carries',
   'mean_and_spread',
+  'perplexity',
   'meta_loss',
   'meta_train',
   'register_dynamic_rule',

@@ -34,7 +34,7 @@ from lm_zoo.evaluation.evaluators import (
   one_model_and_corpus,
 )
 from lm_zoo.evaluation.meta_training import MetaLearner
-from lm_zoo.evaluation.results import EvalResult
+from lm_zoo.evaluation.results import EvalResult, perplexity
 from lm_zoo.evaluation.statistics import rms_training_gradients
 from lm_zoo.optim import DECAY_MEANS
 
@@ -272,7 +272,7 @@ class Dynamic(Evaluator):
           'search%s: valid loss %.4f (perplexity %.2f) with %s',
           which,
           loss,
-          _perplexity(loss),
+          perplexity(loss),
           settings,
         )
         trials.append((dataclasses.asdict(settings), loss))
@@ -334,10 +334,6 @@ def _raised(outcome):
   if isinstance(outcome, TrainingError):
     raise outcome
   return outcome
-
-
-def _perplexity(loss: float) -> float:
-  return math.exp(min(loss, 700))
 
 
 @dataclasses.dataclass(frozen=True)

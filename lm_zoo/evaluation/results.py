@@ -14,6 +14,15 @@ import numpy as np
 _LOG_FLOAT_MAX = math.log(sys.float_info.max)
 
 
+def perplexity(loss: float) -> float:
+  """exp(loss) of a mean NLL in nats; infinite where that overflows (a loss
+  above about 709.8 nats, which a diverged model or a tiny temperature
+  gives), NaN for a NaN loss."""
+  if math.isnan(loss):
+    return math.nan
+  return math.exp(loss) if loss < _LOG_FLOAT_MAX else math.inf
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
   """Mean NLL in nats per token over `num_tokens` scored tokens, at a
@@ -29,9 +38,8 @@ class EvalResult:
 
   @property
   def perplexity(self) -> float:
-    """exp(loss); infinite where that overflows (a loss above about 709.8
-    nats, which a diverged model or a tiny temperature gives)."""
-    return math.exp(self.loss) if self.loss < _LOG_FLOAT_MAX else math.inf
+    """`perplexity(loss)`: infinite where exp overflows."""
+    return perplexity(self.loss)
 
   @property
   def bits_per_token(self) -> float:

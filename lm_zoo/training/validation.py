@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from lm_zoo.evaluation import EvalResult, evaluate_stream_stacked, mean_and_spread
+from lm_zoo.evaluation import EvalResult, evaluate_stream_stacked, mean_and_spread, perplexity
 from lm_zoo.optim import averaging_state, start_averaging
 from lm_zoo.runs.nonfinite import RollBack
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
@@ -46,7 +46,7 @@ def log_training(t: Trainer, run: Run, rates: np.ndarray) -> RollBack | None:
       total,
       100 * step / total,
       losses[0],
-      math.exp(min(losses[0], 700.0)),
+      perplexity(losses[0]),
       norms[0],
       rates[0],
       rate,
@@ -76,7 +76,7 @@ def log_training(t: Trainer, run: Run, rates: np.ndarray) -> RollBack | None:
       epoch=epoch,
       **t.seed_fields(k),
       loss=loss,
-      perplexity=math.exp(min(loss, 700.0)),
+      perplexity=perplexity(loss),
       grad_norm=float(norms[k]),
       learning_rate=float(rates[k]),
       tokens_per_second=rate,

@@ -14,7 +14,7 @@ import optuna
 
 from lm_zoo.configs import evaluation_config
 from lm_zoo.drawing import parallel_coordinates_figure
-from lm_zoo.evaluation import DynamicRule
+from lm_zoo.evaluation import DynamicRule, perplexity
 from lm_zoo.tuning.spaces import position
 from lm_zoo.tuning.study import DYNEVAL_FIELDS, best_trial, study_counts
 
@@ -43,7 +43,7 @@ def neighbourhood(
 
 
 def _perplexity(trial: optuna.trial.FrozenTrial) -> float:
-  return trial.user_attrs.get('perplexity', math.exp(min(trial.value, 700.0)))
+  return trial.user_attrs.get('perplexity', perplexity(trial.value))
 
 
 def _counts_line(study: optuna.Study) -> str:
