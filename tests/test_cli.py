@@ -1,10 +1,12 @@
 """`lm_zoo.cli.run`: an error is one line on stderr, whatever the failed job
 left behind."""
 
+import ast
 import asyncio
 import errno
 import gc
 import logging
+import pathlib
 import signal
 import time
 
@@ -174,3 +176,16 @@ def test_a_tasks_table_has_every_rows_scalar_columns_and_a_dash_where_one_lacks_
   assert header.split() == ['model', 'seed', 'valid_perplexity', 'rms_valid_perplexity']
   assert lines[0].split() == ['lstm', '0', 'inf', '-']
   assert lines[1].split() == ['lstm', '1', '80.5000', '75.2500']
+
+
+@pytest.mark.parametrize(
+  'program',
+  ['download', 'evaluate', 'export', 'generate', 'meta_train', 'plot', 'task', 'train', 'tune'],
+)
+def test_every_line_of_a_program_s_help_text_is_shown(program):
+  """--help prints the module's docstring: a line of an example that ends in
+  a backslash (a shell's continuation) must not join the next one, as it
+  does in a string that is not raw."""
+  tree = ast.parse((pathlib.Path(cli.__file__).parent / f'{program}.py').read_text())
+  shown, docstring = ast.get_docstring(tree, clean=False), tree.body[0]
+  assert shown.count('\n') == docstring.end_lineno - docstring.lineno

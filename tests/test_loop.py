@@ -230,7 +230,7 @@ def test_a_finished_run_run_again_is_left_as_it_is(tiny_config, tmp_path, caplog
     again = train_and_evaluate(tiny_config, tmp_path)
   assert again == first == json.loads((tmp_path / 'summary.json').read_text())
   assert (tmp_path / 'metrics.jsonl').read_text() == metrics  # nothing scored again
-  assert 'already complete (10 steps, epoch 1)' in caplog.text
+  assert 'already complete (10 steps, after epoch 1)' in caplog.text
 
   tiny_config.train.num_epochs = 2
   longer = train_and_evaluate(tiny_config, tmp_path)
@@ -246,6 +246,16 @@ def test_a_finished_run_run_again_is_left_as_it_is(tiny_config, tmp_path, caplog
     <= longer['tokens_per_second']
     <= tokens / (seconds - 0.05) + 0.05
   )
+
+
+def test_a_run_a_budget_ended_inside_an_epoch_says_where_when_run_again(
+  tiny_config, tmp_path, caplog
+):
+  tiny_config.train.update(num_epochs=1, max_steps=3)  # an epoch is 10 updates
+  train_and_evaluate(tiny_config, tmp_path)
+  with caplog.at_level(logging.INFO, logger='lm_zoo'):
+    train_and_evaluate(tiny_config, tmp_path)
+  assert 'already complete (3 steps, in epoch 1)' in caplog.text
 
 
 def test_variable_windows_compile_the_train_step_once_per_padded_length(

@@ -1,4 +1,4 @@
-"""Draws a results figure as PNG (`lm-zoo-plot`, or `python launch/plot.py`):
+r"""Draws a results figure as PNG (`lm-zoo-plot`, or `python launch/plot.py`):
 
   lm-zoo-plot --figure=mogrifier_ablation --workdir_prefix=runs/abl_ \
       --output=figures/mogrifier_ablation.png

@@ -1,4 +1,4 @@
-"""Trains a language model (`lm-zoo-train`, or `python launch/train.py` in a checkout):
+r"""Trains a language model (`lm-zoo-train`, or `python launch/train.py` in a checkout):
 
   lm-zoo-train --config=experiments/ptb_lstm_small.py --workdir=runs/small
   lm-zoo-train --config=experiments/mogrifier_paper.py:ptb_mogrifier \

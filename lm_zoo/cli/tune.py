@@ -1,4 +1,4 @@
-"""Tunes hyper-parameters with Optuna (`lm-zoo-tune`, or `python launch/tune.py`):
+r"""Tunes hyper-parameters with Optuna (`lm-zoo-tune`, or `python launch/tune.py`):
 each trial is a real training run in WORKDIR/trials/STUDY/trial_NNNN (or a dynamic
 evaluation of a trained model), the study lives in a database, and a report
 of the best trials with a parallel-coordinates plot of the best one's

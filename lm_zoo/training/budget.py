@@ -38,13 +38,17 @@ def completed_summary(
   )
   if summary.get('step') != step:
     return None
+  # At an epoch's start the one before is done; else the budget stopped it inside one.
+  where = (
+    f'after epoch {progress.epoch - 1}' if progress.position == 0 else f'in epoch {progress.epoch}'
+  )
   log.info(
-    'The run in %s is already complete (%d steps, epoch %d); its summary is in %s. '
+    'The run in %s is already complete (%d steps, %s); its summary is in %s. '
     'To train for longer, raise train.num_epochs (or the budget) in the same '
     'command; to score it, use lm-zoo-eval',
     workdir,
     step,
-    progress.epoch - 1,
+    where,
     summary_file,
   )
   return summary
