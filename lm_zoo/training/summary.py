@@ -74,12 +74,13 @@ def _write(folder: pathlib.Path, summary: dict[str, Any]) -> None:
 def seed_summary(
   t: Trainer, run: Run, k: int, final_splits: Sequence[str], seconds: float
 ) -> dict[str, Any]:
-  """Seed `k`'s summary: its best weights (the last ones when no epoch
-  ended) scored on `final_splits` and sampled from."""
+  """Seed `k`'s summary: its best weights scored on `final_splits` and
+  sampled from; the last ones (`best_epoch` None) where no validation turn
+  kept best weights."""
   seeded, several = t.configs[k], t.num_seeds > 1
   params = take_seed(run.state.params, k)
   best = t.best[k].restore_best(params)
-  params, best_meta = best if best is not None else (params, {'epoch': run.progress.epoch})
+  params, best_meta = best if best is not None else (params, {'epoch': None})
   summary: dict[str, Any] = {'seed': seeded.seed} if several else {}
   summary.update(
     {
@@ -136,9 +137,10 @@ def run_summary(summary: dict[str, Any], workdir: pathlib.Path) -> str:
     for split in ('valid', 'test')
     if split in summary
   )
+  best = summary['best_epoch']
+  scored = 'the last weights (none kept as best)' if best is None else f'best epoch {best}'
   return (
-    f'Run summary ({workdir}): {summary["step"]} steps, best epoch '
-    f'{summary["best_epoch"]}\n  {scores}\n  wall time '
+    f'Run summary ({workdir}): {summary["step"]} steps, {scored}\n  {scores}\n  wall time '
     f'{format_duration(summary["wall_seconds"])} (training '
     f'{format_duration(summary["train_seconds"])}, '
     f'{summary["tokens_per_second"]:,.0f} tokens/s)'
