@@ -58,7 +58,7 @@ class TrainedModel:
 
   @property
   def unit(self) -> str:
-    return 'word' if self.vocab.kind == 'word' else 'char'
+    return self.vocab.unit
 
   def encode(self, text: str) -> np.ndarray:
     """The ids of `text`, after the start token (`generation.start_id`);

@@ -129,12 +129,8 @@ def _load_text_corpus(name: str, folder: pathlib.Path, kind: str) -> Corpus:
     s: _read_only(np.fromiter(map(index.__getitem__, tokens), np.int32, len(tokens)))
     for s, tokens in splits.items()
   }
-  return Corpus(
-    name=name,
-    vocab=Vocab(tuple(index), kind=kind),
-    unit='word' if kind == 'word' else 'char',
-    **streams,
-  )
+  vocab = Vocab(tuple(index), kind=kind)
+  return Corpus(name=name, vocab=vocab, unit=vocab.unit, **streams)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -27,6 +27,12 @@ class Vocab:
   def __post_init__(self):
     object.__setattr__(self, '_index', {t: i for i, t in enumerate(self.tokens)})
 
+  @property
+  def unit(self) -> str:
+    """What a token is scored as: 'word' (perplexity), else 'char' (bits per
+    character, a byte's too)."""
+    return 'word' if self.kind == 'word' else 'char'
+
   def __len__(self) -> int:
     return len(self.tokens)
 

@@ -14,6 +14,11 @@ import numpy as np
 _LOG_FLOAT_MAX = math.log(sys.float_info.max)
 
 
+def measure(unit: str) -> str:
+  """What a paper reports for `unit`: perplexity for words, else bpc."""
+  return 'perplexity' if unit == 'word' else 'bpc'
+
+
 def perplexity(loss: float) -> float:
   """exp(loss) of a mean NLL in nats; infinite where that overflows (a loss
   above about 709.8 nats, which a diverged model or a tiny temperature
@@ -44,6 +49,17 @@ class EvalResult:
   @property
   def bits_per_token(self) -> float:
     return self.loss / math.log(2)
+
+  @property
+  def measure(self) -> str:
+    """What a paper reports for the unit (`measure`)."""
+    return measure(self.unit)
+
+  @property
+  def figure(self) -> float:
+    """The figure a paper reports: the perplexity for words, else the bits
+    per character."""
+    return self.perplexity if self.unit == 'word' else self.bits_per_token
 
   def summary(self) -> str:
     if self.unit == 'word':

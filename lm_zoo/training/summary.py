@@ -21,7 +21,7 @@ from lm_zoo.runtime import environment
 from lm_zoo.training.run import Run, Trainer
 from lm_zoo.training.scoring import final_batch_size, final_scores, record_samples
 from lm_zoo.training.seed_axis import seed_dir, take_seed
-from lm_zoo.training.validation import figure, measure, spread
+from lm_zoo.training.validation import spread
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ def finish(t: Trainer, run: Run, final_splits: Sequence[str]) -> dict[str, Any]:
     results = [
       EvalResult(s[split]['loss'], s[split]['num_tokens'], t.corpus.unit) for s in summaries
     ]
-    mean, std = mean_and_spread([figure(result) for result in results])
-    summary[split] = {'mean': mean, 'std': std, 'measure': measure(t.corpus.unit)}
+    mean, std = mean_and_spread([result.figure for result in results])
+    summary[split] = {'mean': mean, 'std': std, 'measure': results[0].measure}
     log.info('%s over %d seeds: %s', split, len(results), spread(results))
   if is_main_process():
     write_text_atomically(t.workdir / SUMMARY_FILE, json.dumps(summary, indent=2))
@@ -96,7 +96,7 @@ def seed_summary(
   )
   if several:
     summary['valid_curve'] = [
-      figure(EvalResult(loss, 0, t.corpus.unit)) for loss in run.progress.valid_losses[k]
+      EvalResult(loss, 0, t.corpus.unit).figure for loss in run.progress.valid_losses[k]
     ]
   summary['environment'] = environment()
   folder = seed_dir(t.workdir, seeded.seed) if several else t.workdir

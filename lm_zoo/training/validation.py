@@ -184,23 +184,11 @@ def end_epoch(t: Trainer, run: Run) -> None:
   progress.position = 0
 
 
-def measure(unit: str) -> str:
-  """What a paper reports for `unit`: perplexity for words, else bpc."""
-  return 'perplexity' if unit == 'word' else 'bpc'
-
-
-def figure(result: EvalResult) -> float:
-  """The figure a paper reports for `result`: its perplexity for words,
-  else its bits per character."""
-  return result.perplexity if result.unit == 'word' else result.bits_per_token
-
-
 def spread(results: list[EvalResult]) -> str:
   """'perplexity 86.52 ± 0.45 (seeds: 86.20, 86.84)': the mean and sample
   standard deviation over the seeds (nan for one)."""
-  values = [figure(result) for result in results]
+  values = [result.figure for result in results]
   mean, std = mean_and_spread(values)
   return (
-    f'{measure(results[0].unit)} {mean:.2f} ± {std:.2f} (seeds: '
-    f'{", ".join(f"{v:.2f}" for v in values)})'
+    f'{results[0].measure} {mean:.2f} ± {std:.2f} (seeds: {", ".join(f"{v:.2f}" for v in values)})'
   )
