@@ -41,6 +41,7 @@ from lm_zoo.evaluation.meta_training import (
 from lm_zoo.evaluation.registry import (
   EvaluatorName,
   build_evaluator,
+  needs_meta_learner,
   register_evaluator,
   split_names,
 )
@@ -77,6 +78,7 @@ __all__ = [
   'TokenLosses',
   'TunedTemperature',
   'build_evaluator',
+  'needs_meta_learner',
   'diagonal_fisher',
   'dynamic_evaluate',
   'dynamic_evaluate_many',

@@ -36,11 +36,24 @@ class Windows:
 # build(config, windows) -> the evaluator its section describes, or ConfigError.
 Builder = Callable[[ml_collections.ConfigDict, Windows], Evaluator]
 REGISTRY: dict[str, Builder] = {}
+# The evaluators that score with a meta-learner: each run's own, trained for
+# it after training (lm-zoo-meta-train), so read with the run's weights.
+META_LEARNED: set[str] = set()
 
 
-def register_evaluator(name: str, build: Builder) -> None:
-  """Makes `evaluation.evaluator = name` build with `build`."""
+def register_evaluator(name: str, build: Builder, meta_learned: bool = False) -> None:
+  """Makes `evaluation.evaluator = name` build with `build`; `meta_learned`:
+  it scores with a run's meta-learner (`Windows.meta_learner`)."""
   REGISTRY[name] = build
+  if meta_learned:
+    META_LEARNED.add(name)
+  else:
+    META_LEARNED.discard(name)
+
+
+def needs_meta_learner(config: ml_collections.ConfigDict) -> bool:
+  """Whether the evaluator `config` names scores with a run's meta-learner."""
+  return config.evaluator in META_LEARNED
 
 
 def build_evaluator(
@@ -164,7 +177,7 @@ register_evaluator(EvaluatorName.STATIC, _static)
 register_evaluator(EvaluatorName.MC_DROPOUT, _mc_dropout)
 register_evaluator(EvaluatorName.TEMPERATURE, _tuned_temperature)
 register_evaluator(EvaluatorName.DYNAMIC, _dynamic)
-register_evaluator(EvaluatorName.LEARNED, _learned)
+register_evaluator(EvaluatorName.LEARNED, _learned, meta_learned=True)
 register_evaluator(EvaluatorName.TOKEN_LOSSES, _token_losses)
 
 

@@ -28,7 +28,13 @@ import ml_collections
 
 from lm_zoo.configs import evaluation_config, unknown_fields
 from lm_zoo.errors import ConfigError, TrainingError, WorkdirInUse
-from lm_zoo.evaluation import EvalResult, build_evaluator, mean_and_spread, split_names
+from lm_zoo.evaluation import (
+  EvalResult,
+  build_evaluator,
+  mean_and_spread,
+  needs_meta_learner,
+  split_names,
+)
 from lm_zoo.runs.files import read_json, write_text_atomically
 from lm_zoo.runs.workdir import file_lock
 from lm_zoo.training import evaluate_workdirs
@@ -66,9 +72,9 @@ def study_evaluations(config: ml_collections.ConfigDict) -> dict[str, ml_collect
         f'config.evaluations.{name} is not an evaluation config: give one '
         'of lm_zoo.configs.evaluation_config or experiments/dyneval_*.py'
       )
-    if evaluation.evaluator == 'learned':
+    if needs_meta_learner(evaluation):
       raise ConfigError(
-        f'config.evaluations.{name}: the learned rule needs each run '
+        f'config.evaluations.{name}: the {evaluation.evaluator} evaluator needs each run '
         'meta-trained first (lm-zoo-meta-train): score it with lm-zoo-eval'
       )
     checked[name] = _completed(f'config.evaluations.{name}', evaluation)

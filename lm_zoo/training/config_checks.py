@@ -13,7 +13,7 @@ from lm_zoo.configs import check_fields, field_error, field_value
 from lm_zoo.data.corpora import CORPORA, Corpus
 from lm_zoo.data.text import LEVELS
 from lm_zoo.errors import ConfigError
-from lm_zoo.evaluation import build_evaluator
+from lm_zoo.evaluation import build_evaluator, needs_meta_learner
 from lm_zoo.models import build_model, check_model_config, count_params
 from lm_zoo.runs.nonfinite import NONFINITE_POLICIES
 from lm_zoo.training.averaging import TRIGGERS
@@ -170,10 +170,10 @@ def check_memory(config: ml_collections.ConfigDict, vocab_size: int, copies: int
 def _check_evaluation(evaluation: ml_collections.ConfigDict) -> None:
   """The final evaluation's config can run: a bad field fails before
   training, not after it."""
-  if evaluation.evaluator == 'learned':
+  if needs_meta_learner(evaluation):
     raise field_error(
       'evaluation.evaluator',
-      'learned',
+      evaluation.evaluator,
       'needs a meta-learner, which is trained '
       'for a finished run (lm-zoo-meta-train): evaluate with it afterwards',
     )

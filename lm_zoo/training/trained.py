@@ -22,6 +22,7 @@ from lm_zoo.evaluation import (
   build_evaluator,
   diagonal_fisher,
   meta_train,
+  needs_meta_learner,
   split_names,
 )
 from lm_zoo.evaluation.checks import check_whole
@@ -51,7 +52,7 @@ def workdir_evaluator(
   'learned' the meta-learner `config.learned.meta_learner` (default:
   WORKDIR/meta_learner)."""
   meta_learner = None
-  if config.evaluator == 'learned':
+  if needs_meta_learner(config):
     meta_learner = load_meta_learner(
       config.learned.meta_learner or resolve(workdir) / META_LEARNER_DIR
     )
@@ -102,9 +103,9 @@ def evaluate_workdirs(
   groups: list[tuple[tuple, Evaluator, Any, list[int], list]] = []
   for i, workdir in enumerate(workdirs):
     run_config, corpus, model, params = load_trained(workdir, data_dir)
-    # A learned rule is each run's own: its runs are scored one by one.
+    # A meta-learner is each run's own: its runs are scored one by one.
     key = (model, run_config.data.to_json_best_effort(sort_keys=True), config.evaluator, i)
-    key = key[:3] if config.evaluator != 'learned' else key
+    key = key if needs_meta_learner(config) else key[:3]
     group = next((g for g in groups if g[0] == key), None)
     if group is None:
       group = (key, workdir_evaluator(workdir, run_config, config), corpus, [], [])
@@ -135,7 +136,7 @@ def _checked_evaluation(
       f'got a {type(config).__name__}'
     )
   splits = split_names(config.splits, required=True)
-  if config.evaluator != 'learned':  # its meta-learner is read with the model
+  if not needs_meta_learner(config):  # else its meta-learner is read with the model
     build_evaluator(config, bptt=1, batch_size=1)
   return config, splits
 
