@@ -29,3 +29,22 @@ def test_an_unknown_evaluator_lists_the_registered_names():
     build_evaluator(evaluation_config('bayes'), bptt=5, batch_size=2)
   assert str(err.value).endswith(', '.join(str(name) for name in REGISTRY))
   assert [str(name) for name in EvaluatorName] == list(REGISTRY)[: len(EvaluatorName)]
+
+
+def test_an_evaluator_registered_as_meta_learned_needs_a_run_s_meta_learner(monkeypatch):
+  """Registered so, an evaluator of one's own is read with each run's
+  meta-learner and refused where none exists yet, as 'learned' is."""
+  from lm_zoo.configs import base_config
+  from lm_zoo.evaluation import needs_meta_learner, register_evaluator, registry
+  from lm_zoo.training.config_checks import validate_config
+
+  monkeypatch.setattr(registry, 'REGISTRY', dict(REGISTRY))
+  monkeypatch.setattr(registry, 'META_LEARNED', set(registry.META_LEARNED))
+  register_evaluator('mine', REGISTRY['learned'], meta_learned=True)
+  config = base_config()
+  config.evaluation.evaluator = 'mine'
+  assert needs_meta_learner(config.evaluation) and not needs_meta_learner(evaluation_config())
+  with pytest.raises(ConfigError, match="evaluation.evaluator='mine' needs a meta-learner"):
+    validate_config(config)
+  register_evaluator('mine', REGISTRY['static'])  # registered again, plainly
+  assert not needs_meta_learner(config.evaluation)
