@@ -2,6 +2,7 @@
 FLOPs, compilation, profile, the hours its recipe implies), and the table
 and JSON file they are written to."""
 
+import functools
 import json
 import os
 import pathlib
@@ -12,18 +13,25 @@ from baselines import BASELINE_DTYPES
 from lm_zoo.data import load_corpus
 
 
+@functools.cache
+def _corpus_tokens(name: str, data_dir: str) -> int | None:
+  """The training split's tokens of corpus `name`, None without the data
+  (said once a corpus: every write of a report asks again)."""
+  try:
+    return len(load_corpus(name, data_dir or os.environ.get('LM_ZOO_DATA') or None).train)
+  except Exception as err:  # the corpus is not here: no hours for this recipe
+    print(f'{name}: no hours implied ({err})')
+    return None
+
+
 def recipe_tokens(config) -> int | None:
   """Tokens the recipe trains on: its updates x batch x BPTT (max_steps),
   else its epochs over the corpus's training split (None without the data)."""
   data = config.data
   if config.train.max_steps > 0:
     return config.train.max_steps * data.batch_size * data.bptt
-  try:
-    corpus = load_corpus(data.name, data.data_dir or os.environ.get('LM_ZOO_DATA') or None)
-  except Exception as err:  # the corpus is not here: no hours for this recipe
-    print(f'{data.name}: no hours implied ({err})')
-    return None
-  return config.train.num_epochs * len(corpus.train)
+  tokens = _corpus_tokens(data.name, data.data_dir)
+  return None if tokens is None else config.train.num_epochs * tokens
 
 
 def result_row(

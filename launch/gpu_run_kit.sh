@@ -242,8 +242,8 @@ if [ "${KIT_TINY:-0}" = 1 ]; then
   persistent_tests=(tests/test_persistent_scan.py -k refused)
   # `auto` is timed by the benchmark and graphs parts: here only the persistent rows
   persistent_bench=(--tiny=16 --steps=1 --rounds=1 --recipes=mogrifier_paper:ptb_lstm
-                    --scans=persistent --bfloat16 --baselines=jax_cudnn_lstm
-                    --baseline_hidden=recipe)
+                    --scans=persistent --bfloat16_only --baselines=jax_cudnn_lstm
+                    --baseline_hidden=recipe --profile_dir="$OUT/profile_persistent")
   # interpreted, a persistent row takes 15 s: the tiny run checks the flags
   persistent_dynamic=(--sizes=16 --vocab=50 --tokens=10 --scans=fused --dtype=bfloat16
                       --rules=dynamic_sgd)

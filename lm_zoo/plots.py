@@ -259,7 +259,7 @@ def dyneval_gain_figure(
   series = {}
   for label, run in runs.items():
     xs, losses = curve(run)
-    series[label] = (xs, [math.exp(s) - math.exp(d) for s, d in zip(static_loss, losses)])
+    series[label] = (xs, [perplexity(s) - perplexity(d) for s, d in zip(static_loss, losses)])
   return line_figure(
     series,
     path,

@@ -54,10 +54,14 @@ def test_the_kit_starts_once_and_each_call_packs_what_it_has_written(tmp_path):
   kit = tmp_path / 'stand_in.sh'
   kit.write_text(STAND_IN)
   run = tmp_path / 'run'
-  first = background(0, tmp_path / 'pack1', run, KIT=str(kit), KIT_PARTS='kernels')
+  first = background(
+    0, tmp_path / 'pack1', run, KIT=str(kit), KIT_PARTS='kernels', LM_ZOO_DATA='rel/data'
+  )
   assert first.returncode == 0, first.stderr
   assert first.stdout.startswith(f'started {kit} into {run}\n')
-  assert (run / 'kit.env').read_text() == 'KIT_PARTS=kernels\n'
+  # A relative data folder is the caller's: made absolute for the kit's copy.
+  recorded = set((run / 'kit.env').read_text().splitlines())
+  assert recorded == {'KIT_PARTS=kernels', f'LM_ZOO_DATA={REPO}/rel/data'}
 
   # A later call neither starts it again nor reads its environment.
   second = background(1, tmp_path / 'pack2', run, KIT=str(kit), KIT_PARTS='seeds')

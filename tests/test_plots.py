@@ -91,6 +91,9 @@ def test_dyneval_gain_is_static_minus_dynamic_perplexity(drawn, tmp_path):
     {'long': run([4.0, 4.0], [4, 4])}, static, tmp_path / 'f.png', num_bins=4
   )
   assert drawn[-1][0]['long'] == ([2.0, 6.0], pytest.approx([0.0, math.e**2 - math.e]))
+  # A static loss past the float range: an infinite gain, not an OverflowError.
+  plots.dyneval_gain_figure({'rms': dynamic}, run([2000.0] * 4), tmp_path / 'f.png', num_bins=2)
+  assert drawn[-1][0]['rms'][1] == [math.inf, math.inf]
 
 
 def test_curves_figure_reads_metrics(drawn, tmp_path):
