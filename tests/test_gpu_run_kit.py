@@ -243,7 +243,6 @@ def test_the_kits_persistent_part_times_the_recipe_under_the_persistent_scan(kit
   out = (kit / 'benchmark_persistent.txt').read_text()
   assert "mogrifier_paper:ptb_lstm@persistent: skipped, model.scan='persistent'" in out
   assert 'set model.dtype=bfloat16' in out
-  assert (kit / 'profile_persistent').is_dir()  # traced for its kernels a step
 
 
 def test_the_kits_persistent_part_times_dynamic_evaluation_with_bfloat16_products(kit):
