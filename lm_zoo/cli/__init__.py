@@ -259,6 +259,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
   here, so that its errors are the command line's, not the program's."""
   try:
     remaining = flags.FLAGS(argv)
+  except SystemExit as done:  # absl's --help exits 1 once the help is printed
+    if done.code == 1 and any(arg.split('=')[0] in HELP_FLAGS for arg in argv[1:]):
+      sys.exit(0)  # the help asked for was given: a success, so `--help && ...` goes on
+    raise
   except Exception as err:  # flags.Error, and whatever a config file raises
     named = next(
       (name for name in CONFIG_FLAGS if any(arg.startswith(f'--{name}=') for arg in argv)), None
@@ -295,6 +299,8 @@ def _config_file_error(name: str, err: Exception, message: str, argv: list[str])
 
 # The programs' config-file flags (ml_collections' config_flags).
 CONFIG_FLAGS = ('config', 'tune')
+# absl's flags that print help and exit.
+HELP_FLAGS = ('--help', '-help', '-h', '-?', '--helpshort', '--helpfull', '--helpxml')
 
 
 def _flag_exit(message: str) -> None:
