@@ -22,8 +22,8 @@ in reverse, and XLA then takes dU = (m ⊙ H_prev)ᵀ dG as one (n, T·B) x
 dL/dh_0 = (dG_0 Uᵀ) ⊙ m come with it. With a mask, XLA also takes its
 gradient Σ_t (dG_t Uᵀ) ⊙ h_{t-1} from one (T·B, 4n) x (4n, n) product: the
 chain's products again, which the kernel does not keep (a (T, B, n) write a
-window more). No held steps (`steps`): windows padded past their own steps
-keep `lstm_recurrence`.
+window more). No held steps (`steps`): a window padded past its own steps
+is refused (run `scan='fused'`).
 
 Example::
 

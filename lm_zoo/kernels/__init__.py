@@ -8,6 +8,8 @@ hand-written backward passes are in `lm_zoo.cells` (`pallas_lstm`,
 persistent Mosaic GPU kernel (Hopper), `persistent_lstm_backward` its
 backward chain as another, their blocks kept in step by `grid_barrier`;
 `lm_zoo.cells.persistent_lstm` differentiates
-the window with both. A speed probe (benchmarks/persistent_probe.py); no
-`scan=` takes them yet. `persistent_mogrifier` runs a Mogrifier LSTM layer's
-forward pass (its low-rank rounds and the LSTM) over a window as another."""
+the window with both. `persistent_mogrifier` runs a Mogrifier LSTM layer's
+forward pass (its low-rank rounds and the LSTM) over a window as another,
+`persistent_mogrifier_backward` its backward chain. `scan='persistent'`
+runs them (benchmarks/persistent_probe.py and persistent_mogrifier_probe.py
+check and time them on a GPU)."""
