@@ -231,6 +231,7 @@ def test_a_finished_run_run_again_is_left_as_it_is(tiny_config, tmp_path, caplog
   assert again == first == json.loads((tmp_path / 'summary.json').read_text())
   assert (tmp_path / 'metrics.jsonl').read_text() == metrics  # nothing scored again
   assert 'already complete (10 steps, after epoch 1)' in caplog.text
+  assert 'Resumed from step' not in caplog.text  # nothing to resume
 
   tiny_config.train.num_epochs = 2
   longer = train_and_evaluate(tiny_config, tmp_path)

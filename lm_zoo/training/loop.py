@@ -148,6 +148,9 @@ def _train_and_evaluate(
     summary = completed_summary(config, workdir, int(state.step[0]), progress) if resumed else None
     if summary is not None:
       return summary
+    if resumed:  # (a finished run says so instead)
+      where = (int(state.step[0]), progress.epoch, progress.position, workdir)
+      log.info('Resumed from step %d (epoch %d, position %d) in %s', *where)
     metrics = _open_records(config, workdir, corpus, configs, state, progress, resumed)
     trainer = Trainer(
       config=config,

@@ -85,15 +85,7 @@ def restore_or_init(
   if checkpoints.has_latest():
     check_resumable(config, workdir, [c.seed for c in configs] if len(configs) > 1 else None)
     state, meta = restore_state(checkpoints, place_state(stack(states), mesh, True), mesh)
-    progress = Progress(**meta)
-    log.info(
-      'Resumed from step %d (epoch %d, position %d) in %s',
-      int(state.step[0]),
-      progress.epoch,
-      progress.position,
-      workdir,
-    )
-    return state, progress, True
+    return state, Progress(**meta), True
   if config.train.init_from:
     params = initial_params(config.train.init_from, states[0].params)
     states = [s.replace(params=params, opt_state=optimizer.init(params)) for s in states]
