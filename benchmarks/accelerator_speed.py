@@ -339,6 +339,7 @@ def main(argv):
   batch, bptt = first.data.batch_size, first.data.bptt
   rows = all_rows(recipe_rows(FLAGS.recipes, FLAGS.scans), recipe_hidden, batch, bptt)
   built, seconds, failed, pads, kernels = {}, {}, {}, {}, {}
+  recurrence = recurrence_matmul_seconds(recipe_hidden, batch, bptt)  # compiled and timed once
 
   def write(table: bool = False) -> None:
     """The report of every row timed so far (the JSON after each, the
@@ -357,12 +358,13 @@ def main(argv):
       for name, calls in built.items()
     ]
     add_ratios(results)
-    recurrence = recurrence_matmul_seconds(recipe_hidden, batch, bptt)
-    settings = dict(hidden=recipe_hidden, batch=batch, bptt=bptt, malloc=malloc)
     report(
       results,
       recurrence,
-      **settings,
+      hidden=recipe_hidden,
+      batch=batch,
+      bptt=bptt,
+      malloc=malloc,
       vocab=vocab_size(),
       failed=failed,
       output=FLAGS.output,
@@ -375,7 +377,7 @@ def main(argv):
     calls = build_row(name, build, failed)
     if calls is not None:
       built[name], seconds[name] = calls, time_round(calls, None)
-      write()
+    write()  # a failed row's reason too
   for _ in range(FLAGS.rounds - 1):  # the other rounds in turn: the best of them
     for name, calls in built.items():
       seconds[name] = time_round(calls, seconds[name])
