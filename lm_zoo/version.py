@@ -14,10 +14,10 @@ FORMAT_KEY, WRITER_KEY = 'format_version', 'lm_zoo_version'
 
 def check_format(
   record: Any, expected: int, what: str, fix: str, error: type[Exception] = ConfigError
-) -> None:
-  """Raises `error` unless `record` (a JSON object of lm_zoo's) holds the
-  format `expected` under FORMAT_KEY: the message names `what` was read,
-  the lm_zoo and format that wrote it (WRITER_KEY), this one's, and `fix`."""
+) -> dict:
+  """`record` (a JSON object of lm_zoo's) without FORMAT_KEY and WRITER_KEY;
+  raises `error` unless it holds the format `expected`: the message names
+  `what` was read, the lm_zoo and format that wrote it, this one's, and `fix`."""
   fields = record if isinstance(record, dict) else {}
   written = fields.get(FORMAT_KEY)
   if written != expected:
@@ -26,3 +26,4 @@ def check_format(
       f'{written}); this is lm_zoo {__version__} (format {expected}), which reads only its '
       f'own: {fix}'
     )
+  return {k: v for k, v in fields.items() if k not in (FORMAT_KEY, WRITER_KEY)}

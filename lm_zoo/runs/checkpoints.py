@@ -292,8 +292,7 @@ def _verified(folder: pathlib.Path, tree: Any, meta: dict, keeps_older: bool) ->
   format and every array of `tree` matches its digest; else a
   CheckpointError naming the checkpoint and what is wrong."""
   fix = 'use that lm_zoo to read it, or train again in a new --workdir.'
-  check_format(meta, FORMAT_VERSION, f'the checkpoint {folder}', fix, CheckpointError)
-  meta = {k: v for k, v in meta.items() if k not in (FORMAT_KEY, WRITER_KEY)}
+  meta = check_format(meta, FORMAT_VERSION, f'the checkpoint {folder}', fix, CheckpointError)
   expected = meta.pop(_DIGESTS, None)
   if not isinstance(expected, dict):
     raise CheckpointError(

@@ -35,7 +35,7 @@ from lm_zoo.runs.files import (
   VOCAB_FILE,
   read_json,
 )
-from lm_zoo.version import FORMAT_KEY, WRITER_KEY, check_format
+from lm_zoo.version import check_format
 
 
 def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
@@ -60,8 +60,7 @@ def load_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
       'or train again in a new --workdir'
     )
   fix = 'use that lm_zoo for it, or train again in a new --workdir'
-  check_format(saved, FORMAT_VERSION, str(workdir), fix)
-  saved = {k: v for k, v in saved.items() if k not in (FORMAT_KEY, WRITER_KEY)}
+  saved = check_format(saved, FORMAT_VERSION, str(workdir), fix)
   config = base_config()
   unknown = unknown_fields(saved, json.loads(config.to_json_best_effort()))
   if unknown:
