@@ -221,21 +221,27 @@ def test_the_logged_rate_leaves_out_checkpoint_saves(tiny_config, tmp_path, monk
 
 
 def test_a_finished_run_run_again_is_left_as_it_is(tiny_config, tmp_path, caplog):
-  """Not scored again, its summary's times kept; more epochs train on from
-  where it ended, and the summary's rate is the whole run's."""
+  """Not scored again, its summary's times kept, its command not added to
+  the commands that trained it; more epochs train on from where it ended,
+  and the summary's rate is the whole run's."""
   tiny_config.train.num_epochs = 1
-  first = train_and_evaluate(tiny_config, tmp_path)
+  first = train_and_evaluate(tiny_config, tmp_path, command='lm-zoo-train one')
   metrics = (tmp_path / 'metrics.jsonl').read_text()
   with caplog.at_level(logging.INFO, logger='lm_zoo'):
-    again = train_and_evaluate(tiny_config, tmp_path)
+    again = train_and_evaluate(tiny_config, tmp_path, command='lm-zoo-train again')
   assert again == first == json.loads((tmp_path / 'summary.json').read_text())
   assert (tmp_path / 'metrics.jsonl').read_text() == metrics  # nothing scored again
   assert 'already complete (10 steps, after epoch 1)' in caplog.text
   assert 'Resumed from step' not in caplog.text  # nothing to resume
 
   tiny_config.train.num_epochs = 2
-  longer = train_and_evaluate(tiny_config, tmp_path)
+  longer = train_and_evaluate(tiny_config, tmp_path, command='lm-zoo-train longer')
   assert longer['step'] == 20 and longer['train_seconds'] > first['train_seconds']
+  commands = (tmp_path / 'commands.txt').read_text().splitlines()
+  assert [line.split(': ', 1)[1] for line in commands] == [
+    'lm-zoo-train one',
+    'lm-zoo-train longer',
+  ]
   _, meta = _final_params(tiny_config, tmp_path)
   tokens = 20 * tiny_config.data.batch_size * tiny_config.data.bptt
   assert meta['train_tokens'] == tokens

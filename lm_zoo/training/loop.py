@@ -97,8 +97,8 @@ def train_and_evaluate(
       trial leaves out test).
     num_seeds: how many seeds to train at once.
     command: the command line that asked for this run, added to
-      WORKDIR/commands.txt (`record_command`) once the work directory is
-      locked (None: nothing added).
+      WORKDIR/commands.txt (`record_command`) once it starts or resumes
+      training (None, or a finished run: nothing added).
 
   Returns:
     The run summary that is also written to `workdir/summary.json`.
@@ -116,9 +116,7 @@ def train_and_evaluate(
   workdir = check_workdir(workdir)
   final_splits = split_names(config.evaluation.splits if final_splits is None else final_splits)
   with workdir_lock(workdir):
-    if command is not None:
-      record_command(workdir, command)
-    return _train_and_evaluate(config, workdir, on_validation, final_splits, num_seeds)
+    return _train_and_evaluate(config, workdir, on_validation, final_splits, num_seeds, command)
 
 
 def _train_and_evaluate(
@@ -127,6 +125,7 @@ def _train_and_evaluate(
   on_validation: ValidationCallback | None,
   final_splits: Sequence[str],
   num_seeds: int,
+  command: str | None,
 ) -> dict[str, Any]:
   """`train_and_evaluate` once the work directory is locked."""
   started = time.perf_counter()
@@ -148,6 +147,8 @@ def _train_and_evaluate(
     summary = completed_summary(config, workdir, int(state.step[0]), progress) if resumed else None
     if summary is not None:
       return summary
+    if command is not None:
+      record_command(workdir, command)
     if resumed:  # (a finished run says so instead)
       where = (int(state.step[0]), progress.epoch, progress.position, workdir)
       log.info('Resumed from step %d (epoch %d, position %d) in %s', *where)
