@@ -289,3 +289,30 @@ def test_rules_that_are_the_same_program_share_one_compiled_scan(lm):
   ]
   assert _scan_segments._cache_size() == 2
   assert abs(held[0].result.loss - held[1].result.loss) > 1e-3
+
+
+@pytest.mark.parametrize(
+  'make',
+  [lambda: dynamic_sgd(0.1, decay=0.02), lambda: dynamic_rms(0.1, 0.02, 1e-3, MS)],
+  ids=['sgd', 'rms'],
+)
+def test_a_jitted_step_may_donate_its_parameters_and_state(make):
+  """The state holds copies of theta_g and MS: a step that donates the
+  parameters and the state (as a train step does) takes the same steps as
+  one that does not, and leaves the caller's trained weights and MS whole."""
+  tx = make()
+
+  def step(params, state):
+    updates, state = tx.update(GRADS, state, params)
+    return optax.apply_updates(params, updates), state
+
+  kept = jax.jit(step)
+  donated = jax.jit(step, donate_argnums=(0, 1))
+  params, state = jax.tree.map(jnp.copy, TRAINED), tx.init(TRAINED)
+  expected, expected_state = TRAINED, tx.init(TRAINED)
+  for _ in range(2):
+    params, state = donated(params, state)
+    expected, expected_state = kept(expected, expected_state)
+  np.testing.assert_allclose(_flat(params), _flat(expected), rtol=1e-6)
+  assert _flat(TRAINED).tolist() == [1.0, -2.0, 0.5, 3.0]  # neither donated nor moved
+  assert float(MS['b'][0, 0]) == np.float32(1.1)

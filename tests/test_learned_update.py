@@ -372,3 +372,24 @@ def test_carry_over_continues_along_the_stream_from_the_weights_it_left(meta_pro
   np.testing.assert_allclose(_flat(out.meta_params), _flat(m), rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(out.losses, losses, rtol=1e-5)
   assert out.losses[2] == pytest.approx(out.losses[0], rel=0.1)  # the same windows again
+
+
+def test_the_rule_needs_the_loss_it_reads_and_may_be_donated():
+  """The loss is one of the rule's features: an update without it is
+  refused, not scored as loss 0. The state holds copies, so a jitted step
+  may donate the parameters and the state."""
+  meta = GateNetwork(hidden=4).init(jax.random.key(0), jnp.zeros((1, 5)))
+  rule = learned_update_rule(GateNetwork(hidden=4).apply, PRECISION)
+  with pytest.raises(ValueError, match='loss'):
+    rule.update(GRADS, rule.init(THETA0), PARAMS, meta_params=meta)
+
+  def step(params, state):
+    updates, state = rule.update(GRADS, state, params, meta_params=meta, loss=2.0)
+    return optax.apply_updates(params, updates), state
+
+  donated = jax.jit(step, donate_argnums=(0, 1))(jax.tree.map(jnp.copy, THETA0), rule.init(THETA0))
+  kept = jax.jit(step)(THETA0, rule.init(THETA0))
+  np.testing.assert_allclose(_flat(donated[0]), _flat(kept[0]), rtol=1e-6)
+  np.testing.assert_allclose(
+    _flat(THETA0), [0.0, 0.1, 0.4, -0.9, 1.5, 0.0], rtol=1e-6
+  )  # not donated

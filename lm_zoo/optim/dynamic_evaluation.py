@@ -56,13 +56,18 @@ def scale_by_fixed_rms(rms_gradients: optax.Updates, eps: float) -> optax.Gradie
   """g / (MS + eps) for a fixed MS (`rms_gradients`, a tree like the
   parameters): RMSProp's scaling with statistics estimated once, ahead.
   MS is kept in the state, so that a jitted `update` takes it as an
-  argument rather than compiling it into its program as constants."""
+  argument rather than compiling it into its program as constants; a copy,
+  so that a step that donates its state leaves the caller's MS whole."""
 
   def update_fn(updates, state, params=None):
     del params
     return jax.tree.map(lambda g, ms: g / (ms + eps), updates, state.rms_gradients), state
 
-  return optax.GradientTransformation(lambda params: ScaleByFixedRmsState(rms_gradients), update_fn)
+  def init_fn(params):
+    del params
+    return ScaleByFixedRmsState(jax.tree.map(jnp.copy, rms_gradients))
+
+  return optax.GradientTransformation(init_fn, update_fn)
 
 
 def decay_toward_trained(
@@ -74,7 +79,9 @@ def decay_toward_trained(
   `init` is called with (the trained weights) and rate = decay * s, or
   min(1, decay * s) with `clip`, s the per-coordinate `decay_scale` (ones
   when None), or what it returns when called with the parameters at `init`
-  (as `optax.masked` takes a mask). The scale and theta_g live in the state.
+  (as `optax.masked` takes a mask). The scale and theta_g live in the state,
+  copies of the arrays given, so that a jitted step may donate the
+  parameters and the state (`donate_argnums`), as with optax's own.
 
   Returns:
     An `optax.GradientTransformation` whose `update` needs `params`.
@@ -84,8 +91,8 @@ def decay_toward_trained(
     if decay_scale is None:
       scale = jax.tree.map(jnp.ones_like, params)
     else:
-      scale = decay_scale(params) if callable(decay_scale) else decay_scale
-    return DecayTowardTrainedState(trained=params, decay_scale=scale)
+      scale = decay_scale(params) if callable(decay_scale) else jax.tree.map(jnp.copy, decay_scale)
+    return DecayTowardTrainedState(trained=jax.tree.map(jnp.copy, params), decay_scale=scale)
 
   def update_fn(updates, state, params=None):
     if params is None:

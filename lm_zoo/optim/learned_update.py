@@ -187,10 +187,11 @@ def learned_update_rule(
   """The learned rule of eq. (3) as an optax transformation.
 
   `init(params)` stores theta_0 = params (the trained weights) with
-  `precision`. `update(grads, state, params, meta_params=..., loss=...)`
+  `precision`, copies, so that a jitted step may donate the parameters and
+  the state. `update(grads, state, params, meta_params=..., loss=...)`
   returns theta_t - theta_{t-1}, so `optax.apply_updates` gives theta_t; the
-  meta-parameters and the loss L_t arrive as extra arguments, which
-  `optax.chain` passes through.
+  meta-parameters and the loss L_t (a feature of the rule, so required)
+  arrive as extra arguments, which `optax.chain` passes through.
 
   Args:
     gate_fn: (meta_params, features) -> (f, i, z), for example
@@ -201,14 +202,20 @@ def learned_update_rule(
 
   def init_fn(params):
     return LearnedUpdateState(
-      theta0=params,
-      precision=jax.tree.map(jnp.ones_like, params) if precision is None else precision,
+      theta0=jax.tree.map(jnp.copy, params),
+      precision=jax.tree.map(
+        jnp.ones_like if precision is None else jnp.copy,
+        params if precision is None else precision,
+      ),
     )
 
-  def update_fn(grads, state, params=None, *, meta_params=None, loss=0.0, **extra):
+  def update_fn(grads, state, params=None, *, meta_params=None, loss=None, **extra):
     del extra
-    if params is None or meta_params is None:
-      raise ValueError('the learned rule needs params and meta_params')
+    if params is None or meta_params is None or loss is None:
+      raise ValueError(
+        'the learned rule needs params, meta_params and the loss it reads: '
+        'update(grads, state, params, meta_params=..., loss=...)'
+      )
 
     def rule(p, g, p0, precision):
       f, i, z = gate_fn(meta_params, coordinate_features(p, g, p0, precision, loss))
