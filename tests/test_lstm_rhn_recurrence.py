@@ -263,5 +263,9 @@ def test_a_mask_on_the_whole_carry_is_refused():
   carry, xs = _window(stack)
   with pytest.raises(ValueError, match='masks its fed-back states itself'):
     lstm_rhn_window(stack, {}, carry, xs, jnp.ones((B, 3)))
+  for scan in ('auto', 'scan', 'remat', 'fused'):  # each way, not only the window
+    layer = RecurrentLayer(stack, scan=scan)
+    with pytest.raises(ValueError, match='masks its fed-back states itself'):
+      layer.init(jax.random.key(0), carry, xs, state_mask=jnp.ones((B, SIZES[-1])))
   with pytest.raises(ValueError, match='2 layers of parameters, but 1 carries'):
     lstm_rhn_recurrence(xs, [{}, {}], carry[:1])

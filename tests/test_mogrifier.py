@@ -9,7 +9,7 @@ import pytest
 from conftest import perturb
 from numpy_reference import linear, lstm_step, mogrify
 
-from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify, resolve_scan
+from lm_zoo.cells import ALSTMCell, LSTMCell, LSTMRHNStack, MLSTMCell, Mogrify, resolve_scan
 from lm_zoo.cells.mogrifier import MogrifierRounds
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
@@ -113,6 +113,16 @@ def test_a_wrong_rank_rounds_or_cell_is_refused_on_construction(make, message):
   rank, a cell class) or a concatenation of no arrays (a mix of no rounds)."""
   with pytest.raises(ValueError, match=message):
     make()
+
+
+def test_a_cell_whose_carry_does_not_end_in_its_output_is_refused():
+  """The LSTM-RHN stack carries its layers' carries: the rounds cannot gate
+  them, and say so rather than fail on a tuple's missing shape."""
+  stack = LSTMRHNStack([ALSTMCell(4, parent=None), ALSTMCell(4, parent=None)])
+  cell = Mogrify(stack, rounds=2)
+  carry = stack.initialize_carry(jax.random.key(0), (2, 3))
+  with pytest.raises(ValueError, match='Mogrify: the inner cell LSTMRHNStack does not carry its output h'):
+    cell.init(jax.random.key(1), carry, jnp.ones((2, 3)))
 
 
 @pytest.mark.parametrize('rank', [0, 2])

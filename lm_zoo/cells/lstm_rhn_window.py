@@ -25,6 +25,12 @@ from lm_zoo.cells.lstm_rhn_recurrence import LayerMasks, lstm_rhn_recurrence
 # draws once from every `nn.Dropout`'s RNG stream, so the loop runs the second
 # draws.
 DRAWS_BEFORE_THE_LOOP = 1
+# A layer's state_mask multiplies its cell's carried output, which the stack's
+# carry (its layers' carries) is not; every way refuses it.
+STATE_MASK_REFUSAL = (
+  'the LSTM-RHN stack masks its fed-back states itself '
+  '(LSTMRHNStack.dropout_state): run its layer with no state_mask'
+)
 
 
 def lstm_rhn_refusal(stack: LSTMRHNStack) -> str | None:
@@ -103,10 +109,7 @@ def lstm_rhn_window(
   stack) under the masks its step draws."""
   del params
   if state_mask is not None:
-    raise ValueError(
-      'the LSTM-RHN stack masks its fed-back states itself '
-      '(LSTMRHNStack.dropout_state): run its layer with no state_mask'
-    )
+    raise ValueError(STATE_MASK_REFUSAL)
   cells = stack.cells
   layer_params = tuple(cell.variables['params'] for cell in cells)
   masks = variational_masks(stack, carry, inputs[0])

@@ -9,8 +9,9 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from lm_zoo.cells.base import carry_output, replace_carry_output
+from lm_zoo.cells.base import carry_output, describe, replace_carry_output
 from lm_zoo.errors import is_whole_number
 from lm_zoo.layers import LowRankDense, low_rank_linear
 from lm_zoo.layers.products import contract
@@ -96,6 +97,12 @@ class Mogrify(nn.RNNCellBase):
   @nn.compact
   def __call__(self, carry, inputs: jax.Array):
     h = carry_output(carry)
+    if not isinstance(h, (jax.Array, np.ndarray)):  # the rounds gate h itself
+      raise ValueError(
+        f'Mogrify: the inner cell {describe(self.cell)} does not carry its output h '
+        f'as an array (its carry ends in a {type(h).__name__}): mogrify each of its '
+        "layers' cells instead"
+      )
 
     def round_gate(i, source):
       features = inputs.shape[-1] if i % 2 else h.shape[-1]

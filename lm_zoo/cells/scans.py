@@ -58,6 +58,7 @@ from lm_zoo.cells.alstm import ALSTMCell, LSTMRHNStack, StaticLatent
 from lm_zoo.cells.base import describe
 from lm_zoo.cells.cudnn_lstm import STATE_MASK_REFUSAL, cudnn_lstm_window, cudnn_refusal
 from lm_zoo.cells.lstm import LSTMCell
+from lm_zoo.cells.lstm_rhn_window import STATE_MASK_REFUSAL as LSTM_RHN_STATE_MASK
 from lm_zoo.cells.lstm_rhn_window import lstm_rhn_kernel
 from lm_zoo.cells.mogrifier import Mogrify
 from lm_zoo.cells.persistent_mogrifier import (
@@ -246,6 +247,8 @@ def resolve_scan(cell: nn.Module, scan: str, *, state_mask: bool = False) -> str
     raise ValueError(f'scan={scan!r} is not known: choose one of {", ".join(SCANS)}')
   if not isinstance(cell, nn.Module):  # a class or a name would resolve as an unknown cell
     raise ValueError(f'cell must be a cell instance, such as LSTMCell(n), got {cell!r}')
+  if state_mask and isinstance(cell, LSTMRHNStack):
+    raise ValueError(LSTM_RHN_STATE_MASK)
   kernels = {way: window_kernel(cell, way) for way in WINDOW_KERNELS}
   if state_mask and callable(kernels['cudnn']):
     kernels['cudnn'] = STATE_MASK_REFUSAL

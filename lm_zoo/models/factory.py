@@ -63,8 +63,10 @@ def _stack(cfg: ml_collections.ConfigDict, cells) -> Stack | LSTMRHN:
       scan=cfg.scan,
     )
     layer = cells[0]
+  # The LSTM-RHN stack drops its fed-back states itself, with no layer mask.
+  masked = cfg.dropout_state > 0 and not isinstance(layer, LSTMRHNStack)
   try:  # refused now, not when the model first runs
-    resolve_scan(layer, cfg.scan, state_mask=cfg.dropout_state > 0)
+    resolve_scan(layer, cfg.scan, state_mask=masked)
   except ValueError as err:
     raise ConfigError(f'model.{err} (--config.model.scan)') from None
   return stack
