@@ -187,3 +187,35 @@ def test_the_carry_check_costs_nothing_jitted_and_holds_vmapped_over_seeds(monke
   jax.jit(jax.vmap(run, in_axes=(0, None)))(seeds, carry)  # every seed from the same carry
   with pytest.raises(ValueError, match=r"carry: its arrays' shapes \(\(1, 5\), \(1, 5\)\)"):
     jax.jit(jax.vmap(run, in_axes=(0, None)))(seeds, jax.tree.map(lambda a: a[:1], carry))
+
+
+BATCH_SHAPES = {'unbatched': (), 'two batch axes': (2, 3)}
+WINDOWED = {
+  'fused': (LSTMCell(N), 'fused', True),
+  'pallas': (LSTMCell(N), 'pallas', True),
+  'cudnn': (LSTMCell(N), 'cudnn', False),
+  'Mogrify fused': (Mogrify(LSTMCell(N), rounds=2), 'fused', True),
+  'ALSTMCell fused': (ALSTMCell(N, latent_size=2), 'fused', False),
+}
+
+
+@pytest.mark.parametrize('batch', BATCH_SHAPES.values(), ids=BATCH_SHAPES.keys())
+@pytest.mark.parametrize('cell, scan, masked', WINDOWED.values(), ids=WINDOWED.keys())
+def test_a_window_kernel_takes_any_batch_axes_as_the_plain_scan(cell, scan, masked, batch):
+  """Inputs (T, m) or (T, 2, 3, m), as nn.RNN takes them: the kernels run
+  one batch axis, flattened and restored, to the plain scan's outputs and
+  carry (and its state mask)."""
+  rng = np.random.default_rng(3)
+  xs = jnp.asarray(rng.normal(size=(T, *batch, M)), jnp.float32)
+  carry = jax.tree.map(
+    lambda a: jnp.asarray(rng.normal(size=a.shape), jnp.float32),
+    cell.initialize_carry(jax.random.key(0), (*batch, M)),
+  )
+  mask = jnp.asarray(rng.binomial(1, 0.7, (*batch, N)) / 0.7, jnp.float32) if masked else None
+  variables = RecurrentLayer(cell, scan='scan').init(jax.random.key(1), carry, xs, mask)
+  runs = [
+    RecurrentLayer(cell, scan=way).apply(variables, carry, xs, mask) for way in ('scan', scan)
+  ]
+  for expected, got in zip(*(jax.tree.leaves(run) for run in runs)):
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-6)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -45,9 +47,27 @@ def check_carry(cell: nn.RNNCellBase, carry, inputs: jax.Array) -> None:
     )
 
 
+def on_one_batch_axis(window, carry, inputs: jax.Array, state_mask: jax.Array | None):
+  """`window(carry, inputs, state_mask)`, a window kernel over (T, B, m), of
+  inputs with any batch axes, (T, ..., m) (none, or several), as the plain
+  scan takes them: the batch axes flattened to one and restored."""
+  batch = inputs.shape[1:-1]
+  if len(batch) == 1:
+    return window(carry, inputs, state_mask)
+  rows = math.prod(batch)
+  flat = lambda a: a.reshape(rows, *a.shape[len(batch) :])
+  if state_mask is not None:
+    state_mask = flat(jnp.broadcast_to(state_mask, jnp.shape(carry_output(carry))))
+  inputs = inputs.reshape(inputs.shape[0], rows, inputs.shape[-1])
+  carry, ys = window(jax.tree.map(flat, carry), inputs, state_mask)
+  restore = lambda a: a.reshape(*batch, *a.shape[1:])
+  return jax.tree.map(restore, carry), ys.reshape(ys.shape[0], *batch, *ys.shape[2:])
+
+
 class RecurrentLayer(nn.Module):
   """Runs `cell` over time-major inputs (T, B, m) in the way `scan` asks for
-  (`lm_zoo.cells.scans.SCANS`; a way the cell cannot take is refused).
+  (`lm_zoo.cells.scans.SCANS`; a way the cell cannot take is refused); any
+  other batch axes, (T, ..., m), none or several, as flax's `nn.RNN` takes.
   `state_mask`, if given, multiplies the previous output h fed back into the
   cell at every step (variational dropout on the state: one mask per window).
   `steps`, if given, (T,) bool, marks the window's own steps, first: the
@@ -80,9 +100,9 @@ class RecurrentLayer(nn.Module):
         self.cell(carry, inputs[0])  # creates the cell's parameters
       # A cell whose parameters live in other modules (LSTMRHNStack's layers) has none here.
       params = self.cell.variables.get('params', {})
-      return window_kernel(self.cell, scan)(
-        self.cell, params, carry, inputs, state_mask, self.unroll, steps
-      )
+      kernel = window_kernel(self.cell, scan)
+      window = lambda c, x, m: kernel(self.cell, params, c, x, m, self.unroll, steps)
+      return on_one_batch_axis(window, carry, inputs, state_mask)
     if scan == 'hoisted':
       step, xs = _step_projected, cell_scans(self.cell).project(self.cell, inputs)
     else:
