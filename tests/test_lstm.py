@@ -11,7 +11,15 @@ from conftest import perturb
 from jax.test_util import check_grads
 from numpy_reference import lstm_step as numpy_lstm_step
 
-from lm_zoo.cells import LSTMCell, MLSTMCell, carry_output, replace_carry_output, resolve_scan
+from lm_zoo.cells import (
+  ALSTMCell,
+  LSTMCell,
+  MLSTMCell,
+  Mogrify,
+  carry_output,
+  replace_carry_output,
+  resolve_scan,
+)
 
 
 def _random_params(cell, m, key=0):
@@ -260,3 +268,40 @@ def test_a_carry_that_is_not_a_c_h_pair_of_its_shape_is_refused(cell_type, carry
   message = r'carry must be a \(c, h\) pair of arrays of shape \(2, 4\), as cell.initialize_carry'
   with pytest.raises(ValueError, match=f'{message}.*got {got}'):
     cell.apply(params, carry, x)
+
+
+BFLOAT16_CELLS = {
+  'LSTMCell': lambda dtype: LSTMCell(5, param_dtype=dtype),
+  'MLSTMCell': lambda dtype: MLSTMCell(5, param_dtype=dtype),
+  'Mogrify': lambda dtype: Mogrify(LSTMCell(5, param_dtype=dtype), rounds=2),
+  'ALSTMCell': lambda dtype: ALSTMCell(5, latent_size=2, param_dtype=dtype),
+}
+
+
+@pytest.mark.parametrize('make', BFLOAT16_CELLS.values(), ids=BFLOAT16_CELLS.keys())
+def test_bfloat16_parameters_run_in_nn_rnn_with_a_float32_carry(make):
+  """bfloat16 parameters: drawn (orthogonal U too, which a QR cannot draw
+  in bfloat16) and run in nn.RNN, whose scan needs the carry's dtype to hold
+  across steps: the states are float32, the same numbers as float32
+  parameters holding the same values."""
+  xs = jnp.asarray(np.random.default_rng(0).normal(size=(2, 4, 3)), jnp.float32)
+  rnn = nn.RNN(make(jnp.bfloat16), return_carry=True)
+  variables = rnn.init(jax.random.key(0), xs)
+  carry, ys = rnn.apply(variables, xs)
+  assert {a.dtype for a in jax.tree.leaves(carry)} == {jnp.dtype(jnp.float32)}
+  widened = jax.tree.map(lambda a: a.astype(jnp.float32), variables)
+  expected_carry, expected = nn.RNN(make(jnp.float32), return_carry=True).apply(widened, xs)
+  np.testing.assert_allclose(ys, expected, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(carry[-1], expected_carry[-1], rtol=1e-6, atol=1e-7)
+
+
+def test_bfloat16_parameters_are_the_float32_draws_rounded():
+  key, xs = jax.random.key(2), jnp.ones((2, 3))
+  carry = LSTMCell(5).initialize_carry(key, (2, 3))
+  wide = LSTMCell(5).init(key, carry, xs)
+  narrow = LSTMCell(5, param_dtype=jnp.bfloat16).init(key, carry, xs)
+  for a, b in zip(jax.tree.leaves(wide), jax.tree.leaves(narrow)):
+    assert b.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(
+      np.asarray(b, np.float32), np.asarray(a.astype(jnp.bfloat16), np.float32)
+    )

@@ -18,6 +18,7 @@ from lm_zoo.cells.lstm import (
   gate_bias_init,
   lstm_update,
   per_gate_init,
+  state_dtype,
 )
 from lm_zoo.errors import ConfigError, is_whole_number
 from lm_zoo.layers.adaptive import AdaptiveDense, split_sizes
@@ -112,7 +113,8 @@ class ALSTMCell(nn.RNNCellBase):
     dtype: the products' dtype of the adaptation model, the policy and the
       adaptive layers (None: from the inputs; bfloat16 sums and returns
       float32, `lm_zoo.layers.products`); gates and states stay float32.
-    param_dtype: parameter dtype.
+    param_dtype: the policy's and the adaptive layers' parameter dtype (the
+      adaptation model keeps its own); the carry is float32.
   """
 
   features: int
@@ -191,7 +193,7 @@ class ALSTMCell(nn.RNNCellBase):
     state = LSTMCell(self.features, param_dtype=self.param_dtype, parent=None).initialize_carry(
       key_state, input_shape
     )
-    return (jax.tree.map(lambda a: a.astype(self.param_dtype), latent), *state)
+    return (jax.tree.map(lambda a: a.astype(state_dtype(self.param_dtype)), latent), *state)
 
   @property
   def num_feature_axes(self) -> int:

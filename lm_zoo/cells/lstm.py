@@ -16,13 +16,22 @@ Initializer = Callable[..., jax.Array]
 
 def per_gate_init(init: Initializer, features: int) -> Initializer:
   """Initialises each gate's (rows, features) block of a fused (rows, 4 features)
-  kernel on its own (orthogonal per gate)."""
+  kernel on its own (orthogonal per gate), drawn in float32 or wider and
+  rounded to `dtype` (a QR takes no bfloat16)."""
 
   def init_fn(key, shape, dtype=jnp.float32):
     keys = jax.random.split(key, 4)
-    return jnp.concatenate([init(k, (shape[0], features), dtype) for k in keys], axis=-1)
+    drawn = state_dtype(dtype)
+    blocks = [init(k, (shape[0], features), drawn) for k in keys]
+    return jnp.concatenate(blocks, axis=-1).astype(dtype)
 
   return init_fn
+
+
+def state_dtype(param_dtype: Any) -> Any:
+  """The dtype of an LSTM's gates and states for parameters of
+  `param_dtype`: float32, or wider parameters' dtype."""
+  return jnp.promote_types(param_dtype, jnp.float32)
 
 
 def gate_bias_init(features: int, forget_bias: float) -> Initializer:
@@ -114,7 +123,7 @@ class LSTMCell(nn.RNNCellBase):
     dtype: computation dtype (None: from the inputs). bfloat16 is mixed
       precision: the products take bfloat16 operands and sum in float32
       (`products.einsum`), the gates and states are float32.
-    param_dtype: parameter dtype.
+    param_dtype: parameter dtype; the carry is float32 (`state_dtype`).
     carry_init: initialiser of the initial carry.
   """
 
@@ -183,10 +192,8 @@ class LSTMCell(nn.RNNCellBase):
     batch_dims = input_shape[:-1]
     key_c, key_h = jax.random.split(rng)
     shape = (*batch_dims, self.features)
-    return (
-      self.carry_init(key_c, shape, self.param_dtype),
-      self.carry_init(key_h, shape, self.param_dtype),
-    )
+    dtype = state_dtype(self.param_dtype)
+    return (self.carry_init(key_c, shape, dtype), self.carry_init(key_h, shape, dtype))
 
   @property
   def num_feature_axes(self) -> int:
