@@ -130,20 +130,36 @@ def test_a_rule_whose_inner_function_holds_an_array_is_its_own_program(lm):
     _assert_same_run(by_itself, expected)
 
 
-def test_what_every_member_shares_is_carried_once(lm, monkeypatch):
-  """RMS settings of one weights as the `Dynamic` evaluator makes them: in
-  the vmapped scan's loop only the adapted weights and the recurrent state
-  have a member axis; MS and the trained weights the decay pulls toward are
-  one array for all."""
-  model, params = lm
-  setup = DynamicSetup(jax.tree.map(lambda p: jnp.full(p.shape, 0.7), params))
-  rates = (0.05, 0.1, 0.2)
-  members = [
+def _evaluator_members(setup, params, rates):
+  """As the `Dynamic` evaluator makes them: one state a rule, reused."""
+  settings = [DynamicEvalSettings('rms', r, 0.02, 1e-3, 5) for r in rates]
+  return [DynamicMember(params, *setup.transformation(each, params)) for each in settings]
+
+
+def _own_members(setup, params, rates):
+  """As a user writes them: each transformation's own `init`, whose state
+  holds its own copies of MS and the trained weights."""
+  rms = optax.inject_hyperparams(dynamic_rms)
+  return [
     DynamicMember(
-      params, *setup.transformation(DynamicEvalSettings('rms', r, 0.02, 1e-3, 5), params)
+      params, rms(learning_rate=r, decay=0.02, eps=1e-3, rms_gradients=setup.rms_gradients)
     )
     for r in rates
   ]
+
+
+@pytest.mark.parametrize(
+  'make_members', [_evaluator_members, _own_members], ids=['evaluator', 'own']
+)
+def test_what_every_member_shares_is_carried_once(lm, monkeypatch, make_members):
+  """RMS settings of one weights: in the vmapped scan's loop only the
+  adapted weights and the recurrent state have a member axis; MS and the
+  trained weights the decay pulls toward are one array for all, whether the
+  members share one state or each `init` made its own copies."""
+  model, params = lm
+  setup = DynamicSetup(jax.tree.map(lambda p: jnp.full(p.shape, 0.7), params))
+  rates = (0.05, 0.1, 0.2)
+  members = make_members(setup, params, rates)
   traced, scan_members = [], dynamic._scan_members
   monkeypatch.setattr(
     dynamic,

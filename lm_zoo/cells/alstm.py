@@ -114,7 +114,8 @@ class ALSTMCell(nn.RNNCellBase):
       adaptive layers (None: from the inputs; bfloat16 sums and returns
       float32, `lm_zoo.layers.products`); gates and states stay float32.
     param_dtype: the policy's and the adaptive layers' parameter dtype (the
-      adaptation model keeps its own); the carry is float32.
+      adaptation model keeps its own); the carry is float32, or float64 with
+      float64 parameters (`state_dtype`).
   """
 
   features: int

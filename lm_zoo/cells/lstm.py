@@ -123,7 +123,8 @@ class LSTMCell(nn.RNNCellBase):
     dtype: computation dtype (None: from the inputs). bfloat16 is mixed
       precision: the products take bfloat16 operands and sum in float32
       (`products.einsum`), the gates and states are float32.
-    param_dtype: parameter dtype; the carry is float32 (`state_dtype`).
+    param_dtype: parameter dtype; the carry is float32, or float64 with
+      float64 parameters (`state_dtype`).
     carry_init: initialiser of the initial carry.
   """
 

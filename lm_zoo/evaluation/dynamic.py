@@ -246,9 +246,10 @@ def dynamic_evaluate_many(
   `dynamic_rms`; see `dynamic_evaluate`) run as one compiled scan vmapped
   over them, at most `max_members` at a time (0: all). At batch 1 one
   member leaves a GPU idle between small kernels, so n members take far
-  less than n times as long. A leaf that is the same array in every member
-  (weights every setting starts from, the shared MS) is passed and carried
-  once; the others are stacked, so memory grows with the members.
+  less than n times as long. A leaf that is the same in every member (the
+  same array or equal values: weights every setting starts from, the shared
+  MS and trained weights) is passed and carried once; the others are
+  stacked, so memory grows with the members.
 
   Returns, in the order of `members`, each one's `DynamicEvalResult`, or
   the `TrainingError` `dynamic_evaluate` would raise for it (one member
@@ -312,6 +313,20 @@ def _groups(rules: list[_Rule], size: int) -> list[list[int]]:
   return [ids[k : k + size] for ids in by_rule.values() for k in range(0, len(ids), size)]
 
 
+def _same(leaf, first) -> bool:
+  """Whether a member's leaf is the first member's: the same array, or one
+  of the same shape, dtype and values (a transformation's `init` copies what
+  it keeps, theta_g and MS, so that a step may donate its state)."""
+  if leaf is first:
+    return True
+  if jnp.shape(leaf) != jnp.shape(first) or jnp.result_type(leaf) != jnp.result_type(first):
+    return False
+  try:
+    return bool(jnp.array_equal(leaf, first))
+  except jax.errors.ConcretizationTypeError:  # traced: values unknown
+    return False
+
+
 def _scan_group(model, starts, carries, inputs, targets, weights, extra_args) -> list[tuple]:
   """Each start's (totals, counts, skipped, params) from one scan."""
   rule = starts[0][2]
@@ -319,7 +334,7 @@ def _scan_group(model, starts, carries, inputs, targets, weights, extra_args) ->
   flat = [jax.tree.flatten(tree) for tree in trees]
   treedef = flat[0][1]
   columns = list(zip(*(leaves for leaves, _ in flat)))
-  mapped = tuple(any(leaf is not column[0] for leaf in column) for column in columns)
+  mapped = tuple(not all(_same(leaf, column[0]) for leaf in column) for column in columns)
   if not any(mapped):  # the same start every time: one scan serves all
     params, opt_state = trees[0]
     scanned = _scan_segments(

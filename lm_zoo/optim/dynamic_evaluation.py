@@ -91,7 +91,7 @@ def decay_toward_trained(
     if decay_scale is None:
       scale = jax.tree.map(jnp.ones_like, params)
     else:
-      scale = decay_scale(params) if callable(decay_scale) else jax.tree.map(jnp.copy, decay_scale)
+      scale = jax.tree.map(jnp.copy, decay_scale(params) if callable(decay_scale) else decay_scale)
     return DecayTowardTrainedState(trained=jax.tree.map(jnp.copy, params), decay_scale=scale)
 
   def update_fn(updates, state, params=None):
