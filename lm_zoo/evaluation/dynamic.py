@@ -321,10 +321,7 @@ def _same(leaf, first) -> bool:
     return True
   if jnp.shape(leaf) != jnp.shape(first) or jnp.result_type(leaf) != jnp.result_type(first):
     return False
-  try:
-    return bool(jnp.array_equal(leaf, first))
-  except jax.errors.ConcretizationTypeError:  # traced: values unknown
-    return False
+  return bool(jnp.array_equal(leaf, first))
 
 
 def _scan_group(model, starts, carries, inputs, targets, weights, extra_args) -> list[tuple]:

@@ -53,6 +53,7 @@ def _stack(cfg: ml_collections.ConfigDict, cells) -> Stack | LSTMRHN:
   )
   if _lstm_rhn(cfg):
     stack, layer = LSTMRHN(cells, **rates, unroll=cfg.unroll, scan=cfg.scan), LSTMRHNStack(cells)
+    masked = False  # the stack drops its fed-back states itself, with no layer mask
   else:
     stack = Stack(
       cells,
@@ -62,9 +63,7 @@ def _stack(cfg: ml_collections.ConfigDict, cells) -> Stack | LSTMRHN:
       unroll=cfg.unroll,
       scan=cfg.scan,
     )
-    layer = cells[0]
-  # The LSTM-RHN stack drops its fed-back states itself, with no layer mask.
-  masked = cfg.dropout_state > 0 and not isinstance(layer, LSTMRHNStack)
+    layer, masked = cells[0], cfg.dropout_state > 0
   try:  # refused now, not when the model first runs
     resolve_scan(layer, cfg.scan, state_mask=masked)
   except ValueError as err:
