@@ -130,6 +130,19 @@ def tiny_lm_config(data_dir):
   return c
 
 
+@pytest.fixture(scope='session')
+def trained_workdir(tmp_path_factory, data_dir) -> pathlib.Path:
+  """`tiny_lm_config`'s run trained for one epoch, shared: a test may add
+  files beside its weights (evaluations, a meta-learner), never change them."""
+  from lm_zoo.training import train_and_evaluate
+
+  workdir = tmp_path_factory.mktemp('trained')
+  config = tiny_lm_config(data_dir)
+  config.train.update(num_epochs=1)
+  train_and_evaluate(config, workdir)
+  return workdir
+
+
 # Pallas' Triton lowering compiles for a GPU's compute capability: on a host
 # without a GPU it raises unless an abstract GPU is named.
 TRITON_TARGET = jax.sharding.AbstractMesh(

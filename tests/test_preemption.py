@@ -234,9 +234,10 @@ def test_sigint_on_many_processes_is_passed_on_as_sigterm(monkeypatch):
 def test_a_dynamic_evaluation_killed_anywhere_gives_the_same_results_when_run_again(
   data_dir, env, tmp_path
 ):
-  """lm-zoo-eval keeps nothing between runs but its results, written whole:
-  one killed with SIGKILL mid-way, then run again with the same command,
-  writes what an evaluation never stopped writes."""
+  """lm-zoo-eval keeps its choice and each split's result as it goes, each
+  written whole: one killed with SIGKILL mid-way, then run again with the
+  same command, writes what an evaluation never stopped writes and leaves
+  no progress behind."""
   workdir = tmp_path / 'run'
   config = _config(data_dir)
   config.train.num_epochs = 1
@@ -271,4 +272,4 @@ def test_a_dynamic_evaluation_killed_anywhere_gives_the_same_results_when_run_ag
   again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
   assert again.returncode == 0, again.stderr
   assert results() == expected
-  assert not list((workdir / 'evaluations').glob('.*.tmp'))
+  assert sorted(p.name for p in (workdir / 'evaluations').iterdir()) == ['dynamic.json']

@@ -15,19 +15,6 @@ from lm_zoo.training import evaluate_workdir, evaluate_workdirs, meta_train_work
 from lm_zoo.training.meta_learner import META_LEARNER_DIR, load_meta_learner
 
 
-@pytest.fixture(scope='module')
-def trained_workdir(tmp_path_factory, data_dir):
-  from conftest import tiny_lm_config
-
-  from lm_zoo.training import train_and_evaluate
-
-  workdir = tmp_path_factory.mktemp('trained')
-  config = tiny_lm_config(data_dir)
-  config.train.update(num_epochs=1)
-  train_and_evaluate(config, workdir)
-  return workdir
-
-
 def _flat_params(tree):
   return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
 

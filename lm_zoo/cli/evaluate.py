@@ -15,7 +15,10 @@ The results are written as JSON to WORKDIR/evaluations/EVALUATOR.json and to
 segment's NLL and the static score of the same tokens: the input of
 `lm-zoo-plot --figure=dyneval_gain`; for token_losses every token's loss).
 Dynamic evaluation prints the static score of the same tokens beside its
-own, and the gain.
+own, and the gain. What the evaluator chooses (a temperature, a dynamic
+evaluation's setting) and each split's result are kept in
+WORKDIR/evaluations/progress/ as they are made, until the end: the same
+command, run again after a kill or preemption, resumes from them.
 Every field of the config can be set with --config.FIELD=VALUE; they are
 listed under 'Config fields' below.
 """
@@ -37,6 +40,7 @@ from lm_zoo.remote import resolve
 from lm_zoo.runs.files import EVALUATIONS_DIR, write_text_atomically
 from lm_zoo.runs.workdir import refuse_links
 from lm_zoo.training import evaluate_workdir
+from lm_zoo.training.evaluation_progress import PROGRESS_DIR
 
 config_flags.DEFINE_config_file(
   'config',
@@ -60,7 +64,6 @@ flags.DEFINE_string(
   'JSON file for the results, besides '
   'WORKDIR/evaluations/EVALUATOR.json (a preset is left as it is).',
 )
-# Where each evaluator's latest results are kept in the work directory.
 FLAGS = flags.FLAGS
 
 
@@ -149,9 +152,11 @@ def _evaluate_program(argv):
   # The results go into the work directory: never through a link out of it.
   cli.run(lambda: refuse_links(workdir))
   outputs = cli.run(lambda: _outputs(workdir, config))  # before the evaluation's minutes
-  results = cli.run(
-    lambda: evaluate_workdir(workdir, config, cli.workdir_data_dir(workdir, FLAGS.data_dir))
-  )
+  # Kept beside the results, where they can go: a stopped evaluation resumes.
+  beside = _beside(workdir, config)
+  progress = beside.parent / PROGRESS_DIR if beside in outputs else None
+  data_dir = cli.workdir_data_dir(workdir, FLAGS.data_dir)
+  results = cli.run(lambda: evaluate_workdir(workdir, config, data_dir, progress))
   for split, result in results.items():
     search = result.details.get('search', [])
     if search and split == next(iter(results)):
@@ -160,6 +165,11 @@ def _evaluate_program(argv):
     print(_describe(config, split, result))
   text = json.dumps(_as_json(config, results))
   cli.run(lambda: _write(outputs, text))
+
+
+def _beside(workdir: pathlib.Path, config) -> pathlib.Path:
+  """Where the evaluator's latest results are kept in the work directory."""
+  return workdir / EVALUATIONS_DIR / f'{config.evaluator}.json'
 
 
 def _outputs(workdir: pathlib.Path, config) -> dict[pathlib.Path, str]:
@@ -174,7 +184,7 @@ def _outputs(workdir: pathlib.Path, config) -> dict[pathlib.Path, str]:
     outputs[output] = fix
   # A folder that is no work directory is named as such by the evaluation.
   if workdir.is_dir() and not is_preset(workdir):
-    beside = workdir / EVALUATIONS_DIR / f'{config.evaluator}.json'
+    beside = _beside(workdir, config)
     fix = 'lm-zoo-eval keeps its results there: clear the way, or keep them elsewhere (--output)'
     try:
       cli.check_output(beside, flag='', fix=fix)

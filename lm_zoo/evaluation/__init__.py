@@ -9,13 +9,8 @@ from lm_zoo.evaluation.dynamic import (
   dynamic_evaluate,
   dynamic_evaluate_many,
 )
-from lm_zoo.evaluation.dynamic_evaluators import (
-  Dynamic,
-  DynamicChoice,
-  DynamicEvalSettings,
-  DynamicSetup,
-  Learned,
-)
+from lm_zoo.evaluation.dynamic_choice import DynamicChoice, DynamicEvalSettings, DynamicSetup
+from lm_zoo.evaluation.dynamic_evaluators import Dynamic, Learned
 from lm_zoo.evaluation.dynamic_rules import (
   DYNAMIC_RULES,
   DynamicRule,

@@ -11,9 +11,6 @@ import logging
 import math
 from typing import Any, Sequence
 
-import jax.numpy as jnp
-import optax
-
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError, TrainingError, is_whole_number
 from lm_zoo.evaluation.checks import check_grid, check_whole, check_windows
@@ -23,6 +20,7 @@ from lm_zoo.evaluation.dynamic import (
   dynamic_evaluate,
   dynamic_evaluate_many,
 )
+from lm_zoo.evaluation.dynamic_choice import DynamicChoice, DynamicEvalSettings, DynamicSetup
 from lm_zoo.evaluation.dynamic_rules import DYNAMIC_RULES, SEARCHED
 from lm_zoo.evaluation.evaluators import (
   Evaluator,
@@ -39,83 +37,6 @@ from lm_zoo.evaluation.statistics import rms_training_gradients
 from lm_zoo.optim import DECAY_MEANS
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class DynamicEvalSettings:
-  """One dynamic-evaluation setting: `rule` (a name of `DYNAMIC_RULES`, or
-  'learned'), the learning rate eta, the decay lambda toward the trained
-  weights, RMS's epsilon, the segment length and what RMS's mean(MS) is over
-  ('coordinates' as lamb, or 'tensors' as Krause; `dynamic_rms`). A setting
-  the rule does not read is 0."""
-
-  rule: str
-  learning_rate: float
-  decay: float
-  eps: float
-  segment_length: int
-  decay_mean: str = 'coordinates'
-
-  def used(self) -> dict[str, Any]:
-    """The settings its rule reads (the learned rule: its segment length)."""
-    names = DYNAMIC_RULES[self.rule].used() if self.rule in DYNAMIC_RULES else ('segment_length',)
-    return {'rule': self.rule, **{name: getattr(self, name) for name in names}}
-
-
-@dataclasses.dataclass(frozen=True)
-class DynamicSetup:
-  """What every setting of one set of weights shares: the training
-  gradients' MS (None for a rule that does not read it) and, per rule and
-  kind of mean(MS), one transformation whose values live in its state
-  (`optax.inject_hyperparams`), so that scoring many settings compiles the
-  scan once per segment length, not once per setting (and the setups of
-  other weights reuse it: `dynamic_evaluate`).
-
-  Attributes:
-    rms_gradients: MS (`rms_training_gradients`), or None.
-    transformations: (rule, decay_mean) -> the injected transformation,
-      filled as settings ask for them.
-    states: (rule, decay_mean) -> (the weights, the transformation's initial
-      state for them).
-  """
-
-  rms_gradients: Any = dataclasses.field(default=None, repr=False)
-  transformations: dict = dataclasses.field(default_factory=dict, repr=False)
-  states: dict = dataclasses.field(default_factory=dict, repr=False)
-
-  def transformation(
-    self, settings: DynamicEvalSettings, params
-  ) -> tuple[optax.GradientTransformation, Any]:
-    """The transformation of `settings` and its initial state."""
-    rule = DYNAMIC_RULES[settings.rule]
-    values = {name: getattr(settings, name) for name in rule.hyperparameters}
-    key = (settings.rule, settings.decay_mean)
-    if key not in self.transformations:
-      factory = rule.make(self.rms_gradients, settings.decay_mean)
-      self.transformations[key] = optax.inject_hyperparams(factory)(**values)
-    injected = self.transformations[key]
-    # The inner state (theta_g and MS / mean(MS)) does not depend on the
-    # values: every setting shares one, which `dynamic_evaluate_many` then
-    # passes once rather than stacking a copy per setting.
-    start, state = self.states.get(key, (None, None))
-    if start is not params:
-      state = injected.init(params)
-      self.states[key] = params, state
-    return injected, state._replace(
-      hyperparams={k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class DynamicChoice:
-  """What `Dynamic.prepare` chose: the setting, every searched setting's
-  validation loss (inf where it diverged), the chosen setting's validation
-  result where the search scored all of valid, and the shared setup."""
-
-  settings: DynamicEvalSettings
-  trials: list = dataclasses.field(default_factory=list)
-  valid: EvalResult | None = dataclasses.field(default=None, repr=False)
-  setup: DynamicSetup = dataclasses.field(default_factory=DynamicSetup, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,6 +213,30 @@ class Dynamic(Evaluator):
 
   def prepare(self, model, params, corpus: Corpus) -> Prepared:
     return _raised(self.prepare_many(model, [params], corpus)[0])
+
+  def choice_record(self, prepared: Prepared) -> dict[str, Any]:
+    """The chosen setting, the search and the chosen setting's valid result
+    (None where the search scored part of valid)."""
+    choice = prepared.choice
+    return {
+      'settings': dataclasses.asdict(choice.settings),
+      'trials': choice.trials,
+      'valid': None if choice.valid is None else choice.valid.to_record(),
+    }
+
+  def prepare_from(self, model, params, corpus: Corpus, record: Any) -> Prepared:
+    """The choice `choice_record` gave, with MS estimated again (a few
+    training windows) rather than the search run again."""
+    if record is None:
+      return self.prepare(model, params, corpus)
+    valid = None if record['valid'] is None else EvalResult.from_record(record['valid'])
+    choice = DynamicChoice(
+      DynamicEvalSettings(**record['settings']),
+      [tuple(trial) for trial in record['trials']],
+      valid,
+      self.setup(model, params, corpus),
+    )
+    return Prepared(model, params, corpus, choice)
 
   def _score_ready(self, prepared: Sequence[Prepared], split: str) -> list:
     """Each prepared weights' `split` scored with its chosen setting, all

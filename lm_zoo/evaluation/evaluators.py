@@ -71,6 +71,17 @@ class Evaluator(abc.ABC):
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     """`split` scored with what `prepare` chose."""
 
+  def choice_record(self, prepared: Prepared) -> Any:
+    """What `prepare` chose, as JSON values that `prepare_from` takes back
+    (None where it chooses nothing), so that a stopped evaluation resumes
+    without choosing again."""
+    return None
+
+  def prepare_from(self, model: nn.Module, params: Any, corpus: Corpus, record: Any) -> Prepared:
+    """`prepare` with the choice `choice_record` gave (chosen again where
+    that is None)."""
+    return self.prepare(model, params, corpus)
+
   def prepare_many(
     self, model: nn.Module, params_list: Sequence, corpus: Corpus
   ) -> list[Prepared | TrainingError]:
@@ -279,6 +290,14 @@ class TunedTemperature(Evaluator):
     temperature = tune_temperature(at, self.low, self.high, self.tolerance)
     log.info('softmax temperature %.3f minimises the validation loss', temperature)
     return dataclasses.replace(plain, choice=temperature)
+
+  def choice_record(self, prepared: Prepared) -> float:
+    return prepared.choice
+
+  def prepare_from(self, model, params, corpus: Corpus, record: Any) -> Prepared:
+    if record is None:
+      return self.prepare(model, params, corpus)
+    return Prepared(model, params, corpus, float(record))
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:
     return dataclasses.replace(self.base, temperature=prepared.choice).score(prepared, split)

@@ -66,6 +66,18 @@ class EvalResult:
       return f'perplexity {self.perplexity:.2f}'
     return f'bits per character {self.bits_per_token:.4f}'
 
+  def to_record(self) -> dict[str, Any]:
+    """The result as JSON values, details included (their arrays as
+    `{'array': values, 'dtype': name}`), which `from_record` reads back
+    equal, array dtypes and infinite losses included."""
+    fields = dataclasses.asdict(dataclasses.replace(self, details={}))
+    return {**fields, 'details': _to_json(dict(self.details))}
+
+  @classmethod
+  def from_record(cls, record: Mapping[str, Any]) -> EvalResult:
+    """The result `to_record` wrote."""
+    return cls(**{**record, 'details': _from_json(record['details'])})
+
   def as_dict(self) -> dict[str, float]:
     return {
       'loss': self.loss,
@@ -74,6 +86,27 @@ class EvalResult:
       'num_tokens': self.num_tokens,
       'temperature': self.temperature,
     }
+
+
+def _to_json(value: Any) -> Any:
+  if isinstance(value, (np.ndarray, np.generic)) or hasattr(value, '__array__'):
+    array = np.asarray(value)
+    return {'array': array.tolist(), 'dtype': array.dtype.name}
+  if isinstance(value, Mapping):
+    return {str(k): _to_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_to_json(v) for v in value]
+  return value
+
+
+def _from_json(value: Any) -> Any:
+  if isinstance(value, dict):
+    if set(value) == {'array', 'dtype'}:
+      return np.asarray(value['array'], dtype=value['dtype'])
+    return {k: _from_json(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_from_json(v) for v in value]
+  return value
 
 
 def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:

@@ -31,6 +31,7 @@ from lm_zoo.presets import is_preset
 from lm_zoo.remote import is_remote, resolve
 from lm_zoo.runs.finished import load_trained
 from lm_zoo.runs.workdir import refuse_links
+from lm_zoo.training.evaluation_progress import MISSING, EvaluationProgress
 from lm_zoo.training.meta_learner import (
   META_LEARNER_DIR,
   PRIORS,
@@ -68,16 +69,47 @@ def evaluate_workdir(
   workdir: str | pathlib.Path,
   config: ml_collections.ConfigDict | None = None,
   data_dir: str | None = None,
+  progress: str | pathlib.Path | None = None,
 ) -> dict[str, EvalResult]:
   """The best checkpoint of a work directory scored on `config.splits` by
   the evaluator `config` names (`lm_zoo.configs.evaluation_config`; default:
   static evaluation of valid and test at the run's test batch size), on the
-  run's data (`data_dir`: where it is now, if not where the run recorded)."""
+  run's data (`data_dir`: where it is now, if not where the run recorded).
+
+  With `progress` (a folder), the evaluator's choice and each split's result
+  are kept there as they are made (`EvaluationProgress`), under a digest of
+  the config, the weights and the data; the same evaluation stopped and
+  started again resumes from them, and they are removed once every split is
+  scored."""
   config, splits = _checked_evaluation(config)
   run_config, corpus, model, params = load_trained(workdir, data_dir)
   evaluator = workdir_evaluator(workdir, run_config, config)
-  prepared = evaluator.prepare(model, params, corpus)
-  return {split: evaluator.score(prepared, split) for split in splits}
+  if progress is None:
+    prepared = evaluator.prepare(model, params, corpus)
+    return {split: evaluator.score(prepared, split) for split in splits}
+  meta_learner = getattr(evaluator, 'meta_learner', None)
+  kept = EvaluationProgress.of(
+    progress,
+    config.evaluator,
+    config,
+    run_config,
+    params,
+    corpus,
+    None if meta_learner is None else meta_learner.meta_params,
+  )
+  results = {split: kept.result(split) for split in splits}
+  if None in results.values():
+    record = kept.choice()
+    if record is MISSING:
+      prepared = evaluator.prepare(model, params, corpus)
+      kept.save_choice(evaluator.choice_record(prepared))
+    else:
+      prepared = evaluator.prepare_from(model, params, corpus, record)
+    for split in (s for s, result in results.items() if result is None):
+      results[split] = evaluator.score(prepared, split)
+      kept.save_result(split, results[split])
+  kept.clear()
+  return results
 
 
 def evaluate_workdirs(
