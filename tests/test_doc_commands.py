@@ -4,13 +4,16 @@ its program defines, and its --config (or --tune) file, variant and
 --config.FIELD=VALUE overrides load as the program would load them: a
 renamed flag or config field fails here, not in a reader's terminal.
 A placeholder (W, VARIANT, SEED, ..., $OUT) is checked for its flag's name
-or field only (a placeholder variant: against the default one). The values
-of the programs' own flags are not parsed: their types are not checked."""
+or field only (a placeholder variant: against the default one). A value of
+a program's own integer, float or bool flag must be one absl's parser takes
+(within a lower bound its source writes out)."""
 
+import ast
 import functools
 import pathlib
 import re
 import tomllib
+from typing import Any
 
 import pytest
 from absl import flags
@@ -42,6 +45,39 @@ def _program_source(program: str) -> tuple[str, ...]:
   module = re.search(rf"def {function}\(\) -> None:\n  _launch\('(\w+)'\)", programs).group(1)
   cli = REPO / 'lm_zoo' / 'cli'
   return ((cli / f'{module}.py').read_text(), (cli / '__init__.py').read_text())
+
+
+@functools.cache
+def _flag_kinds(program: str) -> dict[str, tuple[str, Any]]:
+  """`program`'s flags that take a typed value: name -> (its kind,
+  'integer', 'float' or 'bool', and its literal lower bound or None)."""
+  kinds = {}
+  for source in _program_source(program):
+    for call in ast.walk(ast.parse(source)):
+      kind = getattr(getattr(call, 'func', None), 'attr', '').removeprefix('DEFINE_')
+      if isinstance(call, ast.Call) and kind in ('integer', 'float', 'bool'):
+        bound = {k.arg: k.value for k in call.keywords}.get('lower_bound')
+        kinds[ast.literal_eval(call.args[0])] = (kind, bound and ast.literal_eval(bound))
+  return kinds
+
+
+def _value_problem(program: str, name: str, value: str | None) -> str | None:
+  """What absl's parser would say of `value` for the flag `name` of `program`."""
+  kind, bound = _flag_kinds(program).get(name.removeprefix('no'), (None, None))
+  if kind is None or (value is not None and PLACEHOLDER.search(value)):
+    return None
+  if kind == 'bool' and value is None:
+    return None
+  parser = {
+    'integer': lambda: flags.IntegerParser(lower_bound=bound),
+    'float': lambda: flags.FloatParser(lower_bound=bound),
+    'bool': flags.BooleanParser,
+  }[kind]()
+  try:
+    parser.parse(value or '')
+  except ValueError as err:
+    return f'--{name}={value or ""}: {err}'
+  return None
 
 
 def _absl_flags() -> set[str]:
@@ -91,6 +127,8 @@ def _problems(command: Command) -> list[str]:
         continue
     if head in configs:
       given.setdefault(head, []).append((name, value or ''))
+    else:
+      problems += filter(None, [_value_problem(command.program, name, value)])
   for head, default in configs.items():
     problems += _config_problems(head, default, given.get(head, []))
   return problems
@@ -163,11 +201,14 @@ def test_a_stale_flag_field_file_or_variant_is_found(tmp_path):
     'launch/train.py --config=experiments/default.py:large\n'
     'lm-zoo-tune --tune=experiments/tune_dyneval.py --tune.study.num_trials=N\n'
     'train.py --config experiments/no_such_config.py\n'
-    'lm-zoo-train -config=experiments/seed_study.py:VARIANT --config.models.none=1\n```\n'
+    'lm-zoo-train -config=experiments/seed_study.py:VARIANT --config.models.none=1\n'
+    'lm-zoo-generate --workdir=W --num_tokens=ten --verbose=yes --top_k=K\n'
+    'lm-zoo-plot --figure=curves --num_tokens=0 --noverbose\n```\n'
   )
   commands = sorted(commands_in(page), key=lambda c: int(c.where.split(':')[1]))
   programs = ['lm-zoo-eval', 'lm-zoo-eval', 'launch/train.py', 'lm-zoo-tune', 'launch/train.py']
-  assert [c.program for c in commands] == [*programs, 'lm-zoo-train']
+  programs += ['lm-zoo-train', 'lm-zoo-generate', 'lm-zoo-plot']
+  assert [c.program for c in commands] == programs
   problems = [_problems(c) for c in commands]
   assert problems[0] == ['--dyneval is no flag of lm-zoo-eval']
   assert len(problems[1]) == 1 and 'rate' in problems[1][0]
@@ -177,3 +218,5 @@ def test_a_stale_flag_field_file_or_variant_is_found(tmp_path):
     '--config=experiments/no_such_config.py: experiments/no_such_config.py does not exist'
   ]
   assert len(problems[5]) == 1 and 'none' in problems[5][0]  # against the default variant
+  assert [p.split(':')[0] for p in problems[6]] == ['--num_tokens=ten', '--verbose=yes']
+  assert len(problems[7]) == 1 and problems[7][0].startswith('--num_tokens=0: ')
