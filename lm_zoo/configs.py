@@ -291,6 +291,9 @@ def meta_training_config() -> ml_collections.ConfigDict:
   c.first_order = False  # no second derivatives through the LM gradient
   c.seed = 0  # of the gate network and the stream positions
   c.log_every = 10  # meta-steps between progress lines
+  # meta-steps between saves of the progress a stopped run resumes from
+  # (FOLDER.progress beside the rule's folder; also saved on SIGTERM / SIGINT)
+  c.checkpoint_every = 10
   # the folder the rule is saved to: '' -> WORKDIR/meta_learner; a preset is read
   # as it was exported, so meta-training one names a folder here
   c.output = ''

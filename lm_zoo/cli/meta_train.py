@@ -7,7 +7,9 @@ then scores the config's `evaluation.splits` with it:
   lm-zoo-eval --workdir=runs/x --config=experiments/evaluate.py:learned   # later, again
 
 The rule is saved to WORKDIR/meta_learner, or to --config.output=FOLDER (which
-a preset, kept as it was exported, needs). Every field of the config can be
+a preset, kept as it was exported, needs). Its progress is saved beside it
+(FOLDER.progress) every --config.checkpoint_every meta-steps and on SIGTERM
+or SIGINT: the same command resumes a stopped meta-training. Every field of the config can be
 set with --config.FIELD=VALUE; they are listed under 'Config fields' below.
 """
 

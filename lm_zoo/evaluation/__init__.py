@@ -29,6 +29,7 @@ from lm_zoo.evaluation.mc_dropout import make_mc_dropout_eval_step, mc_dropout_c
 from lm_zoo.evaluation.meta_training import (
   MetaLearner,
   MetaTrainResult,
+  MetaTrainState,
   meta_loss,
   meta_train,
   stream_windows,
@@ -68,6 +69,7 @@ __all__ = [
   'MCDropout',
   'MetaLearner',
   'MetaTrainResult',
+  'MetaTrainState',
   'Prepared',
   'Static',
   'TokenLosses',

@@ -105,6 +105,27 @@ class MetaTrainResult(NamedTuple):
   losses: np.ndarray
 
 
+class MetaTrainState(NamedTuple):
+  """Where meta-training stands after `step` meta-steps: what `meta_train`
+  continues from (`start`) and shows after each step (`after_step`).
+
+  Attributes:
+    step: meta-steps taken.
+    meta_params: the meta-parameters.
+    opt_state: the meta-optimizer's state.
+    theta: the LM's weights where the rule left them (with `carry_over`).
+    carries: the recurrent state it left (with `carry_over`).
+    losses: L_meta / K of each step taken.
+  """
+
+  step: int
+  meta_params: Any
+  opt_state: Any
+  theta: Any
+  carries: Any
+  losses: np.ndarray
+
+
 def meta_train(
   model,
   gate_fn: GateFn,
@@ -122,6 +143,8 @@ def meta_train(
   checkpoint: bool = True,
   log_every: int = 0,
   carry_over: bool = False,
+  start: MetaTrainState | None = None,
+  after_step: Callable[[MetaTrainState], None] | None = None,
 ) -> MetaTrainResult:
   """Meta-trains the learned rule's `meta_params` along a training stream.
 
@@ -137,33 +160,57 @@ def meta_train(
   stream positions, so the rule only ever sees its first K updates. With
   `carry_over`, the rows walk along the stream from evenly spaced positions
   and each meta-step starts where the last ended, from the weights and
-  recurrent state it left (truncated backpropagation along the stream): the
-  rule meets weights it has moved through thousands of updates, as in
-  evaluation, and pays for steps that drift or diverge there. Weights and
-  positions go back to the start when a row reaches the next row's start.
+  recurrent state it left: the rule meets weights it has moved through
+  thousands of updates, as in evaluation, and pays for steps that drift or
+  diverge there. Weights and positions go back to the start when a row
+  reaches the next row's start.
+
+  `after_step` sees the state after each meta-step (to save it, or to stop
+  by raising); `start`, one it saw, continues as if nothing had stopped.
 
   Raises:
     TrainingError: L_meta is not finite.
   """
-  last = _last_start(len(stream), meta_steps, num_updates, segment_length, batch_size)
   optimizer = optimizer or optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
   state = learned_update_rule(gate_fn, precision).init(params)
   zero_carries = model.initialize_carry(batch_size)
   step = _meta_step(model, gate_fn, optimizer, num_updates, checkpoint, first_order)
-  windows = _window_offsets(
-    len(stream), last, meta_steps, num_updates * segment_length, batch_size, carry_over, seed
+  last = _last_start(len(stream), meta_steps, num_updates, segment_length, batch_size)
+  span = num_updates * segment_length
+  windows = list(_window_offsets(len(stream), last, meta_steps, span, batch_size, carry_over, seed))
+  at = start or MetaTrainState(
+    0, meta_params, optimizer.init(meta_params), params, zero_carries, []
   )
-  opt_state, losses = optimizer.init(meta_params), []
-  for i, (offsets, afresh) in enumerate(windows):
+  segments_at = lambda offsets: stream_windows(stream, offsets, num_updates, segment_length)
+  for at in _meta_steps(step, state, at, windows, params, zero_carries, segments_at, log_every):
+    if after_step is not None:
+      after_step(at)
+  return MetaTrainResult(at.meta_params, np.asarray(at.losses))
+
+
+def _meta_steps(
+  step: Callable,
+  state: LearnedUpdateState,
+  at: MetaTrainState,
+  windows: list[tuple[np.ndarray, bool]],
+  params: Any,
+  zero_carries: Any,
+  segments_at: Callable,
+  log_every: int,
+) -> Iterator[MetaTrainState]:
+  """The state after each meta-step from `at` on, along `windows` (each
+  step's stream offsets, and whether it starts afresh from `params`)."""
+  meta_params, opt_state, theta, carries = at[1:5]
+  losses = [float(loss) for loss in at.losses]
+  for i, (offsets, afresh) in enumerate(windows[at.step :], at.step):
     if afresh:
       theta, carries = params, zero_carries
-    segments = stream_windows(stream, offsets, num_updates, segment_length)
     meta_params, opt_state, theta, carries, loss = step(
-      meta_params, opt_state, state, theta, carries, segments
+      meta_params, opt_state, state, theta, carries, segments_at(offsets)
     )
     losses.append(float(loss))
-    _check_and_log(i, meta_steps, losses, log_every)
-  return MetaTrainResult(meta_params, np.asarray(losses))
+    _check_and_log(i, len(windows), losses, log_every)
+    yield MetaTrainState(i + 1, meta_params, opt_state, theta, carries, np.asarray(losses))
 
 
 def _window_offsets(

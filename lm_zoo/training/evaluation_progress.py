@@ -1,5 +1,6 @@
 """What an evaluation of a work directory keeps as it goes, so that the same
-evaluation, stopped and started again, resumes: the evaluator's choice (a
+evaluation, stopped and started again, resumes (`progress_digest` names
+meta-training's progress the same way): the evaluator's choice (a
 tuned temperature, a dynamic-evaluation search) and each scored split, in a
 folder named for a digest of everything the scores depend on.
 
@@ -19,7 +20,7 @@ import json
 import logging
 import pathlib
 import shutil
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
@@ -41,15 +42,21 @@ MISSING = object()
 
 
 def progress_digest(
-  config: ml_collections.ConfigDict, run_config: ml_collections.ConfigDict, *trees: Any
+  config: ml_collections.ConfigDict,
+  run_config: ml_collections.ConfigDict,
+  *trees: Any,
+  leave_out: Sequence[str] = ('splits',),
 ) -> str:
-  """A digest of an evaluation config (its splits aside: each split is kept
-  alone), the run's config and `trees` (the weights, the corpus'
-  fingerprint, a meta-learner's parameters): equal exactly where they are."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.splits = ()
+  """A digest of a config less its fields `leave_out` (an evaluation's
+  splits: each split is kept alone), the run's config and `trees` (the
+  weights, the corpus' fingerprint, a meta-learner's parameters): equal
+  exactly where they are."""
+  fields = {k: v for k, v in config.to_dict().items() if k not in leave_out}
   digest = hashlib.sha256()
-  for text in (config.to_json(sort_keys=True), run_config.to_json_best_effort(sort_keys=True)):
+  for text in (
+    json.dumps(fields, sort_keys=True, default=repr),
+    run_config.to_json_best_effort(sort_keys=True),
+  ):
     digest.update(text.encode())
   for leaf in jax.tree.leaves(trees):
     array = np.asarray(leaf)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
+import signal
 from typing import Any, Sequence
 
 import jax
@@ -15,10 +17,11 @@ import numpy as np
 import optax
 
 from lm_zoo.configs import evaluation_config
-from lm_zoo.errors import ConfigError, TrainingError
+from lm_zoo.errors import ConfigError, Preempted, TrainingError
 from lm_zoo.evaluation import (
   EvalResult,
   Evaluator,
+  MetaTrainState,
   build_evaluator,
   diagonal_fisher,
   meta_train,
@@ -30,14 +33,18 @@ from lm_zoo.optim import DECAY_MEANS, NUM_FEATURES, mean_rms
 from lm_zoo.presets import is_preset
 from lm_zoo.remote import is_remote, resolve
 from lm_zoo.runs.finished import load_trained
+from lm_zoo.runs.preemption import StopRequest
 from lm_zoo.runs.workdir import refuse_links
-from lm_zoo.training.evaluation_progress import MISSING, EvaluationProgress
+from lm_zoo.training.evaluation_progress import MISSING, EvaluationProgress, progress_digest
 from lm_zoo.training.meta_learner import (
   META_LEARNER_DIR,
   PRIORS,
   gate_network,
   load_meta_learner,
+  load_progress,
+  progress_folder,
   save_meta_learner,
+  save_progress,
 )
 
 
@@ -194,10 +201,90 @@ def meta_train_workdir(
   the trained weights at random positions or, with `carry_over`, continuing
   along the stream (`lm_zoo.evaluation.meta_train`). Returns L_meta / K per
   meta-step.
+
+  Its progress is saved every `checkpoint_every` meta-steps and on SIGTERM
+  or SIGINT (which then raise Preempted) to OUTPUT.progress; the same call
+  resumes from it, and it is removed once the rule is saved.
   """
   _check_meta_training_config(config)
   output = _meta_learner_output(workdir, config.output)
   run_config, corpus, model, params = load_trained(workdir, data_dir)
+  precision, meta, net, meta_params = _gate_start(config, run_config, corpus, model, params)
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(config.meta_learning_rate))
+  progress = progress_folder(output)
+  start, digest = _kept_progress(
+    progress, config, run_config, corpus, model, params, meta_params, optimizer
+  )
+  with StopRequest() as stop:
+    result = meta_train(
+      model,
+      net.apply,
+      meta_params,
+      params,
+      precision,
+      corpus.train,
+      config.meta_steps,
+      config.num_updates,
+      config.segment_length,
+      config.batch_size,
+      optimizer,
+      config.seed,
+      first_order=config.first_order,
+      log_every=config.log_every,
+      carry_over=config.carry_over,
+      start=start,
+      after_step=lambda state: _keep_progress(state, config, progress, digest, stop),
+    )
+  save_meta_learner(
+    output, result.meta_params, precision, {**meta, **_training_meta(config, result.losses)}
+  )
+  shutil.rmtree(progress, ignore_errors=True)
+  return result.losses
+
+
+def _kept_progress(
+  folder: pathlib.Path, config, run_config, corpus, model, params, meta_params, optimizer
+) -> tuple[MetaTrainState | None, str]:
+  """(The progress of this meta-training kept in `folder`, or None; the
+  digest of what it depends on: the config, the run, the weights, the data)."""
+  digest = progress_digest(
+    config, run_config, params, corpus.fingerprint(), leave_out=_NOT_IN_PROGRESS
+  )
+  like = MetaTrainState(
+    0,
+    meta_params,
+    optimizer.init(meta_params),
+    params,
+    model.initialize_carry(config.batch_size),
+    [],
+  )
+  return load_progress(folder, like, digest), digest
+
+
+# What meta-training's progress does not depend on.
+_NOT_IN_PROGRESS = ('evaluation', 'log_every', 'output', 'checkpoint_every')
+
+
+def _keep_progress(
+  state: MetaTrainState, config, folder: pathlib.Path, digest: str, stop: StopRequest
+) -> None:
+  """Saves meta-training's progress every `checkpoint_every` meta-steps and
+  on a signal, after which it raises Preempted."""
+  signum = stop.requested(state.step)
+  if signum is not None or state.step % config.checkpoint_every == 0:
+    save_progress(folder, state, digest)
+  if signum is not None:
+    raise Preempted(
+      f'{signal.Signals(signum).name} received: meta-training stopped after meta-step '
+      f'{state.step} of {config.meta_steps}, its progress kept in {folder}; run the same '
+      'command to resume',
+      signum,
+    )
+
+
+def _gate_start(config, run_config, corpus, model, params) -> tuple[Any, dict, Any, Any]:
+  """(theta_0's precision, the diagonal Fisher; the gate network's
+  description, `_gate_meta`; the network; its initial meta-parameters)."""
   precision = diagonal_fisher(
     model,
     params,
@@ -208,29 +295,7 @@ def meta_train_workdir(
   )
   meta = _gate_meta(config, precision)
   net = gate_network(meta)
-  meta_params = net.init(jax.random.key(config.seed), jnp.zeros((1, NUM_FEATURES)))
-  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(config.meta_learning_rate))
-  result = meta_train(
-    model,
-    net.apply,
-    meta_params,
-    params,
-    precision,
-    corpus.train,
-    config.meta_steps,
-    config.num_updates,
-    config.segment_length,
-    config.batch_size,
-    optimizer,
-    config.seed,
-    first_order=config.first_order,
-    log_every=config.log_every,
-    carry_over=config.carry_over,
-  )
-  save_meta_learner(
-    output, result.meta_params, precision, {**meta, **_training_meta(config, result.losses)}
-  )
-  return result.losses
+  return precision, meta, net, net.init(jax.random.key(config.seed), jnp.zeros((1, NUM_FEATURES)))
 
 
 def _gate_meta(config: ml_collections.ConfigDict, precision: Any) -> dict[str, Any]:
@@ -297,6 +362,7 @@ def _check_meta_training_config(config: ml_collections.ConfigDict) -> None:
     'hidden',
     'fisher_batches',
     'fisher_batch_size',
+    'checkpoint_every',
   ):
     check_whole(config[field], field, int(field != 'meta_steps'))
   if config.prior not in PRIORS:
