@@ -1,8 +1,8 @@
 """What an evaluation of a work directory keeps as it goes, so that the same
-evaluation, stopped and started again, resumes (`progress_digest` names
-meta-training's progress the same way): the evaluator's choice (a
+evaluation, stopped and started again, resumes: the evaluator's choice (a
 tuned temperature, a dynamic-evaluation search) and each scored split, in a
-folder named for a digest of everything the scores depend on.
+folder named for a digest of everything the scores depend on
+(`progress_digest`, which meta-training's progress is checked against too).
 
   progress = EvaluationProgress.of(folder, 'dynamic', config, run_config, params, corpus)
   record = progress.choice()             # MISSING, or what was chosen
