@@ -179,11 +179,21 @@ def test_what_every_member_shares_is_carried_once(lm, monkeypatch, make_members)
   assert per_member == len(rates) * (weights + state)
 
 
-def test_identical_members_share_one_run(lm):
+def test_identical_members_share_one_run(lm, monkeypatch):
+  from lm_zoo.evaluation import dynamic
+
   model, params = lm
   member = _injected_sgd(params, 0.3, 0.0)
+  calls = []
+  for name in ('_scan_segments', '_scan_members'):
+    scan = getattr(dynamic, name)
+    monkeypatch.setattr(
+      dynamic, name, lambda *a, scan=scan, name=name: calls.append(name) or scan(*a)
+    )
   first, second = dynamic_evaluate_many(model, [member, member], STREAM, 7)
-  np.testing.assert_array_equal(first.segment_nll, second.segment_nll)
+  assert calls == ['_scan_segments']  # one run alone, not a scan of two members
+  _assert_same_run(first, dynamic_evaluate(model, params, dynamic_sgd(0.3), STREAM, 7))
+  _assert_same_run(second, first)
 
 
 @pytest.mark.parametrize(
