@@ -152,13 +152,12 @@ def test_a_seed_work_directory_is_an_ordinary_run(plateau_stack):
 
 
 @pytest.fixture(scope='module')
-def signalled_stack(data_dir, tmp_path_factory):
-  """A 2-epoch stack that SIGTERM stops at step 8, then the same call
-  resumed across the epoch end of step 10: (the stop's error, the latest
-  checkpoint's step after it, the resumed summary, the resumed run's train
-  steps)."""
-  config = tiny_lm_config(data_dir)
-  config.train.num_epochs = 2
+def signalled_stack(plateau_stack, tmp_path_factory):
+  """`plateau_stack`'s stack, stopped by SIGTERM at step 8, then the same
+  call resumed across the epoch ends of steps 10 and 20: (the stop's error,
+  the latest checkpoint's step after it, the resumed summary, the resumed
+  run's train steps)."""
+  config = plateau_stack[0]
   workdir = tmp_path_factory.mktemp('signalled')
   original = loop.StopRequest.requested
   with pytest.MonkeyPatch.context() as patch:
@@ -181,11 +180,14 @@ def signalled_stack(data_dir, tmp_path_factory):
   return stopped.value, latest, resumed, steps
 
 
-def test_a_signal_checkpoints_the_stack_and_the_same_call_resumes(signalled_stack):
+def test_a_signal_checkpoints_the_stack_and_the_same_call_resumes(signalled_stack, plateau_stack):
   stopped, latest, resumed, _ = signalled_stack
   assert 'SIGTERM received: training stopped at step 8' in str(stopped)
-  assert latest == 8
-  assert resumed['step'] == 20
+  assert latest == 8  # not a checkpoint_every step: the signal's own
+  assert resumed['step'] == 30
+  for alone, again in zip(plateau_stack[2]['runs'], resumed['runs']):  # never stopped
+    assert again['valid_curve'] == alone['valid_curve']
+    assert again['test'] == alone['test'] and again['best_epoch'] == alone['best_epoch']
 
 
 @pytest.mark.parametrize('num_seeds', [0, -1, 1.5, True])
