@@ -114,11 +114,23 @@ def test_blocks_a_phase_per_launch_are_the_reference(
 def test_the_recipe_plan_fits_an_sm():
   """m = n = 912, k = 84, r = 5, batch 64: 116 blocks of 8 units and 8
   inputs, k_pad 96 (60 pairs: one slot), chunks of 32 columns, 209,944
-  bytes of shared memory a block (227 KiB allowed)."""
+  bytes of shared memory a block (227 KiB allowed), buffer by buffer."""
   plan = plan_for(grid_for(64, 912), 912, 84, 5, zigzag=True, cap_input_gate=False,
                   transposed=True)  # fmt: skip
   assert (plan.layout.blocks, plan.u, plan.v, plan.rank, plan.slots) == (116, 8, 8, 96, 1)
-  assert plan.chunk == 32 and plan.smem_bytes == 209_944
+  kib = lambda nbytes: -(-nbytes // 1024) * 1024  # Pallas aligns each buffer to 1 KiB
+  f32, bf16, tile = 4, 2, 64 * 8  # a (64, 8) tile of the block's units or inputs
+  wu = 2 * 928 * 4 * 8 * bf16  # [W; U]'s 4u columns
+  streamed = 2 * 64 * 32 * bf16  # two chunks of 32 columns
+  a_pairs = kib(928 * 8 * bf16)  # one slot's pair of A_i
+  b = kib(3 * 8 * 96 * bf16) + kib(2 * 8 * 96 * bf16)  # B_i: 3 rounds on x, 2 on h
+  biases = (3 + 2) * tile * f32 + 64 * 32 * f32
+  hidden = 64 * 96 * bf16
+  states = 4 * tile * f32 + 4 * tile * f32  # c, x, h, m; the four activations
+  slices = 4 * tile * (f32 + bf16)  # h_t, g_i on x, g_i on h, a pair of a_i: f32 and bf16
+  barriers = 3 * 8
+  total = wu + streamed + a_pairs + b + biases + hidden + states + slices + barriers
+  assert plan.chunk == 32 and plan.smem_bytes == total == 209_944
 
 
 def test_the_plan_counts_shared_memory_as_mosaic_gpu_does(monkeypatch):

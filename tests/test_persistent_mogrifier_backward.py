@@ -114,7 +114,18 @@ def test_the_recipe_fits_an_sm():
   plan = plan_for(64, 912, 912, 84, 5, True)
   assert (plan.layout.blocks, plan.u, plan.v, plan.rank) == (116, 8, 8, 96)
   assert (plan.chunk, plan.small, plan.slots) == (128, 32, 1)
-  assert smem_bytes(plan) == 231_464
+  kib = lambda nbytes: -(-nbytes // 1024) * 1024  # Pallas aligns each buffer to 1 KiB
+  f32, bf16, tile = 4, 2, 64 * 8  # a (64, 8) tile of the block's units or inputs
+  wu = (8 + 8) * 4 * 928 * bf16  # [W; U]'s rows of the block's inputs and units
+  streamed = 2 * 64 * (128 + 32) * bf16  # two chunks of dG, two of dz / d_hidden
+  d_hidden = kib(8 * 928 * bf16)  # one slot of A_i's 8 rows
+  b = kib(3 * 8 * 96 * bf16) + kib(2 * 8 * 96 * bf16)  # B_i: 3 rounds on x, 2 on h
+  factors = (7 + 2 + 2) * tile * f32  # the LSTM's seven, the rounds' on x and on h
+  states = (4 + 2) * tile * f32 + 4 * tile * bf16  # d_c, d_h, ...; d_x, d_x0; dG's slice
+  slices = 3 * tile * (f32 + bf16)  # dz on x, on h, a pair of d_hidden
+  barriers = (2 + 2 + 1) * 8
+  total = wu + streamed + d_hidden + b + factors + states + slices + barriers
+  assert smem_bytes(plan) == total == 231_464
 
 
 def test_the_plan_counts_shared_memory_as_mosaic_gpu_does(monkeypatch):
