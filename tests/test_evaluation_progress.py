@@ -118,21 +118,82 @@ def test_another_config_weights_or_split_list_keeps_its_own_progress(trained_wor
   assert key(_dynamic_config(learning_rates=(0.01, 0.3))) != key(config)
   other = {**params, 'extra': np.zeros(1, np.float32)}
   assert key(config, other) != key(config)
+  moved = run_config.copy_and_resolve_references()
+  moved.data.data_dir = f'{moved.data.data_dir}/./'  # the same data, named otherwise
+  assert progress_digest(config, moved, params, corpus.fingerprint()) == key(config)
 
 
-def test_a_damaged_kept_result_is_scored_again(trained_workdir, tmp_path, caplog):
-  config = evaluation_config()
-  expected = evaluate_workdir(trained_workdir, config)
+def _kept(workdir, parent, config):
   from lm_zoo.runs import load_trained
 
-  run_config, corpus, _, params = load_trained(trained_workdir)
-  kept = EvaluationProgress.of(tmp_path, 'static', config, run_config, params, corpus, None)
-  kept.save_result('valid', EvalResult(0.0, 1))
-  (kept.folder / 'valid.json').write_text('{"format": 1, "result": {"loss"')
-  (kept.folder / 'test.json').write_text('{"format": 0, "result": {}}')
+  run_config, corpus, _, params = load_trained(workdir)
+  return EvaluationProgress.of(parent, config.evaluator, config, run_config, params, corpus)
+
+
+@pytest.mark.parametrize(
+  'make_config, name, text',
+  [
+    (evaluation_config, 'valid.json', '{"format": 1, "result": {"loss"'),
+    (evaluation_config, 'test.json', '{"format": 0, "result": {}}'),
+    (
+      evaluation_config,
+      'valid.json',
+      '{"format": 1, "result": {"loss": "9.02", "num_tokens": 1, "unit": "word", '
+      '"temperature": 1.0, "details": {}}}',
+    ),
+    (_temperature_config, 'choice.json', '{"format": 1, "choice": "abc"}'),
+    (_temperature_config, 'choice.json', '{"format": 1, "choice": 40.0}'),
+    (_dynamic_config, 'choice.json', '{"format": 1, "choice": [1, 2]}'),
+    (_dynamic_config, 'choice.json', 'EPS_LEFT_OUT'),
+  ],
+)
+def test_a_damaged_or_foreign_kept_record_is_made_again(
+  trained_workdir, tmp_path, caplog, make_config, name, text
+):
+  config = make_config()
+  expected = evaluate_workdir(trained_workdir, config)
+  kept = _kept(trained_workdir, tmp_path, config)
+  if text == 'EPS_LEFT_OUT':  # a real choice, less one of its settings
+    with pytest.raises(Stopped):
+      evaluate_workdir(trained_workdir, config, progress=tmp_path, store=_stop)
+    for split in ('valid', 'test'):  # scored again, with the choice read back
+      (kept.folder / f'{split}.json').unlink()
+    record = json.loads((kept.folder / name).read_text())
+    del record['choice']['settings']['eps']
+    text = json.dumps(record)
+  kept.check_writable()
+  (kept.folder / name).write_text(text)
   resumed = evaluate_workdir(trained_workdir, config, progress=tmp_path)
   assert _as_json(resumed) == _as_json(expected)
-  assert 'valid.json cannot be read' in caplog.text and 'not 1' in caplog.text
+  assert (
+    'cannot be read' in caplog.text or 'the kept choice is none of this evaluator' in caplog.text
+  )
+
+
+def _stop(results):
+  raise Stopped
+
+
+def test_results_not_stored_keep_their_progress(trained_workdir, tmp_path, monkeypatch):
+  config = _dynamic_config()
+  with pytest.raises(Stopped):  # the results could not be written
+    evaluate_workdir(trained_workdir, config, progress=tmp_path, store=_stop)
+  monkeypatch.setattr(Dynamic, 'score', lambda *a: pytest.fail('scored again'))
+  stored = []
+  evaluate_workdir(trained_workdir, config, progress=tmp_path, store=stored.append)
+  assert list(stored[0]) == ['valid', 'test'] and not tmp_path.exists()
+
+
+def test_progress_that_cannot_be_kept_is_an_error_before_scoring(
+  trained_workdir, tmp_path, monkeypatch
+):
+  from lm_zoo.errors import ConfigError
+
+  blocked = tmp_path / 'progress'
+  blocked.write_text('a file where the folder goes')
+  monkeypatch.setattr(Dynamic, 'prepare_many', lambda *a: pytest.fail('searched first'))
+  with pytest.raises(ConfigError, match=r'cannot keep its progress in .*progress/dynamic-\w+ '):
+    evaluate_workdir(trained_workdir, _dynamic_config(), progress=blocked)
 
 
 def test_static_scores_read_back_equal_the_evaluator(trained_workdir, tmp_path):

@@ -22,7 +22,7 @@ from lm_zoo.evaluation import MetaTrainState, meta_loss, meta_train, stream_wind
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 from lm_zoo.optim import GateNetwork, learned_update_rule
 from lm_zoo.runs.checkpoints import restore_tree
-from lm_zoo.training import meta_train_workdir, trained
+from lm_zoo.training import meta_train_workdir, meta_trained
 from lm_zoo.training.meta_learner import progress_folder, save_progress
 
 
@@ -274,48 +274,63 @@ def _rule(folder):
 
 def _signal_at(monkeypatch, step):
   """SIGTERM to this process after meta-step `step`, as a preemption sends it."""
-  keep = trained._keep_progress
+  keep = meta_trained._keep_progress
 
   def keep_with_signal(state, *args):
     if state.step == step:
       os.kill(os.getpid(), signal.SIGTERM)
     keep(state, *args)
 
-  monkeypatch.setattr(trained, '_keep_progress', keep_with_signal)
+  monkeypatch.setattr(meta_trained, '_keep_progress', keep_with_signal)
 
 
-def test_a_signalled_meta_training_resumes_as_never_stopped(trained_workdir, tmp_path, monkeypatch):
-  meta_train_workdir(trained_workdir, _config(output=str(tmp_path / 'whole')))
+def _spy(monkeypatch) -> list:
+  """The `start` of each meta_train call meta_train_workdir makes."""
+  starts = []
+  monkeypatch.setattr(meta_trained, 'meta_train', lambda *a, **kw: starts.append(kw['start']) or
+                      meta_train(*a, **kw))  # fmt: skip
+  return starts
+
+
+def test_a_signalled_meta_training_resumes_as_never_stopped(
+  trained_workdir, tmp_path, monkeypatch, data_dir
+):
+  whole = meta_train_workdir(trained_workdir, _config(output=str(tmp_path / 'whole')))
   output = tmp_path / 'stopped'
   with monkeypatch.context() as patch:
     _signal_at(patch, 3)  # between two saves: the signal's own save is the one resumed
     with pytest.raises(Preempted, match=r'SIGTERM received: .* after meta-step 3 of 5'):
       meta_train_workdir(trained_workdir, _config(output=str(output)))
   assert restore_tree(progress_folder(output))[1]['step'] == 3
-  assert not output.exists()
-  steps = []
-  monkeypatch.setattr(trained, 'meta_train', lambda *a, **kw: steps.append(kw['start'].step) or
-                      meta_train(*a, **kw))  # fmt: skip
-  meta_train_workdir(trained_workdir, _config(output=str(output), log_every=1))
-  assert steps == [3]
-  whole, resumed = _rule(tmp_path / 'whole'), _rule(output)
-  np.testing.assert_array_equal(resumed[0], whole[0])
-  assert resumed[1] == whole[1] and len(whole[1]) == 5
+  assert restore_tree(output) is None  # no rule yet
+  starts = _spy(monkeypatch)
+  # The data where it was, named otherwise: the same meta-training.
+  again = lambda: meta_train_workdir(trained_workdir, _config(output=str(output)), f'{data_dir}/./')
+  np.testing.assert_array_equal(again(), whole)
+  assert [start.step for start in starts] == [3]
+  np.testing.assert_array_equal(_rule(output)[0], _rule(tmp_path / 'whole')[0])
+  assert _rule(output)[1] == list(whole) and len(whole) == 5
   assert not progress_folder(output).exists()
+  np.testing.assert_array_equal(again(), whole)  # finished: not meta-trained again
+  assert len(starts) == 1
 
 
-def test_progress_of_another_meta_training_is_not_resumed(
-  trained_workdir, tmp_path, monkeypatch, caplog
+@pytest.mark.parametrize('kept', ['another', 'damaged'])
+def test_progress_of_another_meta_training_or_damaged_is_not_resumed(
+  trained_workdir, tmp_path, monkeypatch, caplog, kept
 ):
   output = tmp_path / 'rule'
   other = MetaTrainState(2, {'w': np.ones(3, np.float32)}, (), {}, (), np.ones(2))
   save_progress(progress_folder(output), other, digest='of-another-config')
-  starts = []
-  monkeypatch.setattr(trained, 'meta_train', lambda *a, **kw: starts.append(kw['start']) or
-                      meta_train(*a, **kw))  # fmt: skip
+  if kept == 'damaged':
+    for file in progress_folder(output).rglob('*'):
+      if file.is_file() and file.stat().st_size > 100:
+        file.write_bytes(b'not what was written')
+  starts = _spy(monkeypatch)
   meta_train_workdir(trained_workdir, _config(output=str(output)))
   assert starts == [None]
-  assert 'holds another meta-training: starting afresh' in caplog.text
+  said = 'holds another meta-training' if kept == 'another' else 'cannot be read'
+  assert f'{said}' in caplog.text and 'starting afresh' in caplog.text
   assert len(_rule(output)[1]) == 5 and not progress_folder(output).exists()
 
 

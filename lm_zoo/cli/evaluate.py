@@ -17,8 +17,10 @@ segment's NLL and the static score of the same tokens: the input of
 Dynamic evaluation prints the static score of the same tokens beside its
 own, and the gain. What the evaluator chooses (a temperature, a dynamic
 evaluation's setting) and each split's result are kept in
-WORKDIR/evaluations/progress/ as they are made, until the end: the same
-command, run again after a kill or preemption, resumes from them.
+WORKDIR/evaluations/progress/ as they are made, until the results are
+written: the same command, run again after a kill or preemption, resumes
+from them (a preset, or a work directory whose results go to --output only,
+keeps nothing).
 Every field of the config can be set with --config.FIELD=VALUE; they are
 listed under 'Config fields' below.
 """
@@ -156,15 +158,17 @@ def _evaluate_program(argv):
   beside = _beside(workdir, config)
   progress = beside.parent / PROGRESS_DIR if beside in outputs else None
   data_dir = cli.workdir_data_dir(workdir, FLAGS.data_dir)
-  results = cli.run(lambda: evaluate_workdir(workdir, config, data_dir, progress))
-  for split, result in results.items():
-    search = result.details.get('search', [])
-    if search and split == next(iter(results)):
-      for settings, loss in search:
-        print(f'search: valid loss {loss:.4f} with {settings}')
-    print(_describe(config, split, result))
-  text = json.dumps(_as_json(config, results))
-  cli.run(lambda: _write(outputs, text))
+
+  def report(results: dict) -> None:  # before the progress goes
+    for split, result in results.items():
+      search = result.details.get('search', [])
+      if search and split == next(iter(results)):
+        for settings, loss in search:
+          print(f'search: valid loss {loss:.4f} with {settings}')
+      print(_describe(config, split, result))
+    _write(outputs, json.dumps(_as_json(config, results)))
+
+  cli.run(lambda: evaluate_workdir(workdir, config, data_dir, progress, store=report))
 
 
 def _beside(workdir: pathlib.Path, config) -> pathlib.Path:

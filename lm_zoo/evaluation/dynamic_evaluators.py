@@ -229,13 +229,15 @@ class Dynamic(Evaluator):
     training windows) rather than the search run again."""
     if record is None:
       return self.prepare(model, params, corpus)
+    grid, settings = self.grid(), DynamicEvalSettings(**record['settings'])
+    trials = [tuple(trial) for trial in record['trials']]
+    searched = [DynamicEvalSettings(**trial[0]) for trial in trials]
+    losses = [trial[1] for trial in trials]
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses)
+    if settings not in grid or searched != (grid if len(grid) > 1 else []) or not numbers:
+      raise ValueError(f'not a choice among the settings {grid}: {settings}, {trials}')
     valid = None if record['valid'] is None else EvalResult.from_record(record['valid'])
-    choice = DynamicChoice(
-      DynamicEvalSettings(**record['settings']),
-      [tuple(trial) for trial in record['trials']],
-      valid,
-      self.setup(model, params, corpus),
-    )
+    choice = DynamicChoice(settings, trials, valid, self.setup(model, params, corpus))
     return Prepared(model, params, corpus, choice)
 
   def _score_ready(self, prepared: Sequence[Prepared], split: str) -> list:

@@ -79,7 +79,8 @@ class Evaluator(abc.ABC):
 
   def prepare_from(self, model: nn.Module, params: Any, corpus: Corpus, record: Any) -> Prepared:
     """`prepare` with the choice `choice_record` gave (chosen again where
-    that is None)."""
+    that is None); ValueError or TypeError for a record it could not have
+    given."""
     return self.prepare(model, params, corpus)
 
   def prepare_many(
@@ -297,6 +298,8 @@ class TunedTemperature(Evaluator):
   def prepare_from(self, model, params, corpus: Corpus, record: Any) -> Prepared:
     if record is None:
       return self.prepare(model, params, corpus)
+    if not (is_number(record) and self.low <= record <= self.high):
+      raise ValueError(f'a tuned temperature in [{self.low}, {self.high}], not {record!r}')
     return Prepared(model, params, corpus, float(record))
 
   def score(self, prepared: Prepared, split: str) -> EvalResult:

@@ -75,7 +75,21 @@ class EvalResult:
 
   @classmethod
   def from_record(cls, record: Mapping[str, Any]) -> EvalResult:
-    """The result `to_record` wrote."""
+    """The result `to_record` wrote; ValueError for a record it could not
+    have written."""
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+    fields = ('loss', 'num_tokens', 'unit', 'temperature', 'details')
+    if not (
+      isinstance(record, Mapping)
+      and sorted(record) == sorted(fields)
+      and number(record['loss'])
+      and type(record['num_tokens']) is int
+      and record['num_tokens'] >= 0
+      and record['unit'] in ('word', 'char')
+      and number(record['temperature'])
+      and isinstance(record['details'], dict)
+    ):
+      raise ValueError(f'not a record of EvalResult.to_record: {str(record)[:200]}')
     return cls(**{**record, 'details': _from_json(record['details'])})
 
   def as_dict(self) -> dict[str, float]:

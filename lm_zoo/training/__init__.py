@@ -4,6 +4,7 @@ run scored (`evaluate_workdir`) or meta-trained for (`meta_train_workdir`).
 The run's work directory, checkpoints and metrics are `lm_zoo.runs`."""
 
 from lm_zoo.training.loop import train_and_evaluate
+from lm_zoo.training.meta_trained import meta_train_workdir
 from lm_zoo.training.optimizers import (
   epoch_learning_rate,
   make_optimizer,
@@ -17,7 +18,6 @@ from lm_zoo.training.steps import TrainState, make_train_step
 from lm_zoo.training.trained import (
   evaluate_workdir,
   evaluate_workdirs,
-  meta_train_workdir,
   workdir_evaluator,
 )
 

@@ -27,8 +27,10 @@ import ml_collections
 import numpy as np
 
 from lm_zoo.data import Corpus
+from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import EvalResult
 from lm_zoo.runs.files import write_text_atomically
+from lm_zoo.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +49,17 @@ def progress_digest(
   *trees: Any,
   leave_out: Sequence[str] = ('splits',),
 ) -> str:
-  """A digest of a config less its fields `leave_out` (an evaluation's
-  splits: each split is kept alone), the run's config and `trees` (the
-  weights, the corpus' fingerprint, a meta-learner's parameters): equal
-  exactly where they are."""
+  """A digest of lm_zoo's version, a config less its fields `leave_out` (an
+  evaluation's splits: each split is kept alone), the run's config (but
+  where its data is read from: the corpus' fingerprint says what it holds)
+  and `trees` (the weights, the corpus' fingerprint, a meta-learner's
+  parameters): equal exactly where they are."""
   fields = {k: v for k, v in config.to_dict().items() if k not in leave_out}
-  digest = hashlib.sha256()
-  for text in (
-    json.dumps(fields, sort_keys=True, default=repr),
-    run_config.to_json_best_effort(sort_keys=True),
-  ):
-    digest.update(text.encode())
+  run = run_config.to_dict()
+  run['data'] = {**run['data'], 'data_dir': None}
+  digest = hashlib.sha256(__version__.encode())
+  for part in (fields, run):
+    digest.update(json.dumps(part, sort_keys=True, default=repr).encode())
   for leaf in jax.tree.leaves(trees):
     array = np.asarray(leaf)
     digest.update(f'{array.dtype.str}{array.shape}'.encode())
@@ -103,6 +105,17 @@ class EvaluationProgress:
   def save_result(self, split: str, result: EvalResult) -> None:
     self._write(f'{split}.json', {'result': result.to_record()})
 
+  def check_writable(self) -> None:
+    """Makes the folder, or raises a ConfigError naming what is in the way
+    (before an evaluation's minutes, not after them)."""
+    try:
+      self.folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+      raise ConfigError(
+        f'the evaluation cannot keep its progress in {self.folder} ({err.strerror}): '
+        'remove what is in the way'
+      ) from None
+
   def clear(self) -> None:
     """Removes the folder, and its parent once that is empty."""
     shutil.rmtree(self.folder, ignore_errors=True)
@@ -129,5 +142,11 @@ class EvaluationProgress:
     return value
 
   def _write(self, name: str, record: dict) -> None:
-    self.folder.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(self.folder / name, json.dumps({'format': PROGRESS_FORMAT, **record}))
+    self.check_writable()
+    try:
+      write_text_atomically(self.folder / name, json.dumps({'format': PROGRESS_FORMAT, **record}))
+    except OSError as err:
+      raise ConfigError(
+        f'the evaluation cannot keep its progress in {self.folder / name} ({err.strerror}): '
+        'remove what is in the way'
+      ) from None

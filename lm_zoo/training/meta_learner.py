@@ -1,8 +1,8 @@
 """A meta-learned update rule stored in a work directory
 (WORKDIR/meta_learner): its meta-parameters, theta_0's precision and the
 description of the gate network it was trained as; and meta-training's
-progress beside it (FOLDER.progress) while it runs, from which a stopped
-meta-training resumes."""
+progress inside its folder (FOLDER/progress) while it runs, from which a
+stopped meta-training resumes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from lm_zoo.errors import ConfigError
+from lm_zoo.errors import ConfigError, LMZooError
 from lm_zoo.evaluation import MetaLearner, MetaTrainState
 from lm_zoo.optim import GateNetwork, RMSGateNetwork, decay_logits, learned_update_rule
 from lm_zoo.runs.checkpoints import restore_tree, save_tree
@@ -21,7 +21,9 @@ from lm_zoo.runs.checkpoints import restore_tree, save_tree
 log = logging.getLogger(__name__)
 
 META_LEARNER_DIR = 'meta_learner'
-# The version of meta-training's progress files; another is started afresh.
+# The folder inside the rule's folder that meta-training keeps its progress in,
+# and the version of its files (another is started afresh).
+PROGRESS_DIR = 'progress'
 PROGRESS_FORMAT = 1
 # The hand-designed rule a fresh meta-learner starts as.
 PRIORS = ('sgd', 'rms')
@@ -68,9 +70,9 @@ def load_meta_learner(folder: str | pathlib.Path) -> MetaLearner:
 
 
 def progress_folder(output: str | pathlib.Path) -> pathlib.Path:
-  """Where meta-training for the rule saved to `output` keeps its progress."""
-  output = pathlib.Path(output)
-  return output.with_name(output.name + '.progress')
+  """Where meta-training for the rule saved to `output` keeps its progress:
+  inside that folder, beside the rule's own checkpoint."""
+  return pathlib.Path(output) / PROGRESS_DIR
 
 
 def save_progress(folder: pathlib.Path, state: MetaTrainState, digest: str) -> None:
@@ -83,17 +85,32 @@ def save_progress(folder: pathlib.Path, state: MetaTrainState, digest: str) -> N
 
 def load_progress(folder: pathlib.Path, like: MetaTrainState, digest: str) -> MetaTrainState | None:
   """The state `save_progress` kept in `folder` under `digest`, shaped as
-  `like`; None where there is none, or it is another meta-training's."""
-  saved = restore_tree(folder)
+  `like`; None where there is none, or it is another meta-training's or
+  damaged (meta-training then starts afresh, and replaces it)."""
+  try:
+    saved = restore_tree(folder)
+  except LMZooError as err:
+    log.warning('%s cannot be read (%s): starting afresh', folder, err)
+    return None
   if saved is None:
     return None
   tree, meta = saved
-  treedef = jax.tree.structure(like[1:5])
+  likes = jax.tree.leaves(like[1:5])
   leaves = [tree[key] for key in sorted(tree)]
-  other = (meta.get('format'), meta.get('digest')) != (PROGRESS_FORMAT, digest)
-  if other or len(leaves) != treedef.num_leaves:
+  if (meta.get('format'), meta.get('digest')) != (PROGRESS_FORMAT, digest):
     log.warning('%s holds another meta-training: starting afresh', folder)
     return None
-  log.info('resuming meta-training from meta-step %d (%s)', meta['step'], folder)
-  losses = np.asarray(meta['losses'], np.float64)
-  return MetaTrainState(meta['step'], *jax.tree.unflatten(treedef, leaves), losses)
+  step, losses = meta.get('step'), meta.get('losses')
+  shapes = lambda arrays: [(np.shape(a), np.result_type(a)) for a in arrays]
+  if not (
+    shapes(leaves) == shapes(likes)
+    and isinstance(losses, list)
+    and all(isinstance(x, (int, float)) for x in losses)
+    and type(step) is int
+    and step == len(losses)
+  ):
+    log.warning("%s does not hold this meta-training's state: starting afresh", folder)
+    return None
+  log.info('resuming meta-training from meta-step %d (%s)', step, folder)
+  treedef = jax.tree.structure(like[1:5])
+  return MetaTrainState(step, *jax.tree.unflatten(treedef, leaves), np.asarray(losses, np.float64))
