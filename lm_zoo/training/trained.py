@@ -76,6 +76,7 @@ def evaluate_workdir(
   config, splits = _checked_evaluation(config)
   run_config, corpus, model, params = load_trained(workdir, data_dir)
   evaluator = workdir_evaluator(workdir, run_config, config)
+  kept = None
   if progress is None:
     prepared = evaluator.prepare(model, params, corpus)
     results = {split: evaluator.score(prepared, split) for split in splits}
@@ -89,7 +90,7 @@ def evaluate_workdir(
     results = _resumed(evaluator, kept, model, params, corpus, splits)
   if store is not None:
     store(results)
-  if progress is not None:
+  if kept is not None:
     kept.clear()
   return results
 
