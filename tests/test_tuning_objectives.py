@@ -36,3 +36,31 @@ def test_a_trial_whose_loss_overflows_the_perplexity_is_pruned_as_diverged(tune,
   [trial] = study.get_trials(deepcopy=False)
   assert trial.state == optuna.trial.TrialState.PRUNED
   assert 'nats per token' in trial.user_attrs['diverged']
+
+
+def test_values_no_model_of_the_budget_takes_prune_their_trial_and_the_study_goes_on(
+  tune, tmp_path
+):
+  """A parameter budget solved for a hidden size: the trial sampling a
+  budget below the smallest model is pruned as infeasible, the next runs."""
+  from lm_zoo.tuning import param
+
+  tune.space = {'budget': param('model.param_budget', 1_000, 2_000_000, log=True)}
+  tune.study.update(num_trials=2, startup_trials=2)
+  study = open_study(tune, tmp_path)
+  study.enqueue_trial({'budget': 1_000})  # below the 16-wide embedding of 10,000 words alone
+  study.enqueue_trial({'budget': 400_000})
+  run_worker(tune, tmp_path)
+  infeasible, trained = sorted(study.trials, key=lambda t: t.number)
+  assert infeasible.state == optuna.trial.TrialState.PRUNED
+  assert 'is below the smallest model' in infeasible.user_attrs['infeasible']
+  assert trained.state == optuna.trial.TrialState.COMPLETE
+
+
+def test_a_base_config_no_trial_could_run_is_refused_before_the_study(tune, tmp_path):
+  from lm_zoo.errors import ConfigError
+
+  tune.base.model.hidden_size = 0
+  with pytest.raises(ConfigError, match='model.hidden_size=0 must be at least 1'):
+    run_worker(tune, tmp_path)
+  assert not (tmp_path / 'study.db').exists()

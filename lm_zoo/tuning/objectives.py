@@ -54,13 +54,28 @@ def _check_not_surplus(study: optuna.Study, trial: optuna.Trial, num_trials: int
     raise SurplusTrial(f'trial {trial.number}: the study has its {num_trials} trials')
 
 
+def _check_some_trial_runs(trial: optuna.Trial, startup_trials: int, err: ConfigError) -> None:
+  """Raises `err` (its trial then fails) where it and every trial before it,
+  at least `startup_trials` of them, could not run: the base config is what
+  cannot, whatever the values."""
+  before = [t for t in trial.study.get_trials(deepcopy=False) if t.number < trial.number]
+  if len(before) + 1 >= max(1, startup_trials) and all(
+    'infeasible' in t.user_attrs for t in before
+  ):
+    raise ConfigError(f'{err} (and in each of the {len(before)} trials before it)') from None
+
+
 def training_objective(
   tune: ml_collections.ConfigDict, workdir: str | pathlib.Path
 ) -> Callable[[optuna.Trial], float]:
   """Each trial trains `tune.base` with its sampled values in its own work
   directory, reports every validation turn to the pruner, and returns the
   best checkpoint's validation loss. A run whose loss stops being finite, or
-  whose perplexity overflows, is pruned (marked `diverged`)."""
+  whose perplexity overflows, is pruned (marked `diverged`), and so are
+  values the config refuses before training (marked `infeasible`: a
+  parameter budget below the smallest model they describe), unless no
+  trial of the study has run yet, `study.startup_trials` of them at least:
+  then the error ends the study, as the base config's."""
 
   def objective(trial: optuna.Trial) -> float:
     _check_not_surplus(trial.study, trial, tune.study.num_trials)
@@ -92,6 +107,15 @@ def training_objective(
     except TrainingError as err:
       trial.set_user_attr('diverged', str(err))
       raise optuna.TrialPruned(f'diverged: {err}') from None
+    except ConfigError as err:
+      if (run_dir / 'checkpoints').exists():  # it trained: not a config its values made
+        raise
+      # Values no model of the base config takes (a budget below the smallest
+      # model): a point the sampler learns to avoid, not the study's end.
+      trial.set_user_attr('infeasible', str(err))
+      _check_some_trial_runs(trial, tune.study.startup_trials, err)
+      log.warning('trial %d pruned: its values cannot run: %s', trial.number, err)
+      raise optuna.TrialPruned(f'infeasible: {err}') from None
     if not math.isfinite(summary['valid']['perplexity']):  # a loss past 709 nats
       reason = f'valid loss {summary["valid"]["loss"]:.4g} nats per token'
       trial.set_user_attr('diverged', reason)

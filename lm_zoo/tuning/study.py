@@ -41,6 +41,7 @@ import sqlalchemy
 from lm_zoo.errors import ConfigError, Preempted, is_whole_number
 from lm_zoo.evaluation import build_evaluator
 from lm_zoo.runs.workdir import refuse_links
+from lm_zoo.training.config_checks import validate_config
 from lm_zoo.tuning.objectives import (
   SurplusTrial,
   dyneval_objective,
@@ -171,8 +172,13 @@ def validate_tuning(tune: ml_collections.ConfigDict) -> None:
   if tune.kind == 'dyneval' and not tune.dyneval.workdir:
     raise ConfigError('tune.dyneval.workdir must name a trained work directory')
   check_space(tune.space)
-  if tune.kind == 'train':  # each field must exist: a first trial would fail on it
-    set_fields(tune.base, tune.space, {name: spec.low for name, spec in tune.space.items()})
+  if tune.kind == 'train':
+    # Each field must exist, and the base config run at either end of every
+    # range: else each trial would be pruned for it. What only the data
+    # decides (a budget against the vocabulary) prunes the trials it hits.
+    for end in ('low', 'high'):
+      values = {name: getattr(spec, end) for name, spec in tune.space.items()}
+      validate_config(set_fields(tune.base, tune.space, values))
   else:
     if tune.dyneval.evaluation.evaluator != 'dynamic':
       raise ConfigError(
