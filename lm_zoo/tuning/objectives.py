@@ -54,15 +54,20 @@ def _check_not_surplus(study: optuna.Study, trial: optuna.Trial, num_trials: int
     raise SurplusTrial(f'trial {trial.number}: the study has its {num_trials} trials')
 
 
-def _check_some_trial_runs(trial: optuna.Trial, startup_trials: int, err: ConfigError) -> None:
-  """Raises `err` (its trial then fails) where it and every trial before it,
-  at least `startup_trials` of them, could not run: the base config is what
-  cannot, whatever the values."""
+def _prune_infeasible(trial: optuna.Trial, startup_trials: int, err: ConfigError) -> None:
+  """Prunes a trial whose values no model of the base config takes (a budget
+  below the smallest model): a point the sampler learns to avoid, not the
+  study's end. Raises `err` instead (the trial then fails) where every trial
+  before it, at least `startup_trials` with it, could not run either: the
+  base config is what cannot, whatever the values."""
+  trial.set_user_attr('infeasible', str(err))
   before = [t for t in trial.study.get_trials(deepcopy=False) if t.number < trial.number]
   if len(before) + 1 >= max(1, startup_trials) and all(
     'infeasible' in t.user_attrs for t in before
   ):
     raise ConfigError(f'{err} (and in each of the {len(before)} trials before it)') from None
+  log.warning('trial %d pruned: its values cannot run: %s', trial.number, err)
+  raise optuna.TrialPruned(f'infeasible: {err}') from None
 
 
 def training_objective(
@@ -110,12 +115,7 @@ def training_objective(
     except ConfigError as err:
       if (run_dir / 'checkpoints').exists():  # it trained: not a config its values made
         raise
-      # Values no model of the base config takes (a budget below the smallest
-      # model): a point the sampler learns to avoid, not the study's end.
-      trial.set_user_attr('infeasible', str(err))
-      _check_some_trial_runs(trial, tune.study.startup_trials, err)
-      log.warning('trial %d pruned: its values cannot run: %s', trial.number, err)
-      raise optuna.TrialPruned(f'infeasible: {err}') from None
+      _prune_infeasible(trial, tune.study.startup_trials, err)
     if not math.isfinite(summary['valid']['perplexity']):  # a loss past 709 nats
       reason = f'valid loss {summary["valid"]["loss"]:.4g} nats per token'
       trial.set_user_attr('diverged', reason)
