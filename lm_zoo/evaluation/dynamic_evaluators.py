@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from lm_zoo.data import Corpus
 from lm_zoo.errors import ConfigError, TrainingError, is_whole_number
-from lm_zoo.evaluation.checks import check_grid, check_whole, check_windows
+from lm_zoo.evaluation.checks import check_grid, check_whole, check_windows, is_number
 from lm_zoo.evaluation.dynamic import (
   DynamicEvalResult,
   DynamicMember,
@@ -232,8 +232,7 @@ class Dynamic(Evaluator):
     grid, settings = self.grid(), DynamicEvalSettings(**record['settings'])
     trials = [tuple(trial) for trial in record['trials']]
     searched = [DynamicEvalSettings(**trial[0]) for trial in trials]
-    losses = [trial[1] for trial in trials]
-    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses)
+    numbers = all(is_number(trial[1]) for trial in trials)
     if settings not in grid or searched != (grid if len(grid) > 1 else []) or not numbers:
       raise ValueError(f'not a choice among the settings {grid}: {settings}, {trials}')
     valid = None if record['valid'] is None else EvalResult.from_record(record['valid'])

@@ -103,7 +103,7 @@ class EvalResult:
 
 
 def _to_json(value: Any) -> Any:
-  if isinstance(value, (np.ndarray, np.generic)) or hasattr(value, '__array__'):
+  if hasattr(value, '__array__'):  # NumPy's and JAX's arrays and scalars
     array = np.asarray(value)
     return {'array': array.tolist(), 'dtype': array.dtype.name}
   if isinstance(value, Mapping):
