@@ -24,25 +24,6 @@ from lm_zoo.models.regularisation import drop_recurrent_weights, hidden_to_hidde
 STACK_DROPOUT_RATES = ('dropout_hidden', 'dropout_state', 'dropout_output', 'weight_drop')
 
 
-def _initialize_carry(cells, batch_size: int, input_size: int, rng: jax.Array | None):
-  """Every layer's zero state; a layer's input size is the one below's output's."""
-  rng = jax.random.key(0) if rng is None else rng
-  carries, size = [], input_size
-  for key, cell in zip(jax.random.split(rng, len(cells)), cells):
-    carries.append(cell.initialize_carry(key, (batch_size, size)))
-    size = carry_output(carries[-1]).shape[-1]
-  return carries
-
-
-def _dropped_weights(cells, rate: float, params: Any, rng: jax.Array) -> Any:
-  """Weight drop on every layer's hidden-to-hidden matrices (`cell_{i}/...`
-  of the stack's parameters)."""
-  if rate == 0:  # no cell need declare its matrices then
-    return params
-  paths = [f'cell_{i}/{path}' for i, cell in enumerate(cells) for path in hidden_to_hidden(cell)]
-  return drop_recurrent_weights(params, paths, rate, rng)
-
-
 def _own_cells(cells) -> list[nn.RNNCellBase]:
   """Each layer's copy of its template cell, the calling stack's child
   `cell_{i}` (deep: a wrapped cell is copied too, so templates that share
@@ -64,7 +45,50 @@ def _dropped_output(
   return h
 
 
-class Stack(nn.Module):
+class _Layers(nn.Module):
+  """What both stacks share: their layers' template cells, their dropout
+  rates, and the zero state and weight drop of those layers."""
+
+  cells: Sequence[nn.RNNCellBase]
+  dropout_hidden: float = 0.0
+  dropout_state: float = 0.0
+  dropout_output: float = 0.0
+  weight_drop: float = 0.0
+  unroll: int = 1
+  scan: str = 'auto'
+
+  dropout_rates: ClassVar[tuple[str, ...]] = STACK_DROPOUT_RATES
+
+  def __post_init__(self):
+    object.__setattr__(self, 'cells', tuple(self.cells))
+    super().__post_init__()
+
+  @nn.nowrap
+  def initialize_carry(
+    self, batch_size: int, input_size: int, rng: jax.Array | None = None
+  ) -> list[Any]:
+    """The zero state of every layer for `batch_size` streams of `input_size`
+    (a layer's input size is the output size of the one below)."""
+    rng = jax.random.key(0) if rng is None else rng
+    carries, size = [], input_size
+    for key, cell in zip(jax.random.split(rng, len(self.cells)), self.cells):
+      carries.append(cell.initialize_carry(key, (batch_size, size)))
+      size = carry_output(carries[-1]).shape[-1]
+    return carries
+
+  @nn.nowrap
+  def dropped_weights(self, params: Any, rng: jax.Array) -> Any:
+    """The stack's `params` with weight drop on every layer's hidden-to-hidden
+    matrices (`cell_{i}/...`); unchanged without."""
+    if self.weight_drop == 0:  # no cell need declare its matrices then
+      return params
+    paths = [
+      f'cell_{i}/{path}' for i, cell in enumerate(self.cells) for path in hidden_to_hidden(cell)
+    ]
+    return drop_recurrent_weights(params, paths, self.weight_drop, rng)
+
+
+class Stack(_Layers):
   """Layers of cells one after another, each run over the window by a
   `RecurrentLayer`:
 
@@ -99,33 +123,8 @@ class Stack(nn.Module):
     scan: how each layer runs a window (`lm_zoo.cells.scans`).
   """
 
-  cells: Sequence[nn.RNNCellBase]
-  dropout_hidden: float = 0.0
-  dropout_state: float = 0.0
-  dropout_output: float = 0.0
-  weight_drop: float = 0.0
   variational: bool = True
   skip_connections: bool = False
-  unroll: int = 1
-  scan: str = 'auto'
-
-  dropout_rates: ClassVar[tuple[str, ...]] = STACK_DROPOUT_RATES
-
-  def __post_init__(self):
-    object.__setattr__(self, 'cells', tuple(self.cells))
-    super().__post_init__()
-
-  @nn.nowrap
-  def initialize_carry(
-    self, batch_size: int, input_size: int, rng: jax.Array | None = None
-  ) -> list[Any]:
-    """The zero state of every layer for `batch_size` streams of `input_size`."""
-    return _initialize_carry(self.cells, batch_size, input_size, rng)
-
-  @nn.nowrap
-  def dropped_weights(self, params: Any, rng: jax.Array) -> Any:
-    """The stack's `params` with weight drop applied (unchanged without)."""
-    return _dropped_weights(self.cells, self.weight_drop, params, rng)
 
   @nn.compact
   def __call__(
@@ -165,7 +164,7 @@ def _summed(total: jax.Array, x: jax.Array, layer: int) -> jax.Array:
   return total + x
 
 
-class LSTMRHN(nn.Module):
+class LSTMRHN(_Layers):
   """aLSTM layers with recurrent adaptation models stepped together as the
   LSTM-RHN of the aLSTM paper's eq. (9) (`LSTMRHNStack`, run by one
   `RecurrentLayer`); its dropout is always variational, and it has no skip
@@ -181,32 +180,6 @@ class LSTMRHN(nn.Module):
     unroll: scan steps per loop iteration.
     scan: how the stepped layers run a window (`lm_zoo.cells.scans`).
   """
-
-  cells: Sequence[nn.RNNCellBase]
-  dropout_hidden: float = 0.0
-  dropout_state: float = 0.0
-  dropout_output: float = 0.0
-  weight_drop: float = 0.0
-  unroll: int = 1
-  scan: str = 'auto'
-
-  dropout_rates: ClassVar[tuple[str, ...]] = STACK_DROPOUT_RATES
-
-  def __post_init__(self):
-    object.__setattr__(self, 'cells', tuple(self.cells))
-    super().__post_init__()
-
-  @nn.nowrap
-  def initialize_carry(
-    self, batch_size: int, input_size: int, rng: jax.Array | None = None
-  ) -> list[Any]:
-    """The zero state of every layer for `batch_size` streams of `input_size`."""
-    return _initialize_carry(self.cells, batch_size, input_size, rng)
-
-  @nn.nowrap
-  def dropped_weights(self, params: Any, rng: jax.Array) -> Any:
-    """The stack's `params` with weight drop applied (unchanged without)."""
-    return _dropped_weights(self.cells, self.weight_drop, params, rng)
 
   @nn.compact
   def __call__(
