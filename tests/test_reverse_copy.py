@@ -44,6 +44,14 @@ def test_encoder_decoder_learns_to_reverse(decoder):
   assert accuracy > 0.95 and cross_entropy < 0.2
 
 
+def test_the_configs_models_build_at_its_sizes():
+  """experiments/reverse_copy.py as documented: every model is checked at the
+  config's own sizes before any data is built (no length: nothing trained)."""
+  config = load_experiment('reverse_copy')
+  config.lengths = ()
+  assert run_experiment(config) == []
+
+
 @pytest.mark.slow  # the whole experiment at tiny sizes; the task and models have fast tests above
 def test_experiment_reports_every_length_and_model():
   config = load_experiment('reverse_copy')
