@@ -72,6 +72,7 @@ class Mogrify(nn.RNNCellBase):
     zigzag: False for the no-zigzag ablation.
     dtype: the products' dtype of Q^i and R^i (None: from the inputs;
       bfloat16 sums in float32 and gates in float32, `products.einsum`).
+    param_dtype: the dtype of Q^i and R^i (the inner cell has its own).
   """
 
   cell: nn.RNNCellBase
@@ -79,6 +80,7 @@ class Mogrify(nn.RNNCellBase):
   rank: int = 0
   zigzag: bool = True
   dtype: Any = None
+  param_dtype: Any = jnp.float32
 
   def __post_init__(self):
     if not is_whole_number(self.rounds) or self.rounds < 0:
@@ -106,7 +108,9 @@ class Mogrify(nn.RNNCellBase):
 
     def round_gate(i, source):
       features = inputs.shape[-1] if i % 2 else h.shape[-1]
-      dense = LowRankDense(features, self.rank, dtype=self.dtype, name=round_name(i))
+      dense = LowRankDense(
+        features, self.rank, dtype=self.dtype, param_dtype=self.param_dtype, name=round_name(i)
+      )
       return _gate(dense(source)), None
 
     x, h, _ = mogrify_rounds(inputs, h, round_gate, self.rounds, self.zigzag)
