@@ -219,3 +219,28 @@ def test_a_window_kernel_takes_any_batch_axes_as_the_plain_scan(cell, scan, mask
   for expected, got in zip(*(jax.tree.leaves(run) for run in runs)):
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(
+  'cell, plain',
+  [(LSTMCell(N), ('scan', 'hoisted')), (Mogrify(LSTMCell(N), rounds=2), ('scan',))],
+  ids=['LSTMCell', 'Mogrify'],
+)
+def test_forward_mode_through_a_window_kernel_names_the_scans_that_take_it(cell, plain):
+  """jax.jvp through the fused window (a custom VJP) is one line naming the
+  window and the scans the cell can take that jvp runs through; under them
+  jvp gives the directional derivative of the fused window's gradient."""
+  xs = jax.random.normal(jax.random.key(1), (T, B, M))
+  carry = cell.initialize_carry(jax.random.key(0), (B, M))
+  params = RecurrentLayer(cell).init(jax.random.key(2), carry, xs)
+  direction = jax.tree.map(jnp.ones_like, params)
+  loss = lambda scan: lambda p: jnp.sum(RecurrentLayer(cell, scan=scan).apply(p, carry, xs)[1])
+  ways = ' or '.join(repr(way) for way in plain)
+  message = rf"^the 'fused' window of .* reverse mode only .* give the layer scan={ways}(\n|$)"
+  with pytest.raises(TypeError, match=message):
+    jax.jvp(loss('fused'), (params,), (direction,))
+  grads = jax.grad(loss('fused'))(params)
+  expected = sum(jnp.sum(g) for g in jax.tree.leaves(grads))  # the gradient along all-ones
+  for scan in plain:
+    _, derivative = jax.jvp(loss(scan), (params,), (direction,))
+    np.testing.assert_allclose(derivative, expected, rtol=1e-5)

@@ -40,7 +40,8 @@ the ways of `SCANS`:
 
 All of them give the same outputs and gradients, to rounding. The fused,
 Pallas, cuDNN and persistent windows are `jax.custom_vjp`s: reverse mode
-only (for `jax.jvp`, choose another). `resolve_scan` refuses a way a cell cannot
+only (for `jax.jvp`, choose another; grad of grad through 'fused' alone).
+`resolve_scan` refuses a way a cell cannot
 take, naming the reason or the ways it can.
 """
 

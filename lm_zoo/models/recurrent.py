@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import flax.linen as nn
@@ -64,6 +65,24 @@ def on_one_batch_axis(window, carry, inputs: jax.Array, state_mask: jax.Array | 
   return jax.tree.map(restore, carry), ys.reshape(ys.shape[0], *batch, *ys.shape[2:])
 
 
+# JAX's TypeError for jax.jvp (or jax.jacfwd) through a jax.custom_vjp.
+_JVP_OF_CUSTOM_VJP = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+
+
+@contextlib.contextmanager
+def _reverse_mode_only(what: str, fix: str):
+  """JAX's refusal of forward-mode autodiff through a custom VJP run in the
+  block (a window kernel), as one line naming `what` and `fix`."""
+  try:
+    yield
+  except TypeError as err:
+    if _JVP_OF_CUSTOM_VJP not in str(err):
+      raise
+    raise TypeError(
+      f'{what} differentiates in reverse mode only (jax.grad, jax.vjp): {fix}'
+    ) from None
+
+
 class RecurrentLayer(nn.Module):
   """Runs `cell` over time-major inputs (T, B, m) in the way `scan` asks for
   (`lm_zoo.cells.scans.SCANS`; a way the cell cannot take is refused); any
@@ -102,7 +121,10 @@ class RecurrentLayer(nn.Module):
       params = self.cell.variables.get('params', {})
       kernel = window_kernel(self.cell, scan)
       window = lambda c, x, m: kernel(self.cell, params, c, x, m, self.unroll, steps)
-      return on_one_batch_axis(window, carry, inputs, state_mask)
+      plain = "scan='scan' or 'hoisted'" if cell_scans(self.cell).project else "scan='scan'"
+      fix = f'for jax.jvp or jax.jacfwd, give the layer {plain}'
+      with _reverse_mode_only(f'the {scan!r} window of {describe(self.cell)}', fix):
+        return on_one_batch_axis(window, carry, inputs, state_mask)
     if scan == 'hoisted':
       step, xs = _step_projected, cell_scans(self.cell).project(self.cell, inputs)
     else:
