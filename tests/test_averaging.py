@@ -9,7 +9,13 @@ import pytest
 
 from lm_zoo.configs import base_config
 from lm_zoo.errors import ConfigError
-from lm_zoo.optim import averaged_params, is_averaging, parameter_averaging, start_averaging
+from lm_zoo.optim import (
+  averaged_params,
+  averaging_state,
+  is_averaging,
+  parameter_averaging,
+  start_averaging,
+)
 from lm_zoo.runs import read_metrics
 from lm_zoo.training import train_and_evaluate
 from lm_zoo.training.averaging import patience_reached, should_start_averaging
@@ -55,6 +61,22 @@ def test_updates_pass_through_and_averaging_waits_for_its_start():
     after.append(np.asarray(params['w']))
   # Only the iterates after the switch count.
   np.testing.assert_allclose(averaged_params(state)['w'], np.mean(after, axis=0), rtol=1e-6)
+
+
+def test_the_python_side_readers_refuse_a_traced_or_stacked_state_naming_the_flag():
+  """is_averaging and averaged_params give one run's answer as Python
+  values: under jit, or for a stack of seeds (one seed switched on), they
+  refuse in one line naming averaging_state's per-seed flag, which holds
+  the answer there."""
+  tx = optax.chain(optax.sgd(0.1), parameter_averaging())
+  message = r'^is_averaging and averaged_params read one run.s state .* averaging_state'
+  with pytest.raises(ValueError, match=message):
+    jax.jit(averaged_params)(start_averaging(tx.init(PARAMS)))
+  stacked = jax.vmap(tx.init)(jax.tree.map(lambda a: jnp.stack([a, a]), PARAMS))
+  stacked = start_averaging(stacked, index=1)
+  with pytest.raises(ValueError, match=message):
+    is_averaging(stacked)
+  np.testing.assert_array_equal(averaging_state(stacked).averaging, [False, True])
 
 
 def test_start_needs_an_average_in_the_state():

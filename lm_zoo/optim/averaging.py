@@ -79,9 +79,25 @@ def _averaging_states(opt_state) -> list[ParameterAveragingState]:
 
 
 def is_averaging(opt_state) -> bool:
-  """Whether `opt_state` holds a parameter average that has started."""
+  """Whether `opt_state`, one run's, holds a parameter average that has
+  started: a Python bool, read outside `jax.jit`. Under `jit`, or for a
+  state with a leading axis of seeds, read `averaging_state(opt_state).averaging`
+  (a flag per seed) instead.
+
+  Raises:
+    ValueError: a traced state, or one of several seeds.
+  """
   states = _averaging_states(opt_state)
-  return bool(states) and bool(states[0].averaging)
+  if not states:
+    return False
+  flag = states[0].averaging
+  if isinstance(flag, jax.core.Tracer) or jnp.ndim(flag):
+    raise ValueError(
+      "is_averaging and averaged_params read one run's state outside jax.jit: under jit or "
+      'for a stack of seeds, read averaging_state(opt_state).averaging (a flag per seed) '
+      'and .average'
+    )
+  return bool(flag)
 
 
 def start_averaging(opt_state, index: int | None = None):
@@ -104,5 +120,6 @@ def averaging_state(opt_state) -> ParameterAveragingState | None:
 
 
 def averaged_params(opt_state) -> Any | None:
-  """The averaged parameters once averaging has started, else None."""
+  """The averaged parameters once averaging has started, else None; one
+  run's state, outside `jax.jit` (`is_averaging`)."""
   return _averaging_states(opt_state)[0].average if is_averaging(opt_state) else None
