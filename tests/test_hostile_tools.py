@@ -195,7 +195,12 @@ PROBES = {
   ),
   'task: a Mogrifier rank larger than its matrix': (
     'task',
-    ['--config=experiments/reverse_copy.py', '--config.hidden_size=8', '--output={t}/rc.json'],
+    [
+      '--config=experiments/reverse_copy.py',
+      '--config.hidden_size=8',
+      '--config.models.mogrifier.rank=32',
+      '--output={t}/rc.json',
+    ],
     'config.models.mogrifier: LowRankDense: rank 32 is larger than the (8, 16) matrix',
   ),
   'task: --output under a file': (
