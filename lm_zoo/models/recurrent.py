@@ -122,7 +122,7 @@ class RecurrentLayer(nn.Module):
       kernel = window_kernel(self.cell, scan)
       window = lambda c, x, m: kernel(self.cell, params, c, x, m, self.unroll, steps)
       plain = "scan='scan' or 'hoisted'" if cell_scans(self.cell).project else "scan='scan'"
-      fix = f'for jax.jvp or jax.jacfwd, give the layer {plain}'
+      fix = f'for jax.jvp or jax.jacfwd, give the layer {plain}, with float32 products'
       with _reverse_mode_only(f'the {scan!r} window of {describe(self.cell)}', fix):
         return on_one_batch_axis(window, carry, inputs, state_mask)
     if scan == 'hoisted':
