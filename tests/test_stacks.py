@@ -14,7 +14,7 @@ from tiny_lms import apply_lm, projected, tiny_lm
 
 from lm_zoo.cells import LSTMCell, MLSTMCell, Mogrify
 from lm_zoo.errors import ConfigError
-from lm_zoo.models import Embedding, Stack, init_params
+from lm_zoo.models import LSTMRHN, Embedding, Stack, init_params
 
 
 class EchoCell(nn.RNNCellBase):
@@ -222,3 +222,12 @@ def test_remat_keeps_a_third_of_the_memory_of_a_long_window():
 
   model = lambda scan: tiny_lm((64, 64), embedding=Embedding(31, 32), scan=scan)
   assert temp_bytes(model('remat')) < 0.45 * temp_bytes(model('auto'))
+
+
+@pytest.mark.parametrize('stack', [Stack, LSTMRHN], ids=['Stack', 'LSTMRHN'])
+def test_a_stacks_rates_and_switches_are_keyword_only(stack):
+  """Only `cells` is positional (then flax's `parent`): rates given by
+  position, which would land in whatever fields stand there, are refused."""
+  with pytest.raises(TypeError, match='positional'):
+    stack([LSTMCell(4)], 0.1, 0.1, 0.1)
+  assert stack([LSTMCell(4)], dropout_hidden=0.1).dropout_hidden == 0.1

@@ -9,6 +9,7 @@ its layers' cells, at `cell_{i}/...`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar, Sequence
 
 import flax.linen as nn
@@ -47,9 +48,11 @@ def _dropped_output(
 
 class _Layers(nn.Module):
   """What both stacks share: their layers' template cells, their dropout
-  rates, and the zero state and weight drop of those layers."""
+  rates, and the zero state and weight drop of those layers. Every field
+  but `cells` is keyword-only."""
 
   cells: Sequence[nn.RNNCellBase]
+  _: dataclasses.KW_ONLY
   dropout_hidden: float = 0.0
   dropout_state: float = 0.0
   dropout_output: float = 0.0
@@ -123,6 +126,7 @@ class Stack(_Layers):
     scan: how each layer runs a window (`lm_zoo.cells.scans`).
   """
 
+  _: dataclasses.KW_ONLY
   variational: bool = True
   skip_connections: bool = False
 
