@@ -70,16 +70,20 @@ _JVP_OF_CUSTOM_VJP = "can't apply forward-mode autodiff (jvp) to a custom_vjp fu
 
 
 @contextlib.contextmanager
-def _reverse_mode_only(what: str, fix: str):
-  """JAX's refusal of forward-mode autodiff through a custom VJP run in the
-  block (a window kernel), as one line naming `what` and `fix`."""
+def _reverse_mode_only(cell: nn.RNNCellBase, scan: str):
+  """JAX's refusal of forward-mode autodiff through `cell`'s `scan` window
+  kernel (a custom VJP) run in the block, as one line naming the scans
+  that jvp runs through."""
   try:
     yield
   except TypeError as err:
     if _JVP_OF_CUSTOM_VJP not in str(err):
       raise
+    plain = "scan='scan' or 'hoisted'" if cell_scans(cell).project else "scan='scan'"
     raise TypeError(
-      f'{what} differentiates in reverse mode only (jax.grad, jax.vjp): {fix}'
+      f'the {scan!r} window of {describe(cell)} differentiates in reverse mode only '
+      f'(jax.grad, jax.vjp): for jax.jvp or jax.jacfwd, give the layer {plain}, '
+      'with float32 products'
     ) from None
 
 
@@ -121,9 +125,7 @@ class RecurrentLayer(nn.Module):
       params = self.cell.variables.get('params', {})
       kernel = window_kernel(self.cell, scan)
       window = lambda c, x, m: kernel(self.cell, params, c, x, m, self.unroll, steps)
-      plain = "scan='scan' or 'hoisted'" if cell_scans(self.cell).project else "scan='scan'"
-      fix = f'for jax.jvp or jax.jacfwd, give the layer {plain}, with float32 products'
-      with _reverse_mode_only(f'the {scan!r} window of {describe(self.cell)}', fix):
+      with _reverse_mode_only(self.cell, scan):
         return on_one_batch_axis(window, carry, inputs, state_mask)
     if scan == 'hoisted':
       step, xs = _step_projected, cell_scans(self.cell).project(self.cell, inputs)
