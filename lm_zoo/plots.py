@@ -3,8 +3,9 @@ Mogrifier paper's Fig. 3), cross-entropy against sequence length (its reverse
 copy task), predictions against truth (the aLSTM paper's tail regression),
 the spread of validation perplexity over sampled hyper-parameters (its
 robustness study), perplexity over seeds per model (a seed study), training
-curves of work directories, the gain of dynamic evaluation along a stream and
-the per-token loss difference of two models along a text.
+curves of work directories, the progress of tuning studies, the gain of
+dynamic evaluation along a stream and the per-token loss difference of two
+models along a text.
 
 Needs matplotlib (`pip install 'lm_zoo[plot]'`). Figures are drawn on
 `matplotlib.figure.Figure` objects, never through pyplot, so calling these
@@ -205,6 +206,33 @@ def curves_figure(
         name = f'{label} {kind}' if seed is None else f'{label} seed {seed} {kind}'
         series[name] = ([r['step'] for r in mine], [perplexity(r['loss']) for r in mine])
   return line_figure(series, path, xlabel='step', ylabel='perplexity', title=title, logy=True)
+
+
+def tuning_progress_figure(
+  studies: Mapping[str, Sequence[Series]], path: str | pathlib.Path, title: str = ''
+) -> pathlib.Path:
+  """The best valid perplexity so far against trials finished, one line per
+  study (`lm_zoo.tuning.best_so_far`) and a colour per name: the studies
+  of one name (a model tuned with several sampler seeds) share it, and its
+  legend gives the mean and sample standard deviation of their final bests."""
+  if not any(len(ys) for group in studies.values() for _, ys in group):
+    raise ConfigError('no study has a complete trial: nothing to draw')
+  fig, ax = new_axes()
+  for colour, (name, group) in enumerate(studies.items()):
+    label = _bests_label(name, [ys[-1] for _, ys in group if len(ys)])
+    for xs, ys in group:
+      ax.plot(xs, ys, drawstyle='steps-post', color=f'C{colour % 10}', label=label)
+      label = None
+  return save_labelled(fig, ax, path, 'trials finished', 'best valid perplexity so far', title)
+
+
+def _bests_label(name: str, bests: Sequence[float]) -> str:
+  """`name`, the mean of `bests` and their sample standard deviation."""
+  if not bests:
+    return f'{name}: no complete trial'
+  if len(bests) == 1:
+    return f'{name}: best {bests[0]:.1f} (1 study)'
+  return f'{name}: best {np.mean(bests):.1f} ± {np.std(bests, ddof=1):.1f} ({len(bests)} studies)'
 
 
 def binned_loss(

@@ -185,3 +185,42 @@ def test_seed_study_figure_orders_models_and_leaves_diverged_runs_out(tmp_path):
   values, mean, spread = points['mog']
   assert values == {0: 145.0} and mean == 145.0 and math.isnan(spread)
   assert png_size(plots.seed_study_figure(rows, tmp_path / 'f.png', 'PTB')) == (1200, 540)
+
+
+def test_tuning_progress_figure_colours_by_study_name_with_the_mean_of_bests(monkeypatch, tmp_path):
+  drawn = []
+  monkeypatch.setattr(plots, 'save_labelled', lambda fig, ax, path, *a: drawn.append(ax) or path)
+  studies = {
+    'lstm': [([1, 2, 3], [500.0, 420.0, 400.0]), ([2, 3], [450.0, 380.0])],
+    'mogrifier': [([1, 2], [390.0, 350.0])],
+  }
+  plots.tuning_progress_figure(studies, tmp_path / 'f.png')
+  (ax,) = drawn
+  colours = [line.get_color() for line in ax.get_lines()]
+  assert colours[0] == colours[1] != colours[2]
+  assert ax.get_legend_handles_labels()[1] == [
+    f'lstm: best 390.0 ± {np.std([400.0, 380.0], ddof=1):.1f} (2 studies)',
+    'mogrifier: best 350.0 (1 study)',
+  ]
+  with pytest.raises(ConfigError, match='nothing to draw'):
+    plots.tuning_progress_figure({'lstm': [([], [])]}, tmp_path / 'f.png')
+
+
+def test_plot_script_draws_the_progress_of_tuning_workdirs(tmp_path):
+  import optuna
+
+  workdirs = []
+  for name, losses in (('lstm', (6.0, 5.5)), ('lstm', (5.8,)), ('mogrifier', (5.7, 5.9))):
+    workdirs.append(tmp_path / f'{name}_{len(workdirs)}')
+    workdirs[-1].mkdir()
+    study = optuna.create_study(study_name=name, storage=f'sqlite:///{workdirs[-1]}/study.db')
+    for loss in losses:
+      study.add_trial(optuna.create_trial(value=loss))
+  out = tmp_path / 'progress.png'
+  flags = ['launch/plot.py', '--figure=tuning_progress', f'--output={out}']
+  done = run_script([*flags, f'--workdirs={",".join(map(str, workdirs))}'])
+  assert done.returncode == 0, done.stderr
+  assert png_size(out) == (720, 480)
+  missing = run_script([*flags, f'--workdirs={tmp_path}'])
+  assert missing.returncode != 0 and 'study.db not found' in missing.stderr
+  assert 'Traceback' not in missing.stderr

@@ -1,12 +1,21 @@
 """A study's report: the best trials in order, the neighbourhood of the best
 (every hyper-parameter within 15% of its range, on the log scale for log
-ranges) checked against a direct NumPy computation, and the figure."""
+ranges) checked against a direct NumPy computation, and the figure; a
+study's progress (its best so far) and reading it from a work directory."""
 
 import numpy as np
 import optuna
 import pytest
 
-from lm_zoo.tuning import neighbourhood, param, tuning_config, write_report
+from lm_zoo.errors import ConfigError
+from lm_zoo.tuning import (
+  best_so_far,
+  neighbourhood,
+  param,
+  read_study,
+  tuning_config,
+  write_report,
+)
 from lm_zoo.tuning.report import FIGURE_FILE, REPORT_FILE
 
 
@@ -130,3 +139,39 @@ def test_the_evaluation_command_scores_with_every_setting_the_trials_ran_with(st
     assert got.pop(field) == pytest.approx((best[name],), rel=1e-3)
     del expected[field]
   assert got == expected
+
+
+def test_best_so_far_is_the_running_minimum_over_finished_trials():
+  """Pruned trials count as finished and change no best; failed ones count
+  for nothing; the curve starts at the first complete trial."""
+  complete, pruned, failed = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.FAIL,
+  )
+  states = [pruned, complete, failed, pruned, complete, complete, complete]
+  losses = [None, 5.0, None, None, 4.0, 4.5, 3.9]
+  study = optuna.create_study()
+  for state, loss in zip(states, losses):
+    study.add_trial(optuna.create_trial(state=state, value=loss))
+  counts, values = best_so_far(study)
+  finished = [s for s in states if s != failed]
+  running = np.minimum.accumulate(
+    [np.inf if v is None else v for s, v in zip(states, losses) if s != failed]
+  )
+  start = finished.index(complete)
+  assert counts == list(range(start + 1, len(finished) + 1))
+  np.testing.assert_allclose(values, np.exp(running[start:]))
+
+
+def test_read_study_opens_the_one_study_of_a_tuning_workdir(tmp_path):
+  with pytest.raises(ConfigError, match='study.db not found'):
+    read_study(tmp_path)
+  url = f'sqlite:///{tmp_path / "study.db"}'
+  study = optuna.create_study(study_name='ptb_small_lstm', storage=url)
+  study.add_trial(optuna.create_trial(value=5.0))
+  read = read_study(tmp_path)
+  assert read.study_name == 'ptb_small_lstm' and [t.value for t in read.trials] == [5.0]
+  optuna.create_study(study_name='another', storage=url)
+  with pytest.raises(ConfigError, match='holds 2 studies'):
+    read_study(tmp_path)

@@ -14,6 +14,8 @@ r"""Draws a results figure as PNG (`lm-zoo-plot`, or `python launch/plot.py`):
       --results=runs/x/static.json,runs/x/sgd.json,runs/x/rms.json --output=figures/gain.png
   lm-zoo-plot --figure=token_loss_difference --workdirs=runs/a,runs/b \
       --split=test --num_tokens=3000 --output=figures/difference.png
+  lm-zoo-plot --figure=tuning_progress --workdirs=runs/tune_lstm,runs/tune_mogrifier \
+      --output=figures/tuning_progress.png
 """
 
 import json
@@ -36,7 +38,14 @@ FIGURES = {
 flags.DEFINE_enum(
   'figure',
   None,
-  ['mogrifier_ablation', *FIGURES, 'curves', 'dyneval_gain', 'token_loss_difference'],
+  [
+    'mogrifier_ablation',
+    *FIGURES,
+    'curves',
+    'dyneval_gain',
+    'token_loss_difference',
+    'tuning_progress',
+  ],
   'mogrifier_ablation: validation perplexity against rounds from '
   'the ablation work directories; reverse_copy: cross-entropy against '
   'length; tail_regression: predictions against truth; robustness: '
@@ -49,7 +58,9 @@ flags.DEFINE_enum(
   'files of lm-zoo-eval --output with a dynamic evaluator, the static one '
   '(learning rate 0) first, each labelled by its file name; token_loss_difference: '
   "the per-token loss of the first of two --workdirs minus the second's "
-  'along the first --num_tokens of --split.',
+  'along the first --num_tokens of --split; tuning_progress: the best valid '
+  'perplexity so far against trials finished, per lm-zoo-tune --workdirs '
+  '(a colour per study name: the same study run with several sampler seeds).',
 )
 flags.DEFINE_string('output', None, 'PNG file to write.')
 flags.DEFINE_string(
@@ -68,7 +79,8 @@ flags.DEFINE_list(
   'workdirs',
   [],
   'curves: work directories to draw; '
-  'token_loss_difference: the two to compare (trained on one corpus).',
+  'token_loss_difference: the two to compare (trained on one corpus); '
+  'tuning_progress: the work directories of lm-zoo-tune studies.',
 )
 flags.DEFINE_string('split', 'test', 'dyneval_gain, token_loss_difference: the split drawn.')
 flags.DEFINE_integer('num_tokens', 3000, 'token_loss_difference: tokens scored.', lower_bound=1)
@@ -123,6 +135,8 @@ def draw() -> pathlib.Path:
     return dyneval_gain()
   if FLAGS.figure == 'token_loss_difference':
     return token_loss_difference()
+  if FLAGS.figure == 'tuning_progress':
+    return tuning_progress()
   if not FLAGS.workdirs:
     raise ConfigError('--figure=curves needs --workdirs')
   return plots.curves_figure(
@@ -163,6 +177,18 @@ def token_loss_difference() -> pathlib.Path:
     raise ConfigError(f'{" and ".join(FLAGS.workdirs)} were trained on different corpora')
   tokens = [vocabs[0].tokens[i] for i in ids[1:]]
   return plots.token_loss_difference_figure(losses, tokens, FLAGS.output, title=FLAGS.title)
+
+
+def tuning_progress() -> pathlib.Path:
+  if not FLAGS.workdirs:
+    raise ConfigError('--figure=tuning_progress needs --workdirs=STUDY_WORKDIR[,...]')
+  from lm_zoo.tuning import best_so_far, read_study  # needs the [tune] extra
+
+  studies = {}
+  for workdir in FLAGS.workdirs:
+    study = read_study(workdir)
+    studies.setdefault(study.study_name, []).append(best_so_far(study))
+  return plots.tuning_progress_figure(studies, FLAGS.output, FLAGS.title)
 
 
 def _plot_program(argv):

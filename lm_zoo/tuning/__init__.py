@@ -23,7 +23,9 @@ from lm_zoo.tuning.spaces import (
 # What needs Optuna (the [tune] extra), imported on first use: tuning configs
 # and `lm-zoo-tune --help` load without it.
 _LAZY = {
+  'best_so_far': 'report',
   'neighbourhood': 'report',
+  'read_study': 'report',
   'write_report': 'report',
   'best_trial': 'study',
   'open_study': 'study',

@@ -13,10 +13,11 @@ import ml_collections
 import optuna
 
 from lm_zoo.configs import evaluation_config
-from lm_zoo.drawing import parallel_coordinates_figure
+from lm_zoo.drawing import Series, parallel_coordinates_figure
+from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import DynamicRule, perplexity
 from lm_zoo.tuning.spaces import position
-from lm_zoo.tuning.study import DYNEVAL_FIELDS, best_trial, study_counts
+from lm_zoo.tuning.study import DYNEVAL_FIELDS, STUDY_FILE, best_trial, study_counts
 
 REPORT_FILE = 'report.md'
 FIGURE_FILE = 'parallel_coordinates.png'
@@ -44,6 +45,36 @@ def neighbourhood(
 
 def _perplexity(trial: optuna.trial.FrozenTrial) -> float:
   return trial.user_attrs.get('perplexity', perplexity(trial.value))
+
+
+def read_study(workdir: str | pathlib.Path) -> optuna.Study:
+  """The one study in `workdir`'s SQLite database, as `lm-zoo-tune` keeps it
+  there (a study in a `--tune.study.storage` database is read with Optuna)."""
+  path = pathlib.Path(workdir) / STUDY_FILE
+  if not path.is_file():
+    raise ConfigError(f'{path} not found: is {workdir} a work directory of lm-zoo-tune?')
+  url = f'sqlite:///{path.resolve()}'
+  names = optuna.get_all_study_names(url)
+  if len(names) != 1:
+    raise ConfigError(f'{path} holds {len(names)} studies ({", ".join(names)}), not one')
+  return optuna.load_study(study_name=names[0], storage=url)
+
+
+def best_so_far(study: optuna.Study) -> Series:
+  """How the study's best improved: after each finished (complete or pruned)
+  trial, in the order they were numbered, how many have finished and the
+  valid perplexity of the best complete one so far (from the first complete
+  trial on). Failed trials count for nothing: a retry has its own number."""
+  states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+  counts, values, finished, best = [], [], 0, math.inf
+  for trial in sorted(study.get_trials(deepcopy=False, states=states), key=lambda t: t.number):
+    finished += 1
+    if trial.state == optuna.trial.TrialState.COMPLETE and math.isfinite(trial.value):
+      best = min(best, _perplexity(trial))
+    if math.isfinite(best):
+      counts.append(finished)
+      values.append(best)
+  return counts, values
 
 
 def _counts_line(study: optuna.Study) -> str:
