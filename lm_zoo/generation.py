@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import warnings
 from typing import Any
 
@@ -46,11 +47,12 @@ def _next(model: RecurrentLM, params, tokens, carries):
 
 
 def top_k_logits(logits: jax.Array, k: int) -> jax.Array:
-  """`logits` with all but the k largest of each row set to -inf (k = 0: all kept)."""
+  """`logits` with all but the k largest of each row set to -inf (k = 0: all
+  kept); of tokens tied at the k-th largest, the lowest ids are kept."""
   if k <= 0 or k >= logits.shape[-1]:
     return logits
-  kth_largest = jax.lax.top_k(logits, k)[0][..., -1:]
-  return jnp.where(logits < kth_largest, -jnp.inf, logits)
+  largest, ids = jax.lax.top_k(logits, k)
+  return jnp.put_along_axis(jnp.full_like(logits, -jnp.inf), ids, largest, axis=-1, inplace=False)
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'num_tokens', 'top_k'))
@@ -79,10 +81,11 @@ def sample(
   Each next token is drawn from softmax(logits / temperature), restricted to
   the `top_k` most likely tokens when `top_k` > 0.
   """
-  if not (math.isfinite(temperature) and temperature > 0):
+  real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
+  if not (real and math.isfinite(temperature) and temperature > 0):
     raise ValueError(f'temperature must be a positive number, got {temperature}')
-  if top_k < 0:
-    raise ValueError(f'top_k must be >= 0 (0: no restriction), got {top_k}')
+  _count('num_tokens', num_tokens, 1)
+  _count('top_k (0: no restriction)', top_k, 0)
   return np.asarray(
     _sample(
       model,
@@ -110,6 +113,7 @@ def _greedy(model: RecurrentLM, params, prompt, num_tokens):
 def greedy(model: RecurrentLM, params: Any, prompt: np.ndarray, num_tokens: int) -> np.ndarray:
   """Greedy decoding: the most likely next token, `num_tokens` times per row."""
   prompt = _check_prompt(prompt, model.vocab_size)
+  _count('num_tokens', num_tokens, 1)
   return np.asarray(_greedy(model, params, prompt, num_tokens))
 
 
@@ -167,9 +171,11 @@ def beam_search(
   Returns:
     (the `num_tokens` ids, their total log-probability given the prompt).
   """
+  if np.ndim(prompt) not in (1, 2) or np.ndim(prompt) == 2 and np.shape(prompt)[0] != 1:
+    raise ValueError(f'prompt must be one row of ids, (P,) or (1, P), got {np.shape(prompt)}')
   prompt = _check_prompt(np.reshape(prompt, (1, -1)), model.vocab_size)
-  if not 1 <= beam_width <= model.vocab_size:
-    raise ValueError(f'beam_width must be in [1, vocab size {model.vocab_size}], got {beam_width}')
+  _count('num_tokens', num_tokens, 1)
+  _count('beam_width', beam_width, 1, model.vocab_size)
   tokens, score = _beam_search(model, params, prompt, num_tokens, beam_width, eos_id)
   return np.asarray(tokens), float(score)
 

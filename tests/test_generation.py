@@ -1,12 +1,20 @@
 """Sampling: reproducible with a seed, and distributed as the model says."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from lm_zoo.cells import LSTMCell
 from lm_zoo.data import Vocab
-from lm_zoo.generation import beam_search, encode_prompt, generate_text, greedy, sample
+from lm_zoo.generation import (
+  beam_search,
+  encode_prompt,
+  generate_text,
+  greedy,
+  sample,
+  top_k_logits,
+)
 from lm_zoo.models import Embedding, RecurrentLM, Softmax, Stack, init_params
 
 
@@ -68,6 +76,26 @@ def test_bad_arguments(lm):
     sample(model, params, np.ones((1, 1)), 3, jax.random.key(0), temperature=0)
   with pytest.raises(ValueError, match='prompt'):
     sample(model, params, np.ones((3,)), 3, jax.random.key(0))
+  prompt, key = np.ones((1, 2)), jax.random.key(0)
+  for top_k in (True, 1.5, -1):
+    with pytest.raises(ValueError, match='top_k'):
+      sample(model, params, prompt, 3, key, top_k=top_k)
+  with pytest.raises(ValueError, match='temperature'):
+    sample(model, params, prompt, 3, key, temperature='hot')
+  for num_tokens in (0, -1, 2.0):
+    with pytest.raises(ValueError, match='num_tokens'):
+      sample(model, params, prompt, num_tokens, key)
+    with pytest.raises(ValueError, match='num_tokens'):
+      greedy(model, params, prompt, num_tokens)
+    with pytest.raises(ValueError, match='num_tokens'):
+      beam_search(model, params, prompt, num_tokens, 2)
+  for width in (0, 10_000, True):
+    with pytest.raises(ValueError, match='beam_width'):
+      beam_search(model, params, prompt, 3, width)
+  # Two prompts are not one: beam search continues a single row.
+  for many in (np.ones((2, 2)), np.ones((1, 1, 2))):
+    with pytest.raises(ValueError, match='one row'):
+      beam_search(model, params, many, 3, 2)
 
 
 def _sequence_log_prob(model, params, prompt, continuations):
@@ -145,6 +173,14 @@ def test_top_k_draws_from_the_renormalised_top_k(skewed_lm):
   first = sample(model, params, prompt, 1, jax.random.key(0), top_k=3)[:, 0]
   assert set(first) <= set(top)
   _assert_drawn_from(first, probs)
+
+
+def test_top_k_keeps_exactly_k_tokens_when_the_kth_is_tied():
+  logits = jnp.array([[1.0, 1.0, 1.0, 0.0, -1.0], [0.0, 2.0, 2.0, 2.0, 3.0]])
+  kept = np.asarray(top_k_logits(logits, 2))
+  np.testing.assert_array_equal(np.isfinite(kept).sum(-1), [2, 2])
+  np.testing.assert_array_equal(kept[np.isfinite(kept)], [1.0, 1.0, 2.0, 3.0])
+  np.testing.assert_array_equal(np.flatnonzero(np.isfinite(kept[1])), [1, 4])  # the lower id
 
 
 def test_prompts_from_text():
