@@ -12,6 +12,8 @@ from conftest import perturb
 from lm_zoo.cells import ALSTMCell, LSTMCell
 from lm_zoo.evaluation import (
   EvalResult,
+  Static,
+  TunedTemperature,
   evaluate_stream,
   make_eval_step,
   make_mc_dropout_eval_step,
@@ -213,3 +215,19 @@ def test_tuned_temperature_recovers_the_sampling_temperature(true_temperature):
 def test_tune_temperature_bad_range():
   with pytest.raises(ValueError, match='low < high'):
     tune_temperature(lambda t: t, 2.0, 0.5)
+
+
+@pytest.mark.parametrize('best', [0.3, 1.2, 3.0])
+def test_a_tuned_temperature_at_the_edge_of_its_range_is_warned_of(monkeypatch, caplog, best):
+  """The search can only return a temperature in [low, high]: where the
+  loss falls on beyond an end, the log says the range cut it short."""
+  monkeypatch.setattr(
+    Static,
+    'score',
+    lambda self, prepared, split: EvalResult((1 / self.temperature - 1 / best) ** 2, 1),
+  )
+  with caplog.at_level('INFO', logger='lm_zoo.evaluation.evaluators'):
+    chosen = TunedTemperature(Static(5), 0.5, 2.0, 0.01).prepare(None, None, None).choice
+  assert chosen == pytest.approx(min(max(best, 0.5), 2.0), abs=0.01)
+  at_edge = [r for r in caplog.records if 'edge of [0.5, 2]' in r.getMessage()]
+  assert [r.levelname for r in at_edge] == ([] if best == 1.2 else ['WARNING'])

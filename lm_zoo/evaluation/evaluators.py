@@ -289,7 +289,16 @@ class TunedTemperature(Evaluator):
     plain = Prepared(model, params, corpus)
     at = lambda t: dataclasses.replace(self.base, temperature=t).score(plain, 'valid').loss
     temperature = tune_temperature(at, self.low, self.high, self.tolerance)
-    log.info('softmax temperature %.3f minimises the validation loss', temperature)
+    if min(temperature - self.low, self.high - temperature) <= self.tolerance:
+      log.warning(
+        'softmax temperature %.3f lies at the edge of [%g, %g]: the best may lie beyond it '
+        '(widen temperature.low / temperature.high)',
+        temperature,
+        self.low,
+        self.high,
+      )
+    else:
+      log.info('softmax temperature %.3f minimises the validation loss', temperature)
     return dataclasses.replace(plain, choice=temperature)
 
   def choice_record(self, prepared: Prepared) -> float:
