@@ -167,6 +167,12 @@ def test_best_so_far_is_the_running_minimum_over_finished_trials():
 def test_read_study_opens_the_one_study_of_a_tuning_workdir(tmp_path):
   with pytest.raises(ConfigError, match='study.db not found'):
     read_study(tmp_path)
+  for content in (b'', b'not a database'):  # refused, and left as they were
+    (tmp_path / 'study.db').write_bytes(content)
+    with pytest.raises(ConfigError, match='not a study database'):
+      read_study(tmp_path)
+    assert (tmp_path / 'study.db').read_bytes() == content
+  (tmp_path / 'study.db').unlink()
   url = f'sqlite:///{tmp_path / "study.db"}'
   study = optuna.create_study(study_name='ptb_small_lstm', storage=url)
   study.add_trial(optuna.create_trial(value=5.0))

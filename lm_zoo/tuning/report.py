@@ -11,6 +11,7 @@ from typing import Sequence
 
 import ml_collections
 import optuna
+import sqlalchemy
 
 from lm_zoo.configs import evaluation_config
 from lm_zoo.drawing import Series, parallel_coordinates_figure
@@ -53,11 +54,24 @@ def read_study(workdir: str | pathlib.Path) -> optuna.Study:
   path = pathlib.Path(workdir) / STUDY_FILE
   if not path.is_file():
     raise ConfigError(f'{path} not found: is {workdir} a work directory of lm-zoo-tune?')
-  url = f'sqlite:///{path.resolve()}'
-  names = optuna.get_all_study_names(url)
-  if len(names) != 1:
-    raise ConfigError(f'{path} holds {len(names)} studies ({", ".join(names)}), not one')
-  return optuna.load_study(study_name=names[0], storage=url)
+  # Read-only: reading a file that is not yet a study must not make it one.
+  url = f'sqlite:///file:{path.resolve()}?mode=ro&uri=true'
+  try:
+    storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+    names = [s.study_name for s in storage.get_all_studies()]
+    if len(names) != 1:
+      raise ConfigError(f'{path} holds {len(names)} studies ({", ".join(names)}), not one')
+    return optuna.load_study(study_name=names[0], storage=storage)
+  # RuntimeError: a database of another Optuna version; StorageInternalError
+  # wraps SQLAlchemy's.
+  except (
+    sqlalchemy.exc.SQLAlchemyError,
+    optuna.exceptions.StorageInternalError,
+    RuntimeError,
+  ) as err:
+    cause = err.__cause__ or err
+    reason = str(getattr(cause, 'orig', None) or cause).splitlines()[0]
+    raise ConfigError(f'{path} is not a study database lm-zoo-tune can read ({reason})') from None
 
 
 def best_so_far(study: optuna.Study) -> Series:
