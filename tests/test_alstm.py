@@ -103,6 +103,28 @@ def test_params_are_those_of_the_paper():
   np.testing.assert_allclose(w @ w.T, np.eye(M), atol=1e-5)
 
 
+@pytest.mark.parametrize('param_dtype', [jnp.float32, jnp.bfloat16])
+def test_w_and_v_are_orthogonal_per_gate_or_over_the_four_gates(param_dtype):
+  """Per gate: each gate's block has orthonormal rows (M, N <= N). Over the
+  gates, as the authors' code draws them: the whole (rows, 4N) matrix has
+  orthonormal rows and the gates' blocks do not."""
+  x = jnp.zeros((B, M))
+  for per_gate in (True, False):
+    cell = _cell(orthogonal_per_gate=per_gate, param_dtype=param_dtype)
+    params = cell.init(jax.random.key(0), cell.initialize_carry(jax.random.key(0), x.shape), x)
+    for name, rows in (('input', M), ('recurrent', N)):
+      kernel = np.asarray(params['params'][name]['kernel_1'], np.float64)
+      assert params['params'][name]['kernel_1'].dtype == param_dtype
+      atol = 2e-2 if param_dtype == jnp.bfloat16 else 1e-5
+      blocks = [kernel[:, g * N : (g + 1) * N] for g in range(4)]
+      if per_gate:
+        for block in blocks:
+          np.testing.assert_allclose(block @ block.T, np.eye(rows), atol=atol)
+      else:
+        np.testing.assert_allclose(kernel @ kernel.T, np.eye(rows), atol=atol)
+        assert not np.allclose(blocks[0] @ blocks[0].T, np.eye(rows), atol=0.1)
+
+
 @pytest.mark.parametrize('latent', ['lstm', 'static'])
 def test_runs_in_nn_rnn_under_jit(latent):
   cell = _cell(latent)

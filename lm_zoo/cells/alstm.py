@@ -15,6 +15,7 @@ from lm_zoo.cells.base import carry_output, replace_carry_output
 from lm_zoo.cells.lstm import (
   LSTMCell,
   check_lstm_carry,
+  drawn_wide,
   gate_bias_init,
   lstm_update,
   per_gate_init,
@@ -83,8 +84,10 @@ class ALSTMCell(nn.RNNCellBase):
   z_t = latent(v_t) of the summary v_t = [x_t; h_{t-1}] (plus a `context`
   from another layer in the LSTM-RHN stack), as in the authors' alstm code:
   one vector of size m + 13n split as [x scale m | h scale n | 4n for W |
-  4n for V | 4n for the bias]. W, V orthogonal per gate, b zero with
-  `forget_bias` on the forget gate.
+  4n for V | 4n for the bias]. W, V orthogonal per gate (or, with
+  `orthogonal_per_gate=False`, each one orthogonal (4n, ·) matrix over the
+  four gates, as the authors' code draws them: entries about half as
+  large), b zero with `forget_bias` on the forget gate.
 
   The carry is (latent carry, c, h): h last, so state dropout and `Mogrify`
   (an adaptive Mogrifier) apply unchanged.
@@ -110,6 +113,8 @@ class ALSTMCell(nn.RNNCellBase):
     forget_bias: initial forget-gate bias.
     cap_input_gate: cap the input gate at one minus the forget gate (`LSTMCell`).
     dropout_latent: dropout rate on z (see above).
+    orthogonal_per_gate: W and V orthogonal per gate (True), or over the
+      four gates at once (False, the authors' code).
     dtype: the products' dtype of the adaptation model, the policy and the
       adaptive layers (None: from the inputs; bfloat16 sums and returns
       float32, `lm_zoo.layers.products`); gates and states stay float32.
@@ -124,6 +129,7 @@ class ALSTMCell(nn.RNNCellBase):
   forget_bias: float = 1.0
   cap_input_gate: bool = False
   dropout_latent: float = 0.0
+  orthogonal_per_gate: bool = True
   dtype: Any = None
   param_dtype: Any = jnp.float32
 
@@ -159,10 +165,13 @@ class ALSTMCell(nn.RNNCellBase):
       dense(m + 13 * n, self.dtype, use_bias=False, param_dtype=self.param_dtype, name='policy')(z)
     )
     x_scale, h_scale, w_scale, v_scale, b_scale = split_sizes(pi, (m, n, 4 * n, 4 * n, 4 * n))
+    orthogonal = nn.initializers.orthogonal()
+    per_gate = self.orthogonal_per_gate
+    kernel_init = per_gate_init(orthogonal, n) if per_gate else drawn_wide(orthogonal)
     adaptive = lambda name, **kw: AdaptiveDense(
       4 * n,
       'io',
-      kernel_init=per_gate_init(nn.initializers.orthogonal(), n),
+      kernel_init=kernel_init,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       name=name,

@@ -28,6 +28,16 @@ def per_gate_init(init: Initializer, features: int) -> Initializer:
   return init_fn
 
 
+def drawn_wide(init: Initializer) -> Initializer:
+  """`init` over the whole kernel, drawn in float32 or wider and rounded to
+  `dtype`, as `per_gate_init` draws each block."""
+
+  def init_fn(key, shape, dtype=jnp.float32):
+    return init(key, shape, state_dtype(dtype)).astype(dtype)
+
+  return init_fn
+
+
 def state_dtype(param_dtype: Any) -> Any:
   """The dtype of an LSTM's gates and states for parameters of
   `param_dtype`: float32, or wider parameters' dtype."""

@@ -31,6 +31,7 @@ def _alstm(cfg: ml_collections.ConfigDict):
     forget_bias=cfg.forget_bias,
     cap_input_gate=cfg.cap_input_gate,
     dropout_latent=cfg.alstm.dropout_latent,
+    orthogonal_per_gate=cfg.alstm.orthogonal_per_gate,
   )
 
 
