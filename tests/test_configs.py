@@ -198,6 +198,20 @@ def test_mogrifier_paper_configs_build_lambs_model_at_its_budget(variant):
   )
 
 
+@pytest.mark.parametrize(
+  'variant, folder',
+  [('ptb_lstm', 'ptb'), ('ptb_char_mogrifier', 'ptb-char'), ('wikitext2_lstm', 'wikitext-2')],
+)
+def test_mogrifier_paper_evaluates_at_lambs_batch_of_100_lines_a_row(variant, folder, data_dir):
+  """lamb evaluates at min(batch, lines // 100) (`evaluation.py`), counting
+  each split's lines: the configs' batches, from our copies of the files."""
+  config = load_experiment('mogrifier_paper', variant)
+  for split, field in (('valid', 'eval_batch_size'), ('test', 'test_batch_size')):
+    with open(data_dir / folder / f'{split}.txt', encoding='utf-8') as f:
+      lines = sum(1 for _ in f)
+    assert config.data[field] == max(1, min(config.data.batch_size, lines // 100)) < 64
+
+
 def test_lamb_budget_solving_finds_lambs_hidden_size():
   from runpy import run_path
 
@@ -273,6 +287,7 @@ def test_alstm_recipe_is_the_authors(corpus, vocab, published):
   assert count == _authors_alstm_count(vocab, 400, hidden)
   assert abs(count + 800 - published) < 0.015 * published
   assert config.model.alstm.latent == 'lstm_rhn' and config.model.alstm.dropout_latent == 0.1
+  assert not config.model.alstm.orthogonal_per_gate  # torch's orthogonal_ on the whole (4n, .)
   assert (
     config.model.dropout_embedding,
     config.model.dropout_input,
@@ -289,9 +304,10 @@ def test_alstm_recipe_is_the_authors(corpus, vocab, published):
 def test_awd_lstm_recipe():
   config = load_experiment('awd_lstm', 'ptb')
   m = config.model
-  # Tied: embedding, three LSTMs 400 -> 1150 -> 1150 -> 400, softmax bias only.
+  # Tied: embedding, three LSTMs 400 -> 1150 -> 1150 -> 400 with torch's two
+  # gate biases each (bias_ih, bias_hh), softmax bias only.
   sizes = [(400, 1150), (1150, 1150), (1150, 400)]
-  expected = 10_000 * 400 + sum(4 * n * (i + n) + 4 * n for i, n in sizes) + 10_000
+  expected = 10_000 * 400 + sum(4 * n * (i + n) + 8 * n for i, n in sizes) + 10_000
   assert count_params(build_model(m, 10_000)) == expected
   assert abs(expected - 24_000_000) < 0.01 * 24_000_000  # the paper: 24M
   assert (

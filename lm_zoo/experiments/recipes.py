@@ -108,6 +108,22 @@ def small_ptb_config() -> ml_collections.ConfigDict:
   return c
 
 
+# Lines of the valid and test files: lamb evaluates at the batch size that
+# leaves each row 100 lines (`evaluation.py`, `min_non_episodic_eval_examples_
+# per_stripe=100`, counted in a corpus's lines), the training batch at most.
+# enwik8's splits hold far more lines than 100 a row of its batches.
+_EVAL_LINES = {'ptb': (3370, 3761), 'ptb_char': (3370, 3761), 'wikitext2': (3760, 4358)}
+
+
+def lamb_eval_batch_sizes(data: str, batch_size: int) -> tuple[int, int]:
+  """lamb's evaluation batch sizes on `data`'s valid and test splits."""
+  lines = _EVAL_LINES.get(data)
+  if lines is None:
+    return batch_size, batch_size
+  valid, test = (max(1, min(batch_size, n // 100)) for n in lines)
+  return valid, test
+
+
 def lamb_config(
   data: str,
   *,
@@ -151,7 +167,9 @@ def lamb_config(
     (`lm.py`), the L2 penalty (sum of squares / 2 over every weight) is part
     of it, and the gradient of both is clipped to norm 10
     (`max_grad_norm=10`);
-  - evaluation at the training batch size; `model_average='arithmetic'`.
+  - evaluation at the training batch size or lower, where a row would hold
+    fewer than 100 of the split's lines (`lamb_eval_batch_sizes`: PTB 33
+    valid, 37 test); `model_average='arithmetic'`.
 
   A turn is `steps_per_turn` updates: training runs `turns` of them, with a
   validation every turn, and averaging starts after
@@ -161,12 +179,13 @@ def lamb_config(
   embedding `input_embedding_ratio` (at most 1) times it.
   """
   c = base_config()
+  eval_batch_size, test_batch_size = lamb_eval_batch_sizes(data, batch_size)
   c.data.update(
     name=data,
     batch_size=batch_size,
     bptt=max_time_steps,
-    eval_batch_size=batch_size,
-    test_batch_size=batch_size,
+    eval_batch_size=eval_batch_size,
+    test_batch_size=test_batch_size,
   )
   c.model.update(
     num_layers=num_layers,
