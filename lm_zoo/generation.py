@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 import warnings
 from typing import Any
 
@@ -44,6 +43,17 @@ def _read_prompt(model: RecurrentLM, params, prompt):
 def _next(model: RecurrentLM, params, tokens, carries):
   logits, carries = model.apply({'params': params}, tokens[:, None], carries)
   return logits[:, -1], carries
+
+
+def _check_temperature(temperature: Any) -> None:
+  """A ValueError unless `temperature` is one finite number > 0 (a Python,
+  NumPy or JAX scalar)."""
+  try:
+    number = None if isinstance(temperature, (bool, str)) else float(temperature)
+  except (TypeError, ValueError):
+    number = None
+  if number is None or not (math.isfinite(number) and number > 0):
+    raise ValueError(f'temperature must be a positive number, got {temperature!r}')
 
 
 def top_k_logits(logits: jax.Array, k: int) -> jax.Array:
@@ -81,10 +91,8 @@ def sample(
   Each next token is drawn from softmax(logits / temperature), restricted to
   the `top_k` most likely tokens when `top_k` > 0.
   """
-  real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
-  if not (real and math.isfinite(temperature) and temperature > 0):
-    raise ValueError(f'temperature must be a positive number, got {temperature}')
-  _count('num_tokens', num_tokens, 1)
+  _check_temperature(temperature)
+  _count('num_tokens', num_tokens, 0)
   _count('top_k (0: no restriction)', top_k, 0)
   return np.asarray(
     _sample(
@@ -113,7 +121,7 @@ def _greedy(model: RecurrentLM, params, prompt, num_tokens):
 def greedy(model: RecurrentLM, params: Any, prompt: np.ndarray, num_tokens: int) -> np.ndarray:
   """Greedy decoding: the most likely next token, `num_tokens` times per row."""
   prompt = _check_prompt(prompt, model.vocab_size)
-  _count('num_tokens', num_tokens, 1)
+  _count('num_tokens', num_tokens, 0)
   return np.asarray(_greedy(model, params, prompt, num_tokens))
 
 
@@ -174,7 +182,7 @@ def beam_search(
   if np.ndim(prompt) not in (1, 2) or np.ndim(prompt) == 2 and np.shape(prompt)[0] != 1:
     raise ValueError(f'prompt must be one row of ids, (P,) or (1, P), got {np.shape(prompt)}')
   prompt = _check_prompt(np.reshape(prompt, (1, -1)), model.vocab_size)
-  _count('num_tokens', num_tokens, 1)
+  _count('num_tokens', num_tokens, 0)
   _count('beam_width', beam_width, 1, model.vocab_size)
   tokens, score = _beam_search(model, params, prompt, num_tokens, beam_width, eos_id)
   return np.asarray(tokens), float(score)

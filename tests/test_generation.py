@@ -80,9 +80,14 @@ def test_bad_arguments(lm):
   for top_k in (True, 1.5, -1):
     with pytest.raises(ValueError, match='top_k'):
       sample(model, params, prompt, 3, key, top_k=top_k)
-  with pytest.raises(ValueError, match='temperature'):
-    sample(model, params, prompt, 3, key, temperature='hot')
-  for num_tokens in (0, -1, 2.0):
+  for temperature in ('hot', True, np.ones(2), -1.0):
+    with pytest.raises(ValueError, match='temperature'):
+      sample(model, params, prompt, 3, key, temperature=temperature)
+  for temperature in (np.float32(0.8), jnp.float32(0.8), np.array(0.8)):  # scalars of any kind
+    assert sample(model, params, prompt, 3, key, temperature=temperature).shape == (1, 3)
+  assert sample(model, params, prompt, 0, key).shape == greedy(model, params, prompt, 0).shape
+  assert greedy(model, params, prompt, 0).shape == (1, 0)
+  for num_tokens in (-1, 2.0, True):
     with pytest.raises(ValueError, match='num_tokens'):
       sample(model, params, prompt, num_tokens, key)
     with pytest.raises(ValueError, match='num_tokens'):
