@@ -221,7 +221,9 @@ def tuning_progress_figure(
   for colour, (name, group) in enumerate(studies.items()):
     label = _bests_label(name, [ys[-1] for _, ys in group if len(ys)])
     for xs, ys in group:
-      ax.plot(xs, ys, drawstyle='steps-post', color=f'C{colour % 10}', label=label)
+      # A marker on the best at the end: a study of one trial is one point.
+      colour_of = {'color': f'C{colour % 10}', 'marker': 'o', 'markevery': [len(xs) - 1]}
+      ax.plot(xs, ys, drawstyle='steps-post', label=label, **colour_of)
       label = None
   return save_labelled(fig, ax, path, 'trials finished', 'best valid perplexity so far', title)
 

@@ -3,6 +3,8 @@
 ranges) checked against a direct NumPy computation, and the figure; a
 study's progress (its best so far) and reading it from a work directory."""
 
+import sqlite3
+
 import numpy as np
 import optuna
 import pytest
@@ -165,6 +167,8 @@ def test_best_so_far_is_the_running_minimum_over_finished_trials():
 
 
 def test_read_study_opens_the_one_study_of_a_tuning_workdir(tmp_path):
+  tmp_path = tmp_path / 'a #1 ?%20'  # what a URI would read otherwise
+  tmp_path.mkdir()
   with pytest.raises(ConfigError, match='study.db not found'):
     read_study(tmp_path)
   for content in (b'', b'not a database'):  # refused, and left as they were
@@ -172,12 +176,18 @@ def test_read_study_opens_the_one_study_of_a_tuning_workdir(tmp_path):
     with pytest.raises(ConfigError, match='not a study database'):
       read_study(tmp_path)
     assert (tmp_path / 'study.db').read_bytes() == content
-  (tmp_path / 'study.db').unlink()
-  url = f'sqlite:///{tmp_path / "study.db"}'
-  study = optuna.create_study(study_name='ptb_small_lstm', storage=url)
+  (tmp_path / 'study.db').write_bytes(b'')
+  # Made a study database through a plain connection (a URL would misread the path).
+  storage = optuna.storages.RDBStorage(
+    'sqlite://', {'creator': lambda: sqlite3.connect(tmp_path / 'study.db')}
+  )
+  with pytest.raises(ConfigError, match='none started'):
+    read_study(tmp_path)
+  study = optuna.create_study(study_name='ptb_small_lstm', storage=storage)
   study.add_trial(optuna.create_trial(value=5.0))
   read = read_study(tmp_path)
   assert read.study_name == 'ptb_small_lstm' and [t.value for t in read.trials] == [5.0]
-  optuna.create_study(study_name='another', storage=url)
+  optuna.create_study(study_name='another', storage=storage)
   with pytest.raises(ConfigError, match='holds 2 studies'):
     read_study(tmp_path)
+  assert sorted(p.name for p in tmp_path.parent.iterdir()) == [tmp_path.name]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import pathlib
+import sqlite3
+import urllib.parse
 from typing import Sequence
 
 import ml_collections
@@ -50,17 +52,23 @@ def _perplexity(trial: optuna.trial.FrozenTrial) -> float:
 
 def read_study(workdir: str | pathlib.Path) -> optuna.Study:
   """The one study in `workdir`'s SQLite database, as `lm-zoo-tune` keeps it
-  there (a study in a `--tune.study.storage` database is read with Optuna)."""
+  there (a study in a `--tune.study.storage` database is read with Optuna),
+  opened read-only: the file is never written."""
   path = pathlib.Path(workdir) / STUDY_FILE
   if not path.is_file():
     raise ConfigError(f'{path} not found: is {workdir} a work directory of lm-zoo-tune?')
-  # Read-only: reading a file that is not yet a study must not make it one.
-  url = f'sqlite:///file:{path.resolve()}?mode=ro&uri=true'
+  # SQLite's URI form, quoted (a '#' or '?' in the path would end it), opens
+  # the file read-only: reading a file that is not yet a study must not make it one.
+  uri = f'file:{urllib.parse.quote(str(path.resolve()))}?mode=ro'
+  engine = {'creator': lambda: sqlite3.connect(uri, uri=True, timeout=60)}
   try:
-    storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+    storage = optuna.storages.RDBStorage('sqlite://', engine, skip_table_creation=True)
     names = [s.study_name for s in storage.get_all_studies()]
     if len(names) != 1:
-      raise ConfigError(f'{path} holds {len(names)} studies ({", ".join(names)}), not one')
+      raise ConfigError(
+        f'{path} holds {len(names)} studies ({", ".join(names) or "none started"}): '
+        'give the work directory of one lm-zoo-tune study'
+      )
     return optuna.load_study(study_name=names[0], storage=storage)
   # RuntimeError: a database of another Optuna version; StorageInternalError
   # wraps SQLAlchemy's.
@@ -71,6 +79,8 @@ def read_study(workdir: str | pathlib.Path) -> optuna.Study:
   ) as err:
     cause = err.__cause__ or err
     reason = str(getattr(cause, 'orig', None) or cause).splitlines()[0]
+    if 'locked' in reason:
+      raise ConfigError(f'{path} is locked by a writer ({reason}): try again') from None
     raise ConfigError(f'{path} is not a study database lm-zoo-tune can read ({reason})') from None
 
 
