@@ -111,7 +111,7 @@ def base_config() -> ml_collections.ConfigDict:
   # latent carry (the authors' --dropouta).
   c.model.alstm.dropout_latent = 0.0
   # W and V orthogonal per gate; False: each one orthogonal matrix over the
-  # four gates, as the authors' code draws them (entries about half as large).
+  # four gates, as the authors' code draws them (entries up to half as large).
   c.model.alstm.orthogonal_per_gate = True
 
   # The dual connection between the stack and the softmax (dual paper); size 0: ERS.

@@ -86,7 +86,7 @@ class ALSTMCell(nn.RNNCellBase):
   one vector of size m + 13n split as [x scale m | h scale n | 4n for W |
   4n for V | 4n for the bias]. W, V orthogonal per gate (or, with
   `orthogonal_per_gate=False`, each one orthogonal (4n, ·) matrix over the
-  four gates, as the authors' code draws them: entries about half as
+  four gates, as the authors' code draws them: entries up to half as
   large), b zero with `forget_bias` on the forget gate.
 
   The carry is (latent carry, c, h): h last, so state dropout and `Mogrify`
