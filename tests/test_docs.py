@@ -50,9 +50,37 @@ def test_the_guide_exists_and_its_links_resolve():
         assert (page.parent / target).resolve().is_file(), f'{page.name} links to {target}'
 
 
+@pytest.fixture
+def registries_restored():
+  """The registries a page's examples add to (register_cell, _optimizer,
+  ...) as they were before: a name a page registers ('lion') is not known
+  to the tests that run after it in the same process."""
+  from lm_zoo.cells import scans
+  from lm_zoo.evaluation import dynamic_rules
+  from lm_zoo.evaluation import registry as evaluators
+  from lm_zoo.models import registry as models
+  from lm_zoo.training import optimizers
+
+  kept = [
+    models.CELLS,
+    models.HEADS,
+    optimizers.OPTIMIZERS,
+    evaluators.REGISTRY,
+    evaluators.META_LEARNED,
+    dynamic_rules.DYNAMIC_RULES,
+    scans.REGISTRY,
+  ]
+  saved = [registry.copy() for registry in kept]
+  yield
+  for registry, before in zip(kept, saved):
+    registry.clear()
+    registry.update(before)
+
+
 @pytest.mark.parametrize(
   'page', [p for p in PAGES if python_blocks(p.read_text())], ids=lambda p: p.name
 )
+@pytest.mark.usefixtures('registries_restored')
 def test_examples_run(page, data_dir, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   monkeypatch.setenv('LM_ZOO_DATA', str(data_dir))
