@@ -93,7 +93,7 @@ def sample(
   """
   _check_temperature(temperature)
   _count('num_tokens', num_tokens, 0)
-  _count('top_k (0: no restriction)', top_k, 0)
+  _count('top_k', top_k, 0)
   return np.asarray(
     _sample(
       model,

@@ -292,13 +292,13 @@ PROBES = {
   'generate: a negative top_k': (
     'generate',
     ['--workdir={w}', '--top_k=-1'],
-    'top_k must be >= 0 (0: no restriction), got -1',
+    'top_k must be at least 0, got -1',
   ),
   'generate: top_k past the vocabulary': ('generate', ['--workdir={w}', '--top_k=100000000'], None),
   'generate: beams past the vocabulary': (
     'generate',
     ['--workdir={w}', '--beam_width=100000'],
-    'beam_width must be in [1, vocab size 10000], got 100000',
+    'beam_width must be from 1 to 10,000, got 100,000',
   ),
   'generate: -5 tokens': (
     'generate',
