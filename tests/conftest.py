@@ -51,12 +51,14 @@ jax.config.update('jax_default_matmul_precision', os.environ['JAX_DEFAULT_MATMUL
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='lm_zoo_test_jax_cache_')
   atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], True)
-# Compilations of 0.1 s or more are cached: the tests compile the same
+# Compilations of 1 s or more are cached: the tests compile the same
 # programs again in new closures (each run's initialisation and steps), which
-# the in-memory caches miss; that saved 11% of the suite's CPU time. Writing
-# every executable, tiny ones too, hit a rare abort inside XLA's
-# executable.serialize() (twice in full runs); 0.1 s writes a fifth as many.
-os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.1')
+# the in-memory caches miss. Each write runs XLA's executable.serialize(),
+# which now and then crashes its process with a segfault or an abort (once
+# in the last three full runs at 0.1 s, each of which wrote about 1,200
+# entries): at 1 s a run writes under 200, the compilations whose reuse
+# saves the most.
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '1.0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 # jax read its variables when lm_zoo.runtime imported it: this process is told
 # through its config (before its first compilation, which fixes the cache).
