@@ -98,6 +98,16 @@ def test_a_study_completes_and_its_best_config_trains_to_its_score(tune_file, tm
   assert (tmp_path / 'study' / 'parallel_coordinates.png').stat().st_size > 0
 
 
+def test_the_study_database_is_in_a_work_directory_whose_name_a_url_would_misread(
+  tune_file, tmp_path
+):
+  workdir = tmp_path / 'a?b #c %20'  # '?' began the URL's query: the database was tmp_path/a
+  before = set(tmp_path.iterdir())
+  open_study(load_tune_config(tune_file), workdir)
+  assert set(tmp_path.iterdir()) - before == {workdir}
+  assert (workdir / 'study.db').stat().st_size > 0
+
+
 @pytest.mark.parametrize('linked', ['study.db', 'trials'])
 def test_a_link_inside_the_work_directory_is_refused_before_anything_is_written(
   tune_file, tmp_path, linked

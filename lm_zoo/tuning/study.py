@@ -31,6 +31,7 @@ import logging
 import math
 import pathlib
 import time
+import urllib.parse
 import warnings
 
 import ml_collections
@@ -73,7 +74,9 @@ def storage_url(tune: ml_collections.ConfigDict, workdir: str | pathlib.Path) ->
   """The study's database: `study.storage`, else SQLite in `workdir`."""
   if tune.study.storage:
     return tune.study.storage
-  return f'sqlite:///{(pathlib.Path(workdir) / STUDY_FILE).resolve()}'
+  # Quoted: SQLAlchemy reads a '?' in the path as the start of the URL's query
+  # (a database outside the work directory) and unquotes what it reads.
+  return f'sqlite:///{urllib.parse.quote(str((pathlib.Path(workdir) / STUDY_FILE).resolve()))}'
 
 
 @contextlib.contextmanager
