@@ -9,7 +9,6 @@ reproducible: the same `rng` gives the same text.
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from typing import Any
 
@@ -18,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lm_zoo.data.vocab import EOS, UNK, Vocab
+from lm_zoo.evaluation.checks import check_temperature
 from lm_zoo.models import RecurrentLM
 from lm_zoo.models.objective import check_token_ids
 
@@ -43,17 +43,6 @@ def _read_prompt(model: RecurrentLM, params, prompt):
 def _next(model: RecurrentLM, params, tokens, carries):
   logits, carries = model.apply({'params': params}, tokens[:, None], carries)
   return logits[:, -1], carries
-
-
-def _check_temperature(temperature: Any) -> None:
-  """A ValueError unless `temperature` is one finite number > 0 (a Python,
-  NumPy or JAX scalar)."""
-  try:
-    number = None if isinstance(temperature, (bool, str)) else float(temperature)
-  except (TypeError, ValueError):
-    number = None
-  if number is None or not (math.isfinite(number) and number > 0):
-    raise ValueError(f'temperature must be a positive number, got {temperature!r}')
 
 
 def top_k_logits(logits: jax.Array, k: int) -> jax.Array:
@@ -91,7 +80,7 @@ def sample(
   Each next token is drawn from softmax(logits / temperature), restricted to
   the `top_k` most likely tokens when `top_k` > 0.
   """
-  _check_temperature(temperature)
+  check_temperature(temperature)
   _count('num_tokens', num_tokens, 0)
   _count('top_k', top_k, 0)
   return np.asarray(

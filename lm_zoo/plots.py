@@ -222,8 +222,8 @@ def tuning_progress_figure(
     label = _bests_label(name, [ys[-1] for _, ys in group if len(ys)])
     for xs, ys in group:
       # A marker on the best at the end: a study of one trial is one point.
-      colour_of = {'color': f'C{colour % 10}', 'marker': 'o', 'markevery': [len(xs) - 1]}
-      ax.plot(xs, ys, drawstyle='steps-post', label=label, **colour_of)
+      style = {'color': f'C{colour % 10}', 'marker': 'o', 'markevery': [len(xs) - 1]}
+      ax.plot(xs, ys, drawstyle='steps-post', label=label, **style)
       label = None
   return save_labelled(fig, ax, path, 'trials finished', 'best valid perplexity so far', title)
 

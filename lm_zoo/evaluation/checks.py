@@ -22,8 +22,13 @@ def is_number(value: Any) -> bool:
 
 
 def check_temperature(value: Any) -> None:
-  """Raises ConfigError unless the temperature `value` is a finite number > 0."""
-  if not (is_number(value) and math.isfinite(value) and value > 0):
+  """Raises ConfigError unless the temperature `value` is one finite number
+  > 0: a Python, NumPy or JAX scalar, not a bool or a string."""
+  try:
+    number = None if isinstance(value, (bool, str)) else float(value)
+  except (TypeError, ValueError):
+    number = None
+  if number is None or not (math.isfinite(number) and number > 0):
     raise ConfigError(f'temperature must be a positive number, got {value}')
 
 

@@ -20,7 +20,7 @@ from lm_zoo.drawing import Series, parallel_coordinates_figure
 from lm_zoo.errors import ConfigError
 from lm_zoo.evaluation import DynamicRule, perplexity
 from lm_zoo.tuning.spaces import position
-from lm_zoo.tuning.study import DYNEVAL_FIELDS, STUDY_FILE, best_trial, study_counts
+from lm_zoo.tuning.study import DYNEVAL_FIELDS, FINISHED, STUDY_FILE, best_trial, study_counts
 
 REPORT_FILE = 'report.md'
 FIGURE_FILE = 'parallel_coordinates.png'
@@ -89,9 +89,8 @@ def best_so_far(study: optuna.Study) -> Series:
   trial, in the order they were numbered, how many have finished and the
   valid perplexity of the best complete one so far (from the first complete
   trial on). Failed trials count for nothing: a retry has its own number."""
-  states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
   counts, values, finished, best = [], [], 0, math.inf
-  for trial in sorted(study.get_trials(deepcopy=False, states=states), key=lambda t: t.number):
+  for trial in sorted(study.get_trials(deepcopy=False, states=FINISHED), key=lambda t: t.number):
     finished += 1
     if trial.state == optuna.trial.TrialState.COMPLETE and math.isfinite(trial.value):
       best = min(best, _perplexity(trial))

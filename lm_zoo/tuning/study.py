@@ -62,7 +62,7 @@ DYNEVAL_FIELDS = ('learning_rate', 'decay', 'eps', 'segment_length')
 STUDY_FILE = 'study.db'
 # Trials still to be settled: they may yet finish, or fail and be retried.
 _UNSETTLED = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-_FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
 class _Interrupted(Exception):
@@ -285,7 +285,7 @@ def study_counts(study: optuna.Study) -> dict[str, int]:
   waiting) and failed."""
   trials = study.get_trials(deepcopy=False)
   return {
-    'finished': sum(t.state in _FINISHED for t in trials),
+    'finished': sum(t.state in FINISHED for t in trials),
     'complete': sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials),
     'pruned': sum(t.state == optuna.trial.TrialState.PRUNED for t in trials),
     'unsettled': sum(t.state in _UNSETTLED for t in trials),
