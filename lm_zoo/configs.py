@@ -80,7 +80,11 @@ def base_config() -> ml_collections.ConfigDict:
   # The stack's output is the sum of every layer's output (lamb's lstm_skip_connection);
   # the layers must be of one size (model.output_size 0 or the hidden size).
   c.model.skip_connections = False
-  c.model.init_scale = 0.0  # > 0: every parameter U(±init_scale) (Zaremba)
+  # Where the parameters start (lm_zoo.models.init_schemes): default (each module's
+  # own initialisers), uniform (every parameter U(±init_scale), Zaremba's main.lua),
+  # torch (AWD-LSTM's, MoS's and the aLSTM's torch code), lamb (the Mogrifier's).
+  c.model.init = 'default'
+  c.model.init_scale = 0.0  # init = 'uniform' only
   c.model.unroll = 1  # lax.scan unroll
   # How each layer runs a window (lm_zoo.cells.scans; same outputs and gradients):
   # auto (fused where the cell has a kernel, else hoisted where it can, else

@@ -29,7 +29,7 @@ from lm_zoo.errors import ConfigError
 from lm_zoo.version import check_format
 
 # The layout of a preset folder: a version that reads another refuses it.
-PRESET_FORMAT_VERSION = 3
+PRESET_FORMAT_VERSION = 4
 PRESET_FILE = 'preset.json'
 WEIGHTS_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'

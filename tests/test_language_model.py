@@ -97,7 +97,7 @@ def test_any_flax_cell_is_a_layer(cell):
 
 
 def test_uniform_init_scale():
-  params = init_params(tiny_lm(), jax.random.key(0), init_scale=0.1)
+  params = init_params(tiny_lm(), jax.random.key(0), 'uniform', init_scale=0.1)
   leaves = np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)])
   assert np.abs(leaves).max() <= 0.1 and leaves.std() > 0.05
 

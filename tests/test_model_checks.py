@@ -16,7 +16,7 @@ BREAKS = {
   'at least 1': 0,
   '>= 0': -1,
   'in [0, 1) (a rate of 1 would drop or keep everything)': 1.0,
-  "a number >= 0 (0: the cells' own initialisers)": math.inf,
+  "a number >= 0 (> 0 with model.init='uniform')": math.inf,
   'below 2**31': 2**31,
 }
 BROKEN = [

@@ -51,8 +51,10 @@ def get_config(corpus: str = 'ptb'):
     dropout_output=0.6,
   )  # --dropouto
   c.model.alstm.update(latent='lstm_rhn', latent_size=100, dropout_latent=0.1)  # --dropouta
-  # aLSTMCell.reset_parameters: torch's orthogonal_ on each whole (4n, .) matrix.
+  # aLSTMCell.reset_parameters: torch's orthogonal_ on each whole (4n, .) matrix;
+  # the adaptation LSTMCell and the policy's nn.Linear keep torch's defaults.
   c.model.alstm.orthogonal_per_gate = False
+  c.model.init = 'torch'
   # Adam(betas=(0, 0.999), eps=1e-9, weight_decay=--wdecay), --lr 0.003, --clip 5
   # (main.py's default); torch's weight decay is added after the clipping.
   c.optimizer.update(

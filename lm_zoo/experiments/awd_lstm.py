@@ -3,9 +3,9 @@
 ptb     the paper's recipe, for accelerator hosts: 3 layers, embedding 400,
         hidden 1150 with the last layer of the embedding size, tied
         softmax; dropouts output .4, between layers .25, input .4,
-        embedding .1, weight drop .5; two gate biases a layer, as torch's
-        LSTM has; AR 2, TAR 1; variable BPTT around 70,
-        batch 20; SGD lr 30, clip 0.25, weight decay 1.2e-6; NT-ASGD
+        embedding .1, weight drop .5; two gate biases a layer and
+        torch's initialisation, as the authors' LSTM has; AR 2, TAR 1;
+        variable BPTT around 70, batch 20; SGD lr 30, clip 0.25, weight decay 1.2e-6; NT-ASGD
         (non-monotone interval 5), 500 epochs (paper: valid 60.0, test
         57.3 before fine-tuning, 24M parameters). Fine-tune afterwards:
         --config.train.init_from=runs/awd_ptb --config.averaging.trigger=always
@@ -48,6 +48,7 @@ def get_config(variant: str = 'small'):
     dropout_embedding=0.1,
     weight_drop=0.5,
     recurrent_bias=True,  # torch.nn.LSTM's bias_ih and bias_hh (model.py)
+    init='torch',  # torch.nn.LSTM's U(±1/√n), no forget offset; init_weights()'s U(±0.1)
   )
   c.optimizer.update(name='sgd', learning_rate=30.0, clip_norm=0.25, l2=1.2e-6, ar=2.0, tar=1.0)
   c.averaging.update(trigger='nonmonotone', nonmono=5)

@@ -58,6 +58,7 @@ def zaremba_config(size: str, schedule: str = 'code') -> ml_collections.ConfigDi
     num_layers=2,
     embed_size=hidden,
     hidden_size=hidden,
+    init='uniform',
     init_scale=init,
     recurrent_bias=schedule == 'code',
   )
@@ -155,7 +156,8 @@ def lamb_config(
   here, with lamb's code for how it acts:
 
   - `cap_input_gate=True`, `lstm_skip_connection=True`,
-    `drop_state_probability=0.01`, `forget_bias=1.0`;
+    `drop_state_probability=0.01`, `forget_bias=1.0`, and lamb's
+    initialisation (`model.init='lamb'`: every `*_init_factor` is 1);
   - `shared_mask_dropout=False`: the input, inter-layer and output masks are
     new at every step, the state's once per window (our non-variational
     mode); `downprojected_output_dropout=-1`: the mixture's latents are
@@ -188,6 +190,7 @@ def lamb_config(
     test_batch_size=test_batch_size,
   )
   c.model.update(
+    init='lamb',
     num_layers=num_layers,
     embed_size=0,
     embed_ratio=input_embedding_ratio,

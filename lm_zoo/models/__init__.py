@@ -10,6 +10,7 @@ from lm_zoo.models.factory import (
   solve_hidden_size,
 )
 from lm_zoo.models.heads import Dual, MixtureHead, Softmax, TiedSoftmax
+from lm_zoo.models.init_schemes import INIT_SCHEMES
 from lm_zoo.models.language_model import Embedding, RecurrentLM, symmetric_uniform
 from lm_zoo.models.recurrent import RecurrentLayer
 from lm_zoo.models.registry import CELLS, HEADS, HeadSpec, register_cell, register_head
@@ -18,6 +19,7 @@ from lm_zoo.models.stacks import LSTMRHN, Stack
 __all__ = [
   'CELLS',
   'HEADS',
+  'INIT_SCHEMES',
   'HeadSpec',
   'LSTMRHN',
   'Dual',

@@ -11,12 +11,20 @@ import ml_collections
 
 from lm_zoo.cells.scans import SCANS
 from lm_zoo.configs import base_config, check_fields, field_error, field_value
+from lm_zoo.models.init_schemes import INIT_SCHEMES
 from lm_zoo.models.registry import CELLS, DTYPES, HEADS, LATENTS, LSTM_FAMILY
 from lm_zoo.models.sizes import embed_size
 
 # field -> the names it may take (the registries themselves, so that a name
 # registered later is known)
-CHOICES = {'cell': CELLS, 'alstm.latent': LATENTS, 'dtype': DTYPES, 'scan': SCANS, 'head': HEADS}
+CHOICES = {
+  'init': INIT_SCHEMES,
+  'cell': CELLS,
+  'alstm.latent': LATENTS,
+  'dtype': DTYPES,
+  'scan': SCANS,
+  'head': HEADS,
+}
 SIZES = (
   'num_layers',
   'hidden_size',
@@ -55,7 +63,7 @@ RULES = (
     lambda x: 0 <= x < 1,
     'in [0, 1) (a rate of 1 would drop or keep everything)',
   ),
-  (('init_scale',), lambda x: 0 <= x < math.inf, "a number >= 0 (0: the cells' own initialisers)"),
+  (('init_scale',), lambda x: 0 <= x < math.inf, "a number >= 0 (> 0 with model.init='uniform')"),
   (SIZES, lambda x: x < 2**31, 'below 2**31'),
 )
 
@@ -78,6 +86,12 @@ def check_model_config(cfg: ml_collections.ConfigDict) -> None:
       'model.recurrent_bias',
       True,
       f"applies to model.cell='lstm', not model.cell={cfg.cell!r}: set it False",
+    )
+  if (cfg.init == 'uniform') != (cfg.init_scale > 0):
+    raise field_error(
+      'model.init_scale',
+      cfg.init_scale,
+      f"goes with model.init='uniform' only, which needs it > 0 (model.init={cfg.init!r})",
     )
   _check_head_sections(cfg)
   _check_sizes(cfg)

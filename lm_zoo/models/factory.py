@@ -12,9 +12,11 @@ import jax
 import ml_collections
 
 from lm_zoo.cells import LSTMRHNStack, mogrified, resolve_scan
+from lm_zoo.configs import field_error
 from lm_zoo.errors import ConfigError
 from lm_zoo.models.checks import check_model_config
 from lm_zoo.models.heads import Dual
+from lm_zoo.models.init_schemes import redraw, scheme_draws
 from lm_zoo.models.language_model import Embedding, RecurrentLM
 from lm_zoo.models.registry import CELLS, DTYPES, HEADS
 from lm_zoo.models.sizes import embed_size
@@ -104,8 +106,9 @@ def layer_sizes(model: RecurrentLM) -> list[int]:
 
 def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
   """The model in words, for the line a run starts with: its cell with the
-  transforms around it, layer sizes and head, e.g. 'Mogrifier lstm (5 rounds,
-  rank 84) 2 x 650, embedding 650, skip connections, tied softmax'."""
+  transforms around it, layer sizes, head and a scheme of initialisation
+  other than the default, e.g. 'Mogrifier lstm (5 rounds, rank 84) 2 x 650,
+  embedding 650, skip connections, tied softmax, lamb initialisation'."""
   cell = cfg.cell
   if cfg.cell == 'alstm':
     cell = f'alstm ({cfg.alstm.latent} adaptation, latent {cfg.alstm.latent_size})'
@@ -127,6 +130,9 @@ def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
   parts.append(HEADS[cfg.head].describe(cfg))
   if cfg.dtype != 'float32':
     parts.append(f'{cfg.dtype} products')
+  if cfg.init != 'default':
+    scale = f' ±{cfg.init_scale:g}' if cfg.init == 'uniform' else ''
+    parts.append(f'{cfg.init} initialisation{scale}')
   return ', '.join(parts)
 
 
@@ -229,7 +235,12 @@ def build_model(cfg: ml_collections.ConfigDict, vocab_size: int) -> RecurrentLM:
     log.info(
       'hidden size %d fits the budget of %s parameters', hidden_size, f'{cfg.param_budget:,}'
     )
-  return _model(cfg, vocab_size, hidden_size)
+  model = _model(cfg, vocab_size, hidden_size)
+  try:  # refused now, not when training starts
+    scheme_draws(model, cfg.init, cfg.init_scale)
+  except ValueError as err:
+    raise field_error('model.init', cfg.init, f'cannot draw this model: {err}') from None
+  return model
 
 
 def _abstract_inputs(model: RecurrentLM):
@@ -242,21 +253,16 @@ def _abstract_inputs(model: RecurrentLM):
   return tokens, carries
 
 
-def init_params(model: RecurrentLM, rng: jax.Array, init_scale: float = 0.0):
-  """Initial parameters; with `init_scale` > 0 every one is U(±init_scale).
-
-  The uniform option is Zaremba et al.'s initialisation of all weights and
-  biases (it replaces the cells' own initialisers, forget bias included).
+def init_params(model: RecurrentLM, rng: jax.Array, init: str = 'default', init_scale: float = 0.0):
+  """Initial parameters under the scheme `init` (`lm_zoo.models.init_schemes`):
+  'default' (each module's own initialisers), 'uniform' (every parameter
+  from U(±init_scale), Zaremba et al.'s), 'torch' or 'lamb' (the authors'
+  code's). Raises ValueError for a scheme the model has a part it cannot
+  draw, or a scale without 'uniform'.
   """
-  init_key, uniform_key = jax.random.split(rng)
+  draws = scheme_draws(model, init, init_scale)
+  init_key, redraw_key = jax.random.split(rng)
   # The inputs by shape only: flax evaluates the initialisers alone (the same
   # values), not the forward pass op by op, each op compiled (seconds a model).
   params = model.lazy_init(init_key, *_abstract_inputs(model))['params']
-  if init_scale > 0:
-    leaves, treedef = jax.tree.flatten(params)
-    keys = jax.random.split(uniform_key, len(leaves))
-    leaves = [
-      jax.random.uniform(k, x.shape, x.dtype, -init_scale, init_scale) for k, x in zip(keys, leaves)
-    ]
-    params = jax.tree.unflatten(treedef, leaves)
-  return params
+  return redraw(params, draws, redraw_key) if draws else params

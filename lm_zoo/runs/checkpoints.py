@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 # The layout of what lm_zoo writes into a work directory (its checkpoints,
 # config.json): a version that reads another format refuses it.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # The key of a checkpoint's meta that holds its arrays' digests (beside its
 # format and the lm_zoo that wrote it: FORMAT_KEY, WRITER_KEY).
 _DIGESTS = 'array_digests'

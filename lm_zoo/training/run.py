@@ -115,7 +115,7 @@ class Run:
 def create_train_state(model: RecurrentLM, optimizer, config) -> TrainState:
   """The first train state of seed `config.seed`, without the seed axis."""
   key = jax.random.key(config.seed)
-  params = init_params(model, key, config.model.init_scale)
+  params = init_params(model, key, config.model.init, config.model.init_scale)
   return TrainState(
     step=jax.numpy.zeros((), jax.numpy.int32),
     params=params,
