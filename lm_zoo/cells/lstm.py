@@ -114,7 +114,7 @@ class LSTMCell(nn.RNNCellBase):
   `nn.Linear` with its bias for x and another for h): the same function of
   b + b_h, but each bias takes the whole gradient, so plain SGD moves the
   gates' bias at twice the rate, and where every parameter is drawn
-  uniformly (`model.init_scale`, as main.lua does) it starts as the sum of
+  uniformly (`model.init='uniform'`, as main.lua does) it starts as the sum of
   two draws. Gate order in the fused (…, 4n) parameters is i, f, j, o. The
   forget-gate bias starts at `forget_bias` (+1 as in alstm and lamb). W x
   can be computed for all time steps at once (`project_inputs`) and fed to

@@ -5,24 +5,28 @@
   (Zaremba et al.'s main.lua).
 - `torch`: what the PyTorch code of AWD-LSTM, the mixture of softmaxes and
   the aLSTM draws (torch's defaults): every weight and bias of an LSTM of
-  hidden size n from U(±1/√n), with no forget-gate offset (the second gate
-  bias too, with `recurrent_bias`, as torch's LSTM has two); the aLSTM's
-  policy projection and the mixture's prior and latent maps from
-  U(±1/√fan_in) (`nn.Linear`), an untied softmax from U(±0.1). The
-  embedding (U(±0.1)), the zero output bias and the aLSTM's orthogonal W
-  and V are the default's already.
+  hidden size n from U(±1/√n), with no forget-gate offset (`forget_bias`
+  unused; torch's LSTM has two gate biases, `recurrent_bias`, whose sum
+  spreads √2 times wider than one); the aLSTM's adaptation LSTM likewise,
+  its policy projection and the mixture's prior and latent maps from
+  U(±1/√fan_in) (`nn.Linear`); an untied softmax from U(±0.1). The
+  embedding (U(±0.1)), the zero output bias and the aLSTM's W and V, each
+  orthogonal over the four gates (`orthogonal_per_gate=False`, which this
+  scheme asks for), are the default's draws already.
 - `lamb`: what deepmind/lamb draws (the Mogrifier paper): every LSTM matrix
   and gate bias from a normal of standard deviation √(1.3 / fan_in) cut at
   two of them (the gate biases' fan-in n, the forget gate's centred on
   `forget_bias`), a full-rank Mogrifier round's matrix too; the embedding
   (V, d) from TensorFlow's variance scaling by fan-out, a normal of
-  deviation 1/(0.8796 √d) cut at two. The low-rank Mogrifier factors, the
-  softmax, the mixture's maps and the zero biases are the default's already;
-  a second gate bias (`recurrent_bias`) stays zero, as lamb has one.
+  deviation 1/(0.8796 √d) cut at two; a tied softmax's projection from a
+  smaller last layer orthogonal. The low-rank Mogrifier factors, the
+  softmax, the mixture's maps and the zero biases are the default's draws
+  already; a second gate bias (`recurrent_bias`) stays zero, as lamb has one.
 
 A scheme redraws the parameters it names and keeps the default's draw of the
-rest; it refuses a part whose authors' code it does not describe (a GRU
-under `torch`, the aLSTM under `lamb`, the dual connection under either).
+rest; it refuses a part whose authors' code it does not describe (a GRU, the
+Mogrifier, a static adaptation model or a tied softmax's projection under
+`torch`; the aLSTM under `lamb`; the dual connection under either).
 
     >>> params = init_params(model, jax.random.key(0), init='torch')
 """
@@ -84,37 +88,56 @@ def _lamb_gate_bias(n: int, forget_bias: float) -> Draw:
   return _cut_normal(math.sqrt(1.3 / n), mean)
 
 
-def _refuse(scheme: str, part: nn.Module, where: str) -> ValueError:
+def _refuse(
+  scheme: str, part: str, where: str, why: str = "its authors' code has none"
+) -> ValueError:
   return ValueError(
-    f"init={scheme!r} has no rule for the {type(part).__name__} at {where} (its authors' code "
-    "has none): use init='default'"
+    f"init={scheme!r} has no rule for the {part} at {where} ({why}): use init='default'"
   )
 
 
 def _torch_cell(cell: nn.Module, where: str) -> Draws:
   if type(cell) is LSTMCell:
     return {where: _uniform(1 / math.sqrt(cell.features))}
-  if type(cell) is ALSTMCell and cell.latent is LSTMCell:
-    return {
-      f'{where}/latent': _uniform(1 / math.sqrt(cell.latent_size)),
-      f'{where}/policy': _fan_in_uniform,
-    }
-  raise _refuse('torch', cell, where)
+  if type(cell) is not ALSTMCell:
+    raise _refuse('torch', type(cell).__name__, where)
+  if cell.latent is not LSTMCell:
+    raise _refuse('torch', f'{cell.latent.__name__} adaptation model', f'{where}/latent')
+  if cell.orthogonal_per_gate:
+    raise _refuse(
+      'torch',
+      'orthogonal W and V per gate',
+      where,
+      "the authors' code draws each orthogonal over the four gates: set "
+      'orthogonal_per_gate=False (model.alstm.orthogonal_per_gate)',
+    )
+  return {
+    f'{where}/latent': _uniform(1 / math.sqrt(cell.latent_size)),
+    f'{where}/policy': _fan_in_uniform,
+  }
 
 
-def _torch_head(head: nn.Module, n: int) -> Draws:
-  """The head's draws under `torch`, for the stack's output size n."""
+def _torch_head(head: nn.Module, n: int, d: int) -> Draws:
+  """The head's draws under `torch`, for the stack's output size n and the
+  embedding's d."""
   if isinstance(head, Softmax):
     return {'head/kernel': _uniform(0.1)}
+  if isinstance(head, TiedSoftmax) and n != d:
+    raise _refuse(
+      'torch',
+      f'projection from the last layer ({n}) to the embedding ({d})',
+      'head/projection',
+      "the authors' code makes the last layer the embedding's size",
+    )
   if isinstance(head, TiedSoftmax):
-    return {'head/projection': _fan_in_uniform}
+    return {}
   if isinstance(head, MixtureHead):
     return {
       'head/prior': _uniform(1 / math.sqrt(n)),
       'head/latent': _uniform(1 / math.sqrt(n)),
       'head/softmax': _uniform(0.1),
     }
-  raise _refuse('torch', head, 'head')
+  raise _refuse('torch', type(head).__name__, 'head')
 
 
 def _lamb_cell(cell: nn.Module, where: str) -> Draws:
@@ -131,16 +154,15 @@ def _lamb_cell(cell: nn.Module, where: str) -> Draws:
         {f'{where}/{round_name(i)}/kernel': _lamb_fan_in for i in range(1, cell.rounds + 1)}
       )
     return draws
-  raise _refuse('lamb', cell, where)
+  raise _refuse('lamb', type(cell).__name__, where)
 
 
-def _lamb_head(head: nn.Module, n: int) -> Draws:
-  del n  # lamb's softmax and mixture start as ours
-  if isinstance(head, TiedSoftmax):
-    return {'head/projection': _orthogonal}
-  if isinstance(head, (Softmax, MixtureHead)):
-    return {}
-  raise _refuse('lamb', head, 'head')
+def _lamb_head(head: nn.Module, n: int, d: int) -> Draws:
+  if isinstance(head, TiedSoftmax) and n != d:
+    return {'head/projection': _orthogonal}  # lm.py's downprojection
+  if isinstance(head, (Softmax, TiedSoftmax, MixtureHead)):
+    return {}  # lamb's softmax and mixture start as ours
+  raise _refuse('lamb', type(head).__name__, 'head')
 
 
 def _orthogonal(key, shape, dtype):
@@ -153,9 +175,9 @@ def _embedding_fan_out(key, shape, dtype):
   return _cut_normal(1 / (0.87962566103423978 * math.sqrt(shape[1])))(key, shape, dtype)
 
 
-Rules = tuple[Callable[[nn.Module, str], Draws], Callable[[nn.Module, int], Draws], Draws]
+Rules = tuple[Callable[[nn.Module, str], Draws], Callable[[nn.Module, int, int], Draws], Draws]
 # scheme -> (the draws of a cell at a path, of the head for the stack's output
-# size, of the rest); `default` and `uniform` are not rule-based
+# size and the embedding's, of the rest); `default` and `uniform` are not rule-based
 _RULES: dict[str, Rules] = {
   'torch': (_torch_cell, _torch_head, {}),
   'lamb': (_lamb_cell, _lamb_head, {'embedding/embedding': _embedding_fan_out}),
@@ -181,12 +203,14 @@ def scheme_draws(model: RecurrentLM, init: str, init_scale: float = 0.0) -> Draw
     return {'': _uniform(init_scale)}
   cell_draws, head_draws, other = _RULES[init]
   if model.bridge is not None:
-    raise _refuse(init, model.bridge, 'bridge')
+    raise _refuse(init, type(model.bridge).__name__, 'bridge')
   draws = dict(other)
   for i, cell in enumerate(model.stack.cells):
     draws.update(cell_draws(cell, f'stack/cell_{i}'))
   last = model.stack.cells[-1]
-  draws.update(head_draws(model.head, getattr(last, 'cell', last).features))
+  draws.update(
+    head_draws(model.head, getattr(last, 'cell', last).features, model.embedding.features)
+  )
   return draws
 
 
