@@ -218,6 +218,8 @@ def build_baseline(name: str, hidden: int, batch: int, bptt: int) -> dict | None
   config = experiment_config(FLAGS.recipes[0], FLAGS.tiny)  # flax_lstm: our loop, flax's cell
   config.model.update(
     cell='flax_lstm',
+    init='default',  # the recipe's scheme may have no rule for flax's cell
+    init_scale=0.0,
     num_layers=2,
     param_budget=0,
     hidden_size=hidden,

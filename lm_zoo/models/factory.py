@@ -128,11 +128,11 @@ def describe_model(cfg: ml_collections.ConfigDict, model: RecurrentLM) -> str:
   if cfg.dual.size:
     parts.append(f'dual connection {cfg.dual.size}')
   parts.append(HEADS[cfg.head].describe(cfg))
-  if cfg.dtype != 'float32':
-    parts.append(f'{cfg.dtype} products')
   if cfg.init != 'default':
     scale = f' ±{cfg.init_scale:g}' if cfg.init == 'uniform' else ''
     parts.append(f'{cfg.init} initialisation{scale}')
+  if cfg.dtype != 'float32':
+    parts.append(f'{cfg.dtype} products')
   return ', '.join(parts)
 
 
