@@ -62,7 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.param_budget = 0  # > 0: solve hidden_size for this many parameters
   c.model.output_size = 0  # > 0: the last layer's size (AWD-LSTM: the embedding size)
   c.model.tie_embeddings = False
-  c.model.forget_bias = 1.0  # lstm, mlstm and alstm cells (an lstm under init='torch' has none)
+  # lstm, mlstm and alstm cells; an lstm under init='torch' has none, under 'uniform' it is drawn
+  c.model.forget_bias = 1.0
   # lstm, mlstm and alstm cells: c' = f c + min(1 - f, i) j, the input gate capped at
   # one minus the forget gate (lamb's cap_input_gate, set in every published
   # Mogrifier-paper config).

@@ -145,7 +145,7 @@ def test_a_scan_the_cells_cannot_take_is_refused_at_build():
   ],
 )  # sizes rounded
 def test_the_solved_hidden_size_is_the_largest_within_the_budget(growth, monkeypatch):
-  monkeypatch.setattr(factory, '_model', lambda cfg, vocab_size, n: n)
+  monkeypatch.setattr(factory, 'assemble', lambda cfg, vocab_size, n: n)
   monkeypatch.setattr(factory, 'count_params', growth)
   # The solver keeps its answers per config: here each growth law is another model.
   monkeypatch.setattr(factory, '_solve_hidden_size', factory._solve_hidden_size.__wrapped__)

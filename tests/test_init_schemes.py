@@ -27,7 +27,8 @@ from lm_zoo.models import (
   describe_model,
   init_params,
 )
-from lm_zoo.models.init_schemes import scheme_draws
+from lm_zoo.models.init_schemes import redraw, scheme_draws
+from lm_zoo.training.config_checks import validate_config
 
 VOCAB = 200
 # the standard deviation of a unit normal cut at ±2, not rescaled
@@ -140,7 +141,7 @@ def test_lamb_draws_each_gate_bias_around_its_mean():
   np.testing.assert_allclose(bias.mean(1), [0, 2, 0, 0], atol=4 * CUT_STD * np.sqrt(1.3 / n**2))
 
 
-def test_lamb_keeps_a_second_gate_bias_at_zero_and_its_mixture_and_projection():
+def test_lamb_keeps_a_second_gate_bias_at_zero_and_its_mixture_and_draws_the_projection():
   model = _built(
     'lamb', num_layers=1, hidden_size=16, embed_size=8, recurrent_bias=True, tie_embeddings=True,
     mogrifier={'rounds': 2},
@@ -169,20 +170,28 @@ def test_a_scheme_keeps_the_parameter_dtype():
   [
     ('torch', {'cell': 'gru'}, 'GRUCell at stack/cell_0'),
     ('torch', {'mogrifier': {'rounds': 2}}, 'Mogrify at stack/cell_0'),
+    ('lamb', {'cell': 'gru', 'mogrifier': {'rounds': 2}}, 'GRUCell inside Mogrify at stack/cell_0'),
     (
       'torch',
       {'cell': 'alstm', 'alstm': {'latent': 'static', 'orthogonal_per_gate': False}},
       'StaticLatent adaptation model at stack/cell_0/latent',
     ),
-    ('torch', {'cell': 'alstm'}, 'orthogonal W and V per gate at stack/cell_0.*=False'),
-    ('torch', {'embed_size': 4, 'tie_embeddings': True}, 'projection from the last layer'),
+    ('torch', {'cell': 'alstm'}, 'W and V orthogonal per gate at stack/cell_0.*=False'),
+    ('torch', {'embed_size': 4, 'tie_embeddings': True}, 'projection from the last layer.*size'),
     ('lamb', {'cell': 'alstm', 'alstm': {'latent_size': 4}}, 'ALSTMCell at stack/cell_0'),
     ('lamb', {'dual': {'size': 4}}, 'Dual at bridge'),
   ],
 )
-def test_a_part_without_the_authors_rule_is_refused_at_build(init, model, part):
-  with pytest.raises(ConfigError, match=f"model.init='{init}' cannot draw.*{part}.*init='default'"):
-    _built(init, num_layers=1, hidden_size=8, **model)
+def test_a_part_without_the_authors_rule_is_refused_before_any_data(init, model, part):
+  """`validate_config` (a run's first check, and a tuning study's over its
+  ranges) refuses it, as `build_model` does."""
+  config = base_config()
+  config.model.update(init=init, num_layers=1, hidden_size=8, **model)
+  message = f"config field model.init='{init}' has no rule for the {part}.*init='default'"
+  with pytest.raises(ConfigError, match=message):
+    validate_config(config)
+  with pytest.raises(ConfigError, match=message):
+    build_model(config.model, VOCAB)
 
 
 def test_the_api_refuses_in_one_line_too():
@@ -191,15 +200,28 @@ def test_the_api_refuses_in_one_line_too():
     init_params(model, jax.random.key(0), 'torch')
   with pytest.raises(ValueError, match='init must be one of default, uniform, torch, lamb'):
     scheme_draws(model, 'xavier')
-  with pytest.raises(ValueError, match="init_scale=0.1 goes with init='uniform' only"):
+  with pytest.raises(ValueError, match="init_scale=0.1 applies to init='uniform' only: set it 0"):
     init_params(model, jax.random.key(0), 'default', 0.1)
+  with pytest.raises(ValueError, match="init='uniform' needs init_scale > 0, got 0.0"):
+    init_params(model, jax.random.key(0), 'uniform')
+
+
+def test_a_rule_naming_no_parameter_is_an_error():
+  """A part renamed under a scheme's rules fails, not silently keeps the default."""
+  model = RecurrentLM(Embedding(VOCAB, 8), Stack([LSTMCell(8)]), Softmax(VOCAB))
+  params = init_params(model, jax.random.key(0))
+  draws = {**scheme_draws(model, 'torch'), 'stack/cell_0/renamed': lambda *a: None}
+  with pytest.raises(
+    ValueError, match=r"names parameters the model lacks: \['stack/cell_0/renamed'\]"
+  ):
+    redraw(params, draws, jax.random.key(1))
 
 
 @pytest.mark.parametrize(
   ('fields', 'message'),
   [
-    ({'init': 'uniform'}, "model.init_scale=0.0 goes with model.init='uniform' only"),
-    ({'init_scale': 0.05}, "model.init_scale=0.05 goes with model.init='uniform' only"),
+    ({'init': 'uniform'}, "model.init_scale=0.0 must be > 0 under model.init='uniform'"),
+    ({'init_scale': 0.05}, "model.init_scale=0.05 applies to model.init='uniform' only.*set it 0"),
     ({'init': 'he'}, "model.init='he' is not known: choose one of default, uniform, torch, lamb"),
   ],
 )

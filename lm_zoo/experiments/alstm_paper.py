@@ -12,9 +12,11 @@ Every value is that of the command in flennerhag/alstm's `examples/README.md`
   (WikiText-2: --epochs 187 --nhid 1500 --cut-steps 80 160 200)
 
 Their 2-layer `aLSTM` always wires the adaptation models as the LSTM-RHN of
-eq. (9). Where our model still differs from their code (one dropout mask for
-a layer's output and fed-back state there, two here; their policy slices
-overlap), docs/differences.md says so.
+eq. (9). The parameters start as theirs: W and V each orthogonal over the
+four gates, the rest torch's defaults (`model.init='torch'`). Where our
+model still differs from their code (one dropout mask for a layer's output
+and fed-back state there, two here; their policy slices overlap),
+docs/differences.md says so.
 
   lm-zoo-train --config=experiments/alstm_paper.py:ptb --workdir=runs/alstm_ptb
   lm-zoo-train --config=experiments/alstm_paper.py:wikitext2 --workdir=runs/alstm_wt2

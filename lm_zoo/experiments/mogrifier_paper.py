@@ -5,10 +5,11 @@ Each variant is one of the config files lamb published for the paper, in
 deepmind/lamb's lamb/experiment/mogrifier/config/ (named beside it below);
 the values are copied from the file under lamb's own names, and
 `lm_zoo.experiments.recipes.lamb_config` sets what all of them share (the capped input
-gate, skip connections, state dropping, per-step dropout masks, Adam with
-beta1 = 0, the loss summed over the window with its L2 term clipped at norm
-10, turns and the averaging trigger). docs/differences.md lists what still
-differs from lamb's code. Paper (Tables 1 and 2, no dynamic evaluation, valid / test):
+gate, skip connections, state dropping, per-step dropout masks, lamb's
+initialisation, Adam with beta1 = 0, the loss summed over the window with
+its L2 term clipped at norm 10, turns and the averaging trigger).
+docs/differences.md lists what still differs from lamb's code. Paper
+(Tables 1 and 2, no dynamic evaluation, valid / test):
 
   ptb_lstm, ptb_mogrifier                  PTB, 24M     55.8 / 54.6, 52.1 / 51.0
   wikitext2_lstm, wikitext2_mogrifier      WT2 MoS2, 35M  62.6 / 60.1, 58.7 / 56.6

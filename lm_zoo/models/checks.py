@@ -11,7 +11,8 @@ import ml_collections
 
 from lm_zoo.cells.scans import SCANS
 from lm_zoo.configs import base_config, check_fields, field_error, field_value
-from lm_zoo.models.init_schemes import INIT_SCHEMES
+from lm_zoo.models.assembly import assemble
+from lm_zoo.models.init_schemes import INIT_SCHEMES, refusal
 from lm_zoo.models.registry import CELLS, DTYPES, HEADS, LATENTS, LSTM_FAMILY
 from lm_zoo.models.sizes import embed_size
 
@@ -87,16 +88,28 @@ def check_model_config(cfg: ml_collections.ConfigDict) -> None:
       True,
       f"applies to model.cell='lstm', not model.cell={cfg.cell!r}: set it False",
     )
-  if (cfg.init == 'uniform') != (cfg.init_scale > 0):
-    raise field_error(
-      'model.init_scale',
-      cfg.init_scale,
-      f"goes with model.init='uniform' only, which needs it > 0 (model.init={cfg.init!r})",
-    )
   _check_head_sections(cfg)
   _check_sizes(cfg)
   if cfg.cell == 'alstm' and cfg.alstm.latent == 'lstm_rhn':
     _check_lstm_rhn(cfg)
+  _check_init(cfg)
+
+
+def _check_init(cfg: ml_collections.ConfigDict) -> None:
+  """The scheme's scale, and the parts of the model it draws (its parts
+  assembled at the configured hidden size: the sizes the rules read do not
+  depend on a budget's)."""
+  if cfg.init == 'uniform' and not cfg.init_scale > 0:
+    raise field_error('model.init_scale', cfg.init_scale, "must be > 0 under model.init='uniform'")
+  if cfg.init != 'uniform' and cfg.init_scale != 0:
+    raise field_error(
+      'model.init_scale',
+      cfg.init_scale,
+      f"applies to model.init='uniform' only (model.init={cfg.init!r}): set it 0",
+    )
+  reason = refusal(assemble(cfg, 2, cfg.hidden_size), cfg.init)
+  if reason:
+    raise field_error('model.init', cfg.init, reason)
 
 
 def _check_head_sections(cfg: ml_collections.ConfigDict) -> None:

@@ -18,15 +18,17 @@
   two of them (the gate biases' fan-in n, the forget gate's centred on
   `forget_bias`), a full-rank Mogrifier round's matrix too; the embedding
   (V, d) from TensorFlow's variance scaling by fan-out, a normal of
-  deviation 1/(0.8796 √d) cut at two; a tied softmax's projection from a
-  smaller last layer orthogonal. The low-rank Mogrifier factors, the
+  deviation 1/(0.8796 √d) cut at two; a tied softmax's projection, where
+  the last layer's size is not the embedding's, orthogonal. The low-rank Mogrifier factors, the
   softmax, the mixture's maps and the zero biases are the default's draws
   already; a second gate bias (`recurrent_bias`) stays zero, as lamb has one.
 
 A scheme redraws the parameters it names and keeps the default's draw of the
-rest; it refuses a part whose authors' code it does not describe (a GRU, the
-Mogrifier, a static adaptation model or a tied softmax's projection under
-`torch`; the aLSTM under `lamb`; the dual connection under either).
+rest. It draws the parts its authors' code has and refuses any other in one
+line: `torch` the lstm and alstm cells (an LSTM adaptation model, W and V
+orthogonal over the gates), the softmax without a projection and the
+mixture; `lamb` the lstm cell, mogrified or not, and every head; neither
+the dual connection.
 
     >>> params = init_params(model, jax.random.key(0), init='torch')
 """
@@ -88,28 +90,37 @@ def _lamb_gate_bias(n: int, forget_bias: float) -> Draw:
   return _cut_normal(math.sqrt(1.3 / n), mean)
 
 
-def _refuse(
-  scheme: str, part: str, where: str, why: str = "its authors' code has none"
-) -> ValueError:
-  return ValueError(
-    f"init={scheme!r} has no rule for the {part} at {where} ({why}): use init='default'"
-  )
+class Refused(ValueError):
+  """A part of a model that a scheme has no rule for."""
+
+
+def _refuse(part: str, where: str, why: str, fix: str = "use init='default'") -> Refused:
+  return Refused(f'has no rule for the {part} at {where} ({why}): {fix}')
+
+
+def _lacked(cell: nn.Module, where: str) -> Refused:
+  """The refusal of a cell whose authors' code the scheme does not describe."""
+  part = type(cell).__name__
+  if type(cell) is Mogrify and type(cell.cell) is not LSTMCell:
+    part = f'{type(cell.cell).__name__} inside Mogrify'
+  return _refuse(part, where, "its authors' code has none")
 
 
 def _torch_cell(cell: nn.Module, where: str) -> Draws:
   if type(cell) is LSTMCell:
     return {where: _uniform(1 / math.sqrt(cell.features))}
   if type(cell) is not ALSTMCell:
-    raise _refuse('torch', type(cell).__name__, where)
+    raise _lacked(cell, where)
   if cell.latent is not LSTMCell:
-    raise _refuse('torch', f'{cell.latent.__name__} adaptation model', f'{where}/latent')
+    raise _refuse(
+      f'{cell.latent.__name__} adaptation model', f'{where}/latent', "the authors' is an LSTM"
+    )
   if cell.orthogonal_per_gate:
     raise _refuse(
-      'torch',
-      'orthogonal W and V per gate',
+      'W and V orthogonal per gate',
       where,
-      "the authors' code draws each orthogonal over the four gates: set "
-      'orthogonal_per_gate=False (model.alstm.orthogonal_per_gate)',
+      "the authors' code draws each over the four gates",
+      "set orthogonal_per_gate=False, or use init='default'",
     )
   return {
     f'{where}/latent': _uniform(1 / math.sqrt(cell.latent_size)),
@@ -124,20 +135,17 @@ def _torch_head(head: nn.Module, n: int, d: int) -> Draws:
     return {'head/kernel': _uniform(0.1)}
   if isinstance(head, TiedSoftmax) and n != d:
     raise _refuse(
-      'torch',
       f'projection from the last layer ({n}) to the embedding ({d})',
       'head/projection',
       "the authors' code makes the last layer the embedding's size",
+      "give the last layer the embedding's size (output_size), or use init='default'",
     )
   if isinstance(head, TiedSoftmax):
     return {}
   if isinstance(head, MixtureHead):
-    return {
-      'head/prior': _uniform(1 / math.sqrt(n)),
-      'head/latent': _uniform(1 / math.sqrt(n)),
-      'head/softmax': _uniform(0.1),
-    }
-  raise _refuse('torch', type(head).__name__, 'head')
+    draws = {'head/prior': _uniform(1 / math.sqrt(n)), 'head/latent': _uniform(1 / math.sqrt(n))}
+    return draws if head.tied else {**draws, 'head/softmax': _uniform(0.1)}
+  raise _refuse(type(head).__name__, 'head', "its authors' code has none")
 
 
 def _lamb_cell(cell: nn.Module, where: str) -> Draws:
@@ -154,7 +162,7 @@ def _lamb_cell(cell: nn.Module, where: str) -> Draws:
         {f'{where}/{round_name(i)}/kernel': _lamb_fan_in for i in range(1, cell.rounds + 1)}
       )
     return draws
-  raise _refuse('lamb', type(cell).__name__, where)
+  raise _lacked(cell, where)
 
 
 def _lamb_head(head: nn.Module, n: int, d: int) -> Draws:
@@ -162,7 +170,7 @@ def _lamb_head(head: nn.Module, n: int, d: int) -> Draws:
     return {'head/projection': _orthogonal}  # lm.py's downprojection
   if isinstance(head, (Softmax, TiedSoftmax, MixtureHead)):
     return {}  # lamb's softmax and mixture start as ours
-  raise _refuse('lamb', type(head).__name__, 'head')
+  raise _refuse(type(head).__name__, 'head', "its authors' code has none")
 
 
 def _orthogonal(key, shape, dtype):
@@ -185,6 +193,31 @@ _RULES: dict[str, Rules] = {
 INIT_SCHEMES = ('default', 'uniform', *_RULES)
 
 
+def _rule_draws(model: RecurrentLM, init: str) -> Draws:
+  """The draws of the rule-based scheme `init`; raises `Refused`."""
+  cell_draws, head_draws, other = _RULES[init]
+  if model.bridge is not None:
+    raise _refuse(type(model.bridge).__name__, 'bridge', "its authors' code has none")
+  draws = dict(other)
+  for i, cell in enumerate(model.stack.cells):
+    draws.update(cell_draws(cell, f'stack/cell_{i}'))
+  last = model.stack.cells[-1]
+  n, d = getattr(last, 'cell', last).features, model.embedding.features
+  return {**draws, **head_draws(model.head, n, d)}
+
+
+def refusal(model: RecurrentLM, init: str) -> str | None:
+  """Why the scheme `init` cannot draw `model` ('has no rule for ...'), or
+  None where it can."""
+  if init not in _RULES:
+    return None
+  try:
+    _rule_draws(model, init)
+  except Refused as err:
+    return str(err)
+  return None
+
+
 def scheme_draws(model: RecurrentLM, init: str, init_scale: float = 0.0) -> Draws:
   """What `init` redraws in `model`: parameter path prefix -> draw.
 
@@ -193,44 +226,40 @@ def scheme_draws(model: RecurrentLM, init: str, init_scale: float = 0.0) -> Draw
   """
   if init not in INIT_SCHEMES:
     raise ValueError(f'init must be one of {", ".join(INIT_SCHEMES)}, got {init!r}')
-  if (init == 'uniform') != (init_scale > 0):
-    raise ValueError(
-      f"init_scale={init_scale!r} goes with init='uniform' only, and that needs a scale > 0"
-    )
+  if init == 'uniform' and not init_scale > 0:
+    raise ValueError(f"init='uniform' needs init_scale > 0, got {init_scale!r}")
+  if init != 'uniform' and init_scale != 0:
+    raise ValueError(f"init_scale={init_scale!r} applies to init='uniform' only: set it 0")
   if init == 'default':
     return {}
   if init == 'uniform':
     return {'': _uniform(init_scale)}
-  cell_draws, head_draws, other = _RULES[init]
-  if model.bridge is not None:
-    raise _refuse(init, type(model.bridge).__name__, 'bridge')
-  draws = dict(other)
-  for i, cell in enumerate(model.stack.cells):
-    draws.update(cell_draws(cell, f'stack/cell_{i}'))
-  last = model.stack.cells[-1]
-  draws.update(
-    head_draws(model.head, getattr(last, 'cell', last).features, model.embedding.features)
-  )
-  return draws
+  try:
+    return _rule_draws(model, init)
+  except Refused as err:
+    raise ValueError(f'init={init!r} {err}') from None
 
 
-def _draw_for(path: str, draws: Draws) -> Draw | None:
-  """The draw of the longest prefix of `path` in `draws` (whole path parts)."""
+def _prefix_for(path: str, draws: Draws) -> str | None:
+  """The longest prefix of `path` in `draws`, in whole path parts."""
   parts = path.split('/')
   for end in range(len(parts), -1, -1):
-    draw = draws.get('/'.join(parts[:end]))
-    if draw is not None:
-      return draw
+    if '/'.join(parts[:end]) in draws:
+      return '/'.join(parts[:end])
   return None
 
 
 def redraw(params, draws: Draws, key: jax.Array):
   """`params` with every leaf under a prefix in `draws` drawn again, each
-  from its own key of `key`."""
+  from its own key of `key`. Raises ValueError for a prefix that names no
+  parameter (a part renamed under the scheme's rules)."""
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
   keys = jax.random.split(key, len(leaves))
-  new = []
+  new, used = [], set()
   for k, (path, x) in zip(keys, leaves):
-    draw = _draw_for('/'.join(p.key for p in path), draws)
-    new.append(x if draw is None else draw(k, x.shape, x.dtype))
+    prefix = _prefix_for('/'.join(p.key for p in path), draws)
+    used.add(prefix)
+    new.append(x if prefix is None else draws[prefix](k, x.shape, x.dtype))
+  if set(draws) - used:
+    raise ValueError(f'the scheme names parameters the model lacks: {sorted(set(draws) - used)}')
   return jax.tree.unflatten(treedef, new)
