@@ -12,7 +12,7 @@ import ml_collections
 from lm_zoo.cells.scans import SCANS
 from lm_zoo.configs import base_config, check_fields, field_error, field_value
 from lm_zoo.models.assembly import assemble
-from lm_zoo.models.init_schemes import INIT_SCHEMES, refusal
+from lm_zoo.models.init_schemes import INIT_SCHEMES, RULE_SCHEMES, refusal
 from lm_zoo.models.registry import CELLS, DTYPES, HEADS, LATENTS, LSTM_FAMILY
 from lm_zoo.models.sizes import embed_size
 
@@ -107,9 +107,10 @@ def _check_init(cfg: ml_collections.ConfigDict) -> None:
       cfg.init_scale,
       f"applies to model.init='uniform' only (model.init={cfg.init!r}): set it 0",
     )
-  reason = refusal(assemble(cfg, 2, cfg.hidden_size), cfg.init)
-  if reason:
-    raise field_error('model.init', cfg.init, reason)
+  if cfg.init in RULE_SCHEMES:
+    reason = refusal(assemble(cfg, 2, cfg.hidden_size), cfg.init)
+    if reason:
+      raise field_error('model.init', cfg.init, reason)
 
 
 def _check_head_sections(cfg: ml_collections.ConfigDict) -> None:

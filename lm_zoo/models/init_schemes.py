@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from lm_zoo.cells import ALSTMCell, LSTMCell, Mogrify
-from lm_zoo.cells.lstm import state_dtype
+from lm_zoo.cells.lstm import drawn_wide, state_dtype
 from lm_zoo.cells.mogrifier import round_name
 from lm_zoo.models.heads import MixtureHead, Softmax, TiedSoftmax
 from lm_zoo.models.language_model import RecurrentLM
@@ -173,14 +173,12 @@ def _lamb_head(head: nn.Module, n: int, d: int) -> Draws:
   raise _refuse(type(head).__name__, 'head', "its authors' code has none")
 
 
-def _orthogonal(key, shape, dtype):
-  return nn.initializers.orthogonal()(key, shape, state_dtype(dtype)).astype(dtype)
-
-
-def _embedding_fan_out(key, shape, dtype):
-  """TensorFlow's `variance_scaling_initializer(1, 'fan_out', 'truncated_normal')`
-  of a (V, d) embedding."""
-  return _cut_normal(1 / (0.87962566103423978 * math.sqrt(shape[1])))(key, shape, dtype)
+_orthogonal = drawn_wide(nn.initializers.orthogonal())
+# TensorFlow's variance_scaling_initializer(1, 'fan_out', 'truncated_normal') of a
+# (V, d) embedding, which flax's is
+_embedding_fan_out = drawn_wide(
+  nn.initializers.variance_scaling(1.0, 'fan_out', 'truncated_normal')
+)
 
 
 Rules = tuple[Callable[[nn.Module, str], Draws], Callable[[nn.Module, int, int], Draws], Draws]
@@ -191,6 +189,8 @@ _RULES: dict[str, Rules] = {
   'lamb': (_lamb_cell, _lamb_head, {'embedding/embedding': _embedding_fan_out}),
 }
 INIT_SCHEMES = ('default', 'uniform', *_RULES)
+# the schemes whose rules name the parts they draw (and refuse the rest)
+RULE_SCHEMES = tuple(_RULES)
 
 
 def _rule_draws(model: RecurrentLM, init: str) -> Draws:
